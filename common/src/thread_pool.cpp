@@ -1,0 +1,64 @@
+#include "deltaserve/common/thread_pool.h"
+
+#include <immintrin.h>
+
+namespace deltaserve {
+
+namespace {
+// Spin iterations before a worker sleeps: long enough to bridge the gap between two
+// matmuls of a decode step, short enough not to burn a core while idle.
+constexpr int kSpinIterations = 1 << 16;
+}  // namespace
+
+int default_thread_count() {
+    const unsigned n = std::thread::hardware_concurrency();
+    return n == 0 ? 1 : static_cast<int>(n);
+}
+
+ThreadPool::ThreadPool(int n_threads)
+    : n_threads_(n_threads > 0 ? n_threads : default_thread_count()) {
+    workers_.reserve(n_threads_ - 1);
+    for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+}
+
+ThreadPool::~ThreadPool() {
+    stop_.store(true);
+    generation_.fetch_add(1);
+    generation_.notify_all();
+    for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::dispatch(Thunk thunk, void* ctx) {
+    if (n_threads_ == 1) {
+        thunk(ctx, 0, 1);
+        return;
+    }
+    thunk_ = thunk;
+    ctx_ = ctx;
+    pending_.store(n_threads_ - 1, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
+    generation_.notify_all();
+    thunk(ctx, 0, n_threads_);
+    while (pending_.load(std::memory_order_acquire) != 0) _mm_pause();
+}
+
+void ThreadPool::worker_loop(int index) {
+    uint32_t seen = generation_.load();
+    for (;;) {
+        int spins = 0;
+        uint32_t g;
+        while ((g = generation_.load(std::memory_order_acquire)) == seen) {
+            if (++spins < kSpinIterations) {
+                _mm_pause();
+            } else {
+                generation_.wait(seen, std::memory_order_acquire);
+            }
+        }
+        seen = g;
+        if (stop_.load()) return;
+        thunk_(ctx_, index, n_threads_);
+        pending_.fetch_sub(1, std::memory_order_release);
+    }
+}
+
+}  // namespace deltaserve

@@ -1,0 +1,62 @@
+#include "deltaserve/kernels/ops.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace deltaserve::kernels {
+
+void rms_norm(float* out, const float* x, const float* weight, int64_t n, float eps) {
+    float ss = 0.0f;
+    for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+    const float scale = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+    for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
+}
+
+void rope(float* x, int n_heads, int head_dim, int64_t pos, float base, RopeStyle style) {
+    const int half = head_dim / 2;
+    // The angles are the same for every head: compute them once.
+    float cos_t[512];
+    float sin_t[512];
+    for (int j = 0; j < half; ++j) {
+        const float theta = static_cast<float>(pos) *
+                            std::pow(base, -2.0f * static_cast<float>(j) / static_cast<float>(head_dim));
+        cos_t[j] = std::cos(theta);
+        sin_t[j] = std::sin(theta);
+    }
+    for (int h = 0; h < n_heads; ++h) {
+        float* v = x + static_cast<int64_t>(h) * head_dim;
+        for (int j = 0; j < half; ++j) {
+            const int i0 = style == RopeStyle::kInterleaved ? 2 * j : j;
+            const int i1 = style == RopeStyle::kInterleaved ? 2 * j + 1 : j + half;
+            const float a = v[i0];
+            const float b = v[i1];
+            v[i0] = a * cos_t[j] - b * sin_t[j];
+            v[i1] = a * sin_t[j] + b * cos_t[j];
+        }
+    }
+}
+
+void silu_mul(float* out, const float* gate, const float* up, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+}
+
+void add_inplace(float* y, const float* x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void softmax(float* x, int64_t n) {
+    float mx = x[0];
+    for (int64_t i = 1; i < n; ++i) mx = std::max(mx, x[i]);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+        x[i] = std::exp(x[i] - mx);
+        sum += x[i];
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+}  // namespace deltaserve::kernels

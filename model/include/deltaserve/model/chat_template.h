@@ -1,0 +1,44 @@
+// Chat templates: the framing that turns a conversation into a prompt.
+//
+// deltaserve does not run Jinja; it recognises the template families it knows from the
+// model's template text (GGUF tokenizer.chat_template or tokenizer_config.json) and renders
+// them natively.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "deltaserve/common/status.h"
+
+namespace deltaserve::model {
+
+struct ChatMessage {
+    std::string role;  // "system", "user", "assistant"
+    std::string content;
+};
+
+enum class ChatTemplateKind {
+    kChatML,  // <|im_start|>role\ncontent<|im_end|>\n  (SmolLM2, Qwen)
+    kLlama3,  // <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>
+};
+
+struct ChatTemplate {
+    ChatTemplateKind kind = ChatTemplateKind::kChatML;
+    // Emitted as the system message when the conversation has none ("" = none).
+    // SmolLM2's template carries one; plain ChatML does not.
+    std::string default_system;
+    // Llama-3 starts the prompt with this BOS text.
+    std::string bos_text;
+};
+
+// Recognises a Jinja chat template. Errors: kUnimplemented for an unknown family.
+// An empty template yields plain ChatML.
+Result<ChatTemplate> detect_chat_template(std::string_view jinja);
+
+// The prompt text for messages; with add_generation_prompt, the opening of the assistant's
+// turn is appended. Special tokens appear as text: encode with parse_special = true.
+std::string apply_chat_template(const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages,
+                                bool add_generation_prompt);
+
+}  // namespace deltaserve::model

@@ -1,0 +1,42 @@
+// The weights of a model, pointing into memory-mapped files where the format allows.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "deltaserve/common/mapped_file.h"
+#include "deltaserve/kernels/dtype.h"
+
+namespace deltaserve::model {
+
+using kernels::WeightMatrix;
+
+struct LayerWeights {
+    std::vector<float> attn_norm;  // d_model
+    WeightMatrix wq;               // q_dim x d_model
+    WeightMatrix wk;               // kv_dim x d_model
+    WeightMatrix wv;               // kv_dim x d_model
+    WeightMatrix wo;               // d_model x q_dim
+    std::vector<float> bq, bk, bv;  // Qwen2 biases; empty otherwise
+    std::vector<float> ffn_norm;    // d_model
+    WeightMatrix w_gate;            // d_ff x d_model
+    WeightMatrix w_up;              // d_ff x d_model
+    WeightMatrix w_down;            // d_model x d_ff
+};
+
+struct ModelWeights {
+    WeightMatrix token_embd;  // n_vocab x d_model (rows are looked up)
+    std::vector<float> output_norm;
+    WeightMatrix output;  // n_vocab x d_model; equals token_embd when tied
+    std::vector<LayerWeights> layers;
+
+    // Keep-alive storage behind the WeightMatrix pointers.
+    std::vector<MappedFile> files;
+    std::vector<std::unique_ptr<uint8_t[]>> buffers;
+
+    // Allocates a zeroed 64-byte aligned buffer that lives as long as the weights.
+    uint8_t* allocate(size_t bytes);
+};
+
+}  // namespace deltaserve::model

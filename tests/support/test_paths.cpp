@@ -1,0 +1,28 @@
+#include "test_paths.h"
+
+#include <cstdlib>
+#include <filesystem>
+
+namespace deltaserve::testing {
+
+namespace {
+std::string env_or(const char* name, const std::string& fallback) {
+    const char* v = std::getenv(name);
+    return v && *v ? std::string(v) : fallback;
+}
+}  // namespace
+
+std::string shared_dir() { return env_or("DELTASERVE_SHARED_DIR", DELTASERVE_DEFAULT_SHARED_DIR); }
+std::string models_dir() {
+    return env_or("DELTASERVE_MODELS_DIR", std::string(DELTASERVE_SOURCE_DIR) + "/models");
+}
+std::string test_data_dir() { return std::string(DELTASERVE_SOURCE_DIR) + "/tests/data"; }
+std::string deltaserve_binary() { return DELTASERVE_BINARY_PATH; }
+
+bool file_exists(const std::string& path) { return std::filesystem::exists(path); }
+
+std::string stories_model() { return shared_dir() + "/models/stories260K.bin"; }
+std::string stories_tokenizer() { return shared_dir() + "/models/tok512.bin"; }
+std::string default_gguf_model() { return models_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf"; }
+
+}  // namespace deltaserve::testing

@@ -1,0 +1,36 @@
+// Where tests find data that is not in the repository.
+#pragma once
+
+#include <string>
+
+namespace deltaserve::testing {
+
+// The shared data folder (stories260K and its tokenizer): $DELTASERVE_SHARED_DIR, or the
+// build's default (../shared beside the checkout).
+std::string shared_dir();
+
+// The models folder setup fills (the default GGUF): $DELTASERVE_MODELS_DIR or <repo>/models.
+std::string models_dir();
+
+// The repository's tests/data folder (committed golden data).
+std::string test_data_dir();
+
+// The deltaserve binary built beside the tests.
+std::string deltaserve_binary();
+
+bool file_exists(const std::string& path);
+
+// Paths of the two test models; empty string when absent.
+std::string stories_model();
+std::string stories_tokenizer();
+std::string default_gguf_model();
+
+}  // namespace deltaserve::testing
+
+// Skips the current test with a clear message when a data file is missing.
+#define DS_REQUIRE_FILE(path, what)                                                     \
+    do {                                                                                \
+        if ((path).empty() || !::deltaserve::testing::file_exists(path))                \
+            GTEST_SKIP() << what << " not found (" << (path) << "); set "               \
+                         << "DELTASERVE_SHARED_DIR / DELTASERVE_MODELS_DIR or run setup"; \
+    } while (0)
