@@ -8,6 +8,8 @@ namespace {
 // Spin iterations before a worker sleeps: long enough to bridge the gap between two
 // matmuls of a decode step, short enough not to burn a core while idle.
 constexpr int kSpinIterations = 1 << 16;
+// How long the caller spins for stragglers before yielding its core.
+constexpr int kCallerSpins = 1 << 12;
 }  // namespace
 
 int default_thread_count() {
@@ -39,11 +41,21 @@ void ThreadPool::dispatch(Thunk thunk, void* ctx) {
     generation_.fetch_add(1, std::memory_order_release);
     generation_.notify_all();
     thunk(ctx, 0, n_threads_);
-    while (pending_.load(std::memory_order_acquire) != 0) _mm_pause();
+    // Spin briefly, then yield: when the machine is oversubscribed a worker may be waiting
+    // for this very core, and spinning would only delay it by a whole time slice.
+    for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+        if (spins < kCallerSpins) {
+            _mm_pause();
+        } else {
+            std::this_thread::yield();
+        }
+    }
 }
 
 void ThreadPool::worker_loop(int index) {
-    uint32_t seen = generation_.load();
+    // Generation 0 is the constructor's; starting from it (not from a fresh load) means a
+    // region dispatched before this thread first ran is still seen.
+    uint32_t seen = 0;
     for (;;) {
         int spins = 0;
         uint32_t g;

@@ -6,9 +6,11 @@
 namespace deltaserve::kernels {
 
 void rms_norm(float* out, const float* x, const float* weight, int64_t n, float eps) {
-    float ss = 0.0f;
-    for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
-    const float scale = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+    // The sum of squares in double, as ggml does: for wide rows it is also more exact.
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i] * x[i]);
+    const float mean = static_cast<float>(ss / static_cast<double>(n));
+    const float scale = 1.0f / std::sqrt(mean + eps);
     for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
 }
 
@@ -17,11 +19,14 @@ void rope(float* x, int n_heads, int head_dim, int64_t pos, float base, RopeStyl
     // The angles are the same for every head: compute them once.
     float cos_t[512];
     float sin_t[512];
+    // theta_j = pos * base^(-2j/d), built by repeated multiplication in float as ggml's
+    // rope cache does, so positions far into the context round the same way.
+    const float theta_scale = std::pow(base, -2.0f / static_cast<float>(head_dim));
+    float theta = static_cast<float>(pos);
     for (int j = 0; j < half; ++j) {
-        const float theta = static_cast<float>(pos) *
-                            std::pow(base, -2.0f * static_cast<float>(j) / static_cast<float>(head_dim));
         cos_t[j] = std::cos(theta);
         sin_t[j] = std::sin(theta);
+        theta *= theta_scale;
     }
     for (int h = 0; h < n_heads; ++h) {
         float* v = x + static_cast<int64_t>(h) * head_dim;

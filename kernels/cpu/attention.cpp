@@ -1,0 +1,274 @@
+#include "deltaserve/kernels/attention.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "deltaserve/common/fp16.h"
+#include "deltaserve/common/status.h"
+#include "simd_math.h"
+
+namespace deltaserve::kernels {
+
+namespace {
+
+constexpr int kKeyTile = 32;    // keys converted to fp32 at a time
+constexpr int kMaxRows = 48;    // (query, head) rows processed together
+constexpr int kMaxHeadDim = 256;
+constexpr int32_t kSplitKeys = 512;  // key range per work item when splitting decode
+
+// Online-softmax state of a set of rows: running max m, sum l and unnormalised output o.
+struct Partial {
+    int rows = 0;
+    int dim = 0;
+    float* m = nullptr;
+    float* l = nullptr;
+    float* o = nullptr;  // rows x dim
+    void reset() {
+        for (int r = 0; r < rows; ++r) {
+            m[r] = -std::numeric_limits<float>::infinity();
+            l[r] = 0.0f;
+        }
+        std::fill(o, o + static_cast<size_t>(rows) * dim, 0.0f);
+    }
+};
+
+// Keys [k0, k0 + nk) of KV head g as fp32: kt transposed (dim x kKeyTile), vt row-major.
+void load_tile(const KvView& kv, int g, int dim, int32_t k0, int nk, float* kt, float* vt) {
+    const size_t elem = kv.dtype == DType::kF16 ? 2 : 4;
+    for (int j = 0; j < nk; ++j) {
+        const size_t off = static_cast<size_t>(kv.slots[k0 + j]) * kv.row_stride +
+                           static_cast<size_t>(g) * dim * elem;
+        const uint8_t* krow = kv.k + off;
+        const uint8_t* vrow = kv.v + off;
+        float kbuf[kMaxHeadDim];
+        if (kv.dtype == DType::kF16) {
+            for (int d = 0; d < dim; d += 8) {
+                _mm256_storeu_ps(kbuf + d, _mm256_cvtph_ps(_mm_loadu_si128(
+                                               reinterpret_cast<const __m128i*>(krow + 2 * d))));
+                _mm256_storeu_ps(vt + j * dim + d, _mm256_cvtph_ps(_mm_loadu_si128(
+                                                       reinterpret_cast<const __m128i*>(vrow + 2 * d))));
+            }
+        } else {
+            std::copy_n(reinterpret_cast<const float*>(krow), dim, kbuf);
+            std::copy_n(reinterpret_cast<const float*>(vrow), dim, vt + j * dim);
+        }
+        for (int d = 0; d < dim; ++d) kt[d * kKeyTile + j] = kbuf[d];
+    }
+    for (int j = nk; j < kKeyTile; ++j) {
+        for (int d = 0; d < dim; ++d) kt[d * kKeyTile + j] = 0.0f;
+    }
+}
+
+// Attends rows (query vectors qrow[r] at positions qpos[r]) over keys [k0, k1) of head g.
+void attend(const AttentionShape& s, const KvView& kv, int g, const float* const* qrow,
+            const int32_t* qpos, int n_rows, int32_t k0, int32_t k1, Partial& st) {
+    const int dim = s.head_dim;
+    alignas(32) float kt[kMaxHeadDim * kKeyTile];
+    alignas(32) float vt[kKeyTile * kMaxHeadDim];
+    constexpr int kVecs = kKeyTile / 8;
+    for (int32_t t0 = k0; t0 < k1; t0 += kKeyTile) {
+        const int nk = std::min<int32_t>(kKeyTile, k1 - t0);
+        load_tile(kv, g, dim, t0, nk, kt, vt);
+        for (int r = 0; r < n_rows; ++r) {
+            const int32_t visible = qpos[r] - t0 + 1;  // keys of this tile the row may see
+            if (visible <= 0) continue;
+            __m256 acc[kVecs];
+            for (int v = 0; v < kVecs; ++v) acc[v] = _mm256_setzero_ps();
+            const float* q = qrow[r];
+            for (int d = 0; d < dim; ++d) {
+                const __m256 qd = _mm256_set1_ps(q[d]);
+                for (int v = 0; v < kVecs; ++v) {
+                    acc[v] = _mm256_fmadd_ps(qd, _mm256_load_ps(kt + d * kKeyTile + 8 * v), acc[v]);
+                }
+            }
+            const int valid = std::min(nk, visible);
+            alignas(32) float sc[kKeyTile];
+            const __m256 scale = _mm256_set1_ps(s.scale);
+            for (int v = 0; v < kVecs; ++v) _mm256_store_ps(sc + 8 * v, _mm256_mul_ps(acc[v], scale));
+            for (int j = valid; j < kKeyTile; ++j) sc[j] = -std::numeric_limits<float>::infinity();
+            __m256 mx = _mm256_load_ps(sc);
+            for (int v = 1; v < kVecs; ++v) mx = _mm256_max_ps(mx, _mm256_load_ps(sc + 8 * v));
+            const float m_new = std::max(st.m[r], hmax256(mx));
+            const float corr = std::exp(st.m[r] - m_new);
+            const __m256 mv = _mm256_set1_ps(m_new);
+            __m256 sum = _mm256_setzero_ps();
+            for (int v = 0; v < kVecs; ++v) {
+                const __m256 p = exp256(_mm256_sub_ps(_mm256_load_ps(sc + 8 * v), mv));
+                _mm256_store_ps(sc + 8 * v, p);
+                sum = _mm256_add_ps(sum, p);
+            }
+            for (int j = valid; j < kKeyTile; ++j) sc[j] = 0.0f;  // exp(-inf - m) is 0, keep it exact
+            st.l[r] = st.l[r] * corr + hsum256(sum);
+            st.m[r] = m_new;
+            float* o = st.o + static_cast<size_t>(r) * dim;
+            const __m256 cv = _mm256_set1_ps(corr);
+            for (int d = 0; d < dim; d += 8) {
+                __m256 od = _mm256_mul_ps(_mm256_loadu_ps(o + d), cv);
+                for (int j = 0; j < valid; ++j) {
+                    od = _mm256_fmadd_ps(_mm256_set1_ps(sc[j]), _mm256_load_ps(vt + j * dim + d), od);
+                }
+                _mm256_storeu_ps(o + d, od);
+            }
+        }
+    }
+}
+
+// Merges partial states b into a (same rows).
+void merge(Partial& a, const Partial& b) {
+    for (int r = 0; r < a.rows; ++r) {
+        if (b.l[r] == 0.0f) continue;
+        const float m = std::max(a.m[r], b.m[r]);
+        const float ca = std::exp(a.m[r] - m);
+        const float cb = std::exp(b.m[r] - m);
+        a.l[r] = a.l[r] * ca + b.l[r] * cb;
+        a.m[r] = m;
+        float* ao = a.o + static_cast<size_t>(r) * a.dim;
+        const float* bo = b.o + static_cast<size_t>(r) * b.dim;
+        for (int d = 0; d < a.dim; ++d) ao[d] = ao[d] * ca + bo[d] * cb;
+    }
+}
+
+// One Partial per work item, each sized for the largest item (max_rows rows).
+struct PartialBuffer {
+    std::vector<float> data;
+    int max_rows = 0;
+    Partial make(int rows, int dim, size_t index) {
+        const size_t per = static_cast<size_t>(max_rows) * (dim + 2);
+        Partial p;
+        p.rows = rows;
+        p.dim = dim;
+        p.m = data.data() + index * per;
+        p.l = p.m + rows;
+        p.o = p.l + rows;
+        return p;
+    }
+};
+
+// Rows of a query block [i0, i1) for KV head g: one row per (query, head of the group).
+int gather_rows(const AttentionShape& s, const float* q, int64_t ldq, int32_t p0, int g,
+                int32_t i0, int32_t i1, const float** qrow, int32_t* qpos) {
+    const int group = s.n_heads / s.n_kv_heads;
+    int n = 0;
+    for (int32_t i = i0; i < i1; ++i) {
+        for (int hh = 0; hh < group; ++hh) {
+            qrow[n] = q + i * ldq + static_cast<int64_t>(g * group + hh) * s.head_dim;
+            qpos[n] = p0 + i;
+            ++n;
+        }
+    }
+    return n;
+}
+
+void write_rows(const AttentionShape& s, const Partial& st, int g, int32_t i0, int32_t i1,
+                float* out, int64_t ldo) {
+    const int group = s.n_heads / s.n_kv_heads;
+    int r = 0;
+    for (int32_t i = i0; i < i1; ++i) {
+        for (int hh = 0; hh < group; ++hh, ++r) {
+            float* dst = out + i * ldo + static_cast<int64_t>(g * group + hh) * s.head_dim;
+            const float inv = st.l[r] > 0.0f ? 1.0f / st.l[r] : 0.0f;
+            const float* o = st.o + static_cast<size_t>(r) * s.head_dim;
+            for (int d = 0; d < s.head_dim; ++d) dst[d] = o[d] * inv;
+        }
+    }
+}
+
+}  // namespace
+
+void attention(const AttentionShape& s, const KvView& kv, const float* q, int64_t ldq, int32_t n_q,
+               int32_t p0, float* out, int64_t ldo, ThreadPool& pool) {
+    DS_CHECK(s.head_dim % 8 == 0 && s.head_dim <= kMaxHeadDim, "unsupported head_dim");
+    DS_CHECK(s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0, "bad GQA shape");
+    DS_CHECK(p0 + n_q <= kv.n, "queries past the visible cache");
+    const int group = s.n_heads / s.n_kv_heads;
+    DS_CHECK(group <= kMaxRows, "too many query heads per KV head");
+    const int32_t q_block = std::max(1, kMaxRows / group);
+    const int32_t n_qblocks = (n_q + q_block - 1) / q_block;
+    const int32_t n_keys = p0 + n_q;
+    // Few query blocks over many keys (decode): split the keys too, merge afterwards.
+    const int32_t splits = n_qblocks == 1 ? std::max<int32_t>(1, (n_keys + kSplitKeys - 1) / kSplitKeys) : 1;
+    const int rows = std::min(n_q, q_block) * group;
+    const int64_t n_items = static_cast<int64_t>(s.n_kv_heads) * n_qblocks * splits;
+
+    PartialBuffer buf;
+    buf.max_rows = rows;
+    buf.data.resize(static_cast<size_t>(n_items) * rows * (s.head_dim + 2));
+    pool.parallel_for(n_items, 1, [&](int64_t b, int64_t e) {
+        for (int64_t item = b; item < e; ++item) {
+            const int g = static_cast<int>(item / (static_cast<int64_t>(n_qblocks) * splits));
+            const int64_t rest = item % (static_cast<int64_t>(n_qblocks) * splits);
+            const int32_t qb = static_cast<int32_t>(rest / splits);
+            const int32_t sp = static_cast<int32_t>(rest % splits);
+            const int32_t i0 = qb * q_block;
+            const int32_t i1 = std::min(n_q, i0 + q_block);
+            const float* qrow[kMaxRows];
+            int32_t qpos[kMaxRows];
+            const int n_rows = gather_rows(s, q, ldq, p0, g, i0, i1, qrow, qpos);
+            const int32_t last = p0 + i1;  // keys [0, last) may be visible
+            const int32_t per = (last + splits - 1) / splits;
+            const int32_t k0 = std::min(last, sp * per);
+            const int32_t k1 = std::min(last, k0 + per);
+            Partial st = buf.make(n_rows, s.head_dim, static_cast<size_t>(item));
+            st.reset();
+            attend(s, kv, g, qrow, qpos, n_rows, k0, k1, st);
+            if (splits == 1) write_rows(s, st, g, i0, i1, out, ldo);
+        }
+    });
+    if (splits == 1) return;
+    for (int g = 0; g < s.n_kv_heads; ++g) {
+        Partial acc = buf.make(rows, s.head_dim, static_cast<size_t>(g) * splits);
+        for (int32_t sp = 1; sp < splits; ++sp) {
+            merge(acc, buf.make(rows, s.head_dim, static_cast<size_t>(g) * splits + sp));
+        }
+        write_rows(s, acc, g, 0, n_q, out, ldo);
+    }
+}
+
+void attention_reference(const AttentionShape& s, const KvView& kv, const float* q, int64_t ldq,
+                         int32_t n_q, int32_t p0, float* out, int64_t ldo) {
+    const int group = s.n_heads / s.n_kv_heads;
+    const size_t elem = kv.dtype == DType::kF16 ? 2 : 4;
+    auto value = [&](const uint8_t* base, int32_t pos, int g, int d) {
+        const uint8_t* p = base + static_cast<size_t>(kv.slots[pos]) * kv.row_stride +
+                           (static_cast<size_t>(g) * s.head_dim + d) * elem;
+        if (kv.dtype == DType::kF16) {
+            uint16_t h;
+            std::memcpy(&h, p, 2);
+            return fp16_to_fp32(h);
+        }
+        float f;
+        std::memcpy(&f, p, 4);
+        return f;
+    };
+    std::vector<double> w;
+    for (int32_t i = 0; i < n_q; ++i) {
+        const int32_t n = p0 + i + 1;
+        for (int h = 0; h < s.n_heads; ++h) {
+            const int g = h / group;
+            const float* qh = q + i * ldq + static_cast<int64_t>(h) * s.head_dim;
+            w.assign(static_cast<size_t>(n), 0.0);
+            double mx = -1e300;
+            for (int32_t t = 0; t < n; ++t) {
+                double dot = 0;
+                for (int d = 0; d < s.head_dim; ++d) dot += double(qh[d]) * value(kv.k, t, g, d);
+                w[t] = dot * s.scale;
+                mx = std::max(mx, w[t]);
+            }
+            double sum = 0;
+            for (auto& x : w) sum += (x = std::exp(x - mx));
+            float* o = out + i * ldo + static_cast<int64_t>(h) * s.head_dim;
+            for (int d = 0; d < s.head_dim; ++d) {
+                double acc = 0;
+                for (int32_t t = 0; t < n; ++t) acc += w[t] * value(kv.v, t, g, d);
+                o[d] = static_cast<float>(acc / sum);
+            }
+        }
+    }
+}
+
+}  // namespace deltaserve::kernels

@@ -1,0 +1,23 @@
+// The AVX-512 VNNI instantiation of the matmul kernels: vpdpbusd replaces the
+// maddubs + madd pair and 32 vector registers allow wider tiles.
+#include "../matmul_kernels.h"
+
+namespace deltaserve::kernels {
+
+namespace {
+struct Avx512Vnni {
+    static constexpr const char* kName = "avx512-vnni";
+    static constexpr int kRows = 4;
+    static constexpr int kCols = 4;
+    static __m256i dot_u8s8(__m256i u, __m256i s) {
+        return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+    }
+};
+}  // namespace
+
+const MatmulTable& avx512_matmul_table() {
+    static constexpr MatmulTable kTable = IsaKernels<Avx512Vnni>::table();
+    return kTable;
+}
+
+}  // namespace deltaserve::kernels

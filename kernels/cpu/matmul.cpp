@@ -1,0 +1,104 @@
+#include "deltaserve/kernels/matmul.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "blocks.h"
+#include "cpu_features.h"
+#include "deltaserve/kernels/quant.h"
+#include "matmul_table.h"
+
+namespace deltaserve::kernels {
+
+namespace {
+
+const MatmulTable& table() {
+    static const MatmulTable& t =
+        cpu_features().avx512_vnni ? avx512_matmul_table() : avx2_matmul_table();
+    return t;
+}
+
+bool uses_int8_activations(DType t) {
+    return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ8_0;
+}
+
+RowsFn rows_fn(DType t) {
+    const MatmulTable& k = table();
+    switch (t) {
+        case DType::kQ4_0: return k.q4_0;
+        case DType::kQ4_1: return k.q4_1;
+        case DType::kQ8_0: return k.q8_0;
+        case DType::kF32: return k.f32;
+        case DType::kF16: return k.f16;
+        case DType::kBF16: return k.bf16;
+        default: return nullptr;
+    }
+}
+
+// Types without a direct kernel (Q6_K): dequantize one row at a time and dot in fp32.
+void rows_dequantized(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy,
+                      int64_t r0, int64_t r1) {
+    std::vector<float> row(static_cast<size_t>(w.cols));
+    WeightMatrix f{DType::kF32, 1, w.cols, row.data()};
+    for (int64_t r = r0; r < r1; ++r) {
+        dequantize_row(w.type, w.row(r), row.data(), w.cols);
+        table().f32(f, a, y + r, ldy, 0, 1);
+    }
+}
+
+// Per-thread scratch for quantized activations, grown as needed and reused.
+std::vector<BlockQ8A>& activation_scratch() {
+    thread_local std::vector<BlockQ8A> buf;
+    return buf;
+}
+
+Activations prepare(const WeightMatrix& w, const float* x, int64_t ldx, int64_t n_tokens,
+                    ThreadPool* pool) {
+    Activations a{x, ldx, nullptr, n_tokens};
+    if (!uses_int8_activations(w.type)) return a;
+    const int64_t nb = w.cols / kQK;
+    auto& buf = activation_scratch();
+    if (buf.size() < static_cast<size_t>(nb * n_tokens)) buf.resize(static_cast<size_t>(nb * n_tokens));
+    BlockQ8A* q = buf.data();
+    auto quantize = [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) quantize_activations(x + t * ldx, q + t * nb, w.cols);
+    };
+    if (pool != nullptr && n_tokens >= 16) {
+        pool->parallel_for(n_tokens, 8, quantize);
+    } else {
+        quantize(0, n_tokens);
+    }
+    a.q = q;
+    return a;
+}
+
+void compute_rows(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy, int64_t r0,
+                  int64_t r1) {
+    RowsFn fn = rows_fn(w.type);
+    if (fn != nullptr) {
+        fn(w, a, y, ldy, r0, r1);
+    } else {
+        rows_dequantized(w, a, y, ldy, r0, r1);
+    }
+}
+
+}  // namespace
+
+std::string_view cpu_kernel_isa() { return table().isa; }
+
+void matmul(const WeightMatrix& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
+            int64_t ldy, ThreadPool& pool) {
+    const Activations a = prepare(w, x, ldx, n_tokens, &pool);
+    // Chunks of rows handed out dynamically; big enough to amortise the atomic, small
+    // enough to balance (llama.cpp uses 16-64 rows).
+    const int64_t grain = n_tokens == 1 ? 32 : 16;
+    pool.parallel_for(w.rows, grain, [&](int64_t r0, int64_t r1) { compute_rows(w, a, y, ldy, r0, r1); });
+}
+
+void matmul_rows(const WeightMatrix& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
+                 int64_t ldy, int64_t r0, int64_t r1) {
+    const Activations a = prepare(w, x, ldx, n_tokens, nullptr);
+    compute_rows(w, a, y, ldy, r0, r1);
+}
+
+}  // namespace deltaserve::kernels

@@ -1,0 +1,265 @@
+// Matmul micro-kernels, written once as templates over the instruction set's int8 dot
+// product and instantiated in one translation unit per ISA (matmul_avx2.cpp,
+// avx512/matmul_avx512.cpp). Everything here has internal linkage on purpose: the same
+// code compiled with different -m flags must not be merged by the linker.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "blocks.h"
+#include "deltaserve/kernels/dtype.h"
+#include "matmul_table.h"
+
+namespace deltaserve::kernels {
+namespace {
+
+inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+
+// 16 bytes of packed nibbles -> 32 unsigned bytes in element order (byte j holds element j
+// in its low nibble and element j + 16 in its high nibble).
+inline __m256i unpack_nibbles(const uint8_t* qs) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(raw, mask);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+    return _mm256_set_m128i(hi, lo);
+}
+
+inline __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// Q4_0 and Q4_1 against int8 activations: sum = d_w * d_a * sum(nib * q) + m_w * s_a,
+// with m_w = -8 d_w for Q4_0.
+template <class Isa, bool kHasMin, int R, int C>
+inline void tile_q4(const uint8_t* const* wrow, const Activations& a, int64_t t0, int64_t nb,
+                    float* y, int64_t ldy, int64_t r0) {
+    using Block = std::conditional_t<kHasMin, BlockQ4_1, BlockQ4_0>;
+    __m256 acc[R][C];
+    float macc[R][C];
+    for (int r = 0; r < R; ++r) {
+        for (int c = 0; c < C; ++c) {
+            acc[r][c] = _mm256_setzero_ps();
+            macc[r][c] = 0.0f;
+        }
+    }
+    const BlockQ8A* act[C];
+    for (int c = 0; c < C; ++c) act[c] = a.q + (t0 + c) * nb;
+    for (int64_t b = 0; b < nb; ++b) {
+        __m256i wq[R];
+        float wd[R], wm[R];
+        for (int r = 0; r < R; ++r) {
+            const Block& blk = reinterpret_cast<const Block*>(wrow[r])[b];
+            wq[r] = unpack_nibbles(blk.qs);
+            wd[r] = half_to_float(blk.d);
+            if constexpr (kHasMin) {
+                wm[r] = half_to_float(blk.m);
+            } else {
+                wm[r] = -8.0f * wd[r];
+            }
+        }
+        for (int c = 0; c < C; ++c) {
+            const BlockQ8A& ab = act[c][b];
+            const __m256i aq = load32(ab.qs);
+            for (int r = 0; r < R; ++r) {
+                const __m256 p = _mm256_cvtepi32_ps(Isa::dot_u8s8(wq[r], aq));
+                acc[r][c] = _mm256_fmadd_ps(p, _mm256_set1_ps(wd[r] * ab.d), acc[r][c]);
+                macc[r][c] += wm[r] * ab.s;
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        for (int c = 0; c < C; ++c) y[(t0 + c) * ldy + r0 + r] = hsum(acc[r][c]) + macc[r][c];
+    }
+}
+
+// Q8_0 against int8 activations (signed x signed through the sign trick).
+template <class Isa, int R, int C>
+inline void tile_q8_0(const uint8_t* const* wrow, const Activations& a, int64_t t0, int64_t nb,
+                      float* y, int64_t ldy, int64_t r0) {
+    __m256 acc[R][C];
+    for (int r = 0; r < R; ++r) {
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+    }
+    const BlockQ8A* act[C];
+    for (int c = 0; c < C; ++c) act[c] = a.q + (t0 + c) * nb;
+    for (int64_t b = 0; b < nb; ++b) {
+        __m256i wabs[R], wq[R];
+        float wd[R];
+        for (int r = 0; r < R; ++r) {
+            const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(wrow[r])[b];
+            wq[r] = load32(blk.qs);
+            wabs[r] = _mm256_sign_epi8(wq[r], wq[r]);
+            wd[r] = half_to_float(blk.d);
+        }
+        for (int c = 0; c < C; ++c) {
+            const BlockQ8A& ab = act[c][b];
+            const __m256i aq = load32(ab.qs);
+            for (int r = 0; r < R; ++r) {
+                const __m256i sa = _mm256_sign_epi8(aq, wq[r]);
+                const __m256 p = _mm256_cvtepi32_ps(Isa::dot_u8s8(wabs[r], sa));
+                acc[r][c] = _mm256_fmadd_ps(p, _mm256_set1_ps(wd[r] * ab.d), acc[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        for (int c = 0; c < C; ++c) y[(t0 + c) * ldy + r0 + r] = hsum(acc[r][c]);
+    }
+}
+
+// Loads 8 weights of a float-typed row as fp32.
+template <DType T>
+inline __m256 load8(const uint8_t* row, int64_t k) {
+    if constexpr (T == DType::kF32) {
+        return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + k);
+    } else if constexpr (T == DType::kF16) {
+        return _mm256_cvtph_ps(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(row) + k)));
+    } else {
+        const __m128i h =
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(row) + k));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+}
+
+// One weight of a float-typed row (remainders of rows not a multiple of 8).
+template <DType T>
+inline float load1(const uint8_t* row, int64_t k) {
+    if constexpr (T == DType::kF32) {
+        return reinterpret_cast<const float*>(row)[k];
+    } else if constexpr (T == DType::kF16) {
+        return _cvtsh_ss(reinterpret_cast<const uint16_t*>(row)[k]);
+    } else {
+        const uint32_t bits = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(row)[k]) << 16;
+        float f;
+        __builtin_memcpy(&f, &bits, 4);
+        return f;
+    }
+}
+
+template <DType T, int R, int C>
+inline void tile_float(const uint8_t* const* wrow, const Activations& a, int64_t t0, int64_t n,
+                       float* y, int64_t ldy, int64_t r0) {
+    __m256 acc[R][C];
+    for (int r = 0; r < R; ++r) {
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+    }
+    const int64_t n8 = n - n % 8;
+    for (int64_t k = 0; k < n8; k += 8) {
+        __m256 w[R];
+        for (int r = 0; r < R; ++r) w[r] = load8<T>(wrow[r], k);
+        for (int c = 0; c < C; ++c) {
+            const __m256 x = _mm256_loadu_ps(a.x + (t0 + c) * a.ldx + k);
+            for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(w[r], x, acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        for (int c = 0; c < C; ++c) {
+            float sum = hsum(acc[r][c]);
+            const float* x = a.x + (t0 + c) * a.ldx;
+            for (int64_t k = n8; k < n; ++k) sum += load1<T>(wrow[r], k) * x[k];
+            y[(t0 + c) * ldy + r0 + r] = sum;
+        }
+    }
+}
+
+// Runs a tile function over rows [r0, r1) x all tokens: tiles of R rows x C tokens, with
+// narrower tiles for the remainders.
+template <int R, int C, template <int, int> class Tile>
+void run_tiles(const WeightMatrix& w, const Activations& a, int64_t inner, float* y, int64_t ldy,
+               int64_t r0, int64_t r1) {
+    const int64_t n_tok = a.n_tokens;
+    for (int64_t t = 0; t < n_tok;) {
+        const bool full_c = n_tok - t >= C;
+        for (int64_t r = r0; r < r1;) {
+            const uint8_t* rows[R];
+            if (r1 - r >= R) {
+                for (int i = 0; i < R; ++i) rows[i] = w.row(r + i);
+                if (full_c) {
+                    Tile<R, C>::run(rows, a, t, inner, y, ldy, r);
+                } else {
+                    for (int64_t tt = t; tt < n_tok; ++tt) Tile<R, 1>::run(rows, a, tt, inner, y, ldy, r);
+                }
+                r += R;
+            } else {
+                rows[0] = w.row(r);
+                if (full_c) {
+                    Tile<1, C>::run(rows, a, t, inner, y, ldy, r);
+                } else {
+                    for (int64_t tt = t; tt < n_tok; ++tt) Tile<1, 1>::run(rows, a, tt, inner, y, ldy, r);
+                }
+                r += 1;
+            }
+        }
+        t += full_c ? C : n_tok - t;
+    }
+}
+
+// The kernel table of one ISA. Isa provides dot_u8s8 and the tile shape.
+template <class Isa>
+struct IsaKernels {
+    template <int R, int C>
+    struct Q4_0 {
+        static void run(const uint8_t* const* w, const Activations& a, int64_t t, int64_t nb,
+                        float* y, int64_t ldy, int64_t r) {
+            tile_q4<Isa, false, R, C>(w, a, t, nb, y, ldy, r);
+        }
+    };
+    template <int R, int C>
+    struct Q4_1 {
+        static void run(const uint8_t* const* w, const Activations& a, int64_t t, int64_t nb,
+                        float* y, int64_t ldy, int64_t r) {
+            tile_q4<Isa, true, R, C>(w, a, t, nb, y, ldy, r);
+        }
+    };
+    template <int R, int C>
+    struct Q8_0 {
+        static void run(const uint8_t* const* w, const Activations& a, int64_t t, int64_t nb,
+                        float* y, int64_t ldy, int64_t r) {
+            tile_q8_0<Isa, R, C>(w, a, t, nb, y, ldy, r);
+        }
+    };
+    template <DType T>
+    struct Float {
+        template <int R, int C>
+        struct Tile {
+            static void run(const uint8_t* const* w, const Activations& a, int64_t t, int64_t n,
+                            float* y, int64_t ldy, int64_t r) {
+                tile_float<T, R, C>(w, a, t, n, y, ldy, r);
+            }
+        };
+    };
+
+    static void q4_0(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+        run_tiles<Isa::kRows, Isa::kCols, Q4_0>(w, a, w.cols / kQK, y, ldy, r0, r1);
+    }
+    static void q4_1(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+        run_tiles<Isa::kRows, Isa::kCols, Q4_1>(w, a, w.cols / kQK, y, ldy, r0, r1);
+    }
+    static void q8_0(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+        run_tiles<Isa::kRows, Isa::kCols, Q8_0>(w, a, w.cols / kQK, y, ldy, r0, r1);
+    }
+    static void f32(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+        run_tiles<4, 2, Float<DType::kF32>::template Tile>(w, a, w.cols, y, ldy, r0, r1);
+    }
+    static void f16(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+        run_tiles<4, 2, Float<DType::kF16>::template Tile>(w, a, w.cols, y, ldy, r0, r1);
+    }
+    static void bf16(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+        run_tiles<4, 2, Float<DType::kBF16>::template Tile>(w, a, w.cols, y, ldy, r0, r1);
+    }
+
+    static constexpr MatmulTable table() {
+        return MatmulTable{Isa::kName, &q4_0, &q4_1, &q8_0, &f32, &f16, &bf16};
+    }
+};
+
+}  // namespace
+}  // namespace deltaserve::kernels

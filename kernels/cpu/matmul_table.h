@@ -1,0 +1,32 @@
+// The per-ISA matmul entry points the dispatcher chooses from. Private to kernels/.
+#pragma once
+
+#include <cstdint>
+
+#include "blocks.h"
+#include "deltaserve/kernels/dtype.h"
+
+namespace deltaserve::kernels {
+
+// The activations of one matmul: fp32 rows, and their int8 blocks when the weight type
+// uses the integer kernels.
+struct Activations {
+    const float* x = nullptr;
+    int64_t ldx = 0;
+    const BlockQ8A* q = nullptr;  // n_tokens * (cols / 32) blocks
+    int64_t n_tokens = 0;
+};
+
+// Computes rows [r0, r1) of y for every token.
+using RowsFn = void (*)(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy,
+                        int64_t r0, int64_t r1);
+
+struct MatmulTable {
+    const char* isa;
+    RowsFn q4_0, q4_1, q8_0, f32, f16, bf16;
+};
+
+const MatmulTable& avx2_matmul_table();
+const MatmulTable& avx512_matmul_table();
+
+}  // namespace deltaserve::kernels

@@ -1,0 +1,42 @@
+// Causal attention over a KV cache addressed through a position -> slot map.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "deltaserve/common/thread_pool.h"
+#include "deltaserve/kernels/dtype.h"
+
+namespace deltaserve::kernels {
+
+// What attention reads for one layer of one sequence: K and V rows live in slot-indexed
+// pools (row_stride bytes apart, all KV heads of a token in one row); position p is in
+// slot slots[p]. K is stored after RoPE.
+struct KvView {
+    DType dtype = DType::kF16;  // kF16 or kF32
+    const uint8_t* k = nullptr;
+    const uint8_t* v = nullptr;
+    size_t row_stride = 0;
+    const int32_t* slots = nullptr;
+    int32_t n = 0;  // visible positions 0..n-1
+};
+
+struct AttentionShape {
+    int n_heads = 0;
+    int n_kv_heads = 0;  // query head h reads KV head h / (n_heads / n_kv_heads)
+    int head_dim = 0;    // a multiple of 8, at most 256
+    float scale = 0.0f;  // usually 1 / sqrt(head_dim)
+};
+
+// For n_q queries at positions p0 .. p0 + n_q - 1 (each sees positions <= its own):
+// out[i] = softmax(scale * q[i] K^T) V per head. q and out are [n_q][n_heads * head_dim]
+// with row strides ldq / ldo (floats). Work is split over heads, query blocks and, for
+// short query runs over long contexts, over key ranges merged at the end.
+void attention(const AttentionShape& shape, const KvView& kv, const float* q, int64_t ldq,
+               int32_t n_q, int32_t p0, float* out, int64_t ldo, ThreadPool& pool);
+
+// The straightforward implementation (one query, one head at a time), for tests.
+void attention_reference(const AttentionShape& shape, const KvView& kv, const float* q,
+                         int64_t ldq, int32_t n_q, int32_t p0, float* out, int64_t ldo);
+
+}  // namespace deltaserve::kernels

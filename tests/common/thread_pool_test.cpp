@@ -1,0 +1,52 @@
+#include "deltaserve/common/thread_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <vector>
+
+namespace deltaserve {
+namespace {
+
+TEST(ThreadPool, RunCallsEveryThreadOnce) {
+    for (int n : {1, 2, 3}) {
+        ThreadPool pool(n);
+        std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+        pool.run([&](int i, int nt) {
+            EXPECT_EQ(nt, n);
+            hits[static_cast<size_t>(i)]++;
+        });
+        for (auto& h : hits) EXPECT_EQ(h.load(), 1);
+    }
+}
+
+TEST(ThreadPool, FirstRegionRightAfterConstructionIsNotLost) {
+    // A worker that starts after the first dispatch must still run it (a past deadlock).
+    for (int rep = 0; rep < 200; ++rep) {
+        ThreadPool pool(3);
+        std::atomic<int> count{0};
+        pool.run([&](int, int) { count++; });
+        ASSERT_EQ(count.load(), 3);
+    }
+}
+
+TEST(ThreadPool, ParallelForCoversTheRangeExactlyOnce) {
+    ThreadPool pool(2);
+    for (int64_t n : {0, 1, 7, 1000, 4099}) {
+        std::vector<std::atomic<int>> seen(static_cast<size_t>(n));
+        pool.parallel_for(n, 16, [&](int64_t b, int64_t e) {
+            for (int64_t i = b; i < e; ++i) seen[static_cast<size_t>(i)]++;
+        });
+        for (auto& s : seen) ASSERT_EQ(s.load(), 1);
+    }
+}
+
+TEST(ThreadPool, ManySmallRegions) {
+    ThreadPool pool(2);
+    std::atomic<int64_t> sum{0};
+    for (int i = 0; i < 20000; ++i) pool.run([&](int t, int) { sum += t + 1; });
+    EXPECT_EQ(sum.load(), 20000 * 3);
+}
+
+}  // namespace
+}  // namespace deltaserve
