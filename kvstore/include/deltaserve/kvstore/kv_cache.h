@@ -1,0 +1,67 @@
+// The cache interface the forward pass is written against, and its full-precision
+// implementation. Compression policies (the DeltaKV issue) implement the same interface.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "deltaserve/common/status.h"
+#include "deltaserve/kernels/attention.h"
+#include "deltaserve/kvstore/slot_pool.h"
+
+namespace deltaserve::kvstore {
+
+// One sequence's KV cache. The forward pass, per chunk of n new tokens:
+//   reserve(n)                              once, before the first layer
+//   store(layer, ...) then view(layer)      per layer: new K/V in, then what to attend
+//   commit(n)                               after the last layer
+// Not thread-safe.
+class SequenceCache {
+public:
+    virtual ~SequenceCache() = default;
+
+    // Positions cached and committed so far.
+    virtual int32_t n_tokens() const = 0;
+    // Makes room for n_new more positions in every layer.
+    // Errors: kResourceExhausted (nothing changes).
+    virtual Status reserve(int32_t n_new) = 0;
+    // Writes K (after RoPE) and V of positions [n_tokens() + first, ... + n) of a layer; rows
+    // of k and v are kv_dim floats, ld floats apart.
+    virtual void store(int32_t layer, int32_t first, int32_t n, const float* k, const float* v,
+                       int64_t ld) = 0;
+    // What the layer's attention reads: committed positions plus the n_visible_new reserved
+    // ones already stored.
+    virtual kernels::KvView view(int32_t layer, int32_t n_visible_new) const = 0;
+    // Makes n reserved positions part of the sequence.
+    virtual void commit(int32_t n) = 0;
+    // Drops the last n committed positions (e.g. a rejected draft); n <= n_tokens().
+    virtual void truncate(int32_t n_keep) = 0;
+    // Bytes this sequence holds (K and V of every layer).
+    virtual size_t bytes() const = 0;
+};
+
+// Every token of every layer in a SlotPool at the pool's precision.
+class FullSequenceCache final : public SequenceCache {
+public:
+    explicit FullSequenceCache(SlotPool& pool) : pool_(pool) {}
+    ~FullSequenceCache() override;
+    FullSequenceCache(const FullSequenceCache&) = delete;
+    FullSequenceCache& operator=(const FullSequenceCache&) = delete;
+
+    int32_t n_tokens() const override { return n_committed_; }
+    Status reserve(int32_t n_new) override;
+    void store(int32_t layer, int32_t first, int32_t n, const float* k, const float* v,
+               int64_t ld) override;
+    kernels::KvView view(int32_t layer, int32_t n_visible_new) const override;
+    void commit(int32_t n) override;
+    void truncate(int32_t n_keep) override;
+    size_t bytes() const override;
+
+private:
+    SlotPool& pool_;
+    std::vector<int32_t> slots_;  // position -> slot, committed then reserved
+    int32_t n_committed_ = 0;
+};
+
+}  // namespace deltaserve::kvstore

@@ -1,0 +1,66 @@
+// A token-granular pool of KV slots: for every layer, one K row and one V row per slot,
+// each holding all KV heads of one token (DESIGN.md "KV representation").
+//
+// Slots are handed out and returned individually, so sequences of any length share one
+// arena without fragmentation. Not thread-safe: one owner allocates and frees.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "deltaserve/common/status.h"
+#include "deltaserve/kernels/dtype.h"
+
+namespace deltaserve::kvstore {
+
+struct SlotPoolOptions {
+    int32_t n_layers = 0;
+    int32_t kv_dim = 0;   // n_kv_heads * head_dim
+    int32_t n_slots = 0;  // capacity in tokens
+    // Element type of K and V: kF16 (default) or kF32.
+    kernels::DType dtype = kernels::DType::kF16;
+};
+
+class SlotPool {
+public:
+    // Errors: kInvalidArgument for bad sizes, kResourceExhausted when the arena cannot be
+    // allocated.
+    static Result<std::unique_ptr<SlotPool>> create(const SlotPoolOptions& options);
+
+    // Takes n free slots (lowest first, so a lone sequence gets contiguous slots).
+    // Errors: kResourceExhausted when fewer than n are free (nothing is taken).
+    Result<std::vector<int32_t>> allocate(int32_t n);
+    // Returns slots to the pool. Freeing a slot that is not in use is a bug (aborts).
+    void release(std::span<const int32_t> slots);
+
+    int32_t capacity() const { return options_.n_slots; }
+    int32_t free_slots() const { return static_cast<int32_t>(free_.size()); }
+    const SlotPoolOptions& options() const { return options_; }
+
+    size_t row_bytes() const { return row_bytes_; }
+    uint8_t* k_row(int32_t layer, int32_t slot) { return base(layer, 0) + slot * row_bytes_; }
+    uint8_t* v_row(int32_t layer, int32_t slot) { return base(layer, 1) + slot * row_bytes_; }
+    const uint8_t* k_base(int32_t layer) const { return base(layer, 0); }
+    const uint8_t* v_base(int32_t layer) const { return base(layer, 1); }
+    // Bytes of the arena.
+    size_t bytes() const { return bytes_; }
+
+private:
+    explicit SlotPool(const SlotPoolOptions& options);
+    uint8_t* base(int32_t layer, int kv) const {
+        return arena_.get() + (static_cast<size_t>(layer) * 2 + kv) * layer_bytes_;
+    }
+
+    SlotPoolOptions options_;
+    size_t row_bytes_ = 0;
+    size_t layer_bytes_ = 0;
+    size_t bytes_ = 0;
+    std::unique_ptr<uint8_t[]> arena_;
+    std::vector<int32_t> free_;  // kept sorted descending: back() is the lowest free slot
+    std::vector<uint8_t> in_use_;
+};
+
+}  // namespace deltaserve::kvstore
