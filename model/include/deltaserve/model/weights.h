@@ -33,7 +33,10 @@ struct ModelWeights {
 
     // Keep-alive storage behind the WeightMatrix pointers.
     std::vector<MappedFile> files;
-    std::vector<std::unique_ptr<uint8_t[]>> buffers;
+    struct FreeDeleter {
+        void operator()(uint8_t* p) const;
+    };
+    std::vector<std::unique_ptr<uint8_t, FreeDeleter>> buffers;
 
     // Allocates a zeroed 64-byte aligned buffer that lives as long as the weights.
     uint8_t* allocate(size_t bytes);

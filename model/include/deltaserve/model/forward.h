@@ -1,0 +1,56 @@
+// The transformer forward pass, written for a batch of sequences (DESIGN.md "The forward
+// pass"): each sequence brings its own cache and its new tokens (1 when decoding, a chunk
+// when prefilling); the new tokens of all sequences are processed as one matrix.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "deltaserve/common/status.h"
+#include "deltaserve/common/thread_pool.h"
+#include "deltaserve/kvstore/kv_cache.h"
+#include "deltaserve/model/model.h"
+
+namespace deltaserve::model {
+
+struct SequenceInput {
+    kvstore::SequenceCache* cache = nullptr;
+    std::span<const int32_t> tokens;  // new tokens, appended after cache->n_tokens()
+    bool all_logits = false;          // logits for every new token, not only the last
+};
+
+// Called after each layer with the layer index (the prefill worker ships from here).
+using LayerObserver = std::function<void(int32_t layer)>;
+
+class Forward {
+public:
+    Forward(const Model& model, ThreadPool& pool);
+
+    // Runs the batch through every layer and appends the new tokens to their caches.
+    // Logits go to `logits` as rows of n_vocab: for each sequence in order, its last token
+    // or all its tokens. Errors (nothing is appended to any cache): kInvalidArgument for an
+    // empty sequence or an out-of-vocabulary token, kResourceExhausted when a cache cannot
+    // take the tokens.
+    Status run(std::span<const SequenceInput> batch, std::vector<float>& logits);
+
+    void set_layer_observer(LayerObserver observer) { observer_ = std::move(observer); }
+
+private:
+    void ensure_scratch(int64_t n_tokens);
+    void attention_layer(int32_t layer, std::span<const SequenceInput> batch);
+    void ffn_layer(int32_t layer, int64_t n_tokens);
+    void norm_rows(const std::vector<float>& weight, const float* in, float* out, int64_t n_rows);
+
+    const Model& model_;
+    const ModelConfig& cfg_;
+    ThreadPool& pool_;
+    LayerObserver observer_;
+    std::vector<int32_t> positions_;  // absolute position of every new token
+    // Scratch, [n_tokens][width] each.
+    std::vector<float> x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_;
+    int64_t capacity_ = 0;
+};
+
+}  // namespace deltaserve::model

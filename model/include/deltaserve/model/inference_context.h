@@ -1,0 +1,62 @@
+// An inference context: a model, a thread pool and the KV cache of its sequences.
+//
+// The forward pass underneath is written for a batch of sequences; this class is the
+// convenient single-sequence surface the CLI, the tests and the benchmarks use.
+// Not thread-safe: one caller at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "deltaserve/common/status.h"
+#include "deltaserve/model/model.h"
+
+namespace deltaserve::model {
+
+enum class KvType {
+    kF16,  // default: half the bytes, what llama.cpp stores
+    kF32,
+};
+
+struct ContextOptions {
+    // Maximum tokens in the sequence. Default 0: the model's training context, capped at
+    // 8192.
+    int32_t n_ctx = 0;
+    // Threads, counting the caller. Default 0: one per hardware thread.
+    int n_threads = 0;
+    // Prompt tokens processed per forward call (chunked prefill). Default: 512.
+    int32_t n_batch = 512;
+    // KV cache element type. Default: kF16.
+    KvType kv_type = KvType::kF16;
+};
+
+class InferenceContext {
+public:
+    // Errors: kInvalidArgument for options the model cannot take.
+    static Result<std::unique_ptr<InferenceContext>> create(const Model& model,
+                                                            const ContextOptions& options);
+    virtual ~InferenceContext() = default;
+
+    // Appends tokens to the sequence (chunked by n_batch) and returns the logits of the last
+    // one (n_vocab floats, valid until the next call). Errors: kOutOfRange when the sequence
+    // would exceed n_ctx (nothing is appended), kInvalidArgument for an empty span or a
+    // token id outside the vocabulary.
+    virtual Result<std::span<const float>> eval(std::span<const int32_t> tokens) = 0;
+
+    // As eval, but returns the logits of every appended token (tokens.size() x n_vocab).
+    virtual Result<std::vector<float>> eval_all(std::span<const int32_t> tokens) = 0;
+
+    // Tokens in the sequence so far.
+    virtual int32_t n_past() const = 0;
+    virtual int32_t n_ctx() const = 0;
+    // Empties the sequence (its KV slots return to the pool).
+    virtual void reset() = 0;
+    // Keeps the first n_keep tokens and drops the rest (n_keep <= n_past()).
+    virtual void truncate(int32_t n_keep) = 0;
+
+    virtual const Model& model() const = 0;
+};
+
+}  // namespace deltaserve::model

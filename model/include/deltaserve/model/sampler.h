@@ -1,0 +1,49 @@
+// Token sampling: repetition penalty, top-k, top-p, min-p, temperature, seeded RNG, in
+// llama.cpp's order. Temperature 0 is greedy (the lowest id wins a tie).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <random>
+#include <span>
+#include <vector>
+
+namespace deltaserve::model {
+
+struct SamplingParams {
+    float temperature = 0.8f;     // Default 0.8; 0 = greedy
+    int32_t top_k = 40;           // Default 40; 0 = off
+    float top_p = 0.95f;          // Default 0.95; 1 = off
+    float min_p = 0.05f;          // Default 0.05; 0 = off
+    float repeat_penalty = 1.0f;  // Default 1.0 = off
+    int32_t repeat_last_n = 64;   // Default 64 tokens penalised
+    uint64_t seed = 0;            // Default: the caller picks (random unless given)
+};
+
+class Sampler {
+public:
+    explicit Sampler(const SamplingParams& params);
+
+    // Picks the next token from n_vocab logits.
+    int32_t sample(std::span<const float> logits);
+    // Records a token of the sequence (prompt or generated) for the repetition penalty.
+    void accept(int32_t token);
+    void reset();
+
+    const SamplingParams& params() const { return params_; }
+
+private:
+    struct Candidate {
+        int32_t id;
+        float logit;
+    };
+    SamplingParams params_;
+    std::mt19937_64 rng_;
+    std::deque<int32_t> recent_;
+    std::vector<Candidate> cand_;
+};
+
+// argmax over logits; the first maximum wins.
+int32_t greedy(std::span<const float> logits);
+
+}  // namespace deltaserve::model

@@ -1,0 +1,143 @@
+#include "deltaserve/model/forward.h"
+
+#include <cmath>
+#include <string>
+
+#include "deltaserve/kernels/attention.h"
+#include "deltaserve/kernels/matmul.h"
+#include "deltaserve/kernels/ops.h"
+#include "deltaserve/kernels/quant.h"
+
+namespace deltaserve::model {
+
+namespace k = deltaserve::kernels;
+
+Forward::Forward(const Model& model, ThreadPool& pool)
+    : model_(model), cfg_(model.config), pool_(pool) {}
+
+void Forward::ensure_scratch(int64_t n) {
+    if (n <= capacity_) return;
+    const auto sz = [n](int64_t width) { return static_cast<size_t>(n * width); };
+    x_.resize(sz(cfg_.d_model));
+    xn_.resize(sz(cfg_.d_model));
+    tmp_.resize(sz(cfg_.d_model));
+    q_.resize(sz(cfg_.q_dim()));
+    attn_.resize(sz(cfg_.q_dim()));
+    k_.resize(sz(cfg_.kv_dim()));
+    v_.resize(sz(cfg_.kv_dim()));
+    gate_.resize(sz(cfg_.d_ff));
+    up_.resize(sz(cfg_.d_ff));
+    capacity_ = n;
+}
+
+void Forward::norm_rows(const std::vector<float>& weight, const float* in, float* out,
+                        int64_t n_rows) {
+    const int64_t d = cfg_.d_model;
+    pool_.parallel_for(n_rows, 16, [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) k::rms_norm(out + t * d, in + t * d, weight.data(), d, cfg_.rms_eps);
+    });
+}
+
+Status Forward::run(std::span<const SequenceInput> batch, std::vector<float>& logits) {
+    int64_t n_tokens = 0;
+    for (const auto& s : batch) {
+        if (s.tokens.empty() || s.cache == nullptr) return invalid_argument("forward: empty sequence");
+        for (int32_t t : s.tokens) {
+            if (t < 0 || t >= cfg_.n_vocab) {
+                return invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary (" +
+                                        std::to_string(cfg_.n_vocab) + ")");
+            }
+        }
+        n_tokens += static_cast<int64_t>(s.tokens.size());
+    }
+    // Reserve every cache first so a failure leaves all of them as they were.
+    for (size_t i = 0; i < batch.size(); ++i) {
+        Status st = batch[i].cache->reserve(static_cast<int32_t>(batch[i].tokens.size()));
+        if (!st.ok()) return st;
+    }
+    ensure_scratch(n_tokens);
+    positions_.clear();
+    int64_t row = 0;
+    const int64_t d = cfg_.d_model;
+    for (const auto& s : batch) {
+        for (size_t i = 0; i < s.tokens.size(); ++i, ++row) {
+            positions_.push_back(s.cache->n_tokens() + static_cast<int32_t>(i));
+            const k::WeightMatrix& emb = model_.weights.token_embd;
+            k::dequantize_row(emb.type, emb.row(s.tokens[i]), x_.data() + row * d, d);
+        }
+    }
+
+    for (int32_t layer = 0; layer < cfg_.n_layers; ++layer) {
+        attention_layer(layer, batch);
+        ffn_layer(layer, n_tokens);
+        if (observer_) observer_(layer);
+    }
+
+    // Rows whose logits are wanted, gathered into xn_.
+    int64_t n_out = 0;
+    row = 0;
+    for (const auto& s : batch) {
+        const int64_t n = static_cast<int64_t>(s.tokens.size());
+        for (int64_t i = s.all_logits ? 0 : n - 1; i < n; ++i) {
+            std::copy_n(x_.data() + (row + i) * d, d, tmp_.data() + n_out * d);
+            ++n_out;
+        }
+        row += n;
+    }
+    norm_rows(model_.weights.output_norm, tmp_.data(), xn_.data(), n_out);
+    logits.resize(static_cast<size_t>(n_out * cfg_.n_vocab));
+    k::matmul(model_.weights.output, xn_.data(), d, n_out, logits.data(), cfg_.n_vocab, pool_);
+    for (const auto& s : batch) s.cache->commit(static_cast<int32_t>(s.tokens.size()));
+    return Status();
+}
+
+void Forward::attention_layer(int32_t layer, std::span<const SequenceInput> batch) {
+    const LayerWeights& w = model_.weights.layers[layer];
+    const int64_t n = static_cast<int64_t>(positions_.size());
+    const int64_t d = cfg_.d_model, qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
+    norm_rows(w.attn_norm, x_.data(), xn_.data(), n);
+    k::matmul(w.wq, xn_.data(), d, n, q_.data(), qd, pool_);
+    k::matmul(w.wk, xn_.data(), d, n, k_.data(), kvd, pool_);
+    k::matmul(w.wv, xn_.data(), d, n, v_.data(), kvd, pool_);
+    pool_.parallel_for(n, 16, [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) {
+            float* q = q_.data() + t * qd;
+            float* kk = k_.data() + t * kvd;
+            if (!w.bq.empty()) {
+                k::add_inplace(q, w.bq.data(), qd);
+                k::add_inplace(kk, w.bk.data(), kvd);
+                k::add_inplace(v_.data() + t * kvd, w.bv.data(), kvd);
+            }
+            k::rope(q, cfg_.n_heads, cfg_.head_dim, positions_[t], cfg_.rope_theta, cfg_.rope_style);
+            k::rope(kk, cfg_.n_kv_heads, cfg_.head_dim, positions_[t], cfg_.rope_theta, cfg_.rope_style);
+        }
+    });
+    k::AttentionShape shape{cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim,
+                            1.0f / std::sqrt(static_cast<float>(cfg_.head_dim))};
+    int64_t row = 0;
+    for (const auto& s : batch) {
+        const int32_t ns = static_cast<int32_t>(s.tokens.size());
+        s.cache->store(layer, 0, ns, k_.data() + row * kvd, v_.data() + row * kvd, kvd);
+        const k::KvView view = s.cache->view(layer, ns);
+        k::attention(shape, view, q_.data() + row * qd, qd, ns, s.cache->n_tokens(),
+                     attn_.data() + row * qd, qd, pool_);
+        row += ns;
+    }
+    k::matmul(w.wo, attn_.data(), qd, n, tmp_.data(), d, pool_);
+    k::add_inplace(x_.data(), tmp_.data(), n * d);
+}
+
+void Forward::ffn_layer(int32_t layer, int64_t n) {
+    const LayerWeights& w = model_.weights.layers[layer];
+    const int64_t d = cfg_.d_model, ff = cfg_.d_ff;
+    norm_rows(w.ffn_norm, x_.data(), xn_.data(), n);
+    k::matmul(w.w_gate, xn_.data(), d, n, gate_.data(), ff, pool_);
+    k::matmul(w.w_up, xn_.data(), d, n, up_.data(), ff, pool_);
+    pool_.parallel_for(n, 16, [&](int64_t b, int64_t e) {
+        k::silu_mul(gate_.data() + b * ff, gate_.data() + b * ff, up_.data() + b * ff, (e - b) * ff);
+    });
+    k::matmul(w.w_down, gate_.data(), ff, n, tmp_.data(), d, pool_);
+    k::add_inplace(x_.data(), tmp_.data(), n * d);
+}
+
+}  // namespace deltaserve::model

@@ -1,0 +1,102 @@
+#include "deltaserve/model/inference_context.h"
+
+#include <algorithm>
+#include <string>
+
+#include "deltaserve/common/thread_pool.h"
+#include "deltaserve/kvstore/kv_cache.h"
+#include "deltaserve/model/forward.h"
+
+namespace deltaserve::model {
+
+namespace {
+
+constexpr int32_t kDefaultMaxContext = 8192;
+
+class InferenceContextImpl final : public InferenceContext {
+public:
+    InferenceContextImpl(const Model& model, const ContextOptions& options,
+                         std::unique_ptr<kvstore::SlotPool> pool)
+        : model_(model),
+          options_(options),
+          threads_(options.n_threads),
+          slots_(std::move(pool)),
+          cache_(std::make_unique<kvstore::FullSequenceCache>(*slots_)),
+          forward_(model, threads_) {}
+
+    Result<std::span<const float>> eval(std::span<const int32_t> tokens) override {
+        DS_RETURN_IF_ERROR(run(tokens, false));
+        const size_t nv = static_cast<size_t>(model_.config.n_vocab);
+        return std::span<const float>(logits_.data() + logits_.size() - nv, nv);
+    }
+
+    Result<std::vector<float>> eval_all(std::span<const int32_t> tokens) override {
+        std::vector<float> all;
+        all.reserve(tokens.size() * static_cast<size_t>(model_.config.n_vocab));
+        DS_RETURN_IF_ERROR(run(tokens, true, &all));
+        return all;
+    }
+
+    int32_t n_past() const override { return cache_->n_tokens(); }
+    int32_t n_ctx() const override { return options_.n_ctx; }
+    void reset() override { cache_->truncate(0); }
+    void truncate(int32_t n_keep) override { cache_->truncate(n_keep); }
+    const Model& model() const override { return model_; }
+
+private:
+    Status check(size_t n_new) const {
+        if (static_cast<int64_t>(n_past()) + static_cast<int64_t>(n_new) > options_.n_ctx) {
+            return out_of_range("the sequence would hold " + std::to_string(n_past() + n_new) +
+                                " tokens, more than the context size " +
+                                std::to_string(options_.n_ctx));
+        }
+        return Status();
+    }
+
+    // Appends tokens in chunks of n_batch; only the last chunk's last logits are kept.
+    // With `all`, every token's logits are appended to *all.
+    Status run(std::span<const int32_t> tokens, bool all_logits, std::vector<float>* all = nullptr) {
+        if (tokens.empty()) return invalid_argument("eval: no tokens");
+        DS_RETURN_IF_ERROR(check(tokens.size()));
+        const int32_t before = n_past();
+        for (size_t i = 0; i < tokens.size(); i += static_cast<size_t>(options_.n_batch)) {
+            const size_t n = std::min(tokens.size() - i, static_cast<size_t>(options_.n_batch));
+            SequenceInput in{cache_.get(), tokens.subspan(i, n), all_logits};
+            Status st = forward_.run(std::span<const SequenceInput>(&in, 1), logits_);
+            if (!st.ok()) {
+                cache_->truncate(before);  // all or nothing
+                return st;
+            }
+            if (all != nullptr) all->insert(all->end(), logits_.begin(), logits_.end());
+        }
+        return Status();
+    }
+
+    const Model& model_;
+    ContextOptions options_;
+    ThreadPool threads_;
+    std::unique_ptr<kvstore::SlotPool> slots_;
+    std::unique_ptr<kvstore::FullSequenceCache> cache_;
+    Forward forward_;
+    std::vector<float> logits_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& model,
+                                                                   const ContextOptions& options) {
+    ContextOptions opts = options;
+    if (opts.n_ctx <= 0) opts.n_ctx = std::min(model.config.n_ctx_train, kDefaultMaxContext);
+    if (opts.n_batch <= 0) return invalid_argument("n_batch must be positive");
+    if (opts.n_threads <= 0) opts.n_threads = default_thread_count();
+    kvstore::SlotPoolOptions po;
+    po.n_layers = model.config.n_layers;
+    po.kv_dim = model.config.kv_dim();
+    po.n_slots = opts.n_ctx;
+    po.dtype = opts.kv_type == KvType::kF16 ? kernels::DType::kF16 : kernels::DType::kF32;
+    DS_ASSIGN_OR_RETURN(auto pool, kvstore::SlotPool::create(po));
+    return std::unique_ptr<InferenceContext>(
+        std::make_unique<InferenceContextImpl>(model, opts, std::move(pool)));
+}
+
+}  // namespace deltaserve::model

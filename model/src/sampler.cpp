@@ -1,0 +1,88 @@
+#include "deltaserve/model/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace deltaserve::model {
+
+int32_t greedy(std::span<const float> logits) {
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
+
+void Sampler::accept(int32_t token) {
+    if (params_.repeat_last_n <= 0) return;
+    recent_.push_back(token);
+    if (static_cast<int32_t>(recent_.size()) > params_.repeat_last_n) recent_.pop_front();
+}
+
+void Sampler::reset() {
+    recent_.clear();
+    rng_.seed(params_.seed);
+}
+
+int32_t Sampler::sample(std::span<const float> logits) {
+    cand_.resize(logits.size());
+    for (size_t i = 0; i < logits.size(); ++i) cand_[i] = {static_cast<int32_t>(i), logits[i]};
+    if (params_.repeat_penalty != 1.0f) {
+        std::vector<int32_t> seen(recent_.begin(), recent_.end());
+        std::sort(seen.begin(), seen.end());
+        seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+        for (int32_t id : seen) {
+            float& l = cand_[id].logit;
+            l = l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty;
+        }
+    }
+    if (params_.temperature <= 0.0f) {
+        auto best = std::max_element(cand_.begin(), cand_.end(),
+                                     [](const Candidate& a, const Candidate& b) { return a.logit < b.logit; });
+        return best->id;
+    }
+    auto by_logit = [](const Candidate& a, const Candidate& b) {
+        return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+    };
+    size_t n = cand_.size();
+    if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < n) {
+        n = static_cast<size_t>(params_.top_k);
+        std::partial_sort(cand_.begin(), cand_.begin() + n, cand_.end(), by_logit);
+    } else {
+        std::sort(cand_.begin(), cand_.end(), by_logit);
+    }
+    // Probabilities of the survivors (softmax at temperature 1 for the filters, as llama.cpp).
+    std::vector<float> p(n);
+    const float mx = cand_[0].logit;
+    float sum = 0;
+    for (size_t i = 0; i < n; ++i) sum += (p[i] = std::exp(cand_[i].logit - mx));
+    if (params_.top_p < 1.0f) {
+        float cum = 0;
+        for (size_t i = 0; i < n; ++i) {
+            cum += p[i] / sum;
+            if (cum >= params_.top_p) {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+    if (params_.min_p > 0.0f) {
+        const float threshold = params_.min_p * p[0];
+        size_t keep = 1;
+        while (keep < n && p[keep] >= threshold) ++keep;
+        n = keep;
+    }
+    // Temperature, then a draw.
+    std::vector<double> w(n);
+    double total = 0;
+    for (size_t i = 0; i < n; ++i) {
+        total += (w[i] = std::exp(static_cast<double>(cand_[i].logit - mx) / params_.temperature));
+    }
+    std::uniform_real_distribution<double> u(0.0, total);
+    double r = u(rng_);
+    for (size_t i = 0; i < n; ++i) {
+        r -= w[i];
+        if (r <= 0) return cand_[i].id;
+    }
+    return cand_[n - 1].id;
+}
+
+}  // namespace deltaserve::model

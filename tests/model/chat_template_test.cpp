@@ -1,0 +1,122 @@
+// Chat templates: recognising the Jinja text and rendering ChatML / Llama-3 prompts.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "../../model/src/gguf_file.h"
+#include "deltaserve/model/chat_template.h"
+#include "test_paths.h"
+
+namespace deltaserve::model {
+namespace {
+
+// SmolLM2-Instruct's template, as its GGUF and tokenizer_config.json carry it.
+constexpr const char* kSmolLM2Template =
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+// Meta-Llama-3-8B-Instruct's template.
+constexpr const char* kLlama3Template =
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | "
+    "trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}"
+    "{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+
+constexpr const char* kSmolLM2System =
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+
+TEST(ChatTemplateTest, SmolLM2AddsItsDefaultSystemPrompt) {
+    auto tmpl = detect_chat_template(kSmolLM2Template);
+    ASSERT_TRUE(tmpl.ok());
+    EXPECT_EQ(tmpl->kind, ChatTemplateKind::kChatML);
+    EXPECT_EQ(tmpl->default_system, kSmolLM2System);
+    EXPECT_EQ(apply_chat_template(*tmpl, {{"user", "Hi"}}, true),
+              std::string("<|im_start|>system\n") + kSmolLM2System +
+                  "<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST(ChatTemplateTest, GivenSystemMessageReplacesTheDefault) {
+    auto tmpl = detect_chat_template(kSmolLM2Template);
+    ASSERT_TRUE(tmpl.ok());
+    const std::vector<ChatMessage> chat = {
+        {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello!"}, {"user", "Bye"}};
+    EXPECT_EQ(apply_chat_template(*tmpl, chat, false),
+              "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+              "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n");
+    // No messages: the template's loop never runs, so no system prompt either.
+    EXPECT_EQ(apply_chat_template(*tmpl, {}, true), "<|im_start|>assistant\n");
+}
+
+TEST(ChatTemplateTest, PlainChatMLHasNoDefaultSystem) {
+    for (const char* jinja :
+         {"",
+          "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+          "message['content'] + '<|im_end|>\\n'}}{% endfor %}"}) {
+        auto tmpl = detect_chat_template(jinja);
+        ASSERT_TRUE(tmpl.ok()) << jinja;
+        EXPECT_EQ(tmpl->kind, ChatTemplateKind::kChatML);
+        EXPECT_EQ(tmpl->default_system, "");
+        EXPECT_EQ(apply_chat_template(*tmpl, {{"user", "x"}}, true),
+                  "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n");
+    }
+}
+
+TEST(ChatTemplateTest, EscapedNewlinesInTheTemplateText) {
+    // Some exports keep "\n" escaped inside the Jinja strings.
+    auto tmpl = detect_chat_template(
+        "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou are Qwen, "
+        "created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}{% endif %}");
+    ASSERT_TRUE(tmpl.ok());
+    EXPECT_EQ(tmpl->default_system,
+              "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+}
+
+TEST(ChatTemplateTest, Llama3) {
+    auto tmpl = detect_chat_template(kLlama3Template);
+    ASSERT_TRUE(tmpl.ok());
+    EXPECT_EQ(tmpl->kind, ChatTemplateKind::kLlama3);
+    EXPECT_EQ(tmpl->bos_text, "<|begin_of_text|>");
+    EXPECT_EQ(apply_chat_template(*tmpl, {{"system", "Be brief. "}, {"user", "\nHi"}}, true),
+              "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief."
+              "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+              "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+TEST(ChatTemplateTest, UnknownFamiliesAreUnimplemented) {
+    auto tmpl = detect_chat_template(
+        "{{ bos_token }}{% for m in messages %}[INST] {{ m['content'] "
+        "}} [/INST]{% endfor %}");
+    ASSERT_FALSE(tmpl.ok());
+    EXPECT_EQ(tmpl.error().code(), StatusCode::kUnimplemented);
+}
+
+// The template stored in the default model renders the prompt llama.cpp's golden data used.
+TEST(ChatTemplateTest, SmolLM2GgufTemplate) {
+    const std::string model = testing::default_gguf_model();
+    DS_REQUIRE_FILE(model, "SmolLM2 GGUF");
+    auto gguf = GgufFile::open(model);
+    ASSERT_TRUE(gguf.ok()) << gguf.error().to_string();
+    auto jinja = gguf->get_string("tokenizer.chat_template");
+    ASSERT_TRUE(jinja.ok());
+    auto tmpl = detect_chat_template(*jinja);
+    ASSERT_TRUE(tmpl.ok());
+    EXPECT_EQ(tmpl->default_system, kSmolLM2System);
+    const std::string prompt =
+        apply_chat_template(*tmpl, {{"user", "What is the capital of France?"}}, true);
+
+    std::ifstream in(testing::test_data_dir() + "/smollm2_tokenize.json");
+    const nlohmann::json golden = nlohmann::json::parse(in);
+    bool found = false;
+    for (const auto& e : golden["entries"]) found |= e["text"].get<std::string>() == prompt;
+    EXPECT_TRUE(found) << "rendered prompt not among the golden texts:\n" << prompt;
+}
+
+}  // namespace
+}  // namespace deltaserve::model
