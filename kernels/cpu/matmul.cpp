@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "blocks.h"
+#include "deltaserve/common/status.h"
 #include "cpu_features.h"
 #include "deltaserve/kernels/quant.h"
 #include "matmul_table.h"
@@ -93,6 +94,38 @@ void matmul(const WeightMatrix& w, const float* x, int64_t ldx, int64_t n_tokens
     // enough to balance (llama.cpp uses 16-64 rows).
     const int64_t grain = n_tokens == 1 ? 32 : 16;
     pool.parallel_for(w.rows, grain, [&](int64_t r0, int64_t r1) { compute_rows(w, a, y, ldy, r0, r1); });
+}
+
+void matmul_shared_input(std::span<const MatmulOutput> outputs, const float* x, int64_t ldx,
+                         int64_t n_tokens, ThreadPool& pool) {
+    if (outputs.empty()) return;
+    const WeightMatrix& first = *outputs[0].w;
+    for (const auto& o : outputs) {
+        // Different activation formats cannot share one quantization: do them one by one.
+        if (o.w->cols != first.cols || uses_int8_activations(o.w->type) != uses_int8_activations(first.type)) {
+            for (const auto& each : outputs) matmul(*each.w, x, ldx, n_tokens, each.y, each.ldy, pool);
+            return;
+        }
+    }
+    const Activations a = prepare(first, x, ldx, n_tokens, &pool);
+    // Rows of all outputs, concatenated, handed out in chunks that never straddle two.
+    const int64_t grain = n_tokens == 1 ? 32 : 16;
+    int64_t total_chunks = 0;
+    int64_t chunk_start[8];
+    DS_CHECK(outputs.size() <= 8, "too many shared-input outputs");
+    for (size_t i = 0; i < outputs.size(); ++i) {
+        chunk_start[i] = total_chunks;
+        total_chunks += (outputs[i].w->rows + grain - 1) / grain;
+    }
+    pool.parallel_for(total_chunks, 1, [&](int64_t b, int64_t e) {
+        for (int64_t c = b; c < e; ++c) {
+            size_t i = outputs.size() - 1;
+            while (chunk_start[i] > c) --i;
+            const MatmulOutput& o = outputs[i];
+            const int64_t r0 = (c - chunk_start[i]) * grain;
+            compute_rows(*o.w, a, o.y, o.ldy, r0, std::min(o.w->rows, r0 + grain));
+        }
+    });
 }
 
 void matmul_rows(const WeightMatrix& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,

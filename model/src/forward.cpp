@@ -96,9 +96,8 @@ void Forward::attention_layer(int32_t layer, std::span<const SequenceInput> batc
     const int64_t n = static_cast<int64_t>(positions_.size());
     const int64_t d = cfg_.d_model, qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
     norm_rows(w.attn_norm, x_.data(), xn_.data(), n);
-    k::matmul(w.wq, xn_.data(), d, n, q_.data(), qd, pool_);
-    k::matmul(w.wk, xn_.data(), d, n, k_.data(), kvd, pool_);
-    k::matmul(w.wv, xn_.data(), d, n, v_.data(), kvd, pool_);
+    const k::MatmulOutput qkv[] = {{&w.wq, q_.data(), qd}, {&w.wk, k_.data(), kvd}, {&w.wv, v_.data(), kvd}};
+    k::matmul_shared_input(qkv, xn_.data(), d, n, pool_);
     pool_.parallel_for(n, 16, [&](int64_t b, int64_t e) {
         for (int64_t t = b; t < e; ++t) {
             float* q = q_.data() + t * qd;
@@ -131,8 +130,8 @@ void Forward::ffn_layer(int32_t layer, int64_t n) {
     const LayerWeights& w = model_.weights.layers[layer];
     const int64_t d = cfg_.d_model, ff = cfg_.d_ff;
     norm_rows(w.ffn_norm, x_.data(), xn_.data(), n);
-    k::matmul(w.w_gate, xn_.data(), d, n, gate_.data(), ff, pool_);
-    k::matmul(w.w_up, xn_.data(), d, n, up_.data(), ff, pool_);
+    const k::MatmulOutput gate_up[] = {{&w.w_gate, gate_.data(), ff}, {&w.w_up, up_.data(), ff}};
+    k::matmul_shared_input(gate_up, xn_.data(), d, n, pool_);
     pool_.parallel_for(n, 16, [&](int64_t b, int64_t e) {
         k::silu_mul(gate_.data() + b * ff, gate_.data() + b * ff, up_.data() + b * ff, (e - b) * ff);
     });

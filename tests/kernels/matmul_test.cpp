@@ -70,3 +70,41 @@ INSTANTIATE_TEST_SUITE_P(
 
 }  // namespace
 }  // namespace deltaserve::kernels
+
+namespace deltaserve::kernels {
+namespace {
+
+TEST(MatmulSharedInput, EqualsSeparateMatmulsBitForBit) {
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int64_t cols = 576, tokens = 5;
+    const int64_t rows[3] = {576, 192, 100};
+    std::vector<std::vector<uint8_t>> data(3);
+    std::vector<WeightMatrix> w(3);
+    std::vector<float> row(cols);
+    for (int i = 0; i < 3; ++i) {
+        const size_t rb = row_bytes(DType::kQ4_1, cols);
+        data[i].resize(rb * rows[i]);
+        for (int64_t r = 0; r < rows[i]; ++r) {
+            for (auto& v : row) v = nd(rng);
+            quantize_row(DType::kQ4_1, row.data(), data[i].data() + r * rb, cols);
+        }
+        w[i] = {DType::kQ4_1, rows[i], cols, data[i].data()};
+    }
+    std::vector<float> x(tokens * cols);
+    for (auto& v : x) v = nd(rng);
+    ThreadPool pool(2);
+    std::vector<std::vector<float>> sep(3), fused(3);
+    std::vector<MatmulOutput> outs;
+    for (int i = 0; i < 3; ++i) {
+        sep[i].resize(tokens * rows[i]);
+        fused[i].assign(tokens * rows[i], 0.0f);
+        matmul(w[i], x.data(), cols, tokens, sep[i].data(), rows[i], pool);
+        outs.push_back({&w[i], fused[i].data(), rows[i]});
+    }
+    matmul_shared_input(outs, x.data(), cols, tokens, pool);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(sep[i], fused[i]) << "output " << i;
+}
+
+}  // namespace
+}  // namespace deltaserve::kernels

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 
 #include "deltaserve/common/thread_pool.h"
@@ -15,6 +16,19 @@ namespace deltaserve::kernels {
 // over the pool's threads. x and y must not overlap.
 void matmul(const WeightMatrix& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
             int64_t ldy, ThreadPool& pool);
+
+// One output of matmul_shared_input: y = W x with its own row stride.
+struct MatmulOutput {
+    const WeightMatrix* w = nullptr;
+    float* y = nullptr;
+    int64_t ldy = 0;
+};
+
+// Several matrices applied to the same input (Q, K and V; gate and up): the activations are
+// quantized once and all rows are shared out in one parallel region. Every w must have the
+// same cols; y buffers must not overlap x or each other.
+void matmul_shared_input(std::span<const MatmulOutput> outputs, const float* x, int64_t ldx,
+                         int64_t n_tokens, ThreadPool& pool);
 
 // Rows [r0, r1) only, on the calling thread (for callers that split work themselves).
 void matmul_rows(const WeightMatrix& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
