@@ -30,32 +30,46 @@ ThreadPool::~ThreadPool() {
     for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::dispatch(Thunk thunk, void* ctx) {
+void ThreadPool::dispatch(Thunk thunk, void* ctx, bool elastic) {
     if (n_threads_ == 1) {
         thunk(ctx, 0, 1);
         return;
     }
+    uint32_t id32 = generation_.load(std::memory_order_relaxed) + 1u;
+    if (id32 == 0) id32 = 1;  // 0 means "no region yet" to the workers
+    const uint64_t id = id32;
     thunk_ = thunk;
     ctx_ = ctx;
-    pending_.store(n_threads_ - 1, std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);
+    finished_.store(0, std::memory_order_relaxed);
+    state_.store((id << 32) | kOpen, std::memory_order_release);
+    generation_.store(static_cast<uint32_t>(id), std::memory_order_release);
     generation_.notify_all();
     thunk(ctx, 0, n_threads_);
+
+    int joined;
+    if (elastic) {
+        // Whoever has not joined by now is not needed: every chunk is taken.
+        joined = static_cast<int>(state_.fetch_and(~kOpen, std::memory_order_acq_rel) & kJoinedMask);
+    } else {
+        joined = n_threads_ - 1;
+    }
     // Spin briefly, then yield: when the machine is oversubscribed a worker may be waiting
     // for this very core, and spinning would only delay it by a whole time slice.
-    for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+    for (int spins = 0; finished_.load(std::memory_order_acquire) != joined; ++spins) {
         if (spins < kCallerSpins) {
             _mm_pause();
         } else {
             std::this_thread::yield();
         }
     }
+    if (!elastic) state_.fetch_and(~kOpen, std::memory_order_relaxed);
 }
 
 void ThreadPool::worker_loop(int index) {
     // Generation 0 is the constructor's; starting from it (not from a fresh load) means a
     // region dispatched before this thread first ran is still seen.
     uint32_t seen = 0;
+    uint64_t last_joined = 0;  // id of the last region this worker ran
     for (;;) {
         int spins = 0;
         uint32_t g;
@@ -68,8 +82,19 @@ void ThreadPool::worker_loop(int index) {
         }
         seen = g;
         if (stop_.load()) return;
+        // Join the open region, if it still is; a closed one was finished without us.
+        uint64_t st = state_.load(std::memory_order_acquire);
+        bool joined = false;
+        while ((st & kOpen) && (st >> 32) != last_joined) {
+            if (state_.compare_exchange_weak(st, st + 1, std::memory_order_acq_rel)) {
+                joined = true;
+                last_joined = st >> 32;
+                break;
+            }
+        }
+        if (!joined) continue;
         thunk_(ctx_, index, n_threads_);
-        pending_.fetch_sub(1, std::memory_order_release);
+        finished_.fetch_add(1, std::memory_order_release);
     }
 }
 

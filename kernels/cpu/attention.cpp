@@ -20,6 +20,7 @@ constexpr int kKeyTile = 32;    // keys converted to fp32 at a time
 constexpr int kMaxRows = 48;    // (query, head) rows processed together
 constexpr int kMaxHeadDim = 256;
 constexpr int32_t kSplitKeys = 512;  // key range per work item when splitting decode
+constexpr int kFewRows = 12;         // at most this many rows: attend_few_rows
 
 // Online-softmax state of a set of rows: running max m, sum l and unnormalised output o.
 struct Partial {
@@ -111,6 +112,84 @@ void attend(const AttentionShape& s, const KvView& kv, int g, const float* const
                 __m256 od = _mm256_mul_ps(_mm256_loadu_ps(o + d), cv);
                 for (int j = 0; j < valid; ++j) {
                     od = _mm256_fmadd_ps(_mm256_set1_ps(sc[j]), _mm256_load_ps(vt + j * dim + d), od);
+                }
+                _mm256_storeu_ps(o + d, od);
+            }
+        }
+    }
+}
+
+// Folds 8 vectors of partial sums into one vector of their 8 totals.
+inline __m256 reduce8(const __m256* v) {
+    const __m256 a = _mm256_hadd_ps(v[0], v[1]);
+    const __m256 b = _mm256_hadd_ps(v[2], v[3]);
+    const __m256 c = _mm256_hadd_ps(v[4], v[5]);
+    const __m256 d = _mm256_hadd_ps(v[6], v[7]);
+    const __m256 ab = _mm256_hadd_ps(a, b);  // per lane half: keys 0-3 (low), 0-3 (high)
+    const __m256 cd = _mm256_hadd_ps(c, d);
+    const __m256 lo = _mm256_permute2f128_ps(ab, cd, 0x20);
+    const __m256 hi = _mm256_permute2f128_ps(ab, cd, 0x31);
+    return _mm256_add_ps(lo, hi);
+}
+
+inline __m256 load_kv8(const uint8_t* row, int d, DType dtype) {
+    if (dtype == DType::kF16) {
+        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * d)));
+    }
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + d);
+}
+
+// The few-rows case (decoding): scores straight from the K rows, 8 keys at a time, without
+// converting and transposing a tile first, which only pays off when many rows share it.
+void attend_few_rows(const AttentionShape& s, const KvView& kv, int g, const float* const* qrow,
+                     const int32_t* qpos, int n_rows, int32_t k0, int32_t k1, Partial& st) {
+    const int dim = s.head_dim;
+    const size_t elem = kv.dtype == DType::kF16 ? 2 : 4;
+    const size_t head_off = static_cast<size_t>(g) * dim * elem;
+    int32_t last_visible = 0;
+    for (int r = 0; r < n_rows; ++r) last_visible = std::max(last_visible, qpos[r] + 1);
+    k1 = std::min(k1, last_visible);
+    for (int32_t t0 = k0; t0 < k1; t0 += 8) {
+        const int nk = std::min<int32_t>(8, k1 - t0);
+        const uint8_t* krow[8];
+        const uint8_t* vrow[8];
+        for (int j = 0; j < 8; ++j) {
+            const size_t off = static_cast<size_t>(kv.slots[t0 + std::min(j, nk - 1)]) * kv.row_stride + head_off;
+            krow[j] = kv.k + off;
+            vrow[j] = kv.v + off;
+        }
+        __m256 part[kFewRows][8];
+        for (int j = 0; j < 8; ++j) {
+            for (int r = 0; r < n_rows; ++r) part[r][j] = _mm256_setzero_ps();
+            for (int d = 0; d < dim; d += 8) {
+                const __m256 kf = load_kv8(krow[j], d, kv.dtype);
+                for (int r = 0; r < n_rows; ++r) {
+                    part[r][j] = _mm256_fmadd_ps(_mm256_loadu_ps(qrow[r] + d), kf, part[r][j]);
+                }
+            }
+        }
+        for (int r = 0; r < n_rows; ++r) {
+            const int32_t visible = qpos[r] - t0 + 1;
+            if (visible <= 0) continue;
+            const int valid = std::min(nk, visible);
+            alignas(32) float sc[8];
+            _mm256_store_ps(sc, _mm256_mul_ps(reduce8(part[r]), _mm256_set1_ps(s.scale)));
+            float mx = sc[0];
+            for (int j = 1; j < valid; ++j) mx = std::max(mx, sc[j]);
+            const float m_new = std::max(st.m[r], mx);
+            const float corr = std::exp(st.m[r] - m_new);
+            const __m256 p8 = exp256(_mm256_sub_ps(_mm256_load_ps(sc), _mm256_set1_ps(m_new)));
+            _mm256_store_ps(sc, p8);
+            float sum = 0.0f;
+            for (int j = 0; j < valid; ++j) sum += sc[j];
+            st.l[r] = st.l[r] * corr + sum;
+            st.m[r] = m_new;
+            float* o = st.o + static_cast<size_t>(r) * dim;
+            const __m256 cv = _mm256_set1_ps(corr);
+            for (int d = 0; d < dim; d += 8) {
+                __m256 od = _mm256_mul_ps(_mm256_loadu_ps(o + d), cv);
+                for (int j = 0; j < valid; ++j) {
+                    od = _mm256_fmadd_ps(_mm256_set1_ps(sc[j]), load_kv8(vrow[j], d, kv.dtype), od);
                 }
                 _mm256_storeu_ps(o + d, od);
             }
@@ -215,7 +294,11 @@ void attention(const AttentionShape& s, const KvView& kv, const float* q, int64_
             const int32_t k1 = std::min(last, k0 + per);
             Partial st = buf.make(n_rows, s.head_dim, static_cast<size_t>(item));
             st.reset();
-            attend(s, kv, g, qrow, qpos, n_rows, k0, k1, st);
+            if (n_rows <= kFewRows) {
+                attend_few_rows(s, kv, g, qrow, qpos, n_rows, k0, k1, st);
+            } else {
+                attend(s, kv, g, qrow, qpos, n_rows, k0, k1, st);
+            }
             if (splits == 1) write_rows(s, st, g, i0, i1, out, ldo);
         }
     });

@@ -50,3 +50,37 @@ TEST(ThreadPool, ManySmallRegions) {
 
 }  // namespace
 }  // namespace deltaserve
+
+namespace deltaserve {
+namespace {
+
+// With every core busy elsewhere, regions still complete, exactly once per index / chunk.
+TEST(ThreadPool, CorrectWhenTheMachineIsOversubscribed) {
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> hogs;
+    for (int i = 0; i < 4; ++i) {
+        hogs.emplace_back([&] {
+            volatile uint64_t x = 0;
+            while (!stop.load(std::memory_order_relaxed)) x = x + 1;
+        });
+    }
+    ThreadPool pool(2);
+    int64_t total = 0;
+    for (int rep = 0; rep < 300; ++rep) {
+        std::vector<int> seen(64, 0);
+        pool.parallel_for(64, 4, [&](int64_t b, int64_t e) {
+            for (int64_t i = b; i < e; ++i) seen[static_cast<size_t>(i)]++;
+        });
+        for (int v : seen) ASSERT_EQ(v, 1);
+        std::atomic<int> calls{0};
+        pool.run([&](int, int) { calls++; });
+        ASSERT_EQ(calls.load(), 2);
+        total += 1;
+    }
+    stop.store(true);
+    for (auto& t : hogs) t.join();
+    EXPECT_EQ(total, 300);
+}
+
+}  // namespace
+}  // namespace deltaserve

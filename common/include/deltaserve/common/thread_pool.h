@@ -27,10 +27,12 @@ public:
     template <typename F>
     void run(F&& fn) {
         auto thunk = [](void* ctx, int i, int n) { (*static_cast<F*>(ctx))(i, n); };
-        dispatch(thunk, &fn);
+        dispatch(thunk, &fn, /*elastic=*/false);
     }
 
     // Splits [0, n) into chunks of `grain` handed out dynamically; fn(begin, end).
+    // Elastic: workers that are not running when the region opens (the machine is busy) do
+    // not hold it up; the caller takes their chunks.
     template <typename F>
     void parallel_for(int64_t n, int64_t grain, F&& fn) {
         if (n <= 0) return;
@@ -40,26 +42,36 @@ public:
             return;
         }
         std::atomic<int64_t> next{0};
-        run([&](int, int) {
+        auto body = [&](int, int) {
             for (;;) {
                 const int64_t b = next.fetch_add(grain, std::memory_order_relaxed);
                 if (b >= n) break;
                 fn(b, b + grain < n ? b + grain : n);
             }
-        });
+        };
+        auto thunk = [](void* ctx, int i, int nt) { (*static_cast<decltype(body)*>(ctx))(i, nt); };
+        dispatch(thunk, &body, /*elastic=*/true);
     }
 
 private:
     using Thunk = void (*)(void*, int, int);
-    void dispatch(Thunk thunk, void* ctx);
+    // Opens a region, runs the caller's part, then closes it. Elastic regions wait only for
+    // the workers that joined before the caller finished; others wait for every worker.
+    void dispatch(Thunk thunk, void* ctx, bool elastic);
     void worker_loop(int index);
+
+    // Region state: the region's id (high 32 bits), kOpen while workers may join, and the
+    // number that joined (low bits). The id lets a worker join each region at most once.
+    static constexpr uint64_t kOpen = 1ull << 31;
+    static constexpr uint64_t kJoinedMask = kOpen - 1;
 
     int n_threads_;
     std::vector<std::thread> workers_;
     Thunk thunk_ = nullptr;
     void* ctx_ = nullptr;
-    std::atomic<uint32_t> generation_{0};
-    std::atomic<int> pending_{0};
+    std::atomic<uint32_t> generation_{0};  // the current region's id; workers sleep on it
+    std::atomic<uint64_t> state_{0};
+    std::atomic<int> finished_{0};
     std::atomic<bool> stop_{false};
 };
 
