@@ -42,8 +42,11 @@ void ThreadPool::dispatch(Thunk thunk, void* ctx, bool elastic) {
     ctx_ = ctx;
     finished_.store(0, std::memory_order_relaxed);
     state_.store((id << 32) | kOpen, std::memory_order_release);
-    generation_.store(static_cast<uint32_t>(id), std::memory_order_release);
-    generation_.notify_all();
+    // Sequentially consistent store and load, paired with the sleeper's increment and its
+    // wait's load: either the sleeper sees the new id, or we see the sleeper and wake it.
+    // Most regions find every worker spinning and skip the system call.
+    generation_.store(static_cast<uint32_t>(id));
+    if (sleepers_.load() > 0) generation_.notify_all();
     thunk(ctx, 0, n_threads_);
 
     int joined;
@@ -77,7 +80,9 @@ void ThreadPool::worker_loop(int index) {
             if (++spins < kSpinIterations) {
                 _mm_pause();
             } else {
-                generation_.wait(seen, std::memory_order_acquire);
+                sleepers_.fetch_add(1);
+                generation_.wait(seen);
+                sleepers_.fetch_sub(1);
             }
         }
         seen = g;

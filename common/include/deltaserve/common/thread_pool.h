@@ -72,6 +72,7 @@ private:
     std::atomic<uint32_t> generation_{0};  // the current region's id; workers sleep on it
     std::atomic<uint64_t> state_{0};
     std::atomic<int> finished_{0};
+    std::atomic<int> sleepers_{0};  // workers blocked in generation_.wait
     std::atomic<bool> stop_{false};
 };
 
