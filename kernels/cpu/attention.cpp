@@ -277,10 +277,16 @@ void attention(const AttentionShape& s, const KvView& kv, const float* q, int64_
     PartialBuffer buf;
     buf.max_rows = rows;
     buf.data.resize(static_cast<size_t>(n_items) * rows * (s.head_dim + 2));
-    pool.parallel_for(n_items, 1, [&](int64_t b, int64_t e) {
+    // Items are (query block, key split, KV head) with the head fastest, and a chunk holds
+    // every head of one key range: K/V rows carry all heads, so the rows one head pulls into
+    // the cache are still there for the next head instead of being fetched again.
+    const auto item_index = [&](int32_t qb, int32_t sp, int g) {
+        return (static_cast<int64_t>(qb) * splits + sp) * s.n_kv_heads + g;
+    };
+    pool.parallel_for(n_items, s.n_kv_heads, [&](int64_t b, int64_t e) {
         for (int64_t item = b; item < e; ++item) {
-            const int g = static_cast<int>(item / (static_cast<int64_t>(n_qblocks) * splits));
-            const int64_t rest = item % (static_cast<int64_t>(n_qblocks) * splits);
+            const int g = static_cast<int>(item % s.n_kv_heads);
+            const int64_t rest = item / s.n_kv_heads;
             const int32_t qb = static_cast<int32_t>(rest / splits);
             const int32_t sp = static_cast<int32_t>(rest % splits);
             const int32_t i0 = qb * q_block;
@@ -304,9 +310,9 @@ void attention(const AttentionShape& s, const KvView& kv, const float* q, int64_
     });
     if (splits == 1) return;
     for (int g = 0; g < s.n_kv_heads; ++g) {
-        Partial acc = buf.make(rows, s.head_dim, static_cast<size_t>(g) * splits);
+        Partial acc = buf.make(rows, s.head_dim, static_cast<size_t>(item_index(0, 0, g)));
         for (int32_t sp = 1; sp < splits; ++sp) {
-            merge(acc, buf.make(rows, s.head_dim, static_cast<size_t>(g) * splits + sp));
+            merge(acc, buf.make(rows, s.head_dim, static_cast<size_t>(item_index(0, sp, g))));
         }
         write_rows(s, acc, g, 0, n_q, out, ldo);
     }
