@@ -48,6 +48,8 @@ kWarmupTokens = 512
 
 import llama_cpp as lc  # noqa: E402  (imported after the baseline RSS reading on purpose)
 
+kImportRss = rss_mb()
+
 
 class LogSink:
     """Keeps llama.cpp's log lines off the terminal; a few are echoed into the JSON."""
@@ -74,6 +76,9 @@ def context_params(args, n_ctx):
     cp.n_threads = args.threads
     cp.n_threads_batch = args.threads
     cp.no_perf = True
+    cp.flash_attn_type = {"auto": lc.LLAMA_FLASH_ATTN_TYPE_AUTO,
+                          "on": lc.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                          "off": lc.LLAMA_FLASH_ATTN_TYPE_DISABLED}[args.flash_attn]
     return cp
 
 
@@ -193,6 +198,8 @@ def main():
                     help="tokens per llama_decode call (llama.cpp's own default is 2048; the "
                          "work is done in n_ubatch pieces either way)")
     ap.add_argument("--n-ubatch", type=int, default=512, help="llama.cpp default 512")
+    ap.add_argument("--flash-attn", choices=["auto", "on", "off"], default="auto",
+                    help="llama.cpp's default is auto (on for the CPU backend)")
     ap.add_argument("--reps", type=int, default=1, help="repeat each measurement, keep the best")
     ap.add_argument("--check-highlevel", action="store_true",
                     help="also time prefill/decode through the high-level Llama.eval")
@@ -252,6 +259,7 @@ def main():
         "load_s_llama_class": round(load_llama_class, 4),
         "peak_rss_mb": round(peak, 1),
         "python_baseline_rss_mb": round(kBaselineRss, 1),
+        "rss_after_import_mb": round(kImportRss, 1),
         "rss_after_load_mb": round(rss_after_load, 1),
         "rss_after_runs_mb": round(rss_after_runs, 1),
         "prefill_tps": prefill_tps,
@@ -268,7 +276,7 @@ def main():
             "log": sink.grep("flash_attn")[:1] + sink.grep("n_ctx ")[:1],
         },
         "system_info": lc.llama_print_system_info().decode().strip(),
-        "loadavg_start_end": [load_avg_start[0], os.getloadavg()[0]],
+        "loadavg_start_end": [round(load_avg_start[0], 2), round(os.getloadavg()[0], 2)],
     }
     if args.check_highlevel:
         check_highlevel(args, n_ctx, out)

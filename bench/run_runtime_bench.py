@@ -79,15 +79,30 @@ def parse_json(stdout):
     return None
 
 
-def wait_for_idle(max_load, max_wait_s):
-    """Waits until the 1-minute load average is at most max_load (or max_wait_s passes).
+def busy_fraction(window_s=2.0):
+    """Share of all CPUs busy over window_s, from /proc/stat (the load average lags too much:
+    right after one engine's run it still reads ~2 here)."""
+    def sample():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        idle = v[3] + (v[4] if len(v) > 4 else 0)  # idle + iowait
+        return sum(v[:8]), idle
+    t0, i0 = sample()
+    time.sleep(window_s)
+    t1, i1 = sample()
+    return 1.0 - (i1 - i0) / max(t1 - t0, 1)
 
-    ggml's thread barriers spin, so a 2-thread run on a 2-core machine that is also doing
-    something else slows down by 10x or more; numbers taken under load are not comparable."""
+
+def wait_for_idle(max_busy, max_wait_s):
+    """Waits until the CPUs are at most max_busy busy (or max_wait_s passes); returns the last
+    reading. ggml's thread barriers spin, so a 2-thread run on a 2-core machine that is also
+    doing something else slows down by 10x or more: such numbers are not comparable."""
     t0 = time.time()
-    while os.getloadavg()[0] > max_load and time.time() - t0 < max_wait_s:
-        time.sleep(10)
-    return os.getloadavg()[0]
+    busy = busy_fraction()
+    while busy > max_busy and time.time() - t0 < max_wait_s:
+        time.sleep(5)
+        busy = busy_fraction()
+    return busy
 
 
 def run_engine(name, cmd, timeout_s):
@@ -165,11 +180,13 @@ def main():
     ap.add_argument("--require-deltaserve", action="store_true",
                     help="fail instead of running llama.cpp alone when the binary is missing")
     ap.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
-                    help="before each run, wait up to this long for the 1-min load average to "
-                         "drop to --idle-load")
-    ap.add_argument("--idle-load", type=float, default=0.5)
+                    help="before each run, wait up to this long for the CPUs to be at most "
+                         "--idle-busy busy")
+    ap.add_argument("--idle-busy", type=float, default=0.1,
+                    help="busy fraction of all CPUs (over 2 s) counted as idle")
     ap.add_argument("--llamacpp-args", default="",
-                    help="extra arguments for llamacpp_runtime.py only (e.g. '--reps 2')")
+                    help="extra arguments for llamacpp_runtime.py only; use the = form: "
+                         "--llamacpp-args='--check-highlevel'")
     args = ap.parse_args()
 
     if not os.path.isfile(args.model):
@@ -200,13 +217,13 @@ def main():
     for r in range(args.rounds):
         print(f"round {r + 1}/{args.rounds}", file=sys.stderr, flush=True)
         for name, cmd in (engines if r % 2 == 0 else engines[::-1]):
-            load = wait_for_idle(args.idle_load, args.wait_idle)
-            if load > max(args.idle_load, 0.25 * (os.cpu_count() or 1)):
-                print(f"  warning: load average {load:.2f} before this run; other work on "
+            busy = wait_for_idle(args.idle_busy, args.wait_idle)
+            if busy > max(args.idle_busy, 0.1):
+                print(f"  warning: CPUs {100 * busy:.0f}% busy before this run; other work on "
                       "the machine will distort the numbers", file=sys.stderr)
             res = run_engine(name, cmd, args.timeout)
             if res is not None:
-                res["driver_loadavg_before"] = round(load, 2)
+                res["driver_cpu_busy_before"] = round(busy, 3)
             results[name].append(res)
 
     best = {name: best_of(rs, table_rows) for name, rs in results.items()}
