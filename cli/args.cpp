@@ -1,6 +1,7 @@
 #include "args.h"
 
 #include <charconv>
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 
@@ -117,6 +118,18 @@ std::string ArgParser::usage() const {
     }
     s << "  --help                     show this help\n";
     return s.str();
+}
+
+std::optional<int> parse_flags(ArgParser& p, int argc, char** argv) {
+    if (Status s = p.parse(argc, argv); !s.ok()) {
+        std::fprintf(stderr, "deltaserve: error: %s\n", s.message().c_str());
+        return 2;
+    }
+    if (p.help_requested()) {
+        std::fputs(p.usage().c_str(), stdout);
+        return 0;
+    }
+    return std::nullopt;
 }
 
 }  // namespace deltaserve::cli

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -45,5 +46,9 @@ private:
     std::vector<Flag> flags_;
     bool help_ = false;
 };
+
+// Parses argv into p's targets. Returns the exit code when the command should stop here:
+// 0 after printing --help to stdout, 2 after printing a one-line error; nullopt to go on.
+std::optional<int> parse_flags(ArgParser& p, int argc, char** argv);
 
 }  // namespace deltaserve::cli

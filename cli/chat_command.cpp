@@ -32,14 +32,7 @@ int chat_main(int argc, char** argv) {
     o.register_flags(p);
     p.add("system", &system, "system message (default: the model template's own)");
     p.add("max-tokens", &max_tokens, "tokens per reply at most; -1 = until the model stops");
-    if (Status s = p.parse(argc, argv); !s.ok()) {
-        print_error(s);
-        return 2;
-    }
-    if (p.help_requested()) {
-        std::fputs(p.usage().c_str(), stdout);
-        return 0;
-    }
+    if (auto exit_code = parse_flags(p, argc, argv)) return *exit_code;
     auto loaded = load_for_run(o);
     if (!loaded) {
         print_error(loaded.error());

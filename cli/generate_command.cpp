@@ -19,14 +19,7 @@ int generate_main(int argc, char** argv) {
     p.add("prompt", &prompt, "the prompt text (special tokens such as <|im_start|> are parsed)");
     p.add("max-tokens", &max_tokens, "tokens to generate at most; -1 = until the context is full");
     p.add_switch("chat", &chat, "wrap the prompt in the model's chat template as a user message");
-    if (Status s = p.parse(argc, argv); !s.ok()) {
-        print_error(s);
-        return 2;
-    }
-    if (p.help_requested()) {
-        std::fputs(p.usage().c_str(), stdout);
-        return 0;
-    }
+    if (auto exit_code = parse_flags(p, argc, argv)) return *exit_code;
     if (!p.given("prompt")) {
         print_error(invalid_argument("--prompt is required (it may be \"\")"));
         return 2;

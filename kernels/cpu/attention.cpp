@@ -65,6 +65,38 @@ void load_tile(const KvView& kv, int g, int dim, int32_t k0, int nk, float* kt, 
     }
 }
 
+// One online-softmax step for row r: sc[0, n) holds its scores for a run of keys (n a
+// multiple of 8; only the first `valid` count). They become weights exp(s - m) in place
+// (zero past `valid`), the row's max and sum move on, and the returned factor is what the
+// row's output must be rescaled by before the weighted values are added.
+float softmax_step(Partial& st, int r, float* sc, int n, int valid) {
+    float mx = sc[0];
+    for (int j = 1; j < valid; ++j) mx = std::max(mx, sc[j]);
+    const float m_new = std::max(st.m[r], mx);
+    const float corr = std::exp(st.m[r] - m_new);
+    const __m256 mv = _mm256_set1_ps(m_new);
+    for (int j = 0; j < n; j += 8) {
+        _mm256_store_ps(sc + j, exp256(_mm256_sub_ps(_mm256_load_ps(sc + j), mv)));
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < valid; ++j) sum += sc[j];
+    for (int j = valid; j < n; ++j) sc[j] = 0.0f;
+    st.l[r] = st.l[r] * corr + sum;
+    st.m[r] = m_new;
+    return corr;
+}
+
+// o = o * corr + sum_j p[j] * V_j, with load_v(j, d) giving 8 values of V_j from d.
+template <class LoadV>
+void add_weighted_values(float* o, float corr, const float* p, int valid, int dim, LoadV load_v) {
+    const __m256 cv = _mm256_set1_ps(corr);
+    for (int d = 0; d < dim; d += 8) {
+        __m256 od = _mm256_mul_ps(_mm256_loadu_ps(o + d), cv);
+        for (int j = 0; j < valid; ++j) od = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), load_v(j, d), od);
+        _mm256_storeu_ps(o + d, od);
+    }
+}
+
 // Attends rows (query vectors qrow[r] at positions qpos[r]) over keys [k0, k1) of head g.
 void attend(const AttentionShape& s, const KvView& kv, int g, const float* const* qrow,
             const int32_t* qpos, int n_rows, int32_t k0, int32_t k1, Partial& st) {
@@ -91,30 +123,9 @@ void attend(const AttentionShape& s, const KvView& kv, int g, const float* const
             alignas(32) float sc[kKeyTile];
             const __m256 scale = _mm256_set1_ps(s.scale);
             for (int v = 0; v < kVecs; ++v) _mm256_store_ps(sc + 8 * v, _mm256_mul_ps(acc[v], scale));
-            for (int j = valid; j < kKeyTile; ++j) sc[j] = -std::numeric_limits<float>::infinity();
-            __m256 mx = _mm256_load_ps(sc);
-            for (int v = 1; v < kVecs; ++v) mx = _mm256_max_ps(mx, _mm256_load_ps(sc + 8 * v));
-            const float m_new = std::max(st.m[r], hmax256(mx));
-            const float corr = std::exp(st.m[r] - m_new);
-            const __m256 mv = _mm256_set1_ps(m_new);
-            __m256 sum = _mm256_setzero_ps();
-            for (int v = 0; v < kVecs; ++v) {
-                const __m256 p = exp256(_mm256_sub_ps(_mm256_load_ps(sc + 8 * v), mv));
-                _mm256_store_ps(sc + 8 * v, p);
-                sum = _mm256_add_ps(sum, p);
-            }
-            for (int j = valid; j < kKeyTile; ++j) sc[j] = 0.0f;  // exp(-inf - m) is 0, keep it exact
-            st.l[r] = st.l[r] * corr + hsum256(sum);
-            st.m[r] = m_new;
-            float* o = st.o + static_cast<size_t>(r) * dim;
-            const __m256 cv = _mm256_set1_ps(corr);
-            for (int d = 0; d < dim; d += 8) {
-                __m256 od = _mm256_mul_ps(_mm256_loadu_ps(o + d), cv);
-                for (int j = 0; j < valid; ++j) {
-                    od = _mm256_fmadd_ps(_mm256_set1_ps(sc[j]), _mm256_load_ps(vt + j * dim + d), od);
-                }
-                _mm256_storeu_ps(o + d, od);
-            }
+            const float corr = softmax_step(st, r, sc, kKeyTile, valid);
+            add_weighted_values(st.o + static_cast<size_t>(r) * dim, corr, sc, valid, dim,
+                                [&](int j, int d) { return _mm256_load_ps(vt + j * dim + d); });
         }
     }
 }
@@ -174,25 +185,9 @@ void attend_few_rows(const AttentionShape& s, const KvView& kv, int g, const flo
             const int valid = std::min(nk, visible);
             alignas(32) float sc[8];
             _mm256_store_ps(sc, _mm256_mul_ps(reduce8(part[r]), _mm256_set1_ps(s.scale)));
-            float mx = sc[0];
-            for (int j = 1; j < valid; ++j) mx = std::max(mx, sc[j]);
-            const float m_new = std::max(st.m[r], mx);
-            const float corr = std::exp(st.m[r] - m_new);
-            const __m256 p8 = exp256(_mm256_sub_ps(_mm256_load_ps(sc), _mm256_set1_ps(m_new)));
-            _mm256_store_ps(sc, p8);
-            float sum = 0.0f;
-            for (int j = 0; j < valid; ++j) sum += sc[j];
-            st.l[r] = st.l[r] * corr + sum;
-            st.m[r] = m_new;
-            float* o = st.o + static_cast<size_t>(r) * dim;
-            const __m256 cv = _mm256_set1_ps(corr);
-            for (int d = 0; d < dim; d += 8) {
-                __m256 od = _mm256_mul_ps(_mm256_loadu_ps(o + d), cv);
-                for (int j = 0; j < valid; ++j) {
-                    od = _mm256_fmadd_ps(_mm256_set1_ps(sc[j]), load_kv8(vrow[j], d, kv.dtype), od);
-                }
-                _mm256_storeu_ps(o + d, od);
-            }
+            const float corr = softmax_step(st, r, sc, 8, valid);
+            add_weighted_values(st.o + static_cast<size_t>(r) * dim, corr, sc, valid, dim,
+                                [&](int j, int d) { return load_kv8(vrow[j], d, kv.dtype); });
         }
     }
 }

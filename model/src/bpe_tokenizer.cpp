@@ -22,16 +22,6 @@ uint64_t pair_key(int32_t left, int32_t right) {
            static_cast<uint32_t>(right);
 }
 
-// "<0xAB>" -> 0xAB; -1 when text is not a byte token.
-int parse_byte_token(const std::string& text) {
-    unsigned int value = 0;
-    char tail = 0;
-    if (text.size() == 6 && std::sscanf(text.c_str(), "<0x%2X%c", &value, &tail) == 2 &&
-        tail == '>') {
-        return static_cast<int>(value);
-    }
-    return -1;
-}
 
 class BpeTokenizer final : public Tokenizer {
   public:

@@ -1,5 +1,7 @@
 #include "pre_tokenizer.h"
 
+#include <cstdio>
+
 #include <algorithm>
 #include <array>
 
@@ -286,6 +288,16 @@ void fill_default_eog_ids(Vocab* vocab) {
                                         vocab->eos_id) == vocab->eog_ids.end()) {
         vocab->eog_ids.push_back(vocab->eos_id);
     }
+}
+
+int parse_byte_token(const std::string& text) {
+    unsigned int value = 0;
+    char tail = 0;
+    if (text.size() == 6 && std::sscanf(text.c_str(), "<0x%2X%c", &value, &tail) == 2 &&
+        tail == '>') {
+        return static_cast<int>(value);
+    }
+    return -1;
 }
 
 }  // namespace deltaserve::model

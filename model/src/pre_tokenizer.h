@@ -67,4 +67,7 @@ inline TokenType token_type(const Vocab& vocab, int32_t id) {
 // recognises (<|im_end|>, <|eot_id|>, <|endoftext|>, ...).
 void fill_default_eog_ids(Vocab* vocab);
 
+// "<0xAB>" -> 0xAB; -1 when text is not a byte-fallback token.
+int parse_byte_token(const std::string& text);
+
 }  // namespace deltaserve::model

@@ -41,16 +41,6 @@ int32_t find_token(const TokenIndex& index, std::string_view text) {
     return it == index.end() ? -1 : it->second;
 }
 
-// "<0xAB>" -> 0xAB; -1 otherwise.
-int parse_byte_token(const std::string& text) {
-    unsigned int value = 0;
-    char tail = 0;
-    if (text.size() == 6 && std::sscanf(text.c_str(), "<0x%2X%c", &value, &tail) == 2 &&
-        tail == '>') {
-        return static_cast<int>(value);
-    }
-    return -1;
-}
 
 // Greedy highest-score merging, shared by both tokenizers: while some adjacent pair of
 // symbols joins into a token, merge the pair whose token scores highest (ties: leftmost).
