@@ -4,6 +4,7 @@
 #include <random>
 
 #include "deltaserve/common/logging.h"
+#include "deltaserve/kernels/matmul.h"
 
 namespace deltaserve::cli {
 
@@ -65,8 +66,9 @@ Result<LoadedModel> load_for_run(const RunOptions& o) {
         return failed_precondition(o.model_path + " has no tokenizer; pass --tokenizer");
     }
     DS_ASSIGN_OR_RETURN(m.ctx, model::InferenceContext::create(*m.model, o.context()));
-    spdlog::info("model {}: {} layers, d_model {}, context {}", m.model->config.name,
-                 m.model->config.n_layers, m.model->config.d_model, m.ctx->n_ctx());
+    spdlog::info("model {}: {} layers, d_model {}, context {}, kernels {}", m.model->config.name,
+                 m.model->config.n_layers, m.model->config.d_model, m.ctx->n_ctx(),
+                 kernels::cpu_kernel_isa());
     return m;
 }
 

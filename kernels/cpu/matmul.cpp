@@ -135,10 +135,4 @@ void matmul_shared_input(std::span<const MatmulOutput> outputs, const float* x, 
     });
 }
 
-void matmul_rows(const WeightMatrix& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
-                 int64_t ldy, int64_t r0, int64_t r1) {
-    const Activations a = prepare(w, x, ldx, n_tokens, nullptr);
-    compute_rows(w, a, y, ldy, r0, r1);
-}
-
 }  // namespace deltaserve::kernels

@@ -30,10 +30,6 @@ struct MatmulOutput {
 void matmul_shared_input(std::span<const MatmulOutput> outputs, const float* x, int64_t ldx,
                          int64_t n_tokens, ThreadPool& pool);
 
-// Rows [r0, r1) only, on the calling thread (for callers that split work themselves).
-void matmul_rows(const WeightMatrix& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
-                 int64_t ldy, int64_t r0, int64_t r1);
-
 // The instruction set the kernels dispatch to on this CPU: "avx512-vnni" or "avx2".
 std::string_view cpu_kernel_isa();
 
