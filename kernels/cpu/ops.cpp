@@ -1,7 +1,11 @@
 #include "deltaserve/kernels/ops.h"
 
 #include <algorithm>
+#include <immintrin.h>
+
 #include <cmath>
+
+#include "simd_math.h"
 
 namespace deltaserve::kernels {
 
@@ -42,7 +46,15 @@ void rope(float* x, int n_heads, int head_dim, int64_t pos, float base, RopeStyl
 }
 
 void silu_mul(float* out, const float* gate, const float* up, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) {
+    int64_t i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+    }
+    for (; i < n; ++i) {
         const float g = gate[i];
         out[i] = g / (1.0f + std::exp(-g)) * up[i];
     }

@@ -1,3 +1,5 @@
+#include <immintrin.h>
+
 #include <cstring>
 
 #include "deltaserve/common/fp16.h"
@@ -27,7 +29,14 @@ void FullSequenceCache::store(int32_t layer, int32_t first, int32_t n, const flo
         if (pool_.options().dtype == kernels::DType::kF16) {
             auto* kd = reinterpret_cast<uint16_t*>(pool_.k_row(layer, slot));
             auto* vd = reinterpret_cast<uint16_t*>(pool_.v_row(layer, slot));
-            for (int32_t d = 0; d < kv_dim; ++d) {
+            int32_t d = 0;
+            for (; d + 8 <= kv_dim; d += 8) {  // F16C, round to nearest even
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(kd + d),
+                                 _mm256_cvtps_ph(_mm256_loadu_ps(ks + d), _MM_FROUND_TO_NEAREST_INT));
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(vd + d),
+                                 _mm256_cvtps_ph(_mm256_loadu_ps(vs + d), _MM_FROUND_TO_NEAREST_INT));
+            }
+            for (; d < kv_dim; ++d) {
                 kd[d] = fp32_to_fp16(ks[d]);
                 vd[d] = fp32_to_fp16(vs[d]);
             }
