@@ -209,7 +209,7 @@ void merge(Partial& a, const Partial& b) {
 
 // One Partial per work item, each sized for the largest item (max_rows rows).
 struct PartialBuffer {
-    std::vector<float> data;
+    std::vector<float>& data;
     int max_rows = 0;
     Partial make(int rows, int dim, size_t index) {
         const size_t per = static_cast<size_t>(max_rows) * (dim + 2);
@@ -269,7 +269,9 @@ void attention(const AttentionShape& s, const KvView& kv, const float* q, int64_
     const int rows = std::min(n_q, q_block) * group;
     const int64_t n_items = static_cast<int64_t>(s.n_kv_heads) * n_qblocks * splits;
 
-    PartialBuffer buf;
+    // Reused across calls (once per layer and token): no allocation on the decode path.
+    thread_local std::vector<float> storage;
+    PartialBuffer buf{storage};
     buf.max_rows = rows;
     buf.data.resize(static_cast<size_t>(n_items) * rows * (s.head_dim + 2));
     // Items are (query block, key split, KV head) with the head fastest, and a chunk holds

@@ -50,10 +50,14 @@ Status Forward::run(std::span<const SequenceInput> batch, std::vector<float>& lo
         }
         n_tokens += static_cast<int64_t>(s.tokens.size());
     }
-    // Reserve every cache first so a failure leaves all of them as they were.
+    // Reserve every cache first; when one cannot take its tokens, the ones reserved before it
+    // give their new slots back, so a failed batch holds nothing.
     for (size_t i = 0; i < batch.size(); ++i) {
         Status st = batch[i].cache->reserve(static_cast<int32_t>(batch[i].tokens.size()));
-        if (!st.ok()) return st;
+        if (!st.ok()) {
+            for (size_t j = 0; j < i; ++j) batch[j].cache->truncate(batch[j].cache->n_tokens());
+            return st;
+        }
     }
     ensure_scratch(n_tokens);
     positions_.clear();
@@ -73,7 +77,7 @@ Status Forward::run(std::span<const SequenceInput> batch, std::vector<float>& lo
         if (observer_) observer_(layer);
     }
 
-    // Rows whose logits are wanted, gathered into xn_.
+    // Rows whose logits are wanted, gathered into tmp_ and normalised into xn_.
     int64_t n_out = 0;
     row = 0;
     for (const auto& s : batch) {

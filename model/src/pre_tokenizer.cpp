@@ -47,6 +47,15 @@ class Splitter {
         return 0;
     }
 
+    // \s+(?!\S)|\s+ for a run of n_space spaces at pos: where its word ends. A run followed by
+    // a non-space leaves its last space to that word; with no run, the lone code point at pos
+    // is a word of its own.
+    size_t space_run_end(size_t pos, size_t n_space) const {
+        if (n_space > 1 && pos + n_space < size()) return pos + n_space - 1;
+        if (n_space > 0) return pos + n_space;
+        return pos + 1;
+    }
+
     static constexpr uint32_t kOutOfRange = 0xFFFFFFFF;
 
   private:
@@ -77,17 +86,8 @@ void split_gpt2(std::span<const uint32_t> cps, std::vector<size_t>* out) {
         }
         size_t n_space = 0;
         while (s.space(pos + n_space)) ++n_space;
-        if (n_space > 1 && pos + n_space < s.size()) {  // \s+(?!\S): leave one for the word
-            pos += n_space - 1;
-            s.add(pos);
-            continue;
-        }
-        if (n_space > 0) {
-            pos += n_space;
-            s.add(pos);
-            continue;
-        }
-        s.add(++pos);
+        pos = s.space_run_end(pos, n_space);
+        s.add(pos);
     }
 }
 
@@ -138,17 +138,8 @@ void split_llama3(std::span<const uint32_t> cps, size_t max_digits, std::vector<
             s.add(pos);
             continue;
         }
-        if (n_space > 1 && pos + n_space < s.size()) {
-            pos += n_space - 1;
-            s.add(pos);
-            continue;
-        }
-        if (n_space > 0) {
-            pos += n_space;
-            s.add(pos);
-            continue;
-        }
-        s.add(++pos);
+        pos = s.space_run_end(pos, n_space);
+        s.add(pos);
     }
 }
 

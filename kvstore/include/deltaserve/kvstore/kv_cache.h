@@ -35,7 +35,8 @@ public:
     virtual kernels::KvView view(int32_t layer, int32_t n_visible_new) const = 0;
     // Makes n reserved positions part of the sequence.
     virtual void commit(int32_t n) = 0;
-    // Drops the last n committed positions (e.g. a rejected draft); n <= n_tokens().
+    // Keeps the first n_keep committed positions (n_keep <= n_tokens()) and gives back every
+    // slot past them, reserved ones included: truncate(n_tokens()) undoes a reserve.
     virtual void truncate(int32_t n_keep) = 0;
     // Bytes this sequence holds (K and V of every layer).
     virtual size_t bytes() const = 0;
