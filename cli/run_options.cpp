@@ -15,6 +15,9 @@ void RunOptions::register_flags(ArgParser& p) {
     p.add("ctx-size", &ctx_size, "context size in tokens; 0 = the model's, at most 8192");
     p.add("batch-size", &batch_size, "prompt tokens per forward pass");
     p.add("kv-type", &kv_type, "KV cache type: f16 or f32");
+    p.add("attention", &attention,
+          "attention arithmetic: native, or ggml to round as llama.cpp's CPU flash attention "
+          "does (same output token for token with the same --threads; slower)");
     p.add("temperature", &temperature, "sampling temperature; 0 = greedy");
     p.add("top-k", &top_k, "top-k sampling; 0 = off");
     p.add("top-p", &top_p, "top-p (nucleus) sampling; 1 = off");
@@ -43,6 +46,7 @@ model::ContextOptions RunOptions::context() const {
     c.n_threads = threads;
     c.n_batch = batch_size;
     c.kv_type = kv_type == "f32" ? model::KvType::kF32 : model::KvType::kF16;
+    c.attention = attention == "ggml" ? model::AttentionNumerics::kGgml : model::AttentionNumerics::kNative;
     return c;
 }
 
@@ -51,6 +55,9 @@ Result<LoadedModel> load_for_run(const RunOptions& o) {
     if (o.model_path.empty()) return invalid_argument("--model is required");
     if (o.kv_type != "f16" && o.kv_type != "f32") {
         return invalid_argument("--kv-type must be f16 or f32, not '" + o.kv_type + "'");
+    }
+    if (o.attention != "native" && o.attention != "ggml") {
+        return invalid_argument("--attention must be native or ggml, not '" + o.attention + "'");
     }
     if (o.temperature < 0) return invalid_argument("--temperature must be >= 0");
     if (o.top_p <= 0 || o.top_p > 1) return invalid_argument("--top-p must be in (0, 1]");

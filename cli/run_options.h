@@ -18,6 +18,7 @@ struct RunOptions {
     int32_t ctx_size = 0;
     int32_t batch_size = 512;
     std::string kv_type = "f16";
+    std::string attention = "native";
     float temperature = 0.8f;
     int32_t top_k = 40;
     float top_p = 0.95f;

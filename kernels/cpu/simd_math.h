@@ -6,28 +6,37 @@
 namespace deltaserve::kernels {
 namespace {
 
-// exp(x) for 8 floats; relative error ~1e-7 over the range softmax uses (Cephes-style:
-// 2^n * p(r) with x = n ln2 + r).
+// exp(x) for 8 floats, max error ~1.5 ulp. The same algorithm and rounding steps as ggml's
+// AVX-512 ggml_v_expf (x = n ln2 + b, a degree-5 polynomial in b, then a scale by 2^n), so
+// that SiLU and softmax round as llama.cpp's do. Results above ~88.7 are +inf, below ~-103.9
+// zero.
 inline __m256 exp256(__m256 x) {
-    const __m256 hi = _mm256_set1_ps(88.3762626647949f);
-    const __m256 lo = _mm256_set1_ps(-88.3762626647949f);
-    x = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
-    const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
-    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256 c1 = _mm256_set1_ps(0.693359375f);
-    const __m256 c2 = _mm256_set1_ps(-2.12194440e-4f);
-    __m256 r = _mm256_fnmadd_ps(fx, c1, x);
-    r = _mm256_fnmadd_ps(fx, c2, r);
-    __m256 p = _mm256_set1_ps(1.9875691500E-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
-    const __m256 r2 = _mm256_mul_ps(r, r);
-    p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(n));
+    const __m256 r = _mm256_set1_ps(0x1.8p23f);
+    const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), r);
+    const __m256 n = _mm256_sub_ps(z, r);
+    const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+                        _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm256_fmadd_ps(_mm256_set1_ps(0x1.ffffecp-1f), b, _mm256_set1_ps(1.0f)));
+    // j * 2^n with a single rounding: 2^n split in two factors that are both normal floats
+    // (|n| <= 192 here), the first product exact.
+    const __m256 abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), n);
+    const __m256 nc = _mm256_max_ps(_mm256_min_ps(n, _mm256_set1_ps(192.0f)), _mm256_set1_ps(-192.0f));
+    const __m256i ni = _mm256_cvtps_epi32(nc);
+    const __m256i n1 = _mm256_srai_epi32(ni, 1);
+    const __m256i n2 = _mm256_sub_epi32(ni, n1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    const __m256 res = _mm256_mul_ps(_mm256_mul_ps(j, s1), s2);
+    const __m256 big = _mm256_cmp_ps(abs_n, _mm256_set1_ps(192.0f), _CMP_GT_OQ);
+    if (_mm256_movemask_ps(big) == 0) return res;
+    const __m256 alt = _mm256_blendv_ps(_mm256_set1_ps(__builtin_inff()), _mm256_setzero_ps(),
+                                        _mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ));
+    return _mm256_blendv_ps(res, alt, big);
 }
 
 }  // namespace

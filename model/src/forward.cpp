@@ -122,8 +122,13 @@ void Forward::attention_layer(int32_t layer, std::span<const SequenceInput> batc
         const int32_t ns = static_cast<int32_t>(s.tokens.size());
         s.cache->store(layer, 0, ns, k_.data() + row * kvd, v_.data() + row * kvd, kvd);
         const k::KvView view = s.cache->view(layer, ns);
-        k::attention(shape, view, q_.data() + row * qd, qd, ns, s.cache->n_tokens(),
-                     attn_.data() + row * qd, qd, pool_);
+        if (numerics_ == AttentionNumerics::kGgml) {
+            k::attention_ggml(shape, view, q_.data() + row * qd, qd, ns, s.cache->n_tokens(),
+                              attn_.data() + row * qd, qd, pool_.size(), pool_);
+        } else {
+            k::attention(shape, view, q_.data() + row * qd, qd, ns, s.cache->n_tokens(),
+                         attn_.data() + row * qd, qd, pool_);
+        }
         row += ns;
     }
     k::matmul(w.wo, attn_.data(), qd, n, tmp_.data(), d, pool_);

@@ -22,7 +22,9 @@ public:
           threads_(options.n_threads),
           slots_(std::move(pool)),
           cache_(std::make_unique<kvstore::FullSequenceCache>(*slots_)),
-          forward_(model, threads_) {}
+          forward_(model, threads_) {
+        forward_.set_attention_numerics(options.attention);
+    }
 
     Result<std::span<const float>> eval(std::span<const int32_t> tokens) override {
         DS_RETURN_IF_ERROR(run(tokens, false));
@@ -89,6 +91,9 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
     if (opts.n_ctx <= 0) opts.n_ctx = std::min(model.config.n_ctx_train, kDefaultMaxContext);
     if (opts.n_batch <= 0) return invalid_argument("n_batch must be positive");
     if (opts.n_threads <= 0) opts.n_threads = default_thread_count();
+    if (opts.attention == AttentionNumerics::kGgml && opts.kv_type != KvType::kF16) {
+        return invalid_argument("llama.cpp-compatible attention needs an f16 KV cache");
+    }
     kvstore::SlotPoolOptions po;
     po.n_layers = model.config.n_layers;
     po.kv_dim = model.config.kv_dim();

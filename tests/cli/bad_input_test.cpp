@@ -280,5 +280,13 @@ TEST(CliBadInputTest, UnknownKvType) {
     expect_one_line_error(generate_stories({"--prompt", "x", "--kv-type", "q9"}), -1, "--kv-type");
 }
 
+TEST(CliBadInputTest, UnknownAttentionOrOneWithoutItsCache) {
+    DS_REQUIRE_FILE(stories_model(), "stories260K.bin");
+    DS_REQUIRE_FILE(stories_tokenizer(), "tok512.bin");
+    expect_one_line_error(generate_stories({"--prompt", "x", "--attention", "fast"}), -1, "--attention");
+    expect_one_line_error(generate_stories({"--prompt", "x", "--attention", "ggml", "--kv-type", "f32"}), -1,
+                          "f16 KV cache");
+}
+
 }  // namespace
 }  // namespace deltaserve::testing

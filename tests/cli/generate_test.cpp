@@ -119,5 +119,20 @@ TEST(CliGenerateTest, SmolLm2ChatPrompt) {
     EXPECT_EQ(r.out.find("<|im_start|>"), std::string::npos) << "prompt echoed: " << r.out;
 }
 
+// --attention ggml is a complete generation path of its own (the golden test checks its
+// numbers against llama.cpp's): greedy output is deterministic and not the prompt echoed.
+TEST(CliGenerateTest, GgmlAttentionGenerates) {
+    DS_REQUIRE_FILE(default_gguf_model(), "SmolLM2 GGUF");
+    const std::vector<std::string> args = {"generate", "--model", default_gguf_model(), "--threads", "2",
+                                           "--attention", "ggml", "--prompt", "The capital of France is",
+                                           "--max-tokens", "12", "--temperature", "0"};
+    const CliResult a = run_deltaserve(args);
+    const CliResult b = run_deltaserve(args);
+    ASSERT_EQ(a.exit_code, 0) << a.describe();
+    EXPECT_FALSE(without_final_newline(a.out).empty()) << a.describe();
+    EXPECT_EQ(a.out, b.out);
+    EXPECT_NE(a.out.find("Paris"), std::string::npos) << a.out;
+}
+
 }  // namespace
 }  // namespace deltaserve::testing

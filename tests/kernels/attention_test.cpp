@@ -18,20 +18,32 @@ struct Case {
     DType dtype;
 };
 
-class AttentionTest : public ::testing::TestWithParam<Case> {};
+// Random K, V (in shuffled slots) and queries for a case.
+struct Inputs {
+    std::vector<int32_t> slots;
+    std::vector<uint8_t> k, v;
+    std::vector<float> q;
+    KvView view;
+    AttentionShape shape;
+    int q_dim = 0;
+};
 
-TEST_P(AttentionTest, MatchesReference) {
-    const Case c = GetParam();
+Inputs make_inputs(const Case& c) {
+    Inputs in;
     const int32_t n = c.n_past + c.n_q;
     const int kv_dim = c.n_kv_heads * c.head_dim;
     const size_t elem = c.dtype == DType::kF16 ? 2 : 4;
     std::mt19937 rng(7);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     // Slots in shuffled order, as a pool shared by several sequences would hand out.
-    std::vector<int32_t> slots(static_cast<size_t>(n));
+    std::vector<int32_t>& slots = in.slots;
+    slots.resize(static_cast<size_t>(n));
     for (int32_t i = 0; i < n; ++i) slots[i] = i;
     std::shuffle(slots.begin(), slots.end(), rng);
-    std::vector<uint8_t> k(static_cast<size_t>(n) * kv_dim * elem), v(k.size());
+    std::vector<uint8_t>& k = in.k;
+    std::vector<uint8_t>& v = in.v;
+    k.resize(static_cast<size_t>(n) * kv_dim * elem);
+    v.resize(k.size());
     for (size_t i = 0; i < static_cast<size_t>(n) * kv_dim; ++i) {
         const float a = nd(rng) * 2.0f, b = nd(rng);
         if (c.dtype == DType::kF16) {
@@ -42,19 +54,31 @@ TEST_P(AttentionTest, MatchesReference) {
             reinterpret_cast<float*>(v.data())[i] = b;
         }
     }
-    KvView view{c.dtype, k.data(), v.data(), kv_dim * elem, slots.data(), n};
-    const int q_dim = c.n_heads * c.head_dim;
-    std::vector<float> q(static_cast<size_t>(c.n_q) * q_dim);
-    for (auto& x : q) x = nd(rng);
-    AttentionShape shape{c.n_heads, c.n_kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
+    in.view = KvView{c.dtype, k.data(), v.data(), kv_dim * elem, slots.data(), n};
+    in.q_dim = c.n_heads * c.head_dim;
+    in.q.resize(static_cast<size_t>(c.n_q) * in.q_dim);
+    for (auto& x : in.q) x = nd(rng);
+    in.shape = AttentionShape{c.n_heads, c.n_kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
+    return in;
+}
 
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+    double m = 0;
+    for (size_t i = 0; i < a.size(); ++i) m = std::max(m, double(std::fabs(a[i] - b[i])));
+    return m;
+}
+
+class AttentionTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AttentionTest, MatchesReference) {
+    const Case c = GetParam();
+    const Inputs in = make_inputs(c);
+    const auto& [slots, k, v, q, view, shape, q_dim] = in;
     std::vector<float> got(q.size(), -1.0f), want(q.size(), -2.0f);
     ThreadPool pool(2);
     attention(shape, view, q.data(), q_dim, c.n_q, c.n_past, got.data(), q_dim, pool);
     attention_reference(shape, view, q.data(), q_dim, c.n_q, c.n_past, want.data(), q_dim);
-    double max_err = 0;
-    for (size_t i = 0; i < got.size(); ++i) max_err = std::max(max_err, double(std::fabs(got[i] - want[i])));
-    EXPECT_LT(max_err, 2e-5);
+    EXPECT_LT(max_abs_diff(got, want), 2e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -66,6 +90,46 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{9, 3, 64, 700, 3, DType::kF32},    // a few queries, split
                       Case{4, 4, 128, 33, 17, DType::kF16},   // MHA, wide heads
                       Case{32, 8, 64, 0, 70, DType::kF32}));  // GQA 4:1, several blocks
+
+// llama.cpp-compatible attention: still attention (close to the exact result, within the
+// fp16 rounding of its accumulator), on each of ggml's paths, and the same bits whatever the
+// pool size (only n_split, llama.cpp's thread count, may change them).
+class AttentionGgmlTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AttentionGgmlTest, CloseToReferenceAndIndependentOfPoolSize) {
+    const Case c = GetParam();
+    const Inputs in = make_inputs(c);
+    std::vector<float> want(in.q.size()), got1(in.q.size(), -1.0f), got3(in.q.size(), -2.0f);
+    attention_reference(in.shape, in.view, in.q.data(), in.q_dim, c.n_q, c.n_past, want.data(), in.q_dim);
+    ThreadPool one(1), three(3);
+    attention_ggml(in.shape, in.view, in.q.data(), in.q_dim, c.n_q, c.n_past, got1.data(), in.q_dim, 2, one);
+    attention_ggml(in.shape, in.view, in.q.data(), in.q_dim, c.n_q, c.n_past, got3.data(), in.q_dim, 2, three);
+    // The unnormalised output is summed in fp16 (as llama.cpp does): over a few hundred keys
+    // that costs up to ~1e-2 here, where values are of order 1.
+    EXPECT_LT(max_abs_diff(got1, want), 2e-2);
+    EXPECT_EQ(got1, got3);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Paths, AttentionGgmlTest,
+    ::testing::Values(Case{9, 3, 64, 0, 37, DType::kF16},     // one row at a time, fp16 Q
+                      Case{9, 3, 64, 100, 3, DType::kF16},    // a short batch after a prompt
+                      Case{9, 3, 64, 30, 70, DType::kF16},    // 64+ queries: the tiled path
+                      Case{9, 3, 64, 300, 1, DType::kF16},    // decode over 512 padded cells: split
+                      Case{9, 3, 64, 2000, 1, DType::kF16},   // decode, split, long
+                      Case{4, 4, 128, 33, 17, DType::kF16},   // two 64-element dot steps
+                      Case{4, 2, 80, 20, 5, DType::kF16}));   // dot leftovers past 64
+
+TEST(AttentionGgml, SplitCountChangesOnlyRounding) {
+    const Case c{9, 3, 64, 600, 1, DType::kF16};
+    const Inputs in = make_inputs(c);
+    ThreadPool pool(2);
+    std::vector<float> two(in.q.size()), four(in.q.size());
+    attention_ggml(in.shape, in.view, in.q.data(), in.q_dim, 1, c.n_past, two.data(), in.q_dim, 2, pool);
+    attention_ggml(in.shape, in.view, in.q.data(), in.q_dim, 1, c.n_past, four.data(), in.q_dim, 4, pool);
+    EXPECT_NE(two, four);
+    EXPECT_LT(max_abs_diff(two, four), 2e-2);
+}
 
 }  // namespace
 }  // namespace deltaserve::kernels

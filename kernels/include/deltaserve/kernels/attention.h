@@ -35,6 +35,16 @@ struct AttentionShape {
 void attention(const AttentionShape& shape, const KvView& kv, const float* q, int64_t ldq,
                int32_t n_q, int32_t p0, float* out, int64_t ldo, ThreadPool& pool);
 
+// The same attention with the rounding of llama.cpp's CPU flash attention (ggml built for
+// AVX-512, fp16 KV cache, positions in cells 0..n-1), so that deltaserve can reproduce
+// llama.cpp's outputs token for token. It follows llama.cpp's per-batch choice of path: a
+// tiled fp32 path for batches of 64+ queries; otherwise one query row at a time with Q and the
+// output accumulator rounded to fp16, the cells of a one-token batch over 512+ (padded)
+// cells split into n_split chunks (llama.cpp's thread count) merged in order. Slower than
+// attention(). Requires an fp16 cache.
+void attention_ggml(const AttentionShape& shape, const KvView& kv, const float* q, int64_t ldq,
+                    int32_t n_q, int32_t p0, float* out, int64_t ldo, int n_split, ThreadPool& pool);
+
 // The straightforward implementation (one query, one head at a time), for tests.
 void attention_reference(const AttentionShape& shape, const KvView& kv, const float* q,
                          int64_t ldq, int32_t n_q, int32_t p0, float* out, int64_t ldo);

@@ -21,6 +21,10 @@ struct SequenceInput {
     bool all_logits = false;          // logits for every new token, not only the last
 };
 
+// How attention rounds: kNative is deltaserve's own kernel; kGgml reproduces llama.cpp's
+// CPU flash attention bit for bit (kernels::attention_ggml), for token-for-token comparisons.
+enum class AttentionNumerics { kNative, kGgml };
+
 // Called after each layer with the layer index (the prefill worker ships from here).
 using LayerObserver = std::function<void(int32_t layer)>;
 
@@ -36,6 +40,7 @@ public:
     Status run(std::span<const SequenceInput> batch, std::vector<float>& logits);
 
     void set_layer_observer(LayerObserver observer) { observer_ = std::move(observer); }
+    void set_attention_numerics(AttentionNumerics numerics) { numerics_ = numerics; }
 
 private:
     void ensure_scratch(int64_t n_tokens);
@@ -47,6 +52,7 @@ private:
     const ModelConfig& cfg_;
     ThreadPool& pool_;
     LayerObserver observer_;
+    AttentionNumerics numerics_ = AttentionNumerics::kNative;
     std::vector<int32_t> positions_;  // absolute position of every new token
     // Scratch, [n_tokens][width] each.
     std::vector<float> x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "deltaserve/common/status.h"
+#include "deltaserve/model/forward.h"
 #include "deltaserve/model/model.h"
 
 namespace deltaserve::model {
@@ -30,6 +31,9 @@ struct ContextOptions {
     int32_t n_batch = 512;
     // KV cache element type. Default: kF16.
     KvType kv_type = KvType::kF16;
+    // Attention arithmetic. kGgml (llama.cpp's rounding, needs kv_type kF16) reproduces
+    // llama.cpp's outputs token for token when both run with the same thread count.
+    AttentionNumerics attention = AttentionNumerics::kNative;
 };
 
 class InferenceContext {
