@@ -40,10 +40,9 @@ struct Partial {
 
 // Keys [k0, k0 + nk) of KV head g as fp32: kt transposed (dim x kKeyTile), vt row-major.
 void load_tile(const KvView& kv, int g, int dim, int32_t k0, int nk, float* kt, float* vt) {
-    const size_t elem = kv.dtype == DType::kF16 ? 2 : 4;
+    const int32_t* slots = kv.slots_of(g);
     for (int j = 0; j < nk; ++j) {
-        const size_t off = static_cast<size_t>(kv.slots[k0 + j]) * kv.row_stride +
-                           static_cast<size_t>(g) * dim * elem;
+        const size_t off = static_cast<size_t>(slots[k0 + j]) * kv.row_stride + kv.head_offset(g);
         const uint8_t* krow = kv.k + off;
         const uint8_t* vrow = kv.v + off;
         float kbuf[kMaxHeadDim];
@@ -155,8 +154,8 @@ inline __m256 load_kv8(const uint8_t* row, int d, DType dtype) {
 void attend_few_rows(const AttentionShape& s, const KvView& kv, int g, const float* const* qrow,
                      const int32_t* qpos, int n_rows, int32_t k0, int32_t k1, Partial& st) {
     const int dim = s.head_dim;
-    const size_t elem = kv.dtype == DType::kF16 ? 2 : 4;
-    const size_t head_off = static_cast<size_t>(g) * dim * elem;
+    const size_t head_off = kv.head_offset(g);
+    const int32_t* slots = kv.slots_of(g);
     int32_t last_visible = 0;
     for (int r = 0; r < n_rows; ++r) last_visible = std::max(last_visible, qpos[r] + 1);
     k1 = std::min(k1, last_visible);
@@ -165,7 +164,7 @@ void attend_few_rows(const AttentionShape& s, const KvView& kv, int g, const flo
         const uint8_t* krow[8];
         const uint8_t* vrow[8];
         for (int j = 0; j < 8; ++j) {
-            const size_t off = static_cast<size_t>(kv.slots[t0 + std::min(j, nk - 1)]) * kv.row_stride + head_off;
+            const size_t off = static_cast<size_t>(slots[t0 + std::min(j, nk - 1)]) * kv.row_stride + head_off;
             krow[j] = kv.k + off;
             vrow[j] = kv.v + off;
         }
@@ -255,15 +254,18 @@ void write_rows(const AttentionShape& s, const Partial& st, int g, int32_t i0, i
 }  // namespace
 
 void attention(const AttentionShape& s, const KvView& kv, const float* q, int64_t ldq, int32_t n_q,
-               int32_t p0, float* out, int64_t ldo, ThreadPool& pool) {
+               float* out, int64_t ldo, ThreadPool& pool) {
     DS_CHECK(s.head_dim % 8 == 0 && s.head_dim <= kMaxHeadDim, "unsupported head_dim");
     DS_CHECK(s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0, "bad GQA shape");
-    DS_CHECK(p0 + n_q <= kv.n, "queries past the visible cache");
+    int32_t n_keys = 0;
+    for (int g = 0; g < s.n_kv_heads; ++g) {
+        DS_CHECK(kv.n_of(g) >= n_q, "fewer entries than queries");
+        n_keys = std::max(n_keys, kv.n_of(g));
+    }
     const int group = s.n_heads / s.n_kv_heads;
     DS_CHECK(group <= kMaxRows, "too many query heads per KV head");
     const int32_t q_block = std::max(1, kMaxRows / group);
     const int32_t n_qblocks = (n_q + q_block - 1) / q_block;
-    const int32_t n_keys = p0 + n_q;
     // Few query blocks over many keys (decode): split the keys too, merge afterwards.
     const int32_t splits = n_qblocks == 1 ? std::max<int32_t>(1, (n_keys + kSplitKeys - 1) / kSplitKeys) : 1;
     const int rows = std::min(n_q, q_block) * group;
@@ -290,6 +292,7 @@ void attention(const AttentionShape& s, const KvView& kv, const float* q, int64_
             const int32_t i1 = std::min(n_q, i0 + q_block);
             const float* qrow[kMaxRows];
             int32_t qpos[kMaxRows];
+            const int32_t p0 = kv.n_of(g) - n_q;  // entries before the new ones
             const int n_rows = gather_rows(s, q, ldq, p0, g, i0, i1, qrow, qpos);
             const int32_t last = p0 + i1;  // keys [0, last) may be visible
             const int32_t per = (last + splits - 1) / splits;
@@ -316,12 +319,12 @@ void attention(const AttentionShape& s, const KvView& kv, const float* q, int64_
 }
 
 void attention_reference(const AttentionShape& s, const KvView& kv, const float* q, int64_t ldq,
-                         int32_t n_q, int32_t p0, float* out, int64_t ldo) {
+                         int32_t n_q, float* out, int64_t ldo) {
     const int group = s.n_heads / s.n_kv_heads;
     const size_t elem = kv.dtype == DType::kF16 ? 2 : 4;
     auto value = [&](const uint8_t* base, int32_t pos, int g, int d) {
-        const uint8_t* p = base + static_cast<size_t>(kv.slots[pos]) * kv.row_stride +
-                           (static_cast<size_t>(g) * s.head_dim + d) * elem;
+        const uint8_t* p = base + static_cast<size_t>(kv.slots_of(g)[pos]) * kv.row_stride +
+                           kv.head_offset(g) + static_cast<size_t>(d) * elem;
         if (kv.dtype == DType::kF16) {
             uint16_t h;
             std::memcpy(&h, p, 2);
@@ -333,9 +336,9 @@ void attention_reference(const AttentionShape& s, const KvView& kv, const float*
     };
     std::vector<double> w;
     for (int32_t i = 0; i < n_q; ++i) {
-        const int32_t n = p0 + i + 1;
         for (int h = 0; h < s.n_heads; ++h) {
             const int g = h / group;
+            const int32_t n = kv.n_of(g) - n_q + i + 1;
             const float* qh = q + i * ldq + static_cast<int64_t>(h) * s.head_dim;
             w.assign(static_cast<size_t>(n), 0.0);
             double mx = -1e300;

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 
+#include "deltaserve/common/status.h"
 #include "deltaserve/kernels/attention.h"
 #include "simd_math.h"
 
@@ -83,8 +84,8 @@ struct Rows {
     const uint16_t* k(int32_t pos, int g) const { return row(kv.k, pos, g); }
     const uint16_t* v(int32_t pos, int g) const { return row(kv.v, pos, g); }
     const uint16_t* row(const uint8_t* base, int32_t pos, int g) const {
-        return reinterpret_cast<const uint16_t*>(base + static_cast<size_t>(kv.slots[pos]) * kv.row_stride) +
-               static_cast<size_t>(g) * s.head_dim;
+        return reinterpret_cast<const uint16_t*>(base + static_cast<size_t>(kv.slots[pos]) * kv.row_stride +
+                                                 kv.head_offset(g));
     }
 };
 
@@ -201,6 +202,8 @@ void split_row(const Rows& r, int g, const uint16_t* q16, int32_t pos, int32_t n
 
 void attention_ggml(const AttentionShape& s, const KvView& kv, const float* q, int64_t ldq, int32_t n_q,
                     int32_t p0, float* out, int64_t ldo, int n_split, ThreadPool& pool) {
+    DS_CHECK(kv.head_slots == nullptr && kv.dtype == DType::kF16 && p0 + n_q <= kv.n,
+             "llama.cpp-compatible attention needs an fp16 cache of every position");
     const int group = s.n_heads / s.n_kv_heads;
     const int dim = s.head_dim;
     const int32_t n_cells = std::max(kPad, (p0 + n_q + kPad - 1) / kPad * kPad);

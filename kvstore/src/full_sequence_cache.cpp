@@ -53,6 +53,7 @@ kernels::KvView FullSequenceCache::view(int32_t layer, int32_t n_visible_new) co
     v.k = pool_.k_base(layer);
     v.v = pool_.v_base(layer);
     v.row_stride = pool_.row_bytes();
+    v.head_stride = pool_.head_bytes();
     v.slots = slots_.data();
     v.n = n_committed_ + n_visible_new;
     return v;

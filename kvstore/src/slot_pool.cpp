@@ -7,8 +7,9 @@
 namespace deltaserve::kvstore {
 
 Result<std::unique_ptr<SlotPool>> SlotPool::create(const SlotPoolOptions& options) {
-    if (options.n_layers <= 0 || options.kv_dim <= 0 || options.n_slots <= 0) {
-        return invalid_argument("slot pool: layers, kv_dim and slots must be positive");
+    if (options.n_layers <= 0 || options.kv_dim <= 0 || options.n_slots <= 0 || options.n_kv_heads <= 0 ||
+        options.kv_dim % options.n_kv_heads != 0) {
+        return invalid_argument("slot pool: layers, kv_dim, heads and slots must be positive, kv_dim a multiple of heads");
     }
     if (options.dtype != kernels::DType::kF16 && options.dtype != kernels::DType::kF32) {
         return invalid_argument("slot pool: KV type must be f16 or f32");

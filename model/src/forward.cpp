@@ -126,8 +126,7 @@ void Forward::attention_layer(int32_t layer, std::span<const SequenceInput> batc
             k::attention_ggml(shape, view, q_.data() + row * qd, qd, ns, s.cache->n_tokens(),
                               attn_.data() + row * qd, qd, pool_.size(), pool_);
         } else {
-            k::attention(shape, view, q_.data() + row * qd, qd, ns, s.cache->n_tokens(),
-                         attn_.data() + row * qd, qd, pool_);
+            k::attention(shape, view, q_.data() + row * qd, qd, ns, attn_.data() + row * qd, qd, pool_);
         }
         row += ns;
     }

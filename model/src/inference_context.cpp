@@ -97,6 +97,7 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
     kvstore::SlotPoolOptions po;
     po.n_layers = model.config.n_layers;
     po.kv_dim = model.config.kv_dim();
+    po.n_kv_heads = model.config.n_kv_heads;
     po.n_slots = opts.n_ctx;
     po.dtype = opts.kv_type == KvType::kF16 ? kernels::DType::kF16 : kernels::DType::kF32;
     DS_ASSIGN_OR_RETURN(auto pool, kvstore::SlotPool::create(po));

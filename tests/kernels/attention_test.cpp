@@ -54,7 +54,7 @@ Inputs make_inputs(const Case& c) {
             reinterpret_cast<float*>(v.data())[i] = b;
         }
     }
-    in.view = KvView{c.dtype, k.data(), v.data(), kv_dim * elem, slots.data(), n};
+    in.view = KvView{c.dtype, k.data(), v.data(), kv_dim * elem, slots.data(), n, c.head_dim * elem};
     in.q_dim = c.n_heads * c.head_dim;
     in.q.resize(static_cast<size_t>(c.n_q) * in.q_dim);
     for (auto& x : in.q) x = nd(rng);
@@ -76,8 +76,8 @@ TEST_P(AttentionTest, MatchesReference) {
     const auto& [slots, k, v, q, view, shape, q_dim] = in;
     std::vector<float> got(q.size(), -1.0f), want(q.size(), -2.0f);
     ThreadPool pool(2);
-    attention(shape, view, q.data(), q_dim, c.n_q, c.n_past, got.data(), q_dim, pool);
-    attention_reference(shape, view, q.data(), q_dim, c.n_q, c.n_past, want.data(), q_dim);
+    attention(shape, view, q.data(), q_dim, c.n_q, got.data(), q_dim, pool);
+    attention_reference(shape, view, q.data(), q_dim, c.n_q, want.data(), q_dim);
     EXPECT_LT(max_abs_diff(got, want), 2e-5);
 }
 
@@ -91,6 +91,61 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{4, 4, 128, 33, 17, DType::kF16},   // MHA, wide heads
                       Case{32, 8, 64, 0, 70, DType::kF32}));  // GQA 4:1, several blocks
 
+// Per-head lists (a cache that keeps different tokens per KV head, one head per row): each
+// head attends exactly its own entries. Built from a shared-row case by copying head g of
+// the kept tokens into rows of its own; the kept sets differ per head and include every
+// new token.
+TEST(AttentionPerHead, EachHeadReadsItsOwnEntries) {
+    const Case c{9, 3, 64, 300, 5, DType::kF16};
+    const Inputs in = make_inputs(c);
+    const int32_t n = c.n_past + c.n_q;
+    const size_t head_bytes = c.head_dim * 2;
+    std::mt19937 rng(11);
+    std::vector<std::vector<int32_t>> kept(c.n_kv_heads);  // entries of the shared view
+    std::vector<uint8_t> hk, hv;                            // one head per row
+    std::vector<std::vector<int32_t>> head_slots(c.n_kv_heads);
+    for (int g = 0; g < c.n_kv_heads; ++g) {
+        for (int32_t i = 0; i < n; ++i) {
+            if (i >= c.n_past || rng() % 3 != 0) kept[g].push_back(i);
+        }
+        for (int32_t e : kept[g]) {
+            const size_t src = static_cast<size_t>(in.slots[e]) * in.view.row_stride + g * head_bytes;
+            head_slots[g].push_back(static_cast<int32_t>(hk.size() / head_bytes));
+            hk.insert(hk.end(), in.k.begin() + src, in.k.begin() + src + head_bytes);
+            hv.insert(hv.end(), in.v.begin() + src, in.v.begin() + src + head_bytes);
+        }
+    }
+    std::vector<const int32_t*> lists;
+    std::vector<int32_t> counts;
+    for (const auto& l : head_slots) {
+        lists.push_back(l.data());
+        counts.push_back(static_cast<int32_t>(l.size()));
+    }
+    KvView per_head{DType::kF16, hk.data(), hv.data(), head_bytes, nullptr, 0, 0, lists.data(), counts.data()};
+
+    ThreadPool pool(2);
+    std::vector<float> got(in.q.size()), want(in.q.size()), dense(in.q.size());
+    attention(in.shape, per_head, in.q.data(), in.q_dim, c.n_q, got.data(), in.q_dim, pool);
+    attention_reference(in.shape, per_head, in.q.data(), in.q_dim, c.n_q, want.data(), in.q_dim);
+    EXPECT_LT(max_abs_diff(got, want), 2e-5);
+    // Head g alone, through a shared view listing the same tokens, gives the same output.
+    const int group = c.n_heads / c.n_kv_heads;
+    for (int g = 0; g < c.n_kv_heads; ++g) {
+        std::vector<int32_t> shared;
+        for (int32_t e : kept[g]) shared.push_back(in.slots[e]);
+        KvView one = in.view;
+        one.slots = shared.data();
+        one.n = static_cast<int32_t>(shared.size());
+        attention_reference(in.shape, one, in.q.data(), in.q_dim, c.n_q, dense.data(), in.q_dim);
+        for (int32_t i = 0; i < c.n_q; ++i) {
+            for (int d = 0; d < group * c.head_dim; ++d) {
+                const size_t at = static_cast<size_t>(i) * in.q_dim + g * group * c.head_dim + d;
+                ASSERT_NEAR(got[at], dense[at], 2e-5) << "head group " << g;
+            }
+        }
+    }
+}
+
 // llama.cpp-compatible attention: still attention (close to the exact result, within the
 // fp16 rounding of its accumulator), on each of ggml's paths, and the same bits whatever the
 // pool size (only n_split, llama.cpp's thread count, may change them).
@@ -100,7 +155,7 @@ TEST_P(AttentionGgmlTest, CloseToReferenceAndIndependentOfPoolSize) {
     const Case c = GetParam();
     const Inputs in = make_inputs(c);
     std::vector<float> want(in.q.size()), got1(in.q.size(), -1.0f), got3(in.q.size(), -2.0f);
-    attention_reference(in.shape, in.view, in.q.data(), in.q_dim, c.n_q, c.n_past, want.data(), in.q_dim);
+    attention_reference(in.shape, in.view, in.q.data(), in.q_dim, c.n_q, want.data(), in.q_dim);
     ThreadPool one(1), three(3);
     attention_ggml(in.shape, in.view, in.q.data(), in.q_dim, c.n_q, c.n_past, got1.data(), in.q_dim, 2, one);
     attention_ggml(in.shape, in.view, in.q.data(), in.q_dim, c.n_q, c.n_past, got3.data(), in.q_dim, 2, three);

@@ -23,7 +23,8 @@ protected:
         model_ = std::move(*m);
     }
     kvstore::SlotPoolOptions pool_options(int32_t slots) const {
-        return {model_->config.n_layers, model_->config.kv_dim(), slots, kernels::DType::kF32};
+        return {model_->config.n_layers, model_->config.kv_dim(), slots, kernels::DType::kF32,
+                model_->config.n_kv_heads};
     }
     std::unique_ptr<Model> model_;
 };

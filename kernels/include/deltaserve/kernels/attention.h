@@ -10,15 +10,27 @@
 namespace deltaserve::kernels {
 
 // What attention reads for one layer of one sequence: K and V rows live in slot-indexed
-// pools (row_stride bytes apart, all KV heads of a token in one row); position p is in
-// slot slots[p]. K is stored after RoPE.
+// pools (row_stride bytes apart); entry i of the view is in slot slots[i]. K is stored after
+// RoPE, so entries need not be consecutive positions: a compressed cache lists the tokens
+// it kept, in position order, and the new tokens last.
+//
+// Rows hold all KV heads of a token (head g at byte g * head_stride) unless the view has
+// per-head lists: then KV head g reads its own entries head_slots[g][0, head_n[g]) from
+// rows that hold that head alone (policies that keep different tokens per head).
 struct KvView {
     DType dtype = DType::kF16;  // kF16 or kF32
     const uint8_t* k = nullptr;
     const uint8_t* v = nullptr;
     size_t row_stride = 0;
     const int32_t* slots = nullptr;
-    int32_t n = 0;  // visible positions 0..n-1
+    int32_t n = 0;  // entries
+    size_t head_stride = 0;
+    const int32_t* const* head_slots = nullptr;
+    const int32_t* head_n = nullptr;
+
+    const int32_t* slots_of(int g) const { return head_slots != nullptr ? head_slots[g] : slots; }
+    int32_t n_of(int g) const { return head_n != nullptr ? head_n[g] : n; }
+    size_t head_offset(int g) const { return head_slots != nullptr ? 0 : static_cast<size_t>(g) * head_stride; }
 };
 
 struct AttentionShape {
@@ -28,12 +40,13 @@ struct AttentionShape {
     float scale = 0.0f;  // usually 1 / sqrt(head_dim)
 };
 
-// For n_q queries at positions p0 .. p0 + n_q - 1 (each sees positions <= its own):
-// out[i] = softmax(scale * q[i] K^T) V per head. q and out are [n_q][n_heads * head_dim]
-// with row strides ldq / ldo (floats). Work is split over heads, query blocks and, for
-// short query runs over long contexts, over key ranges merged at the end.
+// For n_q new queries, the last n_q entries of the view (query i sees the entries before
+// the new ones and new ones up to itself): out[i] = softmax(scale * q[i] K^T) V per head.
+// q and out are [n_q][n_heads * head_dim] with row strides ldq / ldo (floats). Work is split
+// over heads, query blocks and, for short query runs over long contexts, over key ranges
+// merged at the end.
 void attention(const AttentionShape& shape, const KvView& kv, const float* q, int64_t ldq,
-               int32_t n_q, int32_t p0, float* out, int64_t ldo, ThreadPool& pool);
+               int32_t n_q, float* out, int64_t ldo, ThreadPool& pool);
 
 // The same attention with the rounding of llama.cpp's CPU flash attention (ggml built for
 // AVX-512, fp16 KV cache, positions in cells 0..n-1), so that deltaserve can reproduce
@@ -41,12 +54,13 @@ void attention(const AttentionShape& shape, const KvView& kv, const float* q, in
 // tiled fp32 path for batches of 64+ queries; otherwise one query row at a time with Q and the
 // output accumulator rounded to fp16, the cells of a one-token batch over 512+ (padded)
 // cells split into n_split chunks (llama.cpp's thread count) merged in order. Slower than
-// attention(). Requires an fp16 cache.
+// attention(). Requires an fp16 cache holding every position: entry p is position p, and
+// the queries are at positions p0 .. p0 + n_q - 1.
 void attention_ggml(const AttentionShape& shape, const KvView& kv, const float* q, int64_t ldq,
                     int32_t n_q, int32_t p0, float* out, int64_t ldo, int n_split, ThreadPool& pool);
 
 // The straightforward implementation (one query, one head at a time), for tests.
 void attention_reference(const AttentionShape& shape, const KvView& kv, const float* q,
-                         int64_t ldq, int32_t n_q, int32_t p0, float* out, int64_t ldo);
+                         int64_t ldq, int32_t n_q, float* out, int64_t ldo);
 
 }  // namespace deltaserve::kernels

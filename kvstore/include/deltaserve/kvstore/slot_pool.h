@@ -22,6 +22,7 @@ struct SlotPoolOptions {
     int32_t n_slots = 0;  // capacity in tokens
     // Element type of K and V: kF16 (default) or kF32.
     kernels::DType dtype = kernels::DType::kF16;
+    int32_t n_kv_heads = 1;  // heads in a row (kv_dim / n_kv_heads elements each)
 };
 
 class SlotPool {
@@ -41,6 +42,7 @@ public:
     const SlotPoolOptions& options() const { return options_; }
 
     size_t row_bytes() const { return row_bytes_; }
+    size_t head_bytes() const { return row_bytes_ / static_cast<size_t>(options_.n_kv_heads); }
     uint8_t* k_row(int32_t layer, int32_t slot) { return base(layer, 0) + slot * row_bytes_; }
     uint8_t* v_row(int32_t layer, int32_t slot) { return base(layer, 1) + slot * row_bytes_; }
     const uint8_t* k_base(int32_t layer) const { return base(layer, 0); }
