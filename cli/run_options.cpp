@@ -18,6 +18,9 @@ void RunOptions::register_flags(ArgParser& p) {
     p.add("attention", &attention,
           "attention arithmetic: native, or ggml to round as llama.cpp's CPU flash attention "
           "does (same output token for token with the same --threads; slower)");
+    p.add("kv-policy", &kv_policy,
+          std::string("KV cache policy: ") + kvstore::eviction_policy_names() + " (full keeps every token)");
+    p.add("kv-keep", &kv_keep, "target keep ratio of the KV cache in (0, 1]: bytes held / fp16 full-cache bytes");
     p.add("temperature", &temperature, "sampling temperature; 0 = greedy");
     p.add("top-k", &top_k, "top-k sampling; 0 = off");
     p.add("top-p", &top_p, "top-p (nucleus) sampling; 1 = off");
@@ -46,6 +49,8 @@ model::ContextOptions RunOptions::context() const {
     c.n_threads = threads;
     c.n_batch = batch_size;
     c.kv_type = kv_type == "f32" ? model::KvType::kF32 : model::KvType::kF16;
+    c.kv.policy = kv_policy;
+    c.kv.keep = kv_keep;
     c.attention = attention == "ggml" ? model::AttentionNumerics::kGgml : model::AttentionNumerics::kNative;
     return c;
 }
@@ -58,6 +63,10 @@ Result<LoadedModel> load_for_run(const RunOptions& o) {
     }
     if (o.attention != "native" && o.attention != "ggml") {
         return invalid_argument("--attention must be native or ggml, not '" + o.attention + "'");
+    }
+    if (!(o.kv_keep > 0.0f && o.kv_keep <= 1.0f)) return invalid_argument("--kv-keep must be in (0, 1]");
+    if (o.kv_policy == "full" && o.kv_keep < 1.0f) {
+        return invalid_argument("--kv-keep below 1 needs a --kv-policy (" + std::string(kvstore::eviction_policy_names()) + ")");
     }
     if (o.temperature < 0) return invalid_argument("--temperature must be >= 0");
     if (o.top_p <= 0 || o.top_p > 1) return invalid_argument("--top-p must be in (0, 1]");

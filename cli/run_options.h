@@ -19,6 +19,8 @@ struct RunOptions {
     int32_t batch_size = 512;
     std::string kv_type = "f16";
     std::string attention = "native";
+    std::string kv_policy = "full";
+    float kv_keep = 1.0f;
     float temperature = 0.8f;
     int32_t top_k = 40;
     float top_p = 0.95f;

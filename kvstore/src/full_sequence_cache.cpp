@@ -1,9 +1,5 @@
-#include <immintrin.h>
-
-#include <cstring>
-
-#include "deltaserve/common/fp16.h"
 #include "deltaserve/kvstore/kv_cache.h"
+#include "row_io.h"
 
 namespace deltaserve::kvstore {
 
@@ -24,26 +20,9 @@ void FullSequenceCache::store(int32_t layer, int32_t first, int32_t n, const flo
     DS_CHECK(n_committed_ + first + n <= static_cast<int32_t>(slots_.size()), "store past reserve");
     for (int32_t i = 0; i < n; ++i) {
         const int32_t slot = slots_[n_committed_ + first + i];
-        const float* ks = k + i * ld;
-        const float* vs = v + i * ld;
-        if (pool_.options().dtype == kernels::DType::kF16) {
-            auto* kd = reinterpret_cast<uint16_t*>(pool_.k_row(layer, slot));
-            auto* vd = reinterpret_cast<uint16_t*>(pool_.v_row(layer, slot));
-            int32_t d = 0;
-            for (; d + 8 <= kv_dim; d += 8) {  // F16C, round to nearest even
-                _mm_storeu_si128(reinterpret_cast<__m128i*>(kd + d),
-                                 _mm256_cvtps_ph(_mm256_loadu_ps(ks + d), _MM_FROUND_TO_NEAREST_INT));
-                _mm_storeu_si128(reinterpret_cast<__m128i*>(vd + d),
-                                 _mm256_cvtps_ph(_mm256_loadu_ps(vs + d), _MM_FROUND_TO_NEAREST_INT));
-            }
-            for (; d < kv_dim; ++d) {
-                kd[d] = fp32_to_fp16(ks[d]);
-                vd[d] = fp32_to_fp16(vs[d]);
-            }
-        } else {
-            std::memcpy(pool_.k_row(layer, slot), ks, kv_dim * sizeof(float));
-            std::memcpy(pool_.v_row(layer, slot), vs, kv_dim * sizeof(float));
-        }
+        const kernels::DType dtype = pool_.options().dtype;
+        write_row(dtype, pool_.k_row(layer, slot), k + i * ld, kv_dim);
+        write_row(dtype, pool_.v_row(layer, slot), v + i * ld, kv_dim);
     }
 }
 

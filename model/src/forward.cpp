@@ -128,6 +128,7 @@ void Forward::attention_layer(int32_t layer, std::span<const SequenceInput> batc
         } else {
             k::attention(shape, view, q_.data() + row * qd, qd, ns, attn_.data() + row * qd, qd, pool_);
         }
+        s.cache->observe(layer, shape, q_.data() + row * qd, qd, ns);
         row += ns;
     }
     k::matmul(w.wo, attn_.data(), qd, n, tmp_.data(), d, pool_);

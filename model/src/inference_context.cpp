@@ -4,6 +4,7 @@
 #include <string>
 
 #include "deltaserve/common/thread_pool.h"
+#include "deltaserve/kvstore/evicting_cache.h"
 #include "deltaserve/kvstore/kv_cache.h"
 #include "deltaserve/model/forward.h"
 
@@ -15,14 +16,22 @@ constexpr int32_t kDefaultMaxContext = 8192;
 
 class InferenceContextImpl final : public InferenceContext {
 public:
-    InferenceContextImpl(const Model& model, const ContextOptions& options,
-                         std::unique_ptr<kvstore::SlotPool> pool)
+    // A full cache over `pool`, or (with a policy) an evicting one over `head_pool`.
+    InferenceContextImpl(const Model& model, const ContextOptions& options, std::unique_ptr<kvstore::SlotPool> pool,
+                         std::unique_ptr<kvstore::HeadSlotPool> head_pool,
+                         std::unique_ptr<kvstore::EvictionPolicy> policy)
         : model_(model),
           options_(options),
           threads_(options.n_threads),
           slots_(std::move(pool)),
-          cache_(std::make_unique<kvstore::FullSequenceCache>(*slots_)),
+          head_slots_(std::move(head_pool)),
           forward_(model, threads_) {
+        if (policy) {
+            cache_ = std::make_unique<kvstore::EvictingSequenceCache>(*head_slots_, std::move(policy), options.kv,
+                                                                      threads_);
+        } else {
+            cache_ = std::make_unique<kvstore::FullSequenceCache>(*slots_);
+        }
         forward_.set_attention_numerics(options.attention);
     }
 
@@ -44,6 +53,11 @@ public:
     void reset() override { cache_->truncate(0); }
     void truncate(int32_t n_keep) override { cache_->truncate(n_keep); }
     const Model& model() const override { return model_; }
+    size_t kv_bytes() const override { return cache_->bytes(); }
+    double keep_ratio() const override {
+        const size_t full = kvstore::full_fp16_bytes(n_past(), model_.config.n_layers, model_.config.kv_dim());
+        return full == 0 ? 1.0 : static_cast<double>(cache_->bytes()) / static_cast<double>(full);
+    }
 
 private:
     Status check(size_t n_new) const {
@@ -78,7 +92,8 @@ private:
     ContextOptions options_;
     ThreadPool threads_;
     std::unique_ptr<kvstore::SlotPool> slots_;
-    std::unique_ptr<kvstore::FullSequenceCache> cache_;
+    std::unique_ptr<kvstore::HeadSlotPool> head_slots_;
+    std::unique_ptr<kvstore::SequenceCache> cache_;
     Forward forward_;
     std::vector<float> logits_;
 };
@@ -94,15 +109,32 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
     if (opts.attention == AttentionNumerics::kGgml && opts.kv_type != KvType::kF16) {
         return invalid_argument("llama.cpp-compatible attention needs an f16 KV cache");
     }
+    const kernels::DType dtype = opts.kv_type == KvType::kF16 ? kernels::DType::kF16 : kernels::DType::kF32;
+    if (opts.kv.policy != "full") {
+        if (opts.attention == AttentionNumerics::kGgml) {
+            return invalid_argument("llama.cpp-compatible attention works only with the full KV policy");
+        }
+        DS_ASSIGN_OR_RETURN(auto policy, kvstore::make_eviction_policy(opts.kv));
+        kvstore::HeadSlotPoolOptions ho;
+        ho.n_layers = model.config.n_layers;
+        ho.n_kv_heads = model.config.n_kv_heads;
+        ho.head_dim = model.config.head_dim;
+        ho.n_slots = opts.n_ctx;
+        ho.dtype = dtype;
+        DS_ASSIGN_OR_RETURN(auto head_pool, kvstore::HeadSlotPool::create(ho));
+        return std::unique_ptr<InferenceContext>(
+            std::make_unique<InferenceContextImpl>(model, opts, nullptr, std::move(head_pool), std::move(policy)));
+    }
+    if (opts.kv.keep != 1.0f) return invalid_argument("a keep ratio below 1 needs a KV policy other than full");
     kvstore::SlotPoolOptions po;
     po.n_layers = model.config.n_layers;
     po.kv_dim = model.config.kv_dim();
     po.n_kv_heads = model.config.n_kv_heads;
     po.n_slots = opts.n_ctx;
-    po.dtype = opts.kv_type == KvType::kF16 ? kernels::DType::kF16 : kernels::DType::kF32;
+    po.dtype = dtype;
     DS_ASSIGN_OR_RETURN(auto pool, kvstore::SlotPool::create(po));
     return std::unique_ptr<InferenceContext>(
-        std::make_unique<InferenceContextImpl>(model, opts, std::move(pool)));
+        std::make_unique<InferenceContextImpl>(model, opts, std::move(pool), nullptr, nullptr));
 }
 
 }  // namespace deltaserve::model

@@ -14,9 +14,9 @@ namespace deltaserve::kernels {
 // RoPE, so entries need not be consecutive positions: a compressed cache lists the tokens
 // it kept, in position order, and the new tokens last.
 //
-// Rows hold all KV heads of a token (head g at byte g * head_stride) unless the view has
-// per-head lists: then KV head g reads its own entries head_slots[g][0, head_n[g]) from
-// rows that hold that head alone (policies that keep different tokens per head).
+// KV head g of a row is at byte g * head_stride. With per-head lists, KV head g reads its
+// own entries head_slots[g][0, head_n[g]) (policies that keep different tokens per head;
+// their rows hold one head each and head_stride steps from one head's arena to the next).
 struct KvView {
     DType dtype = DType::kF16;  // kF16 or kF32
     const uint8_t* k = nullptr;
@@ -30,7 +30,7 @@ struct KvView {
 
     const int32_t* slots_of(int g) const { return head_slots != nullptr ? head_slots[g] : slots; }
     int32_t n_of(int g) const { return head_n != nullptr ? head_n[g] : n; }
-    size_t head_offset(int g) const { return head_slots != nullptr ? 0 : static_cast<size_t>(g) * head_stride; }
+    size_t head_offset(int g) const { return static_cast<size_t>(g) * head_stride; }
 };
 
 struct AttentionShape {

@@ -33,14 +33,28 @@ public:
     // What the layer's attention reads: committed positions plus the n_visible_new reserved
     // ones already stored.
     virtual kernels::KvView view(int32_t layer, int32_t n_visible_new) const = 0;
-    // Makes n reserved positions part of the sequence.
+    // Called after a layer's attention with that layer's queries for the new positions
+    // (after RoPE; n rows ldq floats apart, all n stored and visible): a policy that ranks
+    // tokens by attention gathers its statistics here. Default: nothing.
+    virtual void observe(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq,
+                         int32_t n) {
+        (void)layer, (void)shape, (void)q, (void)ldq, (void)n;
+    }
+    // Makes n reserved positions part of the sequence (a compressing cache shrinks here).
     virtual void commit(int32_t n) = 0;
     // Keeps the first n_keep committed positions (n_keep <= n_tokens()) and gives back every
     // slot past them, reserved ones included: truncate(n_tokens()) undoes a reserve.
     virtual void truncate(int32_t n_keep) = 0;
-    // Bytes this sequence holds (K and V of every layer).
+    // Bytes this sequence holds: K and V of every layer, and what a compressing cache keeps
+    // to find them (slot ids, positions, statistics).
     virtual size_t bytes() const = 0;
 };
+
+// Bytes of n_tokens tokens in an fp16 cache that keeps everything: the denominator of the
+// keep ratio (bytes() / full_fp16_bytes()).
+inline size_t full_fp16_bytes(int32_t n_tokens, int32_t n_layers, int32_t kv_dim) {
+    return static_cast<size_t>(n_tokens) * static_cast<size_t>(n_layers) * static_cast<size_t>(kv_dim) * 2 * 2;
+}
 
 // Every token of every layer in a SlotPool at the pool's precision.
 class FullSequenceCache final : public SequenceCache {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "deltaserve/common/status.h"
+#include "deltaserve/kvstore/eviction_policy.h"
 #include "deltaserve/model/forward.h"
 #include "deltaserve/model/model.h"
 
@@ -34,6 +35,8 @@ struct ContextOptions {
     // Attention arithmetic. kGgml (llama.cpp's rounding, needs kv_type kF16) reproduces
     // llama.cpp's outputs token for token when both run with the same thread count.
     AttentionNumerics attention = AttentionNumerics::kNative;
+    // KV cache policy and keep ratio. Default: "full" (every token, no eviction).
+    kvstore::EvictionConfig kv;
 };
 
 class InferenceContext {
@@ -59,6 +62,10 @@ public:
     virtual void reset() = 0;
     // Keeps the first n_keep tokens and drops the rest (n_keep <= n_past()).
     virtual void truncate(int32_t n_keep) = 0;
+    // Bytes the KV cache holds for the sequence, and their ratio to the bytes of the same
+    // tokens in an fp16 cache that keeps everything (1 for "full" with an fp16 cache).
+    virtual size_t kv_bytes() const = 0;
+    virtual double keep_ratio() const = 0;
 
     virtual const Model& model() const = 0;
 };

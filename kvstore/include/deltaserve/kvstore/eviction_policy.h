@@ -1,0 +1,64 @@
+// Token-eviction policies: which tokens of one (layer, KV head) a compressed cache keeps.
+// The cache (EvictingSequenceCache) owns storage, budgets and bookkeeping; a policy only
+// ranks. Methods and their sources: ../shared/methods/eviction-methods.md.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "deltaserve/common/status.h"
+
+namespace deltaserve::kvstore {
+
+struct EvictionConfig {
+    std::string policy = "full";  // full, streaming, h2o, snapkv, keydiff
+    // Target keep ratio: bytes held over the bytes of the same tokens in an fp16 full cache
+    // (metadata counted), in (0, 1].
+    float keep = 1.0f;
+    int32_t sinks = 4;    // streaming: first tokens always kept
+    int32_t window = 32;  // snapkv: observation window; h2o / streaming: at least this recent
+};
+
+// What a policy sees of one (layer, KV head) when it must shrink it: the entries in
+// position order (the newest last), each with its position and the statistic the cache
+// accumulated for it (attention mass for h2o, window attention for snapkv), and its key.
+struct UnitView {
+    int32_t n = 0;
+    const int32_t* pos = nullptr;
+    const float* stat = nullptr;
+    int32_t head_dim = 0;
+    // Key of entry j (after RoPE) as floats into out[head_dim].
+    virtual void key(int32_t j, float* out) const = 0;
+
+protected:
+    ~UnitView() = default;
+};
+
+// Which attention statistic the cache gathers for a policy in SequenceCache::observe.
+enum class AttentionStat {
+    kNone,
+    kAllQueries,   // attention of every new query, accumulated (h2o)
+    kLastWindow,   // attention of the last `window` queries of a chunk, reset per chunk (snapkv)
+};
+
+class EvictionPolicy {
+public:
+    virtual ~EvictionPolicy() = default;
+    virtual const char* name() const = 0;
+    virtual AttentionStat stat() const { return AttentionStat::kNone; }
+    // Whether the cache is shrunk after every forward call (decode steps included), or only
+    // after a chunk of several tokens (a prompt), as SnapKV compresses prompts only.
+    virtual bool continual() const { return true; }
+    // Marks `budget` (< u.n) entries of u to keep in keep[0, u.n).
+    virtual void select(const UnitView& u, int32_t budget, std::vector<uint8_t>& keep) const = 0;
+};
+
+// Errors: kInvalidArgument for an unknown policy name or bad numbers.
+Result<std::unique_ptr<EvictionPolicy>> make_eviction_policy(const EvictionConfig& config);
+
+// The policy names make_eviction_policy knows, for help texts.
+const char* eviction_policy_names();
+
+}  // namespace deltaserve::kvstore

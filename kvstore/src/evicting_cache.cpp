@@ -1,0 +1,208 @@
+#include "deltaserve/kvstore/evicting_cache.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "deltaserve/kernels/attention_scores.h"
+#include "row_io.h"
+
+namespace deltaserve::kvstore {
+
+namespace {
+
+class PoolUnitView final : public UnitView {
+public:
+    PoolUnitView(const HeadSlotPool& pool, int32_t unit, const int32_t* slots)
+        : pool_(pool), unit_(unit), slots_(slots) {}
+    void key(int32_t j, float* out) const override {
+        const size_t hb = pool_.head_bytes();
+        read_row(pool_.options().dtype, pool_.k_base(unit_) + static_cast<size_t>(slots_[j]) * hb, out,
+                 pool_.options().head_dim);
+    }
+
+private:
+    const HeadSlotPool& pool_;
+    int32_t unit_;
+    const int32_t* slots_;
+};
+
+}  // namespace
+
+EvictingSequenceCache::EvictingSequenceCache(HeadSlotPool& pool, std::unique_ptr<EvictionPolicy> policy,
+                                             const EvictionConfig& config, ThreadPool& threads)
+    : pool_(pool), policy_(std::move(policy)), config_(config), threads_(threads) {
+    units_.resize(static_cast<size_t>(pool_.n_units()));
+    lists_.resize(static_cast<size_t>(pool_.options().n_kv_heads));
+    counts_.resize(lists_.size());
+}
+
+EvictingSequenceCache::~EvictingSequenceCache() {
+    for (int32_t u = 0; u < pool_.n_units(); ++u) pool_.release(u, units_[u].slot);
+}
+
+size_t EvictingSequenceCache::entry_bytes() const {
+    const size_t stat = policy_->stat() == AttentionStat::kNone ? 0 : sizeof(float);
+    return 2 * pool_.head_bytes() + 2 * sizeof(int32_t) + stat;  // K, V, slot id, position
+}
+
+int32_t EvictingSequenceCache::budget(int32_t n_tokens) const {
+    const double full_entry = 2.0 * 2.0 * pool_.options().head_dim;  // fp16 K and V
+    const double entries = std::floor(config_.keep * n_tokens * full_entry / static_cast<double>(entry_bytes()));
+    return std::max<int32_t>(1, static_cast<int32_t>(entries));
+}
+
+Status EvictingSequenceCache::reserve(int32_t n_new) {
+    if (n_new <= n_reserved_) return Status();
+    const int32_t more = n_new - n_reserved_;
+    for (int32_t u = 0; u < pool_.n_units(); ++u) {
+        auto slots = pool_.allocate(u, more);
+        if (!slots.ok()) {
+            for (int32_t w = 0; w < u; ++w) {  // give back what this call took
+                Unit& unit = units_[w];
+                pool_.release(w, std::span<const int32_t>(unit.slot).last(static_cast<size_t>(more)));
+                unit.slot.resize(unit.slot.size() - static_cast<size_t>(more));
+                unit.pos.resize(unit.slot.size());
+                unit.stat.resize(unit.slot.size());
+            }
+            return slots.status();
+        }
+        Unit& unit = units_[u];
+        unit.slot.insert(unit.slot.end(), slots->begin(), slots->end());
+        for (int32_t i = n_reserved_; i < n_new; ++i) unit.pos.push_back(n_tokens_ + i);
+        unit.stat.resize(unit.slot.size(), 0.0f);
+    }
+    n_reserved_ = n_new;
+    return Status();
+}
+
+void EvictingSequenceCache::store(int32_t layer, int32_t first, int32_t n, const float* k, const float* v,
+                                  int64_t ld) {
+    DS_CHECK(first + n <= n_reserved_, "store past reserve");
+    const auto& o = pool_.options();
+    for (int32_t g = 0; g < o.n_kv_heads; ++g) {
+        const int32_t u = pool_.unit(layer, g);
+        const Unit& unit = units_[u];
+        for (int32_t i = 0; i < n; ++i) {
+            const int32_t slot = unit.slot[committed(unit) + first + i];
+            const int64_t off = i * ld + static_cast<int64_t>(g) * o.head_dim;
+            write_row(o.dtype, pool_.k_row(u, slot), k + off, o.head_dim);
+            write_row(o.dtype, pool_.v_row(u, slot), v + off, o.head_dim);
+        }
+    }
+}
+
+kernels::KvView EvictingSequenceCache::view(int32_t layer, int32_t n_visible_new) const {
+    const int32_t u0 = pool_.unit(layer, 0);
+    for (size_t g = 0; g < lists_.size(); ++g) {
+        const Unit& unit = units_[u0 + g];
+        lists_[g] = unit.slot.data();
+        counts_[g] = committed(unit) + n_visible_new;
+    }
+    kernels::KvView v;
+    v.dtype = pool_.options().dtype;
+    v.k = pool_.k_base(u0);
+    v.v = pool_.v_base(u0);
+    v.row_stride = pool_.head_bytes();
+    // Unit (layer, g) is g units after (layer, 0); each unit holds a K and a V arena.
+    v.head_stride = static_cast<size_t>(pool_.k_base(u0 + std::min<int32_t>(1, pool_.options().n_kv_heads - 1)) -
+                                        pool_.k_base(u0));
+    v.head_slots = lists_.data();
+    v.head_n = counts_.data();
+    return v;
+}
+
+void EvictingSequenceCache::observe(int32_t layer, const kernels::AttentionShape& shape, const float* q,
+                                    int64_t ldq, int32_t n) {
+    const AttentionStat stat = policy_->stat();
+    if (stat == AttentionStat::kNone) return;
+    const kernels::KvView v = view(layer, n);
+    const int32_t u0 = pool_.unit(layer, 0);
+    std::vector<float*> sums(lists_.size());
+    for (size_t g = 0; g < sums.size(); ++g) {
+        Unit& unit = units_[u0 + g];
+        if (stat == AttentionStat::kLastWindow) std::fill(unit.stat.begin(), unit.stat.end(), 0.0f);
+        sums[g] = unit.stat.data();
+    }
+    const int32_t first = stat == AttentionStat::kLastWindow ? std::max(0, n - config_.window) : 0;
+    kernels::attention_column_sums(shape, v, q, ldq, n, first, 1, sums.data(), threads_);
+}
+
+void EvictingSequenceCache::commit(int32_t n) {
+    DS_CHECK(n <= n_reserved_, "commit past reserve");
+    n_reserved_ -= n;
+    n_tokens_ += n;
+    if (policy_->continual() || n > 1) shrink();
+}
+
+void EvictingSequenceCache::shrink() {
+    const int32_t keep_n = budget(n_tokens_);
+    std::vector<uint8_t> keep;
+    std::vector<int32_t> freed;
+    for (int32_t u = 0; u < pool_.n_units(); ++u) {
+        Unit& unit = units_[u];
+        const int32_t n = committed(unit);
+        if (n <= keep_n) continue;
+        keep.assign(static_cast<size_t>(n), 0);
+        PoolUnitView view(pool_, u, unit.slot.data());
+        view.n = n;
+        view.pos = unit.pos.data();
+        view.stat = unit.stat.data();
+        view.head_dim = pool_.options().head_dim;
+        policy_->select(view, keep_n, keep);
+        freed.clear();
+        size_t w = 0;
+        for (size_t j = 0; j < unit.slot.size(); ++j) {  // reserved entries (j >= n) stay
+            if (j < static_cast<size_t>(n) && !keep[j]) {
+                freed.push_back(unit.slot[j]);
+                continue;
+            }
+            unit.slot[w] = unit.slot[j];
+            unit.pos[w] = unit.pos[j];
+            unit.stat[w] = unit.stat[j];
+            ++w;
+        }
+        unit.slot.resize(w);
+        unit.pos.resize(w);
+        unit.stat.resize(w);
+        pool_.release(u, freed);
+    }
+}
+
+void EvictingSequenceCache::truncate(int32_t n_keep) {
+    DS_CHECK(n_keep >= 0 && n_keep <= n_tokens_, "truncate past the end");
+    std::vector<int32_t> freed;
+    for (int32_t u = 0; u < pool_.n_units(); ++u) {
+        Unit& unit = units_[u];
+        size_t w = 0;
+        freed.clear();
+        for (size_t j = 0; j < unit.slot.size(); ++j) {
+            if (unit.pos[j] >= n_keep) {
+                freed.push_back(unit.slot[j]);
+                continue;
+            }
+            unit.slot[w] = unit.slot[j];
+            unit.pos[w] = unit.pos[j];
+            unit.stat[w] = unit.stat[j];
+            ++w;
+        }
+        unit.slot.resize(w);
+        unit.pos.resize(w);
+        unit.stat.resize(w);
+        pool_.release(u, freed);
+    }
+    n_tokens_ = n_keep;
+    n_reserved_ = 0;
+}
+
+size_t EvictingSequenceCache::bytes() const {
+    size_t entries = 0;
+    for (const Unit& u : units_) entries += u.slot.size();
+    return entries * entry_bytes();
+}
+
+std::span<const int32_t> EvictingSequenceCache::positions(int32_t layer, int32_t head) const {
+    const Unit& u = units_[pool_.unit(layer, head)];
+    return std::span<const int32_t>(u.pos.data(), static_cast<size_t>(committed(u)));
+}
+
+}  // namespace deltaserve::kvstore
