@@ -8,6 +8,7 @@
 
 #include "deltaserve/common/fp16.h"
 #include "deltaserve/kernels/attention.h"
+#include "deltaserve/kernels/attention_scores.h"
 
 namespace deltaserve::kernels {
 namespace {
@@ -141,6 +142,45 @@ TEST(AttentionPerHead, EachHeadReadsItsOwnEntries) {
             for (int d = 0; d < group * c.head_dim; ++d) {
                 const size_t at = static_cast<size_t>(i) * in.q_dim + g * group * c.head_dim + d;
                 ASSERT_NEAR(got[at], dense[at], 2e-5) << "head group " << g;
+            }
+        }
+    }
+}
+
+// The attention statistics the eviction policies use equal a direct softmax per query.
+TEST(AttentionColumnSums, MatchDirectSoftmax) {
+    const Case c{9, 3, 64, 40, 12, DType::kF16};
+    const Inputs in = make_inputs(c);
+    const int group = c.n_heads / c.n_kv_heads;
+    const int32_t n = c.n_past + c.n_q;
+    for (int power : {1, 2}) {
+        for (int32_t first : {0, 9}) {
+            std::vector<std::vector<float>> got(c.n_kv_heads, std::vector<float>(n, 0.0f));
+            std::vector<float*> ptrs;
+            for (auto& g : got) ptrs.push_back(g.data());
+            ThreadPool pool(2);
+            attention_column_sums(in.shape, in.view, in.q.data(), in.q_dim, c.n_q, first, power, ptrs.data(), pool);
+            for (int g = 0; g < c.n_kv_heads; ++g) {
+                std::vector<double> want(n, 0.0);
+                for (int32_t i = first; i < c.n_q; ++i) {
+                    for (int hh = 0; hh < group; ++hh) {
+                        const float* qh = in.q.data() + i * in.q_dim + (g * group + hh) * c.head_dim;
+                        const int32_t visible = c.n_past + i + 1;
+                        std::vector<double> w(visible);
+                        double mx = -1e300, sum = 0;
+                        for (int32_t j = 0; j < visible; ++j) {
+                            const auto* k = reinterpret_cast<const uint16_t*>(
+                                in.k.data() + in.slots[j] * in.view.row_stride + g * c.head_dim * 2);
+                            double dot = 0;
+                            for (int d = 0; d < c.head_dim; ++d) dot += double(qh[d]) * fp16_to_fp32(k[d]);
+                            w[j] = dot * in.shape.scale;
+                            mx = std::max(mx, w[j]);
+                        }
+                        for (auto& x : w) sum += (x = std::exp(x - mx));
+                        for (int32_t j = 0; j < visible; ++j) want[j] += std::pow(w[j] / sum, power);
+                    }
+                }
+                for (int32_t j = 0; j < n; ++j) ASSERT_NEAR(got[g][j], want[j], 1e-4) << "entry " << j;
             }
         }
     }

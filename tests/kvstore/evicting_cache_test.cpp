@@ -1,0 +1,231 @@
+// EvictingSequenceCache with each policy, driven the way the forward pass drives it
+// (reserve, store, observe, commit) with random K/V/Q: budgets held, the tokens a policy
+// promises to keep are kept, views list exactly the kept entries with their own data, the
+// ranking equals a direct computation, nothing leaks, runs repeat exactly.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <random>
+#include <set>
+
+#include "deltaserve/kvstore/evicting_cache.h"
+
+namespace deltaserve::kvstore {
+namespace {
+
+constexpr int kLayers = 2, kKvHeads = 2, kHeads = 4, kDim = 8;
+const kernels::AttentionShape kShape{kHeads, kKvHeads, kDim, 1.0f / std::sqrt(float(kDim))};
+
+std::unique_ptr<HeadSlotPool> make_pool(int32_t slots) {
+    HeadSlotPoolOptions o{kLayers, kKvHeads, kDim, slots, kernels::DType::kF32};
+    auto p = HeadSlotPool::create(o);
+    EXPECT_TRUE(p.ok());
+    return std::move(*p);
+}
+
+std::unique_ptr<EvictingSequenceCache> make_cache(HeadSlotPool& pool, ThreadPool& threads, const std::string& name,
+                                                  float keep) {
+    EvictionConfig c;
+    c.policy = name;
+    c.keep = keep;
+    c.window = 4;
+    auto policy = make_eviction_policy(c);
+    EXPECT_TRUE(policy.ok());
+    return std::make_unique<EvictingSequenceCache>(pool, std::move(*policy), c, threads);
+}
+
+// The K/V of every position, so what the cache returns can be checked against them.
+struct Feed {
+    std::mt19937 rng{3};
+    std::normal_distribution<float> nd{0.0f, 1.0f};
+    std::map<int32_t, std::vector<float>> k, v;  // position -> [layers][kv_dim]
+
+    void chunk(EvictingSequenceCache& c, int32_t n) {
+        ASSERT_TRUE(c.reserve(n).ok());
+        const int32_t p0 = c.n_tokens();
+        const int kvd = kKvHeads * kDim;
+        std::vector<float> kk(static_cast<size_t>(n) * kvd), vv(kk.size()), q(static_cast<size_t>(n) * kHeads * kDim);
+        for (int32_t layer = 0; layer < kLayers; ++layer) {
+            for (int32_t i = 0; i < n; ++i) {
+                auto& kp = k[p0 + i];
+                auto& vp = v[p0 + i];
+                kp.resize(kLayers * kvd);
+                vp.resize(kLayers * kvd);
+                for (int d = 0; d < kvd; ++d) {
+                    kk[i * kvd + d] = kp[layer * kvd + d] = nd(rng);
+                    vv[i * kvd + d] = vp[layer * kvd + d] = nd(rng);
+                }
+            }
+            for (auto& x : q) x = nd(rng);
+            c.store(layer, 0, n, kk.data(), vv.data(), kvd);
+            c.observe(layer, kShape, q.data(), kHeads * kDim, n);
+        }
+        c.commit(n);
+    }
+    const float* key(int32_t pos, int32_t layer, int32_t g) const { return k.at(pos).data() + (layer * kKvHeads + g) * kDim; }
+    const float* value(int32_t pos, int32_t layer, int32_t g) const {
+        return v.at(pos).data() + (layer * kKvHeads + g) * kDim;
+    }
+};
+
+// Every (layer, head): positions increasing and in range, at most the budget (when the
+// policy shrank the cache on this commit), and the view lists exactly those entries with the
+// data stored for their positions.
+void check_invariants(const EvictingSequenceCache& c, const Feed& f, bool shrunk) {
+    for (int32_t layer = 0; layer < kLayers; ++layer) {
+        const kernels::KvView view = c.view(layer, 0);
+        for (int32_t g = 0; g < kKvHeads; ++g) {
+            const auto pos = c.positions(layer, g);
+            if (shrunk) {
+                EXPECT_LE(static_cast<int32_t>(pos.size()), c.budget(c.n_tokens()));
+            }
+            ASSERT_EQ(view.n_of(g), static_cast<int32_t>(pos.size()));
+            std::set<int32_t> slots;
+            for (size_t j = 0; j < pos.size(); ++j) {
+                ASSERT_GE(pos[j], 0);
+                ASSERT_LT(pos[j], c.n_tokens());
+                if (j > 0) {
+                    ASSERT_LT(pos[j - 1], pos[j]);
+                }
+                const int32_t slot = view.slots_of(g)[j];
+                EXPECT_TRUE(slots.insert(slot).second) << "slot listed twice";
+                const auto* kr = reinterpret_cast<const float*>(view.k + slot * view.row_stride + view.head_offset(g));
+                const auto* vr = reinterpret_cast<const float*>(view.v + slot * view.row_stride + view.head_offset(g));
+                for (int d = 0; d < kDim; ++d) {
+                    ASSERT_EQ(kr[d], f.key(pos[j], layer, g)[d]) << "K of position " << pos[j];
+                    ASSERT_EQ(vr[d], f.value(pos[j], layer, g)[d]) << "V of position " << pos[j];
+                }
+            }
+        }
+    }
+}
+
+bool has_all(std::span<const int32_t> pos, int32_t from, int32_t to) {
+    for (int32_t p = from; p < to; ++p) {
+        if (!std::binary_search(pos.begin(), pos.end(), p)) return false;
+    }
+    return true;
+}
+
+class PolicyTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PolicyTest, BudgetsRangesDataAndPromises) {
+    auto pool = make_pool(256);
+    ThreadPool threads(2);
+    auto c = make_cache(*pool, threads, GetParam(), 0.4f);
+    Feed f;
+    // SnapKV compresses prompts (chunks of 2+ tokens) only: decode steps add to its cache.
+    const bool continual = GetParam() != "snapkv";
+    for (int32_t n : {40, 24, 1, 1, 1, 30}) {
+        f.chunk(*c, n);
+        check_invariants(*c, f, continual || n > 1);
+        const int32_t b = c->budget(c->n_tokens());
+        for (int32_t layer = 0; layer < kLayers; ++layer) {
+            for (int32_t g = 0; g < kKvHeads; ++g) {
+                const auto pos = c->positions(layer, g);
+                const int32_t t = c->n_tokens();
+                if (GetParam() == "streaming") {
+                    EXPECT_TRUE(has_all(pos, 0, 4)) << "sinks";
+                    EXPECT_TRUE(has_all(pos, t - (b - 4), t)) << "recent window";
+                } else if (GetParam() == "h2o") {
+                    EXPECT_TRUE(has_all(pos, t - b / 2, t)) << "recent half";
+                } else if (GetParam() == "snapkv" && n > 1) {
+                    EXPECT_TRUE(has_all(pos, t - 4, t)) << "observation window";
+                }
+            }
+        }
+    }
+    // The keep ratio is met with metadata counted.
+    EXPECT_LE(double(c->bytes()), 0.4 * full_fp16_bytes(c->n_tokens(), kLayers, kKvHeads * kDim) + 1e-9);
+    EXPECT_GT(double(c->bytes()), 0.3 * full_fp16_bytes(c->n_tokens(), kLayers, kKvHeads * kDim));
+}
+
+TEST_P(PolicyTest, SameInputsSameChoices) {
+    ThreadPool threads(2);
+    std::vector<std::vector<int32_t>> runs[2];
+    for (auto& run : runs) {
+        auto pool = make_pool(128);
+        auto c = make_cache(*pool, threads, GetParam(), 0.3f);
+        Feed f;
+        f.chunk(*c, 50);
+        f.chunk(*c, 1);
+        for (int32_t g = 0; g < kKvHeads; ++g) run.emplace_back(c->positions(1, g).begin(), c->positions(1, g).end());
+    }
+    EXPECT_EQ(runs[0], runs[1]);
+}
+
+TEST_P(PolicyTest, NothingLeaksAndTruncateFrees) {
+    auto pool = make_pool(100);
+    ThreadPool threads(1);
+    {
+        auto c = make_cache(*pool, threads, GetParam(), 0.5f);
+        Feed f;
+        f.chunk(*c, 60);
+        c->truncate(20);
+        EXPECT_EQ(c->n_tokens(), 20);
+        for (int32_t g = 0; g < kKvHeads; ++g) {
+            for (int32_t p : c->positions(0, g)) EXPECT_LT(p, 20);
+        }
+        // A reserve that does not fit takes nothing.
+        std::vector<int32_t> free_before;
+        for (int32_t u = 0; u < pool->n_units(); ++u) free_before.push_back(pool->free_slots(u));
+        EXPECT_EQ(c->reserve(1000).code(), StatusCode::kResourceExhausted);
+        for (int32_t u = 0; u < pool->n_units(); ++u) EXPECT_EQ(pool->free_slots(u), free_before[u]);
+    }
+    for (int32_t u = 0; u < pool->n_units(); ++u) EXPECT_EQ(pool->free_slots(u), 100);
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, PolicyTest, ::testing::Values("streaming", "h2o", "snapkv", "keydiff"));
+
+// KeyDiff keeps the keys least similar to the mean normalised key: the same set as a direct
+// computation over the keys present before the cut.
+TEST(KeyDiffPolicy, KeepsTheKeysFarthestFromTheMeanDirection) {
+    auto pool = make_pool(128);
+    ThreadPool threads(1);
+    auto c = make_cache(*pool, threads, "keydiff", 0.3f);
+    Feed f;
+    f.chunk(*c, 60);
+    const int32_t b = c->budget(60);
+    for (int32_t layer = 0; layer < kLayers; ++layer) {
+        for (int32_t g = 0; g < kKvHeads; ++g) {
+            std::vector<double> anchor(kDim, 0.0);
+            std::vector<std::vector<double>> unit(60);
+            for (int32_t p = 0; p < 60; ++p) {
+                double n2 = 0;
+                for (int d = 0; d < kDim; ++d) n2 += double(f.key(p, layer, g)[d]) * f.key(p, layer, g)[d];
+                for (int d = 0; d < kDim; ++d) {
+                    unit[p].push_back(f.key(p, layer, g)[d] / std::sqrt(n2));
+                    anchor[d] += unit[p][d];
+                }
+            }
+            std::vector<std::pair<double, int32_t>> score;
+            for (int32_t p = 0; p < 60; ++p) {
+                double dot = 0;
+                for (int d = 0; d < kDim; ++d) dot += unit[p][d] * anchor[d];
+                score.emplace_back(dot, p);
+            }
+            std::sort(score.begin(), score.end());
+            std::vector<int32_t> want;
+            for (int32_t i = 0; i < b; ++i) want.push_back(score[i].second);
+            std::sort(want.begin(), want.end());
+            const auto got = c->positions(layer, g);
+            EXPECT_EQ(std::vector<int32_t>(got.begin(), got.end()), want) << "layer " << layer << " head " << g;
+        }
+    }
+}
+
+TEST(EvictionPolicy, UnknownNamesAndBadRatiosAreRejected) {
+    EvictionConfig c;
+    c.policy = "magic";
+    EXPECT_EQ(make_eviction_policy(c).status().code(), StatusCode::kInvalidArgument);
+    c.policy = "h2o";
+    c.keep = 0.0f;
+    EXPECT_EQ(make_eviction_policy(c).status().code(), StatusCode::kInvalidArgument);
+    c.keep = 1.5f;
+    EXPECT_EQ(make_eviction_policy(c).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace deltaserve::kvstore
