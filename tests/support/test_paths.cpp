@@ -18,6 +18,7 @@ std::string models_dir() {
 }
 std::string test_data_dir() { return std::string(DELTASERVE_SOURCE_DIR) + "/tests/data"; }
 std::string deltaserve_binary() { return DELTASERVE_BINARY_PATH; }
+std::string deltactl_binary() { return DELTASERVE_DELTACTL_PATH; }
 
 bool file_exists(const std::string& path) { return std::filesystem::exists(path); }
 

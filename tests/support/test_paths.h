@@ -17,6 +17,7 @@ std::string test_data_dir();
 
 // The deltaserve binary built beside the tests.
 std::string deltaserve_binary();
+std::string deltactl_binary();
 
 bool file_exists(const std::string& path);
 

@@ -28,6 +28,10 @@ enum class AttentionNumerics { kNative, kGgml };
 // Called after each layer with the layer index (the prefill worker ships from here).
 using LayerObserver = std::function<void(int32_t layer)>;
 
+// Sees each layer's new K (before RoPE) and V: n rows of kv_dim floats, ld floats apart
+// (calibration records DeltaKV's training data from here).
+using KvTap = std::function<void(int32_t layer, const float* k, const float* v, int64_t n, int64_t ld)>;
+
 class Forward {
 public:
     Forward(const Model& model, ThreadPool& pool);
@@ -40,6 +44,7 @@ public:
     Status run(std::span<const SequenceInput> batch, std::vector<float>& logits);
 
     void set_layer_observer(LayerObserver observer) { observer_ = std::move(observer); }
+    void set_kv_tap(KvTap tap) { kv_tap_ = std::move(tap); }
     void set_attention_numerics(AttentionNumerics numerics) { numerics_ = numerics; }
 
 private:
@@ -52,6 +57,7 @@ private:
     const ModelConfig& cfg_;
     ThreadPool& pool_;
     LayerObserver observer_;
+    KvTap kv_tap_;
     AttentionNumerics numerics_ = AttentionNumerics::kNative;
     std::vector<int32_t> positions_;  // absolute position of every new token
     // Scratch, [n_tokens][width] each.

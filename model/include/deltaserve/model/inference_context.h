@@ -68,6 +68,8 @@ public:
     virtual double keep_ratio() const = 0;
 
     virtual const Model& model() const = 0;
+    // Sees every layer's new K (before RoPE) and V as they are computed (calibration).
+    virtual void set_kv_tap(KvTap tap) = 0;
 };
 
 }  // namespace deltaserve::model

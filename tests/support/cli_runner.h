@@ -167,9 +167,9 @@ inline void reap(pid_t pid, CliResult& r, Clock::time_point deadline) {
 
 // Runs `deltaserve args...` with stdin_text on its stdin (then closed) and the parent's
 // environment; a child still running after `timeout` is killed (timed_out set).
-inline CliResult run_deltaserve(const std::vector<std::string>& args,
-                                const std::string& stdin_text = "",
-                                std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+inline CliResult run_binary(const std::string& binary, const std::vector<std::string>& args,
+                            const std::string& stdin_text = "",
+                            std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
     namespace d = cli_runner_detail;
     // The child may exit without reading its stdin; a write then must fail, not kill us.
     static const bool sigpipe_ignored = [] { return signal(SIGPIPE, SIG_IGN) != SIG_ERR; }();
@@ -181,7 +181,7 @@ inline CliResult run_deltaserve(const std::vector<std::string>& args,
         r.spawn_error = std::string("pipe2: ") + std::strerror(errno);
         return r;
     }
-    const pid_t pid = d::spawn(deltaserve_binary(), args, in, out, err, r);
+    const pid_t pid = d::spawn(binary, args, in, out, err, r);
     if (pid < 0) return r;
     in.close_end(0);
     out.close_end(1);
@@ -194,6 +194,11 @@ inline CliResult run_deltaserve(const std::vector<std::string>& args,
     in.close_end(1);
     d::reap(pid, r, deadline);
     return r;
+}
+
+inline CliResult run_deltaserve(const std::vector<std::string>& args, const std::string& stdin_text = "",
+                                std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+    return run_binary(deltaserve_binary(), args, stdin_text, timeout);
 }
 
 }  // namespace deltaserve::testing

@@ -1,11 +1,11 @@
-#include "args.h"
+#include "deltaserve/common/args.h"
 
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
 
-namespace deltaserve::cli {
+namespace deltaserve {
 
 namespace {
 template <typename T>
@@ -132,4 +132,4 @@ std::optional<int> parse_flags(ArgParser& p, int argc, char** argv) {
     return std::nullopt;
 }
 
-}  // namespace deltaserve::cli
+}  // namespace deltaserve

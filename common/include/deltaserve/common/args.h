@@ -9,7 +9,7 @@
 
 #include "deltaserve/common/status.h"
 
-namespace deltaserve::cli {
+namespace deltaserve {
 
 class ArgParser {
 public:
@@ -51,4 +51,4 @@ private:
 // 0 after printing --help to stdout, 2 after printing a one-line error; nullopt to go on.
 std::optional<int> parse_flags(ArgParser& p, int argc, char** argv);
 
-}  // namespace deltaserve::cli
+}  // namespace deltaserve

@@ -1,0 +1,194 @@
+// deltactl calibrate: trains a model's DeltaKV compressors and writes its profile.
+//
+//  1. Runs the model over calibration text (Debian's license texts by default, GPL-3 left
+//     out for evaluation) in sequences of --seq-len tokens, recording every layer's
+//     pre-RoPE [K; V] rows (the forward pass's KV tap) to OUT/kv/.
+//  2. Trains one compressor per layer on them with ops/calibrate/train_deltakv.py (NumPy):
+//     per-layer reconstruction loss, as methods/deltakv.md section 4's first step.
+//  3. Writes OUT/deltakv.json (m, k, stride, sinks, window, model id, per-layer errors) next to
+//     OUT/deltakv.safetensors.
+//
+// Calibration runs the model itself, offline: a departure from "ops uses api clients only"
+// noted in ops/README.md.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "deltaserve/common/args.h"
+#include "deltaserve/common/logging.h"
+#include "deltaserve/model/inference_context.h"
+#include "deltaserve/model/model.h"
+
+namespace deltaserve::ops {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kDefaultTexts =
+    "/usr/share/common-licenses/GPL-2,/usr/share/common-licenses/LGPL-2.1,"
+    "/usr/share/common-licenses/GFDL-1.3,/usr/share/common-licenses/Apache-2.0,"
+    "/usr/share/common-licenses/MPL-2.0,/usr/share/common-licenses/Artistic,"
+    "/usr/share/common-licenses/CC0-1.0";
+
+std::vector<std::string> split(const std::string& s, char sep) {
+    std::vector<std::string> out;
+    std::stringstream in(s);
+    for (std::string item; std::getline(in, item, sep);) {
+        if (!item.empty()) out.push_back(item);
+    }
+    return out;
+}
+
+// Python with NumPy: $DELTASERVE_PYTHON, else Debian's (where setup installs python3-numpy).
+std::string default_python() {
+    if (const char* p = std::getenv("DELTASERVE_PYTHON")) return p;
+    return fs::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+}
+
+std::string shell_quote(const std::string& s) {
+    std::string out = "'";
+    for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return out + "'";
+}
+
+struct Options {
+    std::string model_path, tokenizer_path, texts = kDefaultTexts, out, python = default_python();
+    int32_t max_tokens = 16384, seq_len = 2048, epochs = 8, threads = 0;
+    std::string keep_kv;  // "yes" keeps OUT/kv
+};
+
+// Records each layer's rows [K (pre-RoPE); V] of every token to OUT/kv/layer_XX.f32.
+Status record_kv(const Options& o, const model::Model& m, const fs::path& kv_dir, nlohmann::json& meta) {
+    model::ContextOptions co;
+    co.n_ctx = o.seq_len;
+    co.n_threads = o.threads;
+    DS_ASSIGN_OR_RETURN(auto ctx, model::InferenceContext::create(m, co));
+    const int32_t kv_dim = m.config.kv_dim();
+    std::vector<std::ofstream> files;
+    for (int32_t l = 0; l < m.config.n_layers; ++l) {
+        char name[32];
+        std::snprintf(name, sizeof name, "layer_%02d.f32", l);
+        files.emplace_back(kv_dir / name, std::ios::binary);
+        if (!files.back()) return internal_error("cannot write " + (kv_dir / name).string());
+    }
+    std::vector<float> row(static_cast<size_t>(2 * kv_dim));
+    ctx->set_kv_tap([&](int32_t layer, const float* k, const float* v, int64_t n, int64_t ld) {
+        for (int64_t t = 0; t < n; ++t) {
+            std::copy_n(k + t * ld, kv_dim, row.data());
+            std::copy_n(v + t * ld, kv_dim, row.data() + kv_dim);
+            files[layer].write(reinterpret_cast<const char*>(row.data()),
+                               static_cast<std::streamsize>(row.size() * sizeof(float)));
+        }
+    });
+    std::vector<int32_t> lengths;
+    int64_t total = 0;
+    for (const std::string& path : split(o.texts, ',')) {
+        std::ifstream in(path, std::ios::binary);
+        if (!in) return not_found("cannot open calibration text " + path);
+        std::stringstream s;
+        s << in.rdbuf();
+        DS_ASSIGN_OR_RETURN(auto tokens, m.tokenizer->encode(s.str(), m.tokenizer->vocab().add_bos, false));
+        for (size_t at = 0; at < tokens.size() && total < o.max_tokens; at += static_cast<size_t>(o.seq_len)) {
+            const size_t n = std::min({tokens.size() - at, static_cast<size_t>(o.seq_len),
+                                       static_cast<size_t>(o.max_tokens - total)});
+            if (n < 64) break;  // too short to hold references worth learning from
+            ctx->reset();
+            DS_RETURN_IF_ERROR(ctx->eval(std::span<const int32_t>(tokens.data() + at, n)).status());
+            lengths.push_back(static_cast<int32_t>(n));
+            total += static_cast<int64_t>(n);
+            std::fprintf(stderr, "[calibrate] recorded KV of %lld / %d tokens (%s)\n", static_cast<long long>(total),
+                         o.max_tokens, fs::path(path).filename().c_str());
+        }
+    }
+    for (auto& f : files) {
+        f.close();
+        if (!f) return internal_error("writing recorded KV failed (disk full?)");
+    }
+    if (lengths.empty()) return invalid_argument("no calibration text long enough (64+ tokens)");
+    meta = {{"D", 2 * kv_dim}, {"n_layers", m.config.n_layers}, {"sequences", lengths}};
+    std::ofstream(kv_dir / "meta.json") << meta.dump();
+    return Status();
+}
+
+}  // namespace
+
+int calibrate_main(int argc, char** argv) {
+    Options o;
+    ArgParser p("deltactl calibrate",
+                "Trains DeltaKV compressors for --model from text and writes a compression profile "
+                "(deltakv.safetensors + deltakv.json) to --out.");
+    p.add("model", &o.model_path, "GGUF file, Hugging Face directory or llama2.c checkpoint");
+    p.add("tokenizer", &o.tokenizer_path, "tokenizer file overriding the model's");
+    p.add("text", &o.texts, "calibration text files, comma-separated");
+    p.add("tokens", &o.max_tokens, "calibration tokens at most");
+    p.add("seq-len", &o.seq_len, "tokens per calibration sequence");
+    p.add("epochs", &o.epochs, "training epochs per layer");
+    p.add("threads", &o.threads, "threads for the model; 0 = one per core");
+    p.add("out", &o.out, "profile folder (default: profiles/<model file name>)");
+    p.add("python", &o.python, "Python 3 with NumPy for the trainer");
+    p.add("keep-kv", &o.keep_kv, "yes: keep the recorded KV in <out>/kv");
+    if (auto code = parse_flags(p, argc, argv)) return *code;
+    init_logging("warn");
+    if (o.model_path.empty()) {
+        std::fprintf(stderr, "deltactl: error: --model is required\n");
+        return 2;
+    }
+    if (o.out.empty()) o.out = "profiles/" + fs::path(o.model_path).filename().string();
+    model::LoadOptions lo;
+    lo.tokenizer_path = o.tokenizer_path;
+    lo.show_progress = false;
+    auto m = model::load_model(o.model_path, lo);
+    if (!m.ok()) {
+        std::fprintf(stderr, "deltactl: error: %s\n", m.error().message().c_str());
+        return 1;
+    }
+    const fs::path out(o.out), kv_dir = out / "kv";
+    std::error_code ec;
+    fs::create_directories(kv_dir, ec);
+    if (ec) {
+        std::fprintf(stderr, "deltactl: error: cannot create %s: %s\n", kv_dir.c_str(), ec.message().c_str());
+        return 1;
+    }
+    nlohmann::json meta;
+    if (Status st = record_kv(o, **m, kv_dir, meta); !st.ok()) {
+        std::fprintf(stderr, "deltactl: error: %s\n", st.message().c_str());
+        return 1;
+    }
+    const std::string trainer = std::string(DELTASERVE_SOURCE_DIR) + "/ops/calibrate/train_deltakv.py";
+    const std::string cmd = shell_quote(o.python) + " " + shell_quote(trainer) + " --kv " + shell_quote(kv_dir.string()) +
+                            " --out " + shell_quote(out.string()) + " --epochs " + std::to_string(o.epochs);
+    const int rc = std::system(cmd.c_str());
+    if (rc != 0) {
+        std::fprintf(stderr, "deltactl: error: the trainer failed (exit %d): %s\n", WEXITSTATUS(rc), cmd.c_str());
+        return 1;
+    }
+    std::ifstream train_in(out / "train.json");
+    const auto train = nlohmann::json::parse(train_in, nullptr, false);
+    if (train.is_discarded()) {
+        std::fprintf(stderr, "deltactl: error: the trainer wrote no readable %s\n", (out / "train.json").c_str());
+        return 1;
+    }
+    const model::ModelConfig& c = (*m)->config;
+    nlohmann::json profile = {
+        {"format", "deltaserve-deltakv/1"},
+        {"model_id", c.name + "/" + std::to_string(c.n_layers) + "x" + std::to_string(c.kv_dim())},
+        {"weights", "deltakv.safetensors"},
+        {"D", train["D"]}, {"m", train["m"]}, {"hidden", train["hidden"]}, {"k", train["k"]},
+        {"stride", train["stride"]}, {"sinks", train["sinks"]}, {"window", 128}, {"latent_bits", 4},
+        {"calibration", {{"texts", split(o.texts, ',')}, {"tokens", meta["sequences"]}}},
+        {"layers", train["layers"]}};
+    std::ofstream(out / "deltakv.json") << profile.dump(1) << "\n";
+    if (o.keep_kv != "yes") fs::remove_all(kv_dir, ec);
+    std::fprintf(stderr, "[calibrate] profile written to %s\n", out.c_str());
+    return 0;
+}
+
+}  // namespace deltaserve::ops

@@ -1,0 +1,86 @@
+// deltactl calibrate end to end on stories260K: KV recorded, compressors trained (each
+// layer's reconstruction better than the reference mean alone), a profile written whose
+// weights have the documented names and shapes; and its errors.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+
+#include "cli_runner.h"
+#include "test_paths.h"
+
+namespace deltaserve::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kText = "/usr/share/common-licenses/GPL-2";
+
+class CalibrateTest : public ::testing::Test {
+protected:
+    void SetUp() override {
+        DS_REQUIRE_FILE(stories_model(), "stories260K.bin");
+        DS_REQUIRE_FILE(std::string(kText), "GPL-2 text (base-files)");
+        out_ = (fs::temp_directory_path() / ("deltactl_test_" + std::to_string(::getpid()))).string();
+    }
+    void TearDown() override {
+        std::error_code ec;
+        fs::remove_all(out_, ec);
+    }
+    CliResult calibrate(const std::vector<std::string>& more) {
+        std::vector<std::string> args = {"calibrate", "--model", stories_model(), "--tokenizer", stories_tokenizer(),
+                                         "--text", kText, "--tokens", "1200", "--seq-len", "400", "--epochs", "3",
+                                         "--threads", "2", "--out", out_};
+        args.insert(args.end(), more.begin(), more.end());
+        return run_binary(deltactl_binary(), args, "", std::chrono::seconds(120));
+    }
+    std::string out_;
+};
+
+TEST_F(CalibrateTest, WritesAProfileThatBeatsTheReferenceMean) {
+    const CliResult r = calibrate({});
+    ASSERT_EQ(r.exit_code, 0) << r.describe();
+    EXPECT_NE(r.err.find("[train] layer 5/5 epoch 3/3"), std::string::npos) << "progress is shown";
+    std::ifstream in(out_ + "/deltakv.json");
+    const auto p = nlohmann::json::parse(in);
+    EXPECT_EQ(p["format"], "deltaserve-deltakv/1");
+    const int d = p["D"], m = p["m"], hidden = p["hidden"];
+    EXPECT_EQ(d, 64);  // 2 x 4 KV heads x 8
+    EXPECT_EQ(m, d / 4);
+    EXPECT_EQ(p["k"], 4);
+    EXPECT_EQ(p["stride"], 10);
+    ASSERT_EQ(p["layers"].size(), 5u);
+    for (const auto& l : p["layers"]) {
+        EXPECT_LT(l["mse"].get<double>(), l["mse_ref_mean"].get<double>()) << l.dump();
+    }
+    EXPECT_FALSE(fs::exists(out_ + "/kv")) << "recorded KV is removed unless --keep-kv yes";
+
+    // The safetensors header names every tensor with its shape.
+    std::ifstream st(out_ + "/deltakv.safetensors", std::ios::binary);
+    uint64_t n = 0;
+    st.read(reinterpret_cast<char*>(&n), 8);
+    std::string header(n, '\0');
+    st.read(header.data(), static_cast<std::streamsize>(n));
+    const auto h = nlohmann::json::parse(header);
+    for (int layer = 0; layer < 5; ++layer) {
+        const std::string pre = "layers." + std::to_string(layer) + ".";
+        EXPECT_EQ(h[pre + "enc.w1"]["shape"], nlohmann::json({hidden, d}));
+        EXPECT_EQ(h[pre + "enc.w2"]["shape"], nlohmann::json({hidden, d}));
+        EXPECT_EQ(h[pre + "enc.w3"]["shape"], nlohmann::json({m, hidden}));
+        EXPECT_EQ(h[pre + "dec.w"]["shape"], nlohmann::json({d, m}));
+    }
+}
+
+TEST_F(CalibrateTest, MissingTextOrTrainerIsAClearError) {
+    CliResult r = calibrate({"--text", "/no/such/text"});
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("cannot open calibration text /no/such/text"), std::string::npos) << r.describe();
+    r = calibrate({"--python", "/no/such/python"});
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("the trainer failed"), std::string::npos) << r.describe();
+}
+
+}  // namespace
+}  // namespace deltaserve::testing
