@@ -21,6 +21,7 @@ void RunOptions::register_flags(ArgParser& p) {
     p.add("kv-policy", &kv_policy,
           std::string("KV cache policy: ") + kvstore::eviction_policy_names() + " (full keeps every token)");
     p.add("kv-keep", &kv_keep, "target keep ratio of the KV cache in (0, 1]: bytes held / fp16 full-cache bytes");
+    p.add("kv-profile", &kv_profile, "DeltaKV compression profile (deltakv.json from deltactl calibrate)");
     p.add("temperature", &temperature, "sampling temperature; 0 = greedy");
     p.add("top-k", &top_k, "top-k sampling; 0 = off");
     p.add("top-p", &top_p, "top-p (nucleus) sampling; 1 = off");
@@ -51,6 +52,7 @@ model::ContextOptions RunOptions::context() const {
     c.kv_type = kv_type == "f32" ? model::KvType::kF32 : model::KvType::kF16;
     c.kv.policy = kv_policy;
     c.kv.keep = kv_keep;
+    c.kv_profile = kv_profile;
     c.attention = attention == "ggml" ? model::AttentionNumerics::kGgml : model::AttentionNumerics::kNative;
     return c;
 }

@@ -108,7 +108,7 @@ public:
 
 }  // namespace
 
-const char* eviction_policy_names() { return "full, streaming, h2o, snapkv, keydiff"; }
+const char* eviction_policy_names() { return "full, deltakv, streaming, h2o, snapkv, keydiff"; }
 
 Result<std::unique_ptr<EvictionPolicy>> make_eviction_policy(const EvictionConfig& c) {
     if (!(c.keep > 0.0f && c.keep <= 1.0f)) {

@@ -4,8 +4,10 @@
 #include <string>
 
 #include "deltaserve/common/thread_pool.h"
+#include "deltaserve/kvstore/deltakv_cache.h"
 #include "deltaserve/kvstore/evicting_cache.h"
 #include "deltaserve/kvstore/kv_cache.h"
+#include "deltaserve/model/deltakv_profile.h"
 #include "deltaserve/model/forward.h"
 
 namespace deltaserve::model {
@@ -14,25 +16,34 @@ namespace {
 
 constexpr int32_t kDefaultMaxContext = 8192;
 
+// What a context's cache is made of: a slot pool (full), a head pool and a policy
+// (eviction), or a profile and its options (DeltaKV).
+struct CacheParts {
+    std::unique_ptr<kvstore::SlotPool> slots;
+    std::unique_ptr<kvstore::HeadSlotPool> head_slots;
+    std::unique_ptr<kvstore::EvictionPolicy> policy;
+    std::unique_ptr<kvstore::DeltaKvProfile> profile;
+    kvstore::DeltaKvOptions deltakv;
+};
+
 class InferenceContextImpl final : public InferenceContext {
 public:
-    // A full cache over `pool`, or (with a policy) an evicting one over `head_pool`.
-    InferenceContextImpl(const Model& model, const ContextOptions& options, std::unique_ptr<kvstore::SlotPool> pool,
-                         std::unique_ptr<kvstore::HeadSlotPool> head_pool,
-                         std::unique_ptr<kvstore::EvictionPolicy> policy)
-        : model_(model),
-          options_(options),
-          threads_(options.n_threads),
-          slots_(std::move(pool)),
-          head_slots_(std::move(head_pool)),
-          forward_(model, threads_) {
-        if (policy) {
-            cache_ = std::make_unique<kvstore::EvictingSequenceCache>(*head_slots_, std::move(policy), options.kv,
-                                                                      threads_);
-        } else {
-            cache_ = std::make_unique<kvstore::FullSequenceCache>(*slots_);
-        }
+    InferenceContextImpl(const Model& model, const ContextOptions& options, CacheParts parts)
+        : model_(model), options_(options), threads_(options.n_threads), parts_(std::move(parts)), forward_(model, threads_) {
         forward_.set_attention_numerics(options.attention);
+    }
+
+    // Builds the cache over the parts (it may need the thread pool).
+    Status init() {
+        if (parts_.profile) {
+            DS_ASSIGN_OR_RETURN(cache_, kvstore::DeltaKvSequenceCache::create(*parts_.profile, parts_.deltakv, threads_));
+        } else if (parts_.policy) {
+            cache_ = std::make_unique<kvstore::EvictingSequenceCache>(*parts_.head_slots, std::move(parts_.policy),
+                                                                      options_.kv, threads_);
+        } else {
+            cache_ = std::make_unique<kvstore::FullSequenceCache>(*parts_.slots);
+        }
+        return Status();
     }
 
     Result<std::span<const float>> eval(std::span<const int32_t> tokens) override {
@@ -92,8 +103,7 @@ private:
     const Model& model_;
     ContextOptions options_;
     ThreadPool threads_;
-    std::unique_ptr<kvstore::SlotPool> slots_;
-    std::unique_ptr<kvstore::HeadSlotPool> head_slots_;
+    CacheParts parts_;
     std::unique_ptr<kvstore::SequenceCache> cache_;
     Forward forward_;
     std::vector<float> logits_;
@@ -111,31 +121,41 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
         return invalid_argument("llama.cpp-compatible attention needs an f16 KV cache");
     }
     const kernels::DType dtype = opts.kv_type == KvType::kF16 ? kernels::DType::kF16 : kernels::DType::kF32;
-    if (opts.kv.policy != "full") {
-        if (opts.attention == AttentionNumerics::kGgml) {
-            return invalid_argument("llama.cpp-compatible attention works only with the full KV policy");
-        }
-        DS_ASSIGN_OR_RETURN(auto policy, kvstore::make_eviction_policy(opts.kv));
-        kvstore::HeadSlotPoolOptions ho;
-        ho.n_layers = model.config.n_layers;
-        ho.n_kv_heads = model.config.n_kv_heads;
-        ho.head_dim = model.config.head_dim;
-        ho.n_slots = opts.n_ctx;
-        ho.dtype = dtype;
-        DS_ASSIGN_OR_RETURN(auto head_pool, kvstore::HeadSlotPool::create(ho));
-        return std::unique_ptr<InferenceContext>(
-            std::make_unique<InferenceContextImpl>(model, opts, nullptr, std::move(head_pool), std::move(policy)));
+    if (opts.kv.policy != "full" && opts.attention == AttentionNumerics::kGgml) {
+        return invalid_argument("llama.cpp-compatible attention works only with the full KV policy");
     }
-    if (opts.kv.keep != 1.0f) return invalid_argument("a keep ratio below 1 needs a KV policy other than full");
-    kvstore::SlotPoolOptions po;
-    po.n_layers = model.config.n_layers;
-    po.kv_dim = model.config.kv_dim();
-    po.n_kv_heads = model.config.n_kv_heads;
-    po.n_slots = opts.n_ctx;
-    po.dtype = dtype;
-    DS_ASSIGN_OR_RETURN(auto pool, kvstore::SlotPool::create(po));
-    return std::unique_ptr<InferenceContext>(
-        std::make_unique<InferenceContextImpl>(model, opts, std::move(pool), nullptr, nullptr));
+    CacheParts parts;
+    const ModelConfig& c = model.config;
+    if (opts.kv.policy == "deltakv") {
+        if (opts.kv_profile.empty()) {
+            return invalid_argument("the deltakv policy needs a profile (--kv-profile; make one with deltactl calibrate)");
+        }
+        if (!(opts.kv.keep > 0.0f && opts.kv.keep <= 1.0f)) return invalid_argument("keep ratio must be in (0, 1]");
+        if (opts.kv_type != KvType::kF16) return invalid_argument("the deltakv policy keeps an f16 cache");
+        DS_ASSIGN_OR_RETURN(parts.profile, load_deltakv_profile(opts.kv_profile, c));
+        kvstore::DeltaKvOptions o;
+        o.n_layers = c.n_layers;
+        o.n_kv_heads = c.n_kv_heads;
+        o.head_dim = c.head_dim;
+        o.rope_theta = c.rope_theta;
+        o.rope_style = c.rope_style;
+        o.sinks = parts.profile->sinks;
+        o.stride = parts.profile->stride;
+        o.k = parts.profile->k;
+        o.n_ctx = opts.n_ctx;
+        parts.deltakv = kvstore::deltakv_options_for_keep(*parts.profile, opts.kv.keep, o);
+    } else if (opts.kv.policy != "full") {
+        DS_ASSIGN_OR_RETURN(parts.policy, kvstore::make_eviction_policy(opts.kv));
+        kvstore::HeadSlotPoolOptions ho{c.n_layers, c.n_kv_heads, c.head_dim, opts.n_ctx, dtype};
+        DS_ASSIGN_OR_RETURN(parts.head_slots, kvstore::HeadSlotPool::create(ho));
+    } else {
+        if (opts.kv.keep != 1.0f) return invalid_argument("a keep ratio below 1 needs a KV policy other than full");
+        kvstore::SlotPoolOptions po{c.n_layers, c.kv_dim(), opts.n_ctx, dtype, c.n_kv_heads};
+        DS_ASSIGN_OR_RETURN(parts.slots, kvstore::SlotPool::create(po));
+    }
+    auto ctx = std::make_unique<InferenceContextImpl>(model, opts, std::move(parts));
+    DS_RETURN_IF_ERROR(ctx->init());
+    return std::unique_ptr<InferenceContext>(std::move(ctx));
 }
 
 }  // namespace deltaserve::model

@@ -23,6 +23,7 @@
 #include "commands.h"
 #include "deltaserve/common/args.h"
 #include "deltaserve/common/logging.h"
+#include "deltaserve/model/deltakv_profile.h"
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/model.h"
 
@@ -179,7 +180,7 @@ int calibrate_main(int argc, char** argv) {
     const model::ModelConfig& c = (*m)->config;
     nlohmann::json profile = {
         {"format", "deltaserve-deltakv/1"},
-        {"model_id", c.name + "/" + std::to_string(c.n_layers) + "x" + std::to_string(c.kv_dim())},
+        {"model_id", model::deltakv_model_id(c)},
         {"weights", "deltakv.safetensors"},
         {"D", train["D"]}, {"m", train["m"]}, {"hidden", train["hidden"]}, {"k", train["k"]},
         {"stride", train["stride"]}, {"sinks", train["sinks"]}, {"window", 128}, {"latent_bits", 4},

@@ -25,5 +25,9 @@ bool file_exists(const std::string& path) { return std::filesystem::exists(path)
 std::string stories_model() { return shared_dir() + "/models/stories260K.bin"; }
 std::string stories_tokenizer() { return shared_dir() + "/models/tok512.bin"; }
 std::string default_gguf_model() { return models_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf"; }
+std::string default_deltakv_profile() {
+    return env_or("DELTASERVE_PROFILES_DIR", std::string(DELTASERVE_SOURCE_DIR) + "/profiles") +
+           "/SmolLM2-135M-Instruct.Q4_1.gguf/deltakv.json";
+}
 
 }  // namespace deltaserve::testing

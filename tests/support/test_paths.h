@@ -25,6 +25,9 @@ bool file_exists(const std::string& path);
 std::string stories_model();
 std::string stories_tokenizer();
 std::string default_gguf_model();
+// The default model's DeltaKV profile, which setup calibrates ($DELTASERVE_PROFILES_DIR or
+// <repo>/profiles).
+std::string default_deltakv_profile();
 
 }  // namespace deltaserve::testing
 

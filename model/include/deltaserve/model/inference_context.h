@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "deltaserve/common/status.h"
@@ -37,6 +38,8 @@ struct ContextOptions {
     AttentionNumerics attention = AttentionNumerics::kNative;
     // KV cache policy and keep ratio. Default: "full" (every token, no eviction).
     kvstore::EvictionConfig kv;
+    // The compression profile (deltakv.json) the deltakv policy needs.
+    std::string kv_profile;
 };
 
 class InferenceContext {

@@ -1,0 +1,45 @@
+// DeltaKV's per-token math (../shared/methods/deltakv.md section 2) for one layer's
+// compressor: x = [K (pre-RoPE); V], all KV heads, D = 2 * kv_dim values per token.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "deltaserve/common/thread_pool.h"
+#include "deltaserve/kernels/dtype.h"
+#include "deltaserve/kernels/ops.h"
+
+namespace deltaserve::kernels {
+
+// One layer's compressor, fp32 row-major: E(x) = W3 (SiLU(W1 x) * (W2 x)) (D -> hidden ->
+// m) and Dec(z) = Wd z (m -> D, no bias).
+struct DeltaKvLayer {
+    WeightMatrix w1, w2;  // hidden x D
+    WeightMatrix w3;      // m x hidden
+    WeightMatrix wd;      // D x m
+    int d() const { return static_cast<int>(w1.cols); }
+    int m() const { return static_cast<int>(w3.rows); }
+};
+
+// z[i] = E(x[i]) - E(r[i]) for n rows (x, r: [n][D]; z: [n][m]). scratch holds
+// 2 * n * hidden floats.
+void deltakv_encode_residual(const DeltaKvLayer& w, const float* x, const float* r, int64_t n, float* z,
+                             float* scratch, ThreadPool& pool);
+
+// x^ = Dec(z) + r for one token (z: m floats, r and out: D floats).
+void deltakv_decode(const DeltaKvLayer& w, const float* z, const float* r, float* out);
+
+// Indices (into cands, [n][D] rows) of the k rows nearest to x by L2, ascending distance;
+// k is clamped to n. Returns how many were written.
+int l2_nearest(const float* x, const float* cands, int n, int d, int k, int32_t* out);
+
+// Latents stored as 4-bit integers with a per-token fp16 scale and minimum (min/max
+// quantisation, KIVI-style): int4_bytes(m) bytes per token.
+size_t int4_bytes(int m);
+void int4_pack(const float* z, int m, uint8_t* out);
+void int4_unpack(const uint8_t* in, int m, float* z);
+
+// RoPE's inverse: turns K after RoPE at pos back into K before it.
+void rope_inverse(float* x, int n_heads, int head_dim, int64_t pos, float base, RopeStyle style);
+
+}  // namespace deltaserve::kernels

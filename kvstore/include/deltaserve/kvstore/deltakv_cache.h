@@ -1,0 +1,107 @@
+// DeltaKV (../shared/methods/deltakv.md): full-attention layers keep every token; sparse
+// layers keep sinks, references (every stride-th token) and a recent buffer in full
+// precision and every other token as a small latent residual against the mean of its k
+// nearest references; decode attends, per sparse layer, to the sinks, the buffer and the
+// tokens an observation layer selected, reconstructing only those.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "deltaserve/common/thread_pool.h"
+#include "deltaserve/kernels/deltakv.h"
+#include "deltaserve/kvstore/kv_cache.h"
+#include "deltaserve/kvstore/slot_pool.h"
+
+namespace deltaserve::kvstore {
+
+// A model's trained compressors and the settings they were trained with (one compressor
+// per layer; full layers do not use theirs).
+struct DeltaKvProfile {
+    std::string model_id;
+    int32_t d = 0, m = 0, k = 4, stride = 10, sinks = 16;
+    std::vector<kernels::DeltaKvLayer> layers;
+    // Layers ordered from the most to the least sensitive to compression (full layers are
+    // taken from the front).
+    std::vector<int32_t> sensitivity_order;
+    std::vector<std::vector<float>> storage;  // what the WeightMatrix pointers point into
+};
+
+struct DeltaKvOptions {
+    int32_t n_layers = 0, n_kv_heads = 0, head_dim = 0;
+    float rope_theta = 10000.0f;
+    kernels::RopeStyle rope_style = kernels::RopeStyle::kInterleaved;
+    std::vector<uint8_t> full_layer;  // per layer: 1 = full attention (layer 0 must be)
+    int32_t sinks = 16, stride = 10, k = 4;
+    int32_t window = 64;         // the buffer; its oldest `window` tokens are compressed when it reaches 2x
+    int latent_bits = 4;         // 4 (int4, per-token min/max) or 16 (fp16)
+    float select_ratio = 0.2f;   // decode: share of the compressed region attended
+    int32_t prefill_select = 4096;  // chunks of 2+ tokens: tokens attended from that region
+    int32_t n_ctx = 0;
+};
+
+// Settings for a target keep ratio: how many layers stay full (the most sensitive first,
+// layer 0 always), and a coarser stride and smaller buffer below 0.25. An estimate; the
+// measured ratio is bytes() / full_fp16_bytes().
+DeltaKvOptions deltakv_options_for_keep(const DeltaKvProfile& profile, float keep, DeltaKvOptions base);
+
+class DeltaKvSequenceCache final : public SequenceCache {
+public:
+    // Errors: kInvalidArgument when the profile does not fit the options.
+    static Result<std::unique_ptr<DeltaKvSequenceCache>> create(const DeltaKvProfile& profile,
+                                                                const DeltaKvOptions& options, ThreadPool& threads);
+    ~DeltaKvSequenceCache() override;
+
+    int32_t n_tokens() const override { return n_tokens_; }
+    Status reserve(int32_t n_new) override;
+    // Also reconstructs, for a sparse layer, the tokens its group selected (into temporary
+    // slots) before the layer's view is asked for.
+    void store(int32_t layer, int32_t first, int32_t n, const float* k, const float* v, int64_t ld) override;
+    kernels::KvView view(int32_t layer, int32_t n_visible_new) const override;
+    void observe(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq,
+                 int32_t n) override;
+    void commit(int32_t n) override;
+    void truncate(int32_t n_keep) override;
+    // Full layers, full-precision tokens of the sparse layers, latents with their reference
+    // ids, and the position maps; not the temporary reconstruction slots (freed after each
+    // forward call).
+    size_t bytes() const override;
+
+    int32_t compressed_tokens() const { return comp_end_ - std::min(comp_end_, options_.sinks) - n_refs_in_region(); }
+    int32_t n_full_layers() const { return static_cast<int32_t>(full_layers_.size()); }
+
+private:
+    DeltaKvSequenceCache(const DeltaKvProfile& profile, const DeltaKvOptions& options, ThreadPool& threads);
+    bool is_ref(int32_t pos) const { return pos < options_.sinks || (pos - options_.sinks) % options_.stride == 0; }
+    int32_t n_refs_in_region() const;
+    size_t latent_bytes() const;
+    void compress_oldest(int32_t count);
+    void reconstruct(int32_t layer);
+    void release_temp();
+    // x = [K before RoPE; V] of a full-precision token of sparse layer `sl`.
+    void load_x(int32_t sl, int32_t pos, float* x) const;
+
+    const DeltaKvProfile& profile_;
+    DeltaKvOptions options_;
+    ThreadPool& threads_;
+    std::vector<int32_t> full_layers_, sparse_layers_;
+    std::vector<int32_t> layer_index_;  // layer -> index among full or sparse layers
+    std::vector<int32_t> group_of_;     // sparse layer -> its observation layer
+    std::unique_ptr<SlotPool> full_pool_, sparse_pool_;
+    std::vector<int32_t> full_slot_;    // position -> slot in the full-layer pool
+    std::vector<int32_t> sparse_slot_;  // position -> slot in the sparse pool, -1 if compressed
+    std::vector<int32_t> latent_of_;    // position -> latent index, -1 if full precision
+    std::vector<std::vector<uint8_t>> latents_;  // per sparse layer: packed latents
+    std::vector<std::vector<int32_t>> refs_;     // per sparse layer: k reference positions per latent
+    int32_t n_tokens_ = 0, n_reserved_ = 0;
+    int32_t comp_end_ = 0;  // positions [sinks, comp_end_) are the compressed region
+    // The current group's selection: positions of the region to attend, and the temporary
+    // slot of each (its own sparse slot when it is full precision).
+    std::vector<int32_t> selected_, selected_slot_, temp_slots_;
+    std::vector<uint8_t> reconstructed_;  // per layer: done for this forward call
+    mutable std::vector<int32_t> view_slots_;
+};
+
+}  // namespace deltaserve::kvstore

@@ -1,0 +1,411 @@
+#include "deltaserve/kvstore/deltakv_cache.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "row_io.h"
+
+namespace deltaserve::kvstore {
+
+namespace k = deltaserve::kernels;
+
+DeltaKvOptions deltakv_options_for_keep(const DeltaKvProfile& profile, float keep, DeltaKvOptions o) {
+    const int32_t n_layers = o.n_layers;
+    if (keep < 0.25f) {  // fewer references and a shorter buffer
+        o.stride = 2 * profile.stride;
+        o.window = 32;
+    }
+    // Bytes per token of a sparse layer over fp16 full KV, at a 2k-token context.
+    const double full_token = 2.0 * 2.0 * o.n_kv_heads * o.head_dim;
+    const double latent = (o.latent_bits == 4 ? k::int4_bytes(profile.m) : 2.0 * profile.m) + 4.0 * o.k;
+    const double n = 2048.0;
+    const double s = 1.0 / o.stride + latent / full_token + (1.5 * o.window + o.sinks) / n;
+    int32_t n_full = static_cast<int32_t>(std::floor((keep - s) / (1.0 - s) * n_layers));
+    n_full = std::clamp(n_full, 1, n_layers);
+    o.full_layer.assign(static_cast<size_t>(n_layers), 0);
+    o.full_layer[0] = 1;
+    int32_t chosen = 1;
+    for (int32_t l : profile.sensitivity_order) {
+        if (chosen >= n_full) break;
+        if (!o.full_layer[l]) {
+            o.full_layer[l] = 1;
+            ++chosen;
+        }
+    }
+    return o;
+}
+
+Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(const DeltaKvProfile& profile,
+                                                                           const DeltaKvOptions& o,
+                                                                           ThreadPool& threads) {
+    if (static_cast<int32_t>(profile.layers.size()) != o.n_layers || profile.d != 2 * o.n_kv_heads * o.head_dim) {
+        return invalid_argument("DeltaKV profile (" + std::to_string(profile.layers.size()) + " layers, D " +
+                                std::to_string(profile.d) + ") does not fit this model (" + std::to_string(o.n_layers) +
+                                " layers, D " + std::to_string(2 * o.n_kv_heads * o.head_dim) + ")");
+    }
+    if (static_cast<int32_t>(o.full_layer.size()) != o.n_layers || !o.full_layer[0]) {
+        return invalid_argument("DeltaKV: layer 0 must be a full-attention layer");
+    }
+    if (o.sinks < 1 || o.stride < 1 || o.k < 1 || o.window < 1 || (o.latent_bits != 4 && o.latent_bits != 16)) {
+        return invalid_argument("DeltaKV: bad sinks / stride / k / window / latent bits");
+    }
+    std::unique_ptr<DeltaKvSequenceCache> c(new DeltaKvSequenceCache(profile, o, threads));
+    const int32_t kv_dim = o.n_kv_heads * o.head_dim;
+    SlotPoolOptions po{static_cast<int32_t>(c->full_layers_.size()), kv_dim, o.n_ctx, k::DType::kF16, o.n_kv_heads};
+    DS_ASSIGN_OR_RETURN(c->full_pool_, SlotPool::create(po));
+    if (!c->sparse_layers_.empty()) {
+        // Room for every token in full precision plus as many temporary reconstructions.
+        SlotPoolOptions so{static_cast<int32_t>(c->sparse_layers_.size()), kv_dim, 2 * o.n_ctx, k::DType::kF16,
+                           o.n_kv_heads};
+        DS_ASSIGN_OR_RETURN(c->sparse_pool_, SlotPool::create(so));
+    }
+    return c;
+}
+
+DeltaKvSequenceCache::DeltaKvSequenceCache(const DeltaKvProfile& profile, const DeltaKvOptions& options,
+                                           ThreadPool& threads)
+    : profile_(profile), options_(options), threads_(threads) {
+    layer_index_.resize(static_cast<size_t>(options.n_layers));
+    group_of_.assign(static_cast<size_t>(options.n_layers), -1);
+    int32_t observation = -1;
+    for (int32_t l = 0; l < options.n_layers; ++l) {
+        if (options.full_layer[l]) {
+            layer_index_[l] = static_cast<int32_t>(full_layers_.size());
+            full_layers_.push_back(l);
+            observation = l;
+        } else {
+            layer_index_[l] = static_cast<int32_t>(sparse_layers_.size());
+            sparse_layers_.push_back(l);
+            group_of_[l] = observation;
+        }
+    }
+    latents_.resize(sparse_layers_.size());
+    refs_.resize(sparse_layers_.size());
+    reconstructed_.assign(static_cast<size_t>(options.n_layers), 0);
+    comp_end_ = options.sinks;
+}
+
+DeltaKvSequenceCache::~DeltaKvSequenceCache() {
+    release_temp();
+    truncate(0);
+}
+
+size_t DeltaKvSequenceCache::latent_bytes() const {
+    return options_.latent_bits == 4 ? k::int4_bytes(profile_.m) : 2 * static_cast<size_t>(profile_.m);
+}
+
+int32_t DeltaKvSequenceCache::n_refs_in_region() const {
+    int32_t n = 0;
+    for (int32_t p = options_.sinks; p < comp_end_; ++p) n += is_ref(p);
+    return n;
+}
+
+Status DeltaKvSequenceCache::reserve(int32_t n_new) {
+    if (n_new <= n_reserved_) return Status();
+    const int32_t more = n_new - n_reserved_;
+    DS_ASSIGN_OR_RETURN(std::vector<int32_t> f, full_pool_->allocate(more));
+    std::vector<int32_t> s;
+    if (sparse_pool_) {
+        auto got = sparse_pool_->allocate(more);
+        if (!got.ok()) {
+            full_pool_->release(f);
+            return got.status();
+        }
+        s = std::move(*got);
+    }
+    for (int32_t i = 0; i < more; ++i) {
+        full_slot_.push_back(f[i]);
+        sparse_slot_.push_back(sparse_pool_ ? s[i] : -1);
+        latent_of_.push_back(-1);
+    }
+    n_reserved_ = n_new;
+    return Status();
+}
+
+void DeltaKvSequenceCache::store(int32_t layer, int32_t first, int32_t n, const float* kk, const float* v,
+                                 int64_t ld) {
+    DS_CHECK(first + n <= n_reserved_, "store past reserve");
+    const int32_t kv_dim = options_.n_kv_heads * options_.head_dim;
+    const bool full = options_.full_layer[layer];
+    SlotPool& pool = full ? *full_pool_ : *sparse_pool_;
+    const int32_t li = layer_index_[layer];
+    for (int32_t i = 0; i < n; ++i) {
+        const int32_t pos = n_tokens_ + first + i;
+        const int32_t slot = full ? full_slot_[pos] : sparse_slot_[pos];
+        write_row(k::DType::kF16, pool.k_row(li, slot), kk + i * ld, kv_dim);
+        write_row(k::DType::kF16, pool.v_row(li, slot), v + i * ld, kv_dim);
+    }
+    if (!full && !reconstructed_[layer]) reconstruct(layer);
+}
+
+kernels::KvView DeltaKvSequenceCache::view(int32_t layer, int32_t n_visible_new) const {
+    const bool full = options_.full_layer[layer];
+    const SlotPool& pool = full ? *full_pool_ : *sparse_pool_;
+    const int32_t li = layer_index_[layer];
+    k::KvView v;
+    v.dtype = k::DType::kF16;
+    v.k = pool.k_base(li);
+    v.v = pool.v_base(li);
+    v.row_stride = pool.row_bytes();
+    v.head_stride = pool.head_bytes();
+    if (full) {
+        v.slots = full_slot_.data();
+        v.n = n_tokens_ + n_visible_new;
+        return v;
+    }
+    // Sinks, the selected part of the compressed region, the buffer, the new tokens.
+    view_slots_.clear();
+    for (int32_t p = 0; p < std::min(options_.sinks, n_tokens_); ++p) view_slots_.push_back(sparse_slot_[p]);
+    view_slots_.insert(view_slots_.end(), selected_slot_.begin(), selected_slot_.end());
+    // The buffer starts after the region, or right after the committed tokens while they do
+    // not yet fill the sinks.
+    for (int32_t p = n_tokens_ < options_.sinks ? n_tokens_ : comp_end_; p < n_tokens_ + n_visible_new; ++p) {
+        view_slots_.push_back(sparse_slot_[p]);
+    }
+    v.slots = view_slots_.data();
+    v.n = static_cast<int32_t>(view_slots_.size());
+    return v;
+}
+
+void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape& shape, const float* q,
+                                   int64_t ldq, int32_t n) {
+    const bool observation = options_.full_layer[layer] && layer + 1 < options_.n_layers &&
+                             !options_.full_layer[layer + 1];
+    if (!observation) return;
+    release_temp();
+    std::fill(reconstructed_.begin(), reconstructed_.end(), 0);
+    const int32_t r0 = options_.sinks, r1 = comp_end_;
+    if (r1 <= r0) return;
+    // Score = max over heads of the mean (over this call's queries) of q . k, OmniKV-style,
+    // with this full layer's keys (after RoPE).
+    const int32_t li = layer_index_[layer];
+    const int group = shape.n_heads / shape.n_kv_heads;
+    const int dim = shape.head_dim;
+    std::vector<float> qmean(static_cast<size_t>(shape.n_heads) * dim, 0.0f);
+    for (int32_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < shape.n_heads * dim; ++j) qmean[j] += q[i * ldq + j] / static_cast<float>(n);
+    }
+    std::vector<float> score(static_cast<size_t>(r1 - r0));
+    threads_.parallel_for(r1 - r0, 64, [&](int64_t b, int64_t e) {
+        std::vector<float> kr(static_cast<size_t>(options_.n_kv_heads) * dim);
+        for (int64_t t = b; t < e; ++t) {
+            read_row(k::DType::kF16, full_pool_->k_row(li, full_slot_[r0 + t]), kr.data(),
+                     options_.n_kv_heads * dim);
+            float best = -INFINITY;
+            for (int h = 0; h < shape.n_heads; ++h) {
+                const float* kh = kr.data() + static_cast<size_t>(h / group) * dim;
+                float s = 0.0f;
+                for (int d = 0; d < dim; ++d) s += qmean[h * dim + d] * kh[d];
+                best = std::max(best, s);
+            }
+            score[t] = best;
+        }
+    });
+    const int32_t region = r1 - r0;
+    const int32_t want = n == 1 ? static_cast<int32_t>(std::ceil(options_.select_ratio * region))
+                                : std::min(options_.prefill_select, region);
+    std::vector<int32_t> idx(static_cast<size_t>(region));
+    std::iota(idx.begin(), idx.end(), 0);
+    std::nth_element(idx.begin(), idx.begin() + want, idx.end(),
+                     [&](int32_t a, int32_t b) { return score[a] != score[b] ? score[a] > score[b] : a > b; });
+    idx.resize(static_cast<size_t>(want));
+    std::sort(idx.begin(), idx.end());
+    int32_t n_temp = 0;
+    for (int32_t t : idx) n_temp += sparse_slot_[r0 + t] < 0;
+    auto temp = sparse_pool_->allocate(n_temp);
+    if (!temp.ok()) return;  // no room to reconstruct: attend sinks and buffer only
+    temp_slots_ = std::move(*temp);
+    int32_t next = 0;
+    for (int32_t t : idx) {
+        const int32_t pos = r0 + t;
+        selected_.push_back(pos);
+        selected_slot_.push_back(sparse_slot_[pos] >= 0 ? sparse_slot_[pos] : temp_slots_[next++]);
+    }
+}
+
+void DeltaKvSequenceCache::load_x(int32_t sl, int32_t pos, float* x) const {
+    const int32_t kv_dim = options_.n_kv_heads * options_.head_dim;
+    read_row(k::DType::kF16, sparse_pool_->k_row(sl, sparse_slot_[pos]), x, kv_dim);
+    read_row(k::DType::kF16, sparse_pool_->v_row(sl, sparse_slot_[pos]), x + kv_dim, kv_dim);
+    k::rope_inverse(x, options_.n_kv_heads, options_.head_dim, pos, options_.rope_theta, options_.rope_style);
+}
+
+void DeltaKvSequenceCache::reconstruct(int32_t layer) {
+    reconstructed_[layer] = 1;
+    if (selected_.empty()) return;
+    const int32_t sl = layer_index_[layer];
+    const int32_t d = profile_.d, kv_dim = d / 2, kk = options_.k;
+    const k::DeltaKvLayer& w = profile_.layers[layer];
+    // References' x, de-RoPEd once for the whole selection.
+    std::vector<int32_t> ref_row(static_cast<size_t>(comp_end_), -1);
+    std::vector<float> ref_x;
+    for (size_t j = 0; j < selected_.size(); ++j) {
+        const int32_t lat = latent_of_[selected_[j]];
+        if (lat < 0) continue;
+        for (int32_t r = 0; r < kk; ++r) {
+            const int32_t pos = refs_[sl][static_cast<size_t>(lat) * kk + r];
+            if (pos < 0 || ref_row[pos] >= 0) continue;
+            ref_row[pos] = static_cast<int32_t>(ref_x.size() / d);
+            ref_x.resize(ref_x.size() + d);
+            load_x(sl, pos, ref_x.data() + ref_x.size() - d);
+        }
+    }
+    threads_.parallel_for(static_cast<int64_t>(selected_.size()), 16, [&](int64_t b, int64_t e) {
+        std::vector<float> z(static_cast<size_t>(profile_.m)), r(d), x(d);
+        for (int64_t j = b; j < e; ++j) {
+            const int32_t pos = selected_[j];
+            const int32_t lat = latent_of_[pos];
+            if (lat < 0) continue;  // a reference: attended from its own slot
+            const uint8_t* packed = latents_[sl].data() + static_cast<size_t>(lat) * latent_bytes();
+            if (options_.latent_bits == 4) {
+                k::int4_unpack(packed, profile_.m, z.data());
+            } else {
+                read_row(k::DType::kF16, packed, z.data(), profile_.m);
+            }
+            std::fill(r.begin(), r.end(), 0.0f);
+            int32_t nr = 0;
+            for (int32_t q = 0; q < kk; ++q) {
+                const int32_t rp = refs_[sl][static_cast<size_t>(lat) * kk + q];
+                if (rp < 0) continue;
+                const float* rx = ref_x.data() + static_cast<size_t>(ref_row[rp]) * d;
+                for (int32_t i = 0; i < d; ++i) r[i] += rx[i];
+                ++nr;
+            }
+            for (auto& v : r) v /= static_cast<float>(std::max(nr, 1));
+            k::deltakv_decode(w, z.data(), r.data(), x.data());
+            k::rope(x.data(), options_.n_kv_heads, options_.head_dim, pos, options_.rope_theta, options_.rope_style);
+            write_row(k::DType::kF16, sparse_pool_->k_row(sl, selected_slot_[j]), x.data(), kv_dim);
+            write_row(k::DType::kF16, sparse_pool_->v_row(sl, selected_slot_[j]), x.data() + kv_dim, kv_dim);
+        }
+    });
+}
+
+void DeltaKvSequenceCache::release_temp() {
+    if (sparse_pool_ && !temp_slots_.empty()) sparse_pool_->release(temp_slots_);
+    temp_slots_.clear();
+    selected_.clear();
+    selected_slot_.clear();
+}
+
+void DeltaKvSequenceCache::commit(int32_t n) {
+    DS_CHECK(n <= n_reserved_, "commit past reserve");
+    n_reserved_ -= n;
+    n_tokens_ += n;
+    release_temp();
+    std::fill(reconstructed_.begin(), reconstructed_.end(), 0);
+    if (sparse_layers_.empty()) return;
+    while (n_tokens_ - comp_end_ >= 2 * options_.window) compress_oldest(options_.window);
+}
+
+void DeltaKvSequenceCache::compress_oldest(int32_t count) {
+    const int32_t c0 = comp_end_, c1 = comp_end_ + count;
+    const int32_t d = profile_.d, kk = options_.k;
+    std::vector<int32_t> ref_pos, block;
+    for (int32_t p = 0; p < c1; ++p) {
+        if (is_ref(p)) ref_pos.push_back(p);
+    }
+    for (int32_t p = c0; p < c1; ++p) {
+        if (!is_ref(p)) block.push_back(p);
+    }
+    const int64_t nb = static_cast<int64_t>(block.size());
+    std::vector<float> ref_x(ref_pos.size() * d), x(static_cast<size_t>(nb) * d), rm(x.size());
+    std::vector<float> z(static_cast<size_t>(nb) * profile_.m);
+    std::vector<float> scratch(static_cast<size_t>(2 * nb * profile_.layers[0].w1.rows));
+    std::vector<int32_t> chosen(static_cast<size_t>(nb) * kk);
+    for (size_t sl = 0; sl < sparse_layers_.size(); ++sl) {
+        const int32_t s = static_cast<int32_t>(sl);
+        threads_.parallel_for(static_cast<int64_t>(ref_pos.size()), 16, [&](int64_t b, int64_t e) {
+            for (int64_t i = b; i < e; ++i) load_x(s, ref_pos[i], ref_x.data() + i * d);
+        });
+        threads_.parallel_for(nb, 8, [&](int64_t b, int64_t e) {
+            std::vector<int32_t> near(static_cast<size_t>(kk));
+            for (int64_t i = b; i < e; ++i) {
+                float* xi = x.data() + i * d;
+                load_x(s, block[i], xi);
+                // References at or before the token: ref_pos is sorted.
+                const int n_cand = static_cast<int>(std::upper_bound(ref_pos.begin(), ref_pos.end(), block[i]) -
+                                                    ref_pos.begin());
+                const int got = k::l2_nearest(xi, ref_x.data(), n_cand, d, kk, near.data());
+                float* ri = rm.data() + i * d;
+                std::fill(ri, ri + d, 0.0f);
+                for (int j = 0; j < kk; ++j) {
+                    chosen[i * kk + j] = j < got ? ref_pos[near[j]] : -1;
+                    if (j < got) {
+                        const float* rx = ref_x.data() + static_cast<size_t>(near[j]) * d;
+                        for (int32_t t = 0; t < d; ++t) ri[t] += rx[t];
+                    }
+                }
+                for (int32_t t = 0; t < d; ++t) ri[t] /= static_cast<float>(std::max(got, 1));
+            }
+        });
+        if (nb > 0) {
+            k::deltakv_encode_residual(profile_.layers[sparse_layers_[sl]], x.data(), rm.data(), nb, z.data(),
+                                       scratch.data(), threads_);
+        }
+        auto& lat = latents_[sl];
+        const size_t lb = latent_bytes();
+        const size_t at = lat.size();
+        lat.resize(at + static_cast<size_t>(nb) * lb);
+        for (int64_t i = 0; i < nb; ++i) {
+            const float* zi = z.data() + i * profile_.m;
+            if (options_.latent_bits == 4) {
+                k::int4_pack(zi, profile_.m, lat.data() + at + i * lb);
+            } else {
+                write_row(k::DType::kF16, lat.data() + at + i * lb, zi, profile_.m);
+            }
+        }
+        refs_[sl].insert(refs_[sl].end(), chosen.begin(), chosen.end());
+    }
+    std::vector<int32_t> freed;
+    int32_t next_latent = static_cast<int32_t>(latents_[0].size() / latent_bytes()) - static_cast<int32_t>(nb);
+    for (int32_t p : block) {
+        freed.push_back(sparse_slot_[p]);
+        sparse_slot_[p] = -1;
+        latent_of_[p] = next_latent++;
+    }
+    sparse_pool_->release(freed);
+    comp_end_ = c1;
+}
+
+void DeltaKvSequenceCache::truncate(int32_t n_keep) {
+    DS_CHECK(n_keep >= 0 && n_keep <= n_tokens_, "truncate past the end");
+    release_temp();
+    const int32_t end = n_tokens_ + n_reserved_;
+    std::vector<int32_t> full_freed, sparse_freed;
+    int32_t first_latent = -1;
+    for (int32_t p = n_keep; p < end; ++p) {
+        full_freed.push_back(full_slot_[p]);
+        if (sparse_slot_[p] >= 0) sparse_freed.push_back(sparse_slot_[p]);
+        if (latent_of_[p] >= 0 && first_latent < 0) first_latent = latent_of_[p];
+    }
+    full_pool_->release(full_freed);
+    if (sparse_pool_) sparse_pool_->release(sparse_freed);
+    if (first_latent >= 0) {
+        for (size_t sl = 0; sl < latents_.size(); ++sl) {
+            latents_[sl].resize(static_cast<size_t>(first_latent) * latent_bytes());
+            refs_[sl].resize(static_cast<size_t>(first_latent) * options_.k);
+        }
+    }
+    full_slot_.resize(static_cast<size_t>(n_keep));
+    sparse_slot_.resize(static_cast<size_t>(n_keep));
+    latent_of_.resize(static_cast<size_t>(n_keep));
+    n_tokens_ = n_keep;
+    n_reserved_ = 0;
+    comp_end_ = std::max(options_.sinks, std::min(comp_end_, n_keep));
+}
+
+size_t DeltaKvSequenceCache::bytes() const {
+    const size_t kv_dim = static_cast<size_t>(options_.n_kv_heads) * options_.head_dim;
+    const size_t row = kv_dim * 2 * 2;  // fp16 K and V
+    size_t fp_tokens = 0, latents = 0;
+    for (int32_t p = 0; p < n_tokens_; ++p) {
+        fp_tokens += sparse_slot_[p] >= 0;
+        latents += latent_of_[p] >= 0;
+    }
+    return static_cast<size_t>(n_tokens_) * full_layers_.size() * row + fp_tokens * sparse_layers_.size() * row +
+           latents * sparse_layers_.size() * (latent_bytes() + sizeof(int32_t) * options_.k) +
+           static_cast<size_t>(n_tokens_) * 3 * sizeof(int32_t);
+}
+
+}  // namespace deltaserve::kvstore

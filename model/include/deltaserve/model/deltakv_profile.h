@@ -1,0 +1,22 @@
+// Loading a DeltaKV compression profile (written by `deltactl calibrate`): deltakv.json
+// (settings, model id, per-layer errors, sensitivity) beside deltakv.safetensors (weights).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "deltaserve/common/status.h"
+#include "deltaserve/kvstore/deltakv_cache.h"
+#include "deltaserve/model/model_config.h"
+
+namespace deltaserve::model {
+
+// The model id a profile records for a model.
+std::string deltakv_model_id(const ModelConfig& config);
+
+// Errors: kNotFound (missing files), kInvalidArgument (malformed json, a profile for another
+// model, missing or misshapen tensors), and the safetensors reader's errors.
+Result<std::unique_ptr<kvstore::DeltaKvProfile>> load_deltakv_profile(const std::string& json_path,
+                                                                      const ModelConfig& config);
+
+}  // namespace deltaserve::model

@@ -1,0 +1,246 @@
+// DeltaKvSequenceCache driven as the forward pass drives it, with a synthetic profile whose
+// decoder is zero: a reconstructed token is then exactly the mean of its k nearest
+// references (by L2 on pre-RoPE [K; V], among references at or before it), re-RoPEd at its
+// position, which the test computes on its own. Also: what gets compressed when, the view
+// a decode step sees, the bytes held, truncation.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "deltaserve/common/fp16.h"
+#include "deltaserve/kvstore/deltakv_cache.h"
+
+namespace deltaserve::kvstore {
+namespace {
+
+namespace k = deltaserve::kernels;
+
+constexpr int kLayers = 3, kKvHeads = 2, kHeadDim = 8, kKvDim = kKvHeads * kHeadDim, kD = 2 * kKvDim;
+constexpr int kHeads = 4, kM = 8, kHidden = 12;
+const k::AttentionShape kShape{kHeads, kKvHeads, kHeadDim, 1.0f / std::sqrt(float(kHeadDim))};
+
+DeltaKvProfile zero_decoder_profile(std::mt19937& rng) {
+    DeltaKvProfile p;
+    p.d = kD;
+    p.m = kM;
+    p.k = 2;
+    p.stride = 5;
+    p.sinks = 4;
+    std::normal_distribution<float> nd(0.0f, 0.3f);
+    p.storage.reserve(kLayers * 4);
+    for (int l = 0; l < kLayers; ++l) {
+        auto add = [&](int64_t rows, int64_t cols, bool zero) {
+            p.storage.emplace_back(static_cast<size_t>(rows * cols));
+            for (auto& x : p.storage.back()) x = zero ? 0.0f : nd(rng);
+            return k::WeightMatrix{k::DType::kF32, rows, cols, p.storage.back().data()};
+        };
+        k::DeltaKvLayer w;
+        w.w1 = add(kHidden, kD, false);
+        w.w2 = add(kHidden, kD, false);
+        w.w3 = add(kM, kHidden, false);
+        w.wd = add(kD, kM, true);
+        p.layers.push_back(w);
+    }
+    p.sensitivity_order = {0, 1, 2};
+    return p;
+}
+
+DeltaKvOptions options() {
+    DeltaKvOptions o;
+    o.n_layers = kLayers;
+    o.n_kv_heads = kKvHeads;
+    o.head_dim = kHeadDim;
+    o.full_layer = {1, 0, 0};
+    o.sinks = 4;
+    o.stride = 5;
+    o.k = 2;
+    o.window = 8;
+    o.select_ratio = 0.5f;
+    o.n_ctx = 128;
+    return o;
+}
+
+// Pre-RoPE K and V of every (position, layer), and what the cache was given (K after RoPE).
+struct Data {
+    std::mt19937 rng{17};
+    std::normal_distribution<float> nd{0.0f, 1.0f};
+    std::vector<std::vector<float>> x;  // [pos] -> [layer][D] pre-RoPE [K; V]
+
+    std::vector<float> q;  // the last chunk's queries (all layers share them here)
+
+    void chunk(DeltaKvSequenceCache& c, int32_t n) {
+        ASSERT_TRUE(c.reserve(n).ok());
+        const int32_t p0 = c.n_tokens();
+        for (int32_t i = 0; i < n; ++i) {
+            x.emplace_back(kLayers * kD);
+            for (auto& v : x.back()) v = nd(rng);
+        }
+        q.resize(static_cast<size_t>(n) * kHeads * kHeadDim);
+        for (auto& v : q) v = nd(rng);
+        std::vector<float> kk(static_cast<size_t>(n) * kKvDim), vv(kk.size());
+        for (int32_t l = 0; l < kLayers; ++l) {
+            for (int32_t i = 0; i < n; ++i) {
+                const float* xi = x[p0 + i].data() + l * kD;
+                std::copy_n(xi, kKvDim, kk.data() + i * kKvDim);
+                std::copy_n(xi + kKvDim, kKvDim, vv.data() + i * kKvDim);
+                k::rope(kk.data() + i * kKvDim, kKvHeads, kHeadDim, p0 + i, 10000.0f, k::RopeStyle::kInterleaved);
+            }
+            c.store(l, 0, n, kk.data(), vv.data(), kKvDim);
+            const k::KvView v = c.view(l, n);
+            // Every new token is visible, in position order, after what came before.
+            ASSERT_GE(v.n, n);
+            if (c.compressed_tokens() == 0) {
+                ASSERT_EQ(v.n, p0 + n) << "nothing compressed yet: every token";
+            }
+            c.observe(l, kShape, q.data(), kHeads * kHeadDim, n);
+        }
+        c.commit(n);
+    }
+    // x as the cache sees it: K rounded to fp16 after RoPE, then de-RoPEd; V rounded.
+    std::vector<float> cached_x(int32_t pos, int32_t layer) const {
+        std::vector<float> v(x[pos].begin() + layer * kD, x[pos].begin() + (layer + 1) * kD);
+        k::rope(v.data(), kKvHeads, kHeadDim, pos, 10000.0f, k::RopeStyle::kInterleaved);
+        for (auto& t : v) t = fp16_to_fp32(fp32_to_fp16(t));
+        k::rope_inverse(v.data(), kKvHeads, kHeadDim, pos, 10000.0f, k::RopeStyle::kInterleaved);
+        return v;
+    }
+};
+
+TEST(DeltaKvCache, CompressesTheOldestWindowWhenTheBufferDoubles) {
+    std::mt19937 rng(1);
+    const DeltaKvProfile p = zero_decoder_profile(rng);
+    ThreadPool threads(2);
+    auto c = DeltaKvSequenceCache::create(p, options(), threads);
+    ASSERT_TRUE(c.ok()) << c.error().to_string();
+    Data data;
+    data.chunk(**c, 15);
+    EXPECT_EQ((*c)->compressed_tokens(), 0) << "buffer of 11 < 2 x 8";
+    data.chunk(**c, 25);  // 40 tokens: region grows to [4, 28), buffer [28, 40)
+    // References in [4, 28): 4, 9, 14, 19, 24; the other 19 are latents.
+    EXPECT_EQ((*c)->compressed_tokens(), 19);
+    const size_t row = kKvDim * 2 * 2;
+    const size_t want = 40 * 1 * row                       // the full layer
+                        + (4 + 5 + 12) * 2 * row           // sinks, references, buffer in 2 sparse layers
+                        + 19 * 2 * (k::int4_bytes(kM) + 8)  // latents + 2 reference ids
+                        + 40 * 12;                         // position maps
+    EXPECT_EQ((*c)->bytes(), want);
+    EXPECT_LT((*c)->bytes(), full_fp16_bytes(40, kLayers, kKvDim));
+}
+
+TEST(DeltaKvCache, DecodeStepReconstructsSelectedTokensFromTheirNearestReferences) {
+    std::mt19937 rng(1);
+    const DeltaKvProfile p = zero_decoder_profile(rng);
+    ThreadPool threads(2);
+    auto made = DeltaKvSequenceCache::create(p, options(), threads);
+    ASSERT_TRUE(made.ok());
+    DeltaKvSequenceCache& c = **made;
+    Data data;
+    data.chunk(c, 40);
+    ASSERT_EQ(c.compressed_tokens(), 19);
+
+    // One decode step at position 40, checked layer by layer from inside.
+    ASSERT_TRUE(c.reserve(1).ok());
+    data.x.emplace_back(kLayers * kD);
+    for (auto& v : data.x.back()) v = data.nd(data.rng);
+    std::vector<float> q(kHeads * kHeadDim);
+    for (auto& v : q) v = data.nd(data.rng);
+    // The observation layer's choice: score = max over heads of q . k (after RoPE, fp16).
+    std::vector<std::pair<float, int32_t>> score;
+    for (int32_t t = 4; t < 28; ++t) {
+        std::vector<float> kt(data.x[t].begin(), data.x[t].begin() + kKvDim);
+        k::rope(kt.data(), kKvHeads, kHeadDim, t, 10000.0f, k::RopeStyle::kInterleaved);
+        float best = -INFINITY;
+        for (int h = 0; h < kHeads; ++h) {
+            float s = 0;
+            for (int d = 0; d < kHeadDim; ++d) {
+                s += q[h * kHeadDim + d] * fp16_to_fp32(fp32_to_fp16(kt[(h / 2) * kHeadDim + d]));
+            }
+            best = std::max(best, s);
+        }
+        score.emplace_back(-best, t);
+    }
+    std::sort(score.begin(), score.end());
+    std::vector<int32_t> chosen;
+    for (int i = 0; i < 12; ++i) chosen.push_back(score[i].second);  // ceil(0.5 x 24)
+    std::sort(chosen.begin(), chosen.end());
+
+    for (int32_t l = 0; l < kLayers; ++l) {
+        std::vector<float> kk(data.x[40].begin() + l * kD, data.x[40].begin() + l * kD + kKvDim);
+        std::vector<float> vv(data.x[40].begin() + l * kD + kKvDim, data.x[40].begin() + (l + 1) * kD);
+        k::rope(kk.data(), kKvHeads, kHeadDim, 40, 10000.0f, k::RopeStyle::kInterleaved);
+        c.store(l, 0, 1, kk.data(), vv.data(), kKvDim);
+        const k::KvView v = c.view(l, 1);
+        if (l == 0) {
+            EXPECT_EQ(v.n, 41) << "a full layer sees every token";
+        } else {
+            ASSERT_EQ(v.n, 4 + 12 + 12 + 1) << "sinks, selected, buffer, the new token";
+            for (int j = 0; j < 12; ++j) {
+                const int32_t t = chosen[j];
+                std::vector<float> want(kD, 0.0f);
+                if ((t - 4) % 5 == 0) {
+                    want = data.cached_x(t, l);  // a reference: itself
+                } else {
+                    std::vector<std::pair<float, int32_t>> dist;
+                    const auto xt = data.cached_x(t, l);
+                    for (int32_t r = 0; r <= t; ++r) {
+                        if (r >= 4 && (r - 4) % 5 != 0) continue;
+                        const auto xr = data.cached_x(r, l);
+                        float s = 0;
+                        for (int i = 0; i < kD; ++i) s += (xt[i] - xr[i]) * (xt[i] - xr[i]);
+                        dist.emplace_back(s, r);
+                    }
+                    std::sort(dist.begin(), dist.end());
+                    for (int n = 0; n < 2; ++n) {
+                        const auto xr = data.cached_x(dist[n].second, l);
+                        for (int i = 0; i < kD; ++i) want[i] += xr[i] / 2.0f;
+                    }
+                }
+                k::rope(want.data(), kKvHeads, kHeadDim, t, 10000.0f, k::RopeStyle::kInterleaved);
+                const int32_t slot = v.slots[4 + j];
+                const auto* kr = reinterpret_cast<const uint16_t*>(v.k + slot * v.row_stride);
+                const auto* vr = reinterpret_cast<const uint16_t*>(v.v + slot * v.row_stride);
+                for (int i = 0; i < kKvDim; ++i) {
+                    ASSERT_NEAR(fp16_to_fp32(kr[i]), want[i], 5e-3) << "layer " << l << " position " << t << " K" << i;
+                    ASSERT_NEAR(fp16_to_fp32(vr[i]), want[kKvDim + i], 5e-3) << "layer " << l << " position " << t;
+                }
+            }
+        }
+        c.observe(l, kShape, q.data(), kHeads * kHeadDim, 1);
+    }
+    c.commit(1);
+    EXPECT_EQ(c.n_tokens(), 41);
+}
+
+TEST(DeltaKvCache, TruncateIntoTheCompressedRegionAndGoOn) {
+    std::mt19937 rng(1);
+    const DeltaKvProfile p = zero_decoder_profile(rng);
+    ThreadPool threads(1);
+    auto c = DeltaKvSequenceCache::create(p, options(), threads);
+    ASSERT_TRUE(c.ok());
+    Data data;
+    data.chunk(**c, 40);
+    (*c)->truncate(20);
+    EXPECT_EQ((*c)->n_tokens(), 20);
+    EXPECT_EQ((*c)->compressed_tokens(), 12) << "positions 4..19 less references 4, 9, 14, 19";
+    data.x.resize(20);
+    data.chunk(**c, 30);  // grows and compresses again from the new end
+    EXPECT_EQ((*c)->n_tokens(), 50);
+    EXPECT_GT((*c)->compressed_tokens(), 12);
+}
+
+TEST(DeltaKvCache, ProfileThatDoesNotFitIsRejected) {
+    std::mt19937 rng(1);
+    DeltaKvProfile p = zero_decoder_profile(rng);
+    ThreadPool threads(1);
+    DeltaKvOptions o = options();
+    o.n_kv_heads = 3;
+    EXPECT_EQ(DeltaKvSequenceCache::create(p, o, threads).status().code(), StatusCode::kInvalidArgument);
+    o = options();
+    o.full_layer = {0, 1, 0};
+    EXPECT_EQ(DeltaKvSequenceCache::create(p, o, threads).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace deltaserve::kvstore

@@ -1,0 +1,103 @@
+// DeltaKV in the real forward pass (SmolLM2 with the profile setup calibrates): the first
+// call sees every token uncompressed, so its logits equal full KV's; later the cache holds
+// about the keep ratio and decoding stays close to full KV.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "deltaserve/model/inference_context.h"
+#include "deltaserve/model/sampler.h"
+#include "test_paths.h"
+
+namespace deltaserve::model {
+namespace {
+
+class DeltaKvModelTest : public ::testing::Test {
+protected:
+    static void SetUpTestSuite() {
+        if (!testing::file_exists(testing::default_gguf_model())) return;
+        LoadOptions lo;
+        lo.show_progress = false;
+        auto m = load_model(testing::default_gguf_model(), lo);
+        ASSERT_TRUE(m.ok()) << m.error().to_string();
+        model_ = std::move(*m).release();
+    }
+    static void TearDownTestSuite() { delete model_; }
+    void SetUp() override {
+        DS_REQUIRE_FILE(testing::default_gguf_model(), "default model");
+        DS_REQUIRE_FILE(testing::default_deltakv_profile(), "default DeltaKV profile");
+        DS_REQUIRE_FILE(std::string("/usr/share/common-licenses/GPL-3"), "GPL-3 text");
+    }
+    static Result<std::unique_ptr<InferenceContext>> context(const std::string& policy, float keep) {
+        ContextOptions co;
+        co.n_ctx = 2048;
+        co.n_threads = 2;
+        co.kv.policy = policy;
+        co.kv.keep = keep;
+        co.kv_profile = testing::default_deltakv_profile();
+        return InferenceContext::create(*model_, co);
+    }
+    static std::vector<int32_t> text_tokens(size_t n) {
+        std::ifstream in("/usr/share/common-licenses/GPL-3");
+        std::stringstream s;
+        s << in.rdbuf();
+        auto t = model_->tokenizer->encode(s.str(), false, false);
+        EXPECT_TRUE(t.ok());
+        t->resize(std::min(n, t->size()));
+        return *t;
+    }
+    static Model* model_;
+};
+Model* DeltaKvModelTest::model_ = nullptr;
+
+TEST_F(DeltaKvModelTest, FirstCallExactThenCompressedAndClose) {
+    auto full = context("full", 1.0f);
+    auto dkv = context("deltakv", 0.3f);
+    ASSERT_TRUE(full.ok() && dkv.ok()) << dkv.error().to_string();
+    const auto tokens = text_tokens(1200);
+    const std::span<const int32_t> first(tokens.data(), 400);
+    auto a = (*full)->eval(first);
+    auto b = (*dkv)->eval(first);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(std::vector<float>(a->begin(), a->end()), std::vector<float>(b->begin(), b->end()));
+    // The rest in chunks, each attending to the compressed history; then greedy decoding.
+    int agree = 0, steps = 0;
+    for (size_t at = 400; at < tokens.size(); at += 200) {
+        const std::span<const int32_t> chunk(tokens.data() + at, std::min<size_t>(200, tokens.size() - at));
+        a = (*full)->eval(chunk);
+        b = (*dkv)->eval(chunk);
+        ASSERT_TRUE(a.ok() && b.ok());
+        agree += greedy(*a) == greedy(*b);
+        ++steps;
+    }
+    int32_t next = greedy(*a);
+    for (int i = 0; i < 16; ++i, ++steps) {
+        a = (*full)->eval(std::span<const int32_t>(&next, 1));
+        b = (*dkv)->eval(std::span<const int32_t>(&next, 1));
+        ASSERT_TRUE(a.ok() && b.ok());
+        for (float x : *b) ASSERT_TRUE(std::isfinite(x));
+        agree += greedy(*a) == greedy(*b);
+        next = greedy(*a);
+    }
+    EXPECT_GE(agree, steps * 2 / 3) << agree << "/" << steps;
+    EXPECT_LE((*dkv)->keep_ratio(), 0.33);
+    EXPECT_GT((*dkv)->keep_ratio(), 0.15);
+}
+
+TEST_F(DeltaKvModelTest, MissingOrForeignProfileIsAClearError) {
+    ContextOptions co;
+    co.kv.policy = "deltakv";
+    co.kv.keep = 0.3f;
+    auto r = InferenceContext::create(*model_, co);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message().find("--kv-profile"), std::string::npos);
+    co.kv_profile = "/no/such/deltakv.json";
+    r = InferenceContext::create(*model_, co);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace deltaserve::model
