@@ -50,3 +50,12 @@ fi
 log "building in $BUILD_DIR"
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD_DIR" -j"$(nproc)"
+
+# The default model's DeltaKV profile (--kv-policy deltakv), trained from Debian's license
+# texts with a fixed seed: a few minutes on two cores, once.
+PROFILE_DIR=${DELTASERVE_PROFILES_DIR:-profiles}/$MODEL_FILE
+if [ ! -s "$PROFILE_DIR/deltakv.json" ]; then
+  log "calibrating the DeltaKV profile of $MODEL_FILE (deltactl calibrate)"
+  "$BUILD_DIR/bin/deltactl" calibrate --model "$MODELS_DIR/$MODEL_FILE" --out "$PROFILE_DIR" \
+    --tokens 16384 --epochs 8 2> >(grep -E "epoch 8/8|profile written|error" >&2)
+fi

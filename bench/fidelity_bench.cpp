@@ -1,0 +1,435 @@
+// Fidelity benchmark of the KV policies against full KV (bench/README.md), in one process
+// so every arm sees the same tokens:
+//   ppl        teacher-forced perplexity and mean KL(full || policy) over natural text of
+//              each length, fed --chunk tokens at a time (policies compress after each);
+//   decode     ms per single-token step after that text, at 2k and 8k (median of 16);
+//   retrieval  passkey in filler, one of three needles, key-value lookup with random keys:
+//              exact match (every answer token the argmax) and the answer's log-likelihood;
+//   multiturn  a shared context with four facts, then one question per turn about a fact
+//              no earlier question touched (static eviction loses what it threw away).
+// Writes one JSON object (--out); bench/run_fidelity_bench.py prints the table and plot.
+//
+// Usage: deltaserve-bench-fidelity --model M --profile P --text FILE --out R.json
+//        [--lengths 2048,4096,8192] [--keeps 0.5,0.3,0.2] [--policies deltakv,snapkv,...]
+//        [--retrieval-keeps 0.3] [--tasks ppl,decode,retrieval,multiturn] [--chunk 256]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "deltaserve/common/args.h"
+#include "deltaserve/common/logging.h"
+#include "deltaserve/model/inference_context.h"
+#include "deltaserve/model/model.h"
+#include "deltaserve/model/sampler.h"
+
+namespace {
+
+using namespace deltaserve;
+using model::InferenceContext;
+using Json = nlohmann::ordered_json;
+
+struct Options {
+    std::string model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    std::string profile = "profiles/SmolLM2-135M-Instruct.Q4_1.gguf/deltakv.json";
+    std::string text, out = "fidelity.json";
+    std::string lengths = "2048,4096,8192", keeps = "0.5,0.3,0.2", retrieval_keeps = "0.3";
+    std::string policies = "deltakv,snapkv,h2o,keydiff,streaming", tasks = "ppl,decode,retrieval,multiturn";
+    int32_t chunk = 256, threads = 2;
+};
+
+template <class T>
+std::vector<T> list(const std::string& s) {
+    std::vector<T> out;
+    std::stringstream in(s);
+    for (std::string item; std::getline(in, item, ',');) {
+        if constexpr (std::is_same_v<T, std::string>) {
+            out.push_back(item);
+        } else {
+            out.push_back(static_cast<T>(std::stod(item)));
+        }
+    }
+    return out;
+}
+
+bool has(const std::string& csv, const std::string& item) {
+    const auto v = list<std::string>(csv);
+    return std::find(v.begin(), v.end(), item) != v.end();
+}
+
+struct Arm {
+    std::string policy;
+    float keep = 1.0f;
+    std::unique_ptr<InferenceContext> ctx;
+    std::string name() const {
+        char b[64];
+        std::snprintf(b, sizeof b, "%s@%.2f", policy.c_str(), keep);
+        return policy == "full" ? "full" : b;
+    }
+};
+
+Result<std::vector<Arm>> make_arms(const model::Model& m, const Options& o, const std::vector<float>& keeps,
+                                   int32_t n_ctx) {
+    std::vector<Arm> arms;
+    auto add = [&](const std::string& policy, float keep) -> Status {
+        model::ContextOptions co;
+        co.n_ctx = n_ctx;
+        co.n_threads = o.threads;
+        co.n_batch = o.chunk;
+        co.kv.policy = policy;
+        co.kv.keep = keep;
+        co.kv_profile = o.profile;
+        DS_ASSIGN_OR_RETURN(auto ctx, InferenceContext::create(m, co));
+        arms.push_back(Arm{policy, keep, std::move(ctx)});
+        return Status();
+    };
+    DS_RETURN_IF_ERROR(add("full", 1.0f));
+    for (float keep : keeps) {
+        for (const auto& p : list<std::string>(o.policies)) DS_RETURN_IF_ERROR(add(p, keep));
+    }
+    return arms;
+}
+
+void log_softmax(const float* x, int32_t n, std::vector<double>& out) {
+    out.resize(static_cast<size_t>(n));
+    double mx = x[0], sum = 0;
+    for (int32_t i = 1; i < n; ++i) mx = std::max(mx, double(x[i]));
+    for (int32_t i = 0; i < n; ++i) sum += std::exp(double(x[i]) - mx);
+    const double lse = mx + std::log(sum);
+    for (int32_t i = 0; i < n; ++i) out[i] = double(x[i]) - lse;
+}
+
+// Feeds tokens in chunks to every arm (in lockstep), accumulating NLL and KL to arm 0.
+Json perplexity(std::vector<Arm>& arms, const std::vector<int32_t>& tokens, int32_t chunk, int32_t n_vocab) {
+    const size_t n_arms = arms.size();
+    std::vector<double> nll(n_arms, 0.0), kl(n_arms, 0.0);
+    int64_t scored = 0;
+    std::vector<double> lf, lp;
+    for (auto& a : arms) a.ctx->reset();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (size_t at = 0; at < tokens.size(); at += static_cast<size_t>(chunk)) {
+        const size_t n = std::min(static_cast<size_t>(chunk), tokens.size() - at);
+        const std::span<const int32_t> piece(tokens.data() + at, n);
+        auto full = arms[0].ctx->eval_all(piece);
+        if (!full.ok()) return {{"error", full.error().message()}};
+        const size_t rows = at + n < tokens.size() ? n : n - 1;  // the last token predicts nothing
+        for (size_t i = 0; i < n_arms; ++i) {
+            std::vector<float> own;
+            const std::vector<float>* l = &*full;
+            if (i > 0) {
+                auto r = arms[i].ctx->eval_all(piece);
+                if (!r.ok()) return {{"error", r.error().message()}};
+                own = std::move(*r);
+                l = &own;
+            }
+            for (size_t t = 0; t < rows; ++t) {
+                log_softmax(full->data() + t * n_vocab, n_vocab, lf);
+                const int32_t next = tokens[at + t + 1];
+                if (i == 0) {
+                    nll[0] -= lf[next];
+                    continue;
+                }
+                log_softmax(l->data() + t * n_vocab, n_vocab, lp);
+                nll[i] -= lp[next];
+                double k = 0;
+                for (int32_t v = 0; v < n_vocab; ++v) k += std::exp(lf[v]) * (lf[v] - lp[v]);
+                kl[i] += std::max(0.0, k);
+            }
+        }
+        scored += static_cast<int64_t>(rows);
+    }
+    Json out = Json::object();
+    for (size_t i = 0; i < n_arms; ++i) {
+        out[arms[i].name()] = {{"ppl", std::exp(nll[i] / scored)},
+                               {"kl_mean", kl[i] / scored},
+                               {"keep_ratio", arms[i].ctx->keep_ratio()}};
+    }
+    out["_tokens"] = tokens.size();
+    out["_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return out;
+}
+
+// Median ms of 16 greedy single-token steps for each arm, continuing its sequence.
+Json decode_times(std::vector<Arm>& arms) {
+    Json out = Json::object();
+    for (auto& a : arms) {
+        std::vector<double> ms;
+        int32_t next = 0;
+        auto first = a.ctx->eval(std::span<const int32_t>(&next, 1));
+        if (!first.ok()) continue;
+        next = model::greedy(*first);
+        for (int i = 0; i < 16; ++i) {
+            const auto t0 = std::chrono::steady_clock::now();
+            auto l = a.ctx->eval(std::span<const int32_t>(&next, 1));
+            ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+            if (!l.ok()) break;
+            next = model::greedy(*l);
+        }
+        std::sort(ms.begin(), ms.end());
+        out[a.name()] = ms.empty() ? 0.0 : ms[ms.size() / 2];
+    }
+    return out;
+}
+
+// A prompt (context + question) and the answer whose tokens are scored.
+struct Probe {
+    std::vector<int32_t> context, question, answer;
+};
+
+// After the context (chunked), the question, then the answer teacher-forced: the answer's
+// log-likelihood, and whether every answer token was the argmax.
+std::pair<double, bool> score_answer(InferenceContext& ctx, const std::vector<int32_t>& question,
+                                     const std::vector<int32_t>& answer, int32_t n_vocab) {
+    auto l = ctx.eval(question);
+    if (!l.ok() || answer.empty()) return {NAN, false};
+    std::vector<double> lp;
+    log_softmax(l->data(), n_vocab, lp);
+    double ll = lp[answer[0]];
+    bool exact = model::greedy(*l) == answer[0];
+    if (answer.size() > 1) {
+        auto rest = ctx.eval_all(std::span<const int32_t>(answer.data(), answer.size() - 1));
+        if (!rest.ok()) return {NAN, false};
+        for (size_t i = 1; i < answer.size(); ++i) {
+            const float* row = rest->data() + (i - 1) * n_vocab;
+            log_softmax(row, n_vocab, lp);
+            ll += lp[answer[i]];
+            exact = exact && model::greedy(std::span<const float>(row, n_vocab)) == answer[i];
+        }
+    }
+    return {ll, exact};
+}
+
+Status feed(InferenceContext& ctx, const std::vector<int32_t>& tokens) {
+    ctx.reset();
+    return ctx.eval(tokens).status();
+}
+
+class Tasks {
+public:
+    Tasks(const model::Model& m, const std::vector<int32_t>& filler) : m_(m), filler_(filler) {}
+
+    std::vector<int32_t> tok(const std::string& s) const { return *m_.tokenizer->encode(s, false, false); }
+
+    // Filler of n tokens with pieces inserted at fractional depths.
+    std::vector<int32_t> haystack(int32_t n, const std::vector<std::pair<double, std::string>>& needles,
+                                  size_t offset) const {
+        std::vector<std::vector<int32_t>> ins;
+        int32_t extra = 0;
+        for (const auto& nd : needles) {
+            ins.push_back(tok(nd.second));
+            extra += static_cast<int32_t>(ins.back().size());
+        }
+        std::vector<int32_t> out;
+        const int32_t body = std::max<int32_t>(0, n - extra);
+        size_t next = 0;
+        for (int32_t i = 0; i < body; ++i) {
+            while (next < needles.size() && i >= static_cast<int32_t>(needles[next].first * body)) {
+                out.insert(out.end(), ins[next].begin(), ins[next].end());
+                ++next;
+            }
+            out.push_back(filler_[(offset + static_cast<size_t>(i)) % filler_.size()]);
+        }
+        for (; next < needles.size(); ++next) out.insert(out.end(), ins[next].begin(), ins[next].end());
+        return out;
+    }
+
+    Probe passkey(int32_t n, std::mt19937& rng) const {
+        const std::string key = std::to_string(10000 + rng() % 90000);
+        Probe p;
+        p.question = tok("\nWhat is the pass key? The pass key is");
+        p.answer = tok(" " + key);
+        p.context = haystack(n - static_cast<int32_t>(p.question.size() + p.answer.size()),
+                             {{0.5, " The pass key is " + key + ". Remember it. " + key + " is the pass key. "}},
+                             rng() % filler_.size());
+        return p;
+    }
+
+    Probe needles(int32_t n, std::mt19937& rng) const {
+        const char* cities[] = {"Lisbon", "Oslo", "Nairobi"};
+        std::vector<std::pair<double, std::string>> ins;
+        std::vector<std::string> nums;
+        for (int i = 0; i < 3; ++i) {
+            nums.push_back(std::to_string(100000 + rng() % 900000));
+            ins.push_back({0.25 * (i + 1), std::string(" The special magic number for ") + cities[i] + " is " +
+                                               nums.back() + ". "});
+        }
+        const int ask = static_cast<int>(rng() % 3);
+        Probe p;
+        p.question = tok(std::string("\nWhat is the special magic number for ") + cities[ask] +
+                         "? The special magic number for " + cities[ask] + " is");
+        p.answer = tok(" " + nums[ask]);
+        p.context = haystack(n - static_cast<int32_t>(p.question.size() + p.answer.size()), ins,
+                             rng() % filler_.size());
+        return p;
+    }
+
+    Probe kv_lookup(int32_t n, std::mt19937& rng) const {
+        auto hex = [&] {
+            std::string s;
+            for (int i = 0; i < 8; ++i) s += "0123456789abcdef"[rng() % 16];
+            return s;
+        };
+        std::vector<std::pair<std::string, std::string>> kv;
+        std::string body = "{";
+        Probe p;
+        while (true) {
+            kv.push_back({hex(), hex()});
+            const std::string more = "\"" + kv.back().first + "\": \"" + kv.back().second + "\", ";
+            if (static_cast<int32_t>(tok(body + more).size()) > n - 40) break;
+            body += more;
+        }
+        kv.pop_back();
+        body += "}";
+        const auto& pick = kv[rng() % kv.size()];
+        p.context = tok("JSON data:\n" + body);
+        p.question = tok("\nThe value of key \"" + pick.first + "\" is \"");
+        p.answer = tok(pick.second + "\"");
+        return p;
+    }
+
+private:
+    const model::Model& m_;
+    const std::vector<int32_t>& filler_;
+};
+
+Json retrieval(std::vector<Arm>& arms, const Tasks& t, int32_t n, int32_t n_vocab) {
+    Json out = Json::object();
+    std::mt19937 rng(static_cast<uint32_t>(n));
+    const std::pair<const char*, Probe> probes[] = {
+        {"passkey", t.passkey(n, rng)}, {"needles", t.needles(n, rng)}, {"kv_lookup", t.kv_lookup(n, rng)}};
+    for (const auto& [task, p] : probes) {
+        for (auto& a : arms) {
+            if (!feed(*a.ctx, p.context).ok()) continue;
+            const auto [ll, exact] = score_answer(*a.ctx, p.question, p.answer, n_vocab);
+            out[task][a.name()] = {{"loglik", ll}, {"exact", exact}};
+        }
+    }
+    return out;
+}
+
+Json multiturn(std::vector<Arm>& arms, const Tasks& t, int32_t n, int32_t n_vocab) {
+    const char* names[] = {"Ada", "Boris", "Chiara", "Dmitri"};
+    const char* colours[] = {"green", "orange", "violet", "yellow"};
+    std::mt19937 rng(99);
+    std::vector<std::pair<double, std::string>> ins;
+    std::vector<std::string> numbers;
+    for (int i = 0; i < 4; ++i) {
+        numbers.push_back(std::to_string(10 + rng() % 90));
+        ins.push_back({0.2 * (i + 1), std::string(" Note: ") + names[i] + "'s favourite colour is " + colours[i] +
+                                          " and " + names[i] + "'s lucky number is " + numbers.back() + ". "});
+    }
+    const auto context = t.haystack(n, ins, 777);
+    Json out = Json::object();
+    for (auto& a : arms) {
+        if (!feed(*a.ctx, context).ok()) continue;
+        Json turns = Json::array();
+        double later_ll = 0;
+        int later_exact = 0;
+        for (int turn = 0; turn < 4; ++turn) {
+            const int who = (turn * 3 + 1) % 4;  // asks 1, 0, 3, 2: depth order shuffled
+            const auto q = t.tok(std::string("\nQuestion: What is ") + names[who] + "'s lucky number?\nAnswer: " +
+                                 names[who] + "'s lucky number is");
+            const auto ans = t.tok(" " + numbers[who]);
+            const auto [ll, exact] = score_answer(*a.ctx, q, ans, n_vocab);
+            // The answer's last token joins the history too, before the next turn.
+            if (!a.ctx->eval(std::span<const int32_t>(ans.data() + ans.size() - 1, 1)).ok()) break;
+            turns.push_back({{"asks", names[who]}, {"loglik", ll}, {"exact", exact}});
+            if (turn > 0) {
+                later_ll += ll;
+                later_exact += exact;
+            }
+        }
+        out[a.name()] = {{"turns", turns}, {"later_loglik_mean", later_ll / 3}, {"later_exact", later_exact}};
+    }
+    return out;
+}
+
+int run(const Options& o) {
+    init_logging("warn");
+    model::LoadOptions lo;
+    lo.show_progress = false;
+    auto m = model::load_model(o.model, lo);
+    if (!m.ok()) {
+        std::fprintf(stderr, "error: %s\n", m.error().message().c_str());
+        return 1;
+    }
+    std::ifstream in(o.text);
+    std::stringstream s;
+    s << in.rdbuf();
+    auto text = (*m)->tokenizer->encode(s.str(), (*m)->tokenizer->vocab().add_bos, false);
+    if (!text.ok() || text->size() < 1000) {
+        std::fprintf(stderr, "error: --text %s is missing or too short\n", o.text.c_str());
+        return 1;
+    }
+    const int32_t n_vocab = (*m)->config.n_vocab;
+    const auto lengths = list<int32_t>(o.lengths);
+    const int32_t n_ctx = (*std::max_element(lengths.begin(), lengths.end()) + 512 + 255) / 256 * 256;
+    Json result = {{"model", o.model}, {"profile", o.profile}, {"text", o.text}, {"text_tokens", text->size()},
+                   {"chunk", o.chunk}, {"threads", o.threads}};
+    auto log = [&](const char* what, int32_t n) { std::fprintf(stderr, "[fidelity] %s at %d tokens\n", what, n); };
+    if (has(o.tasks, "ppl") || has(o.tasks, "decode")) {
+        auto arms = make_arms(**m, o, list<float>(o.keeps), n_ctx);
+        if (!arms.ok()) {
+            std::fprintf(stderr, "error: %s\n", arms.error().message().c_str());
+            return 1;
+        }
+        for (int32_t n : lengths) {
+            if (n > static_cast<int32_t>(text->size())) continue;
+            log("perplexity", n);
+            std::vector<int32_t> tokens(text->begin(), text->begin() + n);
+            result["ppl"][std::to_string(n)] = perplexity(*arms, tokens, o.chunk, n_vocab);
+            if (has(o.tasks, "decode") && (n == 2048 || n == 8192)) {
+                log("decode timing", n);
+                result["decode_ms"][std::to_string(n)] = decode_times(*arms);
+            }
+            std::ofstream(o.out) << result.dump(1) << "\n";
+        }
+    }
+    if (has(o.tasks, "retrieval") || has(o.tasks, "multiturn")) {
+        auto arms = make_arms(**m, o, list<float>(o.retrieval_keeps), n_ctx);
+        if (!arms.ok()) {
+            std::fprintf(stderr, "error: %s\n", arms.error().message().c_str());
+            return 1;
+        }
+        Tasks tasks(**m, *text);
+        for (int32_t n : lengths) {
+            if (!has(o.tasks, "retrieval")) break;
+            log("retrieval", n);
+            result["retrieval"][std::to_string(n)] = retrieval(*arms, tasks, n, n_vocab);
+            std::ofstream(o.out) << result.dump(1) << "\n";
+        }
+        if (has(o.tasks, "multiturn")) {
+            const int32_t n = std::min<int32_t>(4096, *std::max_element(lengths.begin(), lengths.end()));
+            log("multi-turn", n);
+            result["multiturn"] = multiturn(*arms, tasks, n, n_vocab);
+        }
+    }
+    std::ofstream(o.out) << result.dump(1) << "\n";
+    std::fprintf(stderr, "[fidelity] wrote %s\n", o.out.c_str());
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Options o;
+    ArgParser p("deltaserve-bench-fidelity", "KV policies against full KV: perplexity, KL, retrieval, multi-turn, decode time.");
+    p.add("model", &o.model, "GGUF model");
+    p.add("profile", &o.profile, "DeltaKV profile (deltakv.json)");
+    p.add("text", &o.text, "natural English text (and retrieval filler)");
+    p.add("out", &o.out, "JSON results file");
+    p.add("lengths", &o.lengths, "context lengths in tokens");
+    p.add("keeps", &o.keeps, "keep ratios for perplexity and decode timing");
+    p.add("retrieval-keeps", &o.retrieval_keeps, "keep ratios for retrieval and multi-turn");
+    p.add("policies", &o.policies, "policies besides full");
+    p.add("tasks", &o.tasks, "ppl, decode, retrieval, multiturn");
+    p.add("chunk", &o.chunk, "tokens per forward call (policies compress after each)");
+    p.add("threads", &o.threads, "threads");
+    if (auto code = parse_flags(p, argc - 1, argv + 1)) return *code;
+    return run(o);
+}

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Runs the fidelity benchmark (deltaserve-bench-fidelity) and prints its tables, a JSON
+summary and a plot.
+
+Text: the Debian FAQ (Debian package `debian-faq`, installed with apt when missing, or
+unpacked from a downloaded .deb without root), with its table of contents dropped and its
+hard-wrapped lines joined into paragraphs. It is not used to calibrate DeltaKV (calibration
+reads the license texts in /usr/share/common-licenses).
+
+Usage (from the repository root, after ./deploy/setup.sh):
+  python3 bench/run_fidelity_bench.py [--lengths 2048,4096,8192] [--keeps 0.5,0.3,0.2]
+      [--retrieval-keeps 0.3] [--tasks ppl,decode,retrieval,multiturn] [--out bench/out/fidelity]
+Writes OUT.json (the raw results), OUT.summary.json and OUT.png.
+"""
+
+import argparse
+import glob
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+FAQ = "/usr/share/doc/debian/FAQ/debian-faq.en.txt.gz"
+
+
+def faq_text():
+    path = FAQ
+    if not os.path.exists(path):
+        if os.geteuid() == 0:
+            subprocess.run(["apt-get", "install", "-y", "-qq", "debian-faq"], check=False,
+                           stdout=subprocess.DEVNULL)
+        if not os.path.exists(path):
+            tmp = tempfile.mkdtemp()
+            subprocess.run(["apt-get", "download", "debian-faq"], cwd=tmp, check=True, stdout=subprocess.DEVNULL)
+            deb = glob.glob(os.path.join(tmp, "*.deb"))[0]
+            subprocess.run(["dpkg-deb", "-x", deb, tmp], check=True)
+            path = tmp + FAQ
+    raw = gzip.open(path, "rt", encoding="utf-8").read()
+    # The body starts where chapter 1's heading appears for the second time (after the TOC).
+    starts = [m.start() for m in re.finditer(r"^1\. Definitions and overview", raw, re.M)]
+    body = raw[starts[1]:] if len(starts) > 1 else raw
+    paragraphs = [" ".join(line.strip() for line in p.splitlines()) for p in re.split(r"\n\s*\n", body)]
+    return "\n\n".join(p for p in paragraphs if p)
+
+
+def summarize(r):
+    """Per (length, arm): ppl, ppl vs full, KL, KR; retrieval relative to full; decode ratio."""
+    s = {"ppl": {}, "retrieval": {}, "multiturn": {}, "decode": {}}
+    for n, arms in r.get("ppl", {}).items():
+        full = arms["full"]["ppl"]
+        s["ppl"][n] = {a: {"ppl": v["ppl"], "ppl_vs_full": v["ppl"] / full - 1.0, "kl_mean": v["kl_mean"],
+                           "keep_ratio": v["keep_ratio"]} for a, v in arms.items() if not a.startswith("_")}
+    for n, tasks in r.get("retrieval", {}).items():
+        for task, arms in tasks.items():
+            s["retrieval"].setdefault(n, {})[task] = {
+                a: {"loglik": v["loglik"], "exact": v["exact"],
+                    "loglik_minus_full": v["loglik"] - arms["full"]["loglik"]} for a, v in arms.items()}
+    for a, v in r.get("multiturn", {}).items():
+        s["multiturn"][a] = {"later_loglik_mean": v["later_loglik_mean"], "later_exact": v["later_exact"]}
+    for n, arms in r.get("decode_ms", {}).items():
+        s["decode"][n] = {a: {"ms": v, "vs_full": v / arms["full"]} for a, v in arms.items()}
+    return s
+
+
+def print_tables(s):
+    for n, arms in s["ppl"].items():
+        print(f"\nperplexity at {n} tokens (KL to full, measured keep ratio)")
+        print(f"{'arm':18} {'KR':>6} {'ppl':>8} {'vs full':>8} {'KL':>8}")
+        for a, v in arms.items():
+            print(f"{a:18} {v['keep_ratio']:6.3f} {v['ppl']:8.3f} {100 * v['ppl_vs_full']:+7.2f}% {v['kl_mean']:8.4f}")
+    for n, tasks in s["retrieval"].items():
+        print(f"\nretrieval at {n} tokens: answer log-likelihood (exact match)")
+        arms = list(next(iter(tasks.values())).keys())
+        print(f"{'arm':18} " + " ".join(f"{t:>18}" for t in tasks))
+        for a in arms:
+            cells = [f"{tasks[t][a]['loglik']:10.2f} ({'yes' if tasks[t][a]['exact'] else 'no':>3})" for t in tasks]
+            print(f"{a:18} " + " ".join(f"{c:>18}" for c in cells))
+    if s["multiturn"]:
+        print("\nmulti-turn: questions 2-4 about facts no earlier question touched")
+        for a, v in s["multiturn"].items():
+            print(f"{a:18} mean loglik {v['later_loglik_mean']:8.2f}  exact {v['later_exact']}/3")
+    for n, arms in s["decode"].items():
+        print(f"\ndecode step at {n} tokens of context")
+        for a, v in arms.items():
+            print(f"{a:18} {v['ms']:8.2f} ms  {v['vs_full']:5.2f}x full")
+
+
+def plot(s, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(no matplotlib: apt-get install python3-matplotlib for the plot)", file=sys.stderr)
+        return
+    fig, axes = plt.subplots(1, len(s["ppl"]) or 1, figsize=(5 * max(1, len(s["ppl"])), 4), squeeze=False)
+    for ax, (n, arms) in zip(axes[0], s["ppl"].items()):
+        policies = sorted({a.split("@")[0] for a in arms if a != "full"})
+        for p in policies:
+            pts = sorted((v["keep_ratio"], 100 * v["ppl_vs_full"]) for a, v in arms.items() if a.split("@")[0] == p)
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p)
+        ax.axhline(3.0, color="grey", linestyle=":", label="+3% target")
+        ax.set_title(f"{n} tokens")
+        ax.set_xlabel("measured keep ratio")
+        ax.set_ylabel("perplexity vs full KV (%)")
+        ax.set_yscale("symlog")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap.add_argument("--profile", default="profiles/SmolLM2-135M-Instruct.Q4_1.gguf/deltakv.json")
+    ap.add_argument("--lengths", default="2048,4096,8192")
+    ap.add_argument("--keeps", default="0.5,0.3,0.2")
+    ap.add_argument("--retrieval-keeps", default="0.3")
+    ap.add_argument("--tasks", default="ppl,decode,retrieval,multiturn")
+    ap.add_argument("--out", default="bench/out/fidelity")
+    a = ap.parse_args()
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+    text_path = a.out + ".text.txt"
+    with open(text_path, "w") as f:
+        f.write(faq_text())
+    subprocess.run([os.path.join(a.build, "bin", "deltaserve-bench-fidelity"), "--model", a.model,
+                    "--profile", a.profile, "--text", text_path, "--out", a.out + ".json",
+                    "--lengths", a.lengths, "--keeps", a.keeps, "--retrieval-keeps", a.retrieval_keeps,
+                    "--tasks", a.tasks], check=True)
+    r = json.load(open(a.out + ".json"))
+    s = summarize(r)
+    with open(a.out + ".summary.json", "w") as f:
+        json.dump(s, f, indent=1)
+    print_tables(s)
+    plot(s, a.out + ".png")
+    print(f"\nraw: {a.out}.json  summary: {a.out}.summary.json  plot: {a.out}.png")
+
+
+if __name__ == "__main__":
+    main()
