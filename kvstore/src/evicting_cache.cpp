@@ -117,14 +117,18 @@ void EvictingSequenceCache::observe(int32_t layer, const kernels::AttentionShape
     if (stat == AttentionStat::kNone) return;
     const kernels::KvView v = view(layer, n);
     const int32_t u0 = pool_.unit(layer, 0);
+    // Which queries count, and whether earlier statistics are dropped first.
+    const bool squared = stat == AttentionStat::kSquaredWindowThenDecode;
+    const int32_t window = squared ? 8 : config_.window;
+    const bool reset = stat == AttentionStat::kLastWindow || (squared && n > 1);
     std::vector<float*> sums(lists_.size());
     for (size_t g = 0; g < sums.size(); ++g) {
         Unit& unit = units_[u0 + g];
-        if (stat == AttentionStat::kLastWindow) std::fill(unit.stat.begin(), unit.stat.end(), 0.0f);
+        if (reset) std::fill(unit.stat.begin(), unit.stat.end(), 0.0f);
         sums[g] = unit.stat.data();
     }
-    const int32_t first = stat == AttentionStat::kLastWindow ? std::max(0, n - config_.window) : 0;
-    kernels::attention_column_sums(shape, v, q, ldq, n, first, 1, sums.data(), threads_);
+    const int32_t first = stat == AttentionStat::kAllQueries ? 0 : std::max(0, n - window);
+    kernels::attention_column_sums(shape, v, q, ldq, n, first, squared ? 2 : 1, sums.data(), threads_);
 }
 
 void EvictingSequenceCache::commit(int32_t n) {
@@ -135,20 +139,30 @@ void EvictingSequenceCache::commit(int32_t n) {
 }
 
 void EvictingSequenceCache::shrink() {
-    const int32_t keep_n = budget(n_tokens_);
+    std::vector<PoolUnitView> views;
+    views.reserve(units_.size());
+    for (int32_t u = 0; u < pool_.n_units(); ++u) {
+        Unit& unit = units_[u];
+        views.emplace_back(pool_, u, unit.slot.data());
+        views.back().n = committed(unit);
+        views.back().pos = unit.pos.data();
+        views.back().stat = unit.stat.data();
+        views.back().head_dim = pool_.options().head_dim;
+    }
+    std::vector<const UnitView*> ptrs;
+    for (const auto& v : views) ptrs.push_back(&v);
+    std::vector<int32_t> per_unit =
+        policy_->budgets(ptrs, static_cast<int64_t>(budget(n_tokens_)) * pool_.n_units());
+    if (per_unit.empty()) per_unit.assign(units_.size(), budget(n_tokens_));
     std::vector<uint8_t> keep;
     std::vector<int32_t> freed;
     for (int32_t u = 0; u < pool_.n_units(); ++u) {
         Unit& unit = units_[u];
         const int32_t n = committed(unit);
+        const int32_t keep_n = per_unit[u];
         if (n <= keep_n) continue;
         keep.assign(static_cast<size_t>(n), 0);
-        PoolUnitView view(pool_, u, unit.slot.data());
-        view.n = n;
-        view.pos = unit.pos.data();
-        view.stat = unit.stat.data();
-        view.head_dim = pool_.options().head_dim;
-        policy_->select(view, keep_n, keep);
+        policy_->select(views[u], keep_n, keep);
         freed.clear();
         size_t w = 0;
         for (size_t j = 0; j < unit.slot.size(); ++j) {  // reserved entries (j >= n) stay

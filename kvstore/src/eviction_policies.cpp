@@ -4,7 +4,11 @@
 //              attention accumulated over every query so far;
 //   snapkv     SnapKV: after a prompt, the observation window (its last tokens) and the
 //              earlier tokens the window attends to most (scores average-pooled, kernel 5);
-//   keydiff    KeyDiff: the keys least similar to the mean normalised key (no attention).
+//   keydiff    KeyDiff: the keys least similar to the mean normalised key (no attention);
+//   kvcompress KV-Compress: per-head variable budgets from one budget for the whole sequence;
+//              metric = squared attention of the last 8 prompt queries (then of every decode
+//              step), max-pooled over 7; the cheapest blocks of 16 go first across all heads
+//              and layers; the last 32 tokens are protected (fewer when the budget is tighter).
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -106,9 +110,70 @@ public:
     }
 };
 
+class KVCompress final : public EvictionPolicy {
+public:
+    static constexpr int32_t kProtected = 32, kBlock = 16, kPool = 7;
+    const char* name() const override { return "kvcompress"; }
+    AttentionStat stat() const override { return AttentionStat::kSquaredWindowThenDecode; }
+
+    // Metric per entry: the statistic max-pooled over kPool neighbours.
+    static std::vector<float> metric(const UnitView& u) {
+        std::vector<float> m(static_cast<size_t>(u.n));
+        for (int32_t j = 0; j < u.n; ++j) {
+            float best = 0.0f;
+            for (int32_t t = std::max(0, j - kPool / 2); t <= std::min(u.n - 1, j + kPool / 2); ++t) {
+                best = std::max(best, u.stat[t]);
+            }
+            m[j] = best;
+        }
+        return m;
+    }
+
+    std::vector<int32_t> budgets(const std::vector<const UnitView*>& units, int64_t total) const override {
+        // Blocks of kBlock entries per unit, in metric order; a block costs its largest metric.
+        struct Block {
+            float cost;
+            int32_t unit, size;
+        };
+        std::vector<Block> blocks;
+        std::vector<int32_t> keep(units.size());
+        int64_t kept = 0;
+        // Protection never takes more than an even share of the budget.
+        const int64_t share = units.empty() ? 0 : total / static_cast<int64_t>(units.size());
+        const int32_t protect = static_cast<int32_t>(std::min<int64_t>(kProtected, share));
+        for (size_t i = 0; i < units.size(); ++i) {
+            const UnitView& u = *units[i];
+            const int32_t prot = std::min(protect, u.n);
+            std::vector<float> m = metric(u);
+            m.resize(static_cast<size_t>(u.n - prot));  // protected entries are the newest
+            std::sort(m.begin(), m.end(), std::greater<>());
+            for (size_t b = 0; b < m.size(); b += kBlock) {
+                blocks.push_back({m[b], static_cast<int32_t>(i), static_cast<int32_t>(std::min<size_t>(kBlock, m.size() - b))});
+            }
+            keep[i] = u.n;
+            kept += u.n;
+        }
+        // Evict the cheapest blocks until the total fits; within a unit the cheapest blocks
+        // are its last ones in metric order, which select() then drops.
+        std::sort(blocks.begin(), blocks.end(), [](const Block& a, const Block& b) { return a.cost < b.cost; });
+        for (const Block& b : blocks) {
+            if (kept <= total) break;
+            keep[b.unit] -= b.size;
+            kept -= b.size;
+        }
+        return keep;
+    }
+
+    void select(const UnitView& u, int32_t budget, std::vector<uint8_t>& keep) const override {
+        const int32_t prot = std::min({kProtected, u.n, budget});
+        for (int32_t j = u.n - prot; j < u.n; ++j) keep[j] = 1;
+        keep_best(metric(u), 0, u.n - prot, budget - prot, keep);
+    }
+};
+
 }  // namespace
 
-const char* eviction_policy_names() { return "full, deltakv, streaming, h2o, snapkv, keydiff"; }
+const char* eviction_policy_names() { return "full, deltakv, streaming, h2o, snapkv, keydiff, kvcompress"; }
 
 Result<std::unique_ptr<EvictionPolicy>> make_eviction_policy(const EvictionConfig& c) {
     if (!(c.keep > 0.0f && c.keep <= 1.0f)) {
@@ -119,6 +184,7 @@ Result<std::unique_ptr<EvictionPolicy>> make_eviction_policy(const EvictionConfi
     if (c.policy == "h2o") return std::unique_ptr<EvictionPolicy>(new H2O());
     if (c.policy == "snapkv") return std::unique_ptr<EvictionPolicy>(new SnapKV(c.window));
     if (c.policy == "keydiff") return std::unique_ptr<EvictionPolicy>(new KeyDiff());
+    if (c.policy == "kvcompress") return std::unique_ptr<EvictionPolicy>(new KVCompress());
     return invalid_argument("unknown KV policy '" + c.policy + "' (known: " + eviction_policy_names() + ")");
 }
 

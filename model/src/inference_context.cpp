@@ -144,6 +144,7 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
         o.k = parts.profile->k;
         o.n_ctx = opts.n_ctx;
         parts.deltakv = kvstore::deltakv_options_for_keep(*parts.profile, opts.kv.keep, o);
+        if (!opts.deltakv_full_layers.empty()) parts.deltakv.full_layer = opts.deltakv_full_layers;
     } else if (opts.kv.policy != "full") {
         DS_ASSIGN_OR_RETURN(parts.policy, kvstore::make_eviction_policy(opts.kv));
         kvstore::HeadSlotPoolOptions ho{c.n_layers, c.n_kv_heads, c.head_dim, opts.n_ctx, dtype};

@@ -12,8 +12,11 @@
 // noted in ops/README.md.
 #include <sys/wait.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <numeric>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -67,7 +70,8 @@ struct Options {
 };
 
 // Records each layer's rows [K (pre-RoPE); V] of every token to OUT/kv/layer_XX.f32.
-Status record_kv(const Options& o, const model::Model& m, const fs::path& kv_dir, nlohmann::json& meta) {
+Status record_kv(const Options& o, const model::Model& m, const fs::path& kv_dir, nlohmann::json& meta,
+                 std::vector<int32_t>& first_sequence) {
     model::ContextOptions co;
     co.n_ctx = o.seq_len;
     co.n_threads = o.threads;
@@ -104,6 +108,7 @@ Status record_kv(const Options& o, const model::Model& m, const fs::path& kv_dir
             ctx->reset();
             DS_RETURN_IF_ERROR(ctx->eval(std::span<const int32_t>(tokens.data() + at, n)).status());
             lengths.push_back(static_cast<int32_t>(n));
+            if (first_sequence.empty()) first_sequence.assign(tokens.begin() + at, tokens.begin() + at + n);
             total += static_cast<int64_t>(n);
             std::fprintf(stderr, "[calibrate] recorded KV of %lld / %d tokens (%s)\n", static_cast<long long>(total),
                          o.max_tokens, fs::path(path).filename().c_str());
@@ -117,6 +122,46 @@ Status record_kv(const Options& o, const model::Model& m, const fs::path& kv_dir
     meta = {{"D", 2 * kv_dim}, {"n_layers", m.config.n_layers}, {"sequences", lengths}};
     std::ofstream(kv_dir / "meta.json") << meta.dump();
     return Status();
+}
+
+void log_softmax(const float* x, int32_t n, std::vector<double>& out) {
+    out.resize(static_cast<size_t>(n));
+    double mx = x[0], sum = 0;
+    for (int32_t i = 1; i < n; ++i) mx = std::max(mx, double(x[i]));
+    for (int32_t i = 0; i < n; ++i) sum += std::exp(double(x[i]) - mx);
+    for (int32_t i = 0; i < n; ++i) out[i] = double(x[i]) - mx - std::log(sum);
+}
+
+// Per-layer sensitivity: mean KL(full || DeltaKV with only that layer compressed) over a
+// calibration sequence fed 256 tokens at a time (so compression happens along the way).
+// Layer 0 always stays full (it observes for layer 1) and is not measured.
+Result<std::vector<double>> measure_sensitivity(const Options& o, const model::Model& m, const std::string& profile,
+                                                const std::vector<int32_t>& tokens) {
+    const int32_t n_layers = m.config.n_layers, n_vocab = m.config.n_vocab;
+    model::ContextOptions co;
+    co.n_ctx = static_cast<int32_t>(tokens.size());
+    co.n_threads = o.threads;
+    co.n_batch = 256;
+    DS_ASSIGN_OR_RETURN(auto full, model::InferenceContext::create(m, co));
+    DS_ASSIGN_OR_RETURN(std::vector<float> ref, full->eval_all(tokens));
+    std::vector<double> kl(static_cast<size_t>(n_layers), 0.0), lf, lp;
+    for (int32_t layer = 1; layer < n_layers; ++layer) {
+        co.kv.policy = "deltakv";
+        co.kv_profile = profile;
+        co.deltakv_full_layers.assign(static_cast<size_t>(n_layers), 1);
+        co.deltakv_full_layers[layer] = 0;
+        DS_ASSIGN_OR_RETURN(auto ctx, model::InferenceContext::create(m, co));
+        DS_ASSIGN_OR_RETURN(std::vector<float> got, ctx->eval_all(tokens));
+        for (size_t t = 0; t + 1 < tokens.size(); ++t) {
+            log_softmax(ref.data() + t * n_vocab, n_vocab, lf);
+            log_softmax(got.data() + t * n_vocab, n_vocab, lp);
+            double k = 0;
+            for (int32_t v = 0; v < n_vocab; ++v) k += std::exp(lf[v]) * (lf[v] - lp[v]);
+            kl[layer] += std::max(0.0, k) / static_cast<double>(tokens.size() - 1);
+        }
+        std::fprintf(stderr, "[calibrate] sensitivity of layer %d/%d: KL %.5f\n", layer, n_layers - 1, kl[layer]);
+    }
+    return kl;
 }
 
 }  // namespace
@@ -159,7 +204,8 @@ int calibrate_main(int argc, char** argv) {
         return 1;
     }
     nlohmann::json meta;
-    if (Status st = record_kv(o, **m, kv_dir, meta); !st.ok()) {
+    std::vector<int32_t> first_sequence;
+    if (Status st = record_kv(o, **m, kv_dir, meta, first_sequence); !st.ok()) {
         std::fprintf(stderr, "deltactl: error: %s\n", st.message().c_str());
         return 1;
     }
@@ -188,6 +234,19 @@ int calibrate_main(int argc, char** argv) {
         {"layers", train["layers"]}};
     std::ofstream(out / "deltakv.json") << profile.dump(1) << "\n";
     if (o.keep_kv != "yes") fs::remove_all(kv_dir, ec);
+    // Which layers lose most when compressed: they are the first kept full.
+    first_sequence.resize(std::min<size_t>(first_sequence.size(), 1024));
+    auto kl = measure_sensitivity(o, **m, (out / "deltakv.json").string(), first_sequence);
+    if (!kl.ok()) {
+        std::fprintf(stderr, "deltactl: error: measuring sensitivity: %s\n", kl.error().message().c_str());
+        return 1;
+    }
+    std::vector<int32_t> order(kl->size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin() + 1, order.end(), [&](int32_t a, int32_t b) { return (*kl)[a] > (*kl)[b]; });
+    profile["sensitivity_kl"] = *kl;
+    profile["sensitivity_order"] = order;
+    std::ofstream(out / "deltakv.json") << profile.dump(1) << "\n";
     std::fprintf(stderr, "[calibrate] profile written to %s\n", out.c_str());
     return 0;
 }

@@ -73,12 +73,19 @@ struct Feed {
 // Every (layer, head): positions increasing and in range, at most the budget (when the
 // policy shrank the cache on this commit), and the view lists exactly those entries with the
 // data stored for their positions.
-void check_invariants(const EvictingSequenceCache& c, const Feed& f, bool shrunk) {
+void check_invariants(const EvictingSequenceCache& c, const Feed& f, bool shrunk, bool per_unit_budget = true) {
+    int64_t total = 0;
+    for (int32_t layer = 0; layer < kLayers; ++layer) {
+        for (int32_t g = 0; g < kKvHeads; ++g) total += static_cast<int64_t>(c.positions(layer, g).size());
+    }
+    if (shrunk) {
+        EXPECT_LE(total, static_cast<int64_t>(c.budget(c.n_tokens())) * kLayers * kKvHeads) << "total budget";
+    }
     for (int32_t layer = 0; layer < kLayers; ++layer) {
         const kernels::KvView view = c.view(layer, 0);
         for (int32_t g = 0; g < kKvHeads; ++g) {
             const auto pos = c.positions(layer, g);
-            if (shrunk) {
+            if (shrunk && per_unit_budget) {
                 EXPECT_LE(static_cast<int32_t>(pos.size()), c.budget(c.n_tokens()));
             }
             ASSERT_EQ(view.n_of(g), static_cast<int32_t>(pos.size()));
@@ -120,7 +127,7 @@ TEST_P(PolicyTest, BudgetsRangesDataAndPromises) {
     const bool continual = GetParam() != "snapkv";
     for (int32_t n : {40, 24, 1, 1, 1, 30}) {
         f.chunk(*c, n);
-        check_invariants(*c, f, continual || n > 1);
+        check_invariants(*c, f, continual || n > 1, GetParam() != "kvcompress");
         const int32_t b = c->budget(c->n_tokens());
         for (int32_t layer = 0; layer < kLayers; ++layer) {
             for (int32_t g = 0; g < kKvHeads; ++g) {
@@ -133,6 +140,9 @@ TEST_P(PolicyTest, BudgetsRangesDataAndPromises) {
                     EXPECT_TRUE(has_all(pos, t - b / 2, t)) << "recent half";
                 } else if (GetParam() == "snapkv" && n > 1) {
                     EXPECT_TRUE(has_all(pos, t - 4, t)) << "observation window";
+                } else if (GetParam() == "kvcompress") {
+                    const int32_t protect = std::min(32, b);  // at most an even share of the budget
+                    EXPECT_TRUE(has_all(pos, t - protect, t)) << "the newest tokens are protected";
                 }
             }
         }
@@ -177,7 +187,7 @@ TEST_P(PolicyTest, NothingLeaksAndTruncateFrees) {
     for (int32_t u = 0; u < pool->n_units(); ++u) EXPECT_EQ(pool->free_slots(u), 100);
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, PolicyTest, ::testing::Values("streaming", "h2o", "snapkv", "keydiff"));
+INSTANTIATE_TEST_SUITE_P(Policies, PolicyTest, ::testing::Values("streaming", "h2o", "snapkv", "keydiff", "kvcompress"));
 
 // KeyDiff keeps the keys least similar to the mean normalised key: the same set as a direct
 // computation over the keys present before the cut.
@@ -214,6 +224,28 @@ TEST(KeyDiffPolicy, KeepsTheKeysFarthestFromTheMeanDirection) {
             EXPECT_EQ(std::vector<int32_t>(got.begin(), got.end()), want) << "layer " << layer << " head " << g;
         }
     }
+}
+
+// KV-Compress spends one budget over all heads: heads whose attention is spread out keep
+// more than heads that attend to a few tokens, and the total is what a uniform budget gives.
+TEST(KVCompressPolicy, BudgetsVaryPerHeadWithinTheTotal) {
+    auto pool = make_pool(400);
+    ThreadPool threads(2);
+    auto c = make_cache(*pool, threads, "kvcompress", 0.3f);
+    Feed f;
+    f.chunk(*c, 300);
+    std::set<size_t> sizes;
+    size_t total = 0;
+    for (int32_t layer = 0; layer < kLayers; ++layer) {
+        for (int32_t g = 0; g < kKvHeads; ++g) {
+            sizes.insert(c->positions(layer, g).size());
+            total += c->positions(layer, g).size();
+        }
+    }
+    EXPECT_GT(sizes.size(), 1u) << "budgets differ between heads";
+    EXPECT_LE(total, static_cast<size_t>(c->budget(300)) * kLayers * kKvHeads);
+    EXPECT_GE(total + 16 * kLayers * kKvHeads, static_cast<size_t>(c->budget(300)) * kLayers * kKvHeads)
+        << "within one block per unit of the total";
 }
 
 TEST(EvictionPolicy, UnknownNamesAndBadRatiosAreRejected) {

@@ -79,7 +79,7 @@ TEST_P(KvPolicyTest, PromptLogitsExactThenKeepRatioHeld) {
     EXPECT_LT(pol->kv_bytes(), full->kv_bytes());
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, KvPolicyTest, ::testing::Values("streaming", "h2o", "snapkv", "keydiff"));
+INSTANTIATE_TEST_SUITE_P(Policies, KvPolicyTest, ::testing::Values("streaming", "h2o", "snapkv", "keydiff", "kvcompress"));
 
 TEST_F(KvPolicyTest, BadPolicyOptionsAreRejected) {
     ContextOptions co;

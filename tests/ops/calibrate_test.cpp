@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -56,6 +57,13 @@ TEST_F(CalibrateTest, WritesAProfileThatBeatsTheReferenceMean) {
         EXPECT_LT(l["mse"].get<double>(), l["mse_ref_mean"].get<double>()) << l.dump();
     }
     EXPECT_FALSE(fs::exists(out_ + "/kv")) << "recorded KV is removed unless --keep-kv yes";
+    // Sensitivity was measured for every layer but the first, which stays full.
+    ASSERT_EQ(p["sensitivity_kl"].size(), 5u);
+    for (int l = 1; l < 5; ++l) EXPECT_GT(p["sensitivity_kl"][l].get<double>(), 0.0) << "layer " << l;
+    auto order = p["sensitivity_order"].get<std::vector<int>>();
+    EXPECT_EQ(order[0], 0);
+    std::sort(order.begin(), order.end());
+    EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4}));
 
     // The safetensors header names every tensor with its shape.
     std::ifstream st(out_ + "/deltakv.safetensors", std::ios::binary);

@@ -13,7 +13,7 @@
 namespace deltaserve::kvstore {
 
 struct EvictionConfig {
-    std::string policy = "full";  // full, streaming, h2o, snapkv, keydiff
+    std::string policy = "full";  // full, deltakv, streaming, h2o, snapkv, keydiff, kvcompress
     // Target keep ratio: bytes held over the bytes of the same tokens in an fp16 full cache
     // (metadata counted), in (0, 1].
     float keep = 1.0f;
@@ -41,6 +41,9 @@ enum class AttentionStat {
     kNone,
     kAllQueries,   // attention of every new query, accumulated (h2o)
     kLastWindow,   // attention of the last `window` queries of a chunk, reset per chunk (snapkv)
+    // Squared attention: of the last 8 queries of a chunk (reset per chunk), then added up
+    // over decode steps (KV-Compress, continual mode).
+    kSquaredWindowThenDecode,
 };
 
 class EvictionPolicy {
@@ -53,6 +56,13 @@ public:
     virtual bool continual() const { return true; }
     // Marks `budget` (< u.n) entries of u to keep in keep[0, u.n).
     virtual void select(const UnitView& u, int32_t budget, std::vector<uint8_t>& keep) const = 0;
+    // Policies that spread one budget over all (layer, head) units (KV-Compress): given every
+    // unit and the total entries the sequence may keep, the entries each unit keeps. Empty
+    // (the default): every unit gets the same budget.
+    virtual std::vector<int32_t> budgets(const std::vector<const UnitView*>& units, int64_t total) const {
+        (void)units, (void)total;
+        return {};
+    }
 };
 
 // Errors: kInvalidArgument for an unknown policy name or bad numbers.

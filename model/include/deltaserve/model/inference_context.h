@@ -40,6 +40,9 @@ struct ContextOptions {
     kvstore::EvictionConfig kv;
     // The compression profile (deltakv.json) the deltakv policy needs.
     std::string kv_profile;
+    // deltakv: which layers keep full attention (1 per layer); empty = chosen from kv.keep
+    // and the profile's sensitivity order. Calibration measures sensitivity with it.
+    std::vector<uint8_t> deltakv_full_layers;
 };
 
 class InferenceContext {
