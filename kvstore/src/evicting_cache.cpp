@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "deltaserve/kernels/attention_scores.h"
 #include "row_io.h"
@@ -148,6 +149,10 @@ void EvictingSequenceCache::shrink() {
         views.back().pos = unit.pos.data();
         views.back().stat = unit.stat.data();
         views.back().head_dim = pool_.options().head_dim;
+        views.back().layer = u / pool_.options().n_kv_heads;
+        views.back().n_layers = pool_.options().n_layers;
+        views.back().n_tokens = n_tokens_;
+        views.back().state = &unit.state;
     }
     std::vector<const UnitView*> ptrs;
     for (const auto& v : views) ptrs.push_back(&v);
@@ -163,6 +168,7 @@ void EvictingSequenceCache::shrink() {
         if (n <= keep_n) continue;
         keep.assign(static_cast<size_t>(n), 0);
         policy_->select(views[u], keep_n, keep);
+        apply_merges(u, policy_->merges(views[u], keep));
         freed.clear();
         size_t w = 0;
         for (size_t j = 0; j < unit.slot.size(); ++j) {  // reserved entries (j >= n) stay
@@ -179,6 +185,35 @@ void EvictingSequenceCache::shrink() {
         unit.pos.resize(w);
         unit.stat.resize(w);
         pool_.release(u, freed);
+    }
+}
+
+void EvictingSequenceCache::apply_merges(int32_t u, const std::vector<EvictionPolicy::Merge>& merges) {
+    if (merges.empty()) return;
+    const auto& o = pool_.options();
+    const Unit& unit = units_[u];
+    std::vector<float> acc_k(o.head_dim), acc_v(o.head_dim), x(o.head_dim);
+    // Merges grouped by target: the target's weight is the same in each of its merges.
+    std::vector<size_t> order(merges.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return merges[a].to < merges[b].to; });
+    for (size_t i = 0; i < order.size();) {
+        const int32_t to = merges[order[i]].to;
+        uint8_t* kt = pool_.k_row(u, unit.slot[to]);
+        uint8_t* vt = pool_.v_row(u, unit.slot[to]);
+        read_row(o.dtype, kt, acc_k.data(), o.head_dim);
+        read_row(o.dtype, vt, acc_v.data(), o.head_dim);
+        for (float& t : acc_k) t *= merges[order[i]].w_to;
+        for (float& t : acc_v) t *= merges[order[i]].w_to;
+        for (; i < order.size() && merges[order[i]].to == to; ++i) {
+            const auto& m = merges[order[i]];
+            read_row(o.dtype, pool_.k_row(u, unit.slot[m.from]), x.data(), o.head_dim);
+            for (int32_t d = 0; d < o.head_dim; ++d) acc_k[d] += m.w_from * x[d];
+            read_row(o.dtype, pool_.v_row(u, unit.slot[m.from]), x.data(), o.head_dim);
+            for (int32_t d = 0; d < o.head_dim; ++d) acc_v[d] += m.w_from * x[d];
+        }
+        write_row(o.dtype, kt, acc_k.data(), o.head_dim);
+        write_row(o.dtype, vt, acc_v.data(), o.head_dim);
     }
 }
 
@@ -211,7 +246,7 @@ void EvictingSequenceCache::truncate(int32_t n_keep) {
 size_t EvictingSequenceCache::bytes() const {
     size_t entries = 0;
     for (const Unit& u : units_) entries += u.slot.size();
-    return entries * entry_bytes();
+    return entries * entry_bytes() + units_.size() * sizeof(float);  // + each unit's policy state
 }
 
 std::span<const int32_t> EvictingSequenceCache::positions(int32_t layer, int32_t head) const {

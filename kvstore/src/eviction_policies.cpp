@@ -8,7 +8,12 @@
 //   kvcompress KV-Compress: per-head variable budgets from one budget for the whole sequence;
 //              metric = squared attention of the last 8 prompt queries (then of every decode
 //              step), max-pooled over 7; the cheapest blocks of 16 go first across all heads
-//              and layers; the last 32 tokens are protected (fewer when the budget is tighter).
+//              and layers; the last 32 tokens are protected (fewer when the budget is tighter);
+//   d2o        D2O: layer budgets from how spread each layer's attention is (low variance of
+//              the accumulated attention = more cache; layers 0, 1 and the last kept whole
+//              when affordable), then per head 4 sinks, a recent window and heavy hitters
+//              (1:1), and each evicted token merged into its most similar kept key when the
+//              similarity clears an EMA threshold (beta 0.7).
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -171,9 +176,122 @@ public:
     }
 };
 
+class D2O final : public EvictionPolicy {
+public:
+    static constexpr int32_t kSinks = 4;
+    static constexpr float kBeta = 0.7f;
+    const char* name() const override { return "d2o"; }
+    AttentionStat stat() const override { return AttentionStat::kAllQueries; }
+
+    std::vector<int32_t> budgets(const std::vector<const UnitView*>& units, int64_t total) const override {
+        if (units.empty()) return {};
+        const int32_t n_layers = units[0]->n_layers;
+        const size_t heads = units.size() / static_cast<size_t>(n_layers);
+        // Variance of each unit's accumulated attention, min-max normalised over all units,
+        // averaged per layer.
+        std::vector<double> var(units.size(), 0.0);
+        for (size_t i = 0; i < units.size(); ++i) {
+            const UnitView& u = *units[i];
+            double mean = 0, sq = 0;
+            for (int32_t j = 0; j < u.n; ++j) mean += u.stat[j];
+            mean /= std::max(1, u.n);
+            for (int32_t j = 0; j < u.n; ++j) sq += (u.stat[j] - mean) * (u.stat[j] - mean);
+            var[i] = sq / std::max(1, u.n);
+        }
+        const auto [lo, hi] = std::minmax_element(var.begin(), var.end());
+        const double span = *hi - *lo > 0 ? *hi - *lo : 1.0;
+        std::vector<double> v(static_cast<size_t>(n_layers), 0.0);
+        for (size_t i = 0; i < units.size(); ++i) v[i / heads] += (var[i] - *lo) / span / static_cast<double>(heads);
+        std::vector<int32_t> keep(units.size());
+        const int32_t n = units[0]->n_tokens;
+        auto whole = [&](int32_t l) { return l == 0 || l == 1 || l == n_layers - 1; };
+        // Layers 0, 1 and the last stay whole when the budget leaves the others 1% each.
+        const int64_t floor_each = std::max<int64_t>(1, n / 100) * static_cast<int64_t>(heads);
+        const bool protect = n_layers > 3 && total >= 3 * static_cast<int64_t>(heads) * n + (n_layers - 3) * floor_each;
+        const int64_t rest = protect ? total - 3 * static_cast<int64_t>(heads) * n : total;
+        // Softmax(-v) weights over the compressed layers, water-filled into [1% of n, n].
+        std::vector<double> w(static_cast<size_t>(n_layers), 0.0);
+        double wsum = 0;
+        for (int32_t l = 0; l < n_layers; ++l) {
+            if (protect && whole(l)) continue;
+            wsum += (w[l] = std::exp(-v[l]));
+        }
+        auto per_layer = [&](double c, int32_t l) {
+            return std::clamp(c * w[l] / wsum, std::max(1.0, 0.01 * n), static_cast<double>(n));
+        };
+        double lo_c = 0, hi_c = static_cast<double>(rest) * 2 + 1;
+        for (int it = 0; it < 60; ++it) {
+            const double c = (lo_c + hi_c) / 2;
+            double sum = 0;
+            for (int32_t l = 0; l < n_layers; ++l) {
+                if (!(protect && whole(l))) sum += per_layer(c, l) * static_cast<double>(heads);
+            }
+            (sum > static_cast<double>(rest) ? hi_c : lo_c) = c;
+        }
+        for (size_t i = 0; i < units.size(); ++i) {
+            const int32_t l = static_cast<int32_t>(i / heads);
+            keep[i] = protect && whole(l) ? n : static_cast<int32_t>(std::floor(per_layer(lo_c, l)));
+        }
+        return keep;
+    }
+
+    void select(const UnitView& u, int32_t budget, std::vector<uint8_t>& keep) const override {
+        const int32_t sinks = std::min(kSinks, budget);
+        for (int32_t j = 0; j < sinks; ++j) keep[j] = 1;
+        const int32_t recent = (budget - sinks) / 2;
+        for (int32_t j = u.n - recent; j < u.n; ++j) keep[j] = 1;
+        std::vector<float> score(u.stat, u.stat + u.n);
+        keep_best(score, sinks, u.n - recent, budget - sinks - recent, keep);
+    }
+
+    std::vector<Merge> merges(const UnitView& u, const std::vector<uint8_t>& keep) const override {
+        const int d = u.head_dim;
+        std::vector<int32_t> kept, evicted;
+        for (int32_t j = 0; j < u.n; ++j) (keep[j] ? kept : evicted).push_back(j);
+        if (kept.empty() || evicted.empty()) return {};
+        auto unit_key = [&](int32_t j, float* out) {
+            u.key(j, out);
+            double nrm = 0;
+            for (int i = 0; i < d; ++i) nrm += double(out[i]) * out[i];
+            const float inv = nrm > 0 ? static_cast<float>(1.0 / std::sqrt(nrm)) : 0.0f;
+            for (int i = 0; i < d; ++i) out[i] *= inv;
+        };
+        std::vector<float> kk(kept.size() * d), e(d);
+        for (size_t c = 0; c < kept.size(); ++c) unit_key(kept[c], kk.data() + c * d);
+        std::vector<std::pair<int32_t, float>> best(evicted.size());  // (kept index, cosine)
+        double mean_best = 0;
+        for (size_t i = 0; i < evicted.size(); ++i) {
+            unit_key(evicted[i], e.data());
+            best[i] = {0, -2.0f};
+            for (size_t c = 0; c < kept.size(); ++c) {
+                float s = 0;
+                for (int t = 0; t < d; ++t) s += e[t] * kk[c * d + t];
+                if (s > best[i].second) best[i] = {static_cast<int32_t>(c), s};
+            }
+            mean_best += best[i].second / static_cast<double>(evicted.size());
+        }
+        // EMA threshold over eviction rounds (the first round starts it at its own mean).
+        float& tau = *u.state;
+        tau = tau == 0.0f ? static_cast<float>(mean_best) : kBeta * static_cast<float>(mean_best) + (1 - kBeta) * tau;
+        // w_e = exp(u_e) / (sum exp(u) + e), w_c = e / (sum exp(u) + e), per target.
+        std::vector<double> denom(kept.size(), std::exp(1.0));
+        for (size_t i = 0; i < evicted.size(); ++i) {
+            if (best[i].second >= tau) denom[best[i].first] += std::exp(best[i].second);
+        }
+        std::vector<Merge> out;
+        for (size_t i = 0; i < evicted.size(); ++i) {
+            if (best[i].second < tau) continue;
+            const int32_t c = best[i].first;
+            out.push_back({evicted[i], kept[c], static_cast<float>(std::exp(best[i].second) / denom[c]),
+                           static_cast<float>(std::exp(1.0) / denom[c])});
+        }
+        return out;
+    }
+};
+
 }  // namespace
 
-const char* eviction_policy_names() { return "full, deltakv, streaming, h2o, snapkv, keydiff, kvcompress"; }
+const char* eviction_policy_names() { return "full, deltakv, streaming, h2o, snapkv, keydiff, kvcompress, d2o"; }
 
 Result<std::unique_ptr<EvictionPolicy>> make_eviction_policy(const EvictionConfig& c) {
     if (!(c.keep > 0.0f && c.keep <= 1.0f)) {
@@ -185,6 +303,7 @@ Result<std::unique_ptr<EvictionPolicy>> make_eviction_policy(const EvictionConfi
     if (c.policy == "snapkv") return std::unique_ptr<EvictionPolicy>(new SnapKV(c.window));
     if (c.policy == "keydiff") return std::unique_ptr<EvictionPolicy>(new KeyDiff());
     if (c.policy == "kvcompress") return std::unique_ptr<EvictionPolicy>(new KVCompress());
+    if (c.policy == "d2o") return std::unique_ptr<EvictionPolicy>(new D2O());
     return invalid_argument("unknown KV policy '" + c.policy + "' (known: " + eviction_policy_names() + ")");
 }
 

@@ -73,7 +73,8 @@ struct Feed {
 // Every (layer, head): positions increasing and in range, at most the budget (when the
 // policy shrank the cache on this commit), and the view lists exactly those entries with the
 // data stored for their positions.
-void check_invariants(const EvictingSequenceCache& c, const Feed& f, bool shrunk, bool per_unit_budget = true) {
+void check_invariants(const EvictingSequenceCache& c, const Feed& f, bool shrunk, bool per_unit_budget = true,
+                      bool data_unchanged = true) {
     int64_t total = 0;
     for (int32_t layer = 0; layer < kLayers; ++layer) {
         for (int32_t g = 0; g < kKvHeads; ++g) total += static_cast<int64_t>(c.positions(layer, g).size());
@@ -100,7 +101,7 @@ void check_invariants(const EvictingSequenceCache& c, const Feed& f, bool shrunk
                 EXPECT_TRUE(slots.insert(slot).second) << "slot listed twice";
                 const auto* kr = reinterpret_cast<const float*>(view.k + slot * view.row_stride + view.head_offset(g));
                 const auto* vr = reinterpret_cast<const float*>(view.v + slot * view.row_stride + view.head_offset(g));
-                for (int d = 0; d < kDim; ++d) {
+                for (int d = 0; d < kDim && data_unchanged; ++d) {
                     ASSERT_EQ(kr[d], f.key(pos[j], layer, g)[d]) << "K of position " << pos[j];
                     ASSERT_EQ(vr[d], f.value(pos[j], layer, g)[d]) << "V of position " << pos[j];
                 }
@@ -127,7 +128,8 @@ TEST_P(PolicyTest, BudgetsRangesDataAndPromises) {
     const bool continual = GetParam() != "snapkv";
     for (int32_t n : {40, 24, 1, 1, 1, 30}) {
         f.chunk(*c, n);
-        check_invariants(*c, f, continual || n > 1, GetParam() != "kvcompress");
+        const bool uniform = GetParam() != "kvcompress" && GetParam() != "d2o";
+        check_invariants(*c, f, continual || n > 1, uniform, GetParam() != "d2o");
         const int32_t b = c->budget(c->n_tokens());
         for (int32_t layer = 0; layer < kLayers; ++layer) {
             for (int32_t g = 0; g < kKvHeads; ++g) {
@@ -140,6 +142,10 @@ TEST_P(PolicyTest, BudgetsRangesDataAndPromises) {
                     EXPECT_TRUE(has_all(pos, t - b / 2, t)) << "recent half";
                 } else if (GetParam() == "snapkv" && n > 1) {
                     EXPECT_TRUE(has_all(pos, t - 4, t)) << "observation window";
+                } else if (GetParam() == "d2o") {
+                    const int32_t kept = static_cast<int32_t>(pos.size()), sinks = std::min(4, kept);
+                    EXPECT_TRUE(has_all(pos, 0, sinks)) << "sinks";
+                    EXPECT_TRUE(has_all(pos, t - (kept - sinks) / 2, t)) << "recent window";
                 } else if (GetParam() == "kvcompress") {
                     const int32_t protect = std::min(32, b);  // at most an even share of the budget
                     EXPECT_TRUE(has_all(pos, t - protect, t)) << "the newest tokens are protected";
@@ -187,7 +193,7 @@ TEST_P(PolicyTest, NothingLeaksAndTruncateFrees) {
     for (int32_t u = 0; u < pool->n_units(); ++u) EXPECT_EQ(pool->free_slots(u), 100);
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, PolicyTest, ::testing::Values("streaming", "h2o", "snapkv", "keydiff", "kvcompress"));
+INSTANTIATE_TEST_SUITE_P(Policies, PolicyTest, ::testing::Values("streaming", "h2o", "snapkv", "keydiff", "kvcompress", "d2o"));
 
 // KeyDiff keeps the keys least similar to the mean normalised key: the same set as a direct
 // computation over the keys present before the cut.
@@ -246,6 +252,35 @@ TEST(KVCompressPolicy, BudgetsVaryPerHeadWithinTheTotal) {
     EXPECT_LE(total, static_cast<size_t>(c->budget(300)) * kLayers * kKvHeads);
     EXPECT_GE(total + 16 * kLayers * kKvHeads, static_cast<size_t>(c->budget(300)) * kLayers * kKvHeads)
         << "within one block per unit of the total";
+}
+
+// D2O's merge: an evicted key close to a kept one (above the EMA threshold) is folded into
+// it with weights exp(u) / (exp(u) + e) and e / (exp(u) + e); a dissimilar one is dropped.
+struct FixedKeys final : UnitView {
+    std::vector<std::vector<float>> keys;
+    void key(int32_t j, float* out) const override { std::copy(keys[j].begin(), keys[j].end(), out); }
+};
+
+TEST(D2OPolicy, MergesOnlySimilarEvictedKeys) {
+    EvictionConfig c;
+    c.policy = "d2o";
+    auto p = make_eviction_policy(c);
+    ASSERT_TRUE(p.ok());
+    FixedKeys u;
+    u.keys = {{1, 0, 0, 0}, {0, 1, 0, 0}, {0.99f, 0.1f, 0, 0}, {0, 0, 1, 0}};  // kept, kept, near 0, apart
+    u.n = 4;
+    u.head_dim = 4;
+    float tau = 0.0f;
+    u.state = &tau;
+    const std::vector<uint8_t> keep = {1, 1, 0, 0};
+    const auto m = (*p)->merges(u, keep);
+    ASSERT_EQ(m.size(), 1u);
+    EXPECT_EQ(m[0].from, 2);
+    EXPECT_EQ(m[0].to, 0);
+    const double cosine = 0.99 / std::sqrt(0.99 * 0.99 + 0.01);
+    EXPECT_NEAR(m[0].w_from, std::exp(cosine) / (std::exp(cosine) + std::exp(1.0)), 1e-5);
+    EXPECT_NEAR(m[0].w_to, std::exp(1.0) / (std::exp(cosine) + std::exp(1.0)), 1e-5);
+    EXPECT_NEAR(tau, cosine / 2, 1e-5) << "first round: the threshold starts at the mean best similarity";
 }
 
 TEST(EvictionPolicy, UnknownNamesAndBadRatiosAreRejected) {

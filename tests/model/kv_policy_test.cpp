@@ -79,7 +79,7 @@ TEST_P(KvPolicyTest, PromptLogitsExactThenKeepRatioHeld) {
     EXPECT_LT(pol->kv_bytes(), full->kv_bytes());
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, KvPolicyTest, ::testing::Values("streaming", "h2o", "snapkv", "keydiff", "kvcompress"));
+INSTANTIATE_TEST_SUITE_P(Policies, KvPolicyTest, ::testing::Values("streaming", "h2o", "snapkv", "keydiff", "kvcompress", "d2o"));
 
 TEST_F(KvPolicyTest, BadPolicyOptionsAreRejected) {
     ContextOptions co;

@@ -45,7 +45,9 @@ private:
     struct Unit {
         std::vector<int32_t> slot, pos;  // kept entries in position order, then reserved ones
         std::vector<float> stat;         // the policy's attention statistic, per entry
+        float state = 0.0f;              // the policy's own (UnitView::state)
     };
+    void apply_merges(int32_t unit, const std::vector<EvictionPolicy::Merge>& merges);
     int32_t committed(const Unit& u) const { return static_cast<int32_t>(u.slot.size()) - n_reserved_; }
     size_t entry_bytes() const;
     void shrink();

@@ -13,7 +13,7 @@
 namespace deltaserve::kvstore {
 
 struct EvictionConfig {
-    std::string policy = "full";  // full, deltakv, streaming, h2o, snapkv, keydiff, kvcompress
+    std::string policy = "full";  // full, deltakv, streaming, h2o, snapkv, keydiff, kvcompress, d2o
     // Target keep ratio: bytes held over the bytes of the same tokens in an fp16 full cache
     // (metadata counted), in (0, 1].
     float keep = 1.0f;
@@ -29,6 +29,9 @@ struct UnitView {
     const int32_t* pos = nullptr;
     const float* stat = nullptr;
     int32_t head_dim = 0;
+    int32_t layer = 0, n_layers = 0;  // where the unit sits
+    int32_t n_tokens = 0;             // tokens in the sequence
+    float* state = nullptr;           // one float the policy may keep per unit (D2O's threshold)
     // Key of entry j (after RoPE) as floats into out[head_dim].
     virtual void key(int32_t j, float* out) const = 0;
 
@@ -61,6 +64,17 @@ public:
     // (the default): every unit gets the same budget.
     virtual std::vector<int32_t> budgets(const std::vector<const UnitView*>& units, int64_t total) const {
         (void)units, (void)total;
+        return {};
+    }
+    // An evicted entry folded into a kept one (D2O): the kept entry's K and V become
+    // w_to * itself + sum of w_from * each entry merged into it.
+    struct Merge {
+        int32_t from = 0, to = 0;
+        float w_from = 0.0f, w_to = 1.0f;
+    };
+    // After select(): which evicted entries to merge, and how. Default: none.
+    virtual std::vector<Merge> merges(const UnitView& u, const std::vector<uint8_t>& keep) const {
+        (void)u, (void)keep;
         return {};
     }
 };
