@@ -86,28 +86,37 @@ void int4_unpack(const uint8_t* in, int m, float* z) {
     for (int i = 0; i < m; ++i) z[i] = lo + s * static_cast<float>(i % 2 == 0 ? q[i / 2] & 15 : q[i / 2] >> 4);
 }
 
-void rope_inverse(float* x, int n_heads, int head_dim, int64_t pos, float base, RopeStyle style) {
-    // RoPE at -pos is not the exact inverse in float (the angles round differently); rotate
-    // by the same angles the forward RoPE used, the other way.
-    const int half = head_dim / 2;
-    std::vector<float> c(half), s(half);
+void rope_angles(int64_t pos, int head_dim, float base, float* c, float* s) {
     const float theta_scale = std::pow(base, -2.0f / static_cast<float>(head_dim));
     float theta = static_cast<float>(pos);
-    for (int j = 0; j < half; ++j) {
+    for (int j = 0; j < head_dim / 2; ++j) {
         c[j] = std::cos(theta);
         s[j] = std::sin(theta);
         theta *= theta_scale;
     }
+}
+
+void rope_apply(float* x, int n_heads, int head_dim, const float* c, const float* s, RopeStyle style, bool inverse) {
+    const int half = head_dim / 2;
+    const float sign = inverse ? -1.0f : 1.0f;
     for (int hd = 0; hd < n_heads; ++hd) {
         float* v = x + static_cast<int64_t>(hd) * head_dim;
         for (int j = 0; j < half; ++j) {
             const int i0 = style == RopeStyle::kInterleaved ? 2 * j : j;
             const int i1 = style == RopeStyle::kInterleaved ? 2 * j + 1 : j + half;
-            const float a = v[i0], b = v[i1];
-            v[i0] = a * c[j] + b * s[j];
-            v[i1] = -a * s[j] + b * c[j];
+            const float a = v[i0], b = v[i1], sj = sign * s[j];
+            v[i0] = a * c[j] - b * sj;
+            v[i1] = a * sj + b * c[j];
         }
     }
+}
+
+void rope_inverse(float* x, int n_heads, int head_dim, int64_t pos, float base, RopeStyle style) {
+    // RoPE at -pos is not the exact inverse in float (the angles round differently); rotate
+    // by the same angles the forward RoPE used, the other way.
+    std::vector<float> c(static_cast<size_t>(head_dim / 2)), s(c.size());
+    rope_angles(pos, head_dim, base, c.data(), s.data());
+    rope_apply(x, n_heads, head_dim, c.data(), s.data(), style, true);
 }
 
 }  // namespace deltaserve::kernels

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "deltaserve/kernels/matmul.h"
 #include "row_io.h"
 
 namespace deltaserve::kvstore {
@@ -231,52 +232,82 @@ void DeltaKvSequenceCache::load_x(int32_t sl, int32_t pos, float* x) const {
     k::rope_inverse(x, options_.n_kv_heads, options_.head_dim, pos, options_.rope_theta, options_.rope_style);
 }
 
+const float* DeltaKvSequenceCache::angles(int32_t pos) {
+    auto [it, fresh] = angle_index_.try_emplace(pos, static_cast<int32_t>(angle_table_.size()));
+    if (fresh) {
+        const int half = options_.head_dim / 2;
+        angle_table_.resize(angle_table_.size() + 2 * half);
+        float* a = angle_table_.data() + it->second;
+        k::rope_angles(pos, options_.head_dim, options_.rope_theta, a, a + half);
+    }
+    return angle_table_.data() + it->second;
+}
+
 void DeltaKvSequenceCache::reconstruct(int32_t layer) {
     reconstructed_[layer] = 1;
     if (selected_.empty()) return;
     const int32_t sl = layer_index_[layer];
-    const int32_t d = profile_.d, kv_dim = d / 2, kk = options_.k;
+    const int32_t d = profile_.d, m = profile_.m, kv_dim = d / 2, kk = options_.k, half = options_.head_dim / 2;
     const k::DeltaKvLayer& w = profile_.layers[layer];
-    // References' x, de-RoPEd once for the whole selection.
-    std::vector<int32_t> ref_row(static_cast<size_t>(comp_end_), -1);
-    std::vector<float> ref_x;
+    // The compressed tokens of the selection, their references' x (de-RoPEd once), and the
+    // RoPE angles of every position involved (shared by the group's layers).
+    std::vector<int32_t> comp, ref_row(static_cast<size_t>(comp_end_), -1), ref_pos;
     for (size_t j = 0; j < selected_.size(); ++j) {
         const int32_t lat = latent_of_[selected_[j]];
-        if (lat < 0) continue;
+        if (lat < 0) continue;  // a reference: attended from its own slot
+        comp.push_back(static_cast<int32_t>(j));
+        angles(selected_[j]);
         for (int32_t r = 0; r < kk; ++r) {
             const int32_t pos = refs_[sl][static_cast<size_t>(lat) * kk + r];
             if (pos < 0 || ref_row[pos] >= 0) continue;
-            ref_row[pos] = static_cast<int32_t>(ref_x.size() / d);
-            ref_x.resize(ref_x.size() + d);
-            load_x(sl, pos, ref_x.data() + ref_x.size() - d);
+            ref_row[pos] = static_cast<int32_t>(ref_pos.size());
+            ref_pos.push_back(pos);
+            angles(pos);
         }
     }
-    threads_.parallel_for(static_cast<int64_t>(selected_.size()), 16, [&](int64_t b, int64_t e) {
-        std::vector<float> z(static_cast<size_t>(profile_.m)), r(d), x(d);
-        for (int64_t j = b; j < e; ++j) {
-            const int32_t pos = selected_[j];
-            const int32_t lat = latent_of_[pos];
-            if (lat < 0) continue;  // a reference: attended from its own slot
+    const int64_t n = static_cast<int64_t>(comp.size());
+    std::vector<float> ref_x(ref_pos.size() * d), z(static_cast<size_t>(n) * m), x(static_cast<size_t>(n) * d);
+    threads_.parallel_for(static_cast<int64_t>(ref_pos.size()), 32, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+            float* xi = ref_x.data() + i * d;
+            read_row(k::DType::kF16, sparse_pool_->k_row(sl, sparse_slot_[ref_pos[i]]), xi, kv_dim);
+            read_row(k::DType::kF16, sparse_pool_->v_row(sl, sparse_slot_[ref_pos[i]]), xi + kv_dim, kv_dim);
+            const float* a = angle_table_.data() + angle_index_.at(ref_pos[i]);
+            k::rope_apply(xi, options_.n_kv_heads, options_.head_dim, a, a + half, options_.rope_style, true);
+        }
+    });
+    threads_.parallel_for(n, 32, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+            const int32_t lat = latent_of_[selected_[comp[i]]];
             const uint8_t* packed = latents_[sl].data() + static_cast<size_t>(lat) * latent_bytes();
             if (options_.latent_bits == 4) {
-                k::int4_unpack(packed, profile_.m, z.data());
+                k::int4_unpack(packed, m, z.data() + i * m);
             } else {
-                read_row(k::DType::kF16, packed, z.data(), profile_.m);
+                read_row(k::DType::kF16, packed, z.data() + i * m, m);
             }
-            std::fill(r.begin(), r.end(), 0.0f);
+        }
+    });
+    k::matmul(w.wd, z.data(), m, n, x.data(), d, threads_);  // Dec(z) for every token at once
+    threads_.parallel_for(n, 32, [&](int64_t b, int64_t e) {
+        std::vector<float> r(static_cast<size_t>(d));
+        for (int64_t i = b; i < e; ++i) {
+            const int32_t j = comp[i], pos = selected_[j], lat = latent_of_[pos];
+            float* xi = x.data() + i * d;
             int32_t nr = 0;
+            std::fill(r.begin(), r.end(), 0.0f);
             for (int32_t q = 0; q < kk; ++q) {
                 const int32_t rp = refs_[sl][static_cast<size_t>(lat) * kk + q];
                 if (rp < 0) continue;
                 const float* rx = ref_x.data() + static_cast<size_t>(ref_row[rp]) * d;
-                for (int32_t i = 0; i < d; ++i) r[i] += rx[i];
+                for (int32_t t = 0; t < d; ++t) r[t] += rx[t];
                 ++nr;
             }
-            for (auto& v : r) v /= static_cast<float>(std::max(nr, 1));
-            k::deltakv_decode(w, z.data(), r.data(), x.data());
-            k::rope(x.data(), options_.n_kv_heads, options_.head_dim, pos, options_.rope_theta, options_.rope_style);
-            write_row(k::DType::kF16, sparse_pool_->k_row(sl, selected_slot_[j]), x.data(), kv_dim);
-            write_row(k::DType::kF16, sparse_pool_->v_row(sl, selected_slot_[j]), x.data() + kv_dim, kv_dim);
+            const float inv = 1.0f / static_cast<float>(std::max(nr, 1));
+            for (int32_t t = 0; t < d; ++t) xi[t] += r[t] * inv;
+            const float* a = angle_table_.data() + angle_index_.at(pos);
+            k::rope_apply(xi, options_.n_kv_heads, options_.head_dim, a, a + half, options_.rope_style, false);
+            write_row(k::DType::kF16, sparse_pool_->k_row(sl, selected_slot_[j]), xi, kv_dim);
+            write_row(k::DType::kF16, sparse_pool_->v_row(sl, selected_slot_[j]), xi + kv_dim, kv_dim);
         }
     });
 }
@@ -284,6 +315,8 @@ void DeltaKvSequenceCache::reconstruct(int32_t layer) {
 void DeltaKvSequenceCache::release_temp() {
     if (sparse_pool_ && !temp_slots_.empty()) sparse_pool_->release(temp_slots_);
     temp_slots_.clear();
+    angle_index_.clear();
+    angle_table_.clear();
     selected_.clear();
     selected_slot_.clear();
 }

@@ -42,4 +42,9 @@ void int4_unpack(const uint8_t* in, int m, float* z);
 // RoPE's inverse: turns K after RoPE at pos back into K before it.
 void rope_inverse(float* x, int n_heads, int head_dim, int64_t pos, float base, RopeStyle style);
 
+// The cosines and sines RoPE uses at pos (head_dim / 2 of each, computed as rope() does), and
+// RoPE or its inverse applied with them: for many tokens at few positions, the angles once.
+void rope_angles(int64_t pos, int head_dim, float base, float* cos_out, float* sin_out);
+void rope_apply(float* x, int n_heads, int head_dim, const float* c, const float* s, RopeStyle style, bool inverse);
+
 }  // namespace deltaserve::kernels

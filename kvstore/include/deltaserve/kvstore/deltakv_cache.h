@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "deltaserve/common/thread_pool.h"
@@ -79,6 +80,8 @@ private:
     size_t latent_bytes() const;
     void compress_oldest(int32_t count);
     void reconstruct(int32_t layer);
+    // RoPE angles of a position (cos then sin), computed once per forward call.
+    const float* angles(int32_t pos);
     void release_temp();
     // x = [K before RoPE; V] of a full-precision token of sparse layer `sl`.
     void load_x(int32_t sl, int32_t pos, float* x) const;
@@ -101,6 +104,8 @@ private:
     // slot of each (its own sparse slot when it is full precision).
     std::vector<int32_t> selected_, selected_slot_, temp_slots_;
     std::vector<uint8_t> reconstructed_;  // per layer: done for this forward call
+    std::unordered_map<int32_t, int32_t> angle_index_;  // position -> offset in angle_table_
+    std::vector<float> angle_table_;
     mutable std::vector<int32_t> view_slots_;
 };
 
