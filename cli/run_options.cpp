@@ -1,6 +1,7 @@
 #include "run_options.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <random>
 
 #include "deltaserve/common/logging.h"
@@ -21,7 +22,9 @@ void RunOptions::register_flags(ArgParser& p) {
     p.add("kv-policy", &kv_policy,
           std::string("KV cache policy: ") + kvstore::eviction_policy_names() + " (full keeps every token)");
     p.add("kv-keep", &kv_keep, "target keep ratio of the KV cache in (0, 1]: bytes held / fp16 full-cache bytes");
-    p.add("kv-profile", &kv_profile, "DeltaKV compression profile (deltakv.json from deltactl calibrate)");
+    p.add("kv-profile", &kv_profile,
+          "DeltaKV compression profile (deltakv.json from deltactl calibrate; default: "
+          "profiles/<model file name>/deltakv.json when present)");
     p.add("temperature", &temperature, "sampling temperature; 0 = greedy");
     p.add("top-k", &top_k, "top-k sampling; 0 = off");
     p.add("top-p", &top_p, "top-p (nucleus) sampling; 1 = off");
@@ -53,6 +56,12 @@ model::ContextOptions RunOptions::context() const {
     c.kv.policy = kv_policy;
     c.kv.keep = kv_keep;
     c.kv_profile = kv_profile;
+    // deltakv without --kv-profile: the profile setup calibrates, profiles/<model file>/.
+    if (kv_policy == "deltakv" && kv_profile.empty()) {
+        const std::string guess =
+            "profiles/" + std::filesystem::path(model_path).filename().string() + "/deltakv.json";
+        if (std::filesystem::exists(guess)) c.kv_profile = guess;
+    }
     c.attention = attention == "ggml" ? model::AttentionNumerics::kGgml : model::AttentionNumerics::kNative;
     return c;
 }
