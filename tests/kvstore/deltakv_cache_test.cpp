@@ -230,6 +230,29 @@ TEST(DeltaKvCache, TruncateIntoTheCompressedRegionAndGoOn) {
     EXPECT_GT((*c)->compressed_tokens(), 12);
 }
 
+TEST(DeltaKvCache, SameInputsSameCache) {
+    std::mt19937 rng(1);
+    const DeltaKvProfile p = zero_decoder_profile(rng);
+    ThreadPool threads(2);
+    std::vector<std::vector<float>> rows[2];
+    for (auto& out : rows) {
+        auto c = DeltaKvSequenceCache::create(p, options(), threads);
+        ASSERT_TRUE(c.ok());
+        Data data;  // the same seed each time
+        data.chunk(**c, 40);
+        data.chunk(**c, 1);
+        for (int32_t l = 0; l < kLayers; ++l) {
+            const k::KvView v = (*c)->view(l, 0);
+            for (int32_t e = 0; e < v.n; ++e) {
+                const auto* kr = reinterpret_cast<const uint16_t*>(v.k + v.slots[e] * v.row_stride);
+                out.emplace_back(kr, kr + kKvDim);
+            }
+        }
+        EXPECT_GT((*c)->compressed_tokens(), 0);
+    }
+    EXPECT_EQ(rows[0], rows[1]);
+}
+
 TEST(DeltaKvCache, ProfileThatDoesNotFitIsRejected) {
     std::mt19937 rng(1);
     DeltaKvProfile p = zero_decoder_profile(rng);
