@@ -23,8 +23,8 @@ void RunOptions::register_flags(ArgParser& p) {
           std::string("KV cache policy: ") + kvstore::eviction_policy_names() + " (full keeps every token)");
     p.add("kv-keep", &kv_keep, "target keep ratio of the KV cache in (0, 1]: bytes held / fp16 full-cache bytes");
     p.add("kv-profile", &kv_profile,
-          "DeltaKV compression profile (deltakv.json from deltactl calibrate; default: "
-          "profiles/<model file name>/deltakv.json when present)");
+          "deltakv.json or trimkv.json from deltactl calibrate (default: "
+          "profiles/<model file name>/<policy>.json when present)");
     p.add("temperature", &temperature, "sampling temperature; 0 = greedy");
     p.add("top-k", &top_k, "top-k sampling; 0 = off");
     p.add("top-p", &top_p, "top-p (nucleus) sampling; 1 = off");
@@ -56,10 +56,10 @@ model::ContextOptions RunOptions::context() const {
     c.kv.policy = kv_policy;
     c.kv.keep = kv_keep;
     c.kv_profile = kv_profile;
-    // deltakv without --kv-profile: the profile setup calibrates, profiles/<model file>/.
-    if (kv_policy == "deltakv" && kv_profile.empty()) {
+    // deltakv / trimkv without --kv-profile: what setup calibrates in profiles/<model file>/.
+    if ((kv_policy == "deltakv" || kv_policy == "trimkv") && kv_profile.empty()) {
         const std::string guess =
-            "profiles/" + std::filesystem::path(model_path).filename().string() + "/deltakv.json";
+            "profiles/" + std::filesystem::path(model_path).filename().string() + "/" + kv_policy + ".json";
         if (std::filesystem::exists(guess)) c.kv_profile = guess;
     }
     c.attention = attention == "ggml" ? model::AttentionNumerics::kGgml : model::AttentionNumerics::kNative;

@@ -170,7 +170,7 @@ kernels::KvView DeltaKvSequenceCache::view(int32_t layer, int32_t n_visible_new)
 }
 
 void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape& shape, const float* q,
-                                   int64_t ldq, int32_t n) {
+                                   int64_t ldq, const float* /*hidden*/, int64_t /*ldh*/, int32_t n) {
     const bool observation = options_.full_layer[layer] && layer + 1 < options_.n_layers &&
                              !options_.full_layer[layer + 1];
     if (!observation) return;

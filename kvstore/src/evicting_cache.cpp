@@ -113,9 +113,20 @@ kernels::KvView EvictingSequenceCache::view(int32_t layer, int32_t n_visible_new
 }
 
 void EvictingSequenceCache::observe(int32_t layer, const kernels::AttentionShape& shape, const float* q,
-                                    int64_t ldq, int32_t n) {
+                                    int64_t ldq, const float* hidden, int64_t ldh, int32_t n) {
     const AttentionStat stat = policy_->stat();
     if (stat == AttentionStat::kNone) return;
+    if (stat == AttentionStat::kTokenGate) {
+        const int32_t heads = pool_.options().n_kv_heads;
+        std::vector<float> gate(static_cast<size_t>(n) * heads);
+        policy_->token_gate(layer, hidden, ldh, n, gate.data());
+        for (int32_t g = 0; g < heads; ++g) {
+            Unit& unit = units_[pool_.unit(layer, g)];
+            const int32_t first = committed(unit);  // the new entries follow the committed ones
+            for (int32_t i = 0; i < n; ++i) unit.stat[first + i] = gate[static_cast<size_t>(i) * heads + g];
+        }
+        return;
+    }
     const kernels::KvView v = view(layer, n);
     const int32_t u0 = pool_.unit(layer, 0);
     // Which queries count, and whether earlier statistics are dropped first.

@@ -13,7 +13,10 @@
 //              the accumulated attention = more cache; layers 0, 1 and the last kept whole
 //              when affordable), then per head 4 sinks, a recent window and heavy hitters
 //              (1:1), and each evicted token merged into its most similar kept key when the
-//              similarity clears an EMA threshold (beta 0.7).
+//              similarity clears an EMA threshold (beta 0.7);
+//   trimkv     TRIM-KV: each token's learned retention beta (a gate on its hidden state,
+//              evaluated once when it is created); a token i scores (t - i) log beta_i at
+//              time t, and each head keeps its best. No sinks or windows: the gates learn them.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -289,9 +292,50 @@ public:
     }
 };
 
+class TrimKV final : public EvictionPolicy {
+public:
+    explicit TrimKV(std::shared_ptr<const RetentionGates> gates) : gates_(std::move(gates)) {}
+    const char* name() const override { return "trimkv"; }
+    AttentionStat stat() const override { return AttentionStat::kTokenGate; }
+
+    void token_gate(int32_t layer, const float* hidden, int64_t ldh, int32_t n, float* out) const override {
+        const RetentionGates& g = *gates_;
+        const RetentionGates::Layer& w = g.layers[layer];
+        std::vector<float> u(static_cast<size_t>(g.hidden));
+        for (int32_t i = 0; i < n; ++i) {
+            const float* h = hidden + i * ldh;
+            for (int32_t j = 0; j < g.hidden; ++j) {
+                const float* row = w.w1.data() + static_cast<size_t>(j) * g.d_model;
+                float a = w.b1[j];
+                for (int32_t t = 0; t < g.d_model; ++t) a += row[t] * h[t];
+                u[j] = a / (1.0f + std::exp(-a));
+            }
+            for (int32_t head = 0; head < g.n_kv_heads; ++head) {
+                const float* row = w.w2.data() + static_cast<size_t>(head) * g.hidden;
+                float z = w.b2[head];
+                for (int32_t j = 0; j < g.hidden; ++j) z += row[j] * u[j];
+                // log sigmoid(z), stable for either sign
+                out[static_cast<size_t>(i) * g.n_kv_heads + head] =
+                    z >= 0 ? -std::log1p(std::exp(-z)) : z - std::log1p(std::exp(z));
+            }
+        }
+    }
+
+    void select(const UnitView& u, int32_t budget, std::vector<uint8_t>& keep) const override {
+        std::vector<float> score(static_cast<size_t>(u.n));
+        for (int32_t j = 0; j < u.n; ++j) score[j] = static_cast<float>(u.n_tokens - u.pos[j]) * u.stat[j];
+        keep_best(score, 0, u.n, budget, keep);
+    }
+
+private:
+    std::shared_ptr<const RetentionGates> gates_;
+};
+
 }  // namespace
 
-const char* eviction_policy_names() { return "full, deltakv, streaming, h2o, snapkv, keydiff, kvcompress, d2o"; }
+const char* eviction_policy_names() {
+    return "full, deltakv, streaming, h2o, snapkv, keydiff, kvcompress, d2o, trimkv";
+}
 
 Result<std::unique_ptr<EvictionPolicy>> make_eviction_policy(const EvictionConfig& c) {
     if (!(c.keep > 0.0f && c.keep <= 1.0f)) {
@@ -304,6 +348,10 @@ Result<std::unique_ptr<EvictionPolicy>> make_eviction_policy(const EvictionConfi
     if (c.policy == "keydiff") return std::unique_ptr<EvictionPolicy>(new KeyDiff());
     if (c.policy == "kvcompress") return std::unique_ptr<EvictionPolicy>(new KVCompress());
     if (c.policy == "d2o") return std::unique_ptr<EvictionPolicy>(new D2O());
+    if (c.policy == "trimkv") {
+        if (!c.gates) return invalid_argument("the trimkv policy needs trained gates (--kv-profile trimkv.json)");
+        return std::unique_ptr<EvictionPolicy>(new TrimKV(c.gates));
+    }
     return invalid_argument("unknown KV policy '" + c.policy + "' (known: " + eviction_policy_names() + ")");
 }
 

@@ -33,6 +33,8 @@ Result<std::unique_ptr<kvstore::DeltaKvProfile>> load_deltakv_profile(const std:
         p->k = j.at("k").get<int32_t>();
         p->stride = j.at("stride").get<int32_t>();
         p->sinks = j.at("sinks").get<int32_t>();
+        p->window = j.value("window", 64);
+        p->latent_bits = j.value("latent_bits", 4);
     } catch (const nlohmann::json::exception& e) {
         return invalid_argument(json_path + ": " + e.what());
     }

@@ -118,6 +118,7 @@ void Forward::attention_layer(int32_t layer, std::span<const SequenceInput> batc
             k::rope(kk, cfg_.n_kv_heads, cfg_.head_dim, positions_[t], cfg_.rope_theta, cfg_.rope_style);
         }
     });
+    if (attention_tap_) attention_tap_(layer, xn_.data(), d, q_.data(), qd, k_.data(), kvd, n);
     k::AttentionShape shape{cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim,
                             1.0f / std::sqrt(static_cast<float>(cfg_.head_dim))};
     int64_t row = 0;
@@ -131,7 +132,7 @@ void Forward::attention_layer(int32_t layer, std::span<const SequenceInput> batc
         } else {
             k::attention(shape, view, q_.data() + row * qd, qd, ns, attn_.data() + row * qd, qd, pool_);
         }
-        s.cache->observe(layer, shape, q_.data() + row * qd, qd, ns);
+        s.cache->observe(layer, shape, q_.data() + row * qd, qd, xn_.data() + row * d, d, ns);
         row += ns;
     }
     k::matmul(w.wo, attn_.data(), qd, n, tmp_.data(), d, pool_);

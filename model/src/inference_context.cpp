@@ -9,6 +9,7 @@
 #include "deltaserve/kvstore/kv_cache.h"
 #include "deltaserve/model/deltakv_profile.h"
 #include "deltaserve/model/forward.h"
+#include "deltaserve/model/trimkv_profile.h"
 
 namespace deltaserve::model {
 
@@ -66,6 +67,7 @@ public:
     const Model& model() const override { return model_; }
     size_t kv_bytes() const override { return cache_->bytes(); }
     void set_kv_tap(KvTap tap) override { forward_.set_kv_tap(std::move(tap)); }
+    void set_attention_tap(AttentionTap tap) override { forward_.set_attention_tap(std::move(tap)); }
     double keep_ratio() const override {
         const size_t full = kvstore::full_fp16_bytes(n_past(), model_.config.n_layers, model_.config.kv_dim());
         return full == 0 ? 1.0 : static_cast<double>(cache_->bytes()) / static_cast<double>(full);
@@ -142,10 +144,18 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
         o.sinks = parts.profile->sinks;
         o.stride = parts.profile->stride;
         o.k = parts.profile->k;
+        o.window = parts.profile->window;
+        o.latent_bits = parts.profile->latent_bits;
         o.n_ctx = opts.n_ctx;
         parts.deltakv = kvstore::deltakv_options_for_keep(*parts.profile, opts.kv.keep, o);
         if (!opts.deltakv_full_layers.empty()) parts.deltakv.full_layer = opts.deltakv_full_layers;
     } else if (opts.kv.policy != "full") {
+        if (opts.kv.policy == "trimkv") {
+            if (opts.kv_profile.empty()) {
+                return invalid_argument("the trimkv policy needs its gates (--kv-profile trimkv.json; deltactl calibrate)");
+            }
+            DS_ASSIGN_OR_RETURN(opts.kv.gates, load_trimkv_gates(opts.kv_profile, c));
+        }
         DS_ASSIGN_OR_RETURN(parts.policy, kvstore::make_eviction_policy(opts.kv));
         kvstore::HeadSlotPoolOptions ho{c.n_layers, c.n_kv_heads, c.head_dim, opts.n_ctx, dtype};
         DS_ASSIGN_OR_RETURN(parts.head_slots, kvstore::HeadSlotPool::create(ho));

@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -66,7 +67,9 @@ std::string shell_quote(const std::string& s) {
 struct Options {
     std::string model_path, tokenizer_path, texts = kDefaultTexts, out, python = default_python();
     int32_t max_tokens = 16384, seq_len = 2048, epochs = 8, threads = 0;
+    int32_t trimkv_tokens = 4096, trimkv_seq = 512, trimkv_epochs = 6;
     std::string keep_kv;  // "yes" keeps OUT/kv
+    std::string steps = "deltakv,trimkv";
 };
 
 // Records each layer's rows [K (pre-RoPE); V] of every token to OUT/kv/layer_XX.f32.
@@ -124,6 +127,67 @@ Status record_kv(const Options& o, const model::Model& m, const fs::path& kv_dir
     return Status();
 }
 
+// TRIM-KV's training data: each layer's attention inputs (normed hidden states, Q and K after
+// RoPE) over sequences of trimkv_seq tokens from the calibration texts, to DIR/layer_XX.{h,q,k}.f32.
+Status record_attention(const Options& o, const model::Model& m, const fs::path& dir) {
+    const model::ModelConfig& c = m.config;
+    model::ContextOptions co;
+    co.n_ctx = o.trimkv_seq;
+    co.n_threads = o.threads;
+    DS_ASSIGN_OR_RETURN(auto ctx, model::InferenceContext::create(m, co));
+    std::vector<std::array<std::ofstream, 3>> files(static_cast<size_t>(c.n_layers));
+    for (int32_t l = 0; l < c.n_layers; ++l) {
+        char name[32];
+        for (int f = 0; f < 3; ++f) {
+            std::snprintf(name, sizeof name, "layer_%02d.%c.f32", l, "hqk"[f]);
+            files[l][f].open(dir / name, std::ios::binary);
+            if (!files[l][f]) return internal_error("cannot write " + (dir / name).string());
+        }
+    }
+    const auto put = [](std::ofstream& f, const float* p, int64_t n) {
+        f.write(reinterpret_cast<const char*>(p), static_cast<std::streamsize>(n * sizeof(float)));
+    };
+    ctx->set_attention_tap([&](int32_t layer, const float* h, int64_t ldh, const float* q, int64_t ldq, const float* k,
+                               int64_t ldk, int64_t n) {
+        for (int64_t t = 0; t < n; ++t) {
+            put(files[layer][0], h + t * ldh, c.d_model);
+            put(files[layer][1], q + t * ldq, c.q_dim());
+            put(files[layer][2], k + t * ldk, c.kv_dim());
+        }
+    });
+    std::vector<int32_t> lengths;
+    int64_t total = 0;
+    for (const std::string& path : split(o.texts, ',')) {
+        std::ifstream in(path, std::ios::binary);
+        if (!in) return not_found("cannot open calibration text " + path);
+        std::stringstream s;
+        s << in.rdbuf();
+        DS_ASSIGN_OR_RETURN(auto tokens, m.tokenizer->encode(s.str(), m.tokenizer->vocab().add_bos, false));
+        for (size_t at = 0; at + static_cast<size_t>(o.trimkv_seq) <= tokens.size() && total < o.trimkv_tokens;
+             at += static_cast<size_t>(o.trimkv_seq)) {
+            ctx->reset();
+            DS_RETURN_IF_ERROR(
+                ctx->eval(std::span<const int32_t>(tokens.data() + at, static_cast<size_t>(o.trimkv_seq))).status());
+            lengths.push_back(o.trimkv_seq);
+            total += o.trimkv_seq;
+        }
+    }
+    for (auto& layer : files) {
+        for (auto& f : layer) {
+            f.close();
+            if (!f) return internal_error("writing recorded attention inputs failed (disk full?)");
+        }
+    }
+    if (lengths.empty()) return invalid_argument("no calibration text holds a TRIM-KV sequence");
+    std::ofstream(dir / "meta.json") << nlohmann::json{{"d_model", c.d_model},   {"n_heads", c.n_heads},
+                                                       {"n_kv_heads", c.n_kv_heads}, {"head_dim", c.head_dim},
+                                                       {"n_layers", c.n_layers}, {"sequences", lengths}}
+                                            .dump();
+    std::fprintf(stderr, "[calibrate] recorded attention inputs of %lld tokens for TRIM-KV\n",
+                 static_cast<long long>(total));
+    return Status();
+}
+
 void log_softmax(const float* x, int32_t n, std::vector<double>& out) {
     out.resize(static_cast<size_t>(n));
     double mx = x[0], sum = 0;
@@ -164,48 +228,14 @@ Result<std::vector<double>> measure_sensitivity(const Options& o, const model::M
     return kl;
 }
 
-}  // namespace
-
-int calibrate_main(int argc, char** argv) {
-    Options o;
-    ArgParser p("deltactl calibrate",
-                "Trains DeltaKV compressors for --model from text and writes a compression profile "
-                "(deltakv.safetensors + deltakv.json) to --out.");
-    p.add("model", &o.model_path, "GGUF file, Hugging Face directory or llama2.c checkpoint");
-    p.add("tokenizer", &o.tokenizer_path, "tokenizer file overriding the model's");
-    p.add("text", &o.texts, "calibration text files, comma-separated");
-    p.add("tokens", &o.max_tokens, "calibration tokens at most");
-    p.add("seq-len", &o.seq_len, "tokens per calibration sequence");
-    p.add("epochs", &o.epochs, "training epochs per layer");
-    p.add("threads", &o.threads, "threads for the model; 0 = one per core");
-    p.add("out", &o.out, "profile folder (default: profiles/<model file name>)");
-    p.add("python", &o.python, "Python 3 with NumPy for the trainer");
-    p.add("keep-kv", &o.keep_kv, "yes: keep the recorded KV in <out>/kv");
-    if (auto code = parse_flags(p, argc, argv)) return *code;
-    init_logging("warn");
-    if (o.model_path.empty()) {
-        std::fprintf(stderr, "deltactl: error: --model is required\n");
-        return 2;
-    }
-    if (o.out.empty()) o.out = "profiles/" + fs::path(o.model_path).filename().string();
-    model::LoadOptions lo;
-    lo.tokenizer_path = o.tokenizer_path;
-    lo.show_progress = false;
-    auto m = model::load_model(o.model_path, lo);
-    if (!m.ok()) {
-        std::fprintf(stderr, "deltactl: error: %s\n", m.error().message().c_str());
-        return 1;
-    }
-    const fs::path out(o.out), kv_dir = out / "kv";
+// Records KV, trains the compressors, measures sensitivity, writes OUT/deltakv.json.
+int calibrate_deltakv(const Options& o, const model::Model& m, const fs::path& out) {
+    const fs::path kv_dir = out / "kv";
     std::error_code ec;
     fs::create_directories(kv_dir, ec);
-    if (ec) {
-        std::fprintf(stderr, "deltactl: error: cannot create %s: %s\n", kv_dir.c_str(), ec.message().c_str());
-        return 1;
-    }
     nlohmann::json meta;
     std::vector<int32_t> first_sequence;
-    if (Status st = record_kv(o, **m, kv_dir, meta, first_sequence); !st.ok()) {
+    if (Status st = record_kv(o, m, kv_dir, meta, first_sequence); !st.ok()) {
         std::fprintf(stderr, "deltactl: error: %s\n", st.message().c_str());
         return 1;
     }
@@ -223,20 +253,20 @@ int calibrate_main(int argc, char** argv) {
         std::fprintf(stderr, "deltactl: error: the trainer wrote no readable %s\n", (out / "train.json").c_str());
         return 1;
     }
-    const model::ModelConfig& c = (*m)->config;
+    const model::ModelConfig& c = m.config;
     nlohmann::json profile = {
         {"format", "deltaserve-deltakv/1"},
         {"model_id", model::deltakv_model_id(c)},
         {"weights", "deltakv.safetensors"},
         {"D", train["D"]}, {"m", train["m"]}, {"hidden", train["hidden"]}, {"k", train["k"]},
-        {"stride", train["stride"]}, {"sinks", train["sinks"]}, {"window", 128}, {"latent_bits", 4},
+        {"stride", train["stride"]}, {"sinks", train["sinks"]}, {"window", 64}, {"latent_bits", 4},
         {"calibration", {{"texts", split(o.texts, ',')}, {"tokens", meta["sequences"]}}},
         {"layers", train["layers"]}};
     std::ofstream(out / "deltakv.json") << profile.dump(1) << "\n";
     if (o.keep_kv != "yes") fs::remove_all(kv_dir, ec);
     // Which layers lose most when compressed: they are the first kept full.
     first_sequence.resize(std::min<size_t>(first_sequence.size(), 1024));
-    auto kl = measure_sensitivity(o, **m, (out / "deltakv.json").string(), first_sequence);
+    auto kl = measure_sensitivity(o, m, (out / "deltakv.json").string(), first_sequence);
     if (!kl.ok()) {
         std::fprintf(stderr, "deltactl: error: measuring sensitivity: %s\n", kl.error().message().c_str());
         return 1;
@@ -247,6 +277,89 @@ int calibrate_main(int argc, char** argv) {
     profile["sensitivity_kl"] = *kl;
     profile["sensitivity_order"] = order;
     std::ofstream(out / "deltakv.json") << profile.dump(1) << "\n";
+    return 0;
+}
+
+// Records attention inputs, trains the gates, writes OUT/trimkv.json beside the weights.
+int train_trimkv(const Options& o, const model::Model& m, const fs::path& out) {
+    const fs::path dir = out / "trimkv_data";
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (Status st = record_attention(o, m, dir); !st.ok()) {
+        std::fprintf(stderr, "deltactl: error: %s\n", st.message().c_str());
+        return 1;
+    }
+    const std::string trainer = std::string(DELTASERVE_SOURCE_DIR) + "/ops/calibrate/train_trimkv.py";
+    const std::string cmd = shell_quote(o.python) + " " + shell_quote(trainer) + " --data " + shell_quote(dir.string()) +
+                            " --out " + shell_quote(out.string()) + " --epochs " + std::to_string(o.trimkv_epochs);
+    const int rc = std::system(cmd.c_str());
+    if (o.keep_kv != "yes") fs::remove_all(dir, ec);
+    if (rc != 0) {
+        std::fprintf(stderr, "deltactl: error: the TRIM-KV trainer failed (exit %d): %s\n", WEXITSTATUS(rc), cmd.c_str());
+        return 1;
+    }
+    std::ifstream in(out / "trimkv_train.json");
+    const auto train = nlohmann::json::parse(in, nullptr, false);
+    if (train.is_discarded()) {
+        std::fprintf(stderr, "deltactl: error: the TRIM-KV trainer wrote no readable report\n");
+        return 1;
+    }
+    const nlohmann::json j = {{"format", "deltaserve-trimkv/1"}, {"model_id", model::deltakv_model_id(m.config)},
+                              {"weights", "trimkv.safetensors"}, {"hidden", train["hidden"]},
+                              {"capacity", train["capacity"]}, {"layers", train["layers"]}};
+    std::ofstream(out / "trimkv.json") << j.dump(1) << "\n";
+    std::fprintf(stderr, "[calibrate] TRIM-KV gates written to %s\n", (out / "trimkv.json").c_str());
+    return 0;
+}
+
+}  // namespace
+
+int calibrate_main(int argc, char** argv) {
+    Options o;
+    ArgParser p("deltactl calibrate",
+                "Trains DeltaKV compressors for --model from text and writes a compression profile "
+                "(deltakv.safetensors + deltakv.json) to --out.");
+    p.add("model", &o.model_path, "GGUF file, Hugging Face directory or llama2.c checkpoint");
+    p.add("tokenizer", &o.tokenizer_path, "tokenizer file overriding the model's");
+    p.add("text", &o.texts, "calibration text files, comma-separated");
+    p.add("tokens", &o.max_tokens, "calibration tokens at most");
+    p.add("seq-len", &o.seq_len, "tokens per calibration sequence");
+    p.add("epochs", &o.epochs, "training epochs per layer");
+    p.add("threads", &o.threads, "threads for the model; 0 = one per core");
+    p.add("out", &o.out, "profile folder (default: profiles/<model file name>)");
+    p.add("python", &o.python, "Python 3 with NumPy for the trainer");
+    p.add("keep-kv", &o.keep_kv, "yes: keep the recorded KV in <out>/kv");
+    p.add("steps", &o.steps, "what to train: deltakv, trimkv or both");
+    p.add("trimkv-tokens", &o.trimkv_tokens, "TRIM-KV gates: training tokens (0: do not train gates)");
+    p.add("trimkv-seq", &o.trimkv_seq, "TRIM-KV gates: tokens per training sequence");
+    p.add("trimkv-epochs", &o.trimkv_epochs, "TRIM-KV gates: epochs per layer");
+    if (auto code = parse_flags(p, argc, argv)) return *code;
+    init_logging("warn");
+    if (o.model_path.empty()) {
+        std::fprintf(stderr, "deltactl: error: --model is required\n");
+        return 2;
+    }
+    if (o.out.empty()) o.out = "profiles/" + fs::path(o.model_path).filename().string();
+    model::LoadOptions lo;
+    lo.tokenizer_path = o.tokenizer_path;
+    lo.show_progress = false;
+    auto m = model::load_model(o.model_path, lo);
+    if (!m.ok()) {
+        std::fprintf(stderr, "deltactl: error: %s\n", m.error().message().c_str());
+        return 1;
+    }
+    const fs::path out(o.out);
+    std::error_code ec;
+    fs::create_directories(out, ec);
+    if (ec) {
+        std::fprintf(stderr, "deltactl: error: cannot create %s: %s\n", out.c_str(), ec.message().c_str());
+        return 1;
+    }
+    const auto steps = split(o.steps, ',');
+    const bool do_deltakv = std::find(steps.begin(), steps.end(), "deltakv") != steps.end();
+    const bool do_trimkv = std::find(steps.begin(), steps.end(), "trimkv") != steps.end() && o.trimkv_tokens > 0;
+    if (do_deltakv && calibrate_deltakv(o, **m, out) != 0) return 1;
+    if (do_trimkv && train_trimkv(o, **m, out) != 0) return 1;
     std::fprintf(stderr, "[calibrate] profile written to %s\n", out.c_str());
     return 0;
 }

@@ -94,7 +94,7 @@ struct Data {
             if (c.compressed_tokens() == 0) {
                 ASSERT_EQ(v.n, p0 + n) << "nothing compressed yet: every token";
             }
-            c.observe(l, kShape, q.data(), kHeads * kHeadDim, n);
+            c.observe(l, kShape, q.data(), kHeads * kHeadDim, nullptr, 0, n);
         }
         c.commit(n);
     }
@@ -207,7 +207,7 @@ TEST(DeltaKvCache, DecodeStepReconstructsSelectedTokensFromTheirNearestReference
                 }
             }
         }
-        c.observe(l, kShape, q.data(), kHeads * kHeadDim, 1);
+        c.observe(l, kShape, q.data(), kHeads * kHeadDim, nullptr, 0, 1);
     }
     c.commit(1);
     EXPECT_EQ(c.n_tokens(), 41);

@@ -15,7 +15,7 @@
 namespace deltaserve::kvstore {
 namespace {
 
-constexpr int kLayers = 2, kKvHeads = 2, kHeads = 4, kDim = 8;
+constexpr int kLayers = 2, kKvHeads = 2, kHeads = 4, kDim = 8, kHidden = 12;
 const kernels::AttentionShape kShape{kHeads, kKvHeads, kDim, 1.0f / std::sqrt(float(kDim))};
 
 std::unique_ptr<HeadSlotPool> make_pool(int32_t slots) {
@@ -25,12 +25,32 @@ std::unique_ptr<HeadSlotPool> make_pool(int32_t slots) {
     return std::move(*p);
 }
 
+// Random TRIM-KV gates for the test model (retention around 0.9).
+std::shared_ptr<const RetentionGates> random_gates() {
+    auto g = std::make_shared<RetentionGates>();
+    g->d_model = kHidden;
+    g->hidden = 8;
+    g->n_kv_heads = kKvHeads;
+    std::mt19937 rng(21);
+    std::normal_distribution<float> nd(0.0f, 0.5f);
+    for (int l = 0; l < kLayers; ++l) {
+        RetentionGates::Layer w;
+        for (int i = 0; i < 8 * kHidden; ++i) w.w1.push_back(nd(rng));
+        w.b1.assign(8, 0.0f);
+        for (int i = 0; i < kKvHeads * 8; ++i) w.w2.push_back(nd(rng));
+        w.b2.assign(kKvHeads, 2.0f);
+        g->layers.push_back(w);
+    }
+    return g;
+}
+
 std::unique_ptr<EvictingSequenceCache> make_cache(HeadSlotPool& pool, ThreadPool& threads, const std::string& name,
                                                   float keep) {
     EvictionConfig c;
     c.policy = name;
     c.keep = keep;
     c.window = 4;
+    if (name == "trimkv") c.gates = random_gates();
     auto policy = make_eviction_policy(c);
     EXPECT_TRUE(policy.ok());
     return std::make_unique<EvictingSequenceCache>(pool, std::move(*policy), c, threads);
@@ -47,6 +67,7 @@ struct Feed {
         const int32_t p0 = c.n_tokens();
         const int kvd = kKvHeads * kDim;
         std::vector<float> kk(static_cast<size_t>(n) * kvd), vv(kk.size()), q(static_cast<size_t>(n) * kHeads * kDim);
+        std::vector<float> h(static_cast<size_t>(n) * kHidden);
         for (int32_t layer = 0; layer < kLayers; ++layer) {
             for (int32_t i = 0; i < n; ++i) {
                 auto& kp = k[p0 + i];
@@ -59,8 +80,9 @@ struct Feed {
                 }
             }
             for (auto& x : q) x = nd(rng);
+            for (auto& x : h) x = nd(rng);
             c.store(layer, 0, n, kk.data(), vv.data(), kvd);
-            c.observe(layer, kShape, q.data(), kHeads * kDim, n);
+            c.observe(layer, kShape, q.data(), kHeads * kDim, h.data(), kHidden, n);
         }
         c.commit(n);
     }
@@ -193,7 +215,7 @@ TEST_P(PolicyTest, NothingLeaksAndTruncateFrees) {
     for (int32_t u = 0; u < pool->n_units(); ++u) EXPECT_EQ(pool->free_slots(u), 100);
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, PolicyTest, ::testing::Values("streaming", "h2o", "snapkv", "keydiff", "kvcompress", "d2o"));
+INSTANTIATE_TEST_SUITE_P(Policies, PolicyTest, ::testing::Values("streaming", "h2o", "snapkv", "keydiff", "kvcompress", "d2o", "trimkv"));
 
 // KeyDiff keeps the keys least similar to the mean normalised key: the same set as a direct
 // computation over the keys present before the cut.
@@ -281,6 +303,28 @@ TEST(D2OPolicy, MergesOnlySimilarEvictedKeys) {
     EXPECT_NEAR(m[0].w_from, std::exp(cosine) / (std::exp(cosine) + std::exp(1.0)), 1e-5);
     EXPECT_NEAR(m[0].w_to, std::exp(1.0) / (std::exp(cosine) + std::exp(1.0)), 1e-5);
     EXPECT_NEAR(tau, cosine / 2, 1e-5) << "first round: the threshold starts at the mean best similarity";
+}
+
+// TRIM-KV keeps the tokens whose retention has decayed least: (t - i) log beta_i highest.
+TEST(TrimKVPolicy, KeepsTheLeastDecayed) {
+    EvictionConfig c;
+    c.policy = "trimkv";
+    c.gates = random_gates();
+    auto p = make_eviction_policy(c);
+    ASSERT_TRUE(p.ok());
+    FixedKeys u;
+    const std::vector<int32_t> pos = {0, 3, 7, 8, 9};
+    const std::vector<float> log_beta = {-0.001f, -0.5f, -0.01f, -2.0f, -0.3f};
+    u.n = 5;
+    u.pos = pos.data();
+    u.stat = log_beta.data();
+    u.n_tokens = 10;
+    // scores: -0.010, -3.5, -0.03, -4.0, -0.3 -> keep positions 0, 7, 9
+    std::vector<uint8_t> keep(5, 0);
+    (*p)->select(u, 3, keep);
+    EXPECT_EQ(keep, (std::vector<uint8_t>{1, 0, 1, 0, 1}));
+    c.gates = nullptr;
+    EXPECT_EQ(make_eviction_policy(c).status().code(), StatusCode::kInvalidArgument) << "no gates, no trimkv";
 }
 
 TEST(EvictionPolicy, UnknownNamesAndBadRatiosAreRejected) {

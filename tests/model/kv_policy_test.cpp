@@ -39,6 +39,7 @@ protected:
         co.n_threads = 2;
         co.kv.policy = policy;
         co.kv.keep = keep;
+        if (policy == "trimkv") co.kv_profile = testing::default_trimkv_gates();
         auto ctx = InferenceContext::create(*model_, co);
         EXPECT_TRUE(ctx.ok()) << ctx.error().to_string();
         return ctx.ok() ? std::move(*ctx) : nullptr;
@@ -48,6 +49,7 @@ protected:
 Model* KvPolicyTest::model_ = nullptr;
 
 TEST_P(KvPolicyTest, PromptLogitsExactThenKeepRatioHeld) {
+    if (GetParam() == "trimkv") DS_REQUIRE_FILE(testing::default_trimkv_gates(), "TRIM-KV gates (setup trains them)");
     auto tokens = model_->tokenizer->encode(kText, false, false);
     ASSERT_TRUE(tokens.ok());
     ASSERT_GT(tokens->size(), 64u);
@@ -79,7 +81,7 @@ TEST_P(KvPolicyTest, PromptLogitsExactThenKeepRatioHeld) {
     EXPECT_LT(pol->kv_bytes(), full->kv_bytes());
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, KvPolicyTest, ::testing::Values("streaming", "h2o", "snapkv", "keydiff", "kvcompress", "d2o"));
+INSTANTIATE_TEST_SUITE_P(Policies, KvPolicyTest, ::testing::Values("streaming", "h2o", "snapkv", "keydiff", "kvcompress", "d2o", "trimkv"));
 
 TEST_F(KvPolicyTest, BadPolicyOptionsAreRejected) {
     ContextOptions co;

@@ -33,6 +33,7 @@ protected:
     CliResult calibrate(const std::vector<std::string>& more) {
         std::vector<std::string> args = {"calibrate", "--model", stories_model(), "--tokenizer", stories_tokenizer(),
                                          "--text", kText, "--tokens", "1200", "--seq-len", "400", "--epochs", "3",
+                                         "--trimkv-tokens", "512", "--trimkv-seq", "128", "--trimkv-epochs", "2",
                                          "--threads", "2", "--out", out_};
         args.insert(args.end(), more.begin(), more.end());
         return run_binary(deltactl_binary(), args, "", std::chrono::seconds(120));
@@ -64,6 +65,15 @@ TEST_F(CalibrateTest, WritesAProfileThatBeatsTheReferenceMean) {
     EXPECT_EQ(order[0], 0);
     std::sort(order.begin(), order.end());
     EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4}));
+
+    // TRIM-KV gates were trained too, with progress, and start from retaining everything.
+    EXPECT_NE(r.err.find("[trimkv] layer 5/5 epoch 2/2"), std::string::npos);
+    std::ifstream tin(out_ + "/trimkv.json");
+    const auto t = nlohmann::json::parse(tin);
+    EXPECT_EQ(t["format"], "deltaserve-trimkv/1");
+    EXPECT_EQ(t["layers"].size(), 5u);
+    EXPECT_TRUE(fs::exists(out_ + "/trimkv.safetensors"));
+    EXPECT_FALSE(fs::exists(out_ + "/trimkv_data"));
 
     // The safetensors header names every tensor with its shape.
     std::ifstream st(out_ + "/deltakv.safetensors", std::ios::binary);

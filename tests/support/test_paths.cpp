@@ -29,5 +29,9 @@ std::string default_deltakv_profile() {
     return env_or("DELTASERVE_PROFILES_DIR", std::string(DELTASERVE_SOURCE_DIR) + "/profiles") +
            "/SmolLM2-135M-Instruct.Q4_1.gguf/deltakv.json";
 }
+std::string default_trimkv_gates() {
+    return env_or("DELTASERVE_PROFILES_DIR", std::string(DELTASERVE_SOURCE_DIR) + "/profiles") +
+           "/SmolLM2-135M-Instruct.Q4_1.gguf/trimkv.json";
+}
 
 }  // namespace deltaserve::testing

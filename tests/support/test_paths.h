@@ -28,6 +28,7 @@ std::string default_gguf_model();
 // The default model's DeltaKV profile, which setup calibrates ($DELTASERVE_PROFILES_DIR or
 // <repo>/profiles).
 std::string default_deltakv_profile();
+std::string default_trimkv_gates();
 
 }  // namespace deltaserve::testing
 

@@ -22,7 +22,7 @@ namespace deltaserve::kvstore {
 // per layer; full layers do not use theirs).
 struct DeltaKvProfile {
     std::string model_id;
-    int32_t d = 0, m = 0, k = 4, stride = 10, sinks = 16;
+    int32_t d = 0, m = 0, k = 4, stride = 10, sinks = 16, window = 64, latent_bits = 4;
     std::vector<kernels::DeltaKvLayer> layers;
     // Layers ordered from the most to the least sensitive to compression (full layers are
     // taken from the front).
@@ -62,7 +62,7 @@ public:
     void store(int32_t layer, int32_t first, int32_t n, const float* k, const float* v, int64_t ld) override;
     kernels::KvView view(int32_t layer, int32_t n_visible_new) const override;
     void observe(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq,
-                 int32_t n) override;
+                 const float* hidden, int64_t ldh, int32_t n) override;
     void commit(int32_t n) override;
     void truncate(int32_t n_keep) override;
     // Full layers, full-precision tokens of the sparse layers, latents with their reference

@@ -12,13 +12,26 @@
 
 namespace deltaserve::kvstore {
 
+// TRIM-KV's retention gates, one per layer: log beta = logsigmoid(W2 SiLU(W1 h + b1) + b2),
+// one value per KV head, from the hidden state h entering the layer's attention (after its
+// norm). Trained by `deltactl calibrate`, loaded by model/ (trimkv_profile.h).
+struct RetentionGates {
+    int32_t d_model = 0, hidden = 0, n_kv_heads = 0;
+    struct Layer {
+        std::vector<float> w1, b1;  // [hidden][d_model], [hidden]
+        std::vector<float> w2, b2;  // [n_kv_heads][hidden], [n_kv_heads]
+    };
+    std::vector<Layer> layers;
+};
+
 struct EvictionConfig {
-    std::string policy = "full";  // full, deltakv, streaming, h2o, snapkv, keydiff, kvcompress, d2o
+    std::string policy = "full";  // full, deltakv, streaming, h2o, snapkv, keydiff, kvcompress, d2o, trimkv
     // Target keep ratio: bytes held over the bytes of the same tokens in an fp16 full cache
     // (metadata counted), in (0, 1].
     float keep = 1.0f;
     int32_t sinks = 4;    // streaming: first tokens always kept
     int32_t window = 32;  // snapkv: observation window; h2o / streaming: at least this recent
+    std::shared_ptr<const RetentionGates> gates;  // trimkv
 };
 
 // What a policy sees of one (layer, KV head) when it must shrink it: the entries in
@@ -47,6 +60,9 @@ enum class AttentionStat {
     // Squared attention: of the last 8 queries of a chunk (reset per chunk), then added up
     // over decode steps (KV-Compress, continual mode).
     kSquaredWindowThenDecode,
+    // Not attention: a value per token and KV head computed once, when the token is created,
+    // from the hidden state entering attention (TRIM-KV's log retention).
+    kTokenGate,
 };
 
 class EvictionPolicy {
@@ -72,6 +88,11 @@ public:
         int32_t from = 0, to = 0;
         float w_from = 0.0f, w_to = 1.0f;
     };
+    // kTokenGate policies: the value of each of n new tokens for every KV head
+    // (out[i * n_kv_heads + g]), from their hidden states (ldh floats apart).
+    virtual void token_gate(int32_t layer, const float* hidden, int64_t ldh, int32_t n, float* out) const {
+        (void)layer, (void)hidden, (void)ldh, (void)n, (void)out;
+    }
     // After select(): which evicted entries to merge, and how. Default: none.
     virtual std::vector<Merge> merges(const UnitView& u, const std::vector<uint8_t>& keep) const {
         (void)u, (void)keep;

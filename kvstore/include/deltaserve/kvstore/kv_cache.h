@@ -34,11 +34,12 @@ public:
     // ones already stored.
     virtual kernels::KvView view(int32_t layer, int32_t n_visible_new) const = 0;
     // Called after a layer's attention with that layer's queries for the new positions
-    // (after RoPE; n rows ldq floats apart, all n stored and visible): a policy that ranks
-    // tokens by attention gathers its statistics here. Default: nothing.
+    // (after RoPE; n rows ldq floats apart, all n stored and visible) and the hidden states
+    // that entered the attention (after its norm; ldh floats apart): a policy that ranks
+    // tokens by attention or by a learned gate gathers its statistics here. Default: nothing.
     virtual void observe(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq,
-                         int32_t n) {
-        (void)layer, (void)shape, (void)q, (void)ldq, (void)n;
+                         const float* hidden, int64_t ldh, int32_t n) {
+        (void)layer, (void)shape, (void)q, (void)ldq, (void)hidden, (void)ldh, (void)n;
     }
     // Makes n reserved positions part of the sequence (a compressing cache shrinks here).
     virtual void commit(int32_t n) = 0;

@@ -32,6 +32,11 @@ using LayerObserver = std::function<void(int32_t layer)>;
 // (calibration records DeltaKV's training data from here).
 using KvTap = std::function<void(int32_t layer, const float* k, const float* v, int64_t n, int64_t ld)>;
 
+// Sees what each layer's attention starts from: the normed hidden states (ldh floats apart),
+// Q and K after RoPE (ldq / ldk apart), for n new tokens (calibration of TRIM-KV's gates).
+using AttentionTap = std::function<void(int32_t layer, const float* hidden, int64_t ldh, const float* q, int64_t ldq,
+                                        const float* k, int64_t ldk, int64_t n)>;
+
 class Forward {
 public:
     Forward(const Model& model, ThreadPool& pool);
@@ -45,6 +50,7 @@ public:
 
     void set_layer_observer(LayerObserver observer) { observer_ = std::move(observer); }
     void set_kv_tap(KvTap tap) { kv_tap_ = std::move(tap); }
+    void set_attention_tap(AttentionTap tap) { attention_tap_ = std::move(tap); }
     void set_attention_numerics(AttentionNumerics numerics) { numerics_ = numerics; }
 
 private:
@@ -58,6 +64,7 @@ private:
     ThreadPool& pool_;
     LayerObserver observer_;
     KvTap kv_tap_;
+    AttentionTap attention_tap_;
     AttentionNumerics numerics_ = AttentionNumerics::kNative;
     std::vector<int32_t> positions_;  // absolute position of every new token
     // Scratch, [n_tokens][width] each.

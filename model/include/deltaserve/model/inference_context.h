@@ -38,7 +38,7 @@ struct ContextOptions {
     AttentionNumerics attention = AttentionNumerics::kNative;
     // KV cache policy and keep ratio. Default: "full" (every token, no eviction).
     kvstore::EvictionConfig kv;
-    // The compression profile (deltakv.json) the deltakv policy needs.
+    // The compression profile the deltakv policy (deltakv.json) or trimkv (trimkv.json) needs.
     std::string kv_profile;
     // deltakv: which layers keep full attention (1 per layer); empty = chosen from kv.keep
     // and the profile's sensitivity order. Calibration measures sensitivity with it.
@@ -76,6 +76,8 @@ public:
     virtual const Model& model() const = 0;
     // Sees every layer's new K (before RoPE) and V as they are computed (calibration).
     virtual void set_kv_tap(KvTap tap) = 0;
+    // Sees every layer's attention inputs after RoPE (calibration of TRIM-KV's gates).
+    virtual void set_attention_tap(AttentionTap tap) = 0;
 };
 
 }  // namespace deltaserve::model
