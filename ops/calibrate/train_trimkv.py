@@ -79,36 +79,37 @@ def softmax_rows(x):
     return e / e.sum(1, keepdims=True)
 
 
-def sequence_loss(logb, q, k, meta, capacity_target, capacity_weight):
-    """Loss and d loss / d log beta [T, kv] for one sequence."""
+def sequence_loss(logb, q, k, meta, capacity_target, capacity_weight, dtype=np.float32):
+    """Loss and d loss / d log beta [T, kv] for one sequence (computed in dtype)."""
     t_len = q.shape[0]
+    logb, q, k = logb.astype(dtype), q.astype(dtype), k.astype(dtype)
     nh, nkv, hd = meta["n_heads"], meta["n_kv_heads"], meta["head_dim"]
     group = nh // nkv
     t_idx = np.arange(t_len)
-    dist = (t_idx[:, None] - t_idx[None, :]).astype(np.float64)  # t - i
+    dist = (t_idx[:, None] - t_idx[None, :]).astype(dtype)  # t - i
     causal = dist >= 0
-    dist_c = np.where(causal, dist, 0.0)
-    loss, grad = 0.0, np.zeros((t_len, nkv))
+    dist_c = np.where(causal, dist, 0).astype(dtype)
+    loss, grad = 0.0, np.zeros((t_len, nkv), dtype)
     for g in range(nkv):
-        kg = k[:, g * hd:(g + 1) * hd].astype(np.float64)
+        kg = k[:, g * hd:(g + 1) * hd]
         a = dist_c * logb[None, :, g]  # (t - i) log beta_i
-        diff = np.zeros((t_len, t_len))
+        diff = np.zeros((t_len, t_len), dtype)
         for hh in range(group):
             h = g * group + hh
-            s = (q[:, h * hd:(h + 1) * hd].astype(np.float64) @ kg.T) / np.sqrt(hd)
+            s = (q[:, h * hd:(h + 1) * hd] @ kg.T) / dtype(np.sqrt(hd))
             s = np.where(causal, s, -np.inf)
             pf = softmax_rows(s)
             pr = softmax_rows(s + a)
             with np.errstate(divide="ignore", invalid="ignore"):
-                kl = np.where(causal & (pf > 0), pf * (np.log(pf) - np.log(np.maximum(pr, 1e-300))), 0.0)
-            loss += kl.sum() / (t_len * nh)
+                kl = np.where(causal & (pf > 0), pf * (np.log(pf) - np.log(np.maximum(pr, 1e-30))), 0)
+            loss += float(kl.sum(dtype=np.float64)) / (t_len * nh)
             diff += (pr - pf) / (t_len * nh)
         grad[:, g] += (diff * dist_c).sum(0)
         # Capacity: how many tokens are effectively retained at each step.
-        e = np.where(causal, np.exp(a), 0.0)
+        e = np.where(causal, np.exp(a), 0).astype(dtype)
         cap = e.sum(1)
         over = cap > capacity_target
-        loss += capacity_weight * np.maximum(cap - capacity_target, 0).sum() / (t_len * capacity_target * nkv)
+        loss += capacity_weight * float(np.maximum(cap - capacity_target, 0).sum()) / (t_len * capacity_target * nkv)
         grad[:, g] += capacity_weight * (over[:, None] * dist_c * e).sum(0) / (t_len * capacity_target * nkv)
     return loss, grad
 
@@ -141,8 +142,8 @@ def main():
             for s in rng.permutation(len(lengths)):
                 at, n = starts[s], lengths[s]
                 logb, cache = gate.forward(h_all[at:at + n])
-                loss, dlogb = sequence_loss(logb.astype(np.float64), q_all[at:at + n], k_all[at:at + n], meta,
-                                            a.capacity * n, a.capacity_weight)
+                loss, dlogb = sequence_loss(logb, q_all[at:at + n], k_all[at:at + n], meta, a.capacity * n,
+                                            a.capacity_weight)
                 gate.adam(gate.backward(dlogb.astype(np.float32), cache), a.lr)
                 total += loss / len(lengths)
                 mean_logb += float(logb.mean()) / len(lengths)
