@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -36,10 +37,11 @@ using Json = nlohmann::ordered_json;
 
 struct Options {
     std::string model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-    std::string profile = "profiles/SmolLM2-135M-Instruct.Q4_1.gguf/deltakv.json";
+    std::string profile = "profiles/SmolLM2-135M-Instruct.Q4_1.gguf/deltakv.json";  // trimkv.json beside it
     std::string text, out = "fidelity.json";
     std::string lengths = "2048,4096,8192", keeps = "0.5,0.3,0.2", retrieval_keeps = "0.3";
-    std::string policies = "deltakv,snapkv,h2o,keydiff,streaming", tasks = "ppl,decode,retrieval,multiturn";
+    std::string policies = "deltakv,kvcompress,d2o,trimkv,snapkv,h2o,keydiff,streaming";
+    std::string tasks = "ppl,decode,retrieval,multiturn";
     int32_t chunk = 256, threads = 2;
 };
 
@@ -84,6 +86,9 @@ Result<std::vector<Arm>> make_arms(const model::Model& m, const Options& o, cons
         co.kv.policy = policy;
         co.kv.keep = keep;
         co.kv_profile = o.profile;
+        if (policy == "trimkv") {
+            co.kv_profile = (std::filesystem::path(o.profile).parent_path() / "trimkv.json").string();
+        }
         DS_ASSIGN_OR_RETURN(auto ctx, InferenceContext::create(m, co));
         arms.push_back(Arm{policy, keep, std::move(ctx)});
         return Status();

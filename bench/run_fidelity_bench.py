@@ -121,6 +121,7 @@ def main():
     ap.add_argument("--keeps", default="0.5,0.3,0.2")
     ap.add_argument("--retrieval-keeps", default="0.3")
     ap.add_argument("--tasks", default="ppl,decode,retrieval,multiturn")
+    ap.add_argument("--policies", default="deltakv,kvcompress,d2o,trimkv,snapkv,h2o,keydiff,streaming")
     ap.add_argument("--out", default="bench/out/fidelity")
     a = ap.parse_args()
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
@@ -130,7 +131,7 @@ def main():
     subprocess.run([os.path.join(a.build, "bin", "deltaserve-bench-fidelity"), "--model", a.model,
                     "--profile", a.profile, "--text", text_path, "--out", a.out + ".json",
                     "--lengths", a.lengths, "--keeps", a.keeps, "--retrieval-keeps", a.retrieval_keeps,
-                    "--tasks", a.tasks], check=True)
+                    "--tasks", a.tasks, "--policies", a.policies], check=True)
     r = json.load(open(a.out + ".json"))
     s = summarize(r)
     with open(a.out + ".summary.json", "w") as f:

@@ -116,6 +116,7 @@ void EvictingSequenceCache::observe(int32_t layer, const kernels::AttentionShape
                                     int64_t ldq, const float* hidden, int64_t ldh, int32_t n) {
     const AttentionStat stat = policy_->stat();
     if (stat == AttentionStat::kNone) return;
+    if (!policy_->continual() && n == 1) return;  // it shrinks after prompts only: nothing to gather
     if (stat == AttentionStat::kTokenGate) {
         const int32_t heads = pool_.options().n_kv_heads;
         std::vector<float> gate(static_cast<size_t>(n) * heads);
