@@ -57,5 +57,5 @@ PROFILE_DIR=${DELTASERVE_PROFILES_DIR:-profiles}/$MODEL_FILE
 if [ ! -s "$PROFILE_DIR/deltakv.json" ]; then
   log "calibrating the DeltaKV profile of $MODEL_FILE (deltactl calibrate)"
   "$BUILD_DIR/bin/deltactl" calibrate --model "$MODELS_DIR/$MODEL_FILE" --out "$PROFILE_DIR" \
-    --tokens 16384 --epochs 8 2> >(grep -E "epoch 8/8|epoch 6/6|written|error" >&2)
+    --tokens 16384 --epochs 8 2> >(grep --line-buffered -E "epoch 8/8|epoch 6/6|written|error" >&2)
 fi
