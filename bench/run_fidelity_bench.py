@@ -11,6 +11,9 @@ Usage (from the repository root, after ./deploy/setup.sh):
   python3 bench/run_fidelity_bench.py [--lengths 2048,4096,8192] [--keeps 0.5,0.3,0.2]
       [--retrieval-keeps 0.3] [--tasks ppl,decode,retrieval,multiturn] [--out bench/out/fidelity]
 Writes OUT.json (the raw results), OUT.summary.json and OUT.png.
+  python3 bench/run_fidelity_bench.py --merge A.json B.json --out C
+merges two runs (e.g. over different --policies; the full-KV arm is taken from the first)
+and prints the tables and plot of the whole.
 """
 
 import argparse
@@ -112,8 +115,33 @@ def plot(s, path):
     fig.savefig(path, dpi=120)
 
 
+def merge(paths):
+    """The arms of several raw results in one (nested dicts merged; the first wins)."""
+    def deep(a, b):
+        for k, v in b.items():
+            if isinstance(v, dict) and isinstance(a.get(k), dict):
+                deep(a[k], v)
+            elif k not in a:
+                a[k] = v
+        return a
+    out = {}
+    for p in paths:
+        deep(out, json.load(open(p)))
+    return out
+
+
+def report(r, out):
+    s = summarize(r)
+    with open(out + ".summary.json", "w") as f:
+        json.dump(s, f, indent=1)
+    print_tables(s)
+    plot(s, out + ".png")
+    print(f"\nsummary: {out}.summary.json  plot: {out}.png")
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--merge", nargs="+", help="raw results to merge and report (no run)")
     ap.add_argument("--build", default="build")
     ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--profile", default="profiles/SmolLM2-135M-Instruct.Q4_1.gguf/deltakv.json")
@@ -125,6 +153,12 @@ def main():
     ap.add_argument("--out", default="bench/out/fidelity")
     a = ap.parse_args()
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+    if a.merge:
+        r = merge(a.merge)
+        with open(a.out + ".json", "w") as f:
+            json.dump(r, f, indent=1)
+        report(r, a.out)
+        return
     text_path = a.out + ".text.txt"
     with open(text_path, "w") as f:
         f.write(faq_text())
@@ -132,13 +166,7 @@ def main():
                     "--profile", a.profile, "--text", text_path, "--out", a.out + ".json",
                     "--lengths", a.lengths, "--keeps", a.keeps, "--retrieval-keeps", a.retrieval_keeps,
                     "--tasks", a.tasks, "--policies", a.policies], check=True)
-    r = json.load(open(a.out + ".json"))
-    s = summarize(r)
-    with open(a.out + ".summary.json", "w") as f:
-        json.dump(s, f, indent=1)
-    print_tables(s)
-    plot(s, a.out + ".png")
-    print(f"\nraw: {a.out}.json  summary: {a.out}.summary.json  plot: {a.out}.png")
+    report(json.load(open(a.out + ".json")), a.out)
 
 
 if __name__ == "__main__":
