@@ -172,32 +172,38 @@ void EvictingSequenceCache::shrink() {
         policy_->budgets(ptrs, static_cast<int64_t>(budget(n_tokens_)) * pool_.n_units());
     if (per_unit.empty()) per_unit.assign(units_.size(), budget(n_tokens_));
     std::vector<uint8_t> keep;
-    std::vector<int32_t> freed;
     for (int32_t u = 0; u < pool_.n_units(); ++u) {
-        Unit& unit = units_[u];
+        const Unit& unit = units_[u];
         const int32_t n = committed(unit);
         const int32_t keep_n = per_unit[u];
         if (n <= keep_n) continue;
         keep.assign(static_cast<size_t>(n), 0);
         policy_->select(views[u], keep_n, keep);
         apply_merges(u, policy_->merges(views[u], keep));
-        freed.clear();
-        size_t w = 0;
-        for (size_t j = 0; j < unit.slot.size(); ++j) {  // reserved entries (j >= n) stay
-            if (j < static_cast<size_t>(n) && !keep[j]) {
-                freed.push_back(unit.slot[j]);
-                continue;
-            }
-            unit.slot[w] = unit.slot[j];
-            unit.pos[w] = unit.pos[j];
-            unit.stat[w] = unit.stat[j];
-            ++w;
-        }
-        unit.slot.resize(w);
-        unit.pos.resize(w);
-        unit.stat.resize(w);
-        pool_.release(u, freed);
+        // Reserved entries (j >= n) stay.
+        drop(u, [&](size_t j) { return j < static_cast<size_t>(n) && !keep[j]; });
     }
+}
+
+template <class Drop>
+void EvictingSequenceCache::drop(int32_t u, Drop&& dropped) {
+    Unit& unit = units_[u];
+    std::vector<int32_t> freed;
+    size_t w = 0;
+    for (size_t j = 0; j < unit.slot.size(); ++j) {
+        if (dropped(j)) {
+            freed.push_back(unit.slot[j]);
+            continue;
+        }
+        unit.slot[w] = unit.slot[j];
+        unit.pos[w] = unit.pos[j];
+        unit.stat[w] = unit.stat[j];
+        ++w;
+    }
+    unit.slot.resize(w);
+    unit.pos.resize(w);
+    unit.stat.resize(w);
+    pool_.release(u, freed);
 }
 
 void EvictingSequenceCache::apply_merges(int32_t u, const std::vector<EvictionPolicy::Merge>& merges) {
@@ -231,25 +237,9 @@ void EvictingSequenceCache::apply_merges(int32_t u, const std::vector<EvictionPo
 
 void EvictingSequenceCache::truncate(int32_t n_keep) {
     DS_CHECK(n_keep >= 0 && n_keep <= n_tokens_, "truncate past the end");
-    std::vector<int32_t> freed;
     for (int32_t u = 0; u < pool_.n_units(); ++u) {
-        Unit& unit = units_[u];
-        size_t w = 0;
-        freed.clear();
-        for (size_t j = 0; j < unit.slot.size(); ++j) {
-            if (unit.pos[j] >= n_keep) {
-                freed.push_back(unit.slot[j]);
-                continue;
-            }
-            unit.slot[w] = unit.slot[j];
-            unit.pos[w] = unit.pos[j];
-            unit.stat[w] = unit.stat[j];
-            ++w;
-        }
-        unit.slot.resize(w);
-        unit.pos.resize(w);
-        unit.stat.resize(w);
-        pool_.release(u, freed);
+        const Unit& unit = units_[u];
+        drop(u, [&](size_t j) { return unit.pos[j] >= n_keep; });
     }
     n_tokens_ = n_keep;
     n_reserved_ = 0;

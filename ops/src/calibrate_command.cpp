@@ -72,6 +72,15 @@ struct Options {
     std::string steps = "deltakv,trimkv";
 };
 
+// A calibration text file's tokens.
+Result<std::vector<int32_t>> text_tokens(const model::Model& m, const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return not_found("cannot open calibration text " + path);
+    std::stringstream s;
+    s << in.rdbuf();
+    return m.tokenizer->encode(s.str(), m.tokenizer->vocab().add_bos, false);
+}
+
 // Records each layer's rows [K (pre-RoPE); V] of every token to OUT/kv/layer_XX.f32.
 Status record_kv(const Options& o, const model::Model& m, const fs::path& kv_dir, nlohmann::json& meta,
                  std::vector<int32_t>& first_sequence) {
@@ -99,11 +108,7 @@ Status record_kv(const Options& o, const model::Model& m, const fs::path& kv_dir
     std::vector<int32_t> lengths;
     int64_t total = 0;
     for (const std::string& path : split(o.texts, ',')) {
-        std::ifstream in(path, std::ios::binary);
-        if (!in) return not_found("cannot open calibration text " + path);
-        std::stringstream s;
-        s << in.rdbuf();
-        DS_ASSIGN_OR_RETURN(auto tokens, m.tokenizer->encode(s.str(), m.tokenizer->vocab().add_bos, false));
+        DS_ASSIGN_OR_RETURN(auto tokens, text_tokens(m, path));
         for (size_t at = 0; at < tokens.size() && total < o.max_tokens; at += static_cast<size_t>(o.seq_len)) {
             const size_t n = std::min({tokens.size() - at, static_cast<size_t>(o.seq_len),
                                        static_cast<size_t>(o.max_tokens - total)});
@@ -158,11 +163,7 @@ Status record_attention(const Options& o, const model::Model& m, const fs::path&
     std::vector<int32_t> lengths;
     int64_t total = 0;
     for (const std::string& path : split(o.texts, ',')) {
-        std::ifstream in(path, std::ios::binary);
-        if (!in) return not_found("cannot open calibration text " + path);
-        std::stringstream s;
-        s << in.rdbuf();
-        DS_ASSIGN_OR_RETURN(auto tokens, m.tokenizer->encode(s.str(), m.tokenizer->vocab().add_bos, false));
+        DS_ASSIGN_OR_RETURN(auto tokens, text_tokens(m, path));
         for (size_t at = 0; at + static_cast<size_t>(o.trimkv_seq) <= tokens.size() && total < o.trimkv_tokens;
              at += static_cast<size_t>(o.trimkv_seq)) {
             ctx->reset();

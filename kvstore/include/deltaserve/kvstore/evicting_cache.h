@@ -48,6 +48,9 @@ private:
         float state = 0.0f;              // the policy's own (UnitView::state)
     };
     void apply_merges(int32_t unit, const std::vector<EvictionPolicy::Merge>& merges);
+    // Removes the entries j of a unit for which dropped(j), freeing their slots.
+    template <class Drop>
+    void drop(int32_t unit, Drop&& dropped);
     int32_t committed(const Unit& u) const { return static_cast<int32_t>(u.slot.size()) - n_reserved_; }
     size_t entry_bytes() const;
     void shrink();
