@@ -28,6 +28,7 @@
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/model.h"
 #include "deltaserve/model/sampler.h"
+#include "deltaserve/model/scoring.h"
 
 namespace {
 
@@ -100,21 +101,13 @@ Result<std::vector<Arm>> make_arms(const model::Model& m, const Options& o, cons
     return arms;
 }
 
-void log_softmax(const float* x, int32_t n, std::vector<double>& out) {
-    out.resize(static_cast<size_t>(n));
-    double mx = x[0], sum = 0;
-    for (int32_t i = 1; i < n; ++i) mx = std::max(mx, double(x[i]));
-    for (int32_t i = 0; i < n; ++i) sum += std::exp(double(x[i]) - mx);
-    const double lse = mx + std::log(sum);
-    for (int32_t i = 0; i < n; ++i) out[i] = double(x[i]) - lse;
-}
-
 // Feeds tokens in chunks to every arm (in lockstep), accumulating NLL and KL to arm 0.
 Json perplexity(std::vector<Arm>& arms, const std::vector<int32_t>& tokens, int32_t chunk, int32_t n_vocab) {
     const size_t n_arms = arms.size();
     std::vector<double> nll(n_arms, 0.0), kl(n_arms, 0.0);
     int64_t scored = 0;
-    std::vector<double> lf, lp;
+    std::vector<double> lp;
+    std::vector<std::vector<double>> lf;  // full KV's log-probabilities for the chunk, once
     for (auto& a : arms) a.ctx->reset();
     const auto t0 = std::chrono::steady_clock::now();
     for (size_t at = 0; at < tokens.size(); at += static_cast<size_t>(chunk)) {
@@ -123,27 +116,18 @@ Json perplexity(std::vector<Arm>& arms, const std::vector<int32_t>& tokens, int3
         auto full = arms[0].ctx->eval_all(piece);
         if (!full.ok()) return {{"error", full.error().message()}};
         const size_t rows = at + n < tokens.size() ? n : n - 1;  // the last token predicts nothing
-        for (size_t i = 0; i < n_arms; ++i) {
-            std::vector<float> own;
-            const std::vector<float>* l = &*full;
-            if (i > 0) {
-                auto r = arms[i].ctx->eval_all(piece);
-                if (!r.ok()) return {{"error", r.error().message()}};
-                own = std::move(*r);
-                l = &own;
-            }
+        lf.resize(rows);
+        for (size_t t = 0; t < rows; ++t) {
+            model::log_softmax(full->data() + t * n_vocab, n_vocab, lf[t]);
+            nll[0] -= lf[t][tokens[at + t + 1]];
+        }
+        for (size_t i = 1; i < n_arms; ++i) {
+            auto l = arms[i].ctx->eval_all(piece);
+            if (!l.ok()) return {{"error", l.error().message()}};
             for (size_t t = 0; t < rows; ++t) {
-                log_softmax(full->data() + t * n_vocab, n_vocab, lf);
-                const int32_t next = tokens[at + t + 1];
-                if (i == 0) {
-                    nll[0] -= lf[next];
-                    continue;
-                }
-                log_softmax(l->data() + t * n_vocab, n_vocab, lp);
-                nll[i] -= lp[next];
-                double k = 0;
-                for (int32_t v = 0; v < n_vocab; ++v) k += std::exp(lf[v]) * (lf[v] - lp[v]);
-                kl[i] += std::max(0.0, k);
+                model::log_softmax(l->data() + t * n_vocab, n_vocab, lp);
+                nll[i] -= lp[tokens[at + t + 1]];
+                kl[i] += model::kl_divergence(lf[t], lp);
             }
         }
         scored += static_cast<int64_t>(rows);
@@ -193,7 +177,7 @@ std::pair<double, bool> score_answer(InferenceContext& ctx, const std::vector<in
     auto l = ctx.eval(question);
     if (!l.ok() || answer.empty()) return {NAN, false};
     std::vector<double> lp;
-    log_softmax(l->data(), n_vocab, lp);
+    model::log_softmax(l->data(), n_vocab, lp);
     double ll = lp[answer[0]];
     bool exact = model::greedy(*l) == answer[0];
     if (answer.size() > 1) {
@@ -201,7 +185,7 @@ std::pair<double, bool> score_answer(InferenceContext& ctx, const std::vector<in
         if (!rest.ok()) return {NAN, false};
         for (size_t i = 1; i < answer.size(); ++i) {
             const float* row = rest->data() + (i - 1) * n_vocab;
-            log_softmax(row, n_vocab, lp);
+            model::log_softmax(row, n_vocab, lp);
             ll += lp[answer[i]];
             exact = exact && model::greedy(std::span<const float>(row, n_vocab)) == answer[i];
         }

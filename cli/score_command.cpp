@@ -13,22 +13,12 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "deltaserve/model/scoring.h"
 #include "run_options.h"
 
 namespace deltaserve::cli {
 
 namespace {
-
-// log-softmax of a row, in double.
-void log_softmax(const float* logits, int32_t n, std::vector<double>& out) {
-    out.resize(static_cast<size_t>(n));
-    double mx = logits[0];
-    for (int32_t i = 1; i < n; ++i) mx = std::max(mx, static_cast<double>(logits[i]));
-    double sum = 0;
-    for (int32_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(logits[i]) - mx);
-    const double lse = mx + std::log(sum);
-    for (int32_t i = 0; i < n; ++i) out[i] = static_cast<double>(logits[i]) - lse;
-}
 
 struct Totals {
     int64_t scored = 0;
@@ -40,14 +30,12 @@ void score_chunk(const std::vector<float>& full, const std::vector<float>& pol, 
                  const std::vector<int32_t>& tokens, size_t first, size_t n, Totals& t) {
     std::vector<double> lf, lp;
     for (size_t i = 0; i < n && first + i + 1 < tokens.size(); ++i) {
-        log_softmax(full.data() + i * n_vocab, n_vocab, lf);
-        log_softmax(pol.data() + i * n_vocab, n_vocab, lp);
+        model::log_softmax(full.data() + i * n_vocab, n_vocab, lf);
+        model::log_softmax(pol.data() + i * n_vocab, n_vocab, lp);
         const int32_t next = tokens[first + i + 1];
         t.nll_full -= lf[next];
         t.nll -= lp[next];
-        double kl = 0;
-        for (int32_t v = 0; v < n_vocab; ++v) kl += std::exp(lf[v]) * (lf[v] - lp[v]);
-        t.kl += std::max(0.0, kl);
+        t.kl += model::kl_divergence(lf, lp);
         ++t.scored;
     }
 }

@@ -30,6 +30,7 @@
 #include "deltaserve/model/deltakv_profile.h"
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/model.h"
+#include "deltaserve/model/scoring.h"
 
 namespace deltaserve::ops {
 
@@ -189,14 +190,6 @@ Status record_attention(const Options& o, const model::Model& m, const fs::path&
     return Status();
 }
 
-void log_softmax(const float* x, int32_t n, std::vector<double>& out) {
-    out.resize(static_cast<size_t>(n));
-    double mx = x[0], sum = 0;
-    for (int32_t i = 1; i < n; ++i) mx = std::max(mx, double(x[i]));
-    for (int32_t i = 0; i < n; ++i) sum += std::exp(double(x[i]) - mx);
-    for (int32_t i = 0; i < n; ++i) out[i] = double(x[i]) - mx - std::log(sum);
-}
-
 // Per-layer sensitivity: mean KL(full || DeltaKV with only that layer compressed) over a
 // calibration sequence fed 256 tokens at a time (so compression happens along the way).
 // Layer 0 always stays full (it observes for layer 1) and is not measured.
@@ -218,15 +211,33 @@ Result<std::vector<double>> measure_sensitivity(const Options& o, const model::M
         DS_ASSIGN_OR_RETURN(auto ctx, model::InferenceContext::create(m, co));
         DS_ASSIGN_OR_RETURN(std::vector<float> got, ctx->eval_all(tokens));
         for (size_t t = 0; t + 1 < tokens.size(); ++t) {
-            log_softmax(ref.data() + t * n_vocab, n_vocab, lf);
-            log_softmax(got.data() + t * n_vocab, n_vocab, lp);
-            double k = 0;
-            for (int32_t v = 0; v < n_vocab; ++v) k += std::exp(lf[v]) * (lf[v] - lp[v]);
-            kl[layer] += std::max(0.0, k) / static_cast<double>(tokens.size() - 1);
+            model::log_softmax(ref.data() + t * n_vocab, n_vocab, lf);
+            model::log_softmax(got.data() + t * n_vocab, n_vocab, lp);
+            kl[layer] += model::kl_divergence(lf, lp) / static_cast<double>(tokens.size() - 1);
         }
         std::fprintf(stderr, "[calibrate] sensitivity of layer %d/%d: KL %.5f\n", layer, n_layers - 1, kl[layer]);
     }
     return kl;
+}
+
+// Runs ops/calibrate/<script> on the recorded data (removed afterwards unless --keep-kv yes)
+// and returns the report it wrote to OUT/<report>.
+Result<nlohmann::json> run_trainer(const Options& o, const std::string& script, const std::string& data_flag,
+                                   const fs::path& data, const fs::path& out, int32_t epochs, const std::string& report) {
+    const std::string trainer = std::string(DELTASERVE_SOURCE_DIR) + "/ops/calibrate/" + script;
+    const std::string cmd = shell_quote(o.python) + " " + shell_quote(trainer) + " " + data_flag + " " +
+                            shell_quote(data.string()) + " --out " + shell_quote(out.string()) + " --epochs " +
+                            std::to_string(epochs);
+    const int rc = std::system(cmd.c_str());
+    std::error_code ec;
+    if (o.keep_kv != "yes") fs::remove_all(data, ec);
+    if (rc != 0) {
+        return internal_error("the trainer failed (exit " + std::to_string(WEXITSTATUS(rc)) + "): " + cmd);
+    }
+    std::ifstream in(out / report);
+    auto j = nlohmann::json::parse(in, nullptr, false);
+    if (j.is_discarded()) return internal_error("the trainer wrote no readable " + (out / report).string());
+    return j;
 }
 
 // Records KV, trains the compressors, measures sensitivity, writes OUT/deltakv.json.
@@ -240,20 +251,12 @@ int calibrate_deltakv(const Options& o, const model::Model& m, const fs::path& o
         std::fprintf(stderr, "deltactl: error: %s\n", st.message().c_str());
         return 1;
     }
-    const std::string trainer = std::string(DELTASERVE_SOURCE_DIR) + "/ops/calibrate/train_deltakv.py";
-    const std::string cmd = shell_quote(o.python) + " " + shell_quote(trainer) + " --kv " + shell_quote(kv_dir.string()) +
-                            " --out " + shell_quote(out.string()) + " --epochs " + std::to_string(o.epochs);
-    const int rc = std::system(cmd.c_str());
-    if (rc != 0) {
-        std::fprintf(stderr, "deltactl: error: the trainer failed (exit %d): %s\n", WEXITSTATUS(rc), cmd.c_str());
+    auto trained = run_trainer(o, "train_deltakv.py", "--kv", kv_dir, out, o.epochs, "train.json");
+    if (!trained.ok()) {
+        std::fprintf(stderr, "deltactl: error: %s\n", trained.error().message().c_str());
         return 1;
     }
-    std::ifstream train_in(out / "train.json");
-    const auto train = nlohmann::json::parse(train_in, nullptr, false);
-    if (train.is_discarded()) {
-        std::fprintf(stderr, "deltactl: error: the trainer wrote no readable %s\n", (out / "train.json").c_str());
-        return 1;
-    }
+    const nlohmann::json& train = *trained;
     const model::ModelConfig& c = m.config;
     nlohmann::json profile = {
         {"format", "deltaserve-deltakv/1"},
@@ -264,7 +267,6 @@ int calibrate_deltakv(const Options& o, const model::Model& m, const fs::path& o
         {"calibration", {{"texts", split(o.texts, ',')}, {"tokens", meta["sequences"]}}},
         {"layers", train["layers"]}};
     std::ofstream(out / "deltakv.json") << profile.dump(1) << "\n";
-    if (o.keep_kv != "yes") fs::remove_all(kv_dir, ec);
     // Which layers lose most when compressed: they are the first kept full.
     first_sequence.resize(std::min<size_t>(first_sequence.size(), 1024));
     auto kl = measure_sensitivity(o, m, (out / "deltakv.json").string(), first_sequence);
@@ -290,21 +292,12 @@ int train_trimkv(const Options& o, const model::Model& m, const fs::path& out) {
         std::fprintf(stderr, "deltactl: error: %s\n", st.message().c_str());
         return 1;
     }
-    const std::string trainer = std::string(DELTASERVE_SOURCE_DIR) + "/ops/calibrate/train_trimkv.py";
-    const std::string cmd = shell_quote(o.python) + " " + shell_quote(trainer) + " --data " + shell_quote(dir.string()) +
-                            " --out " + shell_quote(out.string()) + " --epochs " + std::to_string(o.trimkv_epochs);
-    const int rc = std::system(cmd.c_str());
-    if (o.keep_kv != "yes") fs::remove_all(dir, ec);
-    if (rc != 0) {
-        std::fprintf(stderr, "deltactl: error: the TRIM-KV trainer failed (exit %d): %s\n", WEXITSTATUS(rc), cmd.c_str());
+    auto trained = run_trainer(o, "train_trimkv.py", "--data", dir, out, o.trimkv_epochs, "trimkv_train.json");
+    if (!trained.ok()) {
+        std::fprintf(stderr, "deltactl: error: %s\n", trained.error().message().c_str());
         return 1;
     }
-    std::ifstream in(out / "trimkv_train.json");
-    const auto train = nlohmann::json::parse(in, nullptr, false);
-    if (train.is_discarded()) {
-        std::fprintf(stderr, "deltactl: error: the TRIM-KV trainer wrote no readable report\n");
-        return 1;
-    }
+    const nlohmann::json& train = *trained;
     const nlohmann::json j = {{"format", "deltaserve-trimkv/1"}, {"model_id", model::deltakv_model_id(m.config)},
                               {"weights", "trimkv.safetensors"}, {"hidden", train["hidden"]},
                               {"capacity", train["capacity"]}, {"layers", train["layers"]}};
@@ -338,6 +331,12 @@ int calibrate_main(int argc, char** argv) {
     init_logging("warn");
     if (o.model_path.empty()) {
         std::fprintf(stderr, "deltactl: error: --model is required\n");
+        return 2;
+    }
+    if (o.seq_len < 64 || o.max_tokens < 64 || o.epochs < 1 || o.trimkv_seq < 16 || o.trimkv_epochs < 1 ||
+        o.trimkv_tokens < 0) {
+        std::fprintf(stderr, "deltactl: error: --seq-len and --tokens must be >= 64, --trimkv-seq >= 16, "
+                             "--epochs and --trimkv-epochs >= 1\n");
         return 2;
     }
     if (o.out.empty()) o.out = "profiles/" + fs::path(o.model_path).filename().string();

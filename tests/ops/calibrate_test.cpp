@@ -98,6 +98,10 @@ TEST_F(CalibrateTest, MissingTextOrTrainerIsAClearError) {
     r = calibrate({"--python", "/no/such/python"});
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.err.find("the trainer failed"), std::string::npos) << r.describe();
+    EXPECT_FALSE(fs::exists(out_ + "/kv")) << "the recorded KV is not left behind";
+    r = calibrate({"--trimkv-seq", "0"});
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("--trimkv-seq"), std::string::npos) << r.describe();
 }
 
 }  // namespace
