@@ -5,6 +5,11 @@
 #include <cstring>
 #include <vector>
 
+#include <immintrin.h>
+
+#include "cpu_features.h"
+#include "deltakv_int4_kernels.h"
+#include "deltaserve/common/status.h"
 #include "deltaserve/common/fp16.h"
 #include "deltaserve/kernels/matmul.h"
 
@@ -37,21 +42,152 @@ void deltakv_decode(const DeltaKvLayer& w, const float* z, const float* r, float
     }
 }
 
+namespace {
+
+// Sum of x[i] * y[i] (or of (x[i] - y[i])^2) in 16 lanes, then reduced.
+template <bool kSquaredDiff>
+float dot8(const float* x, const float* y, int d) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= d; i += 16) {
+        __m256 u0 = _mm256_loadu_ps(x + i), u1 = _mm256_loadu_ps(x + i + 8);
+        __m256 v0 = _mm256_loadu_ps(y + i), v1 = _mm256_loadu_ps(y + i + 8);
+        if constexpr (kSquaredDiff) {
+            u0 = _mm256_sub_ps(u0, v0);
+            u1 = _mm256_sub_ps(u1, v1);
+            v0 = u0;
+            v1 = u1;
+        }
+        a0 = _mm256_fmadd_ps(u0, v0, a0);
+        a1 = _mm256_fmadd_ps(u1, v1, a1);
+    }
+    const __m256 a = _mm256_add_ps(a0, a1);
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    float s = _mm_cvtss_f32(r);
+    for (; i < d; ++i) s += kSquaredDiff ? (x[i] - y[i]) * (x[i] - y[i]) : x[i] * y[i];
+    return s;
+}
+
+}  // namespace
+
 int l2_nearest(const float* x, const float* cands, int n, int d, int k, int32_t* out) {
     k = std::min(k, n);
     std::vector<std::pair<float, int32_t>> dist(static_cast<size_t>(n));
-    for (int c = 0; c < n; ++c) {
-        const float* y = cands + static_cast<size_t>(c) * d;
-        float s = 0.0f;
-        for (int i = 0; i < d; ++i) {
-            const float t = x[i] - y[i];
-            s += t * t;
-        }
-        dist[c] = {s, c};
-    }
+    for (int c = 0; c < n; ++c) dist[c] = {dot8<true>(x, cands + static_cast<size_t>(c) * d, d), c};
     std::partial_sort(dist.begin(), dist.begin() + k, dist.end());
     for (int i = 0; i < k; ++i) out[i] = dist[i].second;
     return k;
+}
+
+Int4Decoder make_int4_decoder(const DeltaKvLayer& w) {
+    DS_CHECK(w.wd.type == DType::kF32, "the DeltaKV decoder must be fp32");
+    Int4Decoder dec;
+    dec.d = w.d();
+    dec.m = w.m();
+    dec.m4 = (dec.m + 3) / 4 * 4;
+    dec.w.assign(static_cast<size_t>(dec.m4) * dec.d, 0);
+    dec.scale.resize(static_cast<size_t>(dec.d));
+    dec.row_sum.resize(static_cast<size_t>(dec.d));
+    const auto* wd = static_cast<const float*>(w.wd.data);
+    for (int r = 0; r < dec.d; ++r) {
+        const float* row = wd + static_cast<size_t>(r) * dec.m;
+        float amax = 0.0f;
+        double sum = 0.0;
+        for (int j = 0; j < dec.m; ++j) {
+            amax = std::max(amax, std::fabs(row[j]));
+            sum += row[j];
+        }
+        dec.scale[r] = amax / 127.0f;
+        dec.row_sum[r] = static_cast<float>(sum);
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (int j = 0; j < dec.m; ++j) {
+            dec.w[(static_cast<size_t>(j / 4) * dec.d + r) * 4 + j % 4] =
+                static_cast<int8_t>(std::clamp(std::lround(row[j] * inv), -127L, 127L));
+        }
+    }
+    return dec;
+}
+
+void int4_dots_avx2(const Int4Decoder& dec, const uint8_t* codes, int64_t n, int32_t* acc) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t i = 0; i < n; ++i) {
+        const uint8_t* q = codes + i * dec.m4;
+        int32_t* out = acc + i * dec.d;
+        int r = 0;
+        for (; r + 32 <= dec.d; r += 32) {
+            __m256i a[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                            _mm256_setzero_si256()};
+            const int8_t* w = dec.w.data() + static_cast<size_t>(r) * 4;
+            for (int j4 = 0; j4 < dec.m4 / 4; ++j4, w += static_cast<size_t>(dec.d) * 4) {
+                int32_t q4;
+                std::memcpy(&q4, q + 4 * j4, 4);
+                const __m256i qb = _mm256_set1_epi32(q4);
+                for (int b = 0; b < 4; ++b) {
+                    // codes <= 15 and |w| <= 127: the pairwise 16-bit sums cannot saturate
+                    const __m256i p = _mm256_maddubs_epi16(qb, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * b)));
+                    a[b] = _mm256_add_epi32(a[b], _mm256_madd_epi16(p, ones));
+                }
+            }
+            for (int b = 0; b < 4; ++b) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r + 8 * b), a[b]);
+        }
+        int4_dots_rows(dec, q, r, out);
+    }
+}
+
+void deltakv_decode_int4(const Int4Decoder& dec, const uint8_t* const* latents, int64_t n, float* out,
+                         int64_t ldo) {
+    static const Int4DotsFn dots = cpu_features().avx512_vnni ? int4_dots_avx512 : int4_dots_avx2;
+    constexpr int64_t kBlock = 16;
+    thread_local std::vector<uint8_t> codes;
+    thread_local std::vector<int32_t> acc;
+    codes.assign(static_cast<size_t>(kBlock * dec.m4), 0);
+    acc.resize(static_cast<size_t>(kBlock * dec.d));
+    for (int64_t b = 0; b < n; b += kBlock) {
+        const int64_t e = std::min(n, b + kBlock);
+        for (int64_t i = b; i < e; ++i) {
+            const uint8_t* packed = latents[i] + 4;
+            uint8_t* q = codes.data() + (i - b) * dec.m4;
+            for (int j = 0; j < dec.m / 2; ++j) {
+                q[2 * j] = packed[j] & 15;
+                q[2 * j + 1] = packed[j] >> 4;
+            }
+            if (dec.m % 2) q[dec.m - 1] = packed[dec.m / 2] & 15;
+        }
+        dots(dec, codes.data(), e - b, acc.data());
+        for (int64_t i = b; i < e; ++i) {
+            uint16_t s16, lo16;
+            std::memcpy(&s16, latents[i], 2);
+            std::memcpy(&lo16, latents[i] + 2, 2);
+            const float s = fp16_to_fp32(s16), lo = fp16_to_fp32(lo16);
+            const int32_t* a = acc.data() + (i - b) * dec.d;
+            float* y = out + i * ldo;
+            for (int r = 0; r < dec.d; ++r) y[r] = lo * dec.row_sum[r] + s * dec.scale[r] * static_cast<float>(a[r]);
+        }
+    }
+}
+
+void max_head_scores(const float* q, int n_heads, int n_kv_heads, int head_dim, const uint16_t* const* k_rows,
+                     int64_t n, float* out, ThreadPool& pool) {
+    const int group = n_heads / n_kv_heads;
+    pool.parallel_for(n, 64, [&](int64_t b, int64_t e) {
+        std::vector<float> k(static_cast<size_t>(n_kv_heads) * head_dim);
+        for (int64_t t = b; t < e; ++t) {
+            const int kv = n_kv_heads * head_dim;
+            int i = 0;
+            for (; i + 8 <= kv; i += 8) {
+                _mm256_storeu_ps(k.data() + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k_rows[t] + i))));
+            }
+            for (; i < kv; ++i) k[i] = fp16_to_fp32(k_rows[t][i]);
+            float best = -INFINITY;
+            for (int h = 0; h < n_heads; ++h) {
+                best = std::max(best, dot8<false>(q + static_cast<size_t>(h) * head_dim,
+                                                  k.data() + static_cast<size_t>(h / group) * head_dim, head_dim));
+            }
+            out[t] = best;
+        }
+    });
 }
 
 size_t int4_bytes(int m) { return static_cast<size_t>((m + 1) / 2) + 4; }
@@ -99,9 +235,32 @@ void rope_angles(int64_t pos, int head_dim, float base, float* c, float* s) {
 void rope_apply(float* x, int n_heads, int head_dim, const float* c, const float* s, RopeStyle style, bool inverse) {
     const int half = head_dim / 2;
     const float sign = inverse ? -1.0f : 1.0f;
+    // Eight values at a time: (a, b) -> (a c - b s, a s + b c), s negated for the inverse.
+    const __m256 sgn = _mm256_set1_ps(sign);
     for (int hd = 0; hd < n_heads; ++hd) {
         float* v = x + static_cast<int64_t>(hd) * head_dim;
-        for (int j = 0; j < half; ++j) {
+        int j = 0;
+        if (style == RopeStyle::kInterleaved) {
+            // Pairs are neighbours: duplicate each angle into both lanes of its pair.
+            const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+            const __m256 alt = _mm256_setr_ps(-1, 1, -1, 1, -1, 1, -1, 1);
+            for (; j + 4 <= half; j += 4) {
+                const __m256 cc = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(c + j)), dup);
+                const __m256 ss = _mm256_mul_ps(
+                    _mm256_mul_ps(_mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(s + j)), dup), alt), sgn);
+                const __m256 ab = _mm256_loadu_ps(v + 2 * j);
+                const __m256 ba = _mm256_permute_ps(ab, 0xB1);
+                _mm256_storeu_ps(v + 2 * j, _mm256_fmadd_ps(ba, ss, _mm256_mul_ps(ab, cc)));
+            }
+        } else {
+            for (; j + 8 <= half; j += 8) {
+                const __m256 cc = _mm256_loadu_ps(c + j), ss = _mm256_mul_ps(_mm256_loadu_ps(s + j), sgn);
+                const __m256 a = _mm256_loadu_ps(v + j), b = _mm256_loadu_ps(v + j + half);
+                _mm256_storeu_ps(v + j, _mm256_fnmadd_ps(b, ss, _mm256_mul_ps(a, cc)));
+                _mm256_storeu_ps(v + j + half, _mm256_fmadd_ps(b, cc, _mm256_mul_ps(a, ss)));
+            }
+        }
+        for (; j < half; ++j) {
             const int i0 = style == RopeStyle::kInterleaved ? 2 * j : j;
             const int i1 = style == RopeStyle::kInterleaved ? 2 * j + 1 : j + half;
             const float a = v[i0], b = v[i1], sj = sign * s[j];

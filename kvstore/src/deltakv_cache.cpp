@@ -37,6 +37,11 @@ DeltaKvOptions deltakv_options_for_keep(const DeltaKvProfile& profile, float kee
     return o;
 }
 
+void prepare_int4_decoders(DeltaKvProfile& profile) {
+    profile.int4.clear();
+    for (const auto& layer : profile.layers) profile.int4.push_back(k::make_int4_decoder(layer));
+}
+
 Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(const DeltaKvProfile& profile,
                                                                            const DeltaKvOptions& o,
                                                                            ThreadPool& threads) {
@@ -48,8 +53,11 @@ Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(const
     if (static_cast<int32_t>(o.full_layer.size()) != o.n_layers || !o.full_layer[0]) {
         return invalid_argument("DeltaKV: layer 0 must be a full-attention layer");
     }
-    if (o.sinks < 1 || o.stride < 1 || o.k < 1 || o.window < 1 || (o.latent_bits != 4 && o.latent_bits != 16)) {
+    if (o.sinks < 1 || o.stride < 1 || o.k < 1 || o.k > 16 || o.window < 1 || (o.latent_bits != 4 && o.latent_bits != 16)) {
         return invalid_argument("DeltaKV: bad sinks / stride / k / window / latent bits");
+    }
+    if (o.latent_bits == 4 && profile.int4.size() != profile.layers.size()) {
+        return invalid_argument("DeltaKV: the profile's int4 decoders are missing (prepare_int4_decoders)");
     }
     std::unique_ptr<DeltaKvSequenceCache> c(new DeltaKvSequenceCache(profile, o, threads));
     const int32_t kv_dim = o.n_kv_heads * o.head_dim;
@@ -181,28 +189,18 @@ void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape&
     // Score = max over heads of the mean (over this call's queries) of q . k, OmniKV-style,
     // with this full layer's keys (after RoPE).
     const int32_t li = layer_index_[layer];
-    const int group = shape.n_heads / shape.n_kv_heads;
     const int dim = shape.head_dim;
     std::vector<float> qmean(static_cast<size_t>(shape.n_heads) * dim, 0.0f);
     for (int32_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < shape.n_heads * dim; ++j) qmean[j] += q[i * ldq + j] / static_cast<float>(n);
     }
-    std::vector<float> score(static_cast<size_t>(r1 - r0));
-    threads_.parallel_for(r1 - r0, 64, [&](int64_t b, int64_t e) {
-        std::vector<float> kr(static_cast<size_t>(options_.n_kv_heads) * dim);
-        for (int64_t t = b; t < e; ++t) {
-            read_row(k::DType::kF16, full_pool_->k_row(li, full_slot_[r0 + t]), kr.data(),
-                     options_.n_kv_heads * dim);
-            float best = -INFINITY;
-            for (int h = 0; h < shape.n_heads; ++h) {
-                const float* kh = kr.data() + static_cast<size_t>(h / group) * dim;
-                float s = 0.0f;
-                for (int d = 0; d < dim; ++d) s += qmean[h * dim + d] * kh[d];
-                best = std::max(best, s);
-            }
-            score[t] = best;
-        }
-    });
+    std::vector<const uint16_t*> rows(static_cast<size_t>(r1 - r0));
+    for (int32_t t = 0; t < r1 - r0; ++t) {
+        rows[t] = reinterpret_cast<const uint16_t*>(full_pool_->k_row(li, full_slot_[r0 + t]));
+    }
+    std::vector<float> score(rows.size());
+    k::max_head_scores(qmean.data(), shape.n_heads, shape.n_kv_heads, dim, rows.data(), r1 - r0, score.data(),
+                       threads_);
     const int32_t region = r1 - r0;
     const int32_t want = n == 1 ? static_cast<int32_t>(std::ceil(options_.select_ratio * region))
                                 : std::min(options_.prefill_select, region);
@@ -232,15 +230,17 @@ void DeltaKvSequenceCache::load_x(int32_t sl, int32_t pos, float* x) const {
     k::rope_inverse(x, options_.n_kv_heads, options_.head_dim, pos, options_.rope_theta, options_.rope_style);
 }
 
-const float* DeltaKvSequenceCache::angles(int32_t pos) {
-    auto [it, fresh] = angle_index_.try_emplace(pos, static_cast<int32_t>(angle_table_.size()));
-    if (fresh) {
+int32_t DeltaKvSequenceCache::angles(int32_t pos) {
+    if (angle_of_.size() <= static_cast<size_t>(pos)) angle_of_.resize(static_cast<size_t>(pos) + 1, -1);
+    if (angle_of_[pos] < 0) {
         const int half = options_.head_dim / 2;
+        angle_of_[pos] = static_cast<int32_t>(angle_table_.size());
+        angle_pos_.push_back(pos);
         angle_table_.resize(angle_table_.size() + 2 * half);
-        float* a = angle_table_.data() + it->second;
+        float* a = angle_table_.data() + angle_of_[pos];
         k::rope_angles(pos, options_.head_dim, options_.rope_theta, a, a + half);
     }
-    return angle_table_.data() + it->second;
+    return angle_of_[pos];
 }
 
 void DeltaKvSequenceCache::reconstruct(int32_t layer) {
@@ -248,74 +248,85 @@ void DeltaKvSequenceCache::reconstruct(int32_t layer) {
     if (selected_.empty()) return;
     const int32_t sl = layer_index_[layer];
     const int32_t d = profile_.d, m = profile_.m, kv_dim = d / 2, kk = options_.k, half = options_.head_dim / 2;
-    const k::DeltaKvLayer& w = profile_.layers[layer];
+    const size_t lb = latent_bytes();
     // The compressed tokens of the selection, their references' x (de-RoPEd once), and the
     // RoPE angles of every position involved (shared by the group's layers).
-    std::vector<int32_t> comp, ref_row(static_cast<size_t>(comp_end_), -1), ref_pos;
+    comp_.clear();
+    ref_pos_.clear();
+    latent_ptrs_.clear();
+    if (ref_row_.size() < static_cast<size_t>(comp_end_)) ref_row_.resize(static_cast<size_t>(comp_end_), -1);
     for (size_t j = 0; j < selected_.size(); ++j) {
         const int32_t lat = latent_of_[selected_[j]];
         if (lat < 0) continue;  // a reference: attended from its own slot
-        comp.push_back(static_cast<int32_t>(j));
+        comp_.push_back(static_cast<int32_t>(j));
+        latent_ptrs_.push_back(latents_[sl].data() + static_cast<size_t>(lat) * lb);
         angles(selected_[j]);
         for (int32_t r = 0; r < kk; ++r) {
             const int32_t pos = refs_[sl][static_cast<size_t>(lat) * kk + r];
-            if (pos < 0 || ref_row[pos] >= 0) continue;
-            ref_row[pos] = static_cast<int32_t>(ref_pos.size());
-            ref_pos.push_back(pos);
+            if (pos < 0 || ref_row_[pos] >= 0) continue;
+            ref_row_[pos] = static_cast<int32_t>(ref_pos_.size());
+            ref_pos_.push_back(pos);
             angles(pos);
         }
     }
-    const int64_t n = static_cast<int64_t>(comp.size());
-    std::vector<float> ref_x(ref_pos.size() * d), z(static_cast<size_t>(n) * m), x(static_cast<size_t>(n) * d);
-    threads_.parallel_for(static_cast<int64_t>(ref_pos.size()), 32, [&](int64_t b, int64_t e) {
+    const int64_t n = static_cast<int64_t>(comp_.size());
+    ref_x_.resize(ref_pos_.size() * d);
+    threads_.parallel_for(static_cast<int64_t>(ref_pos_.size()), 32, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
-            float* xi = ref_x.data() + i * d;
-            read_row(k::DType::kF16, sparse_pool_->k_row(sl, sparse_slot_[ref_pos[i]]), xi, kv_dim);
-            read_row(k::DType::kF16, sparse_pool_->v_row(sl, sparse_slot_[ref_pos[i]]), xi + kv_dim, kv_dim);
-            const float* a = angle_table_.data() + angle_index_.at(ref_pos[i]);
+            float* xi = ref_x_.data() + i * d;
+            read_row(k::DType::kF16, sparse_pool_->k_row(sl, sparse_slot_[ref_pos_[i]]), xi, kv_dim);
+            read_row(k::DType::kF16, sparse_pool_->v_row(sl, sparse_slot_[ref_pos_[i]]), xi + kv_dim, kv_dim);
+            const float* a = angle_table_.data() + angle_of_[ref_pos_[i]];
             k::rope_apply(xi, options_.n_kv_heads, options_.head_dim, a, a + half, options_.rope_style, true);
         }
     });
-    threads_.parallel_for(n, 32, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) {
-            const int32_t lat = latent_of_[selected_[comp[i]]];
-            const uint8_t* packed = latents_[sl].data() + static_cast<size_t>(lat) * latent_bytes();
-            if (options_.latent_bits == 4) {
-                k::int4_unpack(packed, m, z.data() + i * m);
-            } else {
-                read_row(k::DType::kF16, packed, z.data() + i * m, m);
-            }
+    if (options_.latent_bits != 4) {  // fp16 latents: Dec(z) for every token at once
+        x_.resize(static_cast<size_t>(n) * d);
+        z_.resize(static_cast<size_t>(n) * m);
+        for (int64_t i = 0; i < n; ++i) read_row(k::DType::kF16, latent_ptrs_[i], z_.data() + i * m, m);
+        k::matmul(profile_.layers[layer].wd, z_.data(), m, n, x_.data(), d, threads_);
+    }
+    // x = Dec(z) + mean of the references, RoPE on K, into the token's temporary slot; int4
+    // latents are decoded a block at a time so the rows stay in cache until written.
+    constexpr int64_t kBlock = 16;
+    threads_.parallel_for(n, kBlock, [&](int64_t b, int64_t e) {
+        thread_local std::vector<float> block;
+        float* xb;
+        if (options_.latent_bits == 4) {
+            block.resize(static_cast<size_t>(kBlock) * d);
+            k::deltakv_decode_int4(profile_.int4[layer], latent_ptrs_.data() + b, e - b, block.data(), d);
+            xb = block.data() - b * d;
+        } else {
+            xb = x_.data();
         }
-    });
-    k::matmul(w.wd, z.data(), m, n, x.data(), d, threads_);  // Dec(z) for every token at once
-    threads_.parallel_for(n, 32, [&](int64_t b, int64_t e) {
-        std::vector<float> r(static_cast<size_t>(d));
         for (int64_t i = b; i < e; ++i) {
-            const int32_t j = comp[i], pos = selected_[j], lat = latent_of_[pos];
-            float* xi = x.data() + i * d;
+            const int32_t j = comp_[i], pos = selected_[j], lat = latent_of_[pos];
+            const int32_t* refs = refs_[sl].data() + static_cast<size_t>(lat) * kk;
+            const float* rx[16];
             int32_t nr = 0;
-            std::fill(r.begin(), r.end(), 0.0f);
             for (int32_t q = 0; q < kk; ++q) {
-                const int32_t rp = refs_[sl][static_cast<size_t>(lat) * kk + q];
-                if (rp < 0) continue;
-                const float* rx = ref_x.data() + static_cast<size_t>(ref_row[rp]) * d;
-                for (int32_t t = 0; t < d; ++t) r[t] += rx[t];
-                ++nr;
+                if (refs[q] >= 0) rx[nr++] = ref_x_.data() + static_cast<size_t>(ref_row_[refs[q]]) * d;
             }
+            float* xi = xb + i * d;
             const float inv = 1.0f / static_cast<float>(std::max(nr, 1));
-            for (int32_t t = 0; t < d; ++t) xi[t] += r[t] * inv;
-            const float* a = angle_table_.data() + angle_index_.at(pos);
+            for (int32_t q = 0; q < nr; ++q) {
+                const float* r = rx[q];
+                for (int32_t t = 0; t < d; ++t) xi[t] += r[t] * inv;
+            }
+            const float* a = angle_table_.data() + angle_of_[pos];
             k::rope_apply(xi, options_.n_kv_heads, options_.head_dim, a, a + half, options_.rope_style, false);
             write_row(k::DType::kF16, sparse_pool_->k_row(sl, selected_slot_[j]), xi, kv_dim);
             write_row(k::DType::kF16, sparse_pool_->v_row(sl, selected_slot_[j]), xi + kv_dim, kv_dim);
         }
     });
+    for (int32_t pos : ref_pos_) ref_row_[pos] = -1;
 }
 
 void DeltaKvSequenceCache::release_temp() {
     if (sparse_pool_ && !temp_slots_.empty()) sparse_pool_->release(temp_slots_);
     temp_slots_.clear();
-    angle_index_.clear();
+    for (int32_t pos : angle_pos_) angle_of_[pos] = -1;
+    angle_pos_.clear();
     angle_table_.clear();
     selected_.clear();
     selected_slot_.clear();

@@ -32,7 +32,11 @@ inline void read_row(kernels::DType dtype, const uint8_t* src, float* dst, int32
         return;
     }
     const auto* s = reinterpret_cast<const uint16_t*>(src);
-    for (int32_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(s[i]);
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+    }
+    for (; i < n; ++i) dst[i] = fp16_to_fp32(s[i]);
 }
 
 }  // namespace deltaserve::kvstore

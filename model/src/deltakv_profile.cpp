@@ -80,6 +80,7 @@ Result<std::unique_ptr<kvstore::DeltaKvProfile>> load_deltakv_profile(const std:
         std::stable_sort(p->sensitivity_order.begin(), p->sensitivity_order.end(),
                          [&](int32_t a, int32_t b) { return err[a] > err[b]; });
     }
+    kvstore::prepare_int4_decoders(*p);
     return p;
 }
 

@@ -44,6 +44,7 @@ DeltaKvProfile zero_decoder_profile(std::mt19937& rng) {
         p.layers.push_back(w);
     }
     p.sensitivity_order = {0, 1, 2};
+    prepare_int4_decoders(p);
     return p;
 }
 

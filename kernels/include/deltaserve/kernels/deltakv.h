@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "deltaserve/common/thread_pool.h"
 #include "deltaserve/kernels/dtype.h"
@@ -38,6 +39,29 @@ int l2_nearest(const float* x, const float* cands, int n, int d, int k, int32_t*
 size_t int4_bytes(int m);
 void int4_pack(const float* z, int m, uint8_t* out);
 void int4_unpack(const uint8_t* in, int m, float* z);
+
+// A layer's decoder for int4 latents (int4_pack's format), made once per profile: Wd in
+// int8 with one scale per output row, laid out four latent columns at a time for the
+// integer dot-product instructions ([m4 / 4][d][4]), and each row's sum, which the latent's
+// minimum multiplies: Dec(lo + s q)[r] = lo * row_sum[r] + s * scale[r] * (w8[r] . q).
+struct Int4Decoder {
+    int d = 0, m = 0, m4 = 0;  // m4: m rounded up to a multiple of 4 (zero columns)
+    std::vector<int8_t> w;
+    std::vector<float> scale, row_sum;
+};
+Int4Decoder make_int4_decoder(const DeltaKvLayer& w);
+
+// out[i * ldo + r] = Dec(int4_unpack(latents[i]))[r] for n tokens, on the calling thread
+// (callers split the tokens and use the rows while they are in cache). The dot products
+// of the codes with the int8 rows are exact integers, so every ISA gives the same bits; the
+// error against the fp32 decoder is Wd's int8 rounding (at most scale[r] / 2 per weight).
+void deltakv_decode_int4(const Int4Decoder& dec, const uint8_t* const* latents, int64_t n, float* out,
+                         int64_t ldo);
+
+// OmniKV-style selection scores: for each of n tokens (fp16 K rows holding all KV heads),
+// the max over query heads h of q[h] . k[h / (n_heads / n_kv_heads)].
+void max_head_scores(const float* q, int n_heads, int n_kv_heads, int head_dim, const uint16_t* const* k_rows,
+                     int64_t n, float* out, ThreadPool& pool);
 
 // RoPE's inverse: turns K after RoPE at pos back into K before it.
 void rope_inverse(float* x, int n_heads, int head_dim, int64_t pos, float base, RopeStyle style);

@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "deltaserve/common/thread_pool.h"
@@ -28,7 +27,12 @@ struct DeltaKvProfile {
     // taken from the front).
     std::vector<int32_t> sensitivity_order;
     std::vector<std::vector<float>> storage;  // what the WeightMatrix pointers point into
+    std::vector<kernels::Int4Decoder> int4;   // per layer, for int4 latents (prepare_int4_decoders)
 };
+
+// Makes profile.int4 from the layers' decoders. Loaders call it once; every session using
+// the profile shares the result.
+void prepare_int4_decoders(DeltaKvProfile& profile);
 
 struct DeltaKvOptions {
     int32_t n_layers = 0, n_kv_heads = 0, head_dim = 0;
@@ -50,7 +54,8 @@ DeltaKvOptions deltakv_options_for_keep(const DeltaKvProfile& profile, float kee
 
 class DeltaKvSequenceCache final : public SequenceCache {
 public:
-    // Errors: kInvalidArgument when the profile does not fit the options.
+    // Errors: kInvalidArgument when the profile does not fit the options (or lacks its int4
+    // decoders for int4 latents).
     static Result<std::unique_ptr<DeltaKvSequenceCache>> create(const DeltaKvProfile& profile,
                                                                 const DeltaKvOptions& options, ThreadPool& threads);
     ~DeltaKvSequenceCache() override;
@@ -80,8 +85,9 @@ private:
     size_t latent_bytes() const;
     void compress_oldest(int32_t count);
     void reconstruct(int32_t layer);
-    // RoPE angles of a position (cos then sin), computed once per forward call.
-    const float* angles(int32_t pos);
+    // Offset in angle_table_ of a position's RoPE angles (cos then sin), computed once per
+    // forward call.
+    int32_t angles(int32_t pos);
     void release_temp();
     // x = [K before RoPE; V] of a full-precision token of sparse layer `sl`.
     void load_x(int32_t sl, int32_t pos, float* x) const;
@@ -104,8 +110,14 @@ private:
     // slot of each (its own sparse slot when it is full precision).
     std::vector<int32_t> selected_, selected_slot_, temp_slots_;
     std::vector<uint8_t> reconstructed_;  // per layer: done for this forward call
-    std::unordered_map<int32_t, int32_t> angle_index_;  // position -> offset in angle_table_
+    std::vector<int32_t> angle_of_;       // position -> offset in angle_table_, -1 if none
+    std::vector<int32_t> angle_pos_;      // the positions that have one
     std::vector<float> angle_table_;
+    // Reconstruction scratch, kept between calls so steps do not allocate: the selection's
+    // compressed tokens, their references (position -> row), and rows of x.
+    std::vector<int32_t> comp_, ref_pos_, ref_row_;
+    std::vector<const uint8_t*> latent_ptrs_;
+    std::vector<float> ref_x_, z_, x_;
     mutable std::vector<int32_t> view_slots_;
 };
 
