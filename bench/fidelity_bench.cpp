@@ -1,7 +1,10 @@
 // Fidelity benchmark of the KV policies against full KV (bench/README.md), in one process
 // so every arm sees the same tokens:
 //   ppl        teacher-forced perplexity and mean KL(full || policy) over natural text of
-//              each length, fed --chunk tokens at a time (policies compress after each);
+//              each length, fed --chunk tokens at a time (policies compress after each),
+//              but the last --decode-tail tokens one at a time, as generation feeds them:
+//              those are also reported alone (ppl_tail, kl_tail), since a policy may
+//              select or evict differently for single tokens than for chunks;
 //   decode     ms per single-token step after that text, at 2k and 8k (median of 16);
 //   retrieval  passkey in filler, one of three needles, key-value lookup with random keys:
 //              exact match (every answer token the argmax) and the answer's log-likelihood;
@@ -12,6 +15,7 @@
 // Usage: deltaserve-bench-fidelity --model M --profile P --text FILE --out R.json
 //        [--lengths 2048,4096,8192] [--keeps 0.5,0.3,0.2] [--policies deltakv,snapkv,...]
 //        [--retrieval-keeps 0.3] [--tasks ppl,decode,retrieval,multiturn] [--chunk 256]
+//        [--decode-tail 128]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -43,7 +47,7 @@ struct Options {
     std::string lengths = "2048,4096,8192", keeps = "0.5,0.3,0.2", retrieval_keeps = "0.3";
     std::string policies = "deltakv,kvcompress,d2o,trimkv,snapkv,h2o,keydiff,streaming";
     std::string tasks = "ppl,decode,retrieval,multiturn";
-    int32_t chunk = 256, threads = 2;
+    int32_t chunk = 256, threads = 2, decode_tail = 128;
 };
 
 template <class T>
@@ -101,17 +105,21 @@ Result<std::vector<Arm>> make_arms(const model::Model& m, const Options& o, cons
     return arms;
 }
 
-// Feeds tokens in chunks to every arm (in lockstep), accumulating NLL and KL to arm 0.
-Json perplexity(std::vector<Arm>& arms, const std::vector<int32_t>& tokens, int32_t chunk, int32_t n_vocab) {
+// Feeds tokens in chunks to every arm (in lockstep), the last `tail` one at a time,
+// accumulating NLL and KL to arm 0, over all tokens and over the tail alone.
+Json perplexity(std::vector<Arm>& arms, const std::vector<int32_t>& tokens, int32_t chunk, int32_t tail,
+                int32_t n_vocab) {
     const size_t n_arms = arms.size();
-    std::vector<double> nll(n_arms, 0.0), kl(n_arms, 0.0);
-    int64_t scored = 0;
+    std::vector<double> nll(n_arms, 0.0), kl(n_arms, 0.0), nll_tail(n_arms, 0.0), kl_tail(n_arms, 0.0);
+    int64_t scored = 0, scored_tail = 0;
     std::vector<double> lp;
     std::vector<std::vector<double>> lf;  // full KV's log-probabilities for the chunk, once
     for (auto& a : arms) a.ctx->reset();
+    const size_t tail_start = tokens.size() - std::min(tokens.size() - 1, static_cast<size_t>(std::max(tail, 0)));
     const auto t0 = std::chrono::steady_clock::now();
-    for (size_t at = 0; at < tokens.size(); at += static_cast<size_t>(chunk)) {
-        const size_t n = std::min(static_cast<size_t>(chunk), tokens.size() - at);
+    for (size_t at = 0, n = 0; at < tokens.size(); at += n) {
+        const bool in_tail = at >= tail_start;
+        n = in_tail ? 1 : std::min(static_cast<size_t>(chunk), tail_start - at);
         const std::span<const int32_t> piece(tokens.data() + at, n);
         auto full = arms[0].ctx->eval_all(piece);
         if (!full.ok()) return {{"error", full.error().message()}};
@@ -126,9 +134,18 @@ Json perplexity(std::vector<Arm>& arms, const std::vector<int32_t>& tokens, int3
             if (!l.ok()) return {{"error", l.error().message()}};
             for (size_t t = 0; t < rows; ++t) {
                 model::log_softmax(l->data() + t * n_vocab, n_vocab, lp);
-                nll[i] -= lp[tokens[at + t + 1]];
-                kl[i] += model::kl_divergence(lf[t], lp);
+                const double nl = -lp[tokens[at + t + 1]], k = model::kl_divergence(lf[t], lp);
+                nll[i] += nl;
+                kl[i] += k;
+                if (in_tail) {
+                    nll_tail[i] += nl;
+                    kl_tail[i] += k;
+                }
             }
+        }
+        if (in_tail) {
+            for (size_t t = 0; t < rows; ++t) nll_tail[0] -= lf[t][tokens[at + t + 1]];
+            scored_tail += static_cast<int64_t>(rows);
         }
         scored += static_cast<int64_t>(rows);
     }
@@ -137,8 +154,13 @@ Json perplexity(std::vector<Arm>& arms, const std::vector<int32_t>& tokens, int3
         out[arms[i].name()] = {{"ppl", std::exp(nll[i] / scored)},
                                {"kl_mean", kl[i] / scored},
                                {"keep_ratio", arms[i].ctx->keep_ratio()}};
+        if (scored_tail > 0) {
+            out[arms[i].name()]["ppl_tail"] = std::exp(nll_tail[i] / scored_tail);
+            out[arms[i].name()]["kl_tail"] = kl_tail[i] / scored_tail;
+        }
     }
     out["_tokens"] = tokens.size();
+    out["_tail_tokens"] = scored_tail;
     out["_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return out;
 }
@@ -371,7 +393,7 @@ int run(const Options& o) {
             if (n > static_cast<int32_t>(text->size())) continue;
             log("perplexity", n);
             std::vector<int32_t> tokens(text->begin(), text->begin() + n);
-            result["ppl"][std::to_string(n)] = perplexity(*arms, tokens, o.chunk, n_vocab);
+            result["ppl"][std::to_string(n)] = perplexity(*arms, tokens, o.chunk, o.decode_tail, n_vocab);
             if (has(o.tasks, "decode") && (n == 2048 || n == 8192)) {
                 log("decode timing", n);
                 result["decode_ms"][std::to_string(n)] = decode_times(*arms);
@@ -417,6 +439,7 @@ int main(int argc, char** argv) {
     p.add("retrieval-keeps", &o.retrieval_keeps, "keep ratios for retrieval and multi-turn");
     p.add("policies", &o.policies, "policies besides full");
     p.add("tasks", &o.tasks, "ppl, decode, retrieval, multiturn");
+    p.add("decode-tail", &o.decode_tail, "last tokens of each text fed one at a time (scored apart too)");
     p.add("chunk", &o.chunk, "tokens per forward call (policies compress after each)");
     p.add("threads", &o.threads, "threads");
     if (auto code = parse_flags(p, argc - 1, argv + 1)) return *code;

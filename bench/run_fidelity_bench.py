@@ -56,6 +56,11 @@ def summarize(r):
         full = arms["full"]["ppl"]
         s["ppl"][n] = {a: {"ppl": v["ppl"], "ppl_vs_full": v["ppl"] / full - 1.0, "kl_mean": v["kl_mean"],
                            "keep_ratio": v["keep_ratio"]} for a, v in arms.items() if not a.startswith("_")}
+        if "ppl_tail" in arms["full"]:
+            for a, v in arms.items():
+                if not a.startswith("_"):
+                    s["ppl"][n][a].update({"ppl_tail": v["ppl_tail"], "kl_tail": v["kl_tail"],
+                                           "ppl_tail_vs_full": v["ppl_tail"] / arms["full"]["ppl_tail"] - 1.0})
     for n, tasks in r.get("retrieval", {}).items():
         for task, arms in tasks.items():
             s["retrieval"].setdefault(n, {})[task] = {
@@ -71,9 +76,14 @@ def summarize(r):
 def print_tables(s):
     for n, arms in s["ppl"].items():
         print(f"\nperplexity at {n} tokens (KL to full, measured keep ratio)")
-        print(f"{'arm':18} {'KR':>6} {'ppl':>8} {'vs full':>8} {'KL':>8}")
+        tail = "ppl_tail" in next(iter(arms.values()))
+        print(f"{'arm':18} {'KR':>6} {'ppl':>8} {'vs full':>8} {'KL':>8}" +
+              (f" | {'tail (one token at a time)':>26}" if tail else ""))
         for a, v in arms.items():
-            print(f"{a:18} {v['keep_ratio']:6.3f} {v['ppl']:8.3f} {100 * v['ppl_vs_full']:+7.2f}% {v['kl_mean']:8.4f}")
+            line = f"{a:18} {v['keep_ratio']:6.3f} {v['ppl']:8.3f} {100 * v['ppl_vs_full']:+7.2f}% {v['kl_mean']:8.4f}"
+            if tail:
+                line += f" | {v['ppl_tail']:8.3f} {100 * v['ppl_tail_vs_full']:+7.2f}% {v['kl_tail']:8.4f}"
+            print(line)
     for n, tasks in s["retrieval"].items():
         print(f"\nretrieval at {n} tokens: answer log-likelihood (exact match)")
         arms = list(next(iter(tasks.values())).keys())
@@ -149,6 +159,7 @@ def main():
     ap.add_argument("--keeps", default="0.5,0.3,0.2")
     ap.add_argument("--retrieval-keeps", default="0.3")
     ap.add_argument("--tasks", default="ppl,decode,retrieval,multiturn")
+    ap.add_argument("--decode-tail", default="128", help="last tokens of each text fed one at a time")
     ap.add_argument("--policies", default="deltakv,kvcompress,d2o,trimkv,snapkv,h2o,keydiff,streaming")
     ap.add_argument("--out", default="bench/out/fidelity")
     a = ap.parse_args()
@@ -165,7 +176,7 @@ def main():
     subprocess.run([os.path.join(a.build, "bin", "deltaserve-bench-fidelity"), "--model", a.model,
                     "--profile", a.profile, "--text", text_path, "--out", a.out + ".json",
                     "--lengths", a.lengths, "--keeps", a.keeps, "--retrieval-keeps", a.retrieval_keeps,
-                    "--tasks", a.tasks, "--policies", a.policies], check=True)
+                    "--tasks", a.tasks, "--policies", a.policies, "--decode-tail", a.decode_tail], check=True)
     report(json.load(open(a.out + ".json")), a.out)
 
 

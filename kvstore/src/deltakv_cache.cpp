@@ -24,6 +24,7 @@ DeltaKvOptions deltakv_options_for_keep(const DeltaKvProfile& profile, float kee
     const double s = 1.0 / o.stride + latent / full_token + (1.5 * o.window + o.sinks) / n;
     int32_t n_full = static_cast<int32_t>(std::floor((keep - s) / (1.0 - s) * n_layers));
     n_full = std::clamp(n_full, 1, n_layers);
+    o.keep = keep;
     o.full_layer.assign(static_cast<size_t>(n_layers), 0);
     o.full_layer[0] = 1;
     int32_t chosen = 1;
@@ -127,6 +128,7 @@ Status DeltaKvSequenceCache::reserve(int32_t n_new) {
         full_slot_.push_back(f[i]);
         sparse_slot_.push_back(sparse_pool_ ? s[i] : -1);
         latent_of_.push_back(-1);
+        ref_flag_.push_back(0);
     }
     n_reserved_ = n_new;
     return Status();
@@ -342,8 +344,32 @@ void DeltaKvSequenceCache::commit(int32_t n) {
     while (n_tokens_ - comp_end_ >= 2 * options_.window) compress_oldest(options_.window);
 }
 
+void DeltaKvSequenceCache::choose_refs(int32_t c0, int32_t c1) {
+    std::vector<int32_t> rest;
+    for (int32_t p = c0; p < c1; ++p) {
+        ref_flag_[p] = (p - options_.sinks) % options_.stride == 0;
+        if (!ref_flag_[p]) rest.push_back(p);
+    }
+    if (options_.keep <= 0.0f || rest.empty()) return;
+    // Bytes at the session's largest before the next compression: this block compressed
+    // but for its base references, and the buffer grown to its limit.
+    const size_t n_sparse = sparse_layers_.size();
+    const size_t row = static_cast<size_t>(options_.n_kv_heads) * options_.head_dim * 2 * 2;
+    const size_t latent = latent_bytes() + sizeof(int32_t) * options_.k;
+    const size_t saved = n_sparse * (row - latent);  // per token compressed instead of kept
+    const int32_t grow = std::max(0, 2 * options_.window - 1 - (n_tokens_ - c1));
+    const size_t per_token = (full_layers_.size() + n_sparse) * row + 3 * sizeof(int32_t);
+    const size_t peak = bytes() - rest.size() * saved + static_cast<size_t>(grow) * per_token;
+    const double target = options_.keep * static_cast<double>(full_fp16_bytes(
+                                              n_tokens_ + grow, options_.n_layers, options_.n_kv_heads * options_.head_dim));
+    if (target <= static_cast<double>(peak)) return;
+    const size_t extra = std::min(rest.size(), static_cast<size_t>((target - static_cast<double>(peak)) / saved));
+    for (size_t i = 0; i < extra; ++i) ref_flag_[rest[(2 * i + 1) * rest.size() / (2 * extra)]] = 1;
+}
+
 void DeltaKvSequenceCache::compress_oldest(int32_t count) {
     const int32_t c0 = comp_end_, c1 = comp_end_ + count;
+    choose_refs(c0, c1);
     const int32_t d = profile_.d, kk = options_.k;
     std::vector<int32_t> ref_pos, block;
     for (int32_t p = 0; p < c1; ++p) {
@@ -434,6 +460,7 @@ void DeltaKvSequenceCache::truncate(int32_t n_keep) {
     full_slot_.resize(static_cast<size_t>(n_keep));
     sparse_slot_.resize(static_cast<size_t>(n_keep));
     latent_of_.resize(static_cast<size_t>(n_keep));
+    ref_flag_.resize(static_cast<size_t>(n_keep));
     n_tokens_ = n_keep;
     n_reserved_ = 0;
     comp_end_ = std::max(options_.sinks, std::min(comp_end_, n_keep));

@@ -130,6 +130,35 @@ TEST(DeltaKvCache, CompressesTheOldestWindowWhenTheBufferDoubles) {
     EXPECT_LT((*c)->bytes(), full_fp16_bytes(40, kLayers, kKvDim));
 }
 
+TEST(DeltaKvCache, AKeepTargetFillsTheRoomWithReferencesAndIsNeverExceeded) {
+    std::mt19937 rng(1);
+    const DeltaKvProfile p = zero_decoder_profile(rng);
+    ThreadPool threads(2);
+    DeltaKvOptions fixed = options(), target = options();
+    fixed.n_ctx = target.n_ctx = 512;
+    target.keep = 0.8f;
+    auto a = DeltaKvSequenceCache::create(p, fixed, threads);
+    auto b = DeltaKvSequenceCache::create(p, target, threads);
+    ASSERT_TRUE(a.ok() && b.ok());
+    Data da, db;
+    double ratio_a = 0, ratio_b = 0;
+    for (int32_t n = 0; n < 400; n += 1) {
+        da.chunk(**a, 1);
+        db.chunk(**b, 1);
+        if (HasFatalFailure()) return;
+        const double full = static_cast<double>(full_fp16_bytes(n + 1, kLayers, kKvDim));
+        ratio_a = (*a)->bytes() / full;
+        ratio_b = (*b)->bytes() / full;
+        // Never above the target, unless the fixed stride alone is (short sequences).
+        ASSERT_LE(ratio_b, std::max(0.8, ratio_a) + 1e-9) << "after " << n + 1 << " tokens";
+    }
+    // Every 5th token a reference alone leaves room at this length; the target fills it.
+    std::printf("keep ratio at 400 tokens: %.3f fixed stride, %.3f with the target\n", ratio_a, ratio_b);
+    EXPECT_LT(ratio_a, 0.70);
+    EXPECT_GT(ratio_b, 0.78);
+    EXPECT_LT((*b)->compressed_tokens(), (*a)->compressed_tokens());
+}
+
 TEST(DeltaKvCache, DecodeStepReconstructsSelectedTokensFromTheirNearestReferences) {
     std::mt19937 rng(1);
     const DeltaKvProfile p = zero_decoder_profile(rng);
