@@ -20,6 +20,7 @@ import argparse
 import glob
 import gzip
 import json
+import math
 import os
 import re
 import subprocess
@@ -52,15 +53,22 @@ def faq_text():
 def summarize(r):
     """Per (length, arm): ppl, ppl vs full, KL, KR; retrieval relative to full; decode ratio."""
     s = {"ppl": {}, "retrieval": {}, "multiturn": {}, "decode": {}}
-    for n, arms in r.get("ppl", {}).items():
+    for n, raw in r.get("ppl", {}).items():
+        arms = {a: dict(v) for a, v in raw.items() if not a.startswith("_")}
+        tail = raw.get("_tail_tokens", 0)
+        if tail:
+            # The headline is over the tokens fed in chunks; the tail (fed one at a time) apart.
+            every = raw["_tokens"] - 1
+            for v in arms.values():
+                v["ppl"] = math.exp((math.log(v["ppl"]) * every - math.log(v["ppl_tail"]) * tail) / (every - tail))
+                v["kl_mean"] = (v["kl_mean"] * every - v["kl_tail"] * tail) / (every - tail)
         full = arms["full"]["ppl"]
         s["ppl"][n] = {a: {"ppl": v["ppl"], "ppl_vs_full": v["ppl"] / full - 1.0, "kl_mean": v["kl_mean"],
-                           "keep_ratio": v["keep_ratio"]} for a, v in arms.items() if not a.startswith("_")}
-        if "ppl_tail" in arms["full"]:
+                           "keep_ratio": v["keep_ratio"]} for a, v in arms.items()}
+        if tail:
             for a, v in arms.items():
-                if not a.startswith("_"):
-                    s["ppl"][n][a].update({"ppl_tail": v["ppl_tail"], "kl_tail": v["kl_tail"],
-                                           "ppl_tail_vs_full": v["ppl_tail"] / arms["full"]["ppl_tail"] - 1.0})
+                s["ppl"][n][a].update({"ppl_tail": v["ppl_tail"], "kl_tail": v["kl_tail"], "tail_tokens": tail,
+                                       "ppl_tail_vs_full": v["ppl_tail"] / arms["full"]["ppl_tail"] - 1.0})
     for n, tasks in r.get("retrieval", {}).items():
         for task, arms in tasks.items():
             s["retrieval"].setdefault(n, {})[task] = {
@@ -75,10 +83,10 @@ def summarize(r):
 
 def print_tables(s):
     for n, arms in s["ppl"].items():
-        print(f"\nperplexity at {n} tokens (KL to full, measured keep ratio)")
+        print(f"\nperplexity at {n} tokens fed in chunks (KL to full, measured keep ratio)")
         tail = "ppl_tail" in next(iter(arms.values()))
         print(f"{'arm':18} {'KR':>6} {'ppl':>8} {'vs full':>8} {'KL':>8}" +
-              (f" | {'tail (one token at a time)':>26}" if tail else ""))
+              (f" | {'then the tail, one token at a time':>26}" if tail else ""))
         for a, v in arms.items():
             line = f"{a:18} {v['keep_ratio']:6.3f} {v['ppl']:8.3f} {100 * v['ppl_vs_full']:+7.2f}% {v['kl_mean']:8.4f}"
             if tail:

@@ -25,6 +25,9 @@ void RunOptions::register_flags(ArgParser& p) {
     p.add("kv-profile", &kv_profile,
           "deltakv.json or trimkv.json from deltactl calibrate (default: "
           "profiles/<model file name>/<policy>.json when present)");
+    p.add("kv-select", &kv_select,
+          "deltakv: share of the compressed tokens each generated token attends to (reconstructed on "
+          "the fly), in (0, 1]; more is closer to full KV and slower, memory is the same");
     p.add("temperature", &temperature, "sampling temperature; 0 = greedy");
     p.add("top-k", &top_k, "top-k sampling; 0 = off");
     p.add("top-p", &top_p, "top-p (nucleus) sampling; 1 = off");
@@ -56,6 +59,7 @@ model::ContextOptions RunOptions::context() const {
     c.kv.policy = kv_policy;
     c.kv.keep = kv_keep;
     c.kv_profile = kv_profile;
+    c.deltakv_select = kv_select;
     // deltakv / trimkv without --kv-profile: what setup calibrates in profiles/<model file>/.
     if ((kv_policy == "deltakv" || kv_policy == "trimkv") && kv_profile.empty()) {
         const std::string guess =
@@ -76,6 +80,7 @@ Result<LoadedModel> load_for_run(const RunOptions& o) {
         return invalid_argument("--attention must be native or ggml, not '" + o.attention + "'");
     }
     if (!(o.kv_keep > 0.0f && o.kv_keep <= 1.0f)) return invalid_argument("--kv-keep must be in (0, 1]");
+    if (!(o.kv_select > 0.0f && o.kv_select <= 1.0f)) return invalid_argument("--kv-select must be in (0, 1]");
     if (o.kv_policy == "full" && o.kv_keep < 1.0f) {
         return invalid_argument("--kv-keep below 1 needs a --kv-policy (" + std::string(kvstore::eviction_policy_names()) + ")");
     }

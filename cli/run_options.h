@@ -22,6 +22,7 @@ struct RunOptions {
     std::string kv_policy = "full";
     float kv_keep = 1.0f;
     std::string kv_profile;
+    float kv_select = 0.2f;
     float temperature = 0.8f;
     int32_t top_k = 40;
     float top_p = 0.95f;

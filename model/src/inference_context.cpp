@@ -147,6 +147,11 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
         o.window = parts.profile->window;
         o.latent_bits = parts.profile->latent_bits;
         o.n_ctx = opts.n_ctx;
+        if (!(opts.deltakv_select > 0.0f && opts.deltakv_select <= 1.0f)) {
+            return invalid_argument("deltakv select ratio must be in (0, 1], got " +
+                                    std::to_string(opts.deltakv_select));
+        }
+        o.select_ratio = opts.deltakv_select;
         parts.deltakv = kvstore::deltakv_options_for_keep(*parts.profile, opts.kv.keep, o);
         if (!opts.deltakv_full_layers.empty()) parts.deltakv.full_layer = opts.deltakv_full_layers;
     } else if (opts.kv.policy != "full") {

@@ -9,6 +9,7 @@
 
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/sampler.h"
+#include "deltaserve/model/scoring.h"
 #include "test_paths.h"
 
 namespace deltaserve::model {
@@ -30,8 +31,10 @@ protected:
         DS_REQUIRE_FILE(testing::default_deltakv_profile(), "default DeltaKV profile");
         DS_REQUIRE_FILE(std::string("/usr/share/common-licenses/GPL-3"), "GPL-3 text");
     }
-    static Result<std::unique_ptr<InferenceContext>> context(const std::string& policy, float keep) {
+    static Result<std::unique_ptr<InferenceContext>> context(const std::string& policy, float keep,
+                                                             float select = 0.2f) {
         ContextOptions co;
+        co.deltakv_select = select;
         co.n_ctx = 2048;
         co.n_threads = 2;
         co.kv.policy = policy;
@@ -84,6 +87,37 @@ TEST_F(DeltaKvModelTest, FirstCallExactThenCompressedAndClose) {
     EXPECT_GE(agree, steps * 2 / 3) << agree << "/" << steps;
     EXPECT_LE((*dkv)->keep_ratio(), 0.33);
     EXPECT_GT((*dkv)->keep_ratio(), 0.15);
+}
+
+// Teacher-forced decode steps after a compressed history: attending to (and reconstructing)
+// all of it comes closer to full KV than a small selection, at the same memory.
+TEST_F(DeltaKvModelTest, ALargerDecodeSelectionIsCloserToFullKv) {
+    const auto tokens = text_tokens(1000);
+    const size_t prompt = 900;
+    std::vector<double> kl, kr;
+    for (float select : {0.05f, 1.0f}) {
+        auto full = context("full", 1.0f);
+        auto dkv = context("deltakv", 0.3f, select);
+        ASSERT_TRUE(full.ok() && dkv.ok()) << dkv.error().to_string();
+        ASSERT_TRUE((*full)->eval(std::span<const int32_t>(tokens.data(), prompt)).ok());
+        ASSERT_TRUE((*dkv)->eval(std::span<const int32_t>(tokens.data(), prompt)).ok());
+        double sum = 0;
+        for (size_t t = prompt; t < tokens.size(); ++t) {
+            auto a = (*full)->eval(std::span<const int32_t>(&tokens[t], 1));
+            auto b = (*dkv)->eval(std::span<const int32_t>(&tokens[t], 1));
+            ASSERT_TRUE(a.ok() && b.ok());
+            std::vector<double> la, lb;
+            log_softmax(a->data(), static_cast<int32_t>(a->size()), la);
+            log_softmax(b->data(), static_cast<int32_t>(b->size()), lb);
+            sum += kl_divergence(la, lb);
+        }
+        kl.push_back(sum / static_cast<double>(tokens.size() - prompt));
+        kr.push_back((*dkv)->keep_ratio());
+    }
+    EXPECT_EQ(kr[0], kr[1]) << "the selection does not change what is held";
+    EXPECT_LT(kl[1], kl[0]) << "KL to full: select 0.05 " << kl[0] << ", select 1.0 " << kl[1];
+    auto bad = context("deltakv", 0.3f, 0.0f);
+    EXPECT_FALSE(bad.ok());
 }
 
 TEST_F(DeltaKvModelTest, MissingOrForeignProfileIsAClearError) {

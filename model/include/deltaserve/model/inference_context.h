@@ -43,6 +43,9 @@ struct ContextOptions {
     // deltakv: which layers keep full attention (1 per layer); empty = chosen from kv.keep
     // and the profile's sensitivity order. Calibration measures sensitivity with it.
     std::vector<uint8_t> deltakv_full_layers;
+    // deltakv: share of the compressed tokens a decode step attends to and reconstructs, in
+    // (0, 1] (the paper's rho). More is closer to full KV and slower; memory is the same.
+    float deltakv_select = 0.2f;
 };
 
 class InferenceContext {
