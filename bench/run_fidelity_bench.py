@@ -60,6 +60,8 @@ def summarize(r):
             # The headline is over the tokens fed in chunks; the tail (fed one at a time) apart.
             every = raw["_tokens"] - 1
             for v in arms.values():
+                if "ppl_tail" not in v:  # merged from a run without a tail
+                    continue
                 v["ppl"] = math.exp((math.log(v["ppl"]) * every - math.log(v["ppl_tail"]) * tail) / (every - tail))
                 v["kl_mean"] = (v["kl_mean"] * every - v["kl_tail"] * tail) / (every - tail)
         full = arms["full"]["ppl"]
@@ -67,8 +69,9 @@ def summarize(r):
                            "keep_ratio": v["keep_ratio"]} for a, v in arms.items()}
         if tail:
             for a, v in arms.items():
-                s["ppl"][n][a].update({"ppl_tail": v["ppl_tail"], "kl_tail": v["kl_tail"], "tail_tokens": tail,
-                                       "ppl_tail_vs_full": v["ppl_tail"] / arms["full"]["ppl_tail"] - 1.0})
+                if "ppl_tail" in v:
+                    s["ppl"][n][a].update({"ppl_tail": v["ppl_tail"], "kl_tail": v["kl_tail"], "tail_tokens": tail,
+                                           "ppl_tail_vs_full": v["ppl_tail"] / arms["full"]["ppl_tail"] - 1.0})
     for n, tasks in r.get("retrieval", {}).items():
         for task, arms in tasks.items():
             s["retrieval"].setdefault(n, {})[task] = {
@@ -89,7 +92,7 @@ def print_tables(s):
               (f" | {'then the tail, one token at a time':>26}" if tail else ""))
         for a, v in arms.items():
             line = f"{a:18} {v['keep_ratio']:6.3f} {v['ppl']:8.3f} {100 * v['ppl_vs_full']:+7.2f}% {v['kl_mean']:8.4f}"
-            if tail:
+            if "ppl_tail" in v:
                 line += f" | {v['ppl_tail']:8.3f} {100 * v['ppl_tail_vs_full']:+7.2f}% {v['kl_tail']:8.4f}"
             print(line)
     for n, tasks in s["retrieval"].items():
