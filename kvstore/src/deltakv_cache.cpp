@@ -293,13 +293,10 @@ void DeltaKvSequenceCache::reconstruct(int32_t layer) {
     constexpr int64_t kBlock = 16;
     threads_.parallel_for(n, kBlock, [&](int64_t b, int64_t e) {
         thread_local std::vector<float> block;
-        float* xb;
-        if (options_.latent_bits == 4) {
+        const bool int4 = options_.latent_bits == 4;
+        if (int4) {
             block.resize(static_cast<size_t>(kBlock) * d);
             k::deltakv_decode_int4(profile_.int4[layer], latent_ptrs_.data() + b, e - b, block.data(), d);
-            xb = block.data() - b * d;
-        } else {
-            xb = x_.data();
         }
         for (int64_t i = b; i < e; ++i) {
             const int32_t j = comp_[i], pos = selected_[j], lat = latent_of_[pos];
@@ -309,7 +306,7 @@ void DeltaKvSequenceCache::reconstruct(int32_t layer) {
             for (int32_t q = 0; q < kk; ++q) {
                 if (refs[q] >= 0) rx[nr++] = ref_x_.data() + static_cast<size_t>(ref_row_[refs[q]]) * d;
             }
-            float* xi = xb + i * d;
+            float* xi = int4 ? block.data() + (i - b) * d : x_.data() + i * d;
             const float inv = 1.0f / static_cast<float>(std::max(nr, 1));
             for (int32_t q = 0; q < nr; ++q) {
                 const float* r = rx[q];
@@ -357,6 +354,7 @@ void DeltaKvSequenceCache::choose_refs(int32_t c0, int32_t c1) {
     const size_t row = static_cast<size_t>(options_.n_kv_heads) * options_.head_dim * 2 * 2;
     const size_t latent = latent_bytes() + sizeof(int32_t) * options_.k;
     const size_t saved = n_sparse * (row - latent);  // per token compressed instead of kept
+    if (saved == 0) return;
     const int32_t grow = std::max(0, 2 * options_.window - 1 - (n_tokens_ - c1));
     const size_t per_token = (full_layers_.size() + n_sparse) * row + 3 * sizeof(int32_t);
     const size_t peak = bytes() - rest.size() * saved + static_cast<size_t>(grow) * per_token;

@@ -160,87 +160,92 @@ TEST(DeltaKvCache, AKeepTargetFillsTheRoomWithReferencesAndIsNeverExceeded) {
 }
 
 TEST(DeltaKvCache, DecodeStepReconstructsSelectedTokensFromTheirNearestReferences) {
-    std::mt19937 rng(1);
-    const DeltaKvProfile p = zero_decoder_profile(rng);
-    ThreadPool threads(2);
-    auto made = DeltaKvSequenceCache::create(p, options(), threads);
-    ASSERT_TRUE(made.ok());
-    DeltaKvSequenceCache& c = **made;
-    Data data;
-    data.chunk(c, 40);
-    ASSERT_EQ(c.compressed_tokens(), 19);
+    for (int bits : {4, 16}) {  // int4 latents (integer decoder) and fp16 latents (matmul)
+        SCOPED_TRACE("latent bits " + std::to_string(bits));
+        std::mt19937 rng(1);
+        const DeltaKvProfile p = zero_decoder_profile(rng);
+        ThreadPool threads(2);
+        DeltaKvOptions o = options();
+        o.latent_bits = bits;
+        auto made = DeltaKvSequenceCache::create(p, o, threads);
+        ASSERT_TRUE(made.ok());
+        DeltaKvSequenceCache& c = **made;
+        Data data;
+        data.chunk(c, 40);
+        ASSERT_EQ(c.compressed_tokens(), 19);
 
-    // One decode step at position 40, checked layer by layer from inside.
-    ASSERT_TRUE(c.reserve(1).ok());
-    data.x.emplace_back(kLayers * kD);
-    for (auto& v : data.x.back()) v = data.nd(data.rng);
-    std::vector<float> q(kHeads * kHeadDim);
-    for (auto& v : q) v = data.nd(data.rng);
-    // The observation layer's choice: score = max over heads of q . k (after RoPE, fp16).
-    std::vector<std::pair<float, int32_t>> score;
-    for (int32_t t = 4; t < 28; ++t) {
-        std::vector<float> kt(data.x[t].begin(), data.x[t].begin() + kKvDim);
-        k::rope(kt.data(), kKvHeads, kHeadDim, t, 10000.0f, k::RopeStyle::kInterleaved);
-        float best = -INFINITY;
-        for (int h = 0; h < kHeads; ++h) {
-            float s = 0;
-            for (int d = 0; d < kHeadDim; ++d) {
-                s += q[h * kHeadDim + d] * fp16_to_fp32(fp32_to_fp16(kt[(h / 2) * kHeadDim + d]));
+        // One decode step at position 40, checked layer by layer from inside.
+        ASSERT_TRUE(c.reserve(1).ok());
+        data.x.emplace_back(kLayers * kD);
+        for (auto& v : data.x.back()) v = data.nd(data.rng);
+        std::vector<float> q(kHeads * kHeadDim);
+        for (auto& v : q) v = data.nd(data.rng);
+        // The observation layer's choice: score = max over heads of q . k (after RoPE, fp16).
+        std::vector<std::pair<float, int32_t>> score;
+        for (int32_t t = 4; t < 28; ++t) {
+            std::vector<float> kt(data.x[t].begin(), data.x[t].begin() + kKvDim);
+            k::rope(kt.data(), kKvHeads, kHeadDim, t, 10000.0f, k::RopeStyle::kInterleaved);
+            float best = -INFINITY;
+            for (int h = 0; h < kHeads; ++h) {
+                float s = 0;
+                for (int d = 0; d < kHeadDim; ++d) {
+                    s += q[h * kHeadDim + d] * fp16_to_fp32(fp32_to_fp16(kt[(h / 2) * kHeadDim + d]));
+                }
+                best = std::max(best, s);
             }
-            best = std::max(best, s);
+            score.emplace_back(-best, t);
         }
-        score.emplace_back(-best, t);
-    }
-    std::sort(score.begin(), score.end());
-    std::vector<int32_t> chosen;
-    for (int i = 0; i < 12; ++i) chosen.push_back(score[i].second);  // ceil(0.5 x 24)
-    std::sort(chosen.begin(), chosen.end());
+        std::sort(score.begin(), score.end());
+        std::vector<int32_t> chosen;
+        for (int i = 0; i < 12; ++i) chosen.push_back(score[i].second);  // ceil(0.5 x 24)
+        std::sort(chosen.begin(), chosen.end());
 
-    for (int32_t l = 0; l < kLayers; ++l) {
-        std::vector<float> kk(data.x[40].begin() + l * kD, data.x[40].begin() + l * kD + kKvDim);
-        std::vector<float> vv(data.x[40].begin() + l * kD + kKvDim, data.x[40].begin() + (l + 1) * kD);
-        k::rope(kk.data(), kKvHeads, kHeadDim, 40, 10000.0f, k::RopeStyle::kInterleaved);
-        c.store(l, 0, 1, kk.data(), vv.data(), kKvDim);
-        const k::KvView v = c.view(l, 1);
-        if (l == 0) {
-            EXPECT_EQ(v.n, 41) << "a full layer sees every token";
-        } else {
-            ASSERT_EQ(v.n, 4 + 12 + 12 + 1) << "sinks, selected, buffer, the new token";
-            for (int j = 0; j < 12; ++j) {
-                const int32_t t = chosen[j];
-                std::vector<float> want(kD, 0.0f);
-                if ((t - 4) % 5 == 0) {
-                    want = data.cached_x(t, l);  // a reference: itself
-                } else {
-                    std::vector<std::pair<float, int32_t>> dist;
-                    const auto xt = data.cached_x(t, l);
-                    for (int32_t r = 0; r <= t; ++r) {
-                        if (r >= 4 && (r - 4) % 5 != 0) continue;
-                        const auto xr = data.cached_x(r, l);
-                        float s = 0;
-                        for (int i = 0; i < kD; ++i) s += (xt[i] - xr[i]) * (xt[i] - xr[i]);
-                        dist.emplace_back(s, r);
+        for (int32_t l = 0; l < kLayers; ++l) {
+            std::vector<float> kk(data.x[40].begin() + l * kD, data.x[40].begin() + l * kD + kKvDim);
+            std::vector<float> vv(data.x[40].begin() + l * kD + kKvDim, data.x[40].begin() + (l + 1) * kD);
+            k::rope(kk.data(), kKvHeads, kHeadDim, 40, 10000.0f, k::RopeStyle::kInterleaved);
+            c.store(l, 0, 1, kk.data(), vv.data(), kKvDim);
+            const k::KvView v = c.view(l, 1);
+            if (l == 0) {
+                EXPECT_EQ(v.n, 41) << "a full layer sees every token";
+            } else {
+                ASSERT_EQ(v.n, 4 + 12 + 12 + 1) << "sinks, selected, buffer, the new token";
+                for (int j = 0; j < 12; ++j) {
+                    const int32_t t = chosen[j];
+                    std::vector<float> want(kD, 0.0f);
+                    if ((t - 4) % 5 == 0) {
+                        want = data.cached_x(t, l);  // a reference: itself
+                    } else {
+                        std::vector<std::pair<float, int32_t>> dist;
+                        const auto xt = data.cached_x(t, l);
+                        for (int32_t r = 0; r <= t; ++r) {
+                            if (r >= 4 && (r - 4) % 5 != 0) continue;
+                            const auto xr = data.cached_x(r, l);
+                            float s = 0;
+                            for (int i = 0; i < kD; ++i) s += (xt[i] - xr[i]) * (xt[i] - xr[i]);
+                            dist.emplace_back(s, r);
+                        }
+                        std::sort(dist.begin(), dist.end());
+                        for (int n = 0; n < 2; ++n) {
+                            const auto xr = data.cached_x(dist[n].second, l);
+                            for (int i = 0; i < kD; ++i) want[i] += xr[i] / 2.0f;
+                        }
                     }
-                    std::sort(dist.begin(), dist.end());
-                    for (int n = 0; n < 2; ++n) {
-                        const auto xr = data.cached_x(dist[n].second, l);
-                        for (int i = 0; i < kD; ++i) want[i] += xr[i] / 2.0f;
+                    k::rope(want.data(), kKvHeads, kHeadDim, t, 10000.0f, k::RopeStyle::kInterleaved);
+                    const int32_t slot = v.slots[4 + j];
+                    const auto* kr = reinterpret_cast<const uint16_t*>(v.k + slot * v.row_stride);
+                    const auto* vr = reinterpret_cast<const uint16_t*>(v.v + slot * v.row_stride);
+                    for (int i = 0; i < kKvDim; ++i) {
+                        ASSERT_NEAR(fp16_to_fp32(kr[i]), want[i], 5e-3) << "layer " << l << " position " << t << " K" << i;
+                        ASSERT_NEAR(fp16_to_fp32(vr[i]), want[kKvDim + i], 5e-3) << "layer " << l << " position " << t;
                     }
                 }
-                k::rope(want.data(), kKvHeads, kHeadDim, t, 10000.0f, k::RopeStyle::kInterleaved);
-                const int32_t slot = v.slots[4 + j];
-                const auto* kr = reinterpret_cast<const uint16_t*>(v.k + slot * v.row_stride);
-                const auto* vr = reinterpret_cast<const uint16_t*>(v.v + slot * v.row_stride);
-                for (int i = 0; i < kKvDim; ++i) {
-                    ASSERT_NEAR(fp16_to_fp32(kr[i]), want[i], 5e-3) << "layer " << l << " position " << t << " K" << i;
-                    ASSERT_NEAR(fp16_to_fp32(vr[i]), want[kKvDim + i], 5e-3) << "layer " << l << " position " << t;
-                }
             }
+            c.observe(l, kShape, q.data(), kHeads * kHeadDim, nullptr, 0, 1);
         }
-        c.observe(l, kShape, q.data(), kHeads * kHeadDim, nullptr, 0, 1);
+        c.commit(1);
+        EXPECT_EQ(c.n_tokens(), 41);
     }
-    c.commit(1);
-    EXPECT_EQ(c.n_tokens(), 41);
 }
 
 TEST(DeltaKvCache, TruncateIntoTheCompressedRegionAndGoOn) {
