@@ -18,7 +18,8 @@ void int4_dots_avx512(const Int4Decoder& dec, const uint8_t* codes, int64_t n, i
 inline void int4_dots_rows(const Int4Decoder& dec, const uint8_t* q, int from, int32_t* acc) {
     for (int r = from; r < dec.d; ++r) {
         int32_t s = 0;
-        for (int j = 0; j < dec.m4; ++j) s += dec.w[(static_cast<size_t>(j / 4) * dec.d + r) * 4 + j % 4] * q[j];
+        for (int j = 0; j < dec.m4; ++j)
+            s += dec.w[(static_cast<size_t>(j / 4) * dec.d + r) * 4 + j % 4] * q[j];
         acc[r] = s;
     }
 }

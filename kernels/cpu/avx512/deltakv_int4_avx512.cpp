@@ -30,7 +30,8 @@ void tile(const Int4Decoder& dec, const uint8_t* codes, int r0, int32_t* acc) {
         }
     }
     for (int t = 0; t < T; ++t) {
-        for (int b = 0; b < RB; ++b) _mm512_storeu_si512(acc + static_cast<size_t>(t) * dec.d + r0 + 16 * b, a[t][b]);
+        for (int b = 0; b < RB; ++b)
+            _mm512_storeu_si512(acc + static_cast<size_t>(t) * dec.d + r0 + 16 * b, a[t][b]);
     }
 }
 
@@ -40,7 +41,8 @@ void tokens(const Int4Decoder& dec, const uint8_t* codes, int32_t* acc) {
     for (; r + 96 <= dec.d; r += 96) tile<T, 6>(dec, codes, r, acc);
     for (; r + 16 <= dec.d; r += 16) tile<T, 1>(dec, codes, r, acc);
     for (int t = 0; t < T; ++t) {
-        int4_dots_rows(dec, codes + static_cast<size_t>(t) * dec.m4, r, acc + static_cast<size_t>(t) * dec.d);
+        int4_dots_rows(dec, codes + static_cast<size_t>(t) * dec.m4, r,
+                       acc + static_cast<size_t>(t) * dec.d);
     }
 }
 
