@@ -48,6 +48,7 @@ struct Options {
     std::string policies = "deltakv,kvcompress,d2o,trimkv,snapkv,h2o,keydiff,streaming";
     std::string tasks = "ppl,decode,retrieval,multiturn";
     int32_t chunk = 256, threads = 2, decode_tail = 128;
+    float select = 0.2f;  // deltakv: share of compressed tokens per decode step
 };
 
 template <class T>
@@ -91,6 +92,7 @@ Result<std::vector<Arm>> make_arms(const model::Model& m, const Options& o, cons
         co.kv.policy = policy;
         co.kv.keep = keep;
         co.kv_profile = o.profile;
+        co.deltakv_select = o.select;
         if (policy == "trimkv") {
             co.kv_profile = (std::filesystem::path(o.profile).parent_path() / "trimkv.json").string();
         }
@@ -439,6 +441,7 @@ int main(int argc, char** argv) {
     p.add("retrieval-keeps", &o.retrieval_keeps, "keep ratios for retrieval and multi-turn");
     p.add("policies", &o.policies, "policies besides full");
     p.add("tasks", &o.tasks, "ppl, decode, retrieval, multiturn");
+    p.add("select", &o.select, "deltakv: share of the compressed tokens each decode step attends to");
     p.add("decode-tail", &o.decode_tail, "last tokens of each text fed one at a time (scored apart too)");
     p.add("chunk", &o.chunk, "tokens per forward call (policies compress after each)");
     p.add("threads", &o.threads, "threads");
