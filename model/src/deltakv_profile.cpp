@@ -1,6 +1,7 @@
 #include "deltaserve/model/deltakv_profile.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -54,6 +55,9 @@ Result<std::unique_ptr<kvstore::DeltaKvProfile>> load_deltakv_profile(const std:
         }
         p->storage.emplace_back(t->n_bytes / sizeof(float));
         std::memcpy(p->storage.back().data(), t->data, t->n_bytes);
+        for (float x : p->storage.back()) {
+            if (!std::isfinite(x)) return invalid_argument(weights + ": tensor " + key + " holds NaN or infinity");
+        }
         return kernels::WeightMatrix{kernels::DType::kF32, t->shape[0], t->shape[1], p->storage.back().data()};
     };
     p->storage.reserve(static_cast<size_t>(config.n_layers) * 4);

@@ -4,8 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+
+#include <unistd.h>
 
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/sampler.h"
@@ -131,6 +134,31 @@ TEST_F(DeltaKvModelTest, MissingOrForeignProfileIsAClearError) {
     r = InferenceContext::create(*model_, co);
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.error().code(), StatusCode::kNotFound);
+}
+
+TEST_F(DeltaKvModelTest, ProfileWithNonFiniteWeightsIsAClearError) {
+    // A copy of the default profile whose last weight is NaN (little-endian fp32).
+    const std::filesystem::path src(testing::default_deltakv_profile());
+    const auto dir = std::filesystem::temp_directory_path() / ("deltakv_nan_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    std::filesystem::copy_file(src, dir / "deltakv.json", std::filesystem::copy_options::overwrite_existing);
+    const auto weights = dir / "deltakv.safetensors";
+    std::filesystem::copy_file(src.parent_path() / "deltakv.safetensors", weights,
+                               std::filesystem::copy_options::overwrite_existing);
+    {
+        std::fstream f(weights, std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(-4, std::ios::end);
+        const unsigned char nan[4] = {0x00, 0x00, 0xc0, 0x7f};
+        f.write(reinterpret_cast<const char*>(nan), 4);
+    }
+    ContextOptions co;
+    co.kv.policy = "deltakv";
+    co.kv.keep = 0.3f;
+    co.kv_profile = (dir / "deltakv.json").string();
+    auto r = InferenceContext::create(*model_, co);
+    std::filesystem::remove_all(dir);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message().find("NaN"), std::string::npos) << r.error().message();
 }
 
 }  // namespace

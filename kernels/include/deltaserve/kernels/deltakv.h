@@ -27,7 +27,8 @@ struct DeltaKvLayer {
 void deltakv_encode_residual(const DeltaKvLayer& w, const float* x, const float* r, int64_t n, float* z,
                              float* scratch, ThreadPool& pool);
 
-// x^ = Dec(z) + r for one token (z: m floats, r and out: D floats).
+// x^ = Dec(z) + r for one token (z: m floats, r and out: D floats), in fp32: the
+// straightforward version (the cache decodes int4 latents with deltakv_decode_int4).
 void deltakv_decode(const DeltaKvLayer& w, const float* z, const float* r, float* out);
 
 // Indices (into cands, [n][D] rows) of the k rows nearest to x by L2, ascending distance;
