@@ -17,9 +17,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <numeric>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -83,8 +83,8 @@ Result<std::vector<int32_t>> text_tokens(const model::Model& m, const std::strin
 }
 
 // Records each layer's rows [K (pre-RoPE); V] of every token to OUT/kv/layer_XX.f32.
-Status record_kv(const Options& o, const model::Model& m, const fs::path& kv_dir, nlohmann::json& meta,
-                 std::vector<int32_t>& first_sequence) {
+Status record_kv(const Options& o, const model::Model& m, const fs::path& kv_dir,
+                 nlohmann::json& meta, std::vector<int32_t>& first_sequence) {
     model::ContextOptions co;
     co.n_ctx = o.seq_len;
     co.n_threads = o.threads;
@@ -110,17 +110,20 @@ Status record_kv(const Options& o, const model::Model& m, const fs::path& kv_dir
     int64_t total = 0;
     for (const std::string& path : split(o.texts, ',')) {
         DS_ASSIGN_OR_RETURN(auto tokens, text_tokens(m, path));
-        for (size_t at = 0; at < tokens.size() && total < o.max_tokens; at += static_cast<size_t>(o.seq_len)) {
+        for (size_t at = 0; at < tokens.size() && total < o.max_tokens;
+             at += static_cast<size_t>(o.seq_len)) {
             const size_t n = std::min({tokens.size() - at, static_cast<size_t>(o.seq_len),
                                        static_cast<size_t>(o.max_tokens - total)});
             if (n < 64) break;  // too short to hold references worth learning from
             ctx->reset();
             DS_RETURN_IF_ERROR(ctx->eval(std::span<const int32_t>(tokens.data() + at, n)).status());
             lengths.push_back(static_cast<int32_t>(n));
-            if (first_sequence.empty()) first_sequence.assign(tokens.begin() + at, tokens.begin() + at + n);
+            if (first_sequence.empty())
+                first_sequence.assign(tokens.begin() + at, tokens.begin() + at + n);
             total += static_cast<int64_t>(n);
-            std::fprintf(stderr, "[calibrate] recorded KV of %lld / %d tokens (%s)\n", static_cast<long long>(total),
-                         o.max_tokens, fs::path(path).filename().c_str());
+            std::fprintf(stderr, "[calibrate] recorded KV of %lld / %d tokens (%s)\n",
+                         static_cast<long long>(total), o.max_tokens,
+                         fs::path(path).filename().c_str());
         }
     }
     for (auto& f : files) {
@@ -134,7 +137,8 @@ Status record_kv(const Options& o, const model::Model& m, const fs::path& kv_dir
 }
 
 // TRIM-KV's training data: each layer's attention inputs (normed hidden states, Q and K after
-// RoPE) over sequences of trimkv_seq tokens from the calibration texts, to DIR/layer_XX.{h,q,k}.f32.
+// RoPE) over sequences of trimkv_seq tokens from the calibration texts, to
+// DIR/layer_XX.{h,q,k}.f32.
 Status record_attention(const Options& o, const model::Model& m, const fs::path& dir) {
     const model::ModelConfig& c = m.config;
     model::ContextOptions co;
@@ -153,8 +157,8 @@ Status record_attention(const Options& o, const model::Model& m, const fs::path&
     const auto put = [](std::ofstream& f, const float* p, int64_t n) {
         f.write(reinterpret_cast<const char*>(p), static_cast<std::streamsize>(n * sizeof(float)));
     };
-    ctx->set_attention_tap([&](int32_t layer, const float* h, int64_t ldh, const float* q, int64_t ldq, const float* k,
-                               int64_t ldk, int64_t n) {
+    ctx->set_attention_tap([&](int32_t layer, const float* h, int64_t ldh, const float* q,
+                               int64_t ldq, const float* k, int64_t ldk, int64_t n) {
         for (int64_t t = 0; t < n; ++t) {
             put(files[layer][0], h + t * ldh, c.d_model);
             put(files[layer][1], q + t * ldq, c.q_dim());
@@ -165,11 +169,13 @@ Status record_attention(const Options& o, const model::Model& m, const fs::path&
     int64_t total = 0;
     for (const std::string& path : split(o.texts, ',')) {
         DS_ASSIGN_OR_RETURN(auto tokens, text_tokens(m, path));
-        for (size_t at = 0; at + static_cast<size_t>(o.trimkv_seq) <= tokens.size() && total < o.trimkv_tokens;
+        for (size_t at = 0;
+             at + static_cast<size_t>(o.trimkv_seq) <= tokens.size() && total < o.trimkv_tokens;
              at += static_cast<size_t>(o.trimkv_seq)) {
             ctx->reset();
-            DS_RETURN_IF_ERROR(
-                ctx->eval(std::span<const int32_t>(tokens.data() + at, static_cast<size_t>(o.trimkv_seq))).status());
+            DS_RETURN_IF_ERROR(ctx->eval(std::span<const int32_t>(
+                                             tokens.data() + at, static_cast<size_t>(o.trimkv_seq)))
+                                   .status());
             lengths.push_back(o.trimkv_seq);
             total += o.trimkv_seq;
         }
@@ -181,10 +187,11 @@ Status record_attention(const Options& o, const model::Model& m, const fs::path&
         }
     }
     if (lengths.empty()) return invalid_argument("no calibration text holds a TRIM-KV sequence");
-    std::ofstream(dir / "meta.json") << nlohmann::json{{"d_model", c.d_model},   {"n_heads", c.n_heads},
-                                                       {"n_kv_heads", c.n_kv_heads}, {"head_dim", c.head_dim},
-                                                       {"n_layers", c.n_layers}, {"sequences", lengths}}
-                                            .dump();
+    std::ofstream(dir / "meta.json")
+        << nlohmann::json{{"d_model", c.d_model},       {"n_heads", c.n_heads},
+                          {"n_kv_heads", c.n_kv_heads}, {"head_dim", c.head_dim},
+                          {"n_layers", c.n_layers},     {"sequences", lengths}}
+               .dump();
     std::fprintf(stderr, "[calibrate] recorded attention inputs of %lld tokens for TRIM-KV\n",
                  static_cast<long long>(total));
     return Status();
@@ -193,7 +200,8 @@ Status record_attention(const Options& o, const model::Model& m, const fs::path&
 // Per-layer sensitivity: mean KL(full || DeltaKV with only that layer compressed) over a
 // calibration sequence fed 256 tokens at a time (so compression happens along the way).
 // Layer 0 always stays full (it observes for layer 1) and is not measured.
-Result<std::vector<double>> measure_sensitivity(const Options& o, const model::Model& m, const std::string& profile,
+Result<std::vector<double>> measure_sensitivity(const Options& o, const model::Model& m,
+                                                const std::string& profile,
                                                 const std::vector<int32_t>& tokens) {
     const int32_t n_layers = m.config.n_layers, n_vocab = m.config.n_vocab;
     model::ContextOptions co;
@@ -215,28 +223,32 @@ Result<std::vector<double>> measure_sensitivity(const Options& o, const model::M
             model::log_softmax(got.data() + t * n_vocab, n_vocab, lp);
             kl[layer] += model::kl_divergence(lf, lp) / static_cast<double>(tokens.size() - 1);
         }
-        std::fprintf(stderr, "[calibrate] sensitivity of layer %d/%d: KL %.5f\n", layer, n_layers - 1, kl[layer]);
+        std::fprintf(stderr, "[calibrate] sensitivity of layer %d/%d: KL %.5f\n", layer,
+                     n_layers - 1, kl[layer]);
     }
     return kl;
 }
 
 // Runs ops/calibrate/<script> on the recorded data (removed afterwards unless --keep-kv yes)
 // and returns the report it wrote to OUT/<report>.
-Result<nlohmann::json> run_trainer(const Options& o, const std::string& script, const std::string& data_flag,
-                                   const fs::path& data, const fs::path& out, int32_t epochs, const std::string& report) {
+Result<nlohmann::json> run_trainer(const Options& o, const std::string& script,
+                                   const std::string& data_flag, const fs::path& data,
+                                   const fs::path& out, int32_t epochs, const std::string& report) {
     const std::string trainer = std::string(DELTASERVE_SOURCE_DIR) + "/ops/calibrate/" + script;
-    const std::string cmd = shell_quote(o.python) + " " + shell_quote(trainer) + " " + data_flag + " " +
-                            shell_quote(data.string()) + " --out " + shell_quote(out.string()) + " --epochs " +
-                            std::to_string(epochs);
+    const std::string cmd = shell_quote(o.python) + " " + shell_quote(trainer) + " " + data_flag +
+                            " " + shell_quote(data.string()) + " --out " +
+                            shell_quote(out.string()) + " --epochs " + std::to_string(epochs);
     const int rc = std::system(cmd.c_str());
     std::error_code ec;
     if (o.keep_kv != "yes") fs::remove_all(data, ec);
     if (rc != 0) {
-        return internal_error("the trainer failed (exit " + std::to_string(WEXITSTATUS(rc)) + "): " + cmd);
+        return internal_error("the trainer failed (exit " + std::to_string(WEXITSTATUS(rc)) +
+                              "): " + cmd);
     }
     std::ifstream in(out / report);
     auto j = nlohmann::json::parse(in, nullptr, false);
-    if (j.is_discarded()) return internal_error("the trainer wrote no readable " + (out / report).string());
+    if (j.is_discarded())
+        return internal_error("the trainer wrote no readable " + (out / report).string());
     return j;
 }
 
@@ -262,8 +274,14 @@ int calibrate_deltakv(const Options& o, const model::Model& m, const fs::path& o
         {"format", "deltaserve-deltakv/1"},
         {"model_id", model::deltakv_model_id(c)},
         {"weights", "deltakv.safetensors"},
-        {"D", train["D"]}, {"m", train["m"]}, {"hidden", train["hidden"]}, {"k", train["k"]},
-        {"stride", train["stride"]}, {"sinks", train["sinks"]}, {"window", 64}, {"latent_bits", 4},
+        {"D", train["D"]},
+        {"m", train["m"]},
+        {"hidden", train["hidden"]},
+        {"k", train["k"]},
+        {"stride", train["stride"]},
+        {"sinks", train["sinks"]},
+        {"window", 64},
+        {"latent_bits", 4},
         {"calibration", {{"texts", split(o.texts, ',')}, {"tokens", meta["sequences"]}}},
         {"layers", train["layers"]}};
     std::ofstream(out / "deltakv.json") << profile.dump(1) << "\n";
@@ -271,12 +289,14 @@ int calibrate_deltakv(const Options& o, const model::Model& m, const fs::path& o
     first_sequence.resize(std::min<size_t>(first_sequence.size(), 1024));
     auto kl = measure_sensitivity(o, m, (out / "deltakv.json").string(), first_sequence);
     if (!kl.ok()) {
-        std::fprintf(stderr, "deltactl: error: measuring sensitivity: %s\n", kl.error().message().c_str());
+        std::fprintf(stderr, "deltactl: error: measuring sensitivity: %s\n",
+                     kl.error().message().c_str());
         return 1;
     }
     std::vector<int32_t> order(kl->size());
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin() + 1, order.end(), [&](int32_t a, int32_t b) { return (*kl)[a] > (*kl)[b]; });
+    std::stable_sort(order.begin() + 1, order.end(),
+                     [&](int32_t a, int32_t b) { return (*kl)[a] > (*kl)[b]; });
     profile["sensitivity_kl"] = *kl;
     profile["sensitivity_order"] = order;
     std::ofstream(out / "deltakv.json") << profile.dump(1) << "\n";
@@ -292,17 +312,20 @@ int train_trimkv(const Options& o, const model::Model& m, const fs::path& out) {
         std::fprintf(stderr, "deltactl: error: %s\n", st.message().c_str());
         return 1;
     }
-    auto trained = run_trainer(o, "train_trimkv.py", "--data", dir, out, o.trimkv_epochs, "trimkv_train.json");
+    auto trained =
+        run_trainer(o, "train_trimkv.py", "--data", dir, out, o.trimkv_epochs, "trimkv_train.json");
     if (!trained.ok()) {
         std::fprintf(stderr, "deltactl: error: %s\n", trained.error().message().c_str());
         return 1;
     }
     const nlohmann::json& train = *trained;
-    const nlohmann::json j = {{"format", "deltaserve-trimkv/1"}, {"model_id", model::deltakv_model_id(m.config)},
-                              {"weights", "trimkv.safetensors"}, {"hidden", train["hidden"]},
-                              {"capacity", train["capacity"]}, {"layers", train["layers"]}};
+    const nlohmann::json j = {
+        {"format", "deltaserve-trimkv/1"}, {"model_id", model::deltakv_model_id(m.config)},
+        {"weights", "trimkv.safetensors"}, {"hidden", train["hidden"]},
+        {"capacity", train["capacity"]},   {"layers", train["layers"]}};
     std::ofstream(out / "trimkv.json") << j.dump(1) << "\n";
-    std::fprintf(stderr, "[calibrate] TRIM-KV gates written to %s\n", (out / "trimkv.json").c_str());
+    std::fprintf(stderr, "[calibrate] TRIM-KV gates written to %s\n",
+                 (out / "trimkv.json").c_str());
     return 0;
 }
 
@@ -324,7 +347,8 @@ int calibrate_main(int argc, char** argv) {
     p.add("python", &o.python, "Python 3 with NumPy for the trainer");
     p.add("keep-kv", &o.keep_kv, "yes: keep the recorded KV in <out>/kv");
     p.add("steps", &o.steps, "what to train: deltakv, trimkv or both");
-    p.add("trimkv-tokens", &o.trimkv_tokens, "TRIM-KV gates: training tokens (0: do not train gates)");
+    p.add("trimkv-tokens", &o.trimkv_tokens,
+          "TRIM-KV gates: training tokens (0: do not train gates)");
     p.add("trimkv-seq", &o.trimkv_seq, "TRIM-KV gates: tokens per training sequence");
     p.add("trimkv-epochs", &o.trimkv_epochs, "TRIM-KV gates: epochs per layer");
     if (auto code = parse_flags(p, argc, argv)) return *code;
@@ -333,10 +357,11 @@ int calibrate_main(int argc, char** argv) {
         std::fprintf(stderr, "deltactl: error: --model is required\n");
         return 2;
     }
-    if (o.seq_len < 64 || o.max_tokens < 64 || o.epochs < 1 || o.trimkv_seq < 16 || o.trimkv_epochs < 1 ||
-        o.trimkv_tokens < 0) {
-        std::fprintf(stderr, "deltactl: error: --seq-len and --tokens must be >= 64, --trimkv-seq >= 16, "
-                             "--epochs and --trimkv-epochs >= 1\n");
+    if (o.seq_len < 64 || o.max_tokens < 64 || o.epochs < 1 || o.trimkv_seq < 16 ||
+        o.trimkv_epochs < 1 || o.trimkv_tokens < 0) {
+        std::fprintf(stderr,
+                     "deltactl: error: --seq-len and --tokens must be >= 64, --trimkv-seq >= 16, "
+                     "--epochs and --trimkv-epochs >= 1\n");
         return 2;
     }
     if (o.out.empty()) o.out = "profiles/" + fs::path(o.model_path).filename().string();
@@ -352,12 +377,14 @@ int calibrate_main(int argc, char** argv) {
     std::error_code ec;
     fs::create_directories(out, ec);
     if (ec) {
-        std::fprintf(stderr, "deltactl: error: cannot create %s: %s\n", out.c_str(), ec.message().c_str());
+        std::fprintf(stderr, "deltactl: error: cannot create %s: %s\n", out.c_str(),
+                     ec.message().c_str());
         return 1;
     }
     const auto steps = split(o.steps, ',');
     const bool do_deltakv = std::find(steps.begin(), steps.end(), "deltakv") != steps.end();
-    const bool do_trimkv = std::find(steps.begin(), steps.end(), "trimkv") != steps.end() && o.trimkv_tokens > 0;
+    const bool do_trimkv =
+        std::find(steps.begin(), steps.end(), "trimkv") != steps.end() && o.trimkv_tokens > 0;
     if (do_deltakv && calibrate_deltakv(o, **m, out) != 0) return 1;
     if (do_trimkv && train_trimkv(o, **m, out) != 0) return 1;
     std::fprintf(stderr, "[calibrate] profile written to %s\n", out.c_str());

@@ -20,21 +20,41 @@ namespace fs = std::filesystem;
 constexpr const char* kText = "/usr/share/common-licenses/GPL-2";
 
 class CalibrateTest : public ::testing::Test {
-protected:
+  protected:
     void SetUp() override {
         DS_REQUIRE_FILE(stories_model(), "stories260K.bin");
         DS_REQUIRE_FILE(std::string(kText), "GPL-2 text (base-files)");
-        out_ = (fs::temp_directory_path() / ("deltactl_test_" + std::to_string(::getpid()))).string();
+        out_ =
+            (fs::temp_directory_path() / ("deltactl_test_" + std::to_string(::getpid()))).string();
     }
     void TearDown() override {
         std::error_code ec;
         fs::remove_all(out_, ec);
     }
     CliResult calibrate(const std::vector<std::string>& more) {
-        std::vector<std::string> args = {"calibrate", "--model", stories_model(), "--tokenizer", stories_tokenizer(),
-                                         "--text", kText, "--tokens", "1200", "--seq-len", "400", "--epochs", "3",
-                                         "--trimkv-tokens", "512", "--trimkv-seq", "128", "--trimkv-epochs", "2",
-                                         "--threads", "2", "--out", out_};
+        std::vector<std::string> args = {"calibrate",
+                                         "--model",
+                                         stories_model(),
+                                         "--tokenizer",
+                                         stories_tokenizer(),
+                                         "--text",
+                                         kText,
+                                         "--tokens",
+                                         "1200",
+                                         "--seq-len",
+                                         "400",
+                                         "--epochs",
+                                         "3",
+                                         "--trimkv-tokens",
+                                         "512",
+                                         "--trimkv-seq",
+                                         "128",
+                                         "--trimkv-epochs",
+                                         "2",
+                                         "--threads",
+                                         "2",
+                                         "--out",
+                                         out_};
         args.insert(args.end(), more.begin(), more.end());
         return run_binary(deltactl_binary(), args, "", std::chrono::seconds(120));
     }
@@ -60,7 +80,8 @@ TEST_F(CalibrateTest, WritesAProfileThatBeatsTheReferenceMean) {
     EXPECT_FALSE(fs::exists(out_ + "/kv")) << "recorded KV is removed unless --keep-kv yes";
     // Sensitivity was measured for every layer but the first, which stays full.
     ASSERT_EQ(p["sensitivity_kl"].size(), 5u);
-    for (int l = 1; l < 5; ++l) EXPECT_GT(p["sensitivity_kl"][l].get<double>(), 0.0) << "layer " << l;
+    for (int l = 1; l < 5; ++l)
+        EXPECT_GT(p["sensitivity_kl"][l].get<double>(), 0.0) << "layer " << l;
     auto order = p["sensitivity_order"].get<std::vector<int>>();
     EXPECT_EQ(order[0], 0);
     std::sort(order.begin(), order.end());
@@ -94,7 +115,8 @@ TEST_F(CalibrateTest, WritesAProfileThatBeatsTheReferenceMean) {
 TEST_F(CalibrateTest, MissingTextOrTrainerIsAClearError) {
     CliResult r = calibrate({"--text", "/no/such/text"});
     EXPECT_NE(r.exit_code, 0);
-    EXPECT_NE(r.err.find("cannot open calibration text /no/such/text"), std::string::npos) << r.describe();
+    EXPECT_NE(r.err.find("cannot open calibration text /no/such/text"), std::string::npos)
+        << r.describe();
     r = calibrate({"--python", "/no/such/python"});
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.err.find("the trainer failed"), std::string::npos) << r.describe();

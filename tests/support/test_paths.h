@@ -33,9 +33,9 @@ std::string default_trimkv_gates();
 }  // namespace deltaserve::testing
 
 // Skips the current test with a clear message when a data file is missing.
-#define DS_REQUIRE_FILE(path, what)                                                     \
-    do {                                                                                \
-        if ((path).empty() || !::deltaserve::testing::file_exists(path))                \
-            GTEST_SKIP() << what << " not found (" << (path) << "); set "               \
+#define DS_REQUIRE_FILE(path, what)                                                       \
+    do {                                                                                  \
+        if ((path).empty() || !::deltaserve::testing::file_exists(path))                  \
+            GTEST_SKIP() << what << " not found (" << (path) << "); set "                 \
                          << "DELTASERVE_SHARED_DIR / DELTASERVE_MODELS_DIR or run setup"; \
     } while (0)
