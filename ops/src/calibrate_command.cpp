@@ -59,6 +59,13 @@ std::string default_python() {
     return fs::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
 }
 
+// Python with JAX for the end-to-end objective: $DELTASERVE_JAX_PYTHON, else the venv
+// deploy/setup.sh makes.
+std::string default_jax_python() {
+    if (const char* p = std::getenv("DELTASERVE_JAX_PYTHON")) return p;
+    return std::string(DELTASERVE_SOURCE_DIR) + "/.venv-calibrate/bin/python";
+}
+
 std::string shell_quote(const std::string& s) {
     std::string out = "'";
     for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
@@ -71,6 +78,9 @@ struct Options {
     int32_t trimkv_tokens = 4096, trimkv_seq = 512, trimkv_epochs = 6;
     std::string keep_kv;  // "yes" keeps OUT/kv
     std::string steps = "deltakv,trimkv";
+    std::string objective = "mse";  // "ntp": then fine-tune end to end (train_deltakv_ntp.py)
+    std::string jax_python = default_jax_python();
+    int32_t ntp_steps = 40, ntp_seq_len = 1024;
 };
 
 // A calibration text file's tokens.
@@ -83,8 +93,10 @@ Result<std::vector<int32_t>> text_tokens(const model::Model& m, const std::strin
 }
 
 // Records each layer's rows [K (pre-RoPE); V] of every token to OUT/kv/layer_XX.f32.
+// Also keeps the recorded sequences' tokens (for the end-to-end objective).
 Status record_kv(const Options& o, const model::Model& m, const fs::path& kv_dir,
-                 nlohmann::json& meta, std::vector<int32_t>& first_sequence) {
+                 nlohmann::json& meta, std::vector<int32_t>& first_sequence,
+                 std::vector<int32_t>& recorded) {
     model::ContextOptions co;
     co.n_ctx = o.seq_len;
     co.n_threads = o.threads;
@@ -120,6 +132,7 @@ Status record_kv(const Options& o, const model::Model& m, const fs::path& kv_dir
             lengths.push_back(static_cast<int32_t>(n));
             if (first_sequence.empty())
                 first_sequence.assign(tokens.begin() + at, tokens.begin() + at + n);
+            recorded.insert(recorded.end(), tokens.begin() + at, tokens.begin() + at + n);
             total += static_cast<int64_t>(n);
             std::fprintf(stderr, "[calibrate] recorded KV of %lld / %d tokens (%s)\n",
                          static_cast<long long>(total), o.max_tokens,
@@ -229,15 +242,15 @@ Result<std::vector<double>> measure_sensitivity(const Options& o, const model::M
     return kl;
 }
 
-// Runs ops/calibrate/<script> on the recorded data (removed afterwards unless --keep-kv yes)
-// and returns the report it wrote to OUT/<report>.
-Result<nlohmann::json> run_trainer(const Options& o, const std::string& script,
-                                   const std::string& data_flag, const fs::path& data,
-                                   const fs::path& out, int32_t epochs, const std::string& report) {
-    const std::string trainer = std::string(DELTASERVE_SOURCE_DIR) + "/ops/calibrate/" + script;
-    const std::string cmd = shell_quote(o.python) + " " + shell_quote(trainer) + " " + data_flag +
-                            " " + shell_quote(data.string()) + " --out " +
-                            shell_quote(out.string()) + " --epochs " + std::to_string(epochs);
+// Runs `python ops/calibrate/<script> args...` on the recorded data (removed afterwards
+// unless --keep-kv yes) and returns the report it wrote to OUT/<report>.
+Result<nlohmann::json> run_script(const Options& o, const std::string& python,
+                                  const std::string& script, const std::vector<std::string>& args,
+                                  const fs::path& data, const fs::path& out,
+                                  const std::string& report) {
+    std::string cmd = shell_quote(python) + " " +
+                      shell_quote(std::string(DELTASERVE_SOURCE_DIR) + "/ops/calibrate/" + script);
+    for (const std::string& a : args) cmd += " " + shell_quote(a);
     const int rc = std::system(cmd.c_str());
     std::error_code ec;
     if (o.keep_kv != "yes") fs::remove_all(data, ec);
@@ -252,14 +265,43 @@ Result<nlohmann::json> run_trainer(const Options& o, const std::string& script,
     return j;
 }
 
+Result<nlohmann::json> run_trainer(const Options& o, const std::string& script,
+                                   const std::string& data_flag, const fs::path& data,
+                                   const fs::path& out, int32_t epochs, const std::string& report) {
+    return run_script(
+        o, o.python, script,
+        {data_flag, data.string(), "--out", out.string(), "--epochs", std::to_string(epochs)}, data,
+        out, report);
+}
+
+// The end-to-end objective: writes the recorded tokens to OUT/ntp_tokens/ and fine-tunes
+// OUT/deltakv.safetensors in place through the model (train_deltakv_ntp.py, JAX).
+Result<nlohmann::json> fine_tune_ntp(const Options& o, const std::vector<int32_t>& tokens,
+                                     const std::vector<int32_t>& lengths, const fs::path& out) {
+    const fs::path dir = out / "ntp_tokens";
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    std::ofstream f(dir / "tokens.i32", std::ios::binary);
+    f.write(reinterpret_cast<const char*>(tokens.data()),
+            static_cast<std::streamsize>(tokens.size() * sizeof(int32_t)));
+    f.close();
+    if (!f) return internal_error("cannot write " + (dir / "tokens.i32").string());
+    std::ofstream(dir / "meta.json") << nlohmann::json{{"sequences", lengths}}.dump();
+    return run_script(
+        o, o.jax_python, "train_deltakv_ntp.py",
+        {"--model", o.model_path, "--profile", out.string(), "--tokens", dir.string(), "--steps",
+         std::to_string(o.ntp_steps), "--seq-len", std::to_string(o.ntp_seq_len)},
+        dir, out, "train_ntp.json");
+}
+
 // Records KV, trains the compressors, measures sensitivity, writes OUT/deltakv.json.
 int calibrate_deltakv(const Options& o, const model::Model& m, const fs::path& out) {
     const fs::path kv_dir = out / "kv";
     std::error_code ec;
     fs::create_directories(kv_dir, ec);
     nlohmann::json meta;
-    std::vector<int32_t> first_sequence;
-    if (Status st = record_kv(o, m, kv_dir, meta, first_sequence); !st.ok()) {
+    std::vector<int32_t> first_sequence, recorded;
+    if (Status st = record_kv(o, m, kv_dir, meta, first_sequence, recorded); !st.ok()) {
         std::fprintf(stderr, "deltactl: error: %s\n", st.message().c_str());
         return 1;
     }
@@ -284,6 +326,23 @@ int calibrate_deltakv(const Options& o, const model::Model& m, const fs::path& o
         {"latent_bits", 4},
         {"calibration", {{"texts", split(o.texts, ',')}, {"tokens", meta["sequences"]}}},
         {"layers", train["layers"]}};
+    std::ofstream(out / "deltakv.json") << profile.dump(1) << "\n";
+    if (o.objective == "ntp") {
+        auto ntp = fine_tune_ntp(o, recorded, meta["sequences"].get<std::vector<int32_t>>(), out);
+        if (!ntp.ok()) {
+            std::fprintf(stderr, "deltactl: error: %s\n", ntp.error().message().c_str());
+            return 1;
+        }
+        profile["objective"] = "ntp";
+        profile["layers"] = (*ntp)["layers"];
+        profile["ntp"] = {{"steps", (*ntp)["steps"]},
+                          {"seq_len", (*ntp)["seq_len"]},
+                          {"held_out_ntp_full", (*ntp)["held_out_ntp_full"]},
+                          {"held_out_ntp_before", (*ntp)["held_out_ntp_before"]},
+                          {"held_out_ntp_after", (*ntp)["held_out_ntp_after"]}};
+    } else {
+        profile["objective"] = "mse";
+    }
     std::ofstream(out / "deltakv.json") << profile.dump(1) << "\n";
     // Which layers lose most when compressed: they are the first kept full.
     first_sequence.resize(std::min<size_t>(first_sequence.size(), 1024));
@@ -347,6 +406,13 @@ int calibrate_main(int argc, char** argv) {
     p.add("python", &o.python, "Python 3 with NumPy for the trainer");
     p.add("keep-kv", &o.keep_kv, "yes: keep the recorded KV in <out>/kv");
     p.add("steps", &o.steps, "what to train: deltakv, trimkv or both");
+    p.add("objective", &o.objective,
+          "DeltaKV objective: mse (per-layer reconstruction) or ntp (then fine-tuned end to end "
+          "through the model's "
+          "next-token loss; needs a GGUF model and JAX)");
+    p.add("ntp-steps", &o.ntp_steps, "end-to-end objective: training steps (one sequence each)");
+    p.add("ntp-seq-len", &o.ntp_seq_len, "end-to-end objective: tokens per training sequence");
+    p.add("jax-python", &o.jax_python, "Python with jax[cpu] and gguf for --objective ntp");
     p.add("trimkv-tokens", &o.trimkv_tokens,
           "TRIM-KV gates: training tokens (0: do not train gates)");
     p.add("trimkv-seq", &o.trimkv_seq, "TRIM-KV gates: tokens per training sequence");
@@ -363,6 +429,33 @@ int calibrate_main(int argc, char** argv) {
                      "deltactl: error: --seq-len and --tokens must be >= 64, --trimkv-seq >= 16, "
                      "--epochs and --trimkv-epochs >= 1\n");
         return 2;
+    }
+    if (o.objective != "mse" && o.objective != "ntp") {
+        std::fprintf(stderr, "deltactl: error: --objective must be mse or ntp, not '%s'\n",
+                     o.objective.c_str());
+        return 2;
+    }
+    if (o.objective == "ntp") {
+        if (o.ntp_steps < 1 || o.ntp_seq_len < 64) {
+            std::fprintf(stderr,
+                         "deltactl: error: --ntp-steps must be >= 1 and --ntp-seq-len >= 64\n");
+            return 2;
+        }
+        if (fs::path(o.model_path).extension() != ".gguf") {
+            std::fprintf(
+                stderr,
+                "deltactl: error: --objective ntp needs a GGUF model (its JAX twin reads GGUF), "
+                "not %s\n",
+                o.model_path.c_str());
+            return 2;
+        }
+        if (!fs::exists(o.jax_python)) {
+            std::fprintf(stderr,
+                         "deltactl: error: --objective ntp needs Python with JAX: %s is missing "
+                         "(deploy/setup.sh installs it; or pass --jax-python)\n",
+                         o.jax_python.c_str());
+            return 2;
+        }
     }
     if (o.out.empty()) o.out = "profiles/" + fs::path(o.model_path).filename().string();
     model::LoadOptions lo;

@@ -126,5 +126,76 @@ TEST_F(CalibrateTest, MissingTextOrTrainerIsAClearError) {
     EXPECT_NE(r.err.find("--trimkv-seq"), std::string::npos) << r.describe();
 }
 
+// The end-to-end objective on the default model (GGUF: the JAX twin reads it): a few steps
+// through the model's next-token loss lower the held-out loss of the MSE-trained start, and
+// the engine loads the result.
+TEST(CalibrateNtpTest, NextTokenFineTuneLowersTheHeldOutLoss) {
+    DS_REQUIRE_FILE(default_gguf_model(), "default GGUF model");
+    DS_REQUIRE_FILE(std::string(kText), "GPL-2 text (base-files)");
+    const std::string jax_python = calibrate_jax_python();
+    DS_REQUIRE_FILE(jax_python, "Python with JAX (deploy/setup.sh makes .venv-calibrate)");
+    const std::string out =
+        (fs::temp_directory_path() / ("deltactl_ntp_" + std::to_string(::getpid()))).string();
+    const CliResult r = run_binary(deltactl_binary(),
+                                   {"calibrate",
+                                    "--model",
+                                    default_gguf_model(),
+                                    "--text",
+                                    kText,
+                                    "--tokens",
+                                    "1024",
+                                    "--seq-len",
+                                    "512",
+                                    "--epochs",
+                                    "1",
+                                    "--steps",
+                                    "deltakv",
+                                    "--objective",
+                                    "ntp",
+                                    "--ntp-steps",
+                                    "3",
+                                    "--ntp-seq-len",
+                                    "256",
+                                    "--jax-python",
+                                    jax_python,
+                                    "--threads",
+                                    "2",
+                                    "--out",
+                                    out},
+                                   "", std::chrono::seconds(600));
+    ASSERT_EQ(r.exit_code, 0) << r.describe();
+    EXPECT_NE(r.err.find("[ntp] step 3/3"), std::string::npos) << "progress is shown";
+    std::ifstream in(out + "/deltakv.json");
+    const auto p = nlohmann::json::parse(in);
+    EXPECT_EQ(p["objective"], "ntp");
+    const double before = p["ntp"]["held_out_ntp_before"], after = p["ntp"]["held_out_ntp_after"];
+    EXPECT_LT(after, before) << p["ntp"].dump();
+    EXPECT_GT(after, p["ntp"]["held_out_ntp_full"].get<double>())
+        << "compressed KV is not better than full";
+    ASSERT_EQ(p["layers"].size(), 30u);
+    for (const auto& l : p["layers"]) EXPECT_GT(l["relative_error"].get<double>(), 0.0) << l.dump();
+    EXPECT_FALSE(fs::exists(out + "/ntp_tokens")) << "the token file is removed";
+
+    // The fine-tuned profile serves: a short greedy generation with it runs.
+    const CliResult g =
+        run_binary(deltaserve_binary(),
+                   {"generate", "--model", default_gguf_model(), "--prompt", "Once upon a time",
+                    "--max-tokens", "8", "--temperature", "0", "--kv-policy", "deltakv",
+                    "--kv-profile", out + "/deltakv.json", "--threads", "2"},
+                   "", std::chrono::seconds(120));
+    EXPECT_EQ(g.exit_code, 0) << g.describe();
+    std::error_code ec;
+    fs::remove_all(out, ec);
+}
+
+TEST_F(CalibrateTest, NtpObjectiveErrorsAreClear) {
+    CliResult r = calibrate({"--objective", "ntp"});  // stories260K is a llama2.c checkpoint
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("--objective ntp needs a GGUF model"), std::string::npos) << r.describe();
+    r = calibrate({"--objective", "best"});
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("--objective must be mse or ntp"), std::string::npos) << r.describe();
+}
+
 }  // namespace
 }  // namespace deltaserve::testing

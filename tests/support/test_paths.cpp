@@ -34,4 +34,9 @@ std::string default_trimkv_gates() {
            "/SmolLM2-135M-Instruct.Q4_1.gguf/trimkv.json";
 }
 
+std::string calibrate_jax_python() {
+    return env_or("DELTASERVE_JAX_PYTHON",
+                  std::string(DELTASERVE_SOURCE_DIR) + "/.venv-calibrate/bin/python");
+}
+
 }  // namespace deltaserve::testing

@@ -29,6 +29,9 @@ std::string default_gguf_model();
 // <repo>/profiles).
 std::string default_deltakv_profile();
 std::string default_trimkv_gates();
+// Python with JAX for `deltactl calibrate --objective ntp`: $DELTASERVE_JAX_PYTHON or the
+// venv setup makes (<repo>/.venv-calibrate).
+std::string calibrate_jax_python();
 
 }  // namespace deltaserve::testing
 
