@@ -11,7 +11,8 @@ namespace deltaserve::kvstore {
 
 namespace k = deltaserve::kernels;
 
-DeltaKvOptions deltakv_options_for_keep(const DeltaKvProfile& profile, float keep, DeltaKvOptions o) {
+DeltaKvOptions deltakv_options_for_keep(const DeltaKvProfile& profile, float keep,
+                                        DeltaKvOptions o) {
     const int32_t n_layers = o.n_layers;
     if (keep < 0.25f) {  // fewer references and a shorter buffer
         o.stride = 2 * profile.stride;
@@ -19,7 +20,8 @@ DeltaKvOptions deltakv_options_for_keep(const DeltaKvProfile& profile, float kee
     }
     // Bytes per token of a sparse layer over fp16 full KV, at a 2k-token context.
     const double full_token = 2.0 * 2.0 * o.n_kv_heads * o.head_dim;
-    const double latent = (o.latent_bits == 4 ? k::int4_bytes(profile.m) : 2.0 * profile.m) + 4.0 * o.k;
+    const double latent =
+        (o.latent_bits == 4 ? k::int4_bytes(profile.m) : 2.0 * profile.m) + 4.0 * o.k;
     const double n = 2048.0;
     const double s = 1.0 / o.stride + latent / full_token + (1.5 * o.window + o.sinks) / n;
     int32_t n_full = static_cast<int32_t>(std::floor((keep - s) / (1.0 - s) * n_layers));
@@ -43,38 +45,42 @@ void prepare_int4_decoders(DeltaKvProfile& profile) {
     for (const auto& layer : profile.layers) profile.int4.push_back(k::make_int4_decoder(layer));
 }
 
-Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(const DeltaKvProfile& profile,
-                                                                           const DeltaKvOptions& o,
-                                                                           ThreadPool& threads) {
-    if (static_cast<int32_t>(profile.layers.size()) != o.n_layers || profile.d != 2 * o.n_kv_heads * o.head_dim) {
-        return invalid_argument("DeltaKV profile (" + std::to_string(profile.layers.size()) + " layers, D " +
-                                std::to_string(profile.d) + ") does not fit this model (" + std::to_string(o.n_layers) +
-                                " layers, D " + std::to_string(2 * o.n_kv_heads * o.head_dim) + ")");
+Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(
+    const DeltaKvProfile& profile, const DeltaKvOptions& o, ThreadPool& threads) {
+    if (static_cast<int32_t>(profile.layers.size()) != o.n_layers ||
+        profile.d != 2 * o.n_kv_heads * o.head_dim) {
+        return invalid_argument(
+            "DeltaKV profile (" + std::to_string(profile.layers.size()) + " layers, D " +
+            std::to_string(profile.d) + ") does not fit this model (" + std::to_string(o.n_layers) +
+            " layers, D " + std::to_string(2 * o.n_kv_heads * o.head_dim) + ")");
     }
     if (static_cast<int32_t>(o.full_layer.size()) != o.n_layers || !o.full_layer[0]) {
         return invalid_argument("DeltaKV: layer 0 must be a full-attention layer");
     }
-    if (o.sinks < 1 || o.stride < 1 || o.k < 1 || o.k > 16 || o.window < 1 || (o.latent_bits != 4 && o.latent_bits != 16)) {
+    if (o.sinks < 1 || o.stride < 1 || o.k < 1 || o.k > 16 || o.window < 1 ||
+        (o.latent_bits != 4 && o.latent_bits != 16)) {
         return invalid_argument("DeltaKV: bad sinks / stride / k / window / latent bits");
     }
     if (o.latent_bits == 4 && profile.int4.size() != profile.layers.size()) {
-        return invalid_argument("DeltaKV: the profile's int4 decoders are missing (prepare_int4_decoders)");
+        return invalid_argument(
+            "DeltaKV: the profile's int4 decoders are missing (prepare_int4_decoders)");
     }
     std::unique_ptr<DeltaKvSequenceCache> c(new DeltaKvSequenceCache(profile, o, threads));
     const int32_t kv_dim = o.n_kv_heads * o.head_dim;
-    SlotPoolOptions po{static_cast<int32_t>(c->full_layers_.size()), kv_dim, o.n_ctx, k::DType::kF16, o.n_kv_heads};
+    SlotPoolOptions po{static_cast<int32_t>(c->full_layers_.size()), kv_dim, o.n_ctx,
+                       k::DType::kF16, o.n_kv_heads};
     DS_ASSIGN_OR_RETURN(c->full_pool_, SlotPool::create(po));
     if (!c->sparse_layers_.empty()) {
         // Room for every token in full precision plus as many temporary reconstructions.
-        SlotPoolOptions so{static_cast<int32_t>(c->sparse_layers_.size()), kv_dim, 2 * o.n_ctx, k::DType::kF16,
-                           o.n_kv_heads};
+        SlotPoolOptions so{static_cast<int32_t>(c->sparse_layers_.size()), kv_dim, 2 * o.n_ctx,
+                           k::DType::kF16, o.n_kv_heads};
         DS_ASSIGN_OR_RETURN(c->sparse_pool_, SlotPool::create(so));
     }
     return c;
 }
 
-DeltaKvSequenceCache::DeltaKvSequenceCache(const DeltaKvProfile& profile, const DeltaKvOptions& options,
-                                           ThreadPool& threads)
+DeltaKvSequenceCache::DeltaKvSequenceCache(const DeltaKvProfile& profile,
+                                           const DeltaKvOptions& options, ThreadPool& threads)
     : profile_(profile), options_(options), threads_(threads) {
     layer_index_.resize(static_cast<size_t>(options.n_layers));
     group_of_.assign(static_cast<size_t>(options.n_layers), -1);
@@ -102,7 +108,8 @@ DeltaKvSequenceCache::~DeltaKvSequenceCache() {
 }
 
 size_t DeltaKvSequenceCache::latent_bytes() const {
-    return options_.latent_bits == 4 ? k::int4_bytes(profile_.m) : 2 * static_cast<size_t>(profile_.m);
+    return options_.latent_bits == 4 ? k::int4_bytes(profile_.m)
+                                     : 2 * static_cast<size_t>(profile_.m);
 }
 
 int32_t DeltaKvSequenceCache::n_refs_in_region() const {
@@ -134,8 +141,8 @@ Status DeltaKvSequenceCache::reserve(int32_t n_new) {
     return Status();
 }
 
-void DeltaKvSequenceCache::store(int32_t layer, int32_t first, int32_t n, const float* kk, const float* v,
-                                 int64_t ld) {
+void DeltaKvSequenceCache::store(int32_t layer, int32_t first, int32_t n, const float* kk,
+                                 const float* v, int64_t ld) {
     DS_CHECK(first + n <= n_reserved_, "store past reserve");
     const int32_t kv_dim = options_.n_kv_heads * options_.head_dim;
     const bool full = options_.full_layer[layer];
@@ -167,11 +174,13 @@ kernels::KvView DeltaKvSequenceCache::view(int32_t layer, int32_t n_visible_new)
     }
     // Sinks, the selected part of the compressed region, the buffer, the new tokens.
     view_slots_.clear();
-    for (int32_t p = 0; p < std::min(options_.sinks, n_tokens_); ++p) view_slots_.push_back(sparse_slot_[p]);
+    for (int32_t p = 0; p < std::min(options_.sinks, n_tokens_); ++p)
+        view_slots_.push_back(sparse_slot_[p]);
     view_slots_.insert(view_slots_.end(), selected_slot_.begin(), selected_slot_.end());
     // The buffer starts after the region, or right after the committed tokens while they do
     // not yet fill the sinks.
-    for (int32_t p = n_tokens_ < options_.sinks ? n_tokens_ : comp_end_; p < n_tokens_ + n_visible_new; ++p) {
+    for (int32_t p = n_tokens_ < options_.sinks ? n_tokens_ : comp_end_;
+         p < n_tokens_ + n_visible_new; ++p) {
         view_slots_.push_back(sparse_slot_[p]);
     }
     v.slots = view_slots_.data();
@@ -179,8 +188,9 @@ kernels::KvView DeltaKvSequenceCache::view(int32_t layer, int32_t n_visible_new)
     return v;
 }
 
-void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape& shape, const float* q,
-                                   int64_t ldq, const float* /*hidden*/, int64_t /*ldh*/, int32_t n) {
+void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape& shape,
+                                   const float* q, int64_t ldq, const float* /*hidden*/,
+                                   int64_t /*ldh*/, int32_t n) {
     const bool observation = options_.full_layer[layer] && layer + 1 < options_.n_layers &&
                              !options_.full_layer[layer + 1];
     if (!observation) return;
@@ -194,22 +204,24 @@ void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape&
     const int dim = shape.head_dim;
     std::vector<float> qmean(static_cast<size_t>(shape.n_heads) * dim, 0.0f);
     for (int32_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < shape.n_heads * dim; ++j) qmean[j] += q[i * ldq + j] / static_cast<float>(n);
+        for (int64_t j = 0; j < shape.n_heads * dim; ++j)
+            qmean[j] += q[i * ldq + j] / static_cast<float>(n);
     }
     std::vector<const uint16_t*> rows(static_cast<size_t>(r1 - r0));
     for (int32_t t = 0; t < r1 - r0; ++t) {
         rows[t] = reinterpret_cast<const uint16_t*>(full_pool_->k_row(li, full_slot_[r0 + t]));
     }
     std::vector<float> score(rows.size());
-    k::max_head_scores(qmean.data(), shape.n_heads, shape.n_kv_heads, dim, rows.data(), r1 - r0, score.data(),
-                       threads_);
+    k::max_head_scores(qmean.data(), shape.n_heads, shape.n_kv_heads, dim, rows.data(), r1 - r0,
+                       score.data(), threads_);
     const int32_t region = r1 - r0;
     const int32_t want = n == 1 ? static_cast<int32_t>(std::ceil(options_.select_ratio * region))
                                 : std::min(options_.prefill_select, region);
     std::vector<int32_t> idx(static_cast<size_t>(region));
     std::iota(idx.begin(), idx.end(), 0);
-    std::nth_element(idx.begin(), idx.begin() + want, idx.end(),
-                     [&](int32_t a, int32_t b) { return score[a] != score[b] ? score[a] > score[b] : a > b; });
+    std::nth_element(idx.begin(), idx.begin() + want, idx.end(), [&](int32_t a, int32_t b) {
+        return score[a] != score[b] ? score[a] > score[b] : a > b;
+    });
     idx.resize(static_cast<size_t>(want));
     std::sort(idx.begin(), idx.end());
     int32_t n_temp = 0;
@@ -229,11 +241,13 @@ void DeltaKvSequenceCache::load_x(int32_t sl, int32_t pos, float* x) const {
     const int32_t kv_dim = options_.n_kv_heads * options_.head_dim;
     read_row(k::DType::kF16, sparse_pool_->k_row(sl, sparse_slot_[pos]), x, kv_dim);
     read_row(k::DType::kF16, sparse_pool_->v_row(sl, sparse_slot_[pos]), x + kv_dim, kv_dim);
-    k::rope_inverse(x, options_.n_kv_heads, options_.head_dim, pos, options_.rope_theta, options_.rope_style);
+    k::rope_inverse(x, options_.n_kv_heads, options_.head_dim, pos, options_.rope_theta,
+                    options_.rope_style);
 }
 
 int32_t DeltaKvSequenceCache::angles(int32_t pos) {
-    if (angle_of_.size() <= static_cast<size_t>(pos)) angle_of_.resize(static_cast<size_t>(pos) + 1, -1);
+    if (angle_of_.size() <= static_cast<size_t>(pos))
+        angle_of_.resize(static_cast<size_t>(pos) + 1, -1);
     if (angle_of_[pos] < 0) {
         const int half = options_.head_dim / 2;
         angle_of_[pos] = static_cast<int32_t>(angle_table_.size());
@@ -249,14 +263,16 @@ void DeltaKvSequenceCache::reconstruct(int32_t layer) {
     reconstructed_[layer] = 1;
     if (selected_.empty()) return;
     const int32_t sl = layer_index_[layer];
-    const int32_t d = profile_.d, m = profile_.m, kv_dim = d / 2, kk = options_.k, half = options_.head_dim / 2;
+    const int32_t d = profile_.d, m = profile_.m, kv_dim = d / 2, kk = options_.k,
+                  half = options_.head_dim / 2;
     const size_t lb = latent_bytes();
     // The compressed tokens of the selection, their references' x (de-RoPEd once), and the
     // RoPE angles of every position involved (shared by the group's layers).
     comp_.clear();
     ref_pos_.clear();
     latent_ptrs_.clear();
-    if (ref_row_.size() < static_cast<size_t>(comp_end_)) ref_row_.resize(static_cast<size_t>(comp_end_), -1);
+    if (ref_row_.size() < static_cast<size_t>(comp_end_))
+        ref_row_.resize(static_cast<size_t>(comp_end_), -1);
     for (size_t j = 0; j < selected_.size(); ++j) {
         const int32_t lat = latent_of_[selected_[j]];
         if (lat < 0) continue;  // a reference: attended from its own slot
@@ -276,46 +292,58 @@ void DeltaKvSequenceCache::reconstruct(int32_t layer) {
     threads_.parallel_for(static_cast<int64_t>(ref_pos_.size()), 32, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
             float* xi = ref_x_.data() + i * d;
-            read_row(k::DType::kF16, sparse_pool_->k_row(sl, sparse_slot_[ref_pos_[i]]), xi, kv_dim);
-            read_row(k::DType::kF16, sparse_pool_->v_row(sl, sparse_slot_[ref_pos_[i]]), xi + kv_dim, kv_dim);
+            read_row(k::DType::kF16, sparse_pool_->k_row(sl, sparse_slot_[ref_pos_[i]]), xi,
+                     kv_dim);
+            read_row(k::DType::kF16, sparse_pool_->v_row(sl, sparse_slot_[ref_pos_[i]]),
+                     xi + kv_dim, kv_dim);
             const float* a = angle_table_.data() + angle_of_[ref_pos_[i]];
-            k::rope_apply(xi, options_.n_kv_heads, options_.head_dim, a, a + half, options_.rope_style, true);
+            k::rope_apply(xi, options_.n_kv_heads, options_.head_dim, a, a + half,
+                          options_.rope_style, true);
         }
     });
     if (options_.latent_bits != 4) {  // fp16 latents: Dec(z) for every token at once
         x_.resize(static_cast<size_t>(n) * d);
         z_.resize(static_cast<size_t>(n) * m);
-        for (int64_t i = 0; i < n; ++i) read_row(k::DType::kF16, latent_ptrs_[i], z_.data() + i * m, m);
+        for (int64_t i = 0; i < n; ++i)
+            read_row(k::DType::kF16, latent_ptrs_[i], z_.data() + i * m, m);
         k::matmul(profile_.layers[layer].wd, z_.data(), m, n, x_.data(), d, threads_);
     }
     // x = Dec(z) + mean of the references, RoPE on K, into the token's temporary slot; int4
     // latents are decoded a block at a time so the rows stay in cache until written.
     constexpr int64_t kBlock = 16;
-    threads_.parallel_for(n, kBlock, [&](int64_t b, int64_t e) {
+    // A single-threaded pool hands over the whole range in one call: blocks are cut here.
+    threads_.parallel_for(n, kBlock, [&](int64_t b_all, int64_t e_all) {
         thread_local std::vector<float> block;
         const bool int4 = options_.latent_bits == 4;
-        if (int4) {
-            block.resize(static_cast<size_t>(kBlock) * d);
-            k::deltakv_decode_int4(profile_.int4[layer], latent_ptrs_.data() + b, e - b, block.data(), d);
-        }
-        for (int64_t i = b; i < e; ++i) {
-            const int32_t j = comp_[i], pos = selected_[j], lat = latent_of_[pos];
-            const int32_t* refs = refs_[sl].data() + static_cast<size_t>(lat) * kk;
-            const float* rx[16];
-            int32_t nr = 0;
-            for (int32_t q = 0; q < kk; ++q) {
-                if (refs[q] >= 0) rx[nr++] = ref_x_.data() + static_cast<size_t>(ref_row_[refs[q]]) * d;
+        for (int64_t b = b_all; b < e_all; b += kBlock) {
+            const int64_t e = std::min(e_all, b + kBlock);
+            if (int4) {
+                block.resize(static_cast<size_t>(kBlock) * d);
+                k::deltakv_decode_int4(profile_.int4[layer], latent_ptrs_.data() + b, e - b,
+                                       block.data(), d);
             }
-            float* xi = int4 ? block.data() + (i - b) * d : x_.data() + i * d;
-            const float inv = 1.0f / static_cast<float>(std::max(nr, 1));
-            for (int32_t q = 0; q < nr; ++q) {
-                const float* r = rx[q];
-                for (int32_t t = 0; t < d; ++t) xi[t] += r[t] * inv;
+            for (int64_t i = b; i < e; ++i) {
+                const int32_t j = comp_[i], pos = selected_[j], lat = latent_of_[pos];
+                const int32_t* refs = refs_[sl].data() + static_cast<size_t>(lat) * kk;
+                const float* rx[16];
+                int32_t nr = 0;
+                for (int32_t q = 0; q < kk; ++q) {
+                    if (refs[q] >= 0)
+                        rx[nr++] = ref_x_.data() + static_cast<size_t>(ref_row_[refs[q]]) * d;
+                }
+                float* xi = int4 ? block.data() + (i - b) * d : x_.data() + i * d;
+                const float inv = 1.0f / static_cast<float>(std::max(nr, 1));
+                for (int32_t q = 0; q < nr; ++q) {
+                    const float* r = rx[q];
+                    for (int32_t t = 0; t < d; ++t) xi[t] += r[t] * inv;
+                }
+                const float* a = angle_table_.data() + angle_of_[pos];
+                k::rope_apply(xi, options_.n_kv_heads, options_.head_dim, a, a + half,
+                              options_.rope_style, false);
+                write_row(k::DType::kF16, sparse_pool_->k_row(sl, selected_slot_[j]), xi, kv_dim);
+                write_row(k::DType::kF16, sparse_pool_->v_row(sl, selected_slot_[j]), xi + kv_dim,
+                          kv_dim);
             }
-            const float* a = angle_table_.data() + angle_of_[pos];
-            k::rope_apply(xi, options_.n_kv_heads, options_.head_dim, a, a + half, options_.rope_style, false);
-            write_row(k::DType::kF16, sparse_pool_->k_row(sl, selected_slot_[j]), xi, kv_dim);
-            write_row(k::DType::kF16, sparse_pool_->v_row(sl, selected_slot_[j]), xi + kv_dim, kv_dim);
         }
     });
     for (int32_t pos : ref_pos_) ref_row_[pos] = -1;
@@ -359,9 +387,11 @@ void DeltaKvSequenceCache::choose_refs(int32_t c0, int32_t c1) {
     const size_t per_token = (full_layers_.size() + n_sparse) * row + 3 * sizeof(int32_t);
     const size_t peak = bytes() - rest.size() * saved + static_cast<size_t>(grow) * per_token;
     const double target = options_.keep * static_cast<double>(full_fp16_bytes(
-                                              n_tokens_ + grow, options_.n_layers, options_.n_kv_heads * options_.head_dim));
+                                              n_tokens_ + grow, options_.n_layers,
+                                              options_.n_kv_heads * options_.head_dim));
     if (target <= static_cast<double>(peak)) return;
-    const size_t extra = std::min(rest.size(), static_cast<size_t>((target - static_cast<double>(peak)) / saved));
+    const size_t extra =
+        std::min(rest.size(), static_cast<size_t>((target - static_cast<double>(peak)) / saved));
     for (size_t i = 0; i < extra; ++i) ref_flag_[rest[(2 * i + 1) * rest.size() / (2 * extra)]] = 1;
 }
 
@@ -392,8 +422,8 @@ void DeltaKvSequenceCache::compress_oldest(int32_t count) {
                 float* xi = x.data() + i * d;
                 load_x(s, block[i], xi);
                 // References at or before the token: ref_pos is sorted.
-                const int n_cand = static_cast<int>(std::upper_bound(ref_pos.begin(), ref_pos.end(), block[i]) -
-                                                    ref_pos.begin());
+                const int n_cand = static_cast<int>(
+                    std::upper_bound(ref_pos.begin(), ref_pos.end(), block[i]) - ref_pos.begin());
                 const int got = k::l2_nearest(xi, ref_x.data(), n_cand, d, kk, near.data());
                 float* ri = rm.data() + i * d;
                 std::fill(ri, ri + d, 0.0f);
@@ -408,8 +438,8 @@ void DeltaKvSequenceCache::compress_oldest(int32_t count) {
             }
         });
         if (nb > 0) {
-            k::deltakv_encode_residual(profile_.layers[sparse_layers_[sl]], x.data(), rm.data(), nb, z.data(),
-                                       scratch.data(), threads_);
+            k::deltakv_encode_residual(profile_.layers[sparse_layers_[sl]], x.data(), rm.data(), nb,
+                                       z.data(), scratch.data(), threads_);
         }
         auto& lat = latents_[sl];
         const size_t lb = latent_bytes();
@@ -426,7 +456,8 @@ void DeltaKvSequenceCache::compress_oldest(int32_t count) {
         refs_[sl].insert(refs_[sl].end(), chosen.begin(), chosen.end());
     }
     std::vector<int32_t> freed;
-    int32_t next_latent = static_cast<int32_t>(latents_[0].size() / latent_bytes()) - static_cast<int32_t>(nb);
+    int32_t next_latent =
+        static_cast<int32_t>(latents_[0].size() / latent_bytes()) - static_cast<int32_t>(nb);
     for (int32_t p : block) {
         freed.push_back(sparse_slot_[p]);
         sparse_slot_[p] = -1;
@@ -472,7 +503,8 @@ size_t DeltaKvSequenceCache::bytes() const {
         fp_tokens += sparse_slot_[p] >= 0;
         latents += latent_of_[p] >= 0;
     }
-    return static_cast<size_t>(n_tokens_) * full_layers_.size() * row + fp_tokens * sparse_layers_.size() * row +
+    return static_cast<size_t>(n_tokens_) * full_layers_.size() * row +
+           fp_tokens * sparse_layers_.size() * row +
            latents * sparse_layers_.size() * (latent_bytes() + sizeof(int32_t) * options_.k) +
            static_cast<size_t>(n_tokens_) * 3 * sizeof(int32_t);
 }

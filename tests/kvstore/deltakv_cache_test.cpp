@@ -17,7 +17,8 @@ namespace {
 
 namespace k = deltaserve::kernels;
 
-constexpr int kLayers = 3, kKvHeads = 2, kHeadDim = 8, kKvDim = kKvHeads * kHeadDim, kD = 2 * kKvDim;
+constexpr int kLayers = 3, kKvHeads = 2, kHeadDim = 8, kKvDim = kKvHeads * kHeadDim,
+              kD = 2 * kKvDim;
 constexpr int kHeads = 4, kM = 8, kHidden = 12;
 const k::AttentionShape kShape{kHeads, kKvHeads, kHeadDim, 1.0f / std::sqrt(float(kHeadDim))};
 
@@ -86,7 +87,8 @@ struct Data {
                 const float* xi = x[p0 + i].data() + l * kD;
                 std::copy_n(xi, kKvDim, kk.data() + i * kKvDim);
                 std::copy_n(xi + kKvDim, kKvDim, vv.data() + i * kKvDim);
-                k::rope(kk.data() + i * kKvDim, kKvHeads, kHeadDim, p0 + i, 10000.0f, k::RopeStyle::kInterleaved);
+                k::rope(kk.data() + i * kKvDim, kKvHeads, kHeadDim, p0 + i, 10000.0f,
+                        k::RopeStyle::kInterleaved);
             }
             c.store(l, 0, n, kk.data(), vv.data(), kKvDim);
             const k::KvView v = c.view(l, n);
@@ -122,10 +124,10 @@ TEST(DeltaKvCache, CompressesTheOldestWindowWhenTheBufferDoubles) {
     // References in [4, 28): 4, 9, 14, 19, 24; the other 19 are latents.
     EXPECT_EQ((*c)->compressed_tokens(), 19);
     const size_t row = kKvDim * 2 * 2;
-    const size_t want = 40 * 1 * row                       // the full layer
-                        + (4 + 5 + 12) * 2 * row           // sinks, references, buffer in 2 sparse layers
+    const size_t want = 40 * 1 * row              // the full layer
+                        + (4 + 5 + 12) * 2 * row  // sinks, references, buffer in 2 sparse layers
                         + 19 * 2 * (k::int4_bytes(kM) + 8)  // latents + 2 reference ids
-                        + 40 * 12;                         // position maps
+                        + 40 * 12;                          // position maps
     EXPECT_EQ((*c)->bytes(), want);
     EXPECT_LT((*c)->bytes(), full_fp16_bytes(40, kLayers, kKvDim));
 }
@@ -153,7 +155,8 @@ TEST(DeltaKvCache, AKeepTargetFillsTheRoomWithReferencesAndIsNeverExceeded) {
         ASSERT_LE(ratio_b, std::max(0.8, ratio_a) + 1e-9) << "after " << n + 1 << " tokens";
     }
     // Every 5th token a reference alone leaves room at this length; the target fills it.
-    std::printf("keep ratio at 400 tokens: %.3f fixed stride, %.3f with the target\n", ratio_a, ratio_b);
+    std::printf("keep ratio at 400 tokens: %.3f fixed stride, %.3f with the target\n", ratio_a,
+                ratio_b);
     EXPECT_LT(ratio_a, 0.70);
     EXPECT_GT(ratio_b, 0.78);
     EXPECT_LT((*b)->compressed_tokens(), (*a)->compressed_tokens());
@@ -189,7 +192,8 @@ TEST(DeltaKvCache, DecodeStepReconstructsSelectedTokensFromTheirNearestReference
             for (int h = 0; h < kHeads; ++h) {
                 float s = 0;
                 for (int d = 0; d < kHeadDim; ++d) {
-                    s += q[h * kHeadDim + d] * fp16_to_fp32(fp32_to_fp16(kt[(h / 2) * kHeadDim + d]));
+                    s += q[h * kHeadDim + d] *
+                         fp16_to_fp32(fp32_to_fp16(kt[(h / 2) * kHeadDim + d]));
                 }
                 best = std::max(best, s);
             }
@@ -201,8 +205,10 @@ TEST(DeltaKvCache, DecodeStepReconstructsSelectedTokensFromTheirNearestReference
         std::sort(chosen.begin(), chosen.end());
 
         for (int32_t l = 0; l < kLayers; ++l) {
-            std::vector<float> kk(data.x[40].begin() + l * kD, data.x[40].begin() + l * kD + kKvDim);
-            std::vector<float> vv(data.x[40].begin() + l * kD + kKvDim, data.x[40].begin() + (l + 1) * kD);
+            std::vector<float> kk(data.x[40].begin() + l * kD,
+                                  data.x[40].begin() + l * kD + kKvDim);
+            std::vector<float> vv(data.x[40].begin() + l * kD + kKvDim,
+                                  data.x[40].begin() + (l + 1) * kD);
             k::rope(kk.data(), kKvHeads, kHeadDim, 40, 10000.0f, k::RopeStyle::kInterleaved);
             c.store(l, 0, 1, kk.data(), vv.data(), kKvDim);
             const k::KvView v = c.view(l, 1);
@@ -231,13 +237,16 @@ TEST(DeltaKvCache, DecodeStepReconstructsSelectedTokensFromTheirNearestReference
                             for (int i = 0; i < kD; ++i) want[i] += xr[i] / 2.0f;
                         }
                     }
-                    k::rope(want.data(), kKvHeads, kHeadDim, t, 10000.0f, k::RopeStyle::kInterleaved);
+                    k::rope(want.data(), kKvHeads, kHeadDim, t, 10000.0f,
+                            k::RopeStyle::kInterleaved);
                     const int32_t slot = v.slots[4 + j];
                     const auto* kr = reinterpret_cast<const uint16_t*>(v.k + slot * v.row_stride);
                     const auto* vr = reinterpret_cast<const uint16_t*>(v.v + slot * v.row_stride);
                     for (int i = 0; i < kKvDim; ++i) {
-                        ASSERT_NEAR(fp16_to_fp32(kr[i]), want[i], 5e-3) << "layer " << l << " position " << t << " K" << i;
-                        ASSERT_NEAR(fp16_to_fp32(vr[i]), want[kKvDim + i], 5e-3) << "layer " << l << " position " << t;
+                        ASSERT_NEAR(fp16_to_fp32(kr[i]), want[i], 5e-3)
+                            << "layer " << l << " position " << t << " K" << i;
+                        ASSERT_NEAR(fp16_to_fp32(vr[i]), want[kKvDim + i], 5e-3)
+                            << "layer " << l << " position " << t;
                     }
                 }
             }
@@ -265,16 +274,23 @@ TEST(DeltaKvCache, TruncateIntoTheCompressedRegionAndGoOn) {
     EXPECT_GT((*c)->compressed_tokens(), 12);
 }
 
-TEST(DeltaKvCache, SameInputsSameCache) {
+// The same inputs give the same cache, with one thread or two; a decode step that rebuilds
+// more tokens than one decoder block (16) covers the single-threaded pool, which hands the
+// whole range over in one call.
+TEST(DeltaKvCache, SameInputsSameCacheWithOneThreadOrTwo) {
     std::mt19937 rng(1);
     const DeltaKvProfile p = zero_decoder_profile(rng);
-    ThreadPool threads(2);
-    std::vector<std::vector<float>> rows[2];
-    for (auto& out : rows) {
-        auto c = DeltaKvSequenceCache::create(p, options(), threads);
+    std::vector<std::vector<float>> rows[3];
+    const int n_threads[3] = {2, 2, 1};
+    for (int run = 0; run < 3; ++run) {
+        auto& out = rows[run];
+        ThreadPool threads(n_threads[run]);
+        DeltaKvOptions o = options();
+        o.select_ratio = 1.0f;
+        auto c = DeltaKvSequenceCache::create(p, o, threads);
         ASSERT_TRUE(c.ok());
         Data data;  // the same seed each time
-        data.chunk(**c, 40);
+        data.chunk(**c, 120);
         data.chunk(**c, 1);
         for (int32_t l = 0; l < kLayers; ++l) {
             const k::KvView v = (*c)->view(l, 0);
@@ -283,9 +299,10 @@ TEST(DeltaKvCache, SameInputsSameCache) {
                 out.emplace_back(kr, kr + kKvDim);
             }
         }
-        EXPECT_GT((*c)->compressed_tokens(), 0);
+        EXPECT_GT((*c)->compressed_tokens(), 32);
     }
     EXPECT_EQ(rows[0], rows[1]);
+    EXPECT_EQ(rows[0], rows[2]) << "one thread";
 }
 
 TEST(DeltaKvCache, ProfileThatDoesNotFitIsRejected) {
@@ -294,10 +311,12 @@ TEST(DeltaKvCache, ProfileThatDoesNotFitIsRejected) {
     ThreadPool threads(1);
     DeltaKvOptions o = options();
     o.n_kv_heads = 3;
-    EXPECT_EQ(DeltaKvSequenceCache::create(p, o, threads).status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(DeltaKvSequenceCache::create(p, o, threads).status().code(),
+              StatusCode::kInvalidArgument);
     o = options();
     o.full_layer = {0, 1, 0};
-    EXPECT_EQ(DeltaKvSequenceCache::create(p, o, threads).status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(DeltaKvSequenceCache::create(p, o, threads).status().code(),
+              StatusCode::kInvalidArgument);
 }
 
 }  // namespace
