@@ -100,7 +100,7 @@ def main():
     ap.add_argument("--tokens", required=True, help="folder with tokens.i32 and meta.json from deltactl calibrate")
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--lr", type=float, default=2e-4)
+    ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--mse-weight", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
