@@ -6,5 +6,6 @@ namespace deltaserve::cli {
 int generate_main(int argc, char** argv);
 int chat_main(int argc, char** argv);
 int score_main(int argc, char** argv);
+int serve_main(int argc, char** argv);
 
 }  // namespace deltaserve::cli

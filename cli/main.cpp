@@ -14,6 +14,7 @@ constexpr const char* kUsage =
     "  generate   generate a continuation of a prompt and print it\n"
     "  chat       interactive chat with a model\n"
     "  score      perplexity and KL to full KV of a text under a KV policy (JSON)\n"
+    "  serve      OpenAI-compatible HTTP server (chat completions) on 127.0.0.1:8000\n"
     "\n"
     "Run 'deltaserve <command> --help' for a command's flags.\n";
 
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
     if (cmd == "generate") return deltaserve::cli::generate_main(argc - 2, argv + 2);
     if (cmd == "chat") return deltaserve::cli::chat_main(argc - 2, argv + 2);
     if (cmd == "score") return deltaserve::cli::score_main(argc - 2, argv + 2);
+    if (cmd == "serve") return deltaserve::cli::serve_main(argc - 2, argv + 2);
     std::fprintf(stderr, "deltaserve: error: unknown command '%s' (see deltaserve --help)\n", cmd.c_str());
     return 2;
 }

@@ -1,0 +1,61 @@
+// The OpenAI chat completions protocol: request parsing with validation, and the JSON of
+// answers, stream chunks and errors, as vLLM and llama.cpp's server speak it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "deltaserve/common/status.h"
+#include "deltaserve/model/chat_template.h"
+#include "deltaserve/model/sampler.h"
+
+namespace deltaserve::api {
+
+struct ChatRequest {
+    std::string model;  // as the client named it ("" = the served one)
+    std::vector<model::ChatMessage> messages;
+    model::SamplingParams sampling;  // temperature, top_p, top_k, min_p, repetition_penalty
+    bool seed_given = false;
+    int32_t max_tokens = -1;  // max_tokens or max_completion_tokens; -1 = until the context is full
+    std::vector<std::string> stop;  // up to 4 stop strings (not part of the answer)
+    bool stream = false;
+    bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
+    std::string session_id;      // the session_id field (the X-Session-ID header also works)
+};
+
+// Parses a POST /v1/chat/completions body. Errors (kInvalidArgument) name the field:
+// malformed JSON, no messages, an unknown role, non-text content, values out of range,
+// n != 1. Unknown fields are ignored, as the peers do. Sampling fields not given keep the
+// server's defaults (its --temperature etc. flags, as llama.cpp's server does).
+Result<ChatRequest> parse_chat_request(std::string_view body,
+                                       const model::SamplingParams& defaults);
+
+struct Usage {
+    int32_t prompt_tokens = 0;
+    int32_t completion_tokens = 0;
+    int32_t cached_tokens = 0;  // prompt tokens found in the session's KV cache
+};
+
+// A whole answer (chat.completion).
+std::string completion_json(const std::string& id, int64_t created, const std::string& model,
+                            const std::string& text, const std::string& finish_reason,
+                            const Usage& usage, const std::string& session_id);
+
+// One streamed chunk (chat.completion.chunk): the role in the first, then content pieces,
+// then the finish reason; usage alone in the last when asked for.
+std::string chunk_json(const std::string& id, int64_t created, const std::string& model,
+                       const std::optional<std::string>& content, bool first,
+                       const std::string& finish_reason, const std::optional<Usage>& usage);
+
+// {"error": {"message", "type", "param", "code"}}: type invalid_request_error (400),
+// not_found_error (404), server_error (500).
+std::string error_json(const std::string& message, const std::string& type, int code);
+
+// The longest prefix of text that ends on a UTF-8 character boundary (a token piece may
+// end inside a character; it is held back until the rest arrives).
+size_t complete_utf8_prefix(std::string_view text);
+
+}  // namespace deltaserve::api

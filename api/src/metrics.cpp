@@ -1,0 +1,68 @@
+#include "metrics.h"
+
+#include <cstdio>
+
+namespace deltaserve::api {
+
+void Metrics::request_done(const TurnResult& t, double seconds) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++requests_;
+    prompt_tokens_ += t.usage.prompt_tokens;
+    cached_tokens_ += t.usage.cached_tokens;
+    generated_ += t.usage.completion_tokens;
+    ttft_sum_ += t.ttft_seconds;
+    duration_sum_ += seconds;
+    if (t.usage.completion_tokens > 1) {  // the gaps between tokens after the first
+        itl_sum_ += seconds - t.ttft_seconds;
+        itl_count_ += t.usage.completion_tokens - 1;
+    }
+}
+
+void Metrics::request_failed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++failed_;
+}
+
+std::string Metrics::render(const EngineStats& e) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string out;
+    char line[256];
+    auto metric = [&](const char* name, const char* type, const char* help, double value) {
+        std::snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n%s %.9g\n", name, help, name,
+                      type, name, value);
+        out += line;
+    };
+    auto summary = [&](const char* name, const char* help, double sum, int64_t count) {
+        std::snprintf(line, sizeof line,
+                      "# HELP %s %s\n# TYPE %s summary\n%s_sum %.9g\n%s_count %lld\n", name, help,
+                      name, name, sum, name, static_cast<long long>(count));
+        out += line;
+    };
+    metric("deltaserve_requests_total", "counter", "Chat completions answered.",
+           static_cast<double>(requests_));
+    metric("deltaserve_requests_failed_total", "counter",
+           "Chat completions that ended in an error.", static_cast<double>(failed_));
+    metric("deltaserve_prompt_tokens_total", "counter", "Prompt tokens of answered requests.",
+           static_cast<double>(prompt_tokens_));
+    metric("deltaserve_prompt_tokens_cached_total", "counter",
+           "Prompt tokens found in a session's KV cache.", static_cast<double>(cached_tokens_));
+    metric("deltaserve_generation_tokens_total", "counter", "Tokens generated.",
+           static_cast<double>(generated_));
+    summary("deltaserve_time_to_first_token_seconds", "Request start to the first token.",
+            ttft_sum_, requests_);
+    summary("deltaserve_inter_token_latency_seconds", "Time between generated tokens.", itl_sum_,
+            itl_count_);
+    summary("deltaserve_request_duration_seconds", "Request start to its last token.",
+            duration_sum_, requests_);
+    metric("deltaserve_sessions", "gauge", "Chat sessions remembered.",
+           static_cast<double>(e.sessions));
+    metric("deltaserve_queue_length", "gauge", "Turns waiting for the model.",
+           static_cast<double>(e.queued));
+    metric("deltaserve_kv_bytes", "gauge", "Bytes the KV cache holds.",
+           static_cast<double>(e.kv_bytes));
+    metric("deltaserve_kv_keep_ratio", "gauge",
+           "KV bytes held over the same tokens in fp16 full KV.", e.keep_ratio);
+    return out;
+}
+
+}  // namespace deltaserve::api

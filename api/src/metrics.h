@@ -1,0 +1,24 @@
+// The gateway's counters, rendered in Prometheus text format for GET /metrics.
+#pragma once
+
+#include <mutex>
+#include <string>
+
+#include "deltaserve/api/chat_engine.h"
+
+namespace deltaserve::api {
+
+class Metrics {
+  public:
+    void request_done(const TurnResult& t, double seconds);
+    void request_failed();
+    std::string render(const EngineStats& engine) const;
+
+  private:
+    mutable std::mutex mu_;
+    int64_t requests_ = 0, failed_ = 0, prompt_tokens_ = 0, cached_tokens_ = 0, generated_ = 0;
+    double ttft_sum_ = 0, duration_sum_ = 0, itl_sum_ = 0;
+    int64_t itl_count_ = 0;
+};
+
+}  // namespace deltaserve::api

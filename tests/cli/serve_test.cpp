@@ -1,0 +1,299 @@
+// deltaserve serve end to end on the default model: a real server process on a free port,
+// spoken to over HTTP as curl or the openai client would. Greedy answers match `deltaserve
+// generate --chat`; streaming pieces add up to the same answer; a session continues with
+// only its new messages; bad input gets clear errors and the server stays up; SIGTERM stops
+// it cleanly.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <thread>
+
+#include "cli_runner.h"
+#include "http_client.h"
+#include "test_paths.h"
+
+namespace deltaserve::testing {
+namespace {
+
+using json = nlohmann::json;
+namespace d = cli_runner_detail;
+
+// `deltaserve serve --port 0` as a child process; the port is read from its first line.
+class ServerProcess {
+  public:
+    explicit ServerProcess(const std::vector<std::string>& more) {
+        std::vector<std::string> args = {"serve",  "--model",    default_gguf_model(),
+                                         "--port", "0",          "--threads",
+                                         "1",      "--ctx-size", "1024"};
+        args.insert(args.end(), more.begin(), more.end());
+        if (!in_.open() || !out_.open() || !err_.open()) return;
+        pid_ = d::spawn(deltaserve_binary(), args, in_, out_, err_, r_);
+        in_.close_end(0);
+        out_.close_end(1);
+        err_.close_end(1);
+        if (pid_ < 0) return;
+        const auto deadline = d::Clock::now() + std::chrono::seconds(60);
+        char buf[4096];
+        while (port_ == 0 && d::Clock::now() < deadline) {
+            pollfd p{err_.fd[0], POLLIN, 0};
+            if (poll(&p, 1, 1000) <= 0) continue;
+            const ssize_t n = read(err_.fd[0], buf, sizeof buf);
+            if (n <= 0) break;
+            log_.append(buf, static_cast<size_t>(n));
+            const size_t at = log_.find("http://127.0.0.1:");
+            if (at != std::string::npos && log_.find('\n', at) != std::string::npos) {
+                port_ = static_cast<uint16_t>(std::atoi(log_.c_str() + at + 17));
+            }
+        }
+    }
+    ~ServerProcess() { stop(); }
+
+    uint16_t port() const { return port_; }
+    const std::string& log() const { return log_; }
+
+    // SIGTERM, then the exit status (-1 if it had to be killed after 30 s).
+    int stop() {
+        if (pid_ <= 0) return exit_code_;
+        kill(pid_, SIGTERM);
+        const auto deadline = d::Clock::now() + std::chrono::seconds(30);
+        int status = 0;
+        while (waitpid(pid_, &status, WNOHANG) == 0) {
+            if (d::Clock::now() > deadline) {
+                kill(pid_, SIGKILL);
+                waitpid(pid_, &status, 0);
+                pid_ = -1;
+                return exit_code_ = -1;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        pid_ = -1;
+        return exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+
+  private:
+    d::Pipe in_, out_, err_;
+    CliResult r_;
+    pid_t pid_ = -1;
+    uint16_t port_ = 0;
+    int exit_code_ = -1;
+    std::string log_;
+};
+
+json chat_body(const std::string& user, int max_tokens, bool stream = false) {
+    return {{"messages", json::array({{{"role", "user"}, {"content", user}}})},
+            {"max_tokens", max_tokens},
+            {"temperature", 0},
+            {"stream", stream}};
+}
+
+HttpResponse post_chat(uint16_t port, const json& body, const std::string& headers = "") {
+    return http_request(port, "POST", "/v1/chat/completions", body.dump(), headers);
+}
+
+// The content pieces of an SSE answer, the finish reason and the usage chunk.
+struct Streamed {
+    std::string text, finish_reason;
+    json usage;
+    bool done = false;
+    int chunks = 0;
+};
+
+Streamed parse_sse(const std::string& body) {
+    Streamed s;
+    size_t at = 0;
+    while ((at = body.find("data: ", at)) != std::string::npos) {
+        const size_t end = body.find("\n\n", at);
+        const std::string data = body.substr(at + 6, end - at - 6);
+        at = end;
+        if (data == "[DONE]") {
+            s.done = true;
+            break;
+        }
+        const json j = json::parse(data);
+        ++s.chunks;
+        if (j.contains("usage") && !j["usage"].is_null()) s.usage = j["usage"];
+        for (const json& c : j["choices"]) {
+            if (c["delta"].contains("content")) s.text += c["delta"]["content"].get<std::string>();
+            if (!c["finish_reason"].is_null()) s.finish_reason = c["finish_reason"];
+        }
+    }
+    return s;
+}
+
+class ServeTest : public ::testing::Test {
+  protected:
+    void SetUp() override { DS_REQUIRE_FILE(default_gguf_model(), "default GGUF model"); }
+};
+
+TEST_F(ServeTest, AnswersLikeGenerateStreamsTheSameAndStopsCleanly) {
+    ServerProcess server({});
+    ASSERT_NE(server.port(), 0) << server.log();
+    const uint16_t port = server.port();
+
+    HttpResponse r = http_request(port, "GET", "/health");
+    EXPECT_EQ(r.status, 200);
+    r = http_request(port, "GET", "/v1/models");
+    ASSERT_EQ(r.status, 200);
+    const json models = json::parse(r.body);
+    EXPECT_EQ(models["data"][0]["id"], "SmolLM2-135M-Instruct.Q4_1.gguf");
+
+    const std::string question = "What is the capital of France?";
+    r = post_chat(port, chat_body(question, 16));
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json answer = json::parse(r.body);
+    EXPECT_EQ(answer["object"], "chat.completion");
+    const std::string text = answer["choices"][0]["message"]["content"];
+    EXPECT_EQ(answer["choices"][0]["message"]["role"], "assistant");
+    EXPECT_FALSE(text.empty());
+    const json usage = answer["usage"];
+    EXPECT_GT(usage["prompt_tokens"].get<int>(), 10);
+    EXPECT_GE(usage["completion_tokens"].get<int>(), 1);
+    EXPECT_LE(usage["completion_tokens"].get<int>(), 16);
+    EXPECT_EQ(usage["total_tokens"],
+              usage["prompt_tokens"].get<int>() + usage["completion_tokens"].get<int>());
+
+    // The same greedy answer as the CLI gives for the same message.
+    const CliResult g =
+        run_binary(deltaserve_binary(),
+                   {"generate", "--model", default_gguf_model(), "--chat", "--prompt", question,
+                    "--max-tokens", "16", "--temperature", "0", "--threads", "1"},
+                   "", std::chrono::seconds(120));
+    ASSERT_EQ(g.exit_code, 0) << g.describe();
+    EXPECT_EQ(text, g.out.substr(0, g.out.find_last_not_of('\n') + 1));
+
+    // Streamed: the pieces add up to the same answer, then usage, then [DONE].
+    json body = chat_body(question, 16, true);
+    body["stream_options"] = {{"include_usage", true}};
+    r = post_chat(port, body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.headers["content-type"], "text/event-stream");
+    const Streamed s = parse_sse(r.body);
+    EXPECT_TRUE(s.done);
+    EXPECT_GT(s.chunks, 2);
+    EXPECT_EQ(s.text, text);
+    EXPECT_EQ(s.finish_reason, answer["choices"][0]["finish_reason"]);
+    EXPECT_EQ(s.usage["completion_tokens"], usage["completion_tokens"]);
+
+    // A stop string ends the answer before it.
+    body = chat_body(question, 16);
+    body["stop"] = {"Paris"};
+    r = post_chat(port, body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json stopped = json::parse(r.body);
+    if (text.find("Paris") != std::string::npos) {
+        EXPECT_EQ(stopped["choices"][0]["message"]["content"], text.substr(0, text.find("Paris")));
+        EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop");
+    }
+
+    // Prometheus text: the requests above are counted.
+    r = http_request(port, "GET", "/metrics");
+    ASSERT_EQ(r.status, 200);
+    EXPECT_NE(r.body.find("deltaserve_requests_total 3"), std::string::npos) << r.body;
+    EXPECT_NE(r.body.find("deltaserve_time_to_first_token_seconds_count 3"), std::string::npos);
+    EXPECT_NE(r.body.find("# TYPE deltaserve_kv_keep_ratio gauge"), std::string::npos);
+
+    EXPECT_EQ(server.stop(), 0) << "SIGTERM stops the server cleanly\n" << server.log();
+}
+
+TEST_F(ServeTest, ASessionContinuesWithOnlyItsNewMessages) {
+    ServerProcess server({"--kv-policy", "h2o", "--kv-keep", "0.8"});
+    ASSERT_NE(server.port(), 0) << server.log();
+    const uint16_t port = server.port();
+    HttpResponse r = post_chat(server.port(), chat_body("My name is Ada. Say hello to me.", 12),
+                               "X-Session-ID: ada\r\n");
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json first = json::parse(r.body);
+    EXPECT_EQ(first["session_id"], "ada");
+    const std::string reply = first["choices"][0]["message"]["content"];
+    const int turn1 = first["usage"]["total_tokens"];
+
+    // Turn 2 sends only the new message (here through the body's session_id).
+    json body = chat_body("What is my name?", 12);
+    body["session_id"] = "ada";
+    r = post_chat(port, body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json second = json::parse(r.body);
+    EXPECT_GT(second["usage"]["prompt_tokens"].get<int>(), turn1)
+        << "the history is part of the prompt";
+    EXPECT_GE(second["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), turn1 - 1)
+        << "the history was not evaluated again";
+
+    // The same as sending the whole conversation without a session.
+    body = {{"messages",
+             json::array({{{"role", "user"}, {"content", "My name is Ada. Say hello to me."}},
+                          {{"role", "assistant"}, {"content", reply}},
+                          {{"role", "user"}, {"content", "What is my name?"}}})},
+            {"max_tokens", 12},
+            {"temperature", 0}};
+    r = post_chat(port, body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(json::parse(r.body)["choices"][0]["message"]["content"],
+              second["choices"][0]["message"]["content"]);
+    EXPECT_EQ(json::parse(r.body)["usage"]["prompt_tokens"], second["usage"]["prompt_tokens"]);
+}
+
+TEST_F(ServeTest, BadInputGetsClearErrorsAndTheServerStaysUp) {
+    ServerProcess server({});
+    ASSERT_NE(server.port(), 0) << server.log();
+    const uint16_t port = server.port();
+    auto expect_error = [&](const HttpResponse& r, int status, const std::string& words) {
+        EXPECT_EQ(r.status, status) << r.body;
+        const json j = json::parse(r.body, nullptr, false);
+        ASSERT_FALSE(j.is_discarded()) << r.body;
+        EXPECT_NE(j["error"]["message"].get<std::string>().find(words), std::string::npos)
+            << r.body;
+        EXPECT_EQ(j["error"]["code"], status);
+    };
+    expect_error(http_request(port, "POST", "/v1/chat/completions", "{\"messages\": [}"), 400,
+                 "not valid JSON");
+    expect_error(post_chat(port, json{{"model", "x"}}), 400, "'messages'");
+    expect_error(
+        post_chat(port, json{{"messages", json::array({{{"role", "robot"}, {"content", "hi"}}})}}),
+        400, "'messages[0].role'");
+    json body = chat_body("hi", 4);
+    body["temperature"] = 5;
+    expect_error(post_chat(port, body), 400, "'temperature'");
+    body = chat_body("hi", 4);
+    body["n"] = 2;
+    expect_error(post_chat(port, body), 400, "'n'");
+    body = chat_body("hi", 4);
+    body["model"] = "gpt-4o";
+    expect_error(post_chat(port, body), 404, "gpt-4o");
+    expect_error(http_request(port, "GET", "/v1/chat/completions"), 405, "POST");
+    expect_error(http_request(port, "GET", "/v2/nothing"), 404, "/v2/nothing");
+    // A prompt larger than the context (1024 tokens here).
+    std::string long_text;
+    for (int i = 0; i < 900; ++i) long_text += "apple pie ";
+    expect_error(post_chat(port, chat_body(long_text, 4)), 400, "the context holds 1024");
+    // Bytes that are not HTTP.
+    const HttpResponse garbage =
+        parse_http_response(http_raw(port, "\x01\x02 not http at all\r\n\r\n"));
+    EXPECT_EQ(garbage.status, 400);
+    // A client that goes away mid-stream.
+    json stream = chat_body("Tell me a long story about a dragon.", 200, true);
+    const std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                            std::to_string(stream.dump().size()) + "\r\n\r\n" + stream.dump();
+    EXPECT_FALSE(http_raw(port, req, 60000, 300).empty());
+
+    // Still serving, and answers are still right.
+    EXPECT_EQ(http_request(port, "GET", "/health").status, 200);
+    const HttpResponse ok = post_chat(port, chat_body("Hello", 4));
+    EXPECT_EQ(ok.status, 200) << ok.body;
+    EXPECT_EQ(server.stop(), 0) << server.log();
+}
+
+TEST_F(ServeTest, APortInUseIsAClearError) {
+    ServerProcess first({});
+    ASSERT_NE(first.port(), 0) << first.log();
+    const CliResult r = run_binary(
+        deltaserve_binary(),
+        {"serve", "--model", default_gguf_model(), "--port", std::to_string(first.port())}, "",
+        std::chrono::seconds(60));
+    EXPECT_EQ(r.exit_code, 1) << r.describe();
+    EXPECT_NE(r.err.find("cannot listen on 127.0.0.1:" + std::to_string(first.port())),
+              std::string::npos)
+        << r.describe();
+}
+
+}  // namespace
+}  // namespace deltaserve::testing
