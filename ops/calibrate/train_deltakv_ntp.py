@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 from llama_jax import forward, jax, jnp, kv_rows, load_gguf
+from train_deltakv import write_safetensors
 
 
 def read_safetensors(path):
@@ -41,24 +42,6 @@ def read_safetensors(path):
         a, b = t["data_offsets"]
         out[name] = np.frombuffer(data[a:b], dtype=np.float32).reshape(t["shape"]).copy()
     return out
-
-
-def write_safetensors(path, tensors):
-    header, offset, blobs = {}, 0, []
-    for name, arr in tensors.items():
-        data = np.ascontiguousarray(arr, dtype=np.float32).tobytes()
-        header[name] = {"dtype": "F32", "shape": list(arr.shape), "data_offsets": [offset, offset + len(data)]}
-        offset += len(data)
-        blobs.append(data)
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * ((8 - len(raw) % 8) % 8)
-    tmp = path + ".part"
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)))
-        f.write(raw)
-        for b in blobs:
-            f.write(b)
-    os.replace(tmp, path)
 
 
 NAMES = (("w1", "enc.w1"), ("w2", "enc.w2"), ("w3", "enc.w3"), ("wd", "dec.w"))
