@@ -47,13 +47,15 @@ os.replace(part, os.path.join(out, name))
 PY
 fi
 
-# JAX (CPU wheel) and gguf for `deltactl calibrate --objective ntp`, the end-to-end
-# objective's differentiable twin of the model; the engine never loads them.
-CALIBRATE_VENV=.venv-calibrate
-if ! "$CALIBRATE_VENV/bin/python" -c "import jax, gguf" >/dev/null 2>&1; then
-  log "installing jax[cpu] and gguf into $CALIBRATE_VENV (PyPI)"
-  /usr/bin/python3 -m venv "$CALIBRATE_VENV"
-  "$CALIBRATE_VENV/bin/pip" install --quiet --disable-pip-version-check 'jax[cpu]==0.10.2' 'gguf==0.19.0'
+# Python tools from PyPI in .venv-tools: JAX (CPU wheel) and gguf for `deltactl calibrate
+# --objective ntp` (the model's differentiable twin), and the openai client the gateway's
+# tests speak with. The engine never loads them.
+TOOLS_VENV=.venv-tools
+if ! "$TOOLS_VENV/bin/python" -c "import jax, gguf, openai" >/dev/null 2>&1; then
+  log "installing jax[cpu], gguf and openai into $TOOLS_VENV (PyPI)"
+  /usr/bin/python3 -m venv "$TOOLS_VENV"
+  "$TOOLS_VENV/bin/pip" install --quiet --disable-pip-version-check 'jax[cpu]==0.10.2' 'gguf==0.19.0' \
+    'openai==3.54.0'
 fi
 
 log "building in $BUILD_DIR"

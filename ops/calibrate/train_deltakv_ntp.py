@@ -13,7 +13,7 @@ writes the result back there (PROFILE/train_ntp.json: settings, losses, per-laye
 Tokens come from `deltactl calibrate` (TOKENS/tokens.i32, TOKENS/meta.json with the
 sequence lengths); the last piece of --seq-len tokens is held out to report the objective
 before and after. Progress goes to stderr. Needs `jax[cpu]` and `gguf` (deploy/setup.sh puts
-them in .venv-calibrate).
+them in .venv-tools).
 """
 import argparse
 import json

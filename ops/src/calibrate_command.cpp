@@ -59,11 +59,11 @@ std::string default_python() {
     return fs::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
 }
 
-// Python with JAX for the end-to-end objective: $DELTASERVE_JAX_PYTHON, else the venv
+// Python with JAX for the end-to-end objective: $DELTASERVE_TOOLS_PYTHON, else the venv
 // deploy/setup.sh makes.
 std::string default_jax_python() {
-    if (const char* p = std::getenv("DELTASERVE_JAX_PYTHON")) return p;
-    return std::string(DELTASERVE_SOURCE_DIR) + "/.venv-calibrate/bin/python";
+    if (const char* p = std::getenv("DELTASERVE_TOOLS_PYTHON")) return p;
+    return std::string(DELTASERVE_SOURCE_DIR) + "/.venv-tools/bin/python";
 }
 
 std::string shell_quote(const std::string& s) {

@@ -282,6 +282,20 @@ TEST_F(ServeTest, BadInputGetsClearErrorsAndTheServerStaysUp) {
     EXPECT_EQ(server.stop(), 0) << server.log();
 }
 
+// The real openai Python client (PyPI, in setup's .venv-tools): tests/api/openai_client_check.py.
+TEST_F(ServeTest, TheOpenAiPythonClientWorks) {
+    DS_REQUIRE_FILE(tools_python(),
+                    "Python with the openai client (deploy/setup.sh makes .venv-tools)");
+    ServerProcess server({});
+    ASSERT_NE(server.port(), 0) << server.log();
+    const CliResult r = run_binary(tools_python(),
+                                   {source_dir() + "/tests/api/openai_client_check.py", "--port",
+                                    std::to_string(server.port())},
+                                   "", std::chrono::seconds(300));
+    EXPECT_EQ(r.exit_code, 0) << r.describe();
+    EXPECT_NE(r.out.find("Paris"), std::string::npos) << r.out;
+}
+
 TEST_F(ServeTest, APortInUseIsAClearError) {
     ServerProcess first({});
     ASSERT_NE(first.port(), 0) << first.log();

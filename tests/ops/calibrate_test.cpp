@@ -132,8 +132,8 @@ TEST_F(CalibrateTest, MissingTextOrTrainerIsAClearError) {
 TEST(CalibrateNtpTest, NextTokenFineTuneLowersTheHeldOutLoss) {
     DS_REQUIRE_FILE(default_gguf_model(), "default GGUF model");
     DS_REQUIRE_FILE(std::string(kText), "GPL-2 text (base-files)");
-    const std::string jax_python = calibrate_jax_python();
-    DS_REQUIRE_FILE(jax_python, "Python with JAX (deploy/setup.sh makes .venv-calibrate)");
+    const std::string jax_python = tools_python();
+    DS_REQUIRE_FILE(jax_python, "Python with JAX (deploy/setup.sh makes .venv-tools)");
     const std::string out =
         (fs::temp_directory_path() / ("deltactl_ntp_" + std::to_string(::getpid()))).string();
     const CliResult r = run_binary(deltactl_binary(),

@@ -17,6 +17,7 @@ std::string models_dir() {
     return env_or("DELTASERVE_MODELS_DIR", std::string(DELTASERVE_SOURCE_DIR) + "/models");
 }
 std::string test_data_dir() { return std::string(DELTASERVE_SOURCE_DIR) + "/tests/data"; }
+std::string source_dir() { return DELTASERVE_SOURCE_DIR; }
 std::string deltaserve_binary() { return DELTASERVE_BINARY_PATH; }
 std::string deltactl_binary() { return DELTASERVE_DELTACTL_PATH; }
 
@@ -34,9 +35,9 @@ std::string default_trimkv_gates() {
            "/SmolLM2-135M-Instruct.Q4_1.gguf/trimkv.json";
 }
 
-std::string calibrate_jax_python() {
-    return env_or("DELTASERVE_JAX_PYTHON",
-                  std::string(DELTASERVE_SOURCE_DIR) + "/.venv-calibrate/bin/python");
+std::string tools_python() {
+    return env_or("DELTASERVE_TOOLS_PYTHON",
+                  std::string(DELTASERVE_SOURCE_DIR) + "/.venv-tools/bin/python");
 }
 
 }  // namespace deltaserve::testing

@@ -12,6 +12,9 @@ std::string shared_dir();
 // The models folder setup fills (the default GGUF): $DELTASERVE_MODELS_DIR or <repo>/models.
 std::string models_dir();
 
+// The repository's root (the checkout the tests were built from).
+std::string source_dir();
+
 // The repository's tests/data folder (committed golden data).
 std::string test_data_dir();
 
@@ -29,9 +32,9 @@ std::string default_gguf_model();
 // <repo>/profiles).
 std::string default_deltakv_profile();
 std::string default_trimkv_gates();
-// Python with JAX for `deltactl calibrate --objective ntp`: $DELTASERVE_JAX_PYTHON or the
-// venv setup makes (<repo>/.venv-calibrate).
-std::string calibrate_jax_python();
+// Python with jax, gguf and openai (calibrate's end-to-end objective, the gateway's client
+// tests): $DELTASERVE_TOOLS_PYTHON or the venv setup makes (<repo>/.venv-tools).
+std::string tools_python();
 
 }  // namespace deltaserve::testing
 

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Talks to a running `deltaserve serve` with the real `openai` client, as a user would.
+
+    openai_client_check.py --port N
+
+Checks (exit 1 with the reason on failure): the model list; a greedy answer, non-streaming
+and streaming, the streamed pieces adding up to the same text with usage in the last
+chunk; a two-turn session through extra_headers (X-Session-ID) where turn 2 sends only its
+new message and finds the history in the KV cache; an API error for a bad request.
+Prints one JSON line with what it saw.
+"""
+import argparse
+import json
+import sys
+
+import openai
+
+
+def fail(why):
+    sys.exit(f"openai client check failed: {why}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    a = ap.parse_args()
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{a.port}/v1", api_key="none", max_retries=0, timeout=120)
+
+    models = [m.id for m in client.models.list()]
+    if len(models) != 1:
+        fail(f"models {models}")
+    model = models[0]
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+
+    answer = client.chat.completions.create(model=model, messages=question, max_tokens=16, temperature=0)
+    text = answer.choices[0].message.content
+    if not text or answer.usage.completion_tokens < 1 or answer.choices[0].finish_reason not in ("stop", "length"):
+        fail(f"answer {answer}")
+
+    pieces, usage, finish = [], None, None
+    for chunk in client.chat.completions.create(model=model, messages=question, max_tokens=16, temperature=0,
+                                                stream=True, stream_options={"include_usage": True}):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            if c.delta.content:
+                pieces.append(c.delta.content)
+            if c.finish_reason:
+                finish = c.finish_reason
+    if "".join(pieces) != text:
+        fail(f"streamed {''.join(pieces)!r} != {text!r}")
+    if usage is None or usage.completion_tokens != answer.usage.completion_tokens or finish is None:
+        fail(f"stream usage {usage} finish {finish}")
+
+    headers = {"X-Session-ID": "client-check"}
+    t1 = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "My name is Ada."}],
+                                        max_tokens=8, temperature=0, extra_headers=headers)
+    t2 = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "What is my name?"}],
+                                        max_tokens=8, temperature=0, extra_headers=headers)
+    cached = t2.usage.prompt_tokens_details.cached_tokens if t2.usage.prompt_tokens_details else 0
+    if t2.usage.prompt_tokens <= t1.usage.total_tokens or cached < t1.usage.total_tokens - 1:
+        fail(f"turn 2 usage {t2.usage} after turn 1 {t1.usage}")
+
+    try:
+        client.chat.completions.create(model=model, messages=question, temperature=7)
+        fail("temperature 7 was accepted")
+    except openai.BadRequestError as e:
+        if "temperature" not in str(e):
+            fail(f"error does not name the field: {e}")
+
+    print(json.dumps({"model": model, "answer": text, "chunks": len(pieces),
+                      "turn2_prompt_tokens": t2.usage.prompt_tokens, "turn2_cached": cached}))
+
+
+if __name__ == "__main__":
+    main()
