@@ -70,10 +70,9 @@ EmbeddedChatEngine::EmbeddedChatEngine(std::unique_ptr<model::Model> model,
 EngineStats EmbeddedChatEngine::stats() const {
     EngineStats s;
     s.queued = queued_.load();
-    std::lock_guard<std::mutex> lock(mu_);
-    s.sessions = static_cast<int64_t>(sessions_.size());
-    s.kv_bytes = static_cast<int64_t>(ctx_->kv_bytes());
-    s.keep_ratio = ctx_->keep_ratio();
+    s.sessions = n_sessions_.load();
+    s.kv_bytes = kv_bytes_.load();
+    s.keep_ratio = keep_ratio_.load();
     return s;
 }
 
@@ -111,6 +110,9 @@ Result<TurnResult> EmbeddedChatEngine::run_turn(
         session->history.push_back({"assistant", result->text});
     }
     forget_stale(now);
+    n_sessions_ = static_cast<int64_t>(sessions_.size());
+    kv_bytes_ = static_cast<int64_t>(ctx_->kv_bytes());
+    keep_ratio_ = ctx_->keep_ratio();
     return result;
 }
 

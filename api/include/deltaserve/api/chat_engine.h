@@ -77,10 +77,13 @@ class EmbeddedChatEngine : public ChatEngine {
     std::unique_ptr<model::InferenceContext> ctx_;
     std::string model_id_;
     EmbeddedOptions options_;
-    mutable std::mutex mu_;        // one turn at a time
+    std::mutex mu_;                // one turn at a time
     std::vector<int32_t> cached_;  // the tokens in the KV cache, in order
     std::map<std::string, Session> sessions_;
     std::atomic<int64_t> queued_{0};
+    // What stats() reports, updated after each turn so that it never waits for one.
+    std::atomic<int64_t> n_sessions_{0}, kv_bytes_{0};
+    std::atomic<double> keep_ratio_{1.0};
 };
 
 }  // namespace deltaserve::api
