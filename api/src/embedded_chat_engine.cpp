@@ -108,6 +108,8 @@ Result<TurnResult> EmbeddedChatEngine::run_turn(
     if (result.ok() && session != nullptr) {
         session->history = std::move(conversation);
         session->history.push_back({"assistant", result->text});
+    } else if (session != nullptr && session->history.empty()) {
+        sessions_.erase(request.session_id);  // a first turn that failed opens no session
     }
     forget_stale(now);
     n_sessions_ = static_cast<int64_t>(sessions_.size());
