@@ -15,12 +15,6 @@ int64_t now_seconds() {
         .count();
 }
 
-size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
-    size_t n = 0;
-    while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
-    return n;
-}
-
 // Text released to the client so far, holding back what may still become a stop string or
 // is an incomplete UTF-8 character.
 class StopScanner {
@@ -133,7 +127,10 @@ Result<TurnResult> EmbeddedChatEngine::generate(
                             " tokens; the context holds " + std::to_string(n_ctx));
     }
     // Reuse the cached prefix; evaluate at least one token to get logits.
-    const size_t keep = std::min(common_prefix(cached_, tokens), tokens.size() - 1);
+    const size_t common = static_cast<size_t>(
+        std::mismatch(cached_.begin(), cached_.end(), tokens.begin(), tokens.end()).first -
+        cached_.begin());
+    const size_t keep = std::min(common, tokens.size() - 1);
     ctx_->truncate(static_cast<int32_t>(keep));
     cached_.resize(keep);
 
