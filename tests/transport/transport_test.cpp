@@ -1,0 +1,329 @@
+// The transport contract (transport.h) on every backend: in-process, UCX over tcp, UCX over
+// shared memory. Real UCX on the loopback interface; nothing mocked.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+#include <thread>
+
+#include "deltaserve/transport/transport_factory.h"
+
+namespace deltaserve::transport {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Backend {
+    const char* label;
+    const char* name;
+    const char* tls;
+};
+
+void PrintTo(const Backend& b, std::ostream* os) { *os << b.label; }
+
+// A payload whose bytes depend on the message's number, so reordering or corruption shows.
+Buffer make_payload(size_t bytes, uint32_t seq) {
+    Buffer b = Buffer::heap(bytes);
+    for (size_t i = 0; i < bytes; ++i) b.data()[i] = static_cast<std::byte>((i * 131 + seq) & 0xff);
+    return b;
+}
+
+bool payload_ok(const Buffer& b, size_t bytes, uint32_t seq) {
+    if (b.size() != bytes) return false;
+    for (size_t i = 0; i < bytes; ++i) {
+        if (b.data()[i] != static_cast<std::byte>((i * 131 + seq) & 0xff)) return false;
+    }
+    return true;
+}
+
+Message make_message(uint32_t seq, size_t bytes) {
+    Message m;
+    m.header.resize(sizeof(seq));
+    std::memcpy(m.header.data(), &seq, sizeof(seq));
+    m.payload = make_payload(bytes, seq);
+    return m;
+}
+
+uint32_t seq_of(const Message& m) {
+    uint32_t seq = ~0u;
+    if (m.header.size() == sizeof(seq)) std::memcpy(&seq, m.header.data(), sizeof(seq));
+    return seq;
+}
+
+class TransportTest : public ::testing::TestWithParam<Backend> {
+  protected:
+    std::unique_ptr<Transport> make(TransportOptions options = {}) {
+        options.ucx_tls = GetParam().tls;
+        auto t = make_transport(GetParam().name, options);
+        EXPECT_TRUE(t.ok()) << t.error().to_string();
+        return t.ok() ? std::move(*t) : nullptr;
+    }
+    std::string any_address() const {
+        return std::string(GetParam().name) == "ucx" ? "127.0.0.1:0" : "test-node";
+    }
+
+    // Listens on `server`, connects from `client`; the accepted end goes to *accepted.
+    std::unique_ptr<Connection> connect_pair(Transport& server, Transport& client,
+                                             std::unique_ptr<Listener>& listener,
+                                             std::unique_ptr<Connection>& accepted) {
+        auto l = server.listen(any_address());
+        EXPECT_TRUE(l.ok()) << l.error().to_string();
+        if (!l.ok()) return nullptr;
+        listener = std::move(*l);
+        auto c = client.connect(listener->address(), deadline_in(10s));
+        EXPECT_TRUE(c.ok()) << c.error().to_string();
+        auto a = listener->accept(deadline_in(10s));
+        EXPECT_TRUE(a.ok()) << a.error().to_string();
+        if (!c.ok() || !a.ok()) return nullptr;
+        accepted = std::move(*a);
+        return std::move(*c);
+    }
+};
+
+TEST_P(TransportTest, MessagesOfEverySizeArriveInOrderAndIntact) {
+    auto t = make();
+    std::unique_ptr<Listener> listener;
+    std::unique_ptr<Connection> server;
+    auto client = connect_pair(*t, *t, listener, server);
+    ASSERT_TRUE(client && server);
+
+    // Small (eager) and large (rendezvous) messages interleaved: order must still hold.
+    const size_t sizes[] = {0, 1, 100, 8 << 10, 300 << 10, 3 << 20};
+    const uint32_t n = 60;
+    std::thread sender([&] {
+        for (uint32_t i = 0; i < n; ++i) {
+            ASSERT_TRUE(client->send(make_message(i, sizes[i % 6]), deadline_in(20s)).ok());
+        }
+        EXPECT_TRUE(client->flush(deadline_in(20s)).ok());
+    });
+    for (uint32_t i = 0; i < n; ++i) {
+        auto m = server->receive(deadline_in(20s));
+        ASSERT_TRUE(m.ok()) << m.error().to_string();
+        ASSERT_EQ(seq_of(*m), i);
+        ASSERT_TRUE(payload_ok(m->payload, sizes[i % 6], i)) << "message " << i;
+    }
+    sender.join();
+    EXPECT_EQ(client->stats().messages_sent, n);
+    EXPECT_EQ(server->stats().messages_received, n);
+    EXPECT_EQ(server->stats().bytes_received, client->stats().bytes_sent);
+
+    // And the other way.
+    ASSERT_TRUE(server->send(make_message(7, 1 << 20), deadline_in(10s)).ok());
+    auto back = client->receive(deadline_in(10s));
+    ASSERT_TRUE(back.ok()) << back.error().to_string();
+    EXPECT_TRUE(payload_ok(back->payload, 1 << 20, 7));
+}
+
+TEST_P(TransportTest, PoolBuffersTravelAndComeBack) {
+    TransportOptions options;
+    options.pool_bytes = 8 << 20;
+    auto t = make(options);
+    std::unique_ptr<Listener> listener;
+    std::unique_ptr<Connection> server;
+    auto client = connect_pair(*t, *t, listener, server);
+    ASSERT_TRUE(client && server);
+
+    auto buffer = t->allocate(2 << 20, deadline_in(1s));
+    ASSERT_TRUE(buffer.ok()) << buffer.error().to_string();
+    ASSERT_NE(buffer->pool(), nullptr);
+    Buffer reference = make_payload(2 << 20, 3);
+    std::memcpy(buffer->data(), reference.data(), reference.size());
+    Message m;
+    m.header = {std::byte{1}};
+    m.payload = std::move(*buffer);
+    ASSERT_TRUE(client->send(std::move(m), deadline_in(10s)).ok());
+    auto got = server->receive(deadline_in(10s));
+    ASSERT_TRUE(got.ok()) << got.error().to_string();
+    EXPECT_TRUE(payload_ok(got->payload, 2 << 20, 3));
+    ASSERT_TRUE(client->flush(deadline_in(10s)).ok());
+
+    // A buffer larger than the whole pool comes from the heap instead of waiting forever.
+    auto huge = t->allocate(16 << 20, deadline_in(1s));
+    ASSERT_TRUE(huge.ok());
+    EXPECT_EQ(huge->pool(), nullptr);
+}
+
+TEST_P(TransportTest, MessageLargerThanTheWindowsStillPasses) {
+    TransportOptions options;
+    options.send_window_bytes = 1 << 20;
+    options.recv_window_bytes = 1 << 20;
+    auto t = make(options);
+    std::unique_ptr<Listener> listener;
+    std::unique_ptr<Connection> server;
+    auto client = connect_pair(*t, *t, listener, server);
+    ASSERT_TRUE(client && server);
+    ASSERT_TRUE(client->send(make_message(1, 9 << 20), deadline_in(10s)).ok());
+    auto m = server->receive(deadline_in(20s));
+    ASSERT_TRUE(m.ok()) << m.error().to_string();
+    EXPECT_TRUE(payload_ok(m->payload, 9 << 20, 1));
+}
+
+TEST_P(TransportTest, SlowReceiverStallsTheSenderWithinTheWindows) {
+    TransportOptions options;
+    options.send_window_bytes = 4 << 20;
+    options.recv_window_bytes = 4 << 20;
+    auto t = make(options);
+    std::unique_ptr<Listener> listener;
+    std::unique_ptr<Connection> server;
+    auto client = connect_pair(*t, *t, listener, server);
+    ASSERT_TRUE(client && server);
+
+    // Nobody receives: sends must start timing out once both windows are full.
+    const size_t bytes = 1 << 20;
+    uint32_t accepted = 0;
+    Status last;
+    for (; accepted < 64; ++accepted) {
+        last = client->send(make_message(accepted, bytes), deadline_in(300ms));
+        if (!last.ok()) break;
+    }
+    ASSERT_EQ(last.code(), StatusCode::kDeadlineExceeded) << last.to_string();
+    EXPECT_LE(accepted * bytes, options.send_window_bytes + options.recv_window_bytes + 2 * bytes)
+        << accepted << " messages went out to a receiver that took none";
+    EXPECT_GE(accepted, 3u) << "the window holds at least three messages";
+
+    // The receiver catches up: everything accepted arrives, in order, and sending resumes.
+    for (uint32_t i = 0; i < accepted; ++i) {
+        auto m = server->receive(deadline_in(10s));
+        ASSERT_TRUE(m.ok()) << m.error().to_string();
+        ASSERT_EQ(seq_of(*m), i);
+        ASSERT_TRUE(payload_ok(m->payload, bytes, i));
+    }
+    ASSERT_TRUE(client->send(make_message(accepted, bytes), deadline_in(10s)).ok());
+    auto m = server->receive(deadline_in(10s));
+    ASSERT_TRUE(m.ok());
+    EXPECT_EQ(seq_of(*m), accepted);
+}
+
+TEST_P(TransportTest, ReceiveAndAcceptTimeOut) {
+    auto t = make();
+    std::unique_ptr<Listener> listener;
+    std::unique_ptr<Connection> server;
+    auto client = connect_pair(*t, *t, listener, server);
+    ASSERT_TRUE(client && server);
+    const auto start = Clock::now();
+    auto m = server->receive(deadline_in(100ms));
+    EXPECT_EQ(m.error().code(), StatusCode::kDeadlineExceeded);
+    EXPECT_LT(Clock::now() - start, 5s);
+    auto a = listener->accept(deadline_in(100ms));
+    EXPECT_EQ(a.error().code(), StatusCode::kDeadlineExceeded);
+}
+
+TEST_P(TransportTest, PeerCloseIsSeenAfterTheLastMessage) {
+    auto t = make();
+    std::unique_ptr<Listener> listener;
+    std::unique_ptr<Connection> server;
+    auto client = connect_pair(*t, *t, listener, server);
+    ASSERT_TRUE(client && server);
+    for (uint32_t i = 0; i < 3; ++i) {
+        ASSERT_TRUE(client->send(make_message(i, 512 << 10), deadline_in(10s)).ok());
+    }
+    client->close();
+    EXPECT_EQ(client->send(make_message(9, 1), deadline_in(1s)).code(), StatusCode::kUnavailable);
+    for (uint32_t i = 0; i < 3; ++i) {
+        auto m = server->receive(deadline_in(10s));
+        ASSERT_TRUE(m.ok()) << m.error().to_string();
+        EXPECT_EQ(seq_of(*m), i);
+    }
+    auto end = server->receive(deadline_in(10s));
+    EXPECT_EQ(end.error().code(), StatusCode::kUnavailable) << end.error().to_string();
+    EXPECT_EQ(server->send(make_message(1, 1), deadline_in(5s)).code() == StatusCode::kOk &&
+                  server->flush(deadline_in(5s)).ok(),
+              false)
+        << "sending to a closed peer must fail";
+}
+
+TEST_P(TransportTest, ConnectingToNothingFailsClearly) {
+    auto t = make();
+    std::string address = "nobody-listens";
+    if (std::string(GetParam().name) == "ucx") {
+        // A port that was free a moment ago.
+        auto l = t->listen("127.0.0.1:0");
+        ASSERT_TRUE(l.ok());
+        address = (*l)->address();
+    }
+    const auto start = Clock::now();
+    auto c = t->connect(address, deadline_in(10s));
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.error().code(), StatusCode::kUnavailable) << c.error().to_string();
+    EXPECT_LT(Clock::now() - start, 9s) << "a refused connection must not wait for the deadline";
+}
+
+TEST_P(TransportTest, BadAddressesAndHeadersAreRefused) {
+    auto t = make();
+    if (std::string(GetParam().name) == "ucx") {
+        for (const char* bad : {"no-port", "127.0.0.1:99999", "127.0.0.1:x", ":5"}) {
+            auto c = t->connect(bad, deadline_in(1s));
+            ASSERT_FALSE(c.ok()) << bad;
+            EXPECT_EQ(c.error().code(), StatusCode::kInvalidArgument) << bad;
+        }
+        EXPECT_FALSE(t->listen("127.0.0.1:http").ok());
+    } else {
+        EXPECT_FALSE(t->listen("").ok());
+    }
+    std::unique_ptr<Listener> listener;
+    std::unique_ptr<Connection> server;
+    auto client = connect_pair(*t, *t, listener, server);
+    ASSERT_TRUE(client && server);
+    Message m;
+    m.header.resize(kMaxHeaderBytes + 1);
+    EXPECT_EQ(client->send(std::move(m), deadline_in(1s)).code(), StatusCode::kInvalidArgument);
+    // The connection still works.
+    ASSERT_TRUE(client->send(make_message(5, 10), deadline_in(5s)).ok());
+    auto got = server->receive(deadline_in(5s));
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(seq_of(*got), 5u);
+}
+
+TEST_P(TransportTest, AnAddressInUseIsRefused) {
+    auto t = make();
+    auto first = t->listen(any_address());
+    ASSERT_TRUE(first.ok());
+    auto second = t->listen((*first)->address());
+    ASSERT_FALSE(second.ok());
+}
+
+TEST_P(TransportTest, ManyConnectionsToOneListener) {
+    // UCX: two transports, as two nodes would have. In-process addresses are seen only
+    // through the transport that listens on them.
+    auto server_side = make();
+    auto second = std::string(GetParam().name) == "ucx" ? make() : nullptr;
+    Transport* client_side = second ? second.get() : server_side.get();
+    auto l = server_side->listen(any_address());
+    ASSERT_TRUE(l.ok());
+    std::vector<std::unique_ptr<Connection>> clients, servers;
+    for (int i = 0; i < 4; ++i) {
+        auto c = client_side->connect((*l)->address(), deadline_in(10s));
+        ASSERT_TRUE(c.ok()) << c.error().to_string();
+        clients.push_back(std::move(*c));
+        auto a = (*l)->accept(deadline_in(10s));
+        ASSERT_TRUE(a.ok()) << a.error().to_string();
+        servers.push_back(std::move(*a));
+    }
+    for (uint32_t i = 0; i < 4; ++i) {
+        ASSERT_TRUE(clients[i]->send(make_message(100 + i, 64 << 10), deadline_in(5s)).ok());
+    }
+    // Each accepted connection carries its own client's message.
+    for (uint32_t i = 0; i < 4; ++i) {
+        auto m = servers[i]->receive(deadline_in(10s));
+        ASSERT_TRUE(m.ok()) << m.error().to_string();
+        EXPECT_EQ(seq_of(*m), 100 + i);
+    }
+}
+
+const Backend kBackends[] = {
+    {"inproc", "inproc", ""},
+    {"ucx_tcp", "ucx", "tcp"},
+    {"ucx_shm", "ucx", "sm,self"},
+};
+
+INSTANTIATE_TEST_SUITE_P(Backends, TransportTest, ::testing::ValuesIn(kBackends),
+                         [](const auto& info) { return std::string(info.param.label); });
+
+TEST(TransportFactory, UnknownNameIsRefused) {
+    auto t = make_transport("carrier-pigeon");
+    ASSERT_FALSE(t.ok());
+    EXPECT_EQ(t.error().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace deltaserve::transport

@@ -1,0 +1,40 @@
+// Making a transport by name, with its options.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "deltaserve/common/status.h"
+#include "deltaserve/transport/transport.h"
+
+namespace deltaserve::transport {
+
+struct TransportOptions {
+    // Registered memory for payloads (Transport::allocate, received payloads).
+    // Default: 64 MiB.
+    size_t pool_bytes = size_t{64} << 20;
+    // Bytes of unfinished sends per connection above which send() waits. Default: 32 MiB.
+    size_t send_window_bytes = size_t{32} << 20;
+    // Bytes of received messages waiting for receive() above which a connection stops
+    // fetching large payloads (they wait at the sender). Default: 32 MiB.
+    size_t recv_window_bytes = size_t{32} << 20;
+    // How long close() and the destructors let queued sends finish. Default: 2 s.
+    std::chrono::milliseconds close_grace{2000};
+    // ucx: UCX transports to use, as UCX_TLS spells them ("tcp", "sm,tcp", "rc,tcp").
+    // Empty: UCX_TLS from the environment, else every transport UCX finds. tcp is added when
+    // missing, since UCX sets up sockaddr connections through it. Default: empty.
+    std::string ucx_tls;
+    // ucx: interval of the keepalive probes that detect a peer gone silent (crashed host,
+    // cut link). Default: 2 s.
+    std::chrono::milliseconds keepalive{2000};
+};
+
+// "ucx" or "inproc". Errors: kInvalidArgument (unknown name), kUnavailable (UCX could not
+// start: its message is passed on).
+Result<std::unique_ptr<Transport>> make_transport(std::string_view name,
+                                                  const TransportOptions& options = {});
+
+}  // namespace deltaserve::transport

@@ -1,0 +1,159 @@
+// The UCX backend's core: one UCP context and worker, driven by one progress thread.
+//
+// Every UCP call on the worker happens on the progress thread (the worker is created
+// single-threaded); the application's threads post work to it and wait on the
+// connection's condition variable. Connections speak three active messages: a hello from
+// the client, the server's answer (the client's connect() returns when it arrives: the
+// whole path works both ways), and data (header + payload). Payloads at or above UCX's
+// rendezvous threshold are fetched only while the connection's receive window has room:
+// until then the sender's request stays open, which is what stalls a fast sender.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "deltaserve/transport/transport_factory.h"
+
+namespace deltaserve::transport {
+
+// A received message, in arrival order: ready, or a rendezvous payload still at the sender.
+struct Arrival {
+    enum class State { kReady, kWaiting, kFetching };
+    State state = State::kReady;
+    uint64_t seq = 0;
+    Message message;
+    void* desc = nullptr;  // kWaiting: UCX's rendezvous descriptor
+    size_t length = 0;     // payload bytes
+};
+
+// One connection's state, shared by the application's threads and the progress thread.
+struct UcxConn {
+    explicit UcxConn(std::string peer_name) : peer(std::move(peer_name)) {}
+
+    std::mutex mu;
+    std::condition_variable changed;
+    // Guarded by mu.
+    std::string peer;
+    std::deque<Arrival> arrivals;
+    size_t held_bytes = 0;  // ready + being fetched: what the receive window counts
+    uint64_t next_seq = 0;
+    size_t inflight_bytes = 0;
+    size_t inflight = 0;
+    Status error;             // the first failure; OK while the connection works
+    bool connected = false;   // client: hello answered; server: hello arrived
+    bool closing = false;     // the application closed it
+    bool released = false;    // the progress thread let go of the endpoint
+    bool wants_room = false;  // payloads wait for the receive window
+    ConnectionStats stats;
+
+    // Progress thread only.
+    class UcxCore* core = nullptr;
+    ucp_ep_h ep = nullptr;
+    bool failed = false;
+    struct UcxListenerState* listener = nullptr;  // server side, until the hello
+};
+
+struct UcxListenerState {
+    std::mutex mu;
+    std::condition_variable arrived;
+    std::deque<std::shared_ptr<UcxConn>> accepted;  // guarded by mu
+    bool closed = false;                            // guarded by mu
+    std::string address;
+    // Progress thread only.
+    class UcxCore* core = nullptr;
+    ucp_listener_h handle = nullptr;
+};
+
+class UcxCore {
+  public:
+    static Result<std::shared_ptr<UcxCore>> start(const TransportOptions& options);
+    ~UcxCore();  // force-closes every endpoint, stops the thread, destroys the worker
+
+    UcxCore(const UcxCore&) = delete;
+    UcxCore& operator=(const UcxCore&) = delete;
+
+    // Runs fn on the progress thread.
+    void post(std::function<void()> fn);
+    // Runs fn on the progress thread and waits for its answer.
+    Status call(std::function<Status()> fn);
+    // Wakes the progress thread (a receive made room in a window).
+    void wake();
+
+    const TransportOptions& options() const { return options_; }
+    BufferPool& pool() { return *pool_; }
+    const BufferPool& pool() const { return *pool_; }
+
+    // Progress thread only.
+    Status open_listener(const std::shared_ptr<UcxListenerState>& listener,
+                         const sockaddr_storage& addr, socklen_t addr_len);
+    void close_listener(const std::shared_ptr<UcxListenerState>& listener);
+    Status open_client(const std::shared_ptr<UcxConn>& conn, const sockaddr_storage& addr,
+                       socklen_t addr_len);
+    void send(const std::shared_ptr<UcxConn>& conn, Message message, size_t bytes);
+    void close(const std::shared_ptr<UcxConn>& conn, bool force);
+    // Fetches conn's waiting payloads if its window has room now.
+    void fetch_later(const std::shared_ptr<UcxConn>& conn) { to_fetch_.push_back(conn); }
+
+  private:
+    struct Handles;
+    struct SendOp;
+    struct FetchOp;
+
+    UcxCore() = default;
+    void run();
+    bool progress_once();
+    void service();
+    void fetch_waiting(const std::shared_ptr<UcxConn>& conn);
+    void release_waiting(UcxConn& conn);
+    void fail(UcxConn& conn, Status why);
+    void send_control(const std::shared_ptr<UcxConn>& conn, unsigned id, const std::string& header);
+    void on_fetched(FetchOp* op, ucs_status_t status);
+    void on_sent(SendOp* op, ucs_status_t status);
+    std::shared_ptr<UcxConn> conn_of(ucp_ep_h ep);
+
+    static void on_conn_request(ucp_conn_request_h request, void* arg);
+    static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);
+    static ucs_status_t on_hello(void* arg, const void* header, size_t header_length, void* data,
+                                 size_t length, const ucp_am_recv_param_t* param);
+    static ucs_status_t on_hello_answer(void* arg, const void* header, size_t header_length,
+                                        void* data, size_t length,
+                                        const ucp_am_recv_param_t* param);
+    static ucs_status_t on_data(void* arg, const void* header, size_t header_length, void* data,
+                                size_t length, const ucp_am_recv_param_t* param);
+    static void on_send_done(void* request, ucs_status_t status, void* user_data);
+    static void on_fetch_done(void* request, ucs_status_t status, size_t length, void* user_data);
+
+    TransportOptions options_;
+    std::shared_ptr<Handles> handles_;  // context + worker; the pool's deregistration holds it
+    std::shared_ptr<BufferPool> pool_;
+    int event_fd_ = -1;
+    std::thread thread_;
+
+    std::mutex commands_mu_;
+    std::deque<std::function<void()>> commands_;  // guarded by commands_mu_
+    std::atomic<bool> wake_pending_{false};
+    std::atomic<bool> stopping_{false};
+
+    // Progress thread only.
+    std::unordered_map<ucp_ep_h, std::shared_ptr<UcxConn>> eps_;
+    std::vector<std::shared_ptr<UcxConn>> failed_;    // endpoints to force-close
+    std::vector<std::shared_ptr<UcxConn>> to_fetch_;  // have waiting arrivals
+    struct Closing {
+        void* request;
+        std::shared_ptr<UcxConn> conn;
+    };
+    std::vector<Closing> closing_;
+    std::vector<std::shared_ptr<UcxListenerState>> listeners_;
+};
+
+}  // namespace deltaserve::transport
