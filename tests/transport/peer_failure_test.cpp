@@ -44,15 +44,27 @@ class PeerProcess {
     pid_t pid_ = -1;
 };
 
-TransportOptions tcp_options() {
-    TransportOptions o;
-    o.ucx_tls = "tcp";
-    o.keepalive = 1000ms;
-    return o;
-}
+// tcp alone, and whatever UCX picks by default (on one host: shared memory beside tcp).
+class PeerFailure : public ::testing::TestWithParam<const char*> {
+  protected:
+    TransportOptions options() const {
+        TransportOptions o;
+        o.ucx_tls = GetParam();
+        o.keepalive = 1000ms;
+        return o;
+    }
+    // The peer process uses the same transports.
+    void SetUp() override {
+        if (*GetParam() != '\0') {
+            setenv("UCX_TLS", (std::string(GetParam()) + ",tcp").c_str(), 1);
+        } else {
+            unsetenv("UCX_TLS");
+        }
+    }
+};
 
-TEST(PeerFailure, SenderKilledMidTransferEndsTheConnectionNotTheListener) {
-    auto t = make_transport("ucx", tcp_options());
+TEST_P(PeerFailure, SenderKilledMidTransferEndsTheConnectionNotTheListener) {
+    auto t = make_transport("ucx", options());
     ASSERT_TRUE(t.ok()) << t.error().to_string();
     auto listener = (*t)->listen("127.0.0.1:0");
     ASSERT_TRUE(listener.ok()) << listener.error().to_string();
@@ -93,10 +105,10 @@ TEST(PeerFailure, SenderKilledMidTransferEndsTheConnectionNotTheListener) {
     EXPECT_TRUE((*again)->status().ok());
 }
 
-TEST(PeerFailure, ReceiverKilledMidTransferFailsTheSender) {
-    TransportOptions options = tcp_options();
-    options.send_window_bytes = 8 << 20;
-    auto t = make_transport("ucx", options);
+TEST_P(PeerFailure, ReceiverKilledMidTransferFailsTheSender) {
+    TransportOptions o = options();
+    o.send_window_bytes = 8 << 20;
+    auto t = make_transport("ucx", o);
     ASSERT_TRUE(t.ok()) << t.error().to_string();
     auto listener = (*t)->listen("127.0.0.1:0");
     ASSERT_TRUE(listener.ok());
@@ -129,6 +141,10 @@ TEST(PeerFailure, ReceiverKilledMidTransferFailsTheSender) {
     conn->reset();
     EXPECT_EQ((*t)->stats().pool_bytes_in_use, 0u) << "buffers of failed sends leaked";
 }
+
+INSTANTIATE_TEST_SUITE_P(Tls, PeerFailure, ::testing::Values("tcp", ""), [](const auto& info) {
+    return std::string(*info.param ? info.param : "default");
+});
 
 }  // namespace
 }  // namespace deltaserve::transport

@@ -17,7 +17,7 @@ enum AmId : unsigned { kAmHello = 1, kAmHelloAnswer = 2, kAmData = 3 };
 
 // After activity the progress thread keeps polling this long before it sleeps on the
 // worker's event fd: a stream of messages does not pay a wakeup per message.
-constexpr auto kSpin = std::chrono::microseconds(50);
+constexpr auto kSpin = std::chrono::microseconds(200);
 // The longest sleep: close grace periods are checked at least this often.
 constexpr int kSleepMs = 50;
 
@@ -89,6 +89,9 @@ Result<std::shared_ptr<UcxCore>> UcxCore::start(const TransportOptions& options)
     }
     const std::string keepalive = std::to_string(options.keepalive.count()) + "ms";
     (void)ucp_config_modify(config, "KEEPALIVE_INTERVAL", keepalive.c_str());
+    // Shared-memory transports leave endpoints that need peer-failure handling unless told
+    // they may handle it (UCX issue 8477): without this, same-host peers talk over tcp.
+    (void)ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
 
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
@@ -178,7 +181,8 @@ Status UcxCore::call(std::function<Status()> fn) {
 
 void UcxCore::wake() {
     wake_pending_ = true;
-    ucp_worker_signal(handles_->worker);
+    // A polling progress thread picks the work up by itself: spare it the system call.
+    if (sleeping_) ucp_worker_signal(handles_->worker);
 }
 
 // ---- the progress thread ----
@@ -188,13 +192,24 @@ void UcxCore::run() {
     auto last_activity = Clock::now();
     while (!stopping_) {
         if (progress_once()) last_activity = Clock::now();
+        // Poll while transfers are under way (a sleep per message halves the bandwidth);
+        // yield so the application's threads get the core when they need it.
+        if (ops_in_flight_ > 0) {
+            std::this_thread::yield();
+            continue;
+        }
         if (Clock::now() - last_activity < kSpin) continue;
-        if (wake_pending_.exchange(false)) continue;
-        const ucs_status_t armed = ucp_worker_arm(worker);
-        if (armed == UCS_ERR_BUSY) continue;
-        if (wake_pending_.load()) continue;
+        if (ucp_worker_arm(worker) == UCS_ERR_BUSY) continue;
+        // Announce the sleep, then look for work posted meanwhile: a poster either sees
+        // sleeping_ and signals the worker, or its work is seen here (both seq_cst).
+        sleeping_ = true;
+        if (wake_pending_.exchange(false)) {
+            sleeping_ = false;
+            continue;
+        }
         pollfd pfd{event_fd_, POLLIN, 0};
         (void)poll(&pfd, 1, kSleepMs);
+        sleeping_ = false;
     }
     // Shutting down: force-close what is left and give the requests a moment to finish.
     for (auto& l : listeners_) close_listener(l);
@@ -415,6 +430,7 @@ void UcxCore::send_control(const std::shared_ptr<UcxConn>& conn, unsigned id,
     Message m;
     m.header.resize(header.size());
     std::memcpy(m.header.data(), header.data(), header.size());
+    ++ops_in_flight_;
     auto* op = new SendOp{this, conn, std::move(m), 0};
     ucp_request_param_t p{};
     p.op_attr_mask =
@@ -429,6 +445,7 @@ void UcxCore::send_control(const std::shared_ptr<UcxConn>& conn, unsigned id,
 }
 
 void UcxCore::send(const std::shared_ptr<UcxConn>& conn, Message message, size_t bytes) {
+    ++ops_in_flight_;
     auto* op = new SendOp{this, conn, std::move(message), bytes};
     if (conn->ep == nullptr || conn->failed) return on_sent(op, UCS_ERR_NOT_CONNECTED);
     ucp_request_param_t p{};
@@ -456,6 +473,7 @@ void UcxCore::on_send_done(void* request, ucs_status_t status, void* user_data) 
 
 void UcxCore::on_sent(SendOp* op, ucs_status_t status) {
     std::unique_ptr<SendOp> owned(op);
+    --ops_in_flight_;
     UcxConn& conn = *op->conn;
     {
         std::lock_guard lock(conn.mu);
@@ -573,6 +591,7 @@ void UcxCore::fetch_waiting(const std::shared_ptr<UcxConn>& conn) {
     for (const Pending& p : start) {
         Buffer b = pool_->try_acquire(p.length);
         if (b.data() == nullptr) b = Buffer::heap(p.length);
+        ++ops_in_flight_;
         auto* op = new FetchOp{this, conn, p.seq, std::move(b)};
         ucp_request_param_t rp{};
         rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -599,6 +618,7 @@ void UcxCore::on_fetch_done(void* request, ucs_status_t status, size_t, void* us
 
 void UcxCore::on_fetched(FetchOp* op, ucs_status_t status) {
     std::unique_ptr<FetchOp> owned(op);
+    --ops_in_flight_;
     UcxConn& conn = *op->conn;
     {
         std::lock_guard lock(conn.mu);

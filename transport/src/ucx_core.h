@@ -143,8 +143,10 @@ class UcxCore {
     std::deque<std::function<void()>> commands_;  // guarded by commands_mu_
     std::atomic<bool> wake_pending_{false};
     std::atomic<bool> stopping_{false};
+    std::atomic<bool> sleeping_{false};  // the progress thread waits on the event fd
 
     // Progress thread only.
+    size_t ops_in_flight_ = 0;  // sends and rendezvous fetches not yet completed
     std::unordered_map<ucp_ep_h, std::shared_ptr<UcxConn>> eps_;
     std::vector<std::shared_ptr<UcxConn>> failed_;    // endpoints to force-close
     std::vector<std::shared_ptr<UcxConn>> to_fetch_;  // have waiting arrivals
