@@ -1,3 +1,4 @@
+#include "byte_io.h"
 #include "deltaserve/kvstore/kv_cache.h"
 #include "row_io.h"
 
@@ -52,6 +53,72 @@ void FullSequenceCache::truncate(int32_t n_keep) {
 
 size_t FullSequenceCache::bytes() const {
     return slots_.size() * pool_.row_bytes() * 2 * static_cast<size_t>(pool_.options().n_layers);
+}
+
+// ---- shipping ----
+
+Result<std::vector<uint8_t>> FullSequenceCache::export_state() const {
+    if (static_cast<int32_t>(slots_.size()) != n_committed_) {
+        return failed_precondition("cannot export a cache with reserved positions");
+    }
+    std::vector<uint8_t> out;
+    ByteWriter w(out);
+    w.i32(n_committed_);
+    w.i32(static_cast<int32_t>(pool_.row_bytes()));
+    return out;
+}
+
+Result<std::vector<uint8_t>> FullSequenceCache::export_layer(int32_t layer) const {
+    if (layer < 0 || layer >= pool_.options().n_layers) return invalid_argument("no such layer");
+    const size_t row = pool_.row_bytes();
+    std::vector<uint8_t> out(2 * row * static_cast<size_t>(n_committed_));
+    uint8_t* k = out.data();
+    uint8_t* v = out.data() + row * static_cast<size_t>(n_committed_);
+    for (int32_t p = 0; p < n_committed_; ++p) {
+        std::memcpy(k + p * row, pool_.k_base(layer) + slots_[p] * row, row);
+        std::memcpy(v + p * row, pool_.v_base(layer) + slots_[p] * row, row);
+    }
+    return out;
+}
+
+Status FullSequenceCache::import_state(std::span<const uint8_t> state) {
+    if (!slots_.empty()) return failed_precondition("importing into a cache that is not empty");
+    ByteReader r(state);
+    int32_t n = 0, row = 0;
+    if (!r.i32(n) || !r.i32(row) || r.remaining() != 0 || n < 0) {
+        return data_loss("full-KV state: malformed (" + std::to_string(state.size()) + " bytes)");
+    }
+    if (static_cast<size_t>(row) != pool_.row_bytes()) {
+        return failed_precondition("full-KV state: rows of " + std::to_string(row) +
+                                   " bytes, this cache holds " +
+                                   std::to_string(pool_.row_bytes()));
+    }
+    DS_RETURN_IF_ERROR(reserve(n));
+    commit(n);
+    for (int32_t l = 0; l < pool_.options().n_layers; ++l) {  // zeros until a layer comes
+        for (int32_t slot : slots_) {
+            std::memset(pool_.k_row(l, slot), 0, row);
+            std::memset(pool_.v_row(l, slot), 0, row);
+        }
+    }
+    return {};
+}
+
+Status FullSequenceCache::import_layer(int32_t layer, std::span<const uint8_t> part) {
+    if (layer < 0 || layer >= pool_.options().n_layers) return invalid_argument("no such layer");
+    const size_t row = pool_.row_bytes();
+    const size_t want = 2 * row * static_cast<size_t>(n_committed_);
+    if (part.size() != want) {
+        return data_loss("full-KV layer " + std::to_string(layer) + ": " +
+                         std::to_string(part.size()) + " bytes, expected " + std::to_string(want));
+    }
+    const uint8_t* k = part.data();
+    const uint8_t* v = part.data() + row * static_cast<size_t>(n_committed_);
+    for (int32_t p = 0; p < n_committed_; ++p) {
+        std::memcpy(pool_.k_row(layer, slots_[p]), k + p * row, row);
+        std::memcpy(pool_.v_row(layer, slots_[p]), v + p * row, row);
+    }
+    return {};
 }
 
 }  // namespace deltaserve::kvstore

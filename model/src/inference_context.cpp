@@ -66,6 +66,16 @@ public:
     void truncate(int32_t n_keep) override { cache_->truncate(n_keep); }
     const Model& model() const override { return model_; }
     size_t kv_bytes() const override { return cache_->bytes(); }
+    Result<std::vector<uint8_t>> export_kv_state() const override { return cache_->export_state(); }
+    Result<std::vector<uint8_t>> export_kv_layer(int32_t layer) const override {
+        return cache_->export_layer(layer);
+    }
+    Status import_kv_state(std::span<const uint8_t> state) override {
+        return cache_->import_state(state);
+    }
+    Status import_kv_layer(int32_t layer, std::span<const uint8_t> part) override {
+        return cache_->import_layer(layer, part);
+    }
     void set_kv_tap(KvTap tap) override { forward_.set_kv_tap(std::move(tap)); }
     void set_attention_tap(AttentionTap tap) override { forward_.set_attention_tap(std::move(tap)); }
     double keep_ratio() const override {

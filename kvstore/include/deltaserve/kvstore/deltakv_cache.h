@@ -80,6 +80,14 @@ public:
     // ids, and the position maps; not the temporary reconstruction slots (freed after each
     // forward call).
     size_t bytes() const override;
+    // State: the token count, the compressed region's end, the settings a receiver must
+    // share, and which tokens of the region are references (a bitmap). A full layer: every
+    // token's K rows then V rows (fp16). A sparse layer: the full-precision tokens' K then V
+    // rows, the latents, their reference positions.
+    Result<std::vector<uint8_t>> export_state() const override;
+    Result<std::vector<uint8_t>> export_layer(int32_t layer) const override;
+    Status import_state(std::span<const uint8_t> state) override;
+    Status import_layer(int32_t layer, std::span<const uint8_t> part) override;
 
     int32_t compressed_tokens() const { return comp_end_ - std::min(comp_end_, options_.sinks) - n_refs_in_region(); }
     int32_t n_full_layers() const { return static_cast<int32_t>(full_layers_.size()); }

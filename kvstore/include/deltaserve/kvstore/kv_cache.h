@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "deltaserve/common/status.h"
@@ -49,6 +51,35 @@ public:
     // Bytes this sequence holds: K and V of every layer, and what a compressing cache keeps
     // to find them (slot ids, positions, statistics).
     virtual size_t bytes() const = 0;
+
+    // Shipping a session to another node (DESIGN.md "One chat turn"): the committed tokens
+    // as a small session-wide state (how many, which are kept how) and one part per layer,
+    // in the cache's own representation (a compressing cache ships what it holds, not full
+    // KV). An empty cache of the same kind and settings takes them back exactly:
+    // import_state, then import_layer for every layer in any order; until every layer came
+    // in, attention over the missing ones reads zeros (safe, but wrong: admit the session
+    // after the last one). Export needs no reserved positions. Errors: kUnimplemented for
+    // a cache that cannot be shipped; on import, kFailedPrecondition (the cache is not
+    // empty or its settings differ), kDataLoss (a part of the wrong size or contents),
+    // kResourceExhausted (no room).
+    virtual Result<std::vector<uint8_t>> export_state() const { return not_shippable(); }
+    virtual Result<std::vector<uint8_t>> export_layer(int32_t layer) const {
+        (void)layer;
+        return not_shippable();
+    }
+    virtual Status import_state(std::span<const uint8_t> state) {
+        (void)state;
+        return not_shippable();
+    }
+    virtual Status import_layer(int32_t layer, std::span<const uint8_t> part) {
+        (void)layer, (void)part;
+        return not_shippable();
+    }
+
+protected:
+    static Status not_shippable() {
+        return unimplemented("this KV policy's cache cannot be shipped between nodes yet");
+    }
 };
 
 // Bytes of n_tokens tokens in an fp16 cache that keeps everything: the denominator of the
@@ -73,6 +104,12 @@ public:
     void commit(int32_t n) override;
     void truncate(int32_t n_keep) override;
     size_t bytes() const override;
+    // State: the token count and the row size. A layer: every token's K rows, then V rows,
+    // at the pool's precision.
+    Result<std::vector<uint8_t>> export_state() const override;
+    Result<std::vector<uint8_t>> export_layer(int32_t layer) const override;
+    Status import_state(std::span<const uint8_t> state) override;
+    Status import_layer(int32_t layer, std::span<const uint8_t> part) override;
 
 private:
     SlotPool& pool_;

@@ -77,6 +77,13 @@ public:
     virtual double keep_ratio() const = 0;
 
     virtual const Model& model() const = 0;
+    // The sequence's KV for shipping to another node, in the cache's own representation
+    // (kvstore::SequenceCache::export_state / export_layer), and taking it back into an
+    // empty context made with the same options (import_kv_state, then every layer).
+    virtual Result<std::vector<uint8_t>> export_kv_state() const = 0;
+    virtual Result<std::vector<uint8_t>> export_kv_layer(int32_t layer) const = 0;
+    virtual Status import_kv_state(std::span<const uint8_t> state) = 0;
+    virtual Status import_kv_layer(int32_t layer, std::span<const uint8_t> part) = 0;
     // Sees every layer's new K (before RoPE) and V as they are computed (calibration).
     virtual void set_kv_tap(KvTap tap) = 0;
     // Sees every layer's attention inputs after RoPE (calibration of TRIM-KV's gates).

@@ -1,0 +1,167 @@
+// Shipping a session's KV between contexts, as a prefill node does to a decode node: the
+// receiver, given the exported state and layers, continues exactly as the sender would
+// (bit-identical logits), and a DeltaKV session ships what it holds, not full KV.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "deltaserve/model/inference_context.h"
+#include "deltaserve/model/sampler.h"
+#include "test_paths.h"
+
+namespace deltaserve::model {
+namespace {
+
+class KvShipping : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() {
+        if (!testing::file_exists(testing::default_gguf_model())) return;
+        LoadOptions lo;
+        lo.show_progress = false;
+        auto m = load_model(testing::default_gguf_model(), lo);
+        ASSERT_TRUE(m.ok()) << m.error().to_string();
+        model_ = std::move(*m).release();
+    }
+    static void TearDownTestSuite() { delete model_; }
+    void SetUp() override {
+        DS_REQUIRE_FILE(testing::default_gguf_model(), "default model");
+        DS_REQUIRE_FILE(testing::default_deltakv_profile(), "default DeltaKV profile");
+        DS_REQUIRE_FILE(std::string("/usr/share/common-licenses/GPL-3"), "GPL-3 text");
+    }
+    static std::unique_ptr<InferenceContext> context(const std::string& policy) {
+        ContextOptions co;
+        co.n_ctx = 2048;
+        co.n_threads = 2;
+        co.kv.policy = policy;
+        co.kv.keep = policy == "full" ? 1.0f : 0.3f;
+        co.kv_profile = testing::default_deltakv_profile();
+        auto c = InferenceContext::create(*model_, co);
+        EXPECT_TRUE(c.ok()) << c.error().to_string();
+        return c.ok() ? std::move(*c) : nullptr;
+    }
+    static std::vector<int32_t> text_tokens(size_t n) {
+        std::ifstream in("/usr/share/common-licenses/GPL-3");
+        std::stringstream s;
+        s << in.rdbuf();
+        auto t = model_->tokenizer->encode(s.str(), false, false);
+        EXPECT_TRUE(t.ok());
+        t->resize(std::min(n, t->size()));
+        return *t;
+    }
+    static int32_t n_layers() { return model_->config.n_layers; }
+    static Model* model_;
+};
+Model* KvShipping::model_ = nullptr;
+
+class KvShippingTest : public KvShipping, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(KvShippingTest, ReceiverContinuesExactlyAsTheSender) {
+    auto sender = context(GetParam());
+    auto receiver = context(GetParam());
+    ASSERT_TRUE(sender && receiver);
+    const auto tokens = text_tokens(1300);
+    for (size_t at = 0; at < 1200; at += 300) {  // chunked prefill; DeltaKV compresses
+        ASSERT_TRUE(sender->eval({tokens.data() + at, 300}).ok());
+    }
+
+    auto state = sender->export_kv_state();
+    ASSERT_TRUE(state.ok()) << state.error().to_string();
+    const int32_t n_layers = KvShipping::n_layers();
+    std::vector<std::vector<uint8_t>> layers;
+    size_t shipped = state->size();
+    for (int32_t l = 0; l < n_layers; ++l) {
+        auto part = sender->export_kv_layer(l);
+        ASSERT_TRUE(part.ok()) << part.error().to_string();
+        shipped += part->size();
+        layers.push_back(std::move(*part));
+    }
+    // What travels is what the session holds (bytes() also counts DeltaKV's position maps;
+    // the states are a few bytes).
+    EXPECT_LE(shipped, sender->kv_bytes() + 64);
+    EXPECT_GE(shipped, sender->kv_bytes() * 9 / 10);
+
+    ASSERT_TRUE(receiver->import_kv_state(*state).ok());
+    EXPECT_EQ(receiver->n_past(), sender->n_past());
+    for (int32_t l = n_layers - 1; l >= 0; --l) {  // any order
+        Status s = receiver->import_kv_layer(l, layers[l]);
+        ASSERT_TRUE(s.ok()) << s.to_string();
+    }
+    EXPECT_EQ(receiver->kv_bytes(), sender->kv_bytes());
+
+    // The next chunk, then greedy decoding: identical logits on both sides.
+    auto a = sender->eval({tokens.data() + 1200, 100});
+    auto b = receiver->eval({tokens.data() + 1200, 100});
+    ASSERT_TRUE(a.ok() && b.ok());
+    for (int step = 0; step < 16; ++step) {
+        ASSERT_EQ(std::vector<float>(a->begin(), a->end()),
+                  std::vector<float>(b->begin(), b->end()))
+            << "step " << step;
+        const int32_t next = greedy(*a);
+        a = sender->eval({&next, 1});
+        b = receiver->eval({&next, 1});
+        ASSERT_TRUE(a.ok() && b.ok());
+    }
+}
+
+TEST_P(KvShippingTest, BadPartsAreRefusedWithClearErrors) {
+    auto sender = context(GetParam());
+    ASSERT_TRUE(sender);
+    const auto tokens = text_tokens(700);
+    ASSERT_TRUE(sender->eval(tokens).ok());
+    auto state = sender->export_kv_state();
+    auto layer = sender->export_kv_layer(1);
+    ASSERT_TRUE(state.ok() && layer.ok());
+
+    auto receiver = context(GetParam());
+    std::vector<uint8_t> cut(state->begin(), state->end() - 1);
+    EXPECT_EQ(receiver->import_kv_state(cut).code(), StatusCode::kDataLoss);
+    ASSERT_TRUE(receiver->import_kv_state(*state).ok());
+    std::vector<uint8_t> short_layer(layer->begin(), layer->end() - 4);
+    EXPECT_EQ(receiver->import_kv_layer(1, short_layer).code(), StatusCode::kDataLoss);
+    EXPECT_EQ(receiver->import_kv_layer(n_layers(), *layer).code(), StatusCode::kInvalidArgument);
+    // A second import into a context that holds tokens.
+    EXPECT_EQ(receiver->import_kv_state(*state).code(), StatusCode::kFailedPrecondition);
+
+    // Another policy's state does not fit.
+    auto other = context(std::string(GetParam()) == "full" ? "deltakv" : "full");
+    ASSERT_TRUE(other);
+    EXPECT_FALSE(other->import_kv_state(*state).ok());
+}
+
+TEST_F(KvShipping, DeltaKvRefusesLatentsPointingAtCompressedTokens) {
+    auto sender = context("deltakv");
+    ASSERT_TRUE(sender);
+    const auto tokens = text_tokens(1000);
+    ASSERT_TRUE(sender->eval(tokens).ok());
+    auto state = sender->export_kv_state();
+    ASSERT_TRUE(state.ok());
+    // A sparse layer (the state's layer roles follow its seven 32-bit fields); its part
+    // ends with the latents' reference positions: point the last one past the sequence.
+    int32_t sparse = -1;
+    for (int32_t l = n_layers() - 1; l > 0 && sparse < 0; --l) {
+        if ((*state)[7 * sizeof(int32_t) + l] == 0) sparse = l;
+    }
+    ASSERT_GE(sparse, 0) << "no sparse layer at keep 0.3";
+    auto part = sender->export_kv_layer(sparse);
+    ASSERT_TRUE(part.ok());
+    const int32_t bad = 999999;
+    std::memcpy(part->data() + part->size() - sizeof(int32_t), &bad, sizeof(bad));
+    auto receiver = context("deltakv");
+    ASSERT_TRUE(receiver->import_kv_state(*state).ok());
+    EXPECT_EQ(receiver->import_kv_layer(sparse, *part).code(), StatusCode::kDataLoss);
+}
+
+TEST_F(KvShipping, PoliciesThatCannotShipSaySo) {
+    auto c = context("snapkv");
+    ASSERT_TRUE(c);
+    ASSERT_TRUE(c->eval(text_tokens(64)).ok());
+    EXPECT_EQ(c->export_kv_state().error().code(), StatusCode::kUnimplemented);
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, KvShippingTest, ::testing::Values("full", "deltakv"),
+                         [](const auto& info) { return std::string(info.param); });
+
+}  // namespace
+}  // namespace deltaserve::model
