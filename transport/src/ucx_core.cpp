@@ -18,6 +18,8 @@ enum AmId : unsigned { kAmHello = 1, kAmHelloAnswer = 2, kAmData = 3 };
 // After activity the progress thread keeps polling this long before it sleeps on the
 // worker's event fd: a stream of messages does not pay a wakeup per message.
 constexpr auto kSpin = std::chrono::microseconds(200);
+// With transfers under way it polls this long after the last progress.
+constexpr auto kBusyPoll = std::chrono::milliseconds(2);
 // The longest sleep: close grace periods are checked at least this often.
 constexpr int kSleepMs = 50;
 
@@ -192,13 +194,14 @@ void UcxCore::run() {
     auto last_activity = Clock::now();
     while (!stopping_) {
         if (progress_once()) last_activity = Clock::now();
-        // Poll while transfers are under way (a sleep per message halves the bandwidth);
-        // yield so the application's threads get the core when they need it.
-        if (ops_in_flight_ > 0) {
+        const auto idle = Clock::now() - last_activity;
+        // Poll while transfers move (a sleep per message halves the bandwidth), yielding so
+        // the application's threads get the core; a transfer stalled on a slow peer sleeps.
+        if (ops_in_flight_ > 0 && idle < kBusyPoll) {
             std::this_thread::yield();
             continue;
         }
-        if (Clock::now() - last_activity < kSpin) continue;
+        if (idle < kSpin) continue;
         if (ucp_worker_arm(worker) == UCS_ERR_BUSY) continue;
         // Announce the sleep, then look for work posted meanwhile: a poster either sees
         // sleeping_ and signals the worker, or its work is seen here (both seq_cst).
@@ -212,7 +215,7 @@ void UcxCore::run() {
         sleeping_ = false;
     }
     // Shutting down: force-close what is left and give the requests a moment to finish.
-    for (auto& l : listeners_) close_listener(l);
+    for (auto& l : std::vector(listeners_)) close_listener(l);  // close_listener erases
     std::vector<std::shared_ptr<UcxConn>> open;
     for (auto& [ep, conn] : eps_) open.push_back(conn);
     for (auto& conn : open) close(conn, /*force=*/true);
