@@ -19,7 +19,7 @@ enum AmId : unsigned { kAmHello = 1, kAmHelloAnswer = 2, kAmData = 3 };
 // worker's event fd: a stream of messages does not pay a wakeup per message.
 constexpr auto kSpin = std::chrono::microseconds(200);
 // With transfers under way it polls this long after the last progress.
-constexpr auto kBusyPoll = std::chrono::milliseconds(2);
+constexpr auto kBusyPoll = std::chrono::milliseconds(20);
 // The longest sleep: close grace periods are checked at least this often.
 constexpr int kSleepMs = 50;
 
