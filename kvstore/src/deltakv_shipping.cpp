@@ -6,6 +6,18 @@
 #include "deltaserve/kvstore/deltakv_cache.h"
 
 namespace deltaserve::kvstore {
+namespace {
+
+// The slots of a layer's full-precision tokens, in position order: what its part carries.
+std::vector<int32_t> held_slots(const std::vector<int32_t>& slot_of, int32_t n_tokens) {
+    std::vector<int32_t> slots;
+    for (int32_t p = 0; p < n_tokens; ++p) {
+        if (slot_of[p] >= 0) slots.push_back(slot_of[p]);
+    }
+    return slots;
+}
+
+}  // namespace
 
 Result<std::vector<uint8_t>> DeltaKvSequenceCache::export_state() const {
     if (n_reserved_ != 0)
@@ -99,10 +111,7 @@ Result<std::vector<uint8_t>> DeltaKvSequenceCache::export_layer(int32_t layer) c
     const std::vector<int32_t>& slot_of = full ? full_slot_ : sparse_slot_;
     const int32_t li = layer_index_[layer];
     const size_t row = pool.row_bytes();
-    std::vector<int32_t> slots;
-    for (int32_t p = 0; p < n_tokens_; ++p) {
-        if (slot_of[p] >= 0) slots.push_back(slot_of[p]);
-    }
+    const std::vector<int32_t> slots = held_slots(slot_of, n_tokens_);
     std::vector<uint8_t> out;
     out.reserve(2 * row * slots.size() + (full ? 0 : latents_[li].size() + 4 * refs_[li].size()));
     ByteWriter w(out);
@@ -122,10 +131,7 @@ Status DeltaKvSequenceCache::import_layer(int32_t layer, std::span<const uint8_t
     const std::vector<int32_t>& slot_of = full ? full_slot_ : sparse_slot_;
     const int32_t li = layer_index_[layer];
     const size_t row = pool.row_bytes();
-    std::vector<int32_t> slots;
-    for (int32_t p = 0; p < n_tokens_; ++p) {
-        if (slot_of[p] >= 0) slots.push_back(slot_of[p]);
-    }
+    const std::vector<int32_t> slots = held_slots(slot_of, n_tokens_);
     const size_t latent_part = full ? 0 : latents_[li].size();
     const size_t refs_part = full ? 0 : refs_[li].size() * sizeof(int32_t);
     const size_t want = 2 * row * slots.size() + latent_part + refs_part;
