@@ -61,6 +61,7 @@ struct UcxCore::SendOp {
     std::shared_ptr<UcxConn> conn;
     Message message;
     size_t bytes;
+    bool data;  // counted in the connection's in-flight totals (hello and answer are not)
 };
 
 struct UcxCore::FetchOp {
@@ -433,24 +434,16 @@ void UcxCore::send_control(const std::shared_ptr<UcxConn>& conn, unsigned id,
     Message m;
     m.header.resize(header.size());
     std::memcpy(m.header.data(), header.data(), header.size());
-    ++ops_in_flight_;
-    auto* op = new SendOp{this, conn, std::move(m), 0};
-    ucp_request_param_t p{};
-    p.op_attr_mask =
-        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-    p.cb.send = &UcxCore::on_send_done;
-    p.user_data = op;
-    p.flags = UCP_AM_SEND_FLAG_REPLY;
-    void* r = ucp_am_send_nbx(conn->ep, id, op->message.header.data(), op->message.header.size(),
-                              nullptr, 0, &p);
-    if (r == nullptr) return on_sent(op, UCS_OK);
-    if (UCS_PTR_IS_ERR(r)) return on_sent(op, UCS_PTR_STATUS(r));
+    start_send(new SendOp{this, conn, std::move(m), 0, /*data=*/false}, id);
 }
 
 void UcxCore::send(const std::shared_ptr<UcxConn>& conn, Message message, size_t bytes) {
+    start_send(new SendOp{this, conn, std::move(message), bytes, /*data=*/true}, kAmData);
+}
+
+void UcxCore::start_send(SendOp* op, unsigned id) {
     ++ops_in_flight_;
-    auto* op = new SendOp{this, conn, std::move(message), bytes};
-    if (conn->ep == nullptr || conn->failed) return on_sent(op, UCS_ERR_NOT_CONNECTED);
+    if (op->conn->ep == nullptr || op->conn->failed) return on_sent(op, UCS_ERR_NOT_CONNECTED);
     ucp_request_param_t p{};
     p.op_attr_mask =
         UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
@@ -462,7 +455,7 @@ void UcxCore::send(const std::shared_ptr<UcxConn>& conn, Message message, size_t
         p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
         p.memh = static_cast<ucp_mem_h>(pool_->registration());
     }
-    void* r = ucp_am_send_nbx(conn->ep, kAmData, op->message.header.data(),
+    void* r = ucp_am_send_nbx(op->conn->ep, id, op->message.header.data(),
                               op->message.header.size(), payload.data(), payload.size(), &p);
     if (r == nullptr) return on_sent(op, UCS_OK);
     if (UCS_PTR_IS_ERR(r)) return on_sent(op, UCS_PTR_STATUS(r));
@@ -480,7 +473,7 @@ void UcxCore::on_sent(SendOp* op, ucs_status_t status) {
     UcxConn& conn = *op->conn;
     {
         std::lock_guard lock(conn.mu);
-        if (op->bytes > 0) {
+        if (op->data) {
             conn.inflight_bytes -= op->bytes;
             conn.inflight--;
         }

@@ -117,6 +117,7 @@ class UcxCore {
     void release_waiting(UcxConn& conn);
     void fail(UcxConn& conn, Status why);
     void send_control(const std::shared_ptr<UcxConn>& conn, unsigned id, const std::string& header);
+    void start_send(SendOp* op, unsigned id);
     void on_fetched(FetchOp* op, ucs_status_t status);
     void on_sent(SendOp* op, ucs_status_t status);
     std::shared_ptr<UcxConn> conn_of(ucp_ep_h ep);
