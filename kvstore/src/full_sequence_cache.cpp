@@ -1,3 +1,6 @@
+#include <cstring>
+#include <string>
+
 #include "byte_io.h"
 #include "deltaserve/kvstore/kv_cache.h"
 #include "row_io.h"
@@ -61,22 +64,36 @@ Result<std::vector<uint8_t>> FullSequenceCache::export_state() const {
     if (static_cast<int32_t>(slots_.size()) != n_committed_) {
         return failed_precondition("cannot export a cache with reserved positions");
     }
+    return export_rows_state(n_committed_);
+}
+
+Result<std::vector<uint8_t>> FullSequenceCache::export_rows_state(int32_t n_tokens) const {
+    if (n_tokens < 0) return invalid_argument("a negative token count");
     std::vector<uint8_t> out;
     ByteWriter w(out);
-    w.i32(n_committed_);
+    w.i32(n_tokens);
     w.i32(static_cast<int32_t>(pool_.row_bytes()));
     return out;
 }
 
 Result<std::vector<uint8_t>> FullSequenceCache::export_layer(int32_t layer) const {
+    return export_rows(layer, 0, n_committed_);
+}
+
+Result<std::vector<uint8_t>> FullSequenceCache::export_rows(int32_t layer, int32_t begin,
+                                                            int32_t end) const {
     if (layer < 0 || layer >= pool_.options().n_layers) return invalid_argument("no such layer");
+    if (begin < 0 || begin > end || end > static_cast<int32_t>(slots_.size())) {
+        return invalid_argument("rows [" + std::to_string(begin) + ", " + std::to_string(end) +
+                                ") are not in the cache (" + std::to_string(slots_.size()) + ")");
+    }
     const size_t row = pool_.row_bytes();
-    std::vector<uint8_t> out(2 * row * static_cast<size_t>(n_committed_));
-    uint8_t* k = out.data();
-    uint8_t* v = out.data() + row * static_cast<size_t>(n_committed_);
-    for (int32_t p = 0; p < n_committed_; ++p) {
-        std::memcpy(k + p * row, pool_.k_base(layer) + slots_[p] * row, row);
-        std::memcpy(v + p * row, pool_.v_base(layer) + slots_[p] * row, row);
+    const size_t n = static_cast<size_t>(end - begin);
+    std::vector<uint8_t> out(2 * row * n);
+    for (size_t i = 0; i < n; ++i) {
+        const size_t slot = static_cast<size_t>(slots_[begin + i]);
+        std::memcpy(out.data() + i * row, pool_.k_base(layer) + slot * row, row);
+        std::memcpy(out.data() + (n + i) * row, pool_.v_base(layer) + slot * row, row);
     }
     return out;
 }
@@ -105,18 +122,29 @@ Status FullSequenceCache::import_state(std::span<const uint8_t> state) {
 }
 
 Status FullSequenceCache::import_layer(int32_t layer, std::span<const uint8_t> part) {
+    return import_rows(layer, 0, n_committed_, part);
+}
+
+Status FullSequenceCache::import_rows(int32_t layer, int32_t begin, int32_t end,
+                                      std::span<const uint8_t> part) {
     if (layer < 0 || layer >= pool_.options().n_layers) return invalid_argument("no such layer");
-    const size_t row = pool_.row_bytes();
-    const size_t want = 2 * row * static_cast<size_t>(n_committed_);
-    if (part.size() != want) {
-        return data_loss("full-KV layer " + std::to_string(layer) + ": " +
-                         std::to_string(part.size()) + " bytes, expected " + std::to_string(want));
+    if (begin < 0 || begin > end || end > n_committed_) {
+        return invalid_argument("rows [" + std::to_string(begin) + ", " + std::to_string(end) +
+                                ") are not in the imported state (" +
+                                std::to_string(n_committed_) + " tokens)");
     }
-    const uint8_t* k = part.data();
-    const uint8_t* v = part.data() + row * static_cast<size_t>(n_committed_);
-    for (int32_t p = 0; p < n_committed_; ++p) {
-        std::memcpy(pool_.k_row(layer, slots_[p]), k + p * row, row);
-        std::memcpy(pool_.v_row(layer, slots_[p]), v + p * row, row);
+    const size_t row = pool_.row_bytes();
+    const size_t n = static_cast<size_t>(end - begin);
+    if (part.size() != 2 * row * n) {
+        return data_loss("full-KV layer " + std::to_string(layer) + " rows [" +
+                         std::to_string(begin) + ", " + std::to_string(end) + "): " +
+                         std::to_string(part.size()) + " bytes, expected " +
+                         std::to_string(2 * row * n));
+    }
+    for (size_t i = 0; i < n; ++i) {
+        const size_t slot = static_cast<size_t>(slots_[begin + i]);
+        std::memcpy(pool_.k_row(layer, slot), part.data() + i * row, row);
+        std::memcpy(pool_.v_row(layer, slot), part.data() + (n + i) * row, row);
     }
     return {};
 }

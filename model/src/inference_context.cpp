@@ -23,24 +23,28 @@ struct CacheParts {
     std::unique_ptr<kvstore::SlotPool> slots;
     std::unique_ptr<kvstore::HeadSlotPool> head_slots;
     std::unique_ptr<kvstore::EvictionPolicy> policy;
-    std::unique_ptr<kvstore::DeltaKvProfile> profile;
+    std::shared_ptr<const kvstore::DeltaKvProfile> profile;
     kvstore::DeltaKvOptions deltakv;
 };
 
 class InferenceContextImpl final : public InferenceContext {
 public:
     InferenceContextImpl(const Model& model, const ContextOptions& options, CacheParts parts)
-        : model_(model), options_(options), threads_(options.n_threads), parts_(std::move(parts)), forward_(model, threads_) {
+        : model_(model),
+          options_(options),
+          threads_(options.threads ? options.threads : std::make_shared<ThreadPool>(options.n_threads)),
+          parts_(std::move(parts)),
+          forward_(model, *threads_) {
         forward_.set_attention_numerics(options.attention);
     }
 
     // Builds the cache over the parts (it may need the thread pool).
     Status init() {
         if (parts_.profile) {
-            DS_ASSIGN_OR_RETURN(cache_, kvstore::DeltaKvSequenceCache::create(*parts_.profile, parts_.deltakv, threads_));
+            DS_ASSIGN_OR_RETURN(cache_, kvstore::DeltaKvSequenceCache::create(*parts_.profile, parts_.deltakv, *threads_));
         } else if (parts_.policy) {
             cache_ = std::make_unique<kvstore::EvictingSequenceCache>(*parts_.head_slots, std::move(parts_.policy),
-                                                                      options_.kv, threads_);
+                                                                      options_.kv, *threads_);
         } else {
             cache_ = std::make_unique<kvstore::FullSequenceCache>(*parts_.slots);
         }
@@ -76,11 +80,46 @@ public:
     Status import_kv_layer(int32_t layer, std::span<const uint8_t> part) override {
         return cache_->import_layer(layer, part);
     }
+    bool kv_rows_final_when_stored() const override { return cache_->rows_final_when_stored(); }
+    Result<std::vector<uint8_t>> export_kv_rows_state(int32_t n_tokens) const override {
+        return cache_->export_rows_state(n_tokens);
+    }
+    Result<std::vector<uint8_t>> export_kv_rows(int32_t layer, int32_t begin, int32_t end) const override {
+        return cache_->export_rows(layer, begin, end);
+    }
+    Status import_kv_rows(int32_t layer, int32_t begin, int32_t end, std::span<const uint8_t> part) override {
+        return cache_->import_rows(layer, begin, end, part);
+    }
+    void set_layer_observer(LayerObserver observer) override { forward_.set_layer_observer(std::move(observer)); }
     void set_kv_tap(KvTap tap) override { forward_.set_kv_tap(std::move(tap)); }
     void set_attention_tap(AttentionTap tap) override { forward_.set_attention_tap(std::move(tap)); }
     double keep_ratio() const override {
         const size_t full = kvstore::full_fp16_bytes(n_past(), model_.config.n_layers, model_.config.kv_dim());
         return full == 0 ? 1.0 : static_cast<double>(cache_->bytes()) / static_cast<double>(full);
+    }
+
+    // One forward pass over several contexts (eval_step), run by the first one's Forward.
+    static Status step(std::span<InferenceContext* const> contexts, std::span<const int32_t> tokens,
+                       std::vector<float>& logits) {
+        if (contexts.empty() || contexts.size() != tokens.size()) {
+            return invalid_argument("eval_step: " + std::to_string(contexts.size()) + " contexts and " +
+                                    std::to_string(tokens.size()) + " tokens");
+        }
+        std::vector<SequenceInput> batch(contexts.size());
+        auto* first = static_cast<InferenceContextImpl*>(contexts[0]);
+        for (size_t i = 0; i < contexts.size(); ++i) {
+            auto* c = static_cast<InferenceContextImpl*>(contexts[i]);
+            if (&c->model_ != &first->model_ || c->threads_ != first->threads_ ||
+                c->options_.attention != first->options_.attention) {
+                return invalid_argument("eval_step: the contexts differ in model, thread pool or numerics");
+            }
+            for (size_t j = 0; j < i; ++j) {
+                if (contexts[j] == c) return invalid_argument("eval_step: a context appears twice");
+            }
+            DS_RETURN_IF_ERROR(c->check(1));
+            batch[i] = SequenceInput{c->cache_.get(), tokens.subspan(i, 1), false};
+        }
+        return first->forward_.run(batch, logits);
     }
 
 private:
@@ -114,7 +153,7 @@ private:
 
     const Model& model_;
     ContextOptions options_;
-    ThreadPool threads_;
+    std::shared_ptr<ThreadPool> threads_;
     CacheParts parts_;
     std::unique_ptr<kvstore::SequenceCache> cache_;
     Forward forward_;
@@ -129,6 +168,7 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
     if (opts.n_ctx <= 0) opts.n_ctx = std::min(model.config.n_ctx_train, kDefaultMaxContext);
     if (opts.n_batch <= 0) return invalid_argument("n_batch must be positive");
     if (opts.n_threads <= 0) opts.n_threads = default_thread_count();
+    if (opts.threads) opts.n_threads = opts.threads->size();
     if (opts.attention == AttentionNumerics::kGgml && opts.kv_type != KvType::kF16) {
         return invalid_argument("llama.cpp-compatible attention needs an f16 KV cache");
     }
@@ -139,12 +179,16 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
     CacheParts parts;
     const ModelConfig& c = model.config;
     if (opts.kv.policy == "deltakv") {
-        if (opts.kv_profile.empty()) {
+        if (opts.kv_profile.empty() && !opts.deltakv_profile) {
             return invalid_argument("the deltakv policy needs a profile (--kv-profile; make one with deltactl calibrate)");
         }
         if (!(opts.kv.keep > 0.0f && opts.kv.keep <= 1.0f)) return invalid_argument("keep ratio must be in (0, 1]");
         if (opts.kv_type != KvType::kF16) return invalid_argument("the deltakv policy keeps an f16 cache");
-        DS_ASSIGN_OR_RETURN(parts.profile, load_deltakv_profile(opts.kv_profile, c));
+        if (opts.deltakv_profile) {
+            parts.profile = opts.deltakv_profile;
+        } else {
+            DS_ASSIGN_OR_RETURN(parts.profile, load_deltakv_profile(opts.kv_profile, c));
+        }
         kvstore::DeltaKvOptions o;
         o.n_layers = c.n_layers;
         o.n_kv_heads = c.n_kv_heads;
@@ -165,7 +209,7 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
         parts.deltakv = kvstore::deltakv_options_for_keep(*parts.profile, opts.kv.keep, o);
         if (!opts.deltakv_full_layers.empty()) parts.deltakv.full_layer = opts.deltakv_full_layers;
     } else if (opts.kv.policy != "full") {
-        if (opts.kv.policy == "trimkv") {
+        if (opts.kv.policy == "trimkv" && !opts.kv.gates) {
             if (opts.kv_profile.empty()) {
                 return invalid_argument("the trimkv policy needs its gates (--kv-profile trimkv.json; deltactl calibrate)");
             }
@@ -182,6 +226,11 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
     auto ctx = std::make_unique<InferenceContextImpl>(model, opts, std::move(parts));
     DS_RETURN_IF_ERROR(ctx->init());
     return std::unique_ptr<InferenceContext>(std::move(ctx));
+}
+
+Status eval_step(std::span<InferenceContext* const> contexts, std::span<const int32_t> tokens,
+                 std::vector<float>& logits) {
+    return InferenceContextImpl::step(contexts, tokens, logits);
 }
 
 }  // namespace deltaserve::model

@@ -22,6 +22,12 @@ void Sampler::reset() {
     rng_.seed(params_.seed);
 }
 
+void Sampler::skip_sample() {
+    if (params_.temperature <= 0.0f) return;
+    std::uniform_real_distribution<double> u(0.0, 1.0);  // the engine calls do not depend on the range
+    (void)u(rng_);
+}
+
 int32_t Sampler::sample(std::span<const float> logits) {
     cand_.resize(logits.size());
     for (size_t i = 0; i < logits.size(); ++i) cand_[i] = {static_cast<int32_t>(i), logits[i]};

@@ -73,6 +73,10 @@ inline Status unimplemented(std::string msg) {
     return {StatusCode::kUnimplemented, std::move(msg)};
 }
 inline Status internal_error(std::string msg) { return {StatusCode::kInternal, std::move(msg)}; }
+inline Status unavailable(std::string msg) { return {StatusCode::kUnavailable, std::move(msg)}; }
+inline Status deadline_exceeded(std::string msg) {
+    return {StatusCode::kDeadlineExceeded, std::move(msg)};
+}
 
 // A value or a non-OK Status.
 template <typename T>

@@ -75,6 +75,26 @@ public:
         (void)layer, (void)part;
         return not_shippable();
     }
+    // Layer-wise shipping while the forward pass runs: a cache whose rows are final once
+    // stored (rows_final_when_stored()) exports the K/V rows of positions [begin, end) of a
+    // layer from the layer observer, reserved positions included, and an importer that took
+    // the state takes such ranges in any order. A compressing cache changes rows at commit
+    // and ships whole layers after it. Errors as for export_layer / import_layer, and
+    // kInvalidArgument for a range outside the cache.
+    virtual bool rows_final_when_stored() const { return false; }
+    // The state an importer takes before rows of n_tokens positions (sent ahead of them).
+    virtual Result<std::vector<uint8_t>> export_rows_state(int32_t n_tokens) const {
+        (void)n_tokens;
+        return not_shippable();
+    }
+    virtual Result<std::vector<uint8_t>> export_rows(int32_t layer, int32_t begin, int32_t end) const {
+        (void)layer, (void)begin, (void)end;
+        return not_shippable();
+    }
+    virtual Status import_rows(int32_t layer, int32_t begin, int32_t end, std::span<const uint8_t> part) {
+        (void)layer, (void)begin, (void)end, (void)part;
+        return not_shippable();
+    }
 
 protected:
     static Status not_shippable() {
@@ -104,12 +124,16 @@ public:
     void commit(int32_t n) override;
     void truncate(int32_t n_keep) override;
     size_t bytes() const override;
-    // State: the token count and the row size. A layer: every token's K rows, then V rows,
-    // at the pool's precision.
+    // State: the token count and the row size. A layer (or a range of its rows): the K rows,
+    // then the V rows, at the pool's precision.
     Result<std::vector<uint8_t>> export_state() const override;
     Result<std::vector<uint8_t>> export_layer(int32_t layer) const override;
     Status import_state(std::span<const uint8_t> state) override;
     Status import_layer(int32_t layer, std::span<const uint8_t> part) override;
+    bool rows_final_when_stored() const override { return true; }
+    Result<std::vector<uint8_t>> export_rows_state(int32_t n_tokens) const override;
+    Result<std::vector<uint8_t>> export_rows(int32_t layer, int32_t begin, int32_t end) const override;
+    Status import_rows(int32_t layer, int32_t begin, int32_t end, std::span<const uint8_t> part) override;
 
 private:
     SlotPool& pool_;

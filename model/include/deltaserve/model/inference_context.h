@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "deltaserve/common/status.h"
+#include "deltaserve/kvstore/deltakv_cache.h"
 #include "deltaserve/kvstore/eviction_policy.h"
 #include "deltaserve/model/forward.h"
 #include "deltaserve/model/model.h"
@@ -46,6 +47,12 @@ struct ContextOptions {
     // deltakv: share of the compressed tokens a decode step attends to and reconstructs, in
     // (0, 1] (the paper's rho). More is closer to full KV and slower; memory is the same.
     float deltakv_select = 0.2f;
+    // A thread pool to share with other contexts (a decode worker batches many sequences
+    // through one pool: eval_step). Default: the context makes its own of n_threads.
+    std::shared_ptr<ThreadPool> threads;
+    // The deltakv policy's profile, loaded once and shared by many contexts (a worker's
+    // sessions). Default: loaded from kv_profile. (trimkv's gates share through kv.gates.)
+    std::shared_ptr<const kvstore::DeltaKvProfile> deltakv_profile;
 };
 
 class InferenceContext {
@@ -84,10 +91,30 @@ public:
     virtual Result<std::vector<uint8_t>> export_kv_layer(int32_t layer) const = 0;
     virtual Status import_kv_state(std::span<const uint8_t> state) = 0;
     virtual Status import_kv_layer(int32_t layer, std::span<const uint8_t> part) = 0;
+    // Layer-wise shipping (kvstore::SequenceCache::export_rows): whether a layer's rows are
+    // final once the forward pass stored them, so that the layer observer can ship them
+    // while later layers compute; the state an importer takes before the rows of n_tokens
+    // positions; the rows of positions [begin, end), and taking such ranges back after
+    // import_kv_state.
+    virtual bool kv_rows_final_when_stored() const = 0;
+    virtual Result<std::vector<uint8_t>> export_kv_rows_state(int32_t n_tokens) const = 0;
+    virtual Result<std::vector<uint8_t>> export_kv_rows(int32_t layer, int32_t begin, int32_t end) const = 0;
+    virtual Status import_kv_rows(int32_t layer, int32_t begin, int32_t end, std::span<const uint8_t> part) = 0;
+    // Called after each layer of every forward pass with the layer index, while the chunk's
+    // positions [n_past(), n_past() + chunk) are stored but not yet committed.
+    virtual void set_layer_observer(LayerObserver observer) = 0;
     // Sees every layer's new K (before RoPE) and V as they are computed (calibration).
     virtual void set_kv_tap(KvTap tap) = 0;
     // Sees every layer's attention inputs after RoPE (calibration of TRIM-KV's gates).
     virtual void set_attention_tap(AttentionTap tap) = 0;
 };
+
+// Continuous batching: appends tokens[i] to contexts[i] for every i in one forward pass and
+// writes their logits to `logits` (contexts.size() rows of n_vocab). The contexts must be
+// distinct, made from the same model with the same attention numerics, and share one thread
+// pool (ContextOptions::threads). Errors (nothing is appended to any context): kOutOfRange
+// when a context is full, kInvalidArgument for mismatched inputs, kResourceExhausted.
+Status eval_step(std::span<InferenceContext* const> contexts, std::span<const int32_t> tokens,
+                 std::vector<float>& logits);
 
 }  // namespace deltaserve::model

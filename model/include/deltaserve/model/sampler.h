@@ -28,6 +28,9 @@ public:
     int32_t sample(std::span<const float> logits);
     // Records a token of the sequence (prompt or generated) for the repetition penalty.
     void accept(int32_t token);
+    // Advances the random stream as one sample() does, for a sequence whose token was
+    // sampled elsewhere (a prefill node samples the first token, a decode node the rest).
+    void skip_sample();
     void reset();
 
     const SamplingParams& params() const { return params_; }

@@ -1,0 +1,82 @@
+// The decode worker (DESIGN.md "One chat turn", steps 3 and 5): holds chat sessions' KV
+// between turns, takes a turn's KV from a prefill node (or prefills a short append itself),
+// and generates for every running turn together, one token each per forward pass
+// (continuous batching: turns join and leave between steps).
+//
+// A turn starts with start_turn(): the worker compares the prompt with the tokens its session
+// already holds and says what remains to prefill. Up to local_prefill_max uncached tokens are
+// prefilled here; beyond that the gateway asks a prefill node, which pulls the session's
+// cached KV from this worker (a kPull on the data connection), prefills the new tokens and
+// ships the whole session back (transport/kv_stream.h), layer by layer; the turn is admitted
+// once every layer arrived and generates from the first token the prefill node sampled.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "deltaserve/common/status.h"
+#include "deltaserve/decode/turn.h"
+#include "deltaserve/model/inference_context.h"
+#include "deltaserve/model/model.h"
+#include "deltaserve/transport/transport.h"
+
+namespace deltaserve::decode {
+
+struct DecodeOptions {
+    // How each session's context is made (its threads are the worker's pool).
+    model::ContextOptions context;
+    int threads = 0;                    // the worker's pool; 0 = one per hardware thread
+    int32_t max_sessions = 64;          // sessions kept between turns (least recent dropped)
+    int64_t session_ttl_ms = 3600'000;  // idle sessions are dropped after this
+    int32_t max_batch = 32;             // turns per forward pass
+    int32_t local_prefill_max = 512;    // uncached prompt tokens prefilled here, at most
+    int64_t kv_wait_ms = 120'000;       // a turn whose KV has not arrived by then fails
+    std::string model_id;               // shipments for another model are refused
+    std::string profile_id;             // ... or another compression profile
+};
+
+// What start_turn found: how much of the prompt is cached here, and whether a prefill node
+// must compute the rest (then with the session's history pulled from here when pull_tokens
+// > 0).
+struct TurnPlan {
+    int32_t cached_tokens = 0;
+    bool remote_prefill = false;
+    int32_t pull_tokens = 0;
+};
+
+struct DecodeStats {
+    int64_t sessions = 0;     // kept between turns
+    int64_t running = 0;      // turns generating
+    int64_t waiting = 0;      // turns waiting for their KV or a local prefill
+    int64_t kv_bytes = 0;     // held by sessions and turns
+    double keep_ratio = 1.0;  // kv_bytes over the same tokens in fp16 full KV
+    int64_t kv_bytes_received = 0;
+    int64_t turns = 0;  // ended, in any way
+};
+
+class DecodeWorker {
+  public:
+    // Errors: kInvalidArgument for options the model cannot take.
+    static Result<std::unique_ptr<DecodeWorker>> create(const model::Model& model,
+                                                        DecodeOptions options);
+    // Ends every turn that has not ended (kUnavailable) and closes the data connections.
+    virtual ~DecodeWorker() = default;
+
+    // Registers a turn. The sink hears its pieces and its end, from the worker's threads.
+    // Errors: kFailedPrecondition when the session already has a running turn,
+    // kOutOfRange when the prompt does not fit in the context, kInvalidArgument for an
+    // empty prompt or a turn id in use.
+    virtual Result<TurnPlan> start_turn(TurnSpec spec, std::shared_ptr<TurnSink> sink) = 0;
+    // Ends a turn early: "cancelled" when it was generating, else the given error (a
+    // prefill that failed). Unknown or ended turns are ignored.
+    virtual void cancel(uint64_t turn_id, Status why) = 0;
+    // Serves a data connection from a prefill node (KV streams in, history pulls out) on a
+    // thread of its own until the connection closes or the worker stops.
+    virtual void serve(std::unique_ptr<transport::Connection> connection) = 0;
+    // Drops a session's KV (the next turn recomputes it). Unknown ids are ignored.
+    virtual void drop_session(const std::string& session_id) = 0;
+    virtual DecodeStats stats() const = 0;
+};
+
+}  // namespace deltaserve::decode

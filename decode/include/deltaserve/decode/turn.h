@@ -1,0 +1,43 @@
+// One chat turn as the decode worker runs it: what to generate, where the text goes, and how
+// it ended. Shared by the decode and prefill workers and the gateway's engines.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "deltaserve/common/status.h"
+#include "deltaserve/model/sampler.h"
+
+namespace deltaserve::decode {
+
+struct TurnSpec {
+    uint64_t turn_id = 0;            // unique per gateway (it names the turn's KV stream)
+    std::string session_id;          // "" = nothing is kept after the turn
+    std::vector<int32_t> tokens;     // the whole prompt: history, then the new messages
+    model::SamplingParams sampling;  // seed already chosen
+    int32_t max_tokens = -1;         // -1 = up to the context size
+    std::vector<std::string> stop;   // stop strings (not part of the answer)
+};
+
+struct TurnEnd {
+    std::string finish_reason;  // "stop", "length" or "cancelled"
+    std::string text;           // the answer, stop string cut off
+    int32_t prompt_tokens = 0;
+    int32_t cached_tokens = 0;  // prompt tokens whose KV was already held (not prefilled)
+    int32_t completion_tokens = 0;
+};
+
+// Where a turn's text goes. Called from the decode worker's threads, never concurrently for
+// one turn.
+class TurnSink {
+  public:
+    virtual ~TurnSink() = default;
+    // A piece of the answer (whole UTF-8 characters); returning false cancels the turn.
+    virtual bool on_piece(std::string_view piece) = 0;
+    // The turn ended: how, or why it failed. Called exactly once, after the last piece.
+    virtual void on_end(Result<TurnEnd> end) = 0;
+};
+
+}  // namespace deltaserve::decode

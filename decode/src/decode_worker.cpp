@@ -1,0 +1,608 @@
+#include "deltaserve/decode/decode_worker.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <list>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "deltaserve/common/logging.h"
+#include "deltaserve/decode/kv_stream_io.h"
+#include "deltaserve/model/deltakv_profile.h"
+#include "deltaserve/model/trimkv_profile.h"
+#include "deltaserve/transport/kv_stream.h"
+#include "deltaserve/transport/wire_format.h"
+#include "running_turn.h"
+
+namespace deltaserve::decode {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using transport::StreamHeader;
+using transport::StreamKind;
+
+int64_t now_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch())
+        .count();
+}
+
+struct Session {
+    std::unique_ptr<model::InferenceContext> ctx;  // null while a turn holds it
+    std::vector<int32_t> tokens;                   // the tokens in ctx, in order
+    int64_t last_used = 0;
+    bool busy = false;  // a turn runs for it
+};
+
+class DecodeWorkerImpl final : public DecodeWorker {
+  public:
+    DecodeWorkerImpl(const model::Model& model, DecodeOptions options, int32_t n_ctx,
+                     bool shippable, std::shared_ptr<ThreadPool> threads)
+        : model_(model),
+          options_(std::move(options)),
+          n_ctx_(n_ctx),
+          shippable_(shippable),
+          threads_(std::move(threads)),
+          ids_{options_.model_id, options_.profile_id, kv_codec(options_.context)} {
+        loop_ = std::thread([this] { run_loop(); });
+    }
+
+    ~DecodeWorkerImpl() override {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            stopping_ = true;
+        }
+        wake_.notify_all();
+        loop_.join();
+        std::list<Reader> readers;
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            readers.swap(readers_);
+        }
+        for (Reader& r : readers) r.connection->close();
+        for (Reader& r : readers) r.thread.join();
+        std::map<uint64_t, std::shared_ptr<Turn>> left;
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            left = turns_;
+        }
+        for (auto& [id, t] : left) end_turn(t, unavailable("the decode worker stopped"));
+    }
+
+    Result<TurnPlan> start_turn(TurnSpec spec, std::shared_ptr<TurnSink> sink) override;
+    void cancel(uint64_t turn_id, Status why) override;
+    void serve(std::unique_ptr<transport::Connection> connection) override;
+    void drop_session(const std::string& session_id) override {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = sessions_.find(session_id);
+        if (it != sessions_.end() && !it->second.busy) sessions_.erase(it);
+    }
+    DecodeStats stats() const override {
+        std::lock_guard<std::mutex> lock(mu_);
+        DecodeStats s = stats_;
+        s.sessions = static_cast<int64_t>(sessions_.size());
+        s.kv_bytes_received = kv_bytes_received_.load();
+        return s;
+    }
+
+  private:
+    struct Reader {
+        std::shared_ptr<transport::Connection> connection;
+        std::thread thread;
+    };
+
+    Result<std::unique_ptr<model::InferenceContext>> make_context() const {
+        model::ContextOptions o = options_.context;
+        o.threads = threads_;
+        return model::InferenceContext::create(model_, o);
+    }
+
+    void run_loop();
+    // Evaluates the uncached prompt tokens here; false when the turn ended.
+    bool prefill_here(const std::shared_ptr<Turn>& t);
+    void end_failed(const std::shared_ptr<Turn>& t);
+    void step(std::vector<std::shared_ptr<Turn>>& batch);
+    // After a token was taken: the turn goes on (into `next`) or ends.
+    void carry_on(const std::shared_ptr<Turn>& t, std::vector<std::shared_ptr<Turn>>& next);
+    void update_stats();
+    // Ends a turn once: session bookkeeping, then the sink hears it.
+    void end_turn(const std::shared_ptr<Turn>& t, Result<TurnEnd> end);
+    // Fails a turn that is waiting for its KV now; a running one at the loop's next step.
+    // (cancel: it ends as "cancelled" instead).
+    void fail(const std::shared_ptr<Turn>& t, Status why, bool cancel = false);
+    void forget_stale(int64_t now);
+    std::shared_ptr<Turn> find_turn(uint64_t id) const {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = turns_.find(id);
+        return it == turns_.end() ? nullptr : it->second;
+    }
+
+    void read_connection(std::shared_ptr<transport::Connection> conn);
+    Status on_stream_message(transport::Connection& conn, const StreamHeader& h,
+                             transport::Message& m,
+                             std::map<uint64_t, std::shared_ptr<Turn>>& receiving);
+    void answer_pull(transport::Connection& conn, const StreamHeader& h);
+
+    const model::Model& model_;
+    const DecodeOptions options_;
+    const int32_t n_ctx_;
+    const bool shippable_;
+    std::shared_ptr<ThreadPool> threads_;
+    const KvStreamIds ids_;
+
+    mutable std::mutex mu_;
+    std::condition_variable wake_;
+    bool stopping_ = false;
+    std::map<uint64_t, std::shared_ptr<Turn>> turns_;
+    std::map<std::string, Session> sessions_;
+    std::list<Reader> readers_;
+    DecodeStats stats_;
+    std::atomic<int64_t> kv_bytes_received_{0};
+    std::thread loop_;
+};
+
+Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<TurnSink> sink) {
+    const int32_t n = static_cast<int32_t>(spec.tokens.size());
+    if (n == 0) return invalid_argument("the prompt has no tokens");
+    if (n >= n_ctx_) {
+        return out_of_range("the conversation has " + std::to_string(n) +
+                            " tokens; the context holds " + std::to_string(n_ctx_));
+    }
+    for (int32_t tok : spec.tokens) {
+        if (tok < 0 || tok >= model_.config.n_vocab) {
+            return invalid_argument("token id " + std::to_string(tok) +
+                                    " is outside the vocabulary");
+        }
+    }
+    auto t = std::make_shared<Turn>(std::move(spec), std::move(sink), model_);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (stopping_) return unavailable("the decode worker is stopping");
+    if (turns_.count(t->spec.turn_id) != 0) {
+        return invalid_argument("turn " + std::to_string(t->spec.turn_id) + " is already running");
+    }
+    std::unique_ptr<model::InferenceContext> held;
+    std::vector<int32_t> held_tokens;
+    if (!t->spec.session_id.empty()) {
+        Session& s = sessions_[t->spec.session_id];
+        if (s.busy) {
+            return failed_precondition("session " + t->spec.session_id +
+                                       " already has a turn running");
+        }
+        s.busy = true;
+        s.last_used = now_ms();
+        held = std::move(s.ctx);
+        held_tokens = std::move(s.tokens);
+    }
+    const auto& tokens = t->spec.tokens;
+    const size_t common =
+        held ? static_cast<size_t>(std::mismatch(held_tokens.begin(), held_tokens.end(),
+                                                 tokens.begin(), tokens.end())
+                                       .first -
+                                   held_tokens.begin())
+             : 0;
+    // Evaluate at least one token to get logits.
+    const int32_t keep = static_cast<int32_t>(std::min(common, tokens.size() - 1));
+    TurnPlan plan;
+    plan.cached_tokens = keep;
+    plan.remote_prefill = shippable_ && n - keep > options_.local_prefill_max;
+    t->end.prompt_tokens = n;
+    t->end.cached_tokens = keep;
+    if (plan.remote_prefill) {
+        t->stage = Turn::Stage::kAwaitKv;
+        t->kv_deadline = Clock::now() + std::chrono::milliseconds(options_.kv_wait_ms);
+        if (keep > 0) {
+            held->truncate(keep);
+            t->history = std::move(held);
+            plan.pull_tokens = keep;
+        }
+    } else {
+        if (!held) {
+            lock.unlock();
+            auto ctx = make_context();
+            lock.lock();
+            if (!ctx.ok()) {
+                if (!t->spec.session_id.empty()) sessions_.erase(t->spec.session_id);
+                return ctx.status();
+            }
+            held = std::move(*ctx);
+        }
+        held->truncate(keep);
+        t->ctx = std::move(held);
+        t->stage = Turn::Stage::kPrefillHere;
+    }
+    t->keep = keep;
+    turns_[t->spec.turn_id] = t;
+    lock.unlock();
+    wake_.notify_all();
+    return plan;
+}
+
+void DecodeWorkerImpl::cancel(uint64_t turn_id, Status why) {
+    if (auto t = find_turn(turn_id)) fail(t, why, why.ok());
+}
+
+void DecodeWorkerImpl::fail(const std::shared_ptr<Turn>& t, Status why, bool cancel) {
+    {
+        std::lock_guard<std::mutex> lock(t->mu);
+        if (t->stage == Turn::Stage::kEnded || t->failed) return;
+        if (t->stage != Turn::Stage::kAwaitKv) {  // the loop owns it: it ends it next step
+            t->failure = why;
+            t->cancel_requested = cancel;
+            t->failed = true;
+            wake_.notify_all();
+            return;
+        }
+        t->stage = Turn::Stage::kEnded;
+    }
+    end_turn(t, cancel ? t->finish("cancelled") : Result<TurnEnd>(why));
+}
+
+void DecodeWorkerImpl::end_turn(const std::shared_ptr<Turn>& t, Result<TurnEnd> end) {
+    {
+        std::lock_guard<std::mutex> tl(t->mu);
+        t->stage = Turn::Stage::kEnded;
+    }
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (t->reported) return;
+        t->reported = true;
+        turns_.erase(t->spec.turn_id);
+        ++stats_.turns;
+        if (!t->spec.session_id.empty()) {
+            auto it = sessions_.find(t->spec.session_id);
+            if (it != sessions_.end()) {
+                if (end.ok() && t->ctx) {
+                    it->second.ctx = std::move(t->ctx);
+                    it->second.tokens = std::move(t->cached);
+                    it->second.busy = false;
+                    it->second.last_used = now_ms();
+                } else {
+                    sessions_.erase(it);  // recomputed next turn: slower, never wrong
+                }
+            }
+        }
+        t->ctx.reset();
+        std::lock_guard<std::mutex> tl(t->mu);
+        t->history.reset();
+        t->incoming.reset();
+    }
+    t->sink->on_end(std::move(end));
+}
+
+void DecodeWorkerImpl::forget_stale(int64_t now) {
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+        const bool stale = !it->second.busy && now - it->second.last_used > options_.session_ttl_ms;
+        it = stale ? sessions_.erase(it) : std::next(it);
+    }
+    for (;;) {
+        int32_t idle = 0;
+        auto oldest = sessions_.end();
+        for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
+            if (it->second.busy) continue;
+            ++idle;
+            if (oldest == sessions_.end() || it->second.last_used < oldest->second.last_used)
+                oldest = it;
+        }
+        if (static_cast<int32_t>(sessions_.size()) <= options_.max_sessions || idle == 0) break;
+        sessions_.erase(oldest);
+    }
+}
+
+void DecodeWorkerImpl::run_loop() {
+    std::vector<std::shared_ptr<Turn>> running;  // each with a token to evaluate
+    for (;;) {
+        std::shared_ptr<Turn> local;  // one local prefill per step keeps the others generating
+        std::vector<std::shared_ptr<Turn>> arrived, expired;
+        {
+            std::unique_lock<std::mutex> lock(mu_);
+            const auto has_work = [&] {
+                if (stopping_ || !running.empty()) return true;
+                for (auto& [id, t] : turns_) {
+                    if (t->stage == Turn::Stage::kPrefillHere || t->admissible || t->failed)
+                        return true;
+                }
+                return false;
+            };
+            wake_.wait_for(lock, std::chrono::milliseconds(100), has_work);
+            if (stopping_) break;
+            const auto now = Clock::now();
+            for (auto& [id, t] : turns_) {
+                if (t->stage == Turn::Stage::kPrefillHere) {
+                    if (!local) local = t;
+                } else if (t->stage == Turn::Stage::kAwaitKv) {
+                    if (t->admissible) {
+                        arrived.push_back(t);
+                    } else if (now > t->kv_deadline) {
+                        expired.push_back(t);
+                    }
+                }
+            }
+            forget_stale(now_ms());
+        }
+        for (auto& t : expired) {
+            fail(t, deadline_exceeded("the turn's KV did not arrive from the prefill node within " +
+                                      std::to_string(options_.kv_wait_ms) + " ms"));
+        }
+        // Turns that failed or were cancelled while running end here.
+        for (auto it = running.begin(); it != running.end();) {
+            if ((*it)->failed) {
+                end_failed(*it);
+                it = running.erase(it);
+            } else {
+                ++it;
+            }
+        }
+        if (local) {
+            if (local->failed) {
+                end_failed(local);
+            } else if (prefill_here(local)) {
+                carry_on(local, running);
+            }
+        }
+        for (auto& t : arrived) {
+            {
+                std::lock_guard<std::mutex> tl(t->mu);
+                if (t->stage != Turn::Stage::kAwaitKv) continue;
+                t->stage = Turn::Stage::kRunning;
+                t->ctx = std::move(t->incoming);
+                t->history.reset();
+            }
+            t->admit_remote();
+            carry_on(t, running);
+        }
+        std::vector<std::shared_ptr<Turn>> next;
+        for (size_t b = 0; b < running.size(); b += static_cast<size_t>(options_.max_batch)) {
+            const size_t e = std::min(running.size(), b + static_cast<size_t>(options_.max_batch));
+            std::vector<std::shared_ptr<Turn>> batch(
+                running.begin() + static_cast<std::ptrdiff_t>(b),
+                running.begin() + static_cast<std::ptrdiff_t>(e));
+            step(batch);
+            for (auto& t : batch) carry_on(t, next);
+        }
+        running.swap(next);
+        update_stats();
+    }
+}
+
+void DecodeWorkerImpl::end_failed(const std::shared_ptr<Turn>& t) {
+    end_turn(t,
+             t->cancel_requested ? t->finish("cancelled") : Result<TurnEnd>(t->failure_status()));
+}
+
+bool DecodeWorkerImpl::prefill_here(const std::shared_ptr<Turn>& t) {
+    const auto& tokens = t->spec.tokens;
+    auto logits =
+        t->ctx->eval(std::span<const int32_t>(tokens.data() + t->keep, tokens.size() - t->keep));
+    if (!logits.ok()) {
+        t->ctx->truncate(t->keep);
+        end_turn(t, logits.status());
+        return false;
+    }
+    t->cached = tokens;
+    t->stage = Turn::Stage::kRunning;
+    t->admit_local(*logits);
+    return true;
+}
+
+void DecodeWorkerImpl::carry_on(const std::shared_ptr<Turn>& t,
+                                std::vector<std::shared_ptr<Turn>>& next) {
+    if (t->done) {
+        end_turn(t, t->finish(t->finish_reason));
+    } else if (t->failed) {
+        end_failed(t);
+    } else if (t->ctx->n_past() >= n_ctx_) {
+        end_turn(t, t->finish("length"));
+    } else {
+        next.push_back(t);
+    }
+}
+
+void DecodeWorkerImpl::step(std::vector<std::shared_ptr<Turn>>& batch) {
+    std::vector<model::InferenceContext*> ctxs;
+    std::vector<int32_t> tokens;
+    for (auto& t : batch) {
+        ctxs.push_back(t->ctx.get());
+        tokens.push_back(t->next_token);
+    }
+    std::vector<float> logits;
+    Status st = model::eval_step(ctxs, tokens, logits);
+    const size_t nv = static_cast<size_t>(model_.config.n_vocab);
+    for (size_t i = 0; i < batch.size(); ++i) {
+        Turn& t = *batch[i];
+        if (!st.ok()) {
+            std::lock_guard<std::mutex> lock(t.mu);
+            t.failure = st;
+            t.failed = true;
+            continue;
+        }
+        t.cached.push_back(t.next_token);
+        t.take(t.sampler.sample(std::span<const float>(logits.data() + i * nv, nv)));
+    }
+}
+
+void DecodeWorkerImpl::update_stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    DecodeStats s;
+    size_t held = 0, full = 0;
+    const auto add = [&](const model::InferenceContext* c) {
+        if (c == nullptr) return;
+        held += c->kv_bytes();
+        full +=
+            kvstore::full_fp16_bytes(c->n_past(), model_.config.n_layers, model_.config.kv_dim());
+    };
+    for (auto& [id, sess] : sessions_) add(sess.ctx.get());
+    for (auto& [id, t] : turns_) {
+        std::lock_guard<std::mutex> tl(t->mu);
+        if (t->stage == Turn::Stage::kRunning) {
+            ++s.running;
+            add(t->ctx.get());
+        } else {
+            ++s.waiting;
+        }
+    }
+    s.kv_bytes = static_cast<int64_t>(held);
+    s.keep_ratio = full == 0 ? 1.0 : static_cast<double>(held) / static_cast<double>(full);
+    s.turns = stats_.turns;
+    stats_ = s;
+}
+
+void DecodeWorkerImpl::serve(std::unique_ptr<transport::Connection> connection) {
+    std::shared_ptr<transport::Connection> conn(std::move(connection));
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) {
+        conn->close();
+        return;
+    }
+    readers_.push_back(Reader{conn, std::thread([this, conn] { read_connection(conn); })});
+}
+
+void DecodeWorkerImpl::read_connection(std::shared_ptr<transport::Connection> conn) {
+    std::map<uint64_t, std::shared_ptr<Turn>> receiving;  // streams begun, not yet ended
+    Status why;
+    for (;;) {
+        auto m = conn->receive(transport::deadline_in(std::chrono::milliseconds(500)));
+        if (!m.ok()) {
+            if (m.status().code() == StatusCode::kDeadlineExceeded) {
+                std::lock_guard<std::mutex> lock(mu_);
+                if (!stopping_) continue;
+                why = unavailable("the decode worker stopped");
+            } else {
+                why = m.status();
+            }
+            break;
+        }
+        auto h = transport::decode_stream_header(m->header);
+        if (!h.ok()) {
+            // Nothing after a malformed message can be trusted to belong where it says.
+            why = h.status();
+            spdlog::warn("decode: dropping the connection from {}: {}", conn->peer(),
+                         why.message());
+            conn->close();
+            break;
+        }
+        Status st = on_stream_message(*conn, *h, *m, receiving);
+        if (!st.ok()) {
+            auto it = receiving.find(h->turn);
+            std::shared_ptr<Turn> t = it != receiving.end() ? it->second : find_turn(h->turn);
+            if (it != receiving.end()) receiving.erase(it);
+            if (t) fail(t, st);
+        }
+    }
+    for (auto& [id, t] : receiving) {
+        fail(t, unavailable("the prefill node's connection failed mid-transfer: " + why.message()));
+    }
+}
+
+Status DecodeWorkerImpl::on_stream_message(transport::Connection& conn, const StreamHeader& h,
+                                           transport::Message& m,
+                                           std::map<uint64_t, std::shared_ptr<Turn>>& receiving) {
+    const auto payload = std::span<const uint8_t>(
+        reinterpret_cast<const uint8_t*>(m.payload.data()), m.payload.size());
+    kv_bytes_received_ += static_cast<int64_t>(m.payload.size());
+    switch (h.kind) {
+        case StreamKind::kPull:
+            answer_pull(conn, h);
+            return {};
+        case StreamKind::kBegin: {
+            auto t = find_turn(h.turn);
+            if (!t) return {};  // ended meanwhile: the rest of its stream is dropped
+            std::lock_guard<std::mutex> tl(t->mu);
+            if (t->stage != Turn::Stage::kAwaitKv || t->incoming || t->admissible) {
+                return failed_precondition("turn " + std::to_string(h.turn) +
+                                           " is not waiting for KV");
+            }
+            if (h.session != t->spec.session_id ||
+                h.n_tokens != static_cast<int32_t>(t->spec.tokens.size())) {
+                return invalid_argument("the KV stream for turn " + std::to_string(h.turn) +
+                                        " describes another session or prompt");
+            }
+            DS_ASSIGN_OR_RETURN(t->incoming, make_context());
+            DS_RETURN_IF_ERROR(t->incoming->import_kv_state(payload));
+            t->covered.assign(static_cast<size_t>(model_.config.n_layers), 0);
+            receiving[h.turn] = t;
+            return {};
+        }
+        case StreamKind::kPart: {
+            auto it = receiving.find(h.turn);
+            if (it == receiving.end()) return {};
+            Turn& t = *it->second;
+            DS_ASSIGN_OR_RETURN(auto s, transport::decode_shipment(payload, options_.model_id,
+                                                                   options_.profile_id));
+            std::lock_guard<std::mutex> tl(t.mu);
+            if (t.stage != Turn::Stage::kAwaitKv || !t.incoming) return {};  // it ended meanwhile
+            return import_part(*t.incoming, s, t.spec.session_id, t.covered);
+        }
+        case StreamKind::kEnd: {
+            auto it = receiving.find(h.turn);
+            if (it == receiving.end()) return {};
+            auto t = it->second;
+            receiving.erase(it);
+            {
+                std::lock_guard<std::mutex> tl(t->mu);
+                if (t->stage != Turn::Stage::kAwaitKv || !t->incoming) return {};
+                DS_RETURN_IF_ERROR(check_complete(*t->incoming, t->covered));
+                if (h.token < 0 || h.token >= model_.config.n_vocab) {
+                    return invalid_argument("the prefill node sent first token " +
+                                            std::to_string(h.token));
+                }
+                t->first_token = h.token;
+                t->cached = t->spec.tokens;
+                t->admissible = true;
+            }
+            wake_.notify_all();
+            return {};
+        }
+        case StreamKind::kAbort:
+            receiving.erase(h.turn);
+            return unavailable("the prefill node gave up on the turn: " + h.message);
+    }
+    return {};
+}
+
+void DecodeWorkerImpl::answer_pull(transport::Connection& conn, const StreamHeader& h) {
+    std::unique_ptr<model::InferenceContext> history;
+    if (auto t = find_turn(h.turn)) {
+        std::lock_guard<std::mutex> tl(t->mu);
+        if (t->stage == Turn::Stage::kAwaitKv && t->history && t->spec.session_id == h.session &&
+            t->history->n_past() == h.n_tokens) {
+            history = std::move(t->history);  // the new KV replaces it
+        }
+    }
+    Status st = history ? send_kv(conn, *history, h.turn, h.session, ids_, -1,
+                                  transport::deadline_in(std::chrono::seconds(60)))
+                        : failed_precondition("no cached KV of " + std::to_string(h.n_tokens) +
+                                              " tokens for session " + h.session);
+    if (!st.ok()) send_abort(conn, h.turn, st.message());
+}
+
+}  // namespace
+
+Result<std::unique_ptr<DecodeWorker>> DecodeWorker::create(const model::Model& model,
+                                                           DecodeOptions options) {
+    if (options.max_batch < 1) return invalid_argument("max_batch must be at least 1");
+    if (options.max_sessions < 0) return invalid_argument("max_sessions must not be negative");
+    model::ContextOptions& c = options.context;
+    if (c.kv.policy == "deltakv" && !c.deltakv_profile) {
+        if (c.kv_profile.empty())
+            return invalid_argument("the deltakv policy needs a profile (--kv-profile)");
+        DS_ASSIGN_OR_RETURN(c.deltakv_profile,
+                            model::load_deltakv_profile(c.kv_profile, model.config));
+    }
+    if (c.kv.policy == "trimkv" && !c.kv.gates && !c.kv_profile.empty()) {
+        DS_ASSIGN_OR_RETURN(c.kv.gates, model::load_trimkv_gates(c.kv_profile, model.config));
+    }
+    auto threads = std::make_shared<ThreadPool>(options.threads);
+    c.threads = threads;
+    DS_ASSIGN_OR_RETURN(auto probe, model::InferenceContext::create(model, c));
+    const bool shippable = probe->export_kv_state().ok();
+    const int32_t n_ctx = probe->n_ctx();
+    probe.reset();
+    return std::unique_ptr<DecodeWorker>(
+        new DecodeWorkerImpl(model, std::move(options), n_ctx, shippable, std::move(threads)));
+}
+
+}  // namespace deltaserve::decode

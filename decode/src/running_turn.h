@@ -1,0 +1,110 @@
+// A turn inside the decode worker: waiting for its KV, or generating in the worker's loop.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "deltaserve/decode/text_stream.h"
+#include "deltaserve/decode/turn.h"
+#include "deltaserve/model/inference_context.h"
+#include "deltaserve/model/model.h"
+#include "deltaserve/model/sampler.h"
+
+namespace deltaserve::decode {
+
+struct Turn {
+    enum class Stage { kPrefillHere, kAwaitKv, kRunning, kEnded };
+
+    Turn(TurnSpec s, std::shared_ptr<TurnSink> k, const model::Model& m)
+        : spec(std::move(s)),
+          sink(std::move(k)),
+          model(m),
+          sampler(spec.sampling),
+          scan(spec.stop) {
+        for (int32_t t : spec.tokens) sampler.accept(t);
+        prev = spec.tokens.back();
+    }
+
+    // The first token: sampled from the prefill's logits here, or the one the prefill node
+    // sampled (the random stream skips the draw it took there).
+    void admit_local(std::span<const float> logits) {
+        if (spec.max_tokens == 0) return stop_with("length");
+        take(sampler.sample(logits));
+    }
+    void admit_remote() {
+        if (spec.max_tokens == 0) return stop_with("length");
+        sampler.skip_sample();
+        take(first_token);
+    }
+    // A generated token: streams its text, then either ends the turn (done) or leaves the
+    // token in next_token for the next forward pass.
+    void take(int32_t token) {
+        const model::Tokenizer& tok = *model.tokenizer;
+        if (tok.is_eog(token)) return stop_with("stop");
+        ++end.completion_tokens;
+        sampler.accept(token);
+        const bool stopped = scan.add(tok.token_to_piece(token, prev));
+        prev = token;
+        const std::string_view piece = scan.release(stopped);
+        if (!piece.empty() && !sink->on_piece(piece)) return stop_with("cancelled");
+        if (stopped) return stop_with("stop");
+        if (spec.max_tokens >= 0 && end.completion_tokens >= spec.max_tokens)
+            return stop_with("length");
+        next_token = token;
+    }
+    Result<TurnEnd> finish(const std::string& reason) {
+        if (reason != "cancelled") {
+            const std::string_view rest = scan.release(true);
+            if (!rest.empty()) sink->on_piece(rest);
+        }
+        end.finish_reason = reason;
+        end.text = scan.text();
+        return end;
+    }
+    Status failure_status() {
+        std::lock_guard<std::mutex> lock(mu);
+        return failure;
+    }
+
+    const TurnSpec spec;
+    const std::shared_ptr<TurnSink> sink;
+    const model::Model& model;
+    std::atomic<Stage> stage{Stage::kAwaitKv};
+    std::atomic<bool> failed{false};            // ends at the loop's next look
+    std::atomic<bool> cancel_requested{false};  // ... as "cancelled"
+    bool reported = false;                      // the sink heard the end (under the worker's lock)
+
+    // Guarded by mu: the KV arriving for it (and the session's history a prefill node pulls).
+    std::mutex mu;
+    Status failure;
+    std::unique_ptr<model::InferenceContext> history, incoming;
+    std::vector<int32_t> covered;  // tokens of each layer imported so far
+    std::atomic<bool> admissible{false};
+    int32_t first_token = -1;
+    std::chrono::steady_clock::time_point kv_deadline;
+
+    // Owned by the worker's loop once the turn runs.
+    std::unique_ptr<model::InferenceContext> ctx;
+    std::vector<int32_t> cached;  // the tokens in ctx
+    int32_t keep = 0;
+    model::Sampler sampler;
+    StopScanner scan;
+    int32_t prev = -1;
+    int32_t next_token = -1;
+    bool done = false;
+    std::string finish_reason;
+    TurnEnd end;
+
+  private:
+    void stop_with(const char* reason) {
+        done = true;
+        finish_reason = reason;
+    }
+};
+
+}  // namespace deltaserve::decode

@@ -1,0 +1,346 @@
+// The prefill and decode workers together, as DESIGN.md's chat turn runs them: a turn's KV
+// computed by a prefill worker and shipped over a real transport (in-process, UCX over tcp)
+// gives the decode worker the same greedy answer as prefilling on the decode node; later turns
+// pull the session's history; turns run batched; failures end turns with clear errors.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <future>
+#include <sstream>
+
+#include "deltaserve/decode/decode_worker.h"
+#include "deltaserve/prefill/prefill_worker.h"
+#include "deltaserve/transport/kv_stream.h"
+#include "deltaserve/transport/transport_factory.h"
+#include "test_paths.h"
+
+namespace deltaserve {
+namespace {
+
+using decode::TurnEnd;
+using decode::TurnSpec;
+
+// Collects a turn's text and end.
+class CollectingSink : public decode::TurnSink {
+  public:
+    explicit CollectingSink(int cancel_after = -1) : cancel_after_(cancel_after) {}
+    bool on_piece(std::string_view piece) override {
+        text_ += piece;
+        return ++pieces_ != cancel_after_;
+    }
+    void on_end(Result<TurnEnd> end) override { done_.set_value(std::move(end)); }
+    Result<TurnEnd> wait() {
+        auto f = done_.get_future();
+        if (f.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
+            return deadline_exceeded("the turn did not end");
+        }
+        return f.get();
+    }
+    const std::string& text() const { return text_; }
+
+  private:
+    int cancel_after_;
+    int pieces_ = 0;
+    std::string text_;
+    std::promise<Result<TurnEnd>> done_;
+};
+
+class Disaggregated : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() {
+        if (!testing::file_exists(testing::default_gguf_model())) return;
+        model::LoadOptions lo;
+        lo.show_progress = false;
+        auto m = model::load_model(testing::default_gguf_model(), lo);
+        ASSERT_TRUE(m.ok()) << m.error().to_string();
+        model_ = std::move(*m).release();
+    }
+    static void TearDownTestSuite() { delete model_; }
+    void SetUp() override {
+        DS_REQUIRE_FILE(testing::default_gguf_model(), "default model");
+        DS_REQUIRE_FILE(testing::default_deltakv_profile(), "default DeltaKV profile");
+        DS_REQUIRE_FILE(std::string("/usr/share/common-licenses/GPL-3"), "GPL-3 text");
+    }
+    static model::ContextOptions context(const std::string& policy) {
+        model::ContextOptions co;
+        co.n_ctx = 2048;
+        co.n_threads = 2;
+        co.n_batch = 256;
+        co.kv.policy = policy;
+        co.kv.keep = policy == "full" ? 1.0f : 0.3f;
+        co.kv_profile = policy == "deltakv" ? testing::default_deltakv_profile() : "";
+        return co;
+    }
+    static std::vector<int32_t> prompt(size_t n, size_t skip = 0) {
+        std::ifstream in("/usr/share/common-licenses/GPL-3");
+        std::stringstream s;
+        s << in.rdbuf();
+        auto t = model_->tokenizer->encode(s.str(), true, false);
+        EXPECT_TRUE(t.ok());
+        return std::vector<int32_t>(
+            t->begin() + static_cast<std::ptrdiff_t>(skip),
+            t->begin() + static_cast<std::ptrdiff_t>(std::min(t->size(), skip + n)));
+    }
+    static TurnSpec turn(uint64_t id, std::vector<int32_t> tokens, std::string session = "",
+                         int32_t max_tokens = 24) {
+        TurnSpec t;
+        t.turn_id = id;
+        t.session_id = std::move(session);
+        t.tokens = std::move(tokens);
+        t.sampling.temperature = 0;  // greedy
+        t.max_tokens = max_tokens;
+        return t;
+    }
+
+    // A decode worker listening on `transport` and a prefill worker that connects to it.
+    struct Cluster {
+        std::unique_ptr<transport::Transport> transport;
+        std::unique_ptr<decode::DecodeWorker> decode;
+        std::unique_ptr<prefill::PrefillWorker> prefill;
+        std::unique_ptr<transport::Listener> listener;
+        std::thread acceptor;
+        std::string address;
+        ~Cluster() {
+            prefill.reset();
+            listener.reset();
+            if (acceptor.joinable()) acceptor.join();
+            decode.reset();
+        }
+        // Starts the turn on the decode node, and on the prefill node when it says so.
+        Result<TurnEnd> run(TurnSpec spec, decode::TurnPlan* plan_out = nullptr) {
+            auto sink = std::make_shared<CollectingSink>();
+            auto plan = decode->start_turn(spec, sink);
+            if (!plan.ok()) return plan.status();
+            if (plan_out) *plan_out = *plan;
+            if (plan->remote_prefill) {
+                prefill::PrefillRequest req{spec, address, plan->pull_tokens};
+                auto r = prefill->prefill(req);
+                if (!r.ok()) decode->cancel(spec.turn_id, r.status());
+            }
+            auto end = sink->wait();
+            if (end.ok()) end->text = sink->text();
+            return end;
+        }
+    };
+    static std::unique_ptr<Cluster> cluster(const std::string& backend, const std::string& policy,
+                                            int32_t local_prefill_max) {
+        auto c = std::make_unique<Cluster>();
+        transport::TransportOptions to;
+        to.ucx_tls = "tcp";
+        auto t = transport::make_transport(backend, to);
+        EXPECT_TRUE(t.ok()) << t.error().to_string();
+        if (!t.ok()) return nullptr;
+        c->transport = std::move(*t);
+        decode::DecodeOptions d;
+        d.context = context(policy);
+        d.threads = 2;
+        d.local_prefill_max = local_prefill_max;
+        d.model_id = "smollm2";
+        auto dw = decode::DecodeWorker::create(*model_, d);
+        EXPECT_TRUE(dw.ok()) << dw.error().to_string();
+        c->decode = std::move(*dw);
+        prefill::PrefillOptions p;
+        p.context = context(policy);
+        p.model_id = "smollm2";
+        auto pw = prefill::PrefillWorker::create(*model_, p, *c->transport);
+        EXPECT_TRUE(pw.ok()) << pw.error().to_string();
+        c->prefill = std::move(*pw);
+        auto l = c->transport->listen(backend == "ucx" ? "127.0.0.1:0" : "decode-0");
+        EXPECT_TRUE(l.ok()) << l.error().to_string();
+        c->listener = std::move(*l);
+        c->address = c->listener->address();
+        c->acceptor = std::thread([l = c->listener.get(), d = c->decode.get()] {
+            for (;;) {
+                auto conn = l->accept(transport::deadline_in(std::chrono::milliseconds(200)));
+                if (conn.ok()) {
+                    d->serve(std::move(*conn));
+                } else if (conn.status().code() != StatusCode::kDeadlineExceeded) {
+                    return;
+                }
+            }
+        });
+        return c;
+    }
+    static model::Model* model_;
+};
+model::Model* Disaggregated::model_ = nullptr;
+
+struct Case {
+    const char* backend;
+    const char* policy;
+};
+class DisaggregatedTest : public Disaggregated, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(DisaggregatedTest, RemotePrefillGivesTheLocalAnswer) {
+    const auto [backend, policy] = GetParam();
+    auto local = cluster(backend, policy, 100000);
+    auto remote = cluster(backend, policy, 0);
+    ASSERT_TRUE(local && remote);
+    const auto tokens = prompt(700);
+    decode::TurnPlan lp, rp;
+    auto a = local->run(turn(1, tokens), &lp);
+    auto b = remote->run(turn(1, tokens), &rp);
+    ASSERT_TRUE(a.ok()) << a.error().to_string();
+    ASSERT_TRUE(b.ok()) << b.error().to_string();
+    EXPECT_FALSE(lp.remote_prefill);
+    EXPECT_TRUE(rp.remote_prefill);
+    EXPECT_EQ(a->completion_tokens, 24);
+    EXPECT_EQ(a->text, b->text);
+    EXPECT_EQ(b->prompt_tokens, 700);
+    EXPECT_GT(remote->decode->stats().kv_bytes_received, 0);
+    EXPECT_EQ(remote->prefill->stats().requests, 1);
+}
+
+TEST_P(DisaggregatedTest, LaterTurnPullsTheHistory) {
+    const auto [backend, policy] = GetParam();
+    auto remote = cluster(backend, policy, 0);
+    auto local = cluster(backend, policy, 100000);
+    ASSERT_TRUE(remote && local);
+    // The next turn's prompt: the first one again (the gateway re-renders the history), then
+    // more; the session's cached tokens (prompt and answer) match it up to where they differ.
+    const auto first = prompt(400);
+    auto second = first;
+    const auto more = prompt(300, 400);
+    second.insert(second.end(), more.begin(), more.end());
+    std::string texts[2];
+    for (auto* c : {remote.get(), local.get()}) {
+        decode::TurnPlan plan;
+        auto a = c->run(turn(1, first, "s"), &plan);
+        ASSERT_TRUE(a.ok()) << a.error().to_string();
+        EXPECT_EQ(plan.pull_tokens, 0);
+        auto b = c->run(turn(2, second, "s"), &plan);
+        ASSERT_TRUE(b.ok()) << b.error().to_string();
+        EXPECT_EQ(plan.remote_prefill, c == remote.get());
+        EXPECT_GE(b->cached_tokens, 400 - 1);
+        EXPECT_EQ(plan.pull_tokens, c == remote.get() ? b->cached_tokens : 0);
+        texts[c == remote.get() ? 0 : 1] = b->text;
+    }
+    // Prefilling the new tokens on a prefill node over the pulled history is what the decode
+    // node would have computed (for DeltaKV too: the same compressed history, extended).
+    EXPECT_EQ(texts[0], texts[1]);
+    EXPECT_FALSE(texts[0].empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, DisaggregatedTest,
+                         ::testing::Values(Case{"inproc", "full"}, Case{"inproc", "deltakv"},
+                                           Case{"ucx", "full"}, Case{"ucx", "deltakv"}),
+                         [](const auto& info) {
+                             return std::string(info.param.backend) + "_" + info.param.policy;
+                         });
+
+TEST_F(Disaggregated, TurnsRunBatchedGiveTheirAloneAnswers) {
+    auto c = cluster("inproc", "full", 100000);
+    ASSERT_TRUE(c);
+    std::vector<std::string> alone;
+    for (int i = 0; i < 4; ++i) {
+        auto r = c->run(turn(10 + i, prompt(60 + 20 * i, 50 * i)));
+        ASSERT_TRUE(r.ok()) << r.error().to_string();
+        alone.push_back(r->text);
+    }
+    std::vector<std::shared_ptr<CollectingSink>> sinks;
+    for (int i = 0; i < 4; ++i) {
+        sinks.push_back(std::make_shared<CollectingSink>());
+        ASSERT_TRUE(
+            c->decode->start_turn(turn(20 + i, prompt(60 + 20 * i, 50 * i)), sinks.back()).ok());
+    }
+    for (int i = 0; i < 4; ++i) {
+        auto r = sinks[i]->wait();
+        ASSERT_TRUE(r.ok()) << r.error().to_string();
+        EXPECT_EQ(sinks[i]->text(), alone[i]) << "turn " << i;
+    }
+}
+
+TEST_F(Disaggregated, CancelAndFailuresEndTurnsClearly) {
+    auto c = cluster("inproc", "full", 0);
+    ASSERT_TRUE(c);
+    // The client goes away after two pieces.
+    auto quitter = std::make_shared<CollectingSink>(2);
+    auto spec = turn(1, prompt(50), "s", 100);
+    auto plan = c->decode->start_turn(spec, quitter);
+    ASSERT_TRUE(plan.ok());
+    ASSERT_TRUE(c->prefill->prefill({spec, c->address, 0}).ok());
+    auto end = quitter->wait();
+    ASSERT_TRUE(end.ok());
+    EXPECT_EQ(end->finish_reason, "cancelled");
+    // A second turn of a session whose turn still runs is refused.
+    auto slow = std::make_shared<CollectingSink>();
+    ASSERT_TRUE(c->decode->start_turn(turn(2, prompt(50), "t"), slow).ok());
+    auto again =
+        c->decode->start_turn(turn(3, prompt(50), "t"), std::make_shared<CollectingSink>());
+    EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
+    c->decode->cancel(2, Status());
+    auto e2 = slow->wait();
+    ASSERT_TRUE(e2.ok());
+    EXPECT_EQ(e2->finish_reason, "cancelled");
+    // A prefill node that cannot reach the decode node: the error reaches the turn.
+    auto lost = std::make_shared<CollectingSink>();
+    auto s4 = turn(4, prompt(50));
+    ASSERT_TRUE(c->decode->start_turn(s4, lost).ok());
+    auto r = c->prefill->prefill({s4, "nowhere", 0});
+    EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
+    c->decode->cancel(4, r.status());
+    EXPECT_EQ(lost->wait().status().code(), StatusCode::kUnavailable);
+    // Oversized prompts and bad tokens are refused up front.
+    EXPECT_EQ(c->decode->start_turn(turn(5, prompt(5000)), lost).status().code(),
+              StatusCode::kOutOfRange);
+    EXPECT_EQ(c->decode->start_turn(turn(6, {1, -3}), lost).status().code(),
+              StatusCode::kInvalidArgument);
+    EXPECT_EQ(c->decode->stats().running + c->decode->stats().waiting, 0);
+}
+
+TEST_F(Disaggregated, GarbageOnTheDataConnectionFailsOnlyItsStream) {
+    auto c = cluster("inproc", "full", 0);
+    ASSERT_TRUE(c);
+    auto sink = std::make_shared<CollectingSink>();
+    auto spec = turn(1, prompt(40));
+    ASSERT_TRUE(c->decode->start_turn(spec, sink).ok());
+    auto conn = c->transport->connect(c->address, transport::deadline_in(std::chrono::seconds(5)));
+    ASSERT_TRUE(conn.ok());
+    transport::StreamHeader h;
+    h.kind = transport::StreamKind::kBegin;
+    h.turn = 1;
+    h.n_tokens = 40;
+    auto head = transport::encode_stream_header(h);
+    ASSERT_TRUE(head.ok());
+    transport::Message m;
+    m.header = *head;
+    m.payload = transport::Buffer::copy_of(std::as_bytes(std::span<const char>("not a state", 11)));
+    ASSERT_TRUE((*conn)->send(std::move(m), transport::deadline_in(std::chrono::seconds(5))).ok());
+    auto end = sink->wait();
+    EXPECT_EQ(end.status().code(), StatusCode::kDataLoss) << end.status().to_string();
+    transport::Message junk;
+    junk.header = {std::byte{1}, std::byte{2}};
+    ASSERT_TRUE(
+        (*conn)->send(std::move(junk), transport::deadline_in(std::chrono::seconds(5))).ok());
+    // The worker still serves turns over other connections.
+    auto ok = c->run(turn(2, prompt(40)));
+    EXPECT_TRUE(ok.ok()) << ok.status().to_string();
+}
+
+TEST_F(Disaggregated, SessionsBeyondCapacityAreRecomputed) {
+    auto c = cluster("inproc", "full", 100000);
+    ASSERT_TRUE(c);
+    // Rebuilt with room for one session.
+    decode::DecodeOptions d;
+    d.context = context("full");
+    d.threads = 2;
+    d.max_sessions = 1;
+    auto dw = decode::DecodeWorker::create(*model_, d);
+    ASSERT_TRUE(dw.ok());
+    auto& w = **dw;
+    const auto run = [&](uint64_t id, const std::string& s) {
+        auto sink = std::make_shared<CollectingSink>();
+        auto plan = w.start_turn(turn(id, prompt(80), s, 4), sink);
+        EXPECT_TRUE(plan.ok());
+        EXPECT_TRUE(sink->wait().ok());
+        return plan.ok() ? plan->cached_tokens : -1;
+    };
+    EXPECT_EQ(run(1, "a"), 0);
+    EXPECT_EQ(run(2, "a"), 79);
+    EXPECT_EQ(run(3, "b"), 0);  // drops a
+    EXPECT_EQ(run(4, "a"), 0);
+    EXPECT_EQ(w.stats().sessions, 1);
+}
+
+}  // namespace
+}  // namespace deltaserve
