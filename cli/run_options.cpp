@@ -70,7 +70,7 @@ model::ContextOptions RunOptions::context() const {
     return c;
 }
 
-Result<LoadedModel> load_for_run(const RunOptions& o) {
+Result<std::unique_ptr<model::Model>> load_model_for_run(const RunOptions& o) {
     init_logging(o.log_level);
     if (o.model_path.empty()) return invalid_argument("--model is required");
     if (o.kv_type != "f16" && o.kv_type != "f32") {
@@ -92,11 +92,16 @@ Result<LoadedModel> load_for_run(const RunOptions& o) {
     }
     model::LoadOptions lo;
     lo.tokenizer_path = o.tokenizer_path;
-    LoadedModel m;
-    DS_ASSIGN_OR_RETURN(m.model, model::load_model(o.model_path, lo));
-    if (!m.model->tokenizer) {
+    DS_ASSIGN_OR_RETURN(auto model, model::load_model(o.model_path, lo));
+    if (!model->tokenizer) {
         return failed_precondition(o.model_path + " has no tokenizer; pass --tokenizer");
     }
+    return model;
+}
+
+Result<LoadedModel> load_for_run(const RunOptions& o) {
+    LoadedModel m;
+    DS_ASSIGN_OR_RETURN(m.model, load_model_for_run(o));
     DS_ASSIGN_OR_RETURN(m.ctx, model::InferenceContext::create(*m.model, o.context()));
     spdlog::info("model {}: {} layers, d_model {}, context {}, kernels {}", m.model->config.name,
                  m.model->config.n_layers, m.model->config.d_model, m.ctx->n_ctx(),

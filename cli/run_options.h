@@ -43,7 +43,9 @@ struct LoadedModel {
     std::unique_ptr<model::InferenceContext> ctx;
 };
 
-// Validates the options, loads the model and creates the context. Errors are one line.
+// Validates the options and loads the model. Errors are one line.
+Result<std::unique_ptr<model::Model>> load_model_for_run(const RunOptions& o);
+// ... and creates the context.
 Result<LoadedModel> load_for_run(const RunOptions& o);
 
 // Prints "deltaserve: error: <message>" to stderr.

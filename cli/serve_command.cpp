@@ -1,13 +1,15 @@
-// deltaserve serve: the embedded mode. The OpenAI-compatible gateway and the model in one
-// process, listening on 127.0.0.1:8000 unless told otherwise; stops on SIGINT or SIGTERM.
+// deltaserve serve: the embedded mode (DESIGN.md "Processes"). The OpenAI-compatible gateway,
+// a prefill worker and a decode worker in one process, over the in-process transport;
+// listening on 127.0.0.1:8000 unless told otherwise; stops on SIGINT or SIGTERM.
 #include <signal.h>
 
 #include <cstdio>
 #include <filesystem>
 
 #include "commands.h"
-#include "deltaserve/api/chat_engine.h"
+#include "deltaserve/api/cluster_chat_engine.h"
 #include "deltaserve/api/http_gateway.h"
+#include "deltaserve/transport/transport_factory.h"
 #include "run_options.h"
 
 namespace deltaserve::cli {
@@ -16,13 +18,15 @@ int serve_main(int argc, char** argv) {
     RunOptions o;
     std::string host = "127.0.0.1";
     int32_t port = 8000, max_tokens = -1;
-    api::EmbeddedOptions eo;
+    api::ClusterEngineOptions eo;
+    decode::DecodeOptions dopt;
     int32_t ttl = static_cast<int32_t>(eo.session_ttl_seconds);
     ArgParser p("deltaserve serve",
                 "Serves --model over an OpenAI-compatible HTTP API (POST /v1/chat/completions, GET "
-                "/v1/models, /health, /metrics). Sampling flags are the defaults for requests that "
-                "leave a field out. A session (X-Session-ID header or session_id field) keeps its "
-                "history between turns: send only the new messages.");
+                "/v1/models, /health, /metrics), with a prefill and a decode worker in this process. "
+                "Sampling flags are the defaults for requests that leave a field out. A session "
+                "(X-Session-ID header or session_id field) keeps its history and its KV between "
+                "turns: send only the new messages.");
     o.register_flags(p);
     p.add("host", &host, "address to listen on");
     p.add("port", &port, "port to listen on; 0 = any free port (printed at start)");
@@ -31,10 +35,16 @@ int serve_main(int argc, char** argv) {
     p.add("max-sessions", &eo.max_sessions,
           "sessions remembered at most (least recently used go first)");
     p.add("session-ttl", &ttl, "seconds an idle session is remembered");
+    p.add("max-batch", &dopt.max_batch, "turns the decode worker runs per forward pass");
+    p.add("local-prefill-max", &dopt.local_prefill_max,
+          "uncached prompt tokens the decode worker prefills itself; longer prompts go to the "
+          "prefill worker");
     if (auto exit_code = parse_flags(p, argc, argv)) return *exit_code;
-    if (port < 0 || port > 65535 || eo.max_sessions < 1 || ttl < 1) {
+    if (port < 0 || port > 65535 || eo.max_sessions < 1 || ttl < 1 || dopt.max_batch < 1 ||
+        dopt.local_prefill_max < 0) {
         print_error(invalid_argument(
-            "--port must be in [0, 65535], --max-sessions and --session-ttl >= 1"));
+            "--port must be in [0, 65535], --max-sessions, --session-ttl and --max-batch >= 1, "
+            "--local-prefill-max >= 0"));
         return 2;
     }
     eo.session_ttl_seconds = ttl;
@@ -46,13 +56,34 @@ int serve_main(int argc, char** argv) {
     pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
     signal(SIGPIPE, SIG_IGN);  // a client that goes away is a write error, not a crash
 
-    auto loaded = load_for_run(o);
-    if (!loaded) {
-        print_error(loaded.error());
+    auto model = load_model_for_run(o);
+    if (!model) {
+        print_error(model.error());
         return 1;
     }
     const std::string model_id = std::filesystem::path(o.model_path).filename().string();
-    api::EmbeddedChatEngine engine(std::move(loaded->model), std::move(loaded->ctx), model_id, eo);
+    auto transport = transport::make_transport("inproc", {});
+    if (!transport) {
+        print_error(transport.error());
+        return 1;
+    }
+    dopt.context = o.context();
+    dopt.threads = o.threads;
+    dopt.max_sessions = eo.max_sessions;
+    dopt.session_ttl_ms = static_cast<int64_t>(ttl) * 1000;
+    dopt.model_id = model_id;
+    auto decode = decode::DecodeWorker::create(**model, dopt);
+    prefill::PrefillOptions popt;
+    popt.context = o.context();
+    popt.model_id = model_id;
+    auto prefill = decode ? prefill::PrefillWorker::create(**model, popt, **transport)
+                          : Result<std::unique_ptr<prefill::PrefillWorker>>(decode.status());
+    auto address = prefill ? (*decode)->listen(**transport, "decode-0") : Result<std::string>(prefill.status());
+    if (!address) {
+        print_error(address.error());
+        return 1;
+    }
+    api::ClusterChatEngine engine(**model, model_id, **decode, *address, {prefill->get()}, eo);
     api::GatewayOptions go;
     go.host = host;
     go.port = static_cast<uint16_t>(port);

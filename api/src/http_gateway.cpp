@@ -270,10 +270,12 @@ bool Connection::chat(const Request& req) {
         auto turn = g_.engine().run_turn(r, [](std::string_view) { return true; });
         if (!turn.ok()) {
             g_.metrics().request_failed();
-            const bool client = turn.error().code() == StatusCode::kOutOfRange ||
-                                turn.error().code() == StatusCode::kInvalidArgument;
+            const StatusCode c = turn.error().code();
+            const bool client = c == StatusCode::kOutOfRange || c == StatusCode::kInvalidArgument;
             return error(req,
-                         client ? http::status::bad_request : http::status::internal_server_error,
+                         client ? http::status::bad_request
+                         : c == StatusCode::kFailedPrecondition ? http::status::conflict
+                                                                : http::status::internal_server_error,
                          turn.error().message());
         }
         g_.metrics().request_done(

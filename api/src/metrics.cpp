@@ -60,6 +60,9 @@ std::string Metrics::render(const EngineStats& e) const {
            static_cast<double>(e.queued));
     metric("deltaserve_kv_bytes", "gauge", "Bytes the KV cache holds.",
            static_cast<double>(e.kv_bytes));
+    metric("deltaserve_kv_bytes_shipped_total", "counter",
+           "KV bytes prefill workers shipped to decode workers (headers included).",
+           static_cast<double>(e.kv_bytes_shipped));
     metric("deltaserve_kv_keep_ratio", "gauge",
            "KV bytes held over the same tokens in fp16 full KV.", e.keep_ratio);
     return out;

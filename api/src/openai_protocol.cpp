@@ -190,22 +190,4 @@ std::string error_json(const std::string& message, const std::string& type, int 
         {{"error", {{"message", message}, {"type", type}, {"param", nullptr}, {"code", code}}}});
 }
 
-size_t complete_utf8_prefix(std::string_view text) {
-    // Walk back over continuation bytes to the last lead byte; keep it if its sequence is whole.
-    size_t i = text.size();
-    int back = 0;
-    while (i > 0 && back < 4 && (static_cast<unsigned char>(text[i - 1]) & 0xC0) == 0x80) {
-        --i;
-        ++back;
-    }
-    if (i == 0) return text.size();
-    const auto lead = static_cast<unsigned char>(text[i - 1]);
-    const int need = lead < 0x80           ? 0
-                     : (lead >> 5) == 0x6  ? 1
-                     : (lead >> 4) == 0xE  ? 2
-                     : (lead >> 3) == 0x1E ? 3
-                                           : 0;
-    return back >= need ? text.size() : i - 1;
-}
-
 }  // namespace deltaserve::api

@@ -58,6 +58,8 @@ class DecodeWorkerImpl final : public DecodeWorker {
         }
         wake_.notify_all();
         loop_.join();
+        if (acceptor_.joinable()) acceptor_.join();
+        listener_.reset();
         std::list<Reader> readers;
         {
             std::lock_guard<std::mutex> lock(mu_);
@@ -76,6 +78,24 @@ class DecodeWorkerImpl final : public DecodeWorker {
     Result<TurnPlan> start_turn(TurnSpec spec, std::shared_ptr<TurnSink> sink) override;
     void cancel(uint64_t turn_id, Status why) override;
     void serve(std::unique_ptr<transport::Connection> connection) override;
+    Result<std::string> listen(transport::Transport& transport,
+                               const std::string& address) override {
+        if (listener_) return failed_precondition("the decode worker listens already");
+        DS_ASSIGN_OR_RETURN(listener_, transport.listen(address));
+        acceptor_ = std::thread([this] {
+            for (;;) {
+                auto conn =
+                    listener_->accept(transport::deadline_in(std::chrono::milliseconds(200)));
+                if (conn.ok()) {
+                    serve(std::move(*conn));
+                    continue;
+                }
+                std::lock_guard<std::mutex> lock(mu_);
+                if (stopping_ || conn.status().code() != StatusCode::kDeadlineExceeded) return;
+            }
+        });
+        return listener_->address();
+    }
     void drop_session(const std::string& session_id) override {
         std::lock_guard<std::mutex> lock(mu_);
         auto it = sessions_.find(session_id);
@@ -143,6 +163,8 @@ class DecodeWorkerImpl final : public DecodeWorker {
     DecodeStats stats_;
     std::atomic<int64_t> kv_bytes_received_{0};
     std::thread loop_;
+    std::unique_ptr<transport::Listener> listener_;
+    std::thread acceptor_;
 };
 
 Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<TurnSink> sink) {

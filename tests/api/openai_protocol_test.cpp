@@ -108,17 +108,5 @@ TEST(OpenAiProtocol, AnswersAndChunksHaveTheShapesClientsRead) {
     EXPECT_EQ(e["error"]["code"], 400);
 }
 
-TEST(OpenAiProtocol, PiecesEndOnCharacterBoundaries) {
-    EXPECT_EQ(complete_utf8_prefix("abc"), 3u);
-    EXPECT_EQ(complete_utf8_prefix(""), 0u);
-    const std::string euro = "\xe2\x82\xac";  // 3 bytes
-    EXPECT_EQ(complete_utf8_prefix("a" + euro), 4u);
-    EXPECT_EQ(complete_utf8_prefix("a" + euro.substr(0, 2)), 1u);
-    EXPECT_EQ(complete_utf8_prefix("a" + euro.substr(0, 1)), 1u);
-    const std::string face = "\xf0\x9f\x98\x80";  // 4 bytes
-    EXPECT_EQ(complete_utf8_prefix(face.substr(0, 3)), 0u);
-    EXPECT_EQ(complete_utf8_prefix(face), 4u);
-}
-
 }  // namespace
 }  // namespace deltaserve::api

@@ -125,8 +125,13 @@ class ServeTest : public ::testing::Test {
     void SetUp() override { DS_REQUIRE_FILE(default_gguf_model(), "default GGUF model"); }
 };
 
-TEST_F(ServeTest, AnswersLikeGenerateStreamsTheSameAndStopsCleanly) {
-    ServerProcess server({});
+// Extra server flags: the defaults (short prompts are prefilled on the decode worker), or
+// every prompt computed by the prefill worker and shipped to the decode worker.
+class ServeModes : public ServeTest, public ::testing::WithParamInterface<std::vector<std::string>> {};
+const auto kPrefillWorker = std::vector<std::string>{"--local-prefill-max", "0"};
+
+TEST_P(ServeModes, AnswersLikeGenerateStreamsTheSameAndStopsCleanly) {
+    ServerProcess server(GetParam());
     ASSERT_NE(server.port(), 0) << server.log();
     const uint16_t port = server.port();
 
@@ -192,12 +197,22 @@ TEST_F(ServeTest, AnswersLikeGenerateStreamsTheSameAndStopsCleanly) {
     EXPECT_NE(r.body.find("deltaserve_requests_total 3"), std::string::npos) << r.body;
     EXPECT_NE(r.body.find("deltaserve_time_to_first_token_seconds_count 3"), std::string::npos);
     EXPECT_NE(r.body.find("# TYPE deltaserve_kv_keep_ratio gauge"), std::string::npos);
+    // Only the prefill worker ships KV.
+    const bool shipped = r.body.find("deltaserve_kv_bytes_shipped_total 0\n") == std::string::npos;
+    EXPECT_EQ(shipped, GetParam() == kPrefillWorker) << r.body;
 
     EXPECT_EQ(server.stop(), 0) << "SIGTERM stops the server cleanly\n" << server.log();
 }
 
-TEST_F(ServeTest, ASessionContinuesWithOnlyItsNewMessages) {
-    ServerProcess server({"--kv-policy", "h2o", "--kv-keep", "0.8"});
+INSTANTIATE_TEST_SUITE_P(Serve, ServeModes, ::testing::Values(std::vector<std::string>{}, kPrefillWorker),
+                         [](const auto& info) { return info.param.empty() ? "local" : "prefill_worker"; });
+
+// An eviction policy (its KV stays on the decode worker), and full KV whose later turns pull
+// the session's history to the prefill worker.
+class ServeSessions : public ServeModes {};
+
+TEST_P(ServeSessions, ASessionContinuesWithOnlyItsNewMessages) {
+    ServerProcess server(GetParam());
     ASSERT_NE(server.port(), 0) << server.log();
     const uint16_t port = server.port();
     HttpResponse r = post_chat(server.port(), chat_body("My name is Ada. Say hello to me.", 12),
@@ -232,6 +247,11 @@ TEST_F(ServeTest, ASessionContinuesWithOnlyItsNewMessages) {
               second["choices"][0]["message"]["content"]);
     EXPECT_EQ(json::parse(r.body)["usage"]["prompt_tokens"], second["usage"]["prompt_tokens"]);
 }
+
+INSTANTIATE_TEST_SUITE_P(Serve, ServeSessions,
+                         ::testing::Values(std::vector<std::string>{"--kv-policy", "h2o", "--kv-keep", "0.8"},
+                                           kPrefillWorker),
+                         [](const auto& info) { return info.param.size() == 4 ? "h2o" : "prefill_worker"; });
 
 TEST_F(ServeTest, BadInputGetsClearErrorsAndTheServerStaysUp) {
     ServerProcess server({});

@@ -97,13 +97,9 @@ class Disaggregated : public ::testing::Test {
         std::unique_ptr<transport::Transport> transport;
         std::unique_ptr<decode::DecodeWorker> decode;
         std::unique_ptr<prefill::PrefillWorker> prefill;
-        std::unique_ptr<transport::Listener> listener;
-        std::thread acceptor;
         std::string address;
         ~Cluster() {
             prefill.reset();
-            listener.reset();
-            if (acceptor.joinable()) acceptor.join();
             decode.reset();
         }
         // Starts the turn on the decode node, and on the prefill node when it says so.
@@ -145,20 +141,10 @@ class Disaggregated : public ::testing::Test {
         auto pw = prefill::PrefillWorker::create(*model_, p, *c->transport);
         EXPECT_TRUE(pw.ok()) << pw.error().to_string();
         c->prefill = std::move(*pw);
-        auto l = c->transport->listen(backend == "ucx" ? "127.0.0.1:0" : "decode-0");
-        EXPECT_TRUE(l.ok()) << l.error().to_string();
-        c->listener = std::move(*l);
-        c->address = c->listener->address();
-        c->acceptor = std::thread([l = c->listener.get(), d = c->decode.get()] {
-            for (;;) {
-                auto conn = l->accept(transport::deadline_in(std::chrono::milliseconds(200)));
-                if (conn.ok()) {
-                    d->serve(std::move(*conn));
-                } else if (conn.status().code() != StatusCode::kDeadlineExceeded) {
-                    return;
-                }
-            }
-        });
+        auto address =
+            c->decode->listen(*c->transport, backend == "ucx" ? "127.0.0.1:0" : "decode-0");
+        EXPECT_TRUE(address.ok()) << address.error().to_string();
+        c->address = address.ok() ? *address : "";
         return c;
     }
     static model::Model* model_;

@@ -54,8 +54,4 @@ std::string chunk_json(const std::string& id, int64_t created, const std::string
 // not_found_error (404), server_error (500).
 std::string error_json(const std::string& message, const std::string& type, int code);
 
-// The longest prefix of text that ends on a UTF-8 character boundary (a token piece may
-// end inside a character; it is held back until the rest arrives).
-size_t complete_utf8_prefix(std::string_view text);
-
 }  // namespace deltaserve::api

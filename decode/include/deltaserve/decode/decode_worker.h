@@ -74,6 +74,9 @@ class DecodeWorker {
     // Serves a data connection from a prefill node (KV streams in, history pulls out) on a
     // thread of its own until the connection closes or the worker stops.
     virtual void serve(std::unique_ptr<transport::Connection> connection) = 0;
+    // Listens for prefill nodes' data connections on `address` and serves each; returns the
+    // address they connect to (the real port when given port 0). Once per worker.
+    virtual Result<std::string> listen(transport::Transport& transport, const std::string& address) = 0;
     // Drops a session's KV (the next turn recomputes it). Unknown ids are ignored.
     virtual void drop_session(const std::string& session_id) = 0;
     virtual DecodeStats stats() const = 0;

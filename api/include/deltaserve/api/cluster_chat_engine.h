@@ -1,0 +1,62 @@
+// The gateway's side of a chat turn (DESIGN.md "One chat turn", steps 2-5): renders the
+// conversation with the model's chat template, tokenizes it, starts the turn on the session's
+// decode worker and, when that worker asks for it, has the least-loaded prefill worker compute
+// the prompt's KV and ship it there; then streams the decode worker's text to the client.
+//
+// `deltaserve serve` runs one of each worker in its process over the in-process transport.
+// Sessions keep their messages here (the decode worker keeps their KV); a turn sends only
+// its new messages.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "deltaserve/api/chat_engine.h"
+#include "deltaserve/decode/decode_worker.h"
+#include "deltaserve/model/model.h"
+#include "deltaserve/prefill/prefill_worker.h"
+
+namespace deltaserve::api {
+
+struct ClusterEngineOptions {
+    int32_t max_sessions = 64;           // least recently used sessions are forgotten beyond this
+    int64_t session_ttl_seconds = 3600;  // idle sessions are forgotten after this
+};
+
+class ClusterChatEngine : public ChatEngine {
+  public:
+    // The workers must outlive the engine. decode_address is where the prefill workers reach
+    // the decode worker's data listener.
+    ClusterChatEngine(const model::Model& model, std::string model_id, decode::DecodeWorker& decode,
+                      std::string decode_address, std::vector<prefill::PrefillWorker*> prefill,
+                      ClusterEngineOptions options);
+    std::string model_id() const override { return model_id_; }
+    // Errors besides the workers': kFailedPrecondition when the session has a turn running.
+    Result<TurnResult> run_turn(const ChatRequest& request,
+                                const std::function<bool(std::string_view)>& on_piece) override;
+    EngineStats stats() const override;
+
+  private:
+    struct Session {
+        std::vector<model::ChatMessage> history;
+        int64_t last_used = 0;
+    };
+    prefill::PrefillWorker* least_loaded_prefill() const;
+    void forget_stale(int64_t now);
+
+    const model::Model& model_;
+    const std::string model_id_;
+    decode::DecodeWorker& decode_;
+    const std::string decode_address_;
+    const std::vector<prefill::PrefillWorker*> prefill_;
+    const ClusterEngineOptions options_;
+    std::atomic<uint64_t> next_turn_{1};
+    mutable std::mutex mu_;
+    std::map<std::string, Session> sessions_;
+};
+
+}  // namespace deltaserve::api

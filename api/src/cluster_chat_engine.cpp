@@ -1,0 +1,173 @@
+#include "deltaserve/api/cluster_chat_engine.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <limits>
+#include <optional>
+
+namespace deltaserve::api {
+
+namespace {
+
+int64_t now_seconds() {
+    return std::chrono::duration_cast<std::chrono::seconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+// Hands the decode worker's pieces to the request's thread: the worker's loop never waits
+// on a slow client.
+class QueueSink : public decode::TurnSink {
+  public:
+    bool on_piece(std::string_view piece) override {
+        std::lock_guard<std::mutex> lock(mu_);
+        pieces_.emplace_back(piece);
+        cv_.notify_one();
+        return true;
+    }
+    void on_end(Result<decode::TurnEnd> end) override {
+        std::lock_guard<std::mutex> lock(mu_);
+        end_.emplace(std::move(end));
+        cv_.notify_one();
+    }
+    // The next piece, or nullopt once the turn ended and every piece was taken.
+    std::optional<std::string> next() {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return !pieces_.empty() || end_.has_value(); });
+        if (pieces_.empty()) return std::nullopt;
+        std::string p = std::move(pieces_.front());
+        pieces_.pop_front();
+        return p;
+    }
+    Result<decode::TurnEnd> end() {
+        std::lock_guard<std::mutex> lock(mu_);
+        return *end_;
+    }
+
+  private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<std::string> pieces_;
+    std::optional<Result<decode::TurnEnd>> end_;
+};
+
+}  // namespace
+
+ClusterChatEngine::ClusterChatEngine(const model::Model& model, std::string model_id,
+                                     decode::DecodeWorker& decode, std::string decode_address,
+                                     std::vector<prefill::PrefillWorker*> prefill,
+                                     ClusterEngineOptions options)
+    : model_(model),
+      model_id_(std::move(model_id)),
+      decode_(decode),
+      decode_address_(std::move(decode_address)),
+      prefill_(std::move(prefill)),
+      options_(options) {}
+
+EngineStats ClusterChatEngine::stats() const {
+    const decode::DecodeStats d = decode_.stats();
+    EngineStats s;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        s.sessions = static_cast<int64_t>(sessions_.size());
+    }
+    s.queued = d.waiting;
+    for (auto* p : prefill_) {
+        const prefill::PrefillStats ps = p->stats();
+        s.queued += ps.queued;
+        s.kv_bytes_shipped += ps.bytes_shipped;
+    }
+    s.kv_bytes = d.kv_bytes;
+    s.keep_ratio = d.keep_ratio;
+    return s;
+}
+
+prefill::PrefillWorker* ClusterChatEngine::least_loaded_prefill() const {
+    prefill::PrefillWorker* best = nullptr;
+    int64_t load = std::numeric_limits<int64_t>::max();
+    for (auto* p : prefill_) {
+        const int64_t q = p->stats().queued;
+        if (q < load) best = p, load = q;
+    }
+    return best;
+}
+
+void ClusterChatEngine::forget_stale(int64_t now) {
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+        it = now - it->second.last_used > options_.session_ttl_seconds ? sessions_.erase(it)
+                                                                       : std::next(it);
+    }
+    while (static_cast<int32_t>(sessions_.size()) > options_.max_sessions) {
+        auto oldest = std::min_element(
+            sessions_.begin(), sessions_.end(),
+            [](const auto& a, const auto& b) { return a.second.last_used < b.second.last_used; });
+        sessions_.erase(oldest);
+    }
+}
+
+Result<TurnResult> ClusterChatEngine::run_turn(
+    const ChatRequest& request, const std::function<bool(std::string_view)>& on_piece) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<model::ChatMessage> conversation;
+    if (!request.session_id.empty()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        forget_stale(now_seconds());
+        auto it = sessions_.find(request.session_id);
+        if (it != sessions_.end()) conversation = it->second.history;
+    }
+    conversation.insert(conversation.end(), request.messages.begin(), request.messages.end());
+    const model::Tokenizer& tok = *model_.tokenizer;
+    const std::string prompt = model::apply_chat_template(model_.chat_template, conversation, true);
+    decode::TurnSpec spec;
+    DS_ASSIGN_OR_RETURN(spec.tokens, tok.encode(prompt, tok.vocab().add_bos, true));
+    if (spec.tokens.empty()) return invalid_argument("the conversation renders to no tokens");
+    spec.turn_id = next_turn_++;
+    spec.session_id = request.session_id;
+    spec.sampling = request.sampling;
+    spec.max_tokens = request.max_tokens;
+    spec.stop = request.stop;
+    auto sink = std::make_shared<QueueSink>();
+    DS_ASSIGN_OR_RETURN(const decode::TurnPlan plan, decode_.start_turn(spec, sink));
+    if (plan.remote_prefill) {
+        prefill::PrefillWorker* p = least_loaded_prefill();
+        Result<prefill::PrefillResult> r =
+            p ? p->prefill({spec, decode_address_, plan.pull_tokens})
+              : Result<prefill::PrefillResult>(unavailable("no prefill node"));
+        if (!r.ok()) decode_.cancel(spec.turn_id, r.status());
+    }
+    TurnResult result;
+    bool first = true, cancelled = false;
+    while (auto piece = sink->next()) {
+        if (first) {
+            result.ttft_seconds =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            first = false;
+        }
+        if (!cancelled && !on_piece(*piece)) {
+            cancelled = true;
+            decode_.cancel(spec.turn_id, Status());
+        }
+    }
+    DS_ASSIGN_OR_RETURN(decode::TurnEnd end, sink->end());
+    if (first) {
+        result.ttft_seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    result.text = std::move(end.text);
+    result.finish_reason = cancelled ? "cancelled" : end.finish_reason;
+    result.usage.prompt_tokens = end.prompt_tokens;
+    result.usage.cached_tokens = end.cached_tokens;
+    result.usage.completion_tokens = end.completion_tokens;
+    if (!request.session_id.empty()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        Session& s = sessions_[request.session_id];
+        s.history = std::move(conversation);
+        s.history.push_back({"assistant", result.text});
+        s.last_used = now_seconds();
+        forget_stale(s.last_used);
+    }
+    return result;
+}
+
+}  // namespace deltaserve::api
