@@ -12,6 +12,7 @@
 #include "deltaserve/prefill/prefill_worker.h"
 #include "deltaserve/transport/kv_stream.h"
 #include "deltaserve/transport/transport_factory.h"
+#include "default_model.h"
 #include "test_paths.h"
 
 namespace deltaserve {
@@ -47,14 +48,7 @@ class CollectingSink : public decode::TurnSink {
 
 class Disaggregated : public ::testing::Test {
   protected:
-    static void SetUpTestSuite() {
-        if (!testing::file_exists(testing::default_gguf_model())) return;
-        model::LoadOptions lo;
-        lo.show_progress = false;
-        auto m = model::load_model(testing::default_gguf_model(), lo);
-        ASSERT_TRUE(m.ok()) << m.error().to_string();
-        model_ = std::move(*m).release();
-    }
+    static void SetUpTestSuite() { model_ = testing::load_default_model(); }
     static void TearDownTestSuite() { delete model_; }
     void SetUp() override {
         DS_REQUIRE_FILE(testing::default_gguf_model(), "default model");

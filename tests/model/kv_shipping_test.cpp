@@ -9,6 +9,7 @@
 
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/sampler.h"
+#include "default_model.h"
 #include "test_paths.h"
 
 namespace deltaserve::model {
@@ -16,14 +17,7 @@ namespace {
 
 class KvShipping : public ::testing::Test {
   protected:
-    static void SetUpTestSuite() {
-        if (!testing::file_exists(testing::default_gguf_model())) return;
-        LoadOptions lo;
-        lo.show_progress = false;
-        auto m = load_model(testing::default_gguf_model(), lo);
-        ASSERT_TRUE(m.ok()) << m.error().to_string();
-        model_ = std::move(*m).release();
-    }
+    static void SetUpTestSuite() { model_ = testing::load_default_model(); }
     static void TearDownTestSuite() { delete model_; }
     void SetUp() override {
         DS_REQUIRE_FILE(testing::default_gguf_model(), "default model");
