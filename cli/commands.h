@@ -7,5 +7,8 @@ int generate_main(int argc, char** argv);
 int chat_main(int argc, char** argv);
 int score_main(int argc, char** argv);
 int serve_main(int argc, char** argv);
+int gateway_main(int argc, char** argv);
+int prefill_main(int argc, char** argv);
+int decode_main(int argc, char** argv);
 
 }  // namespace deltaserve::cli

@@ -15,6 +15,9 @@ constexpr const char* kUsage =
     "  chat       interactive chat with a model\n"
     "  score      perplexity and KL to full KV of a text under a KV policy (JSON)\n"
     "  serve      OpenAI-compatible HTTP server (chat completions) on 127.0.0.1:8000\n"
+    "  gateway    the cluster's HTTP gateway (--config cluster.yaml)\n"
+    "  prefill    a prefill node of the cluster (--config cluster.yaml --name NAME)\n"
+    "  decode     a decode node of the cluster (--config cluster.yaml --name NAME)\n"
     "\n"
     "Run 'deltaserve <command> --help' for a command's flags.\n";
 
@@ -34,6 +37,9 @@ int main(int argc, char** argv) {
     if (cmd == "chat") return deltaserve::cli::chat_main(argc - 2, argv + 2);
     if (cmd == "score") return deltaserve::cli::score_main(argc - 2, argv + 2);
     if (cmd == "serve") return deltaserve::cli::serve_main(argc - 2, argv + 2);
+    if (cmd == "gateway") return deltaserve::cli::gateway_main(argc - 2, argv + 2);
+    if (cmd == "prefill") return deltaserve::cli::prefill_main(argc - 2, argv + 2);
+    if (cmd == "decode") return deltaserve::cli::decode_main(argc - 2, argv + 2);
     std::fprintf(stderr, "deltaserve: error: unknown command '%s' (see deltaserve --help)\n", cmd.c_str());
     return 2;
 }

@@ -1,8 +1,6 @@
 // deltaserve serve: the embedded mode (DESIGN.md "Processes"). The OpenAI-compatible gateway,
 // a prefill worker and a decode worker in one process, over the in-process transport;
 // listening on 127.0.0.1:8000 unless told otherwise; stops on SIGINT or SIGTERM.
-#include <signal.h>
-
 #include <cstdio>
 #include <filesystem>
 
@@ -11,6 +9,7 @@
 #include "deltaserve/api/http_gateway.h"
 #include "deltaserve/transport/transport_factory.h"
 #include "run_options.h"
+#include "stop_signals.h"
 
 namespace deltaserve::cli {
 
@@ -48,13 +47,7 @@ int serve_main(int argc, char** argv) {
         return 2;
     }
     eo.session_ttl_seconds = ttl;
-    // Block the stop signals before any thread starts, so that only sigwait below sees them.
-    sigset_t stop_signals;
-    sigemptyset(&stop_signals);
-    sigaddset(&stop_signals, SIGINT);
-    sigaddset(&stop_signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-    signal(SIGPIPE, SIG_IGN);  // a client that goes away is a write error, not a crash
+    const sigset_t stop_signals = block_stop_signals();
 
     auto model = load_model_for_run(o);
     if (!model) {
@@ -83,7 +76,9 @@ int serve_main(int argc, char** argv) {
         print_error(address.error());
         return 1;
     }
-    api::ClusterChatEngine engine(**model, model_id, **decode, *address, {prefill->get()}, eo);
+    auto decode_node = api::local_decode_node("decode-0", **decode, *address);
+    auto prefill_node = api::local_prefill_node("prefill-0", **prefill);
+    api::ClusterChatEngine engine(**model, model_id, {decode_node.get()}, {prefill_node.get()}, eo);
     api::GatewayOptions go;
     go.host = host;
     go.port = static_cast<uint16_t>(port);
@@ -97,10 +92,7 @@ int serve_main(int argc, char** argv) {
     std::fprintf(stderr, "deltaserve: serving %s on http://%s:%u\n", model_id.c_str(), host.c_str(),
                  static_cast<unsigned>((*gateway)->port()));
     std::fflush(stderr);
-    int sig = 0;
-    sigwait(&stop_signals, &sig);
-    std::fprintf(stderr, "deltaserve: %s, stopping\n",
-                 sig == SIGINT ? "interrupted" : "terminated");
+    std::fprintf(stderr, "deltaserve: %s, stopping\n", wait_for_stop(stop_signals));
     (*gateway)->stop();
     return 0;
 }

@@ -55,40 +55,60 @@ class QueueSink : public decode::TurnSink {
 }  // namespace
 
 ClusterChatEngine::ClusterChatEngine(const model::Model& model, std::string model_id,
-                                     decode::DecodeWorker& decode, std::string decode_address,
-                                     std::vector<prefill::PrefillWorker*> prefill,
+                                     std::vector<DecodeNode*> decode,
+                                     std::vector<PrefillNode*> prefill,
                                      ClusterEngineOptions options)
     : model_(model),
       model_id_(std::move(model_id)),
-      decode_(decode),
-      decode_address_(std::move(decode_address)),
+      decode_(std::move(decode)),
       prefill_(std::move(prefill)),
       options_(options) {}
 
 EngineStats ClusterChatEngine::stats() const {
-    const decode::DecodeStats d = decode_.stats();
     EngineStats s;
     {
         std::lock_guard<std::mutex> lock(mu_);
         s.sessions = static_cast<int64_t>(sessions_.size());
     }
-    s.queued = d.waiting;
-    for (auto* p : prefill_) {
-        const prefill::PrefillStats ps = p->stats();
-        s.queued += ps.queued;
-        s.kv_bytes_shipped += ps.bytes_shipped;
+    double held = 0, full = 0;
+    for (auto* d : decode_) {
+        auto ds = d->stats();
+        if (!ds.ok()) continue;
+        s.queued += ds->waiting;
+        s.kv_bytes += ds->kv_bytes;
+        held += static_cast<double>(ds->kv_bytes);
+        full += ds->keep_ratio > 0 ? static_cast<double>(ds->kv_bytes) / ds->keep_ratio : 0;
     }
-    s.kv_bytes = d.kv_bytes;
-    s.keep_ratio = d.keep_ratio;
+    s.keep_ratio = full > 0 ? held / full : 1.0;
+    for (auto* p : prefill_) {
+        auto ps = p->stats();
+        if (!ps.ok()) continue;
+        s.queued += ps->queued;
+        s.kv_bytes_shipped += ps->bytes_shipped;
+    }
     return s;
 }
 
-prefill::PrefillWorker* ClusterChatEngine::least_loaded_prefill() const {
-    prefill::PrefillWorker* best = nullptr;
+DecodeNode* ClusterChatEngine::least_loaded_decode(const DecodeNode* except) const {
+    DecodeNode* best = nullptr;
+    int64_t load = std::numeric_limits<int64_t>::max();
+    for (auto* d : decode_) {
+        if (d == except) continue;
+        auto st = d->stats();
+        if (!st.ok()) continue;  // lost
+        const int64_t l = st->running + st->waiting;
+        if (l < load) best = d, load = l;
+    }
+    return best;
+}
+
+PrefillNode* ClusterChatEngine::least_loaded_prefill() const {
+    PrefillNode* best = nullptr;
     int64_t load = std::numeric_limits<int64_t>::max();
     for (auto* p : prefill_) {
-        const int64_t q = p->stats().queued;
-        if (q < load) best = p, load = q;
+        auto st = p->stats();
+        if (!st.ok()) continue;
+        if (st->queued < load) best = p, load = st->queued;
     }
     return best;
 }
@@ -110,11 +130,15 @@ Result<TurnResult> ClusterChatEngine::run_turn(
     const ChatRequest& request, const std::function<bool(std::string_view)>& on_piece) {
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<model::ChatMessage> conversation;
+    DecodeNode* node = nullptr;
     if (!request.session_id.empty()) {
         std::lock_guard<std::mutex> lock(mu_);
         forget_stale(now_seconds());
         auto it = sessions_.find(request.session_id);
-        if (it != sessions_.end()) conversation = it->second.history;
+        if (it != sessions_.end()) {
+            conversation = it->second.history;
+            node = it->second.node;
+        }
     }
     conversation.insert(conversation.end(), request.messages.begin(), request.messages.end());
     const model::Tokenizer& tok = *model_.tokenizer;
@@ -128,13 +152,23 @@ Result<TurnResult> ClusterChatEngine::run_turn(
     spec.max_tokens = request.max_tokens;
     spec.stop = request.stop;
     auto sink = std::make_shared<QueueSink>();
-    DS_ASSIGN_OR_RETURN(const decode::TurnPlan plan, decode_.start_turn(spec, sink));
+    if (node == nullptr) node = least_loaded_decode(nullptr);
+    if (node == nullptr) return unavailable("no decode node is reachable");
+    auto planned = node->start_turn(spec, sink);
+    if (!planned.ok() && planned.status().code() == StatusCode::kUnavailable) {
+        // The session's node is lost: its KV with it. Another node recomputes the history.
+        if (DecodeNode* other = least_loaded_decode(node)) {
+            node = other;
+            planned = node->start_turn(spec, sink);
+        }
+    }
+    DS_ASSIGN_OR_RETURN(const decode::TurnPlan plan, std::move(planned));
     if (plan.remote_prefill) {
-        prefill::PrefillWorker* p = least_loaded_prefill();
+        PrefillNode* p = least_loaded_prefill();
         Result<prefill::PrefillResult> r =
-            p ? p->prefill({spec, decode_address_, plan.pull_tokens})
-              : Result<prefill::PrefillResult>(unavailable("no prefill node"));
-        if (!r.ok()) decode_.cancel(spec.turn_id, r.status());
+            p ? p->prefill({spec, node->data_address(), plan.pull_tokens})
+              : Result<prefill::PrefillResult>(unavailable("no prefill node is reachable"));
+        if (!r.ok()) node->cancel(spec.turn_id, r.status());
     }
     TurnResult result;
     bool first = true, cancelled = false;
@@ -146,7 +180,7 @@ Result<TurnResult> ClusterChatEngine::run_turn(
         }
         if (!cancelled && !on_piece(*piece)) {
             cancelled = true;
-            decode_.cancel(spec.turn_id, Status());
+            node->cancel(spec.turn_id, Status());
         }
     }
     DS_ASSIGN_OR_RETURN(decode::TurnEnd end, sink->end());
@@ -164,6 +198,7 @@ Result<TurnResult> ClusterChatEngine::run_turn(
         Session& s = sessions_[request.session_id];
         s.history = std::move(conversation);
         s.history.push_back({"assistant", result.text});
+        s.node = node;
         s.last_used = now_seconds();
         forget_stale(s.last_used);
     }

@@ -20,10 +20,10 @@ struct TurnResult {
 
 struct EngineStats {
     int64_t sessions = 0;
-    int64_t queued = 0;       // turns waiting for the model
-    int64_t kv_bytes = 0;     // held by the KV cache
+    int64_t queued = 0;            // turns waiting for the model
+    int64_t kv_bytes = 0;          // held by the KV cache
     int64_t kv_bytes_shipped = 0;  // sent from prefill to decode workers
-    double keep_ratio = 1.0;  // kv_bytes over the same tokens in fp16 full KV
+    double keep_ratio = 1.0;       // kv_bytes over the same tokens in fp16 full KV
 };
 
 class ChatEngine {

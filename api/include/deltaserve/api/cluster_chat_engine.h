@@ -16,9 +16,8 @@
 #include <vector>
 
 #include "deltaserve/api/chat_engine.h"
-#include "deltaserve/decode/decode_worker.h"
+#include "deltaserve/api/cluster_nodes.h"
 #include "deltaserve/model/model.h"
-#include "deltaserve/prefill/prefill_worker.h"
 
 namespace deltaserve::api {
 
@@ -29,10 +28,9 @@ struct ClusterEngineOptions {
 
 class ClusterChatEngine : public ChatEngine {
   public:
-    // The workers must outlive the engine. decode_address is where the prefill workers reach
-    // the decode worker's data listener.
-    ClusterChatEngine(const model::Model& model, std::string model_id, decode::DecodeWorker& decode,
-                      std::string decode_address, std::vector<prefill::PrefillWorker*> prefill,
+    // The nodes must outlive the engine; at least one decode node.
+    ClusterChatEngine(const model::Model& model, std::string model_id,
+                      std::vector<DecodeNode*> decode, std::vector<PrefillNode*> prefill,
                       ClusterEngineOptions options);
     std::string model_id() const override { return model_id_; }
     // Errors besides the workers': kFailedPrecondition when the session has a turn running.
@@ -44,15 +42,16 @@ class ClusterChatEngine : public ChatEngine {
     struct Session {
         std::vector<model::ChatMessage> history;
         int64_t last_used = 0;
+        DecodeNode* node = nullptr;  // where its KV is
     };
-    prefill::PrefillWorker* least_loaded_prefill() const;
+    DecodeNode* least_loaded_decode(const DecodeNode* except) const;
+    PrefillNode* least_loaded_prefill() const;
     void forget_stale(int64_t now);
 
     const model::Model& model_;
     const std::string model_id_;
-    decode::DecodeWorker& decode_;
-    const std::string decode_address_;
-    const std::vector<prefill::PrefillWorker*> prefill_;
+    const std::vector<DecodeNode*> decode_;
+    const std::vector<PrefillNode*> prefill_;
     const ClusterEngineOptions options_;
     std::atomic<uint64_t> next_turn_{1};
     mutable std::mutex mu_;

@@ -1,0 +1,53 @@
+// A cluster's configuration (`deltaserve gateway|prefill|decode --config cluster.yaml`): the
+// model and KV settings every node shares, the gateway's address, and the static list of
+// prefill and decode nodes with their RPC (control) and data (KV) addresses. deploy/ has an
+// example. DELTASERVE_<KEY> environment variables override the file's top-level keys (e.g.
+// DELTASERVE_MODEL, DELTASERVE_THREADS, DELTASERVE_GATEWAY_PORT, DELTASERVE_TRANSPORT_TLS);
+// the commands' flags override both.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "deltaserve/common/status.h"
+
+namespace deltaserve::api {
+
+struct NodeEntry {
+    std::string name;
+    std::string rpc;   // host:port of its Cap'n Proto service
+    std::string data;  // decode nodes: host:port where prefill nodes ship KV (UCX)
+};
+
+struct ClusterConfig {
+    std::string model;
+    std::string tokenizer;
+    int32_t threads = 0;  // per worker; 0 = one per hardware thread
+    int32_t ctx_size = 0;
+    int32_t batch_size = 512;
+    std::string kv_policy = "full";
+    float kv_keep = 1.0f;
+    std::string kv_profile;
+    std::string transport_tls;  // UCX_TLS of the data plane; "" = UCX's own choice
+    std::string gateway_host = "127.0.0.1";
+    int32_t gateway_port = 8000;
+    int32_t local_prefill_max = 512;
+    int32_t max_batch = 32;
+    int32_t max_sessions = 64;
+    int32_t session_ttl = 3600;  // seconds
+    std::string log_level = "warn";
+    std::vector<NodeEntry> prefill;
+    std::vector<NodeEntry> decode;
+
+    // The node of that name (either list), or nullptr.
+    const NodeEntry* find(const std::string& name) const;
+};
+
+// Reads a YAML file, then the environment's overrides. Errors: kNotFound (no file),
+// kInvalidArgument naming the key that is malformed, unknown, missing or out of range.
+Result<ClusterConfig> load_cluster_config(const std::string& path);
+// The overrides alone (for tests): DELTASERVE_<UPPER_KEY> for every scalar key.
+Status apply_env_overrides(ClusterConfig& config);
+
+}  // namespace deltaserve::api

@@ -1,0 +1,40 @@
+// The nodes a gateway runs turns on, whether in this process (the workers themselves) or in
+// another (Cap'n Proto clients, rpc_client.h): the same calls either way.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "deltaserve/common/status.h"
+#include "deltaserve/decode/decode_worker.h"
+#include "deltaserve/prefill/prefill_worker.h"
+
+namespace deltaserve::api {
+
+class DecodeNode {
+  public:
+    virtual ~DecodeNode() = default;
+    virtual std::string name() const = 0;
+    // As DecodeWorker::start_turn; a lost node ends the turn with kUnavailable.
+    virtual Result<decode::TurnPlan> start_turn(decode::TurnSpec spec,
+                                                std::shared_ptr<decode::TurnSink> sink) = 0;
+    virtual void cancel(uint64_t turn_id, Status why) = 0;
+    virtual Result<decode::DecodeStats> stats() = 0;
+    // Where prefill nodes ship this node's KV.
+    virtual std::string data_address() const = 0;
+};
+
+class PrefillNode {
+  public:
+    virtual ~PrefillNode() = default;
+    virtual std::string name() const = 0;
+    virtual Result<prefill::PrefillResult> prefill(const prefill::PrefillRequest& request) = 0;
+    virtual Result<prefill::PrefillStats> stats() = 0;
+};
+
+// The workers of this process as nodes (they must outlive them).
+std::unique_ptr<DecodeNode> local_decode_node(std::string name, decode::DecodeWorker& worker,
+                                              std::string data_address);
+std::unique_ptr<PrefillNode> local_prefill_node(std::string name, prefill::PrefillWorker& worker);
+
+}  // namespace deltaserve::api

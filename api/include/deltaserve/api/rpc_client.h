@@ -1,0 +1,37 @@
+// A gateway's connection to a node in another process (Cap'n Proto RPC, cluster.capnp): its
+// roles as DecodeNode / PrefillNode (cluster_nodes.h). Calls block the caller; the RPC runs
+// on an event-loop thread of its own. A node that dies or becomes unreachable turns its calls
+// into kUnavailable and ends its turns with that error; the client reconnects on the next
+// call.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "deltaserve/api/cluster_nodes.h"
+#include "deltaserve/common/status.h"
+
+namespace deltaserve::api {
+
+struct NodeInfo {
+    std::string role;  // "decode", "prefill" or "decode+prefill"
+    std::string name;
+    std::string model_id;
+};
+
+class RpcClient {
+  public:
+    // Connects to a node's RPC address and asks what it is, retrying until `wait` has passed
+    // (nodes of a cluster start in any order). Errors: kUnavailable.
+    static Result<std::unique_ptr<RpcClient>> connect(const std::string& address,
+                                                      std::chrono::milliseconds wait);
+    virtual ~RpcClient() = default;
+    virtual const NodeInfo& info() const = 0;
+    // The node's roles; kFailedPrecondition when it does not have that role. The nodes live
+    // as long as the client.
+    virtual Result<DecodeNode*> decode_node() = 0;
+    virtual Result<PrefillNode*> prefill_node() = 0;
+};
+
+}  // namespace deltaserve::api

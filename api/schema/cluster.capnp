@@ -1,0 +1,115 @@
+# The cluster services between the gateway and the prefill and decode nodes (DESIGN.md
+# "Processes": control plane Cap'n Proto RPC, data plane UCX). A node's bootstrap capability
+# is a Node; it hands out the role it runs.
+@0xb9235c44fde6c0eb;
+
+$import "/capnp/c++.capnp".namespace("deltaserve::api::rpc");
+
+struct Error {
+  # A deltaserve Status that is not OK: the StatusCode number and its message.
+  code @0 :UInt8;
+  message @1 :Text;
+}
+
+struct Sampling {
+  temperature @0 :Float32;
+  topK @1 :Int32;
+  topP @2 :Float32;
+  minP @3 :Float32;
+  repeatPenalty @4 :Float32;
+  repeatLastN @5 :Int32;
+  seed @6 :UInt64;
+}
+
+struct TurnSpec {
+  turnId @0 :UInt64;
+  sessionId @1 :Text;
+  tokens @2 :List(Int32);
+  sampling @3 :Sampling;
+  maxTokens @4 :Int32;
+  stop @5 :List(Text);
+}
+
+struct TurnPlan {
+  cachedTokens @0 :Int32;
+  remotePrefill @1 :Bool;
+  pullTokens @2 :Int32;
+}
+
+struct TurnEnd {
+  union {
+    error @0 :Error;
+    done :group {
+      finishReason @1 :Text;
+      text @2 :Text;
+      promptTokens @3 :Int32;
+      cachedTokens @4 :Int32;
+      completionTokens @5 :Int32;
+    }
+  }
+}
+
+interface TokenSink {
+  # Where a turn's text goes, hosted by the gateway. Calls arrive in order; end comes last.
+  piece @0 (text :Text) -> ();
+  end @1 (end :TurnEnd) -> ();
+}
+
+interface Turn {
+  wait @0 () -> ();
+  # Returns once the turn's end reached its sink; fails when the decode node is lost.
+  cancel @1 (error :Error) -> ();
+  # Ends the turn: "cancelled" without an error, else with it (a prefill that failed).
+}
+
+struct DecodeStats {
+  sessions @0 :Int64;
+  running @1 :Int64;
+  waiting @2 :Int64;
+  kvBytes @3 :Int64;
+  keepRatio @4 :Float64;
+  kvBytesReceived @5 :Int64;
+  turns @6 :Int64;
+}
+
+interface DecodeNode {
+  startTurn @0 (spec :TurnSpec, sink :TokenSink) -> (plan :TurnPlan, turn :Turn, error :Error);
+  # error is set (and the rest unset) when the turn was refused.
+  dataAddress @1 () -> (address :Text);
+  # Where prefill nodes ship KV to this node (the data plane).
+  stats @2 () -> (stats :DecodeStats);
+}
+
+struct PrefillRequest {
+  turn @0 :TurnSpec;
+  decodeAddress @1 :Text;
+  pullTokens @2 :Int32;
+}
+
+struct PrefillResult {
+  firstToken @0 :Int32;
+  pulledTokens @1 :Int32;
+  prefilledTokens @2 :Int32;
+  bytesShipped @3 :Int64;
+  seconds @4 :Float64;
+}
+
+struct PrefillStats {
+  queued @0 :Int64;
+  requests @1 :Int64;
+  failures @2 :Int64;
+  tokens @3 :Int64;
+  bytesShipped @4 :Int64;
+}
+
+interface PrefillNode {
+  prefill @0 (request :PrefillRequest) -> (result :PrefillResult, error :Error);
+  stats @1 () -> (stats :PrefillStats);
+}
+
+interface Node {
+  info @0 () -> (role :Text, name :Text, modelId :Text);
+  decode @1 () -> (node :DecodeNode);
+  # Fails on a node that does not decode.
+  prefill @2 () -> (node :PrefillNode);
+}

@@ -1,0 +1,324 @@
+#include "deltaserve/api/rpc_client.h"
+
+#include <capnp/rpc-twoparty.h>
+#include <kj/async-io.h>
+
+#include <future>
+#include <map>
+#include <thread>
+
+#include "rpc_convert.h"
+
+namespace deltaserve::api {
+
+namespace {
+
+constexpr auto kCallTimeout = 30 * kj::SECONDS;
+constexpr auto kPrefillTimeout = 600 * kj::SECONDS;
+
+// A turn's sink on the gateway's side, on the RPC thread: the decode node's pieces and end
+// go to the engine's TurnSink; a lost node ends the turn with kUnavailable.
+struct Bridge {
+    std::shared_ptr<decode::TurnSink> sink;
+    std::string peer;
+    bool ended = false;
+    void end(Result<decode::TurnEnd> e) {
+        if (ended) return;
+        ended = true;
+        sink->on_end(std::move(e));
+    }
+};
+
+class SinkImpl final : public rpc::TokenSink::Server {
+  public:
+    explicit SinkImpl(std::shared_ptr<Bridge> b) : b_(std::move(b)) {}
+    kj::Promise<void> piece(PieceContext context) override {
+        if (!b_->ended) b_->sink->on_piece(context.getParams().getText().cStr());
+        return kj::READY_NOW;
+    }
+    kj::Promise<void> end(EndContext context) override {
+        b_->end(rpc::from_capnp(context.getParams().getEnd()));
+        return kj::READY_NOW;
+    }
+
+  private:
+    std::shared_ptr<Bridge> b_;
+};
+
+class RpcClientImpl;
+
+class RemoteDecode final : public DecodeNode {
+  public:
+    RemoteDecode(RpcClientImpl& c, std::string name, std::string address)
+        : c_(c), name_(std::move(name)), address_(std::move(address)) {}
+    std::string name() const override { return name_; }
+    Result<decode::TurnPlan> start_turn(decode::TurnSpec spec,
+                                        std::shared_ptr<decode::TurnSink> sink) override;
+    void cancel(uint64_t turn_id, Status why) override;
+    Result<decode::DecodeStats> stats() override;
+    std::string data_address() const override { return address_; }
+
+  private:
+    RpcClientImpl& c_;
+    std::string name_, address_;
+};
+
+class RemotePrefill final : public PrefillNode {
+  public:
+    RemotePrefill(RpcClientImpl& c, std::string name) : c_(c), name_(std::move(name)) {}
+    std::string name() const override { return name_; }
+    Result<prefill::PrefillResult> prefill(const prefill::PrefillRequest& request) override;
+    Result<prefill::PrefillStats> stats() override;
+
+  private:
+    RpcClientImpl& c_;
+    std::string name_;
+};
+
+class RpcClientImpl final : public RpcClient, public kj::TaskSet::ErrorHandler {
+  public:
+    explicit RpcClientImpl(std::string address) : address_(std::move(address)) {}
+    ~RpcClientImpl() noexcept override {
+        if (executor_) {
+            try {
+                executor_->executeSync([this] {
+                    turns_.clear();
+                    conn_ = nullptr;
+                    tasks_ = nullptr;
+                    stop_->fulfill();
+                });
+            } catch (const kj::Exception&) {
+            }
+        }
+        if (thread_.joinable()) thread_.join();
+    }
+
+    Status start(std::chrono::milliseconds wait) {
+        std::promise<void> started;
+        auto ready = started.get_future();
+        thread_ = std::thread([this, &started] {
+            auto io = kj::setupAsyncIo();
+            io_ = &io;
+            tasks_ = kj::heap<kj::TaskSet>(*this);
+            auto paf = kj::newPromiseAndFulfiller<void>();
+            stop_ = kj::mv(paf.fulfiller);
+            executor_ = kj::getCurrentThreadExecutor().addRef();
+            started.set_value();
+            paf.promise.wait(io.waitScope);
+            stop_ = nullptr;
+            io_ = nullptr;
+        });
+        ready.wait();
+        const auto until = std::chrono::steady_clock::now() + wait;
+        Status last;
+        do {
+            last = call<Status>([this]() -> kj::Promise<Status> {
+                return node().infoRequest().send().then([this](auto&& r) {
+                    info_.role = r.getRole();
+                    info_.name = r.getName();
+                    info_.model_id = r.getModelId();
+                    return Status();
+                });
+            });
+            if (last.ok()) return last;
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        } while (std::chrono::steady_clock::now() < until);
+        return last;
+    }
+
+    const NodeInfo& info() const override { return info_; }
+
+    Result<DecodeNode*> decode_node() override {
+        if (info_.role.find("decode") == std::string::npos) {
+            return failed_precondition("node " + info_.name + " at " + address_ +
+                                       " does not decode");
+        }
+        if (!decode_) {
+            auto address = call<Result<std::string>>([this]() -> kj::Promise<Result<std::string>> {
+                return decode_cap().dataAddressRequest().send().then([](auto&& r) {
+                    return Result<std::string>(std::string(r.getAddress().cStr()));
+                });
+            });
+            DS_RETURN_IF_ERROR(address.status());
+            decode_ = std::make_unique<RemoteDecode>(*this, info_.name, *address);
+        }
+        return decode_.get();
+    }
+    Result<PrefillNode*> prefill_node() override {
+        if (info_.role.find("prefill") == std::string::npos) {
+            return failed_precondition("node " + info_.name + " at " + address_ +
+                                       " does not prefill");
+        }
+        if (!prefill_) prefill_ = std::make_unique<RemotePrefill>(*this, info_.name);
+        return prefill_.get();
+    }
+
+    // Runs f on the RPC thread (connecting first when needed) and waits for its promise; a
+    // Cap'n Proto failure (the node is gone) becomes kUnavailable. T is a Status or Result.
+    template <typename T, typename F>
+    T call(F&& f, kj::Duration timeout = kCallTimeout) {
+        try {
+            return executor_->executeSync([&]() -> kj::Promise<T> {
+                return io_->provider->getTimer().timeoutAfter(timeout,
+                                                              ensure().then([&]() { return f(); }));
+            });
+        } catch (const kj::Exception& e) {
+            executor_->executeSync([this] { conn_ = nullptr; });  // reconnect next time
+            return rpc::from_exception(e, address_);
+        }
+    }
+
+    // On the RPC thread.
+    rpc::Node::Client& node() { return (*conn_).node; }
+    rpc::DecodeNode::Client decode_cap() { return node().decodeRequest().send().getNode(); }
+    rpc::PrefillNode::Client prefill_cap() { return node().prefillRequest().send().getNode(); }
+    kj::TaskSet& tasks() { return *tasks_; }
+    std::map<uint64_t, rpc::Turn::Client>& turns() { return turns_; }
+    const std::string& address() const { return address_; }
+
+  private:
+    struct Conn {
+        kj::Own<kj::AsyncIoStream> stream;
+        kj::Own<capnp::TwoPartyClient> client;
+        rpc::Node::Client node;
+    };
+    kj::Promise<void> ensure() {
+        if (conn_.get() != nullptr) return kj::READY_NOW;
+        return io_->provider->getNetwork()
+            .parseAddress(address_.c_str())
+            .then([](kj::Own<kj::NetworkAddress>&& a) { return a->connect(); })
+            .then([this](kj::Own<kj::AsyncIoStream>&& stream) {
+                auto client = kj::heap<capnp::TwoPartyClient>(*stream);
+                auto node = client->bootstrap().castAs<rpc::Node>();
+                tasks_->add(client->onDisconnect().then([this] {
+                    conn_ = nullptr;
+                    for (auto& [id, t] : turns_) (void)t;  // their wait() calls fail on their own
+                }));
+                conn_ = kj::heap<Conn>(Conn{kj::mv(stream), kj::mv(client), kj::mv(node)});
+            });
+    }
+
+  public:
+    void taskFailed(kj::Exception&&) override {}
+
+  private:
+    std::string address_;
+    NodeInfo info_;
+    std::thread thread_;
+    kj::AsyncIoContext* io_ = nullptr;
+    kj::Own<const kj::Executor> executor_;
+    kj::Own<kj::PromiseFulfiller<void>> stop_;
+    kj::Own<kj::TaskSet> tasks_;
+    kj::Own<Conn> conn_;
+    std::map<uint64_t, rpc::Turn::Client> turns_;
+    std::unique_ptr<RemoteDecode> decode_;
+    std::unique_ptr<RemotePrefill> prefill_;
+};
+
+Result<decode::TurnPlan> RemoteDecode::start_turn(decode::TurnSpec spec,
+                                                  std::shared_ptr<decode::TurnSink> sink) {
+    auto bridge = std::make_shared<Bridge>();
+    bridge->sink = std::move(sink);
+    bridge->peer = c_.address();
+    return c_.call<Result<decode::TurnPlan>>([&]() -> kj::Promise<Result<decode::TurnPlan>> {
+        auto req = c_.decode_cap().startTurnRequest();
+        rpc::to_capnp(spec, req.initSpec());
+        req.setSink(kj::heap<SinkImpl>(bridge));
+        const uint64_t id = spec.turn_id;
+        return req.send().then([this, bridge, id](auto&& r) -> Result<decode::TurnPlan> {
+            if (r.hasError()) return rpc::from_capnp(r.getError());
+            decode::TurnPlan plan;
+            plan.cached_tokens = r.getPlan().getCachedTokens();
+            plan.remote_prefill = r.getPlan().getRemotePrefill();
+            plan.pull_tokens = r.getPlan().getPullTokens();
+            rpc::Turn::Client turn = r.getTurn();
+            c_.turns().emplace(id, turn);
+            c_.tasks().add(turn.waitRequest().send().then(
+                [this, id](auto&&) { c_.turns().erase(id); },
+                [this, bridge, id](kj::Exception&& e) {
+                    c_.turns().erase(id);
+                    bridge->end(rpc::from_exception(e, bridge->peer));
+                }));
+            return plan;
+        });
+    });
+}
+
+void RemoteDecode::cancel(uint64_t turn_id, Status why) {
+    (void)c_.call<Status>([&]() -> kj::Promise<Status> {
+        auto it = c_.turns().find(turn_id);
+        if (it == c_.turns().end()) return Status();
+        auto req = it->second.cancelRequest();
+        if (!why.ok()) rpc::to_capnp(why, req.initError());
+        return req.send().then([](auto&&) { return Status(); });
+    });
+}
+
+Result<decode::DecodeStats> RemoteDecode::stats() {
+    return c_.call<Result<decode::DecodeStats>>([&]() -> kj::Promise<Result<decode::DecodeStats>> {
+        return c_.decode_cap().statsRequest().send().then(
+            [](auto&& r) -> Result<decode::DecodeStats> {
+                auto s = r.getStats();
+                decode::DecodeStats d;
+                d.sessions = s.getSessions();
+                d.running = s.getRunning();
+                d.waiting = s.getWaiting();
+                d.kv_bytes = s.getKvBytes();
+                d.keep_ratio = s.getKeepRatio();
+                d.kv_bytes_received = s.getKvBytesReceived();
+                d.turns = s.getTurns();
+                return d;
+            });
+    });
+}
+
+Result<prefill::PrefillResult> RemotePrefill::prefill(const prefill::PrefillRequest& request) {
+    return c_.call<Result<prefill::PrefillResult>>(
+        [&]() -> kj::Promise<Result<prefill::PrefillResult>> {
+            auto req = c_.prefill_cap().prefillRequest();
+            auto b = req.initRequest();
+            rpc::to_capnp(request.turn, b.initTurn());
+            b.setDecodeAddress(request.decode_address);
+            b.setPullTokens(request.pull_tokens);
+            return req.send().then([](auto&& r) -> Result<prefill::PrefillResult> {
+                if (r.hasError()) return rpc::from_capnp(r.getError());
+                auto s = r.getResult();
+                prefill::PrefillResult p;
+                p.first_token = s.getFirstToken();
+                p.pulled_tokens = s.getPulledTokens();
+                p.prefilled_tokens = s.getPrefilledTokens();
+                p.bytes_shipped = s.getBytesShipped();
+                p.seconds = s.getSeconds();
+                return p;
+            });
+        },
+        kPrefillTimeout);
+}
+
+Result<prefill::PrefillStats> RemotePrefill::stats() {
+    return c_.call<Result<prefill::PrefillStats>>(
+        [&]() -> kj::Promise<Result<prefill::PrefillStats>> {
+            return c_.prefill_cap().statsRequest().send().then(
+                [](auto&& r) -> Result<prefill::PrefillStats> {
+                    auto s = r.getStats();
+                    prefill::PrefillStats p;
+                    p.queued = s.getQueued();
+                    p.requests = s.getRequests();
+                    p.failures = s.getFailures();
+                    p.tokens = s.getTokens();
+                    p.bytes_shipped = s.getBytesShipped();
+                    return p;
+                });
+        });
+}
+
+}  // namespace
+
+Result<std::unique_ptr<RpcClient>> RpcClient::connect(const std::string& address,
+                                                      std::chrono::milliseconds wait) {
+    auto c = std::make_unique<RpcClientImpl>(address);
+    DS_RETURN_IF_ERROR(c->start(wait));
+    return std::unique_ptr<RpcClient>(std::move(c));
+}
+
+}  // namespace deltaserve::api

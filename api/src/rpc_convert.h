@@ -1,0 +1,80 @@
+// Between deltaserve's types and cluster.capnp's.
+#pragma once
+
+#include <kj/exception.h>
+
+#include "cluster.capnp.h"
+#include "deltaserve/decode/decode_worker.h"
+#include "deltaserve/prefill/prefill_worker.h"
+
+namespace deltaserve::api::rpc {
+
+inline void to_capnp(const Status& s, Error::Builder e) {
+    e.setCode(static_cast<uint8_t>(s.code()));
+    e.setMessage(s.message());
+}
+inline Status from_capnp(Error::Reader e) {
+    return Status(static_cast<StatusCode>(e.getCode()), e.getMessage().cStr());
+}
+// A call that failed in Cap'n Proto itself (the peer is gone, or broke the protocol).
+inline Status from_exception(const kj::Exception& e, const std::string& peer) {
+    return unavailable("the node at " + peer + " is unreachable: " + e.getDescription().cStr());
+}
+
+inline void to_capnp(const decode::TurnSpec& s, TurnSpec::Builder b) {
+    b.setTurnId(s.turn_id);
+    b.setSessionId(s.session_id);
+    auto tokens = b.initTokens(static_cast<unsigned>(s.tokens.size()));
+    for (unsigned i = 0; i < s.tokens.size(); ++i) tokens.set(i, s.tokens[i]);
+    auto m = b.initSampling();
+    m.setTemperature(s.sampling.temperature);
+    m.setTopK(s.sampling.top_k);
+    m.setTopP(s.sampling.top_p);
+    m.setMinP(s.sampling.min_p);
+    m.setRepeatPenalty(s.sampling.repeat_penalty);
+    m.setRepeatLastN(s.sampling.repeat_last_n);
+    m.setSeed(s.sampling.seed);
+    b.setMaxTokens(s.max_tokens);
+    auto stop = b.initStop(static_cast<unsigned>(s.stop.size()));
+    for (unsigned i = 0; i < s.stop.size(); ++i) stop.set(i, s.stop[i]);
+}
+inline decode::TurnSpec from_capnp(TurnSpec::Reader r) {
+    decode::TurnSpec s;
+    s.turn_id = r.getTurnId();
+    s.session_id = r.getSessionId();
+    for (int32_t t : r.getTokens()) s.tokens.push_back(t);
+    auto m = r.getSampling();
+    s.sampling.temperature = m.getTemperature();
+    s.sampling.top_k = m.getTopK();
+    s.sampling.top_p = m.getTopP();
+    s.sampling.min_p = m.getMinP();
+    s.sampling.repeat_penalty = m.getRepeatPenalty();
+    s.sampling.repeat_last_n = m.getRepeatLastN();
+    s.sampling.seed = m.getSeed();
+    s.max_tokens = r.getMaxTokens();
+    for (auto t : r.getStop()) s.stop.emplace_back(t.cStr());
+    return s;
+}
+
+inline void to_capnp(const Result<decode::TurnEnd>& end, TurnEnd::Builder b) {
+    if (!end.ok()) return to_capnp(end.status(), b.initError());
+    auto d = b.initDone();
+    d.setFinishReason(end->finish_reason);
+    d.setText(end->text);
+    d.setPromptTokens(end->prompt_tokens);
+    d.setCachedTokens(end->cached_tokens);
+    d.setCompletionTokens(end->completion_tokens);
+}
+inline Result<decode::TurnEnd> from_capnp(TurnEnd::Reader r) {
+    if (r.isError()) return from_capnp(r.getError());
+    auto d = r.getDone();
+    decode::TurnEnd e;
+    e.finish_reason = d.getFinishReason();
+    e.text = d.getText();
+    e.prompt_tokens = d.getPromptTokens();
+    e.cached_tokens = d.getCachedTokens();
+    e.completion_tokens = d.getCompletionTokens();
+    return e;
+}
+
+}  // namespace deltaserve::api::rpc

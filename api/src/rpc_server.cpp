@@ -1,0 +1,296 @@
+#include "deltaserve/api/rpc_server.h"
+
+#include <capnp/ez-rpc.h>
+#include <kj/async.h>
+
+#include <future>
+#include <list>
+#include <mutex>
+#include <thread>
+
+#include "rpc_convert.h"
+
+namespace deltaserve::api {
+
+namespace {
+
+// The gateway's TokenSink as the decode worker's TurnSink. The worker calls it from its own
+// threads; every use of the capability happens on the RPC thread (kj objects are not
+// thread-safe), through its executor, or directly when already there.
+class RemoteSink final : public decode::TurnSink {
+  public:
+    // What lives on the RPC thread: the capability, and the gateway's wait() for the end.
+    struct State {
+        kj::Maybe<rpc::TokenSink::Client> sink;
+        kj::Maybe<kj::Own<kj::PromiseFulfiller<void>>> waiting;
+        bool delivered = false;  // the end reached the gateway
+    };
+
+    RemoteSink(const kj::Executor& executor, std::thread::id rpc_thread,
+               rpc::TokenSink::Client sink)
+        : executor_(executor.addRef()), rpc_thread_(rpc_thread), state_(std::make_shared<State>()) {
+        state_->sink = kj::mv(sink);
+    }
+    ~RemoteSink() noexcept override = default;
+    const std::shared_ptr<State>& state() const { return state_; }
+
+    bool on_piece(std::string_view piece) override {
+        return on_rpc_thread([&] {
+            KJ_IF_MAYBE (s, state_->sink) {
+                auto req = s->pieceRequest();
+                req.setText(kj::StringPtr(std::string(piece).c_str()));
+                req.send().detach([](kj::Exception&&) {});  // a lost gateway cancels via wait()
+            }
+        });
+    }
+    void on_end(Result<decode::TurnEnd> end) override {
+        on_rpc_thread([&] {
+            KJ_IF_MAYBE (s, state_->sink) {
+                auto req = s->endRequest();
+                rpc::to_capnp(end, req.initEnd());
+                auto state = state_;
+                req.send()
+                    .then([state](auto&&) { RemoteSink::delivered(*state); },
+                          [state](kj::Exception&&) { RemoteSink::delivered(*state); })
+                    .detach([](kj::Exception&&) {});
+            }
+            state_->sink = nullptr;  // the capability is dropped here, on its thread
+        });
+    }
+    static void delivered(State& s) {
+        s.delivered = true;
+        KJ_IF_MAYBE (f, s.waiting) {
+            (*f)->fulfill();
+        }
+        s.waiting = nullptr;
+    }
+
+  private:
+    template <typename F>
+    bool on_rpc_thread(F&& f) {
+        if (std::this_thread::get_id() == rpc_thread_) {
+            f();
+            return true;
+        }
+        try {
+            executor_->executeSync(f);
+            return true;
+        } catch (const kj::Exception&) {
+            return false;  // the RPC thread stopped: the turn ends
+        }
+    }
+    kj::Own<const kj::Executor> executor_;
+    std::thread::id rpc_thread_;
+    std::shared_ptr<State> state_;
+};
+
+class TurnImpl final : public rpc::Turn::Server {
+  public:
+    TurnImpl(decode::DecodeWorker& w, uint64_t id, std::shared_ptr<RemoteSink::State> state)
+        : w_(w), id_(id), state_(std::move(state)) {}
+    kj::Promise<void> wait(WaitContext) override {
+        if (state_->delivered) return kj::READY_NOW;
+        auto paf = kj::newPromiseAndFulfiller<void>();
+        state_->waiting = kj::mv(paf.fulfiller);
+        return kj::mv(paf.promise);
+    }
+    kj::Promise<void> cancel(CancelContext context) override {
+        auto p = context.getParams();
+        w_.cancel(id_, p.hasError() ? rpc::from_capnp(p.getError()) : Status());
+        return kj::READY_NOW;
+    }
+
+  private:
+    decode::DecodeWorker& w_;
+    uint64_t id_;
+    std::shared_ptr<RemoteSink::State> state_;
+};
+
+class DecodeNodeImpl final : public rpc::DecodeNode::Server {
+  public:
+    DecodeNodeImpl(decode::DecodeWorker& w, std::string address)
+        : w_(w), address_(std::move(address)) {}
+    kj::Promise<void> startTurn(StartTurnContext context) override {
+        auto p = context.getParams();
+        auto sink = std::make_shared<RemoteSink>(kj::getCurrentThreadExecutor(),
+                                                 std::this_thread::get_id(), p.getSink());
+        decode::TurnSpec spec = rpc::from_capnp(p.getSpec());
+        const uint64_t id = spec.turn_id;
+        auto plan = w_.start_turn(std::move(spec), sink);
+        auto r = context.getResults();
+        if (!plan.ok()) {
+            rpc::to_capnp(plan.status(), r.initError());
+            return kj::READY_NOW;
+        }
+        auto b = r.initPlan();
+        b.setCachedTokens(plan->cached_tokens);
+        b.setRemotePrefill(plan->remote_prefill);
+        b.setPullTokens(plan->pull_tokens);
+        r.setTurn(kj::heap<TurnImpl>(w_, id, sink->state()));
+        return kj::READY_NOW;
+    }
+    kj::Promise<void> dataAddress(DataAddressContext context) override {
+        context.getResults().setAddress(address_);
+        return kj::READY_NOW;
+    }
+    kj::Promise<void> stats(StatsContext context) override {
+        const decode::DecodeStats s = w_.stats();
+        auto b = context.getResults().initStats();
+        b.setSessions(s.sessions);
+        b.setRunning(s.running);
+        b.setWaiting(s.waiting);
+        b.setKvBytes(s.kv_bytes);
+        b.setKeepRatio(s.keep_ratio);
+        b.setKvBytesReceived(s.kv_bytes_received);
+        b.setTurns(s.turns);
+        return kj::READY_NOW;
+    }
+
+  private:
+    decode::DecodeWorker& w_;
+    std::string address_;
+};
+
+// Runs prefills off the RPC thread and joins them when the server stops.
+class PrefillNodeImpl final : public rpc::PrefillNode::Server {
+  public:
+    PrefillNodeImpl(prefill::PrefillWorker& w, std::list<std::thread>& threads, std::mutex& mu)
+        : w_(w), threads_(threads), mu_(mu) {}
+    kj::Promise<void> prefill(PrefillContext context) override {
+        auto p = context.getParams().getRequest();
+        prefill::PrefillRequest req;
+        req.turn = rpc::from_capnp(p.getTurn());
+        req.decode_address = p.getDecodeAddress();
+        req.pull_tokens = p.getPullTokens();
+        auto out = std::make_shared<Result<prefill::PrefillResult>>(unavailable("not run"));
+        auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
+        auto done = std::make_shared<Done>(kj::mv(paf.fulfiller));
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            threads_.emplace_back([this, req = std::move(req), out, done] {
+                *out = w_.prefill(req);
+                done->fulfiller->fulfill();
+            });
+        }
+        return paf.promise.then([context, out]() mutable {
+            auto r = context.getResults();
+            if (!out->ok()) return rpc::to_capnp(out->status(), r.initError());
+            auto b = r.initResult();
+            b.setFirstToken((*out)->first_token);
+            b.setPulledTokens((*out)->pulled_tokens);
+            b.setPrefilledTokens((*out)->prefilled_tokens);
+            b.setBytesShipped((*out)->bytes_shipped);
+            b.setSeconds((*out)->seconds);
+        });
+    }
+    kj::Promise<void> stats(StatsContext context) override {
+        const prefill::PrefillStats s = w_.stats();
+        auto b = context.getResults().initStats();
+        b.setQueued(s.queued);
+        b.setRequests(s.requests);
+        b.setFailures(s.failures);
+        b.setTokens(s.tokens);
+        b.setBytesShipped(s.bytes_shipped);
+        return kj::READY_NOW;
+    }
+
+  private:
+    // The fulfiller travels to the prefill's thread (a noexcept holder for std::thread).
+    struct Done {
+        explicit Done(kj::Own<kj::CrossThreadPromiseFulfiller<void>> f) : fulfiller(kj::mv(f)) {}
+        ~Done() noexcept = default;
+        kj::Own<kj::CrossThreadPromiseFulfiller<void>> fulfiller;
+    };
+    prefill::PrefillWorker& w_;
+    std::list<std::thread>& threads_;
+    std::mutex& mu_;
+};
+
+class NodeImpl final : public rpc::Node::Server {
+  public:
+    NodeImpl(const NodeRoles& roles, std::list<std::thread>& threads, std::mutex& mu)
+        : roles_(roles), threads_(threads), mu_(mu) {}
+    kj::Promise<void> info(InfoContext context) override {
+        auto r = context.getResults();
+        r.setRole(roles_.decode && roles_.prefill ? "decode+prefill"
+                  : roles_.decode                 ? "decode"
+                                                  : "prefill");
+        r.setName(roles_.name);
+        r.setModelId(roles_.model_id);
+        return kj::READY_NOW;
+    }
+    kj::Promise<void> decode(DecodeContext context) override {
+        KJ_REQUIRE(roles_.decode != nullptr, "this node does not decode");
+        context.getResults().setNode(kj::heap<DecodeNodeImpl>(*roles_.decode, roles_.data_address));
+        return kj::READY_NOW;
+    }
+    kj::Promise<void> prefill(PrefillContext context) override {
+        KJ_REQUIRE(roles_.prefill != nullptr, "this node does not prefill");
+        context.getResults().setNode(kj::heap<PrefillNodeImpl>(*roles_.prefill, threads_, mu_));
+        return kj::READY_NOW;
+    }
+
+  private:
+    NodeRoles roles_;
+    std::list<std::thread>& threads_;
+    std::mutex& mu_;
+};
+
+class RpcServerImpl final : public RpcServer {
+  public:
+    ~RpcServerImpl() noexcept override {
+        if (executor_) {
+            try {
+                executor_->executeSync([this] { stop_->fulfill(); });
+            } catch (const kj::Exception&) {
+            }
+        }
+        if (thread_.joinable()) thread_.join();
+        std::lock_guard<std::mutex> lock(mu_);
+        for (auto& t : prefills_) t.join();
+    }
+    uint16_t port() const override { return port_; }
+
+    Status run(const std::string& address, NodeRoles roles) {
+        std::promise<Status> started;
+        auto ready = started.get_future();
+        thread_ = std::thread([&, roles] {
+            try {
+                capnp::EzRpcServer server(kj::heap<NodeImpl>(roles, prefills_, mu_),
+                                          address.c_str());
+                auto& ws = server.getWaitScope();
+                port_ = static_cast<uint16_t>(server.getPort().wait(ws));
+                auto paf = kj::newPromiseAndFulfiller<void>();
+                stop_ = kj::mv(paf.fulfiller);
+                executor_ = kj::getCurrentThreadExecutor().addRef();
+                started.set_value(Status());
+                paf.promise.wait(ws);
+                stop_ = nullptr;  // kj objects die on their own thread
+            } catch (const kj::Exception& e) {
+                if (!executor_) {
+                    started.set_value(unavailable("cannot serve RPC on " + address + ": " +
+                                                  e.getDescription().cStr()));
+                }
+            }
+        });
+        return ready.get();
+    }
+
+  private:
+    std::thread thread_;
+    kj::Own<const kj::Executor> executor_;
+    kj::Own<kj::PromiseFulfiller<void>> stop_;
+    uint16_t port_ = 0;
+    std::mutex mu_;
+    std::list<std::thread> prefills_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<RpcServer>> RpcServer::start(const std::string& address, NodeRoles roles) {
+    auto s = std::make_unique<RpcServerImpl>();
+    DS_RETURN_IF_ERROR(s->run(address, std::move(roles)));
+    return std::unique_ptr<RpcServer>(std::move(s));
+}
+
+}  // namespace deltaserve::api

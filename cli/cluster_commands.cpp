@@ -1,0 +1,229 @@
+// deltaserve gateway|prefill|decode --config cluster.yaml: one role per process (DESIGN.md
+// "Processes"). Control plane: Cap'n Proto RPC (api/rpc_server.h, rpc_client.h); data plane:
+// UCX (KV streams from prefill to decode nodes).
+#include <cstdio>
+#include <filesystem>
+
+#include "commands.h"
+#include "deltaserve/api/cluster_chat_engine.h"
+#include "deltaserve/api/cluster_config.h"
+#include "deltaserve/api/http_gateway.h"
+#include "deltaserve/api/rpc_client.h"
+#include "deltaserve/api/rpc_server.h"
+#include "deltaserve/transport/transport_factory.h"
+#include "run_options.h"
+#include "stop_signals.h"
+
+namespace deltaserve::cli {
+
+namespace {
+
+struct RoleFlags {
+    std::string config, name, model;
+    int32_t threads = -1, port = -1;
+};
+
+// Parses the role's flags and reads the config (flags override it). nullopt: exit with code.
+std::optional<int> load(const char* command, const char* summary, int argc, char** argv,
+                        RoleFlags& f, api::ClusterConfig& c, bool named) {
+    ArgParser p(command, summary);
+    p.add("config", &f.config, "the cluster config (YAML; deploy/cluster.yaml is an example)");
+    if (named) p.add("name", &f.name, "this node's name in the config");
+    p.add("model", &f.model, "overrides the config's model");
+    p.add("threads", &f.threads, "overrides the config's threads");
+    if (!named) p.add("port", &f.port, "overrides the config's gateway port (0 = any free port)");
+    if (auto exit_code = parse_flags(p, argc, argv)) return exit_code;
+    if (f.config.empty() || (named && f.name.empty())) {
+        print_error(
+            invalid_argument(named ? "--config and --name are required" : "--config is required"));
+        return 2;
+    }
+    auto cfg = api::load_cluster_config(f.config);
+    if (!cfg) {
+        print_error(cfg.error());
+        return 2;
+    }
+    c = std::move(*cfg);
+    if (!f.model.empty()) c.model = f.model;
+    if (f.threads >= 0) c.threads = f.threads;
+    if (f.port >= 0) c.gateway_port = f.port;
+    if (named && c.find(f.name) == nullptr) {
+        print_error(invalid_argument(f.config + " has no node named " + f.name));
+        return 2;
+    }
+    return std::nullopt;
+}
+
+RunOptions run_options(const api::ClusterConfig& c) {
+    RunOptions o;
+    o.model_path = c.model;
+    o.tokenizer_path = c.tokenizer;
+    o.threads = c.threads;
+    o.ctx_size = c.ctx_size;
+    o.batch_size = c.batch_size;
+    o.kv_policy = c.kv_policy;
+    o.kv_keep = c.kv_keep;
+    o.kv_profile = c.kv_profile;
+    o.log_level = c.log_level;
+    return o;
+}
+
+std::string model_id(const api::ClusterConfig& c) {
+    return std::filesystem::path(c.model).filename().string();
+}
+
+// A prefill or decode node: its worker, its RPC service, until a stop signal.
+int node_main(bool decode_role, int argc, char** argv) {
+    RoleFlags f;
+    api::ClusterConfig c;
+    const char* command = decode_role ? "deltaserve decode" : "deltaserve prefill";
+    if (auto code =
+            load(command,
+                 decode_role ? "Runs a decode node of the cluster: it takes KV from prefill "
+                               "nodes and generates, batching every session's turn."
+                             : "Runs a prefill node of the cluster: it computes prompts' KV "
+                               "and ships it to decode nodes.",
+                 argc, argv, f, c, true)) {
+        return *code;
+    }
+    const api::NodeEntry& me = *c.find(f.name);
+    const sigset_t stop_signals = block_stop_signals();
+    const RunOptions o = run_options(c);
+    auto model = load_model_for_run(o);
+    if (!model) {
+        print_error(model.error());
+        return 1;
+    }
+    transport::TransportOptions to;
+    to.ucx_tls = c.transport_tls;
+    auto transport = transport::make_transport("ucx", to);
+    if (!transport) {
+        print_error(transport.error());
+        return 1;
+    }
+    api::NodeRoles roles;
+    roles.name = me.name;
+    roles.model_id = model_id(c);
+    std::unique_ptr<decode::DecodeWorker> decode;
+    std::unique_ptr<prefill::PrefillWorker> prefill;
+    if (decode_role) {
+        decode::DecodeOptions d;
+        d.context = o.context();
+        d.threads = c.threads;
+        d.max_batch = c.max_batch;
+        d.max_sessions = c.max_sessions;
+        d.session_ttl_ms = static_cast<int64_t>(c.session_ttl) * 1000;
+        d.local_prefill_max = c.local_prefill_max;
+        d.model_id = roles.model_id;
+        auto w = decode::DecodeWorker::create(**model, d);
+        auto address = w ? (*w)->listen(**transport, me.data) : Result<std::string>(w.status());
+        if (!address) {
+            print_error(address.error());
+            return 1;
+        }
+        decode = std::move(*w);
+        roles.decode = decode.get();
+        roles.data_address = *address;
+    } else {
+        prefill::PrefillOptions p;
+        p.context = o.context();
+        p.model_id = roles.model_id;
+        auto w = prefill::PrefillWorker::create(**model, p, **transport);
+        if (!w) {
+            print_error(w.error());
+            return 1;
+        }
+        prefill = std::move(*w);
+        roles.prefill = prefill.get();
+    }
+    auto server = api::RpcServer::start(me.rpc, roles);
+    if (!server) {
+        print_error(server.error());
+        return 1;
+    }
+    std::fprintf(stderr, "deltaserve: %s node %s serving RPC on %s%s%s\n",
+                 decode_role ? "decode" : "prefill", me.name.c_str(), me.rpc.c_str(),
+                 decode_role ? ", KV on " : "", decode_role ? roles.data_address.c_str() : "");
+    std::fflush(stderr);
+    std::fprintf(stderr, "deltaserve: %s, stopping\n", wait_for_stop(stop_signals));
+    server->reset();
+    prefill.reset();
+    decode.reset();
+    return 0;
+}
+
+}  // namespace
+
+int decode_main(int argc, char** argv) { return node_main(true, argc, argv); }
+int prefill_main(int argc, char** argv) { return node_main(false, argc, argv); }
+
+int gateway_main(int argc, char** argv) {
+    RoleFlags f;
+    api::ClusterConfig c;
+    if (auto code =
+            load("deltaserve gateway",
+                 "Runs the cluster's OpenAI-compatible HTTP gateway: it renders and tokenizes "
+                 "conversations and runs each turn on the session's decode node and the "
+                 "least-loaded prefill node.",
+                 argc, argv, f, c, false)) {
+        return *code;
+    }
+    const sigset_t stop_signals = block_stop_signals();
+    auto model = load_model_for_run(run_options(c));  // for its tokenizer and chat template
+    if (!model) {
+        print_error(model.error());
+        return 1;
+    }
+    std::vector<std::unique_ptr<api::RpcClient>> clients;
+    std::vector<api::DecodeNode*> decode;
+    std::vector<api::PrefillNode*> prefill;
+    for (const auto* list : {&c.decode, &c.prefill}) {
+        for (const api::NodeEntry& n : *list) {
+            auto client = api::RpcClient::connect(n.rpc, std::chrono::seconds(60));
+            if (!client) {
+                print_error(Status(client.error().code(),
+                                   "node " + n.name + ": " + client.error().message()));
+                return 1;
+            }
+            if (list == &c.decode) {
+                auto d = (*client)->decode_node();
+                if (!d) {
+                    print_error(d.error());
+                    return 1;
+                }
+                decode.push_back(*d);
+            } else {
+                auto p = (*client)->prefill_node();
+                if (!p) {
+                    print_error(p.error());
+                    return 1;
+                }
+                prefill.push_back(*p);
+            }
+            clients.push_back(std::move(*client));
+        }
+    }
+    api::ClusterEngineOptions eo;
+    eo.max_sessions = c.max_sessions;
+    eo.session_ttl_seconds = c.session_ttl;
+    const std::string id = model_id(c);
+    api::ClusterChatEngine engine(**model, id, decode, prefill, eo);
+    api::GatewayOptions go;
+    go.host = c.gateway_host;
+    go.port = static_cast<uint16_t>(c.gateway_port);
+    auto gateway = api::HttpGateway::start(engine, go);
+    if (!gateway) {
+        print_error(gateway.error());
+        return 1;
+    }
+    std::fprintf(stderr,
+                 "deltaserve: gateway serving %s on http://%s:%u (%zu decode, %zu prefill nodes)\n",
+                 id.c_str(), c.gateway_host.c_str(), static_cast<unsigned>((*gateway)->port()),
+                 decode.size(), prefill.size());
+    std::fflush(stderr);
+    std::fprintf(stderr, "deltaserve: %s, stopping\n", wait_for_stop(stop_signals));
+    (*gateway)->stop();
+    return 0;
+}
+
+}  // namespace deltaserve::cli
