@@ -164,7 +164,7 @@ class RpcClientImpl final : public RpcClient, public kj::TaskSet::ErrorHandler {
             });
         } catch (const kj::Exception& e) {
             executor_->executeSync([this] { conn_ = nullptr; });  // reconnect next time
-            return rpc::from_exception(e, address_);
+            return rpc::from_exception(e, label());
         }
     }
 
@@ -175,6 +175,10 @@ class RpcClientImpl final : public RpcClient, public kj::TaskSet::ErrorHandler {
     kj::TaskSet& tasks() { return *tasks_; }
     std::map<uint64_t, rpc::Turn::Client>& turns() { return turns_; }
     const std::string& address() const { return address_; }
+    // How errors name the node: "prefill node p0 at 127.0.0.1:7101".
+    std::string label() const {
+        return (info_.name.empty() ? "node" : info_.role + " node " + info_.name) + " at " + address_;
+    }
 
   private:
     struct Conn {
@@ -219,7 +223,7 @@ Result<decode::TurnPlan> RemoteDecode::start_turn(decode::TurnSpec spec,
                                                   std::shared_ptr<decode::TurnSink> sink) {
     auto bridge = std::make_shared<Bridge>();
     bridge->sink = std::move(sink);
-    bridge->peer = c_.address();
+    bridge->peer = c_.label();
     return c_.call<Result<decode::TurnPlan>>([&]() -> kj::Promise<Result<decode::TurnPlan>> {
         auto req = c_.decode_cap().startTurnRequest();
         rpc::to_capnp(spec, req.initSpec());

@@ -18,7 +18,7 @@ inline Status from_capnp(Error::Reader e) {
 }
 // A call that failed in Cap'n Proto itself (the peer is gone, or broke the protocol).
 inline Status from_exception(const kj::Exception& e, const std::string& peer) {
-    return unavailable("the node at " + peer + " is unreachable: " + e.getDescription().cStr());
+    return unavailable("the " + peer + " is unreachable: " + e.getDescription().cStr());
 }
 
 inline void to_capnp(const decode::TurnSpec& s, TurnSpec::Builder b) {

@@ -103,8 +103,21 @@ class DecodeWorkerImpl final : public DecodeWorker {
     }
     DecodeStats stats() const override {
         std::lock_guard<std::mutex> lock(mu_);
-        DecodeStats s = stats_;
+        DecodeStats s = stats_;  // KV bytes as of the loop's last step
         s.sessions = static_cast<int64_t>(sessions_.size());
+        s.running = s.waiting = 0;
+        for (const auto& [id, t] : turns_) ++(t->stage == Turn::Stage::kRunning ? s.running : s.waiting);
+        if (turns_.empty()) {  // nothing runs: what the sessions hold is all there is
+            size_t held = 0, full = 0;
+            for (const auto& [id, sess] : sessions_) {
+                if (!sess.ctx) continue;
+                held += sess.ctx->kv_bytes();
+                full += kvstore::full_fp16_bytes(sess.ctx->n_past(), model_.config.n_layers,
+                                                 model_.config.kv_dim());
+            }
+            s.kv_bytes = static_cast<int64_t>(held);
+            s.keep_ratio = full == 0 ? 1.0 : static_cast<double>(held) / static_cast<double>(full);
+        }
         s.kv_bytes_received = kv_bytes_received_.load();
         return s;
     }

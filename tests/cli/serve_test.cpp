@@ -10,115 +10,12 @@
 
 #include "cli_runner.h"
 #include "http_client.h"
+#include "serving.h"
 #include "test_paths.h"
 
 namespace deltaserve::testing {
 namespace {
 
-using json = nlohmann::json;
-namespace d = cli_runner_detail;
-
-// `deltaserve serve --port 0` as a child process; the port is read from its first line.
-class ServerProcess {
-  public:
-    explicit ServerProcess(const std::vector<std::string>& more) {
-        std::vector<std::string> args = {"serve",  "--model",    default_gguf_model(),
-                                         "--port", "0",          "--threads",
-                                         "1",      "--ctx-size", "1024"};
-        args.insert(args.end(), more.begin(), more.end());
-        if (!in_.open() || !out_.open() || !err_.open()) return;
-        pid_ = d::spawn(deltaserve_binary(), args, in_, out_, err_, r_);
-        in_.close_end(0);
-        out_.close_end(1);
-        err_.close_end(1);
-        if (pid_ < 0) return;
-        const auto deadline = d::Clock::now() + std::chrono::seconds(60);
-        char buf[4096];
-        while (port_ == 0 && d::Clock::now() < deadline) {
-            pollfd p{err_.fd[0], POLLIN, 0};
-            if (poll(&p, 1, 1000) <= 0) continue;
-            const ssize_t n = read(err_.fd[0], buf, sizeof buf);
-            if (n <= 0) break;
-            log_.append(buf, static_cast<size_t>(n));
-            const size_t at = log_.find("http://127.0.0.1:");
-            if (at != std::string::npos && log_.find('\n', at) != std::string::npos) {
-                port_ = static_cast<uint16_t>(std::atoi(log_.c_str() + at + 17));
-            }
-        }
-    }
-    ~ServerProcess() { stop(); }
-
-    uint16_t port() const { return port_; }
-    const std::string& log() const { return log_; }
-
-    // SIGTERM, then the exit status (-1 if it had to be killed after 30 s).
-    int stop() {
-        if (pid_ <= 0) return exit_code_;
-        kill(pid_, SIGTERM);
-        const auto deadline = d::Clock::now() + std::chrono::seconds(30);
-        int status = 0;
-        while (waitpid(pid_, &status, WNOHANG) == 0) {
-            if (d::Clock::now() > deadline) {
-                kill(pid_, SIGKILL);
-                waitpid(pid_, &status, 0);
-                pid_ = -1;
-                return exit_code_ = -1;
-            }
-            std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        }
-        pid_ = -1;
-        return exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    }
-
-  private:
-    d::Pipe in_, out_, err_;
-    CliResult r_;
-    pid_t pid_ = -1;
-    uint16_t port_ = 0;
-    int exit_code_ = -1;
-    std::string log_;
-};
-
-json chat_body(const std::string& user, int max_tokens, bool stream = false) {
-    return {{"messages", json::array({{{"role", "user"}, {"content", user}}})},
-            {"max_tokens", max_tokens},
-            {"temperature", 0},
-            {"stream", stream}};
-}
-
-HttpResponse post_chat(uint16_t port, const json& body, const std::string& headers = "") {
-    return http_request(port, "POST", "/v1/chat/completions", body.dump(), headers);
-}
-
-// The content pieces of an SSE answer, the finish reason and the usage chunk.
-struct Streamed {
-    std::string text, finish_reason;
-    json usage;
-    bool done = false;
-    int chunks = 0;
-};
-
-Streamed parse_sse(const std::string& body) {
-    Streamed s;
-    size_t at = 0;
-    while ((at = body.find("data: ", at)) != std::string::npos) {
-        const size_t end = body.find("\n\n", at);
-        const std::string data = body.substr(at + 6, end - at - 6);
-        at = end;
-        if (data == "[DONE]") {
-            s.done = true;
-            break;
-        }
-        const json j = json::parse(data);
-        ++s.chunks;
-        if (j.contains("usage") && !j["usage"].is_null()) s.usage = j["usage"];
-        for (const json& c : j["choices"]) {
-            if (c["delta"].contains("content")) s.text += c["delta"]["content"].get<std::string>();
-            if (!c["finish_reason"].is_null()) s.finish_reason = c["finish_reason"];
-        }
-    }
-    return s;
-}
 
 class ServeTest : public ::testing::Test {
   protected:
@@ -131,7 +28,7 @@ class ServeModes : public ServeTest, public ::testing::WithParamInterface<std::v
 const auto kPrefillWorker = std::vector<std::string>{"--local-prefill-max", "0"};
 
 TEST_P(ServeModes, AnswersLikeGenerateStreamsTheSameAndStopsCleanly) {
-    ServerProcess server(GetParam());
+    ServingProcess server(serve_args(GetParam()));
     ASSERT_NE(server.port(), 0) << server.log();
     const uint16_t port = server.port();
 
@@ -212,7 +109,7 @@ INSTANTIATE_TEST_SUITE_P(Serve, ServeModes, ::testing::Values(std::vector<std::s
 class ServeSessions : public ServeModes {};
 
 TEST_P(ServeSessions, ASessionContinuesWithOnlyItsNewMessages) {
-    ServerProcess server(GetParam());
+    ServingProcess server(serve_args(GetParam()));
     ASSERT_NE(server.port(), 0) << server.log();
     const uint16_t port = server.port();
     HttpResponse r = post_chat(server.port(), chat_body("My name is Ada. Say hello to me.", 12),
@@ -254,7 +151,7 @@ INSTANTIATE_TEST_SUITE_P(Serve, ServeSessions,
                          [](const auto& info) { return info.param.size() == 4 ? "h2o" : "prefill_worker"; });
 
 TEST_F(ServeTest, BadInputGetsClearErrorsAndTheServerStaysUp) {
-    ServerProcess server({});
+    ServingProcess server(serve_args({}));
     ASSERT_NE(server.port(), 0) << server.log();
     const uint16_t port = server.port();
     auto expect_error = [&](const HttpResponse& r, int status, const std::string& words) {
@@ -307,7 +204,7 @@ TEST_F(ServeTest, BadInputGetsClearErrorsAndTheServerStaysUp) {
 TEST_F(ServeTest, TheOpenAiPythonClientWorks) {
     DS_REQUIRE_FILE(tools_python(),
                     "Python with the openai client (deploy/setup.sh makes .venv-tools)");
-    ServerProcess server({});
+    ServingProcess server(serve_args({}));
     ASSERT_NE(server.port(), 0) << server.log();
     const CliResult r = run_binary(tools_python(),
                                    {source_dir() + "/tests/api/openai_client_check.py", "--port",
@@ -318,7 +215,7 @@ TEST_F(ServeTest, TheOpenAiPythonClientWorks) {
 }
 
 TEST_F(ServeTest, APortInUseIsAClearError) {
-    ServerProcess first({});
+    ServingProcess first(serve_args({}));
     ASSERT_NE(first.port(), 0) << first.log();
     const CliResult r = run_binary(
         deltaserve_binary(),

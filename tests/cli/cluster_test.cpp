@@ -1,0 +1,256 @@
+// A local multi-process cluster (deltaserve decode, prefill and gateway from one cluster
+// config, talking Cap'n Proto RPC and shipping KV over UCX on loopback), spoken to over HTTP:
+// the same greedy answers as `deltaserve serve`, sessions over turns, the openai client; a
+// prefill or decode process killed mid-turn ends that request with a clear error while the
+// gateway stays up and nothing stays held; garbage on the RPC and data ports harms nothing.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+
+#include "serving.h"
+
+namespace deltaserve::testing {
+namespace {
+
+uint16_t free_port() {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    socklen_t len = sizeof a;
+    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+// Sends raw bytes to a TCP port and closes.
+void send_garbage(uint16_t port, const std::string& bytes) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(port);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+        (void)!write(fd, bytes.data(), bytes.size());
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    close(fd);
+}
+
+// A cluster config in a temporary folder and its three processes.
+class Cluster {
+  public:
+    Cluster() {
+        dir_ =
+            std::filesystem::temp_directory_path() /
+            ("deltaserve-cluster-" + std::to_string(getpid()) + "-" + std::to_string(counter_++));
+        std::filesystem::create_directories(dir_);
+        prefill_rpc_ = free_port();
+        decode_rpc_ = free_port();
+        decode_data_ = free_port();
+        std::ofstream(config()) << "model: " << default_gguf_model() << "\n"
+                                << "threads: 1\nctx_size: 2048\nlocal_prefill_max: 0\n"
+                                << "transport: {tls: tcp}\n"
+                                << "prefill:\n  - {name: p0, rpc: \"127.0.0.1:" << prefill_rpc_
+                                << "\"}\n"
+                                << "decode:\n  - {name: d0, rpc: \"127.0.0.1:" << decode_rpc_
+                                << "\", data: \"127.0.0.1:" << decode_data_ << "\"}\n";
+        decode_ = std::make_unique<ServingProcess>(
+            std::vector<std::string>{"decode", "--config", config(), "--name", "d0"},
+            "serving RPC on");
+        prefill_ = std::make_unique<ServingProcess>(
+            std::vector<std::string>{"prefill", "--config", config(), "--name", "p0"},
+            "serving RPC on");
+        gateway_ = std::make_unique<ServingProcess>(
+            std::vector<std::string>{"gateway", "--config", config(), "--port", "0"});
+    }
+    ~Cluster() {
+        gateway_.reset();
+        prefill_.reset();
+        decode_.reset();
+        std::filesystem::remove_all(dir_);
+    }
+    bool up() const { return decode_->ready() && prefill_->ready() && gateway_->port() != 0; }
+    std::string logs() const { return decode_->log() + prefill_->log() + gateway_->log(); }
+    std::string config() const { return (dir_ / "cluster.yaml").string(); }
+    uint16_t port() const { return gateway_->port(); }
+    ServingProcess& decode() { return *decode_; }
+    ServingProcess& prefill() { return *prefill_; }
+    ServingProcess& gateway() { return *gateway_; }
+    uint16_t decode_rpc() const { return decode_rpc_; }
+    uint16_t decode_data() const { return decode_data_; }
+
+    // A metric's value from /metrics.
+    double metric(const std::string& name) {
+        const HttpResponse r = http_request(port(), "GET", "/metrics");
+        const size_t at = r.body.find("\n" + name + " ");
+        return at == std::string::npos ? -1 : std::atof(r.body.c_str() + at + name.size() + 2);
+    }
+
+  private:
+    static inline int counter_ = 0;
+    std::filesystem::path dir_;
+    uint16_t prefill_rpc_ = 0, decode_rpc_ = 0, decode_data_ = 0;
+    std::unique_ptr<ServingProcess> decode_, prefill_, gateway_;
+};
+
+class ClusterTest : public ::testing::Test {
+  protected:
+    void SetUp() override { DS_REQUIRE_FILE(default_gguf_model(), "default GGUF model"); }
+};
+
+TEST_F(ClusterTest, AnswersLikeServeAndSessionsContinue) {
+    Cluster cluster;
+    ASSERT_TRUE(cluster.up()) << cluster.logs();
+    ServingProcess serve(serve_args({"--ctx-size", "2048"}));
+    ASSERT_NE(serve.port(), 0) << serve.log();
+    const uint16_t port = cluster.port();
+
+    // Greedy answers equal the embedded mode's, whole and streamed.
+    for (const char* q : {"What is the capital of France?", "Name three colours."}) {
+        const HttpResponse a = post_chat(port, chat_body(q, 16));
+        const HttpResponse b = post_chat(serve.port(), chat_body(q, 16));
+        ASSERT_EQ(a.status, 200) << a.body;
+        ASSERT_EQ(b.status, 200) << b.body;
+        const std::string text = json::parse(a.body)["choices"][0]["message"]["content"];
+        EXPECT_EQ(text, json::parse(b.body)["choices"][0]["message"]["content"]) << q;
+        const HttpResponse s = post_chat(port, chat_body(q, 16, true));
+        EXPECT_EQ(parse_sse(s.body).text, text);
+    }
+    EXPECT_GT(cluster.metric("deltaserve_kv_bytes_shipped_total"), 0);
+
+    // A session: turn 2 sends only its new message; the history's KV is pulled from the decode
+    // node to the prefill node, not computed again; the answer is the whole conversation's.
+    HttpResponse r =
+        post_chat(port, chat_body("My name is Ada. Say hello to me.", 12), "X-Session-ID: ada\r\n");
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json first = json::parse(r.body);
+    const std::string reply = first["choices"][0]["message"]["content"];
+    json body = chat_body("What is my name?", 12);
+    body["session_id"] = "ada";
+    r = post_chat(port, body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json second = json::parse(r.body);
+    EXPECT_GE(second["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(),
+              first["usage"]["total_tokens"].get<int>() - 1);
+    body = {{"messages",
+             json::array({{{"role", "user"}, {"content", "My name is Ada. Say hello to me."}},
+                          {{"role", "assistant"}, {"content", reply}},
+                          {{"role", "user"}, {"content", "What is my name?"}}})},
+            {"max_tokens", 12},
+            {"temperature", 0}};
+    r = post_chat(port, body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(json::parse(r.body)["choices"][0]["message"]["content"],
+              second["choices"][0]["message"]["content"]);
+
+    // The real openai Python client against the gateway.
+    if (file_exists(tools_python())) {
+        const CliResult c = run_binary(
+            tools_python(),
+            {source_dir() + "/tests/api/openai_client_check.py", "--port", std::to_string(port)},
+            "", std::chrono::seconds(300));
+        EXPECT_EQ(c.exit_code, 0) << c.describe();
+    }
+    EXPECT_EQ(cluster.gateway().stop(), 0);
+    EXPECT_EQ(cluster.prefill().stop(), 0);
+    EXPECT_EQ(cluster.decode().stop(), 0);
+}
+
+// A prompt the prefill node needs a while for (1 thread).
+json long_prompt(int max_tokens, bool stream = false) {
+    std::string text = "Summarise this: ";
+    for (int i = 0; i < 150; ++i) text += "the quick brown fox jumps over the lazy dog. ";
+    return chat_body(text, max_tokens, stream);
+}
+
+TEST_F(ClusterTest, APrefillNodeKilledMidTransferEndsTheRequestClearly) {
+    Cluster cluster;
+    ASSERT_TRUE(cluster.up()) << cluster.logs();
+    const uint16_t port = cluster.port();
+    ASSERT_EQ(post_chat(port, chat_body("Hi", 2)).status, 200);
+    auto pending = std::async(std::launch::async, [&] { return post_chat(port, long_prompt(8)); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    kill(cluster.prefill().pid(), SIGKILL);
+    ASSERT_EQ(pending.wait_for(std::chrono::seconds(60)), std::future_status::ready)
+        << "the request hangs";
+    const HttpResponse r = pending.get();
+    EXPECT_EQ(r.status, 500) << r.body;
+    EXPECT_NE(r.body.find("prefill node"), std::string::npos) << r.body;
+    // The gateway stays up; with no prefill node, turns that need one fail clearly; the decode
+    // node holds nothing for the failed turn.
+    EXPECT_EQ(http_request(port, "GET", "/health").status, 200);
+    const HttpResponse again = post_chat(port, chat_body("Hi", 2));
+    EXPECT_EQ(again.status, 500);
+    EXPECT_NE(again.body.find("prefill"), std::string::npos) << again.body;
+    EXPECT_EQ(cluster.metric("deltaserve_queue_length"), 0);
+    EXPECT_EQ(cluster.metric("deltaserve_kv_bytes"), 0);
+}
+
+TEST_F(ClusterTest, ADecodeNodeKilledMidStreamEndsTheStreamClearly) {
+    Cluster cluster;
+    ASSERT_TRUE(cluster.up()) << cluster.logs();
+    const uint16_t port = cluster.port();
+    // Sampled at temperature 1.5, a 400-token answer rarely ends early.
+    json body = chat_body("Tell me a long story.", 400, true);
+    body["temperature"] = 1.5;
+    body["seed"] = 7;
+    auto pending = std::async(std::launch::async, [&] { return post_chat(port, body); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(700));
+    kill(cluster.decode().pid(), SIGKILL);
+    ASSERT_EQ(pending.wait_for(std::chrono::seconds(60)), std::future_status::ready)
+        << "the stream hangs";
+    const HttpResponse r = pending.get();
+    EXPECT_NE(r.body.find("\"error\""), std::string::npos) << r.body;
+    EXPECT_NE(r.body.find("[DONE]"), std::string::npos) << r.body;
+    EXPECT_EQ(http_request(port, "GET", "/health").status, 200);
+    const HttpResponse again = post_chat(port, chat_body("Hi", 2));
+    EXPECT_EQ(again.status, 500);
+    EXPECT_NE(again.body.find("decode"), std::string::npos) << again.body;
+}
+
+TEST_F(ClusterTest, GarbageOnRpcAndDataPortsHarmsNothing) {
+    Cluster cluster;
+    ASSERT_TRUE(cluster.up()) << cluster.logs();
+    send_garbage(cluster.decode_rpc(), std::string(64, '\xff') + "not capnp");
+    send_garbage(cluster.decode_data(), "GET / HTTP/1.1\r\n\r\n" + std::string(4096, 'x'));
+    const HttpResponse r =
+        post_chat(cluster.port(), chat_body("What is the capital of France?", 8));
+    EXPECT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(cluster.decode().stop(), 0) << "the decode node survived";
+}
+
+TEST_F(ClusterTest, BadConfigsAreClearErrors) {
+    const auto dir =
+        std::filesystem::temp_directory_path() / ("deltaserve-badcfg-" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir);
+    const auto run = [&](const std::string& yaml, const std::vector<std::string>& args) {
+        std::ofstream(dir / "c.yaml") << yaml;
+        std::vector<std::string> a = args;
+        a.insert(a.end(), {"--config", (dir / "c.yaml").string()});
+        return run_binary(deltaserve_binary(), a, "", std::chrono::seconds(30));
+    };
+    CliResult r = run("model: m\ndecode: []\nthreads: two\n", {"gateway"});
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("threads"), std::string::npos) << r.describe();
+    r = run("model: m\nfoo: 1\n", {"gateway"});
+    EXPECT_NE(r.err.find("unknown key 'foo'"), std::string::npos) << r.describe();
+    r = run("model: m\ndecode:\n  - {name: d0, rpc: \"127.0.0.1:1\"}\n",
+            {"decode", "--name", "d0"});
+    EXPECT_NE(r.err.find("data address"), std::string::npos) << r.describe();
+    r = run("model: m\ndecode:\n  - {name: d0, rpc: \"127.0.0.1:1\", data: \"127.0.0.1:2\"}\n",
+            {"prefill", "--name", "p9"});
+    EXPECT_NE(r.err.find("no node named p9"), std::string::npos) << r.describe();
+    r = run("model: [m, n\n", {"gateway"});
+    EXPECT_NE(r.err.find("not valid YAML"), std::string::npos) << r.describe();
+    std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace deltaserve::testing

@@ -1,0 +1,135 @@
+// Serving processes in tests: a deltaserve server as a child process, and the HTTP requests
+// and answers of the OpenAI chat API.
+#pragma once
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <nlohmann/json.hpp>
+
+#include <thread>
+
+#include "cli_runner.h"
+#include "http_client.h"
+#include "test_paths.h"
+
+namespace deltaserve::testing {
+
+using json = nlohmann::json;
+namespace d = cli_runner_detail;
+
+// `deltaserve serve` on a free port, one thread, a 1024-token context, and more flags.
+inline std::vector<std::string> serve_args(const std::vector<std::string>& more) {
+    std::vector<std::string> args = {"serve",     "--model", default_gguf_model(), "--port", "0",
+                                     "--threads", "1",       "--ctx-size",         "1024"};
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+}
+
+// A deltaserve process that serves (serve, gateway, prefill, decode), spoken to while it runs.
+// It is ready once its stderr shows `ready` (and a newline after it); for an HTTP server the
+// port follows "http://127.0.0.1:".
+class ServingProcess {
+  public:
+    explicit ServingProcess(const std::vector<std::string>& args,
+                            const std::string& ready = "http://127.0.0.1:") {
+        if (!in_.open() || !out_.open() || !err_.open()) return;
+        pid_ = d::spawn(deltaserve_binary(), args, in_, out_, err_, r_);
+        in_.close_end(0);
+        out_.close_end(1);
+        err_.close_end(1);
+        if (pid_ < 0) return;
+        const auto deadline = d::Clock::now() + std::chrono::seconds(60);
+        char buf[4096];
+        while (!ready_ && d::Clock::now() < deadline) {
+            pollfd p{err_.fd[0], POLLIN, 0};
+            if (poll(&p, 1, 1000) <= 0) continue;
+            const ssize_t n = read(err_.fd[0], buf, sizeof buf);
+            if (n <= 0) break;
+            log_.append(buf, static_cast<size_t>(n));
+            const size_t at = log_.find(ready);
+            if (at != std::string::npos && log_.find('\n', at) != std::string::npos) {
+                ready_ = true;
+                port_ = static_cast<uint16_t>(std::atoi(log_.c_str() + at + ready.size()));
+            }
+        }
+    }
+    ~ServingProcess() { stop(); }
+
+    uint16_t port() const { return port_; }
+    bool ready() const { return ready_; }
+    pid_t pid() const { return pid_; }
+    // What it wrote to stderr until it was ready.
+    const std::string& log() const { return log_; }
+
+    // SIGTERM, then the exit status (-1 if it had to be killed after 30 s).
+    int stop() {
+        if (pid_ <= 0) return exit_code_;
+        kill(pid_, SIGTERM);
+        const auto deadline = d::Clock::now() + std::chrono::seconds(30);
+        int status = 0;
+        while (waitpid(pid_, &status, WNOHANG) == 0) {
+            if (d::Clock::now() > deadline) {
+                kill(pid_, SIGKILL);
+                waitpid(pid_, &status, 0);
+                pid_ = -1;
+                return exit_code_ = -1;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        pid_ = -1;
+        return exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+
+  private:
+    d::Pipe in_, out_, err_;
+    CliResult r_;
+    pid_t pid_ = -1;
+    uint16_t port_ = 0;
+    bool ready_ = false;
+    int exit_code_ = -1;
+    std::string log_;
+};
+
+inline json chat_body(const std::string& user, int max_tokens, bool stream = false) {
+    return {{"messages", json::array({{{"role", "user"}, {"content", user}}})},
+            {"max_tokens", max_tokens},
+            {"temperature", 0},
+            {"stream", stream}};
+}
+
+inline HttpResponse post_chat(uint16_t port, const json& body, const std::string& headers = "") {
+    return http_request(port, "POST", "/v1/chat/completions", body.dump(), headers);
+}
+
+// The content pieces of an SSE answer, the finish reason and the usage chunk.
+struct Streamed {
+    std::string text, finish_reason;
+    json usage;
+    bool done = false;
+    int chunks = 0;
+};
+
+inline Streamed parse_sse(const std::string& body) {
+    Streamed s;
+    size_t at = 0;
+    while ((at = body.find("data: ", at)) != std::string::npos) {
+        const size_t end = body.find("\n\n", at);
+        const std::string data = body.substr(at + 6, end - at - 6);
+        at = end;
+        if (data == "[DONE]") {
+            s.done = true;
+            break;
+        }
+        const json j = json::parse(data);
+        ++s.chunks;
+        if (j.contains("usage") && !j["usage"].is_null()) s.usage = j["usage"];
+        for (const json& c : j["choices"]) {
+            if (c["delta"].contains("content")) s.text += c["delta"]["content"].get<std::string>();
+            if (!c["finish_reason"].is_null()) s.finish_reason = c["finish_reason"];
+        }
+    }
+    return s;
+}
+
+}  // namespace deltaserve::testing
