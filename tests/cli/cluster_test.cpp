@@ -43,30 +43,87 @@ void send_garbage(uint16_t port, const std::string& bytes) {
     close(fd);
 }
 
-// A cluster config in a temporary folder and its three processes.
+// Runs a shell command; true when it exits 0.
+bool sh(const std::string& command) {
+    return std::system((command + " >/dev/null 2>&1").c_str()) == 0;
+}
+
+// Two network namespaces ("hosts") on a bridge in this one, for the decode and the prefill
+// node; made only where this process may (root with iproute2), else available() is false.
+class Namespaces {
+  public:
+    Namespaces() {
+        const std::string p = std::to_string(getpid() % 100000);
+        subnet_ = "10.213." + std::to_string(getpid() % 250) + ".";
+        bridge_ = "dsb" + p;
+        for (const char* path : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
+            if (file_exists(path)) ip_binary_ = path;
+        }
+        if (geteuid() != 0 || ip_binary_.empty()) return;
+        ok_ = sh("ip link add " + bridge_ + " type bridge") &&
+              sh("ip addr add " + subnet_ + "1/24 dev " + bridge_) &&
+              sh("ip link set " + bridge_ + " up");
+        for (const char* role : {"d", "p"}) {
+            const std::string ns = std::string("ds") + role + p,
+                              host = "dsv" + std::string(role) + p,
+                              inner = "dsn" + std::string(role) + p;
+            const std::string ip = subnet_ + (role[0] == 'd' ? "2" : "3");
+            ok_ = ok_ && sh("ip netns add " + ns) &&
+                  sh("ip link add " + host + " type veth peer name " + inner) &&
+                  sh("ip link set " + inner + " netns " + ns) &&
+                  sh("ip link set " + host + " master " + bridge_) &&
+                  sh("ip link set " + host + " up") &&
+                  sh("ip netns exec " + ns + " ip addr add " + ip + "/24 dev " + inner) &&
+                  sh("ip netns exec " + ns + " ip link set " + inner + " up") &&
+                  sh("ip netns exec " + ns + " ip link set lo up");
+            namespaces_.push_back(ns);
+        }
+    }
+    ~Namespaces() {
+        for (const std::string& ns : namespaces_) sh("ip netns del " + ns);
+        sh("ip link del " + bridge_);
+    }
+    bool available() const { return ok_; }
+    std::string ns(char role) const { return namespaces_[role == 'd' ? 0 : 1]; }
+    std::string ip(char role) const { return subnet_ + (role == 'd' ? "2" : "3"); }
+    const std::string& ip_binary() const { return ip_binary_; }
+
+  private:
+    bool ok_ = false;
+    std::string ip_binary_;
+    std::string subnet_, bridge_;
+    std::vector<std::string> namespaces_;
+};
+
+// A cluster config in a temporary folder and its three processes, on loopback or with the
+// decode and prefill nodes in network namespaces of their own (the gateway stays here).
 class Cluster {
   public:
-    Cluster() {
+    explicit Cluster(const Namespaces* hosts = nullptr) {
         dir_ =
             std::filesystem::temp_directory_path() /
             ("deltaserve-cluster-" + std::to_string(getpid()) + "-" + std::to_string(counter_++));
         std::filesystem::create_directories(dir_);
-        prefill_rpc_ = free_port();
-        decode_rpc_ = free_port();
-        decode_data_ = free_port();
+        const std::string d_ip = hosts ? hosts->ip('d') : "127.0.0.1",
+                          p_ip = hosts ? hosts->ip('p') : "127.0.0.1";
+        prefill_rpc_ = hosts ? 7101 : free_port();
+        decode_rpc_ = hosts ? 7201 : free_port();
+        decode_data_ = hosts ? 7202 : free_port();
         std::ofstream(config()) << "model: " << default_gguf_model() << "\n"
                                 << "threads: 1\nctx_size: 2048\nlocal_prefill_max: 0\n"
                                 << "transport: {tls: tcp}\n"
-                                << "prefill:\n  - {name: p0, rpc: \"127.0.0.1:" << prefill_rpc_
+                                << "prefill:\n  - {name: p0, rpc: \"" << p_ip << ":" << prefill_rpc_
                                 << "\"}\n"
-                                << "decode:\n  - {name: d0, rpc: \"127.0.0.1:" << decode_rpc_
-                                << "\", data: \"127.0.0.1:" << decode_data_ << "\"}\n";
-        decode_ = std::make_unique<ServingProcess>(
-            std::vector<std::string>{"decode", "--config", config(), "--name", "d0"},
-            "serving RPC on");
-        prefill_ = std::make_unique<ServingProcess>(
-            std::vector<std::string>{"prefill", "--config", config(), "--name", "p0"},
-            "serving RPC on");
+                                << "decode:\n  - {name: d0, rpc: \"" << d_ip << ":" << decode_rpc_
+                                << "\", data: \"" << d_ip << ":" << decode_data_ << "\"}\n";
+        const auto node = [&](const char* role, const char* name) {
+            std::vector<std::string> args = {role, "--config", config(), "--name", name};
+            if (!hosts) return std::make_unique<ServingProcess>(args, "serving RPC on");
+            args.insert(args.begin(), {"netns", "exec", hosts->ns(role[0]), deltaserve_binary()});
+            return std::make_unique<ServingProcess>(args, "serving RPC on", hosts->ip_binary());
+        };
+        decode_ = node("decode", "d0");
+        prefill_ = node("prefill", "p0");
         gateway_ = std::make_unique<ServingProcess>(
             std::vector<std::string>{"gateway", "--config", config(), "--port", "0"});
     }
@@ -224,6 +281,32 @@ TEST_F(ClusterTest, GarbageOnRpcAndDataPortsHarmsNothing) {
         post_chat(cluster.port(), chat_body("What is the capital of France?", 8));
     EXPECT_EQ(r.status, 200) << r.body;
     EXPECT_EQ(cluster.decode().stop(), 0) << "the decode node survived";
+}
+
+// The same answers when the decode and prefill nodes are separate hosts (network namespaces
+// joined by veth pairs on a bridge): RPC and UCX over real interfaces, not loopback.
+TEST_F(ClusterTest, NodesInSeparateNetworkNamespacesAnswerTheSame) {
+    Namespaces hosts;
+    if (!hosts.available())
+        GTEST_SKIP() << "cannot make network namespaces here (needs root and iproute2)";
+    Cluster cluster(&hosts);
+    ASSERT_TRUE(cluster.up()) << cluster.logs();
+    ServingProcess serve(serve_args({"--ctx-size", "2048"}));
+    ASSERT_NE(serve.port(), 0) << serve.log();
+    const char* q = "What is the capital of France?";
+    const HttpResponse a = post_chat(cluster.port(), chat_body(q, 16));
+    const HttpResponse b = post_chat(serve.port(), chat_body(q, 16));
+    ASSERT_EQ(a.status, 200) << a.body;
+    EXPECT_EQ(json::parse(a.body)["choices"][0]["message"]["content"],
+              json::parse(b.body)["choices"][0]["message"]["content"]);
+    HttpResponse r =
+        post_chat(cluster.port(), chat_body("My name is Ada.", 8), "X-Session-ID: ada\r\n");
+    ASSERT_EQ(r.status, 200) << r.body;
+    r = post_chat(cluster.port(), chat_body("What is my name?", 8), "X-Session-ID: ada\r\n");
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_GT(json::parse(r.body)["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(),
+              10);
+    EXPECT_GT(cluster.metric("deltaserve_kv_bytes_shipped_total"), 0);
 }
 
 TEST_F(ClusterTest, BadConfigsAreClearErrors) {

@@ -32,9 +32,10 @@ inline std::vector<std::string> serve_args(const std::vector<std::string>& more)
 class ServingProcess {
   public:
     explicit ServingProcess(const std::vector<std::string>& args,
-                            const std::string& ready = "http://127.0.0.1:") {
+                            const std::string& ready = "http://127.0.0.1:",
+                            const std::string& program = deltaserve_binary()) {
         if (!in_.open() || !out_.open() || !err_.open()) return;
-        pid_ = d::spawn(deltaserve_binary(), args, in_, out_, err_, r_);
+        pid_ = d::spawn(program, args, in_, out_, err_, r_);
         in_.close_end(0);
         out_.close_end(1);
         err_.close_end(1);
