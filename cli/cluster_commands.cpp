@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "commands.h"
+#include "deltaserve/api/chat_rpc_server.h"
 #include "deltaserve/api/cluster_chat_engine.h"
 #include "deltaserve/api/cluster_config.h"
 #include "deltaserve/api/http_gateway.h"
@@ -216,6 +217,17 @@ int gateway_main(int argc, char** argv) {
         print_error(gateway.error());
         return 1;
     }
+    std::unique_ptr<api::ChatRpcServer> rpc;
+    if (!c.gateway_rpc.empty()) {
+        auto r = api::ChatRpcServer::start(c.gateway_rpc, engine, api::ChatRpcOptions{});
+        if (!r) {
+            print_error(r.error());
+            return 1;
+        }
+        rpc = std::move(*r);
+        std::fprintf(stderr, "deltaserve: chat RPC on port %u\n",
+                     static_cast<unsigned>(rpc->port()));
+    }
     std::fprintf(stderr,
                  "deltaserve: gateway serving %s on http://%s:%u (%zu decode, %zu prefill nodes)\n",
                  id.c_str(), c.gateway_host.c_str(), static_cast<unsigned>((*gateway)->port()),
@@ -223,6 +235,7 @@ int gateway_main(int argc, char** argv) {
     std::fflush(stderr);
     std::fprintf(stderr, "deltaserve: %s, stopping\n", wait_for_stop(stop_signals));
     (*gateway)->stop();
+    rpc.reset();
     return 0;
 }
 

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "commands.h"
+#include "deltaserve/api/chat_rpc_server.h"
 #include "deltaserve/api/cluster_chat_engine.h"
 #include "deltaserve/api/http_gateway.h"
 #include "deltaserve/transport/transport_factory.h"
@@ -16,19 +17,23 @@ namespace deltaserve::cli {
 int serve_main(int argc, char** argv) {
     RunOptions o;
     std::string host = "127.0.0.1";
-    int32_t port = 8000, max_tokens = -1;
+    int32_t port = 8000, max_tokens = -1, rpc_port = -1;
     api::ClusterEngineOptions eo;
     decode::DecodeOptions dopt;
     int32_t ttl = static_cast<int32_t>(eo.session_ttl_seconds);
-    ArgParser p("deltaserve serve",
-                "Serves --model over an OpenAI-compatible HTTP API (POST /v1/chat/completions, GET "
-                "/v1/models, /health, /metrics), with a prefill and a decode worker in this process. "
-                "Sampling flags are the defaults for requests that leave a field out. A session "
-                "(X-Session-ID header or session_id field) keeps its history and its KV between "
-                "turns: send only the new messages.");
+    ArgParser p(
+        "deltaserve serve",
+        "Serves --model over an OpenAI-compatible HTTP API (POST /v1/chat/completions, GET "
+        "/v1/models, /health, /metrics), with a prefill and a decode worker in this process. "
+        "Sampling flags are the defaults for requests that leave a field out. A session "
+        "(X-Session-ID header or session_id field) keeps its history and its KV between "
+        "turns: send only the new messages.");
     o.register_flags(p);
     p.add("host", &host, "address to listen on");
     p.add("port", &port, "port to listen on; 0 = any free port (printed at start)");
+    p.add("rpc-port", &rpc_port,
+          "port of the Cap'n Proto chat and admin service (api/schema/chat.capnp) on --host; "
+          "0 = any free port (printed at start), -1 = none");
     p.add("max-tokens", &max_tokens,
           "tokens per answer when a request gives no max_tokens; -1 = no limit");
     p.add("max-sessions", &eo.max_sessions,
@@ -39,11 +44,12 @@ int serve_main(int argc, char** argv) {
           "uncached prompt tokens the decode worker prefills itself; longer prompts go to the "
           "prefill worker");
     if (auto exit_code = parse_flags(p, argc, argv)) return *exit_code;
-    if (port < 0 || port > 65535 || eo.max_sessions < 1 || ttl < 1 || dopt.max_batch < 1 ||
-        dopt.local_prefill_max < 0) {
-        print_error(invalid_argument(
-            "--port must be in [0, 65535], --max-sessions, --session-ttl and --max-batch >= 1, "
-            "--local-prefill-max >= 0"));
+    if (port < 0 || port > 65535 || rpc_port < -1 || rpc_port > 65535 || eo.max_sessions < 1 ||
+        ttl < 1 || dopt.max_batch < 1 || dopt.local_prefill_max < 0) {
+        print_error(
+            invalid_argument("--port must be in [0, 65535], --rpc-port in [-1, 65535], "
+                             "--max-sessions, --session-ttl and --max-batch >= 1, "
+                             "--local-prefill-max >= 0"));
         return 2;
     }
     eo.session_ttl_seconds = ttl;
@@ -71,7 +77,8 @@ int serve_main(int argc, char** argv) {
     popt.model_id = model_id;
     auto prefill = decode ? prefill::PrefillWorker::create(**model, popt, **transport)
                           : Result<std::unique_ptr<prefill::PrefillWorker>>(decode.status());
-    auto address = prefill ? (*decode)->listen(**transport, "decode-0") : Result<std::string>(prefill.status());
+    auto address = prefill ? (*decode)->listen(**transport, "decode-0")
+                           : Result<std::string>(prefill.status());
     if (!address) {
         print_error(address.error());
         return 1;
@@ -89,11 +96,26 @@ int serve_main(int argc, char** argv) {
         print_error(gateway.error());
         return 1;
     }
+    std::unique_ptr<api::ChatRpcServer> rpc;
+    if (rpc_port >= 0) {
+        api::ChatRpcOptions ro;
+        ro.sampling = go.sampling;
+        ro.default_max_tokens = max_tokens;
+        auto r = api::ChatRpcServer::start(host + ":" + std::to_string(rpc_port), engine, ro);
+        if (!r) {
+            print_error(r.error());
+            return 1;
+        }
+        rpc = std::move(*r);
+        std::fprintf(stderr, "deltaserve: chat RPC on port %u\n",
+                     static_cast<unsigned>(rpc->port()));
+    }
     std::fprintf(stderr, "deltaserve: serving %s on http://%s:%u\n", model_id.c_str(), host.c_str(),
                  static_cast<unsigned>((*gateway)->port()));
     std::fflush(stderr);
     std::fprintf(stderr, "deltaserve: %s, stopping\n", wait_for_stop(stop_signals));
     (*gateway)->stop();
+    rpc.reset();
     return 0;
 }
 

@@ -78,6 +78,8 @@ interface DecodeNode {
   dataAddress @1 () -> (address :Text);
   # Where prefill nodes ship KV to this node (the data plane).
   stats @2 () -> (stats :DecodeStats);
+  dropSession @3 (sessionId :Text) -> ();
+  # Forgets a session's KV (the gateway closed the session).
 }
 
 struct PrefillRequest {

@@ -89,6 +89,28 @@ EngineStats ClusterChatEngine::stats() const {
     return s;
 }
 
+std::vector<SessionSummary> ClusterChatEngine::sessions() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t now = now_seconds();
+    std::vector<SessionSummary> out;
+    for (const auto& [id, s] : sessions_) {
+        out.push_back({id, static_cast<int32_t>(s.history.size()), now - s.last_used});
+    }
+    return out;
+}
+
+void ClusterChatEngine::forget_session(const std::string& id) {
+    DecodeNode* node = nullptr;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = sessions_.find(id);
+        if (it == sessions_.end()) return;
+        node = it->second.node;
+        sessions_.erase(it);
+    }
+    if (node != nullptr) node->drop_session(id);
+}
+
 DecodeNode* ClusterChatEngine::least_loaded_decode(const DecodeNode* except) const {
     DecodeNode* best = nullptr;
     int64_t load = std::numeric_limits<int64_t>::max();

@@ -50,6 +50,7 @@ const std::map<std::string, Setter>& setters() {
         text("kv_profile", &ClusterConfig::kv_profile);
         text("transport_tls", &ClusterConfig::transport_tls);
         text("gateway_host", &ClusterConfig::gateway_host);
+        text("gateway_rpc", &ClusterConfig::gateway_rpc);
         text("log_level", &ClusterConfig::log_level);
         integer("threads", &ClusterConfig::threads, 0, 1024);
         integer("ctx_size", &ClusterConfig::ctx_size, 0, 1 << 20);

@@ -15,6 +15,7 @@ class LocalDecodeNode final : public DecodeNode {
     }
     void cancel(uint64_t turn_id, Status why) override { w_.cancel(turn_id, std::move(why)); }
     Result<decode::DecodeStats> stats() override { return w_.stats(); }
+    void drop_session(const std::string& id) override { w_.drop_session(id); }
     std::string data_address() const override { return address_; }
 
   private:

@@ -56,6 +56,7 @@ class RemoteDecode final : public DecodeNode {
                                         std::shared_ptr<decode::TurnSink> sink) override;
     void cancel(uint64_t turn_id, Status why) override;
     Result<decode::DecodeStats> stats() override;
+    void drop_session(const std::string& id) override;
     std::string data_address() const override { return address_; }
 
   private:
@@ -177,7 +178,8 @@ class RpcClientImpl final : public RpcClient, public kj::TaskSet::ErrorHandler {
     const std::string& address() const { return address_; }
     // How errors name the node: "prefill node p0 at 127.0.0.1:7101".
     std::string label() const {
-        return (info_.name.empty() ? "node" : info_.role + " node " + info_.name) + " at " + address_;
+        return (info_.name.empty() ? "node" : info_.role + " node " + info_.name) + " at " +
+               address_;
     }
 
   private:
@@ -254,6 +256,14 @@ void RemoteDecode::cancel(uint64_t turn_id, Status why) {
         if (it == c_.turns().end()) return Status();
         auto req = it->second.cancelRequest();
         if (!why.ok()) rpc::to_capnp(why, req.initError());
+        return req.send().then([](auto&&) { return Status(); });
+    });
+}
+
+void RemoteDecode::drop_session(const std::string& id) {
+    (void)c_.call<Status>([&]() -> kj::Promise<Status> {
+        auto req = c_.decode_cap().dropSessionRequest();
+        req.setSessionId(id);
         return req.send().then([](auto&&) { return Status(); });
     });
 }

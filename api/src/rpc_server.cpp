@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "rpc_convert.h"
+#include "rpc_thread.h"
 
 namespace deltaserve::api {
 
@@ -146,6 +147,11 @@ class DecodeNodeImpl final : public rpc::DecodeNode::Server {
         return kj::READY_NOW;
     }
 
+    kj::Promise<void> dropSession(DropSessionContext context) override {
+        w_.drop_session(context.getParams().getSessionId());
+        return kj::READY_NOW;
+    }
+
   private:
     decode::DecodeWorker& w_;
     std::string address_;
@@ -154,8 +160,7 @@ class DecodeNodeImpl final : public rpc::DecodeNode::Server {
 // Runs prefills off the RPC thread and joins them when the server stops.
 class PrefillNodeImpl final : public rpc::PrefillNode::Server {
   public:
-    PrefillNodeImpl(prefill::PrefillWorker& w, std::list<std::thread>& threads, std::mutex& mu)
-        : w_(w), threads_(threads), mu_(mu) {}
+    PrefillNodeImpl(prefill::PrefillWorker& w, RpcThread& rpc) : w_(w), rpc_(rpc) {}
     kj::Promise<void> prefill(PrefillContext context) override {
         auto p = context.getParams().getRequest();
         prefill::PrefillRequest req;
@@ -164,14 +169,12 @@ class PrefillNodeImpl final : public rpc::PrefillNode::Server {
         req.pull_tokens = p.getPullTokens();
         auto out = std::make_shared<Result<prefill::PrefillResult>>(unavailable("not run"));
         auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
-        auto done = std::make_shared<Done>(kj::mv(paf.fulfiller));
-        {
-            std::lock_guard<std::mutex> lock(mu_);
-            threads_.emplace_back([this, req = std::move(req), out, done] {
-                *out = w_.prefill(req);
-                done->fulfiller->fulfill();
-            });
-        }
+        auto done = std::make_shared<NoexceptHolder<kj::CrossThreadPromiseFulfiller<void>>>(
+            kj::mv(paf.fulfiller));
+        rpc_.spawn([this, req = std::move(req), out, done] {
+            *out = w_.prefill(req);
+            done->own->fulfill();
+        });
         return paf.promise.then([context, out]() mutable {
             auto r = context.getResults();
             if (!out->ok()) return rpc::to_capnp(out->status(), r.initError());
@@ -195,21 +198,13 @@ class PrefillNodeImpl final : public rpc::PrefillNode::Server {
     }
 
   private:
-    // The fulfiller travels to the prefill's thread (a noexcept holder for std::thread).
-    struct Done {
-        explicit Done(kj::Own<kj::CrossThreadPromiseFulfiller<void>> f) : fulfiller(kj::mv(f)) {}
-        ~Done() noexcept = default;
-        kj::Own<kj::CrossThreadPromiseFulfiller<void>> fulfiller;
-    };
     prefill::PrefillWorker& w_;
-    std::list<std::thread>& threads_;
-    std::mutex& mu_;
+    RpcThread& rpc_;
 };
 
 class NodeImpl final : public rpc::Node::Server {
   public:
-    NodeImpl(const NodeRoles& roles, std::list<std::thread>& threads, std::mutex& mu)
-        : roles_(roles), threads_(threads), mu_(mu) {}
+    NodeImpl(const NodeRoles& roles, RpcThread& rpc) : roles_(roles), rpc_(rpc) {}
     kj::Promise<void> info(InfoContext context) override {
         auto r = context.getResults();
         r.setRole(roles_.decode && roles_.prefill ? "decode+prefill"
@@ -226,70 +221,33 @@ class NodeImpl final : public rpc::Node::Server {
     }
     kj::Promise<void> prefill(PrefillContext context) override {
         KJ_REQUIRE(roles_.prefill != nullptr, "this node does not prefill");
-        context.getResults().setNode(kj::heap<PrefillNodeImpl>(*roles_.prefill, threads_, mu_));
+        context.getResults().setNode(kj::heap<PrefillNodeImpl>(*roles_.prefill, rpc_));
         return kj::READY_NOW;
     }
 
   private:
     NodeRoles roles_;
-    std::list<std::thread>& threads_;
-    std::mutex& mu_;
+    RpcThread& rpc_;
 };
 
 class RpcServerImpl final : public RpcServer {
   public:
-    ~RpcServerImpl() noexcept override {
-        if (executor_) {
-            try {
-                executor_->executeSync([this] { stop_->fulfill(); });
-            } catch (const kj::Exception&) {
-            }
-        }
-        if (thread_.joinable()) thread_.join();
-        std::lock_guard<std::mutex> lock(mu_);
-        for (auto& t : prefills_) t.join();
-    }
-    uint16_t port() const override { return port_; }
-
-    Status run(const std::string& address, NodeRoles roles) {
-        std::promise<Status> started;
-        auto ready = started.get_future();
-        thread_ = std::thread([&, roles] {
-            try {
-                capnp::EzRpcServer server(kj::heap<NodeImpl>(roles, prefills_, mu_),
-                                          address.c_str());
-                auto& ws = server.getWaitScope();
-                port_ = static_cast<uint16_t>(server.getPort().wait(ws));
-                auto paf = kj::newPromiseAndFulfiller<void>();
-                stop_ = kj::mv(paf.fulfiller);
-                executor_ = kj::getCurrentThreadExecutor().addRef();
-                started.set_value(Status());
-                paf.promise.wait(ws);
-                stop_ = nullptr;  // kj objects die on their own thread
-            } catch (const kj::Exception& e) {
-                if (!executor_) {
-                    started.set_value(unavailable("cannot serve RPC on " + address + ": " +
-                                                  e.getDescription().cStr()));
-                }
-            }
+    Status start(const std::string& address, NodeRoles roles) {
+        return rpc_.start(address, [this, roles]() -> capnp::Capability::Client {
+            return kj::heap<NodeImpl>(roles, rpc_);
         });
-        return ready.get();
     }
+    uint16_t port() const override { return rpc_.port(); }
 
   private:
-    std::thread thread_;
-    kj::Own<const kj::Executor> executor_;
-    kj::Own<kj::PromiseFulfiller<void>> stop_;
-    uint16_t port_ = 0;
-    std::mutex mu_;
-    std::list<std::thread> prefills_;
+    RpcThread rpc_;
 };
 
 }  // namespace
 
 Result<std::unique_ptr<RpcServer>> RpcServer::start(const std::string& address, NodeRoles roles) {
     auto s = std::make_unique<RpcServerImpl>();
-    DS_RETURN_IF_ERROR(s->run(address, std::move(roles)));
+    DS_RETURN_IF_ERROR(s->start(address, std::move(roles)));
     return std::unique_ptr<RpcServer>(std::move(s));
 }
 

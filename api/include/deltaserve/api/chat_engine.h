@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "deltaserve/api/openai_protocol.h"
 
@@ -26,6 +27,12 @@ struct EngineStats {
     double keep_ratio = 1.0;       // kv_bytes over the same tokens in fp16 full KV
 };
 
+struct SessionSummary {
+    std::string id;
+    int32_t messages = 0;  // in its history
+    int64_t idle_seconds = 0;
+};
+
 class ChatEngine {
   public:
     virtual ~ChatEngine() = default;
@@ -36,6 +43,9 @@ class ChatEngine {
     virtual Result<TurnResult> run_turn(const ChatRequest& request,
                                         const std::function<bool(std::string_view)>& on_piece) = 0;
     virtual EngineStats stats() const = 0;
+    virtual std::vector<SessionSummary> sessions() const = 0;
+    // Forgets a session: its history, and its KV wherever it is held. Unknown ids are ignored.
+    virtual void forget_session(const std::string& id) = 0;
 };
 
 }  // namespace deltaserve::api

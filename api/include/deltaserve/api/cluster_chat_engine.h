@@ -37,6 +37,8 @@ class ClusterChatEngine : public ChatEngine {
     Result<TurnResult> run_turn(const ChatRequest& request,
                                 const std::function<bool(std::string_view)>& on_piece) override;
     EngineStats stats() const override;
+    std::vector<SessionSummary> sessions() const override;
+    void forget_session(const std::string& id) override;
 
   private:
     struct Session {

@@ -32,6 +32,8 @@ struct ClusterConfig {
     std::string transport_tls;  // UCX_TLS of the data plane; "" = UCX's own choice
     std::string gateway_host = "127.0.0.1";
     int32_t gateway_port = 8000;
+    std::string
+        gateway_rpc;  // host:port of the gateway's Cap'n Proto chat and admin service; "" = none
     int32_t local_prefill_max = 512;
     int32_t max_batch = 32;
     int32_t max_sessions = 64;

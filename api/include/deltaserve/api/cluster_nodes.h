@@ -20,6 +20,7 @@ class DecodeNode {
                                                 std::shared_ptr<decode::TurnSink> sink) = 0;
     virtual void cancel(uint64_t turn_id, Status why) = 0;
     virtual Result<decode::DecodeStats> stats() = 0;
+    virtual void drop_session(const std::string& session_id) = 0;
     // Where prefill nodes ship this node's KV.
     virtual std::string data_address() const = 0;
 };

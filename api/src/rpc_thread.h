@@ -1,0 +1,98 @@
+// A Cap'n Proto RPC server on an event-loop thread of its own (kj objects belong to one
+// thread): serves a bootstrap capability on an address until destroyed. Other threads reach
+// the loop through executor(). Work that blocks (a prefill, a chat turn) runs on threads
+// started with spawn(), joined when the server stops.
+#pragma once
+
+#include <capnp/ez-rpc.h>
+#include <kj/async.h>
+
+#include <functional>
+#include <future>
+#include <list>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "deltaserve/common/status.h"
+
+namespace deltaserve::api {
+
+class RpcThread {
+  public:
+    RpcThread() = default;
+    RpcThread(const RpcThread&) = delete;
+    RpcThread& operator=(const RpcThread&) = delete;
+    ~RpcThread() noexcept { stop(); }
+
+    // Serves what make_bootstrap returns (called on the loop thread) on "host:port".
+    // Errors: kUnavailable when the address cannot be bound.
+    Status start(const std::string& address,
+                 std::function<capnp::Capability::Client()> make_bootstrap) {
+        std::promise<Status> started;
+        auto ready = started.get_future();
+        thread_ = std::thread([&, address] {
+            try {
+                capnp::EzRpcServer server(make_bootstrap(), address.c_str());
+                auto& ws = server.getWaitScope();
+                port_ = static_cast<uint16_t>(server.getPort().wait(ws));
+                auto paf = kj::newPromiseAndFulfiller<void>();
+                stop_ = kj::mv(paf.fulfiller);
+                loop_thread_ = std::this_thread::get_id();
+                executor_ = kj::getCurrentThreadExecutor().addRef();
+                started.set_value(Status());
+                paf.promise.wait(ws);
+                stop_ = nullptr;  // kj objects die on their own thread
+            } catch (const kj::Exception& e) {
+                if (!executor_) {
+                    started.set_value(unavailable("cannot serve RPC on " + address + ": " +
+                                                  e.getDescription().cStr()));
+                }
+            }
+        });
+        return ready.get();
+    }
+
+    void stop() noexcept {
+        if (executor_) {
+            try {
+                executor_->executeSync([this] {
+                    if (stop_) stop_->fulfill();
+                });
+            } catch (const kj::Exception&) {
+            }
+        }
+        if (thread_.joinable()) thread_.join();
+        std::lock_guard<std::mutex> lock(mu_);
+        for (auto& t : workers_) t.join();
+        workers_.clear();
+    }
+
+    uint16_t port() const { return port_; }
+    const kj::Executor& executor() const { return *executor_; }
+    bool on_loop_thread() const { return std::this_thread::get_id() == loop_thread_; }
+    // Runs f on a thread of its own.
+    void spawn(std::function<void()> f) {
+        std::lock_guard<std::mutex> lock(mu_);
+        workers_.emplace_back(std::move(f));
+    }
+
+  private:
+    std::thread thread_;
+    std::thread::id loop_thread_;
+    kj::Own<const kj::Executor> executor_;
+    kj::Own<kj::PromiseFulfiller<void>> stop_;
+    uint16_t port_ = 0;
+    std::mutex mu_;
+    std::list<std::thread> workers_;
+};
+
+// Holds a kj object for a std::function or std::thread, whose destructors must not throw.
+template <typename T>
+struct NoexceptHolder {
+    explicit NoexceptHolder(kj::Own<T> o) : own(kj::mv(o)) {}
+    ~NoexceptHolder() noexcept = default;
+    kj::Own<T> own;
+};
+
+}  // namespace deltaserve::api

@@ -1,0 +1,145 @@
+// The Cap'n Proto chat and admin services of `deltaserve serve --rpc-port 0`, spoken to by a
+// real Cap'n Proto client: a session's answers stream to a sink the client hosts and equal the
+// HTTP API's, later turns reuse the session's KV, cancel and close work, the admin service
+// sees the sessions, and bad input gets clear errors while the server stays up.
+#include <capnp/ez-rpc.h>
+#include <gtest/gtest.h>
+
+#include "chat.capnp.h"
+#include "serving.h"
+
+namespace deltaserve::testing {
+namespace {
+
+namespace rpc = api::rpc;
+
+class Sink final : public rpc::TokenSink::Server {
+  public:
+    Sink(std::string& text, int& pieces,
+         kj::Maybe<rpc::ChatSession::Client> cancel_after_first = nullptr)
+        : text_(text), pieces_(pieces), cancel_(kj::mv(cancel_after_first)) {}
+    kj::Promise<void> piece(PieceContext context) override {
+        text_ += context.getParams().getText().cStr();
+        if (++pieces_ == 1) {
+            KJ_IF_MAYBE (s, cancel_) {
+                return s->cancelRequest().send().ignoreResult();
+            }
+        }
+        return kj::READY_NOW;
+    }
+    kj::Promise<void> end(EndContext) override { return kj::READY_NOW; }
+
+  private:
+    std::string& text_;
+    int& pieces_;
+    kj::Maybe<rpc::ChatSession::Client> cancel_;
+};
+
+struct Answer {
+    std::string error, finish, text, streamed;
+    int cached = 0, completion = 0, pieces = 0;
+};
+
+Answer send(capnp::EzRpcClient& client, rpc::ChatSession::Client session, const std::string& role,
+            const std::string& content, int max_tokens, float temperature = 0,
+            bool cancel = false) {
+    Answer a;
+    auto req = session.sendRequest();
+    auto m = req.initMessages(1);
+    m[0].setRole(role);
+    m[0].setContent(content);
+    auto o = req.initOptions();
+    o.initSampling().setTemperature(temperature);
+    o.getSampling().setTopP(1.0f);
+    o.setSeedGiven(true);
+    o.setMaxTokens(max_tokens);
+    req.setSink(kj::heap<Sink>(a.streamed, a.pieces,
+                               cancel ? kj::Maybe<rpc::ChatSession::Client>(session)
+                                      : kj::Maybe<rpc::ChatSession::Client>(nullptr)));
+    auto r = req.send().wait(client.getWaitScope());
+    if (r.hasError()) {
+        a.error = r.getError().getMessage().cStr();
+        return a;
+    }
+    a.finish = r.getFinishReason().cStr();
+    a.text = r.getText().cStr();
+    a.cached = r.getUsage().getCachedTokens();
+    a.completion = r.getUsage().getCompletionTokens();
+    return a;
+}
+
+uint16_t rpc_port(const ServingProcess& s) {
+    const size_t at = s.log().find("chat RPC on port ");
+    return at == std::string::npos ? 0
+                                   : static_cast<uint16_t>(std::atoi(s.log().c_str() + at + 17));
+}
+
+class ChatRpcTest : public ::testing::Test {
+  protected:
+    void SetUp() override { DS_REQUIRE_FILE(default_gguf_model(), "default GGUF model"); }
+};
+
+TEST_F(ChatRpcTest, SessionsStreamLikeHttpAndAdminSeesThem) {
+    ServingProcess server(serve_args({"--rpc-port", "0"}));
+    ASSERT_NE(server.port(), 0) << server.log();
+    ASSERT_NE(rpc_port(server), 0) << server.log();
+    capnp::EzRpcClient client("127.0.0.1", rpc_port(server));
+    auto& ws = client.getWaitScope();
+    auto gateway = client.getMain<rpc::Gateway>();
+    auto chat = gateway.chatRequest().send().getService();
+    auto admin = gateway.adminRequest().send().getAdmin();
+    auto open = chat.openRequest();
+    open.setSessionId("ada");
+    rpc::ChatSession::Client session = open.send().getSession();
+
+    const std::string q = "What is the capital of France?";
+    Answer a = send(client, session, "user", q, 16);
+    ASSERT_EQ(a.error, "");
+    EXPECT_FALSE(a.text.empty());
+    EXPECT_EQ(a.streamed, a.text) << "every piece reached the sink before send returned";
+    const HttpResponse h = post_chat(server.port(), chat_body(q, 16));
+    ASSERT_EQ(h.status, 200) << h.body;
+    EXPECT_EQ(json::parse(h.body)["choices"][0]["message"]["content"], a.text);
+
+    Answer b = send(client, session, "user", "And of Germany?", 16);
+    ASSERT_EQ(b.error, "");
+    EXPECT_GT(b.cached, 20) << "the session's history was not prefilled again";
+    auto info = session.infoRequest().send().wait(ws);
+    EXPECT_EQ(std::string(info.getId().cStr()), "ada");
+    EXPECT_EQ(info.getMessages(), 4);
+
+    auto listed = admin.sessionsRequest().send().wait(ws);
+    ASSERT_EQ(listed.getSessions().size(), 1u);
+    EXPECT_EQ(std::string(listed.getSessions()[0].getId().cStr()), "ada");
+    EXPECT_GT(admin.statsRequest().send().wait(ws).getKvBytes(), 0);
+    session.closeRequest().send().wait(ws);
+    EXPECT_EQ(admin.sessionsRequest().send().wait(ws).getSessions().size(), 0u);
+}
+
+TEST_F(ChatRpcTest, CancelAndBadInputAreClear) {
+    ServingProcess server(serve_args({"--rpc-port", "0"}));
+    ASSERT_NE(rpc_port(server), 0) << server.log();
+    {
+        capnp::EzRpcClient client("127.0.0.1", rpc_port(server));
+        auto chat = client.getMain<rpc::Gateway>().chatRequest().send().getService();
+        rpc::ChatSession::Client session = chat.openRequest().send().getSession();
+        Answer c = send(client, session, "user", "Tell me a very long story about a dragon.", 300,
+                        1.5f, true);
+        ASSERT_EQ(c.error, "");
+        EXPECT_EQ(c.finish, "cancelled");
+        EXPECT_LT(c.completion, 300);
+        EXPECT_NE(send(client, session, "robot", "hi", 4).error.find("unknown role"),
+                  std::string::npos);
+    }
+    // Bytes that are not Cap'n Proto.
+    (void)http_raw(rpc_port(server), std::string(64, '\xff') + "junk", 2000);
+    capnp::EzRpcClient client("127.0.0.1", rpc_port(server));
+    auto chat = client.getMain<rpc::Gateway>().chatRequest().send().getService();
+    Answer ok = send(client, chat.openRequest().send().getSession(), "user", "Hello", 4);
+    EXPECT_EQ(ok.error, "");
+    EXPECT_FALSE(ok.text.empty());
+    EXPECT_EQ(server.stop(), 0) << server.log();
+}
+
+}  // namespace
+}  // namespace deltaserve::testing
