@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Turn-k time to first token: a session kept on the server vs the whole history prefilled again.
 
-Starts `deltaserve serve` (embedded mode) and, for each history length (tokens of Debian FAQ
+Starts `deltaserve serve` (embedded mode), or with --mode cluster a local cluster (decode,
+prefill and gateway processes, KV over UCX; bench/servers.py), and, for each history length (tokens of Debian FAQ
 text, not calibration text), opens session A with the history as its first message, then
 times a short follow-up question in the session (only the new tokens are evaluated). The
 baseline sends the same conversation without a session after another session (B, different
@@ -10,19 +11,19 @@ as an engine without session affinity would. Time to first token is measured at 
 (the first SSE content chunk); each arm is the median of --rounds. Prints a table and
 writes a JSON summary.
 
-    python3 bench/run_session_bench.py [--lengths 1024,4096,8000] [--rounds 3]
+    python3 bench/run_session_bench.py [--lengths 1024,4096,8000] [--rounds 3] [--mode cluster]
 """
 import argparse
 import http.client
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from run_fidelity_bench import faq_text  # noqa: E402
+from servers import start_cluster, start_embedded  # noqa: E402
 
 QUESTION = "In one sentence, what was the text above about?"
 
@@ -65,15 +66,14 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="bench/out/session.json")
     ap.add_argument("--serve-args", default="", help="extra flags for deltaserve serve (e.g. a KV policy)")
+    ap.add_argument("--mode", choices=["embedded", "cluster"], default="embedded")
     a = ap.parse_args()
     lengths = [int(x) for x in a.lengths.split(",")]
-    server = subprocess.Popen([os.path.join(a.build, "bin", "deltaserve"), "serve", "--model", a.model, "--port", "0",
-                               "--threads", str(a.threads), "--ctx-size", str(max(lengths) + 512)]
-                              + a.serve_args.split(), stderr=subprocess.PIPE, text=True)
-    line = server.stderr.readline()
-    if "http://" not in line:
-        sys.exit(f"error: the server did not start: {line}{server.stderr.read()}")
-    port = int(line.rsplit(":", 1)[1])
+    ctx = max(lengths) + 512
+    if a.mode == "cluster":
+        port, stop = start_cluster(a.build, a.model, a.threads, ctx)
+    else:
+        port, stop = start_embedded(a.build, a.model, a.threads, ctx, a.serve_args.split())
     text = faq_text()
     rows = []
     try:
@@ -103,11 +103,11 @@ def main():
                   f"{1000 * row['ttft_reprefill_s']:8.1f} ms ({row['reprefill_cached_tokens']} cached): "
                   f"{row['speedup']:.1f}x", flush=True)
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        stop()
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
-        json.dump({"model": a.model, "threads": a.threads, "rounds": a.rounds, "rows": rows}, f, indent=1)
+        json.dump({"model": a.model, "mode": a.mode, "threads": a.threads, "rounds": a.rounds, "rows": rows}, f,
+                  indent=1)
 
 
 if __name__ == "__main__":

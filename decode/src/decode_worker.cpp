@@ -106,7 +106,8 @@ class DecodeWorkerImpl final : public DecodeWorker {
         DecodeStats s = stats_;  // KV bytes as of the loop's last step
         s.sessions = static_cast<int64_t>(sessions_.size());
         s.running = s.waiting = 0;
-        for (const auto& [id, t] : turns_) ++(t->stage == Turn::Stage::kRunning ? s.running : s.waiting);
+        for (const auto& [id, t] : turns_)
+            ++(t->stage == Turn::Stage::kRunning ? s.running : s.waiting);
         if (turns_.empty()) {  // nothing runs: what the sessions hold is all there is
             size_t held = 0, full = 0;
             for (const auto& [id, sess] : sessions_) {
@@ -135,10 +136,10 @@ class DecodeWorkerImpl final : public DecodeWorker {
     }
 
     void run_loop();
-    // Evaluates the uncached prompt tokens here; false when the turn ended.
-    bool prefill_here(const std::shared_ptr<Turn>& t);
     void end_failed(const std::shared_ptr<Turn>& t);
-    void step(std::vector<std::shared_ptr<Turn>>& batch);
+    // One forward pass; each turn's tokens: its next token, or a chunk of its prompt.
+    void step(const std::vector<std::shared_ptr<Turn>>& batch,
+              const std::vector<std::span<const int32_t>>& tokens);
     // After a token was taken: the turn goes on (into `next`) or ends.
     void carry_on(const std::shared_ptr<Turn>& t, std::vector<std::shared_ptr<Turn>>& next);
     void update_stats();
@@ -250,6 +251,7 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
         t->stage = Turn::Stage::kPrefillHere;
     }
     t->keep = keep;
+    t->prefilled = keep;
     turns_[t->spec.turn_id] = t;
     lock.unlock();
     wake_.notify_all();
@@ -328,14 +330,14 @@ void DecodeWorkerImpl::forget_stale(int64_t now) {
 }
 
 void DecodeWorkerImpl::run_loop() {
-    std::vector<std::shared_ptr<Turn>> running;  // each with a token to evaluate
+    std::vector<std::shared_ptr<Turn>> running;     // each with a token to evaluate
+    std::vector<std::shared_ptr<Turn>> prefilling;  // prompts evaluated here, a chunk per step
     for (;;) {
-        std::shared_ptr<Turn> local;  // one local prefill per step keeps the others generating
         std::vector<std::shared_ptr<Turn>> arrived, expired;
         {
             std::unique_lock<std::mutex> lock(mu_);
             const auto has_work = [&] {
-                if (stopping_ || !running.empty()) return true;
+                if (stopping_ || !running.empty() || !prefilling.empty()) return true;
                 for (auto& [id, t] : turns_) {
                     if (t->stage == Turn::Stage::kPrefillHere || t->admissible || t->failed)
                         return true;
@@ -347,7 +349,8 @@ void DecodeWorkerImpl::run_loop() {
             const auto now = Clock::now();
             for (auto& [id, t] : turns_) {
                 if (t->stage == Turn::Stage::kPrefillHere) {
-                    if (!local) local = t;
+                    if (!t->in_loop) prefilling.push_back(t);
+                    t->in_loop = true;
                 } else if (t->stage == Turn::Stage::kAwaitKv) {
                     if (t->admissible) {
                         arrived.push_back(t);
@@ -362,21 +365,12 @@ void DecodeWorkerImpl::run_loop() {
             fail(t, deadline_exceeded("the turn's KV did not arrive from the prefill node within " +
                                       std::to_string(options_.kv_wait_ms) + " ms"));
         }
-        // Turns that failed or were cancelled while running end here.
-        for (auto it = running.begin(); it != running.end();) {
-            if ((*it)->failed) {
-                end_failed(*it);
-                it = running.erase(it);
-            } else {
-                ++it;
-            }
-        }
-        if (local) {
-            if (local->failed) {
-                end_failed(local);
-            } else if (prefill_here(local)) {
-                carry_on(local, running);
-            }
+        // Turns that failed or were cancelled in the loop end here.
+        for (auto* list : {&running, &prefilling}) {
+            std::erase_if(*list, [&](const std::shared_ptr<Turn>& t) {
+                if (t->failed) end_failed(t);
+                return t->failed.load();
+            });
         }
         for (auto& t : arrived) {
             {
@@ -389,16 +383,32 @@ void DecodeWorkerImpl::run_loop() {
             t->admit_remote();
             carry_on(t, running);
         }
-        std::vector<std::shared_ptr<Turn>> next;
-        for (size_t b = 0; b < running.size(); b += static_cast<size_t>(options_.max_batch)) {
-            const size_t e = std::min(running.size(), b + static_cast<size_t>(options_.max_batch));
-            std::vector<std::shared_ptr<Turn>> batch(
-                running.begin() + static_cast<std::ptrdiff_t>(b),
-                running.begin() + static_cast<std::ptrdiff_t>(e));
-            step(batch);
-            for (auto& t : batch) carry_on(t, next);
+        // One forward pass: up to max_batch turns, the running ones first (round robin when
+        // there are more), then chunks of the prompts prefilled here (chunked prefill: at most
+        // prefill_chunk prompt tokens per pass, so that a long prompt does not stall the rest).
+        const size_t max_batch = static_cast<size_t>(options_.max_batch);
+        std::vector<std::shared_ptr<Turn>> batch(
+            running.begin(),
+            running.begin() + static_cast<std::ptrdiff_t>(std::min(running.size(), max_batch)));
+        running.erase(running.begin(), running.begin() + static_cast<std::ptrdiff_t>(batch.size()));
+        std::vector<std::span<const int32_t>> spans;
+        for (auto& t : batch) spans.emplace_back(&t->next_token, 1);
+        int32_t budget = options_.prefill_chunk;
+        for (auto& t : prefilling) {
+            if (batch.size() >= max_batch || budget <= 0) break;
+            const int32_t n =
+                std::min(budget, static_cast<int32_t>(t->spec.tokens.size()) - t->prefilled);
+            batch.push_back(t);
+            spans.push_back(std::span<const int32_t>(t->spec.tokens).subspan(t->prefilled, n));
+            budget -= n;
         }
-        running.swap(next);
+        if (!batch.empty()) step(batch, spans);
+        for (auto& t : batch) {
+            if (t->stage == Turn::Stage::kPrefillHere && !t->failed)
+                continue;  // more chunks to come
+            std::erase(prefilling, t);
+            carry_on(t, running);
+        }
         update_stats();
     }
 }
@@ -406,21 +416,6 @@ void DecodeWorkerImpl::run_loop() {
 void DecodeWorkerImpl::end_failed(const std::shared_ptr<Turn>& t) {
     end_turn(t,
              t->cancel_requested ? t->finish("cancelled") : Result<TurnEnd>(t->failure_status()));
-}
-
-bool DecodeWorkerImpl::prefill_here(const std::shared_ptr<Turn>& t) {
-    const auto& tokens = t->spec.tokens;
-    auto logits =
-        t->ctx->eval(std::span<const int32_t>(tokens.data() + t->keep, tokens.size() - t->keep));
-    if (!logits.ok()) {
-        t->ctx->truncate(t->keep);
-        end_turn(t, logits.status());
-        return false;
-    }
-    t->cached = tokens;
-    t->stage = Turn::Stage::kRunning;
-    t->admit_local(*logits);
-    return true;
 }
 
 void DecodeWorkerImpl::carry_on(const std::shared_ptr<Turn>& t,
@@ -436,15 +431,12 @@ void DecodeWorkerImpl::carry_on(const std::shared_ptr<Turn>& t,
     }
 }
 
-void DecodeWorkerImpl::step(std::vector<std::shared_ptr<Turn>>& batch) {
+void DecodeWorkerImpl::step(const std::vector<std::shared_ptr<Turn>>& batch,
+                            const std::vector<std::span<const int32_t>>& tokens) {
     std::vector<model::InferenceContext*> ctxs;
-    std::vector<int32_t> tokens;
-    for (auto& t : batch) {
-        ctxs.push_back(t->ctx.get());
-        tokens.push_back(t->next_token);
-    }
+    for (auto& t : batch) ctxs.push_back(t->ctx.get());
     std::vector<float> logits;
-    Status st = model::eval_step(ctxs, tokens, logits);
+    Status st = model::eval_batch(ctxs, tokens, logits);
     const size_t nv = static_cast<size_t>(model_.config.n_vocab);
     for (size_t i = 0; i < batch.size(); ++i) {
         Turn& t = *batch[i];
@@ -454,8 +446,17 @@ void DecodeWorkerImpl::step(std::vector<std::shared_ptr<Turn>>& batch) {
             t.failed = true;
             continue;
         }
-        t.cached.push_back(t.next_token);
-        t.take(t.sampler.sample(std::span<const float>(logits.data() + i * nv, nv)));
+        const std::span<const float> row(logits.data() + i * nv, nv);
+        if (t.stage == Turn::Stage::kPrefillHere) {
+            t.prefilled += static_cast<int32_t>(tokens[i].size());
+            if (t.prefilled < static_cast<int32_t>(t.spec.tokens.size())) continue;
+            t.cached = t.spec.tokens;
+            t.stage = Turn::Stage::kRunning;
+            t.admit_local(row);
+        } else {
+            t.cached.push_back(t.next_token);
+            t.take(t.sampler.sample(row));
+        }
     }
 }
 
@@ -619,6 +620,7 @@ void DecodeWorkerImpl::answer_pull(transport::Connection& conn, const StreamHead
 Result<std::unique_ptr<DecodeWorker>> DecodeWorker::create(const model::Model& model,
                                                            DecodeOptions options) {
     if (options.max_batch < 1) return invalid_argument("max_batch must be at least 1");
+    if (options.prefill_chunk <= 0) options.prefill_chunk = std::max(1, options.context.n_batch);
     if (options.max_sessions < 0) return invalid_argument("max_sessions must not be negative");
     model::ContextOptions& c = options.context;
     if (c.kv.policy == "deltakv" && !c.deltakv_profile) {

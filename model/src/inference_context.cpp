@@ -98,12 +98,12 @@ public:
         return full == 0 ? 1.0 : static_cast<double>(cache_->bytes()) / static_cast<double>(full);
     }
 
-    // One forward pass over several contexts (eval_step), run by the first one's Forward.
-    static Status step(std::span<InferenceContext* const> contexts, std::span<const int32_t> tokens,
-                       std::vector<float>& logits) {
+    // One forward pass over several contexts (eval_batch), run by the first one's Forward.
+    static Status step(std::span<InferenceContext* const> contexts,
+                       std::span<const std::span<const int32_t>> tokens, std::vector<float>& logits) {
         if (contexts.empty() || contexts.size() != tokens.size()) {
-            return invalid_argument("eval_step: " + std::to_string(contexts.size()) + " contexts and " +
-                                    std::to_string(tokens.size()) + " tokens");
+            return invalid_argument("eval_batch: " + std::to_string(contexts.size()) + " contexts and " +
+                                    std::to_string(tokens.size()) + " token lists");
         }
         std::vector<SequenceInput> batch(contexts.size());
         auto* first = static_cast<InferenceContextImpl*>(contexts[0]);
@@ -111,13 +111,14 @@ public:
             auto* c = static_cast<InferenceContextImpl*>(contexts[i]);
             if (&c->model_ != &first->model_ || c->threads_ != first->threads_ ||
                 c->options_.attention != first->options_.attention) {
-                return invalid_argument("eval_step: the contexts differ in model, thread pool or numerics");
+                return invalid_argument("eval_batch: the contexts differ in model, thread pool or numerics");
             }
             for (size_t j = 0; j < i; ++j) {
-                if (contexts[j] == c) return invalid_argument("eval_step: a context appears twice");
+                if (contexts[j] == c) return invalid_argument("eval_batch: a context appears twice");
             }
-            DS_RETURN_IF_ERROR(c->check(1));
-            batch[i] = SequenceInput{c->cache_.get(), tokens.subspan(i, 1), false};
+            if (tokens[i].empty()) return invalid_argument("eval_batch: a context without tokens");
+            DS_RETURN_IF_ERROR(c->check(tokens[i].size()));
+            batch[i] = SequenceInput{c->cache_.get(), tokens[i], false};
         }
         return first->forward_.run(batch, logits);
     }
@@ -228,8 +229,8 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
     return std::unique_ptr<InferenceContext>(std::move(ctx));
 }
 
-Status eval_step(std::span<InferenceContext* const> contexts, std::span<const int32_t> tokens,
-                 std::vector<float>& logits) {
+Status eval_batch(std::span<InferenceContext* const> contexts,
+                  std::span<const std::span<const int32_t>> tokens, std::vector<float>& logits) {
     return InferenceContextImpl::step(contexts, tokens, logits);
 }
 

@@ -8,11 +8,11 @@
 #include <future>
 #include <sstream>
 
+#include "default_model.h"
 #include "deltaserve/decode/decode_worker.h"
 #include "deltaserve/prefill/prefill_worker.h"
 #include "deltaserve/transport/kv_stream.h"
 #include "deltaserve/transport/transport_factory.h"
-#include "default_model.h"
 #include "test_paths.h"
 
 namespace deltaserve {
@@ -113,7 +113,7 @@ class Disaggregated : public ::testing::Test {
         }
     };
     static std::unique_ptr<Cluster> cluster(const std::string& backend, const std::string& policy,
-                                            int32_t local_prefill_max) {
+                                            int32_t local_prefill_max, int32_t prefill_chunk = 0) {
         auto c = std::make_unique<Cluster>();
         transport::TransportOptions to;
         to.ucx_tls = "tcp";
@@ -125,6 +125,7 @@ class Disaggregated : public ::testing::Test {
         d.context = context(policy);
         d.threads = 2;
         d.local_prefill_max = local_prefill_max;
+        d.prefill_chunk = prefill_chunk;
         d.model_id = "smollm2";
         auto dw = decode::DecodeWorker::create(*model_, d);
         EXPECT_TRUE(dw.ok()) << dw.error().to_string();
@@ -228,6 +229,34 @@ TEST_F(Disaggregated, TurnsRunBatchedGiveTheirAloneAnswers) {
         ASSERT_TRUE(r.ok()) << r.error().to_string();
         EXPECT_EQ(sinks[i]->text(), alone[i]) << "turn " << i;
     }
+}
+
+// A long prompt prefilled on the decode node goes a chunk per pass, inside the passes that
+// decode the others (chunked prefill): a turn that is generating keeps streaming meanwhile.
+// (Answers are not compared: a row's float rounding depends on its place in the batch.)
+TEST_F(Disaggregated, ALongLocalPrefillDoesNotStallGeneratingTurns) {
+    auto c = cluster("inproc", "full", 100000, 32);
+    struct Timed : CollectingSink {
+        std::vector<std::chrono::steady_clock::time_point> at;
+        bool on_piece(std::string_view p) override {
+            at.push_back(std::chrono::steady_clock::now());
+            return CollectingSink::on_piece(p);
+        }
+    };
+    auto talker = std::make_shared<Timed>();
+    auto reader = std::make_shared<Timed>();
+    ASSERT_TRUE(c->decode->start_turn(turn(1, prompt(20), "", 48), talker).ok());
+    while (talker->at.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_TRUE(c->decode->start_turn(turn(2, prompt(800, 100), "", 8), reader).ok());
+    ASSERT_TRUE(talker->wait().ok());
+    auto r = reader->wait();
+    ASSERT_TRUE(r.ok()) << r.error().to_string();
+    EXPECT_EQ(r->prompt_tokens, 800);
+    ASSERT_FALSE(reader->at.empty());
+    const auto during = std::count_if(talker->at.begin(), talker->at.end(),
+                                      [&](auto t) { return t < reader->at.front(); });
+    EXPECT_GE(during, 10)
+        << "pieces of the generating turn while the 800-token prompt prefilled (25 passes)";
 }
 
 TEST_F(Disaggregated, CancelAndFailuresEndTurnsClearly) {

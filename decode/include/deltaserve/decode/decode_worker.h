@@ -1,7 +1,8 @@
 // The decode worker (DESIGN.md "One chat turn", steps 3 and 5): holds chat sessions' KV
 // between turns, takes a turn's KV from a prefill node (or prefills a short append itself),
 // and generates for every running turn together, one token each per forward pass
-// (continuous batching: turns join and leave between steps).
+// (continuous batching: turns join and leave between steps; prompts prefilled here join the
+// same passes a chunk at a time).
 //
 // A turn starts with start_turn(): the worker compares the prompt with the tokens its session
 // already holds and says what remains to prefill. Up to local_prefill_max uncached tokens are
@@ -31,6 +32,8 @@ struct DecodeOptions {
     int64_t session_ttl_ms = 3600'000;  // idle sessions are dropped after this
     int32_t max_batch = 32;             // turns per forward pass
     int32_t local_prefill_max = 512;    // uncached prompt tokens prefilled here, at most
+    int32_t prefill_chunk = 0;          // prompt tokens per forward pass next to running turns;
+                                        // 0 = context.n_batch (as a prefill node chunks)
     int64_t kv_wait_ms = 120'000;       // a turn whose KV has not arrived by then fails
     std::string model_id;               // shipments for another model are refused
     std::string profile_id;             // ... or another compression profile
@@ -76,7 +79,8 @@ class DecodeWorker {
     virtual void serve(std::unique_ptr<transport::Connection> connection) = 0;
     // Listens for prefill nodes' data connections on `address` and serves each; returns the
     // address they connect to (the real port when given port 0). Once per worker.
-    virtual Result<std::string> listen(transport::Transport& transport, const std::string& address) = 0;
+    virtual Result<std::string> listen(transport::Transport& transport,
+                                       const std::string& address) = 0;
     // Drops a session's KV (the next turn recomputes it). Unknown ids are ignored.
     virtual void drop_session(const std::string& session_id) = 0;
     virtual DecodeStats stats() const = 0;

@@ -48,7 +48,7 @@ struct ContextOptions {
     // (0, 1] (the paper's rho). More is closer to full KV and slower; memory is the same.
     float deltakv_select = 0.2f;
     // A thread pool to share with other contexts (a decode worker batches many sequences
-    // through one pool: eval_step). Default: the context makes its own of n_threads.
+    // through one pool: eval_batch). Default: the context makes its own of n_threads.
     std::shared_ptr<ThreadPool> threads;
     // The deltakv policy's profile, loaded once and shared by many contexts (a worker's
     // sessions). Default: loaded from kv_profile. (trimkv's gates share through kv.gates.)
@@ -109,12 +109,14 @@ public:
     virtual void set_attention_tap(AttentionTap tap) = 0;
 };
 
-// Continuous batching: appends tokens[i] to contexts[i] for every i in one forward pass and
-// writes their logits to `logits` (contexts.size() rows of n_vocab). The contexts must be
-// distinct, made from the same model with the same attention numerics, and share one thread
-// pool (ContextOptions::threads). Errors (nothing is appended to any context): kOutOfRange
-// when a context is full, kInvalidArgument for mismatched inputs, kResourceExhausted.
-Status eval_step(std::span<InferenceContext* const> contexts, std::span<const int32_t> tokens,
-                 std::vector<float>& logits);
+// Continuous batching: appends tokens[i] to contexts[i] for every i in one forward pass (one
+// token for a sequence that decodes, a chunk of its prompt for one that prefills) and writes
+// the logits of each context's last new token to `logits` (contexts.size() rows of n_vocab).
+// The contexts must be distinct, made from the same model with the same attention numerics,
+// and share one thread pool (ContextOptions::threads). Errors (nothing is appended to any
+// context): kOutOfRange when a context would overflow, kInvalidArgument for mismatched or
+// empty inputs, kResourceExhausted.
+Status eval_batch(std::span<InferenceContext* const> contexts,
+                  std::span<const std::span<const int32_t>> tokens, std::vector<float>& logits);
 
 }  // namespace deltaserve::model
