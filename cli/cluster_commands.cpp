@@ -5,13 +5,12 @@
 #include <filesystem>
 
 #include "commands.h"
-#include "deltaserve/api/chat_rpc_server.h"
 #include "deltaserve/api/cluster_chat_engine.h"
 #include "deltaserve/api/cluster_config.h"
-#include "deltaserve/api/http_gateway.h"
 #include "deltaserve/api/rpc_client.h"
 #include "deltaserve/api/rpc_server.h"
 #include "deltaserve/transport/transport_factory.h"
+#include "gateway_loop.h"
 #include "run_options.h"
 #include "stop_signals.h"
 
@@ -212,31 +211,10 @@ int gateway_main(int argc, char** argv) {
     api::GatewayOptions go;
     go.host = c.gateway_host;
     go.port = static_cast<uint16_t>(c.gateway_port);
-    auto gateway = api::HttpGateway::start(engine, go);
-    if (!gateway) {
-        print_error(gateway.error());
-        return 1;
-    }
-    std::unique_ptr<api::ChatRpcServer> rpc;
-    if (!c.gateway_rpc.empty()) {
-        auto r = api::ChatRpcServer::start(c.gateway_rpc, engine, api::ChatRpcOptions{});
-        if (!r) {
-            print_error(r.error());
-            return 1;
-        }
-        rpc = std::move(*r);
-        std::fprintf(stderr, "deltaserve: chat RPC on port %u\n",
-                     static_cast<unsigned>(rpc->port()));
-    }
-    std::fprintf(stderr,
-                 "deltaserve: gateway serving %s on http://%s:%u (%zu decode, %zu prefill nodes)\n",
-                 id.c_str(), c.gateway_host.c_str(), static_cast<unsigned>((*gateway)->port()),
-                 decode.size(), prefill.size());
-    std::fflush(stderr);
-    std::fprintf(stderr, "deltaserve: %s, stopping\n", wait_for_stop(stop_signals));
-    (*gateway)->stop();
-    rpc.reset();
-    return 0;
+    return serve_gateway(engine, go, c.gateway_rpc,
+                         " (" + std::to_string(decode.size()) + " decode, " +
+                             std::to_string(prefill.size()) + " prefill nodes)",
+                         stop_signals);
 }
 
 }  // namespace deltaserve::cli

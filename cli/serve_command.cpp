@@ -5,10 +5,9 @@
 #include <filesystem>
 
 #include "commands.h"
-#include "deltaserve/api/chat_rpc_server.h"
 #include "deltaserve/api/cluster_chat_engine.h"
-#include "deltaserve/api/http_gateway.h"
 #include "deltaserve/transport/transport_factory.h"
+#include "gateway_loop.h"
 #include "run_options.h"
 #include "stop_signals.h"
 
@@ -91,32 +90,8 @@ int serve_main(int argc, char** argv) {
     go.port = static_cast<uint16_t>(port);
     go.sampling = o.sampling(p);
     go.default_max_tokens = max_tokens;
-    auto gateway = api::HttpGateway::start(engine, go);
-    if (!gateway) {
-        print_error(gateway.error());
-        return 1;
-    }
-    std::unique_ptr<api::ChatRpcServer> rpc;
-    if (rpc_port >= 0) {
-        api::ChatRpcOptions ro;
-        ro.sampling = go.sampling;
-        ro.default_max_tokens = max_tokens;
-        auto r = api::ChatRpcServer::start(host + ":" + std::to_string(rpc_port), engine, ro);
-        if (!r) {
-            print_error(r.error());
-            return 1;
-        }
-        rpc = std::move(*r);
-        std::fprintf(stderr, "deltaserve: chat RPC on port %u\n",
-                     static_cast<unsigned>(rpc->port()));
-    }
-    std::fprintf(stderr, "deltaserve: serving %s on http://%s:%u\n", model_id.c_str(), host.c_str(),
-                 static_cast<unsigned>((*gateway)->port()));
-    std::fflush(stderr);
-    std::fprintf(stderr, "deltaserve: %s, stopping\n", wait_for_stop(stop_signals));
-    (*gateway)->stop();
-    rpc.reset();
-    return 0;
+    return serve_gateway(engine, go, rpc_port >= 0 ? host + ":" + std::to_string(rpc_port) : "", "",
+                         stop_signals);
 }
 
 }  // namespace deltaserve::cli

@@ -111,38 +111,7 @@ class ServeSessions : public ServeModes {};
 TEST_P(ServeSessions, ASessionContinuesWithOnlyItsNewMessages) {
     ServingProcess server(serve_args(GetParam()));
     ASSERT_NE(server.port(), 0) << server.log();
-    const uint16_t port = server.port();
-    HttpResponse r = post_chat(server.port(), chat_body("My name is Ada. Say hello to me.", 12),
-                               "X-Session-ID: ada\r\n");
-    ASSERT_EQ(r.status, 200) << r.body;
-    const json first = json::parse(r.body);
-    EXPECT_EQ(first["session_id"], "ada");
-    const std::string reply = first["choices"][0]["message"]["content"];
-    const int turn1 = first["usage"]["total_tokens"];
-
-    // Turn 2 sends only the new message (here through the body's session_id).
-    json body = chat_body("What is my name?", 12);
-    body["session_id"] = "ada";
-    r = post_chat(port, body);
-    ASSERT_EQ(r.status, 200) << r.body;
-    const json second = json::parse(r.body);
-    EXPECT_GT(second["usage"]["prompt_tokens"].get<int>(), turn1)
-        << "the history is part of the prompt";
-    EXPECT_GE(second["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), turn1 - 1)
-        << "the history was not evaluated again";
-
-    // The same as sending the whole conversation without a session.
-    body = {{"messages",
-             json::array({{{"role", "user"}, {"content", "My name is Ada. Say hello to me."}},
-                          {{"role", "assistant"}, {"content", reply}},
-                          {{"role", "user"}, {"content", "What is my name?"}}})},
-            {"max_tokens", 12},
-            {"temperature", 0}};
-    r = post_chat(port, body);
-    ASSERT_EQ(r.status, 200) << r.body;
-    EXPECT_EQ(json::parse(r.body)["choices"][0]["message"]["content"],
-              second["choices"][0]["message"]["content"]);
-    EXPECT_EQ(json::parse(r.body)["usage"]["prompt_tokens"], second["usage"]["prompt_tokens"]);
+    expect_session_continues(server.port());
 }
 
 INSTANTIATE_TEST_SUITE_P(Serve, ServeSessions,

@@ -133,4 +133,42 @@ inline Streamed parse_sse(const std::string& body) {
     return s;
 }
 
+// A session over two turns: the first through the X-Session-ID header, the second (only the
+// new message) through the body's session_id. The second turn's prompt holds the history,
+// whose KV was not computed again, and it answers as the whole conversation sent without a
+// session does.
+inline void expect_session_continues(uint16_t port) {
+    HttpResponse r =
+        post_chat(port, chat_body("My name is Ada. Say hello to me.", 12), "X-Session-ID: ada\r\n");
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json first = json::parse(r.body);
+    EXPECT_EQ(first["session_id"], "ada");
+    const std::string reply = first["choices"][0]["message"]["content"];
+    const int turn1 = first["usage"]["total_tokens"];
+
+    // Turn 2 sends only the new message (here through the body's session_id).
+    json body = chat_body("What is my name?", 12);
+    body["session_id"] = "ada";
+    r = post_chat(port, body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json second = json::parse(r.body);
+    EXPECT_GT(second["usage"]["prompt_tokens"].get<int>(), turn1)
+        << "the history is part of the prompt";
+    EXPECT_GE(second["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), turn1 - 1)
+        << "the history was not evaluated again";
+
+    // The same as sending the whole conversation without a session.
+    body = {{"messages",
+             json::array({{{"role", "user"}, {"content", "My name is Ada. Say hello to me."}},
+                          {{"role", "assistant"}, {"content", reply}},
+                          {{"role", "user"}, {"content", "What is my name?"}}})},
+            {"max_tokens", 12},
+            {"temperature", 0}};
+    r = post_chat(port, body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(json::parse(r.body)["choices"][0]["message"]["content"],
+              second["choices"][0]["message"]["content"]);
+    EXPECT_EQ(json::parse(r.body)["usage"]["prompt_tokens"], second["usage"]["prompt_tokens"]);
+}
+
 }  // namespace deltaserve::testing

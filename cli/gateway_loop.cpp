@@ -1,0 +1,42 @@
+#include "gateway_loop.h"
+
+#include <cstdio>
+#include <memory>
+
+#include "deltaserve/api/chat_rpc_server.h"
+#include "run_options.h"
+#include "stop_signals.h"
+
+namespace deltaserve::cli {
+
+int serve_gateway(api::ChatEngine& engine, const api::GatewayOptions& options,
+                  const std::string& rpc_address, const std::string& serving,
+                  const sigset_t& stop_signals) {
+    auto gateway = api::HttpGateway::start(engine, options);
+    if (!gateway) {
+        print_error(gateway.error());
+        return 1;
+    }
+    std::unique_ptr<api::ChatRpcServer> rpc;
+    if (!rpc_address.empty()) {
+        api::ChatRpcOptions ro;
+        ro.sampling = options.sampling;
+        ro.default_max_tokens = options.default_max_tokens;
+        auto r = api::ChatRpcServer::start(rpc_address, engine, ro);
+        if (!r) {
+            print_error(r.error());
+            return 1;
+        }
+        rpc = std::move(*r);
+        std::fprintf(stderr, "deltaserve: chat RPC on port %u\n",
+                     static_cast<unsigned>(rpc->port()));
+    }
+    std::fprintf(stderr, "deltaserve: serving %s on http://%s:%u%s\n", engine.model_id().c_str(),
+                 options.host.c_str(), static_cast<unsigned>((*gateway)->port()), serving.c_str());
+    std::fflush(stderr);
+    std::fprintf(stderr, "deltaserve: %s, stopping\n", wait_for_stop(stop_signals));
+    (*gateway)->stop();
+    return 0;
+}
+
+}  // namespace deltaserve::cli
