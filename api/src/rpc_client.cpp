@@ -196,11 +196,13 @@ class RpcClientImpl final : public RpcClient, public kj::TaskSet::ErrorHandler {
             .then([this](kj::Own<kj::AsyncIoStream>&& stream) {
                 auto client = kj::heap<capnp::TwoPartyClient>(*stream);
                 auto node = client->bootstrap().castAs<rpc::Node>();
-                tasks_->add(client->onDisconnect().then([this] {
-                    conn_ = nullptr;
-                    for (auto& [id, t] : turns_) (void)t;  // their wait() calls fail on their own
-                }));
                 conn_ = kj::heap<Conn>(Conn{kj::mv(stream), kj::mv(client), kj::mv(node)});
+                // A lost connection is dropped (the next call reconnects); the turns on it
+                // end through their failing wait() calls.
+                const Conn* mine = conn_.get();
+                tasks_->add(conn_->client->onDisconnect().then([this, mine] {
+                    if (conn_.get() == mine) conn_ = nullptr;
+                }));
             });
     }
 
