@@ -159,7 +159,6 @@ Result<ClusterConfig> load_cluster_config(const std::string& path) {
         }
     }
     if (c.decode.empty()) return invalid_argument(path + ": no decode node");
-    // A relative model path is relative to where the command runs, as on the command line.
     return c;
 }
 

@@ -273,18 +273,7 @@ void RemoteDecode::drop_session(const std::string& id) {
 Result<decode::DecodeStats> RemoteDecode::stats() {
     return c_.call<Result<decode::DecodeStats>>([&]() -> kj::Promise<Result<decode::DecodeStats>> {
         return c_.decode_cap().statsRequest().send().then(
-            [](auto&& r) -> Result<decode::DecodeStats> {
-                auto s = r.getStats();
-                decode::DecodeStats d;
-                d.sessions = s.getSessions();
-                d.running = s.getRunning();
-                d.waiting = s.getWaiting();
-                d.kv_bytes = s.getKvBytes();
-                d.keep_ratio = s.getKeepRatio();
-                d.kv_bytes_received = s.getKvBytesReceived();
-                d.turns = s.getTurns();
-                return d;
-            });
+            [](auto&& r) { return Result<decode::DecodeStats>(rpc::from_capnp(r.getStats())); });
     });
 }
 
@@ -298,14 +287,7 @@ Result<prefill::PrefillResult> RemotePrefill::prefill(const prefill::PrefillRequ
             b.setPullTokens(request.pull_tokens);
             return req.send().then([](auto&& r) -> Result<prefill::PrefillResult> {
                 if (r.hasError()) return rpc::from_capnp(r.getError());
-                auto s = r.getResult();
-                prefill::PrefillResult p;
-                p.first_token = s.getFirstToken();
-                p.pulled_tokens = s.getPulledTokens();
-                p.prefilled_tokens = s.getPrefilledTokens();
-                p.bytes_shipped = s.getBytesShipped();
-                p.seconds = s.getSeconds();
-                return p;
+                return rpc::from_capnp(r.getResult());
             });
         },
         kPrefillTimeout);
@@ -314,17 +296,9 @@ Result<prefill::PrefillResult> RemotePrefill::prefill(const prefill::PrefillRequ
 Result<prefill::PrefillStats> RemotePrefill::stats() {
     return c_.call<Result<prefill::PrefillStats>>(
         [&]() -> kj::Promise<Result<prefill::PrefillStats>> {
-            return c_.prefill_cap().statsRequest().send().then(
-                [](auto&& r) -> Result<prefill::PrefillStats> {
-                    auto s = r.getStats();
-                    prefill::PrefillStats p;
-                    p.queued = s.getQueued();
-                    p.requests = s.getRequests();
-                    p.failures = s.getFailures();
-                    p.tokens = s.getTokens();
-                    p.bytes_shipped = s.getBytesShipped();
-                    return p;
-                });
+            return c_.prefill_cap().statsRequest().send().then([](auto&& r) {
+                return Result<prefill::PrefillStats>(rpc::from_capnp(r.getStats()));
+            });
         });
 }
 

@@ -77,4 +77,60 @@ inline Result<decode::TurnEnd> from_capnp(TurnEnd::Reader r) {
     return e;
 }
 
+// Each struct both ways, so that a field added to one side is added in one place.
+inline void to_capnp(const decode::DecodeStats& s, DecodeStats::Builder b) {
+    b.setSessions(s.sessions);
+    b.setRunning(s.running);
+    b.setWaiting(s.waiting);
+    b.setKvBytes(s.kv_bytes);
+    b.setKeepRatio(s.keep_ratio);
+    b.setKvBytesReceived(s.kv_bytes_received);
+    b.setTurns(s.turns);
+}
+inline decode::DecodeStats from_capnp(DecodeStats::Reader r) {
+    decode::DecodeStats s;
+    s.sessions = r.getSessions();
+    s.running = r.getRunning();
+    s.waiting = r.getWaiting();
+    s.kv_bytes = r.getKvBytes();
+    s.keep_ratio = r.getKeepRatio();
+    s.kv_bytes_received = r.getKvBytesReceived();
+    s.turns = r.getTurns();
+    return s;
+}
+
+inline void to_capnp(const prefill::PrefillStats& s, PrefillStats::Builder b) {
+    b.setQueued(s.queued);
+    b.setRequests(s.requests);
+    b.setFailures(s.failures);
+    b.setTokens(s.tokens);
+    b.setBytesShipped(s.bytes_shipped);
+}
+inline prefill::PrefillStats from_capnp(PrefillStats::Reader r) {
+    prefill::PrefillStats s;
+    s.queued = r.getQueued();
+    s.requests = r.getRequests();
+    s.failures = r.getFailures();
+    s.tokens = r.getTokens();
+    s.bytes_shipped = r.getBytesShipped();
+    return s;
+}
+
+inline void to_capnp(const prefill::PrefillResult& p, PrefillResult::Builder b) {
+    b.setFirstToken(p.first_token);
+    b.setPulledTokens(p.pulled_tokens);
+    b.setPrefilledTokens(p.prefilled_tokens);
+    b.setBytesShipped(p.bytes_shipped);
+    b.setSeconds(p.seconds);
+}
+inline prefill::PrefillResult from_capnp(PrefillResult::Reader r) {
+    prefill::PrefillResult p;
+    p.first_token = r.getFirstToken();
+    p.pulled_tokens = r.getPulledTokens();
+    p.prefilled_tokens = r.getPrefilledTokens();
+    p.bytes_shipped = r.getBytesShipped();
+    p.seconds = r.getSeconds();
+    return p;
+}
+
 }  // namespace deltaserve::api::rpc

@@ -135,15 +135,7 @@ class DecodeNodeImpl final : public rpc::DecodeNode::Server {
         return kj::READY_NOW;
     }
     kj::Promise<void> stats(StatsContext context) override {
-        const decode::DecodeStats s = w_.stats();
-        auto b = context.getResults().initStats();
-        b.setSessions(s.sessions);
-        b.setRunning(s.running);
-        b.setWaiting(s.waiting);
-        b.setKvBytes(s.kv_bytes);
-        b.setKeepRatio(s.keep_ratio);
-        b.setKvBytesReceived(s.kv_bytes_received);
-        b.setTurns(s.turns);
+        rpc::to_capnp(w_.stats(), context.getResults().initStats());
         return kj::READY_NOW;
     }
 
@@ -178,22 +170,11 @@ class PrefillNodeImpl final : public rpc::PrefillNode::Server {
         return paf.promise.then([context, out]() mutable {
             auto r = context.getResults();
             if (!out->ok()) return rpc::to_capnp(out->status(), r.initError());
-            auto b = r.initResult();
-            b.setFirstToken((*out)->first_token);
-            b.setPulledTokens((*out)->pulled_tokens);
-            b.setPrefilledTokens((*out)->prefilled_tokens);
-            b.setBytesShipped((*out)->bytes_shipped);
-            b.setSeconds((*out)->seconds);
+            rpc::to_capnp(**out, r.initResult());
         });
     }
     kj::Promise<void> stats(StatsContext context) override {
-        const prefill::PrefillStats s = w_.stats();
-        auto b = context.getResults().initStats();
-        b.setQueued(s.queued);
-        b.setRequests(s.requests);
-        b.setFailures(s.failures);
-        b.setTokens(s.tokens);
-        b.setBytesShipped(s.bytes_shipped);
+        rpc::to_capnp(w_.stats(), context.getResults().initStats());
         return kj::READY_NOW;
     }
 

@@ -250,7 +250,6 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
         t->ctx = std::move(held);
         t->stage = Turn::Stage::kPrefillHere;
     }
-    t->keep = keep;
     t->prefilled = keep;
     turns_[t->spec.turn_id] = t;
     lock.unlock();

@@ -91,7 +91,6 @@ struct Turn {
     // Owned by the worker's loop once the turn runs.
     std::unique_ptr<model::InferenceContext> ctx;
     std::vector<int32_t> cached;  // the tokens in ctx
-    int32_t keep = 0;
     int32_t prefilled = 0;  // prompt tokens in ctx (while prefilling here)
     bool in_loop = false;   // the loop took it up
     model::Sampler sampler;

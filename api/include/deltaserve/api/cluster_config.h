@@ -3,7 +3,8 @@
 // prefill and decode nodes with their RPC (control) and data (KV) addresses. deploy/ has an
 // example. DELTASERVE_<KEY> environment variables override the file's top-level keys (e.g.
 // DELTASERVE_MODEL, DELTASERVE_THREADS, DELTASERVE_GATEWAY_PORT, DELTASERVE_TRANSPORT_TLS);
-// the commands' flags override both.
+// the commands' flags override both. Paths are taken as written (a relative one is relative
+// to where the command runs, as on the command line).
 #pragma once
 
 #include <cstdint>
