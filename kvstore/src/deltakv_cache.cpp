@@ -98,6 +98,8 @@ DeltaKvSequenceCache::DeltaKvSequenceCache(const DeltaKvProfile& profile,
     }
     latents_.resize(sparse_layers_.size());
     refs_.resize(sparse_layers_.size());
+    pending_latents_.resize(sparse_layers_.size());
+    pending_refs_.resize(sparse_layers_.size());
     reconstructed_.assign(static_cast<size_t>(options.n_layers), 0);
     comp_end_ = options.sinks;
 }
@@ -191,6 +193,15 @@ kernels::KvView DeltaKvSequenceCache::view(int32_t layer, int32_t n_visible_new)
 void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape& shape,
                                    const float* q, int64_t ldq, const float* /*hidden*/,
                                    int64_t /*ldh*/, int32_t n) {
+    // What this call's commit compresses is known from positions alone: each sparse layer
+    // compresses its share here, once its rows are stored and attended, so a prefill node
+    // can ship the layer while later layers compute.
+    if (!planned_ && !sparse_layers_.empty()) plan_compression(n_tokens_ + n_reserved_);
+    if (!options_.full_layer[layer]) {
+        const int32_t sl = layer_index_[layer];
+        if (!plan_blocks_.empty() && !plan_done_[sl]) compress_layer(sl);
+        return;
+    }
     const bool observation = options_.full_layer[layer] && layer + 1 < options_.n_layers &&
                              !options_.full_layer[layer + 1];
     if (!observation) return;
@@ -366,10 +377,13 @@ void DeltaKvSequenceCache::commit(int32_t n) {
     release_temp();
     std::fill(reconstructed_.begin(), reconstructed_.end(), 0);
     if (sparse_layers_.empty()) return;
-    while (n_tokens_ - comp_end_ >= 2 * options_.window) compress_oldest(options_.window);
+    // A plan made for positions this commit does not take (a partial commit) is redone.
+    if (planned_ && plan_n_ != n_tokens_) drop_plan();
+    if (!planned_) plan_compression(n_tokens_);
+    finish_compression();
 }
 
-void DeltaKvSequenceCache::choose_refs(int32_t c0, int32_t c1) {
+void DeltaKvSequenceCache::choose_refs(int32_t c0, int32_t c1, int32_t n_total, size_t saved_before) {
     std::vector<int32_t> rest;
     for (int32_t p = c0; p < c1; ++p) {
         ref_flag_[p] = (p - options_.sinks) % options_.stride == 0;
@@ -383,11 +397,12 @@ void DeltaKvSequenceCache::choose_refs(int32_t c0, int32_t c1) {
     const size_t latent = latent_bytes() + sizeof(int32_t) * options_.k;
     const size_t saved = n_sparse * (row - latent);  // per token compressed instead of kept
     if (saved == 0) return;
-    const int32_t grow = std::max(0, 2 * options_.window - 1 - (n_tokens_ - c1));
+    const int32_t grow = std::max(0, 2 * options_.window - 1 - (n_total - c1));
     const size_t per_token = (full_layers_.size() + n_sparse) * row + 3 * sizeof(int32_t);
-    const size_t peak = bytes() - rest.size() * saved + static_cast<size_t>(grow) * per_token;
+    const size_t peak =
+        bytes_upto(n_total) - saved_before - rest.size() * saved + static_cast<size_t>(grow) * per_token;
     const double target = options_.keep * static_cast<double>(full_fp16_bytes(
-                                              n_tokens_ + grow, options_.n_layers,
+                                              n_total + grow, options_.n_layers,
                                               options_.n_kv_heads * options_.head_dim));
     if (target <= static_cast<double>(peak)) return;
     const size_t extra =
@@ -395,24 +410,59 @@ void DeltaKvSequenceCache::choose_refs(int32_t c0, int32_t c1) {
     for (size_t i = 0; i < extra; ++i) ref_flag_[rest[(2 * i + 1) * rest.size() / (2 * extra)]] = 1;
 }
 
-void DeltaKvSequenceCache::compress_oldest(int32_t count) {
-    const int32_t c0 = comp_end_, c1 = comp_end_ + count;
-    choose_refs(c0, c1);
+void DeltaKvSequenceCache::plan_compression(int32_t n_total) {
+    planned_ = true;
+    plan_n_ = n_total;
+    plan_end_ = comp_end_;
+    plan_blocks_.clear();
+    plan_tokens_.clear();
+    plan_done_.assign(sparse_layers_.size(), 0);
+    for (auto& p : pending_latents_) p.clear();
+    for (auto& p : pending_refs_) p.clear();
+    if (sparse_layers_.empty()) return;
+    const size_t row = static_cast<size_t>(options_.n_kv_heads) * options_.head_dim * 2 * 2;
+    const size_t saved = sparse_layers_.size() * (row - latent_bytes() - sizeof(int32_t) * options_.k);
+    while (n_total - plan_end_ >= 2 * options_.window) {
+        const int32_t c0 = plan_end_, c1 = plan_end_ + options_.window;
+        choose_refs(c0, c1, n_total, plan_tokens_.size() * saved);
+        for (int32_t p = c0; p < c1; ++p) {
+            if (!is_ref(p)) plan_tokens_.push_back(p);
+        }
+        plan_blocks_.push_back(c1);
+        plan_end_ = c1;
+    }
+}
+
+void DeltaKvSequenceCache::drop_plan() {
+    // Reference flags past the region are only read once their block is compressed.
+    for (int32_t p = comp_end_; p < plan_end_ && p < static_cast<int32_t>(ref_flag_.size()); ++p)
+        ref_flag_[p] = 0;
+    planned_ = false;
+    plan_blocks_.clear();
+    plan_tokens_.clear();
+    plan_end_ = comp_end_;
+}
+
+void DeltaKvSequenceCache::compress_layer(int32_t s) {
+    plan_done_[s] = 1;
     const int32_t d = profile_.d, kk = options_.k;
-    std::vector<int32_t> ref_pos, block;
-    for (int32_t p = 0; p < c1; ++p) {
-        if (is_ref(p)) ref_pos.push_back(p);
-    }
-    for (int32_t p = c0; p < c1; ++p) {
-        if (!is_ref(p)) block.push_back(p);
-    }
-    const int64_t nb = static_cast<int64_t>(block.size());
-    std::vector<float> ref_x(ref_pos.size() * d), x(static_cast<size_t>(nb) * d), rm(x.size());
-    std::vector<float> z(static_cast<size_t>(nb) * profile_.m);
-    std::vector<float> scratch(static_cast<size_t>(2 * nb * profile_.layers[0].w1.rows));
-    std::vector<int32_t> chosen(static_cast<size_t>(nb) * kk);
-    for (size_t sl = 0; sl < sparse_layers_.size(); ++sl) {
-        const int32_t s = static_cast<int32_t>(sl);
+    const size_t lb = latent_bytes();
+    auto& lat = pending_latents_[s];
+    auto& refs = pending_refs_[s];
+    size_t next = 0;  // first token of the block in plan_tokens_
+    for (int32_t c1 : plan_blocks_) {
+        std::vector<int32_t> ref_pos;
+        for (int32_t p = 0; p < c1; ++p) {
+            if (is_ref(p)) ref_pos.push_back(p);
+        }
+        size_t end = next;
+        while (end < plan_tokens_.size() && plan_tokens_[end] < c1) ++end;
+        const int32_t* block = plan_tokens_.data() + next;
+        const int64_t nb = static_cast<int64_t>(end - next);
+        std::vector<float> ref_x(ref_pos.size() * d), x(static_cast<size_t>(nb) * d), rm(x.size());
+        std::vector<float> z(static_cast<size_t>(nb) * profile_.m);
+        std::vector<float> scratch(static_cast<size_t>(2 * nb * profile_.layers[0].w1.rows));
+        std::vector<int32_t> chosen(static_cast<size_t>(nb) * kk);
         threads_.parallel_for(static_cast<int64_t>(ref_pos.size()), 16, [&](int64_t b, int64_t e) {
             for (int64_t i = b; i < e; ++i) load_x(s, ref_pos[i], ref_x.data() + i * d);
         });
@@ -438,11 +488,9 @@ void DeltaKvSequenceCache::compress_oldest(int32_t count) {
             }
         });
         if (nb > 0) {
-            k::deltakv_encode_residual(profile_.layers[sparse_layers_[sl]], x.data(), rm.data(), nb,
+            k::deltakv_encode_residual(profile_.layers[sparse_layers_[s]], x.data(), rm.data(), nb,
                                        z.data(), scratch.data(), threads_);
         }
-        auto& lat = latents_[sl];
-        const size_t lb = latent_bytes();
         const size_t at = lat.size();
         lat.resize(at + static_cast<size_t>(nb) * lb);
         for (int64_t i = 0; i < nb; ++i) {
@@ -453,22 +501,41 @@ void DeltaKvSequenceCache::compress_oldest(int32_t count) {
                 write_row(k::DType::kF16, lat.data() + at + i * lb, zi, profile_.m);
             }
         }
-        refs_[sl].insert(refs_[sl].end(), chosen.begin(), chosen.end());
+        refs.insert(refs.end(), chosen.begin(), chosen.end());
+        next = end;
+    }
+}
+
+void DeltaKvSequenceCache::finish_compression() {
+    if (plan_blocks_.empty()) {
+        planned_ = false;
+        return;
+    }
+    for (size_t sl = 0; sl < sparse_layers_.size(); ++sl) {
+        if (!plan_done_[sl]) compress_layer(static_cast<int32_t>(sl));
+        latents_[sl].insert(latents_[sl].end(), pending_latents_[sl].begin(), pending_latents_[sl].end());
+        refs_[sl].insert(refs_[sl].end(), pending_refs_[sl].begin(), pending_refs_[sl].end());
+        pending_latents_[sl].clear();
+        pending_refs_[sl].clear();
     }
     std::vector<int32_t> freed;
-    int32_t next_latent =
-        static_cast<int32_t>(latents_[0].size() / latent_bytes()) - static_cast<int32_t>(nb);
-    for (int32_t p : block) {
+    int32_t next_latent = static_cast<int32_t>(latents_[0].size() / latent_bytes()) -
+                          static_cast<int32_t>(plan_tokens_.size());
+    for (int32_t p : plan_tokens_) {
         freed.push_back(sparse_slot_[p]);
         sparse_slot_[p] = -1;
         latent_of_[p] = next_latent++;
     }
     sparse_pool_->release(freed);
-    comp_end_ = c1;
+    comp_end_ = plan_end_;
+    planned_ = false;
+    plan_blocks_.clear();
+    plan_tokens_.clear();
 }
 
 void DeltaKvSequenceCache::truncate(int32_t n_keep) {
     DS_CHECK(n_keep >= 0 && n_keep <= n_tokens_, "truncate past the end");
+    drop_plan();
     release_temp();
     const int32_t end = n_tokens_ + n_reserved_;
     std::vector<int32_t> full_freed, sparse_freed;
@@ -495,18 +562,18 @@ void DeltaKvSequenceCache::truncate(int32_t n_keep) {
     comp_end_ = std::max(options_.sinks, std::min(comp_end_, n_keep));
 }
 
-size_t DeltaKvSequenceCache::bytes() const {
+size_t DeltaKvSequenceCache::bytes_upto(int32_t n) const {
     const size_t kv_dim = static_cast<size_t>(options_.n_kv_heads) * options_.head_dim;
     const size_t row = kv_dim * 2 * 2;  // fp16 K and V
     size_t fp_tokens = 0, latents = 0;
-    for (int32_t p = 0; p < n_tokens_; ++p) {
+    for (int32_t p = 0; p < n; ++p) {
         fp_tokens += sparse_slot_[p] >= 0;
         latents += latent_of_[p] >= 0;
     }
-    return static_cast<size_t>(n_tokens_) * full_layers_.size() * row +
+    return static_cast<size_t>(n) * full_layers_.size() * row +
            fp_tokens * sparse_layers_.size() * row +
            latents * sparse_layers_.size() * (latent_bytes() + sizeof(int32_t) * options_.k) +
-           static_cast<size_t>(n_tokens_) * 3 * sizeof(int32_t);
+           static_cast<size_t>(n) * 3 * sizeof(int32_t);
 }
 
 }  // namespace deltaserve::kvstore

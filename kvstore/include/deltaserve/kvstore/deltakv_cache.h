@@ -79,7 +79,7 @@ public:
     // Full layers, full-precision tokens of the sparse layers, latents with their reference
     // ids, and the position maps; not the temporary reconstruction slots (freed after each
     // forward call).
-    size_t bytes() const override;
+    size_t bytes() const override { return bytes_upto(n_tokens_); }
     // State: the token count, the compressed region's end, the settings a receiver must
     // share, and which tokens of the region are references (a bitmap). A full layer: every
     // token's K rows then V rows (fp16). A sparse layer: the full-precision tokens' K then V
@@ -96,11 +96,20 @@ private:
     DeltaKvSequenceCache(const DeltaKvProfile& profile, const DeltaKvOptions& options, ThreadPool& threads);
     bool is_ref(int32_t pos) const { return pos < options_.sinks || ref_flag_[pos]; }
     // Marks which tokens of [c0, c1) stay references (every stride-th, plus what the keep
-    // target leaves room for, evenly spaced).
-    void choose_refs(int32_t c0, int32_t c1);
+    // target leaves room for, evenly spaced), for a session of n_total tokens of which
+    // saved_before bytes are already planned away.
+    void choose_refs(int32_t c0, int32_t c1, int32_t n_total, size_t saved_before);
     int32_t n_refs_in_region() const;
     size_t latent_bytes() const;
-    void compress_oldest(int32_t count);
+    size_t bytes_upto(int32_t n) const;
+    // Compression, in three steps: which blocks the commit of a session of n_total tokens
+    // compresses (the oldest windows while the buffer holds twice the window) and their
+    // references; each sparse layer's latents (from its observe, or at commit); then, at
+    // commit, the latents join the region and the tokens' slots are freed.
+    void plan_compression(int32_t n_total);
+    void compress_layer(int32_t sparse_index);
+    void finish_compression();
+    void drop_plan();
     void reconstruct(int32_t layer);
     // Offset in angle_table_ of a position's RoPE angles (cos then sin), computed once per
     // forward call.
@@ -122,6 +131,15 @@ private:
     std::vector<uint8_t> ref_flag_;     // position -> a reference (set when its block is compressed)
     std::vector<std::vector<uint8_t>> latents_;  // per sparse layer: packed latents
     std::vector<std::vector<int32_t>> refs_;     // per sparse layer: k reference positions per latent
+    // The plan of the current forward call's commit: the region's end after it, each
+    // block's end, the blocks' tokens that become latents (in order), and per sparse layer
+    // whether its latents were made, which wait here until commit.
+    bool planned_ = false;
+    int32_t plan_n_ = 0, plan_end_ = 0;
+    std::vector<int32_t> plan_blocks_, plan_tokens_;
+    std::vector<uint8_t> plan_done_;
+    std::vector<std::vector<uint8_t>> pending_latents_;
+    std::vector<std::vector<int32_t>> pending_refs_;
     int32_t n_tokens_ = 0, n_reserved_ = 0;
     int32_t comp_end_ = 0;  // positions [sinks, comp_end_) are the compressed region
     // The current group's selection: positions of the region to attend, and the temporary
