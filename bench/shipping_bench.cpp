@@ -1,8 +1,12 @@
-// KV bytes shipped per prompt token: full KV against DeltaKV, as a prefill node would send
-// them to a decode node. Each length is prefilled (chunks of 512) with each policy; the
-// session's state and layers are exported and wrapped in wire-format shipments (header,
-// ids and checksum included); the bytes are summed. Prints a table and, with --json, a
-// summary. The decode side's exact reconstruction is tested in tests/model/kv_shipping_test.
+// KV bytes shipped per prompt token: full KV against DeltaKV, as a prefill node sends them
+// to a decode node. Each length is prefilled (chunks of 512) with each policy; from the
+// layer observer, each layer's rows are exported once final and wrapped in wire-format
+// shipments (header, ids and checksum included); the bytes are summed, and the share sent
+// while the prefill still had layers to compute (everything but the last layer's rows of
+// the last chunk) is the overlap of transfer with compute. Prints a table and, with --json,
+// a summary. The decode side's exact reconstruction is tested in
+// tests/model/kv_shipping_test.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -20,6 +24,7 @@ using namespace deltaserve;
 
 struct Shipped {
     size_t bytes = 0;
+    size_t early = 0;  // sent while the prefill still had layers to compute
     size_t shipments = 0;
     double keep_ratio = 0;
 };
@@ -33,28 +38,46 @@ Result<Shipped> ship(const model::Model& m, const std::string& policy, float kee
     co.kv.keep = keep;
     co.kv_profile = profile;
     DS_ASSIGN_OR_RETURN(auto ctx, model::InferenceContext::create(m, co));
-    for (size_t at = 0; at < tokens.size(); at += 512) {
-        DS_RETURN_IF_ERROR(
-            ctx->eval(tokens.subspan(at, std::min<size_t>(512, tokens.size() - at))).status());
-    }
+    const int32_t n = static_cast<int32_t>(tokens.size()), n_layers = m.config.n_layers;
     transport::ShipmentHeader h;
     h.codec = policy == "full" ? transport::KvCodec::kRawF16 : transport::KvCodec::kDeltaKv;
-    h.n_layers = m.config.n_layers;
-    h.token_end = static_cast<int32_t>(tokens.size());
+    h.n_layers = n_layers;
     h.model_id = "SmolLM2-135M-Instruct.Q4_1";
     h.profile_id = policy == "full" ? "" : "deltakv-default";
     h.session_id = "bench-session-0001";
     Shipped out;
-    out.keep_ratio = ctx->keep_ratio();
-    DS_ASSIGN_OR_RETURN(auto state, ctx->export_kv_state());
-    out.bytes += state.size();  // travels in the session's control message
-    for (int32_t l = 0; l < m.config.n_layers; ++l) {
-        DS_ASSIGN_OR_RETURN(auto part, ctx->export_kv_layer(l));
-        h.layer = l;
-        DS_ASSIGN_OR_RETURN(auto wire, transport::encode_shipment(h, part));
-        out.bytes += wire.size();
+    DS_ASSIGN_OR_RETURN(auto state, ctx->export_kv_rows_state(n));
+    out.bytes += state.size();  // travels in the stream's begin message
+    out.early += state.size();
+    // As the prefill worker ships: from the layer observer, each layer's rows once final.
+    std::vector<int32_t> shipped(static_cast<size_t>(n_layers), 0);
+    int32_t e = 0;
+    Status failed;
+    ctx->set_layer_observer([&](int32_t layer) {
+        const int32_t end = e == n ? n : ctx->kv_rows_final_end(layer);
+        int32_t& begin = shipped[static_cast<size_t>(layer)];
+        if (end <= begin || !failed.ok()) return;
+        auto rows = ctx->export_kv_rows(layer, begin, end);
+        h.layer = layer;
+        h.token_begin = begin;
+        h.token_end = end;
+        auto wire = rows.ok() ? transport::encode_shipment(h, *rows)
+                              : Result<std::vector<uint8_t>>(rows.error());
+        if (!wire.ok()) {
+            failed = wire.error();
+            return;
+        }
+        out.bytes += wire->size();
+        if (e < n || layer + 1 < n_layers) out.early += wire->size();
         out.shipments++;
+        begin = end;
+    });
+    for (int32_t b = 0; b < n; b = e) {
+        e = std::min(n, b + 512);
+        DS_RETURN_IF_ERROR(ctx->eval(tokens.subspan(static_cast<size_t>(b), static_cast<size_t>(e - b))).status());
+        DS_RETURN_IF_ERROR(failed);
     }
+    out.keep_ratio = ctx->keep_ratio();
     return out;
 }
 
@@ -100,8 +123,8 @@ int main(int argc, char** argv) {
     if (!tokens.ok()) return std::fprintf(stderr, "%s\n", tokens.error().to_string().c_str()), 2;
 
     nlohmann::json rows = nlohmann::json::array();
-    std::printf("%8s %16s %16s %8s %10s\n", "tokens", "full B/token", "deltakv B/token", "ratio",
-                "deltakv KR");
+    std::printf("%8s %16s %16s %8s %10s %12s %15s\n", "tokens", "full B/token", "deltakv B/token",
+                "ratio", "deltakv KR", "full early", "deltakv early");
     for (int n : lengths) {
         if (static_cast<size_t>(n) > tokens->size()) {
             std::fprintf(stderr, "the text has only %zu tokens; skipping %d\n", tokens->size(), n);
@@ -117,7 +140,10 @@ int main(int argc, char** argv) {
         }
         const double f = static_cast<double>(full->bytes) / n;
         const double d = static_cast<double>(dkv->bytes) / n;
-        std::printf("%8d %16.1f %16.1f %8.3f %10.3f\n", n, f, d, d / f, dkv->keep_ratio);
+        const double fe = static_cast<double>(full->early) / static_cast<double>(full->bytes);
+        const double de = static_cast<double>(dkv->early) / static_cast<double>(dkv->bytes);
+        std::printf("%8d %16.1f %16.1f %8.3f %10.3f %12.3f %15.3f\n", n, f, d, d / f,
+                    dkv->keep_ratio, fe, de);
         rows.push_back({{"tokens", n},
                         {"full_bytes", full->bytes},
                         {"deltakv_bytes", dkv->bytes},
@@ -125,7 +151,9 @@ int main(int argc, char** argv) {
                         {"deltakv_bytes_per_token", d},
                         {"ratio", d / f},
                         {"deltakv_keep_ratio", dkv->keep_ratio},
-                        {"shipments_per_session", dkv->shipments}});
+                        {"full_early_share", fe},
+                        {"deltakv_early_share", de},
+                        {"deltakv_shipments_per_session", dkv->shipments}});
     }
     if (!json_path.empty()) {
         std::ofstream(json_path) << nlohmann::json{{"keep", keep}, {"rows", rows}}.dump(2) << "\n";

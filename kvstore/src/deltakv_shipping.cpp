@@ -48,6 +48,7 @@ Status DeltaKvSequenceCache::import_state(std::span<const uint8_t> state) {
         if (!r.i32(x)) return data_loss("DeltaKV state: truncated");
     }
     const int32_t n = v[0], comp_end = v[1];
+
     if (v[2] != options_.sinks || v[3] != options_.k || v[4] != options_.latent_bits ||
         v[5] != profile_.m || v[6] != static_cast<int32_t>(sparse_layers_.size())) {
         return failed_precondition(
@@ -57,6 +58,11 @@ Status DeltaKvSequenceCache::import_state(std::span<const uint8_t> state) {
     if (!r.bytes(roles.data(), roles.size()) || roles != options_.full_layer) {
         return failed_precondition("DeltaKV state: other full-attention layers");
     }
+    if (comp_end == kRowsState) {
+        if (r.remaining() != 0) return data_loss("DeltaKV rows state: trailing bytes");
+        return begin_rows_import(n);
+    }
+    rows_import_ = false;
     if (n < 0 || n > options_.n_ctx || comp_end < options_.sinks ||
         comp_end > std::max(n, options_.sinks)) {
         return data_loss("DeltaKV state: invalid token counts");
@@ -88,8 +94,13 @@ Status DeltaKvSequenceCache::import_state(std::span<const uint8_t> state) {
         latents_[sl].assign(static_cast<size_t>(latents) * lb, 0);
         refs_[sl].assign(static_cast<size_t>(latents) * options_.k, -1);
     }
+    zero_rows();
+    return {};
+}
+
+void DeltaKvSequenceCache::zero_rows() {
     const size_t row = full_pool_->row_bytes();
-    for (int32_t p = 0; p < n; ++p) {
+    for (int32_t p = 0; p < n_tokens_; ++p) {
         for (size_t fl = 0; fl < full_layers_.size(); ++fl) {
             std::memset(full_pool_->k_row(static_cast<int32_t>(fl), full_slot_[p]), 0, row);
             std::memset(full_pool_->v_row(static_cast<int32_t>(fl), full_slot_[p]), 0, row);
@@ -99,7 +110,6 @@ Status DeltaKvSequenceCache::import_state(std::span<const uint8_t> state) {
             std::memset(sparse_pool_->v_row(static_cast<int32_t>(sl), sparse_slot_[p]), 0, row);
         }
     }
-    return {};
 }
 
 Result<std::vector<uint8_t>> DeltaKvSequenceCache::export_layer(int32_t layer) const {
@@ -125,6 +135,7 @@ Result<std::vector<uint8_t>> DeltaKvSequenceCache::export_layer(int32_t layer) c
 }
 
 Status DeltaKvSequenceCache::import_layer(int32_t layer, std::span<const uint8_t> part) {
+    if (rows_import_) return import_rows(layer, 0, n_tokens_, part);
     if (layer < 0 || layer >= options_.n_layers) return invalid_argument("no such layer");
     const bool full = options_.full_layer[layer];
     SlotPool& pool = full ? *full_pool_ : *sparse_pool_;

@@ -80,7 +80,8 @@ public:
     Status import_kv_layer(int32_t layer, std::span<const uint8_t> part) override {
         return cache_->import_layer(layer, part);
     }
-    bool kv_rows_final_when_stored() const override { return cache_->rows_final_when_stored(); }
+    bool kv_ships_rows() const override { return cache_->ships_rows(); }
+    int32_t kv_rows_final_end(int32_t layer) const override { return cache_->rows_final_end(layer); }
     Result<std::vector<uint8_t>> export_kv_rows_state(int32_t n_tokens) const override {
         return cache_->export_rows_state(n_tokens);
     }

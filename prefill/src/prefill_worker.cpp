@@ -132,7 +132,7 @@ Result<PrefillResult> PrefillWorkerImpl::run(const PrefillRequest& request) {
         }
     }
     result.prefilled_tokens = n - result.pulled_tokens;
-    const bool rows = ctx_->kv_rows_final_when_stored();
+    const bool rows = ctx_->kv_ships_rows();
     auto logits = rows ? prefill_shipping_rows(*conn, turn, result.pulled_tokens)
                        : eval_from(turn, result.pulled_tokens);
     Status st = logits.status();
@@ -218,17 +218,26 @@ Result<std::vector<float>> PrefillWorkerImpl::prefill_shipping_rows(transport::C
     h.n_tokens = n;
     DS_ASSIGN_OR_RETURN(auto state, ctx_->export_kv_rows_state(n));
     DS_RETURN_IF_ERROR(decode::send_stream_message(conn, h, state, transfer_deadline()));
-    const auto ship = [&](int32_t layer, int32_t b, int32_t e) -> Status {
-        DS_ASSIGN_OR_RETURN(auto rows, ctx_->export_kv_rows(layer, b, e));
-        return decode::send_part(conn, turn.turn_id, turn.session_id, ids_, layer, n_layers, b, e,
-                                 rows, transfer_deadline());
+    // Ships the rows of a layer that are final and not sent yet: while more chunks come,
+    // up to kv_rows_final_end (a compressing cache may still change its recent rows), in
+    // the last chunk every row.
+    std::vector<int32_t> shipped(static_cast<size_t>(n_layers), 0);
+    int32_t b = from, e = from;
+    const auto ship = [&](int32_t layer) -> Status {
+        const int32_t end = e == n ? n : ctx_->kv_rows_final_end(layer);
+        int32_t& begin = shipped[static_cast<size_t>(layer)];
+        if (end <= begin) return {};
+        DS_ASSIGN_OR_RETURN(auto rows, ctx_->export_kv_rows(layer, begin, end));
+        DS_RETURN_IF_ERROR(decode::send_part(conn, turn.turn_id, turn.session_id, ids_, layer,
+                                             n_layers, begin, end, rows, transfer_deadline()));
+        begin = end;
+        return {};
     };
-    for (int32_t l = 0; l < n_layers && from > 0; ++l) DS_RETURN_IF_ERROR(ship(l, 0, from));
+    for (int32_t l = 0; l < n_layers && from > 0; ++l) DS_RETURN_IF_ERROR(ship(l));
     const int32_t chunk = std::max<int32_t>(1, options_.context.n_batch);
     Status shipping;
-    int32_t b = from, e = from;
     ctx_->set_layer_observer([&](int32_t layer) {
-        if (shipping.ok()) shipping = ship(layer, b, e);
+        if (shipping.ok()) shipping = ship(layer);
     });
     std::vector<float> logits;
     Status st;

@@ -1,8 +1,10 @@
 // Shipping a session's KV between contexts, as a prefill node does to a decode node: the
-// receiver, given the exported state and layers, continues exactly as the sender would
-// (bit-identical logits), and a DeltaKV session ships what it holds, not full KV.
+// receiver, given the exported state and layers (or the rows the prefill shipped layer by
+// layer while it ran), continues exactly as the sender would (bit-identical logits), and a
+// DeltaKV session ships what it holds, not full KV.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -97,6 +99,123 @@ TEST_P(KvShippingTest, ReceiverContinuesExactlyAsTheSender) {
         b = receiver->eval({&next, 1});
         ASSERT_TRUE(a.ok() && b.ok());
     }
+}
+
+// One layer's rows [begin, end) as a prefill node ships them from the layer observer.
+struct RowsPart {
+    int32_t layer, begin, end;
+    std::vector<uint8_t> bytes;
+    bool during_last_chunk;
+};
+
+// Prefills `tokens` in chunks of `chunk` and collects, from the layer observer, each
+// layer's rows as they become final (all of them in the last chunk).
+std::vector<RowsPart> prefill_shipping_rows(InferenceContext& ctx, std::span<const int32_t> tokens,
+                                            int32_t chunk) {
+    const int32_t n = static_cast<int32_t>(tokens.size());
+    std::vector<int32_t> shipped(static_cast<size_t>(ctx.model().config.n_layers), 0);
+    std::vector<RowsPart> parts;
+    int32_t e = 0;
+    ctx.set_layer_observer([&](int32_t layer) {
+        const int32_t end = e == n ? n : ctx.kv_rows_final_end(layer);
+        int32_t& begin = shipped[static_cast<size_t>(layer)];
+        if (end <= begin) return;
+        auto rows = ctx.export_kv_rows(layer, begin, end);
+        ASSERT_TRUE(rows.ok()) << rows.error().to_string();
+        parts.push_back({layer, begin, end, std::move(*rows), e == n});
+        begin = end;
+    });
+    for (int32_t b = 0; b < n; b = e) {
+        e = std::min(n, b + chunk);
+        EXPECT_TRUE(ctx.eval(tokens.subspan(static_cast<size_t>(b), static_cast<size_t>(e - b))).ok());
+    }
+    ctx.set_layer_observer(nullptr);
+    return parts;
+}
+
+TEST_P(KvShippingTest, RowsShippedWhileThePrefillRunsContinueExactly) {
+    auto sender = context(GetParam());
+    auto receiver = context(GetParam());
+    ASSERT_TRUE(sender && receiver);
+    const auto tokens = text_tokens(1300);
+    auto state = sender->export_kv_rows_state(1200);
+    ASSERT_TRUE(state.ok()) << state.error().to_string();
+    auto parts = prefill_shipping_rows(*sender, {tokens.data(), 1200}, 300);
+    ASSERT_FALSE(HasFailure());
+
+    // Most bytes were ready while the prefill still had chunks to run, and what travels is
+    // what the session holds: a compressing cache ships its latents, not full KV.
+    size_t shipped = state->size(), early = 0;
+    for (const auto& p : parts) {
+        shipped += p.bytes.size();
+        if (!p.during_last_chunk) early += p.bytes.size();
+    }
+    EXPECT_GT(early, shipped / 2);
+    EXPECT_LE(shipped, sender->kv_bytes() + 64 * static_cast<size_t>(n_layers()) * 4);
+    EXPECT_GE(shipped, sender->kv_bytes() * 9 / 10);
+
+    // Layers in any order (here the last layer's parts first), each layer's ranges in order.
+    ASSERT_TRUE(receiver->import_kv_state(*state).ok());
+    std::stable_sort(parts.begin(), parts.end(),
+                     [](const RowsPart& a, const RowsPart& b) { return a.layer > b.layer; });
+    for (const auto& p : parts) {
+        Status s = receiver->import_kv_rows(p.layer, p.begin, p.end, p.bytes);
+        ASSERT_TRUE(s.ok()) << "layer " << p.layer << " [" << p.begin << ", " << p.end
+                            << "): " << s.to_string();
+    }
+    EXPECT_EQ(receiver->kv_bytes(), sender->kv_bytes());
+    auto a = sender->eval({tokens.data() + 1200, 100});
+    auto b = receiver->eval({tokens.data() + 1200, 100});
+    ASSERT_TRUE(a.ok() && b.ok());
+    for (int step = 0; step < 16; ++step) {
+        ASSERT_EQ(std::vector<float>(a->begin(), a->end()),
+                  std::vector<float>(b->begin(), b->end()))
+            << "step " << step;
+        const int32_t next = greedy(*a);
+        a = sender->eval({&next, 1});
+        b = receiver->eval({&next, 1});
+        ASSERT_TRUE(a.ok() && b.ok());
+    }
+}
+
+TEST_F(KvShipping, DeltaKvRowsThatDisagreeBetweenLayersAreRefused) {
+    auto sender = context("deltakv");
+    ASSERT_TRUE(sender);
+    const auto tokens = text_tokens(900);
+    auto state = sender->export_kv_rows_state(900);
+    ASSERT_TRUE(state.ok());
+    const auto parts = prefill_shipping_rows(*sender, tokens, 300);
+    ASSERT_FALSE(HasFailure());
+    // Two sparse layers' first parts: the region's end, then a bitmap of its references.
+    std::vector<const RowsPart*> sparse;
+    for (const auto& p : parts) {
+        if (p.begin == 0 && (*state)[7 * sizeof(int32_t) + p.layer] == 0) sparse.push_back(&p);
+    }
+    ASSERT_GE(sparse.size(), 2u) << "fewer than two sparse layers at keep 0.3";
+    ASSERT_GT(sparse[0]->end, 64);
+
+    auto receiver = context("deltakv");
+    ASSERT_TRUE(receiver->import_kv_state(*state).ok());
+    ASSERT_TRUE(receiver->import_kv_rows(sparse[0]->layer, 0, sparse[0]->end, sparse[0]->bytes).ok());
+    // The second layer calls a token a reference that the first compressed (its first byte
+    // of the bitmap, inverted, changes which rows follow: refused either way).
+    auto flipped = sparse[1]->bytes;
+    flipped[sizeof(int32_t)] ^= 0xff;
+    EXPECT_EQ(receiver->import_kv_rows(sparse[1]->layer, 0, sparse[1]->end, flipped).code(),
+              StatusCode::kDataLoss);
+    // A region that ends elsewhere than the first layer's.
+    auto moved = sparse[1]->bytes;
+    const int32_t region = 16;
+    std::memcpy(moved.data(), &region, sizeof(region));
+    EXPECT_EQ(receiver->import_kv_rows(sparse[1]->layer, 0, sparse[1]->end, moved).code(),
+              StatusCode::kDataLoss);
+    std::vector<uint8_t> cut(sparse[1]->bytes.begin(), sparse[1]->bytes.end() - 1);
+    EXPECT_EQ(receiver->import_kv_rows(sparse[1]->layer, 0, sparse[1]->end, cut).code(),
+              StatusCode::kDataLoss);
+    EXPECT_EQ(receiver->import_kv_rows(sparse[1]->layer, 0, 901, sparse[1]->bytes).code(),
+              StatusCode::kInvalidArgument);
+    // The genuine part still fits after the refusals.
+    EXPECT_TRUE(receiver->import_kv_rows(sparse[1]->layer, 0, sparse[1]->end, sparse[1]->bytes).ok());
 }
 
 TEST_P(KvShippingTest, BadPartsAreRefusedWithClearErrors) {

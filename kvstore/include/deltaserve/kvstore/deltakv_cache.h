@@ -88,6 +88,17 @@ public:
     Result<std::vector<uint8_t>> export_layer(int32_t layer) const override;
     Status import_state(std::span<const uint8_t> state) override;
     Status import_layer(int32_t layer, std::span<const uint8_t> part) override;
+    // Rows (src/deltakv_rows.cpp): the rows state is the state's settings without a region;
+    // a full layer's rows are K then V rows; a sparse layer's are the region's end after
+    // this call's commit, a bitmap of which of the range's region tokens are references,
+    // the full-precision tokens' K then V rows, the latents and their reference positions.
+    // The importer learns each token's kind from the first sparse layer that ships it and
+    // refuses parts that disagree.
+    bool ships_rows() const override { return true; }
+    int32_t rows_final_end(int32_t layer) const override;
+    Result<std::vector<uint8_t>> export_rows_state(int32_t n_tokens) const override;
+    Result<std::vector<uint8_t>> export_rows(int32_t layer, int32_t begin, int32_t end) const override;
+    Status import_rows(int32_t layer, int32_t begin, int32_t end, std::span<const uint8_t> part) override;
 
     int32_t compressed_tokens() const { return comp_end_ - std::min(comp_end_, options_.sinks) - n_refs_in_region(); }
     int32_t n_full_layers() const { return static_cast<int32_t>(full_layers_.size()); }
@@ -110,6 +121,12 @@ private:
     void compress_layer(int32_t sparse_index);
     void finish_compression();
     void drop_plan();
+    // The region end a rows state carries instead of one (no region yet).
+    static constexpr int32_t kRowsState = -1;
+    int32_t region_end() const { return planned_ ? plan_end_ : comp_end_; }
+    // Zeros in every held row: what attention over a layer not yet imported reads.
+    void zero_rows();
+    Status begin_rows_import(int32_t n);
     void reconstruct(int32_t layer);
     // Offset in angle_table_ of a position's RoPE angles (cos then sin), computed once per
     // forward call.
@@ -140,6 +157,11 @@ private:
     std::vector<uint8_t> plan_done_;
     std::vector<std::vector<uint8_t>> pending_latents_;
     std::vector<std::vector<int32_t>> pending_refs_;
+    // A rows import: tokens of [sinks, kinds_end_) have their kind (reference or latent),
+    // latents counted; per sparse layer, the first token it took as the buffer.
+    bool rows_import_ = false;
+    int32_t kinds_end_ = 0, rows_latents_ = 0;
+    std::vector<int32_t> buffer_from_;
     int32_t n_tokens_ = 0, n_reserved_ = 0;
     int32_t comp_end_ = 0;  // positions [sinks, comp_end_) are the compressed region
     // The current group's selection: positions of the region to attend, and the temporary

@@ -75,13 +75,21 @@ public:
         (void)layer, (void)part;
         return not_shippable();
     }
-    // Layer-wise shipping while the forward pass runs: a cache whose rows are final once
-    // stored (rows_final_when_stored()) exports the K/V rows of positions [begin, end) of a
-    // layer from the layer observer, reserved positions included, and an importer that took
-    // the state takes such ranges in any order. A compressing cache changes rows at commit
-    // and ships whole layers after it. Errors as for export_layer / import_layer, and
-    // kInvalidArgument for a range outside the cache.
-    virtual bool rows_final_when_stored() const { return false; }
+    // Layer-wise shipping while the forward pass runs (ships_rows()): from the layer
+    // observer, after a layer's store and observe, a cache exports the rows of positions
+    // [begin, end) of that layer as they will stay, reserved positions included, for any
+    // end <= rows_final_end(layer); at rest, rows_final_end(layer) covers what is final
+    // while more tokens may come. When no more tokens come, every stored row is final. An
+    // importer that took the rows state takes each layer's ranges in order, layers in any
+    // order. Full KV: every stored row is final. DeltaKV: full layers' rows are; a sparse
+    // layer's are up to the end of its compressed region after this call's commit (the
+    // buffer after it may still be compressed). Errors as for export_layer / import_layer,
+    // and kInvalidArgument for a range outside the cache.
+    virtual bool ships_rows() const { return false; }
+    virtual int32_t rows_final_end(int32_t layer) const {
+        (void)layer;
+        return 0;
+    }
     // The state an importer takes before rows of n_tokens positions (sent ahead of them).
     virtual Result<std::vector<uint8_t>> export_rows_state(int32_t n_tokens) const {
         (void)n_tokens;
@@ -130,7 +138,8 @@ public:
     Result<std::vector<uint8_t>> export_layer(int32_t layer) const override;
     Status import_state(std::span<const uint8_t> state) override;
     Status import_layer(int32_t layer, std::span<const uint8_t> part) override;
-    bool rows_final_when_stored() const override { return true; }
+    bool ships_rows() const override { return true; }
+    int32_t rows_final_end(int32_t /*layer*/) const override { return static_cast<int32_t>(slots_.size()); }
     Result<std::vector<uint8_t>> export_rows_state(int32_t n_tokens) const override;
     Result<std::vector<uint8_t>> export_rows(int32_t layer, int32_t begin, int32_t end) const override;
     Status import_rows(int32_t layer, int32_t begin, int32_t end, std::span<const uint8_t> part) override;

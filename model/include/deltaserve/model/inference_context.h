@@ -91,12 +91,13 @@ public:
     virtual Result<std::vector<uint8_t>> export_kv_layer(int32_t layer) const = 0;
     virtual Status import_kv_state(std::span<const uint8_t> state) = 0;
     virtual Status import_kv_layer(int32_t layer, std::span<const uint8_t> part) = 0;
-    // Layer-wise shipping (kvstore::SequenceCache::export_rows): whether a layer's rows are
-    // final once the forward pass stored them, so that the layer observer can ship them
-    // while later layers compute; the state an importer takes before the rows of n_tokens
-    // positions; the rows of positions [begin, end), and taking such ranges back after
-    // import_kv_state.
-    virtual bool kv_rows_final_when_stored() const = 0;
+    // Layer-wise shipping (kvstore::SequenceCache::export_rows): whether the cache ships
+    // rows while the forward pass runs; how far a layer's rows are final (from the layer
+    // observer, or at rest) while more tokens may come; the state an importer takes before
+    // the rows of n_tokens positions; the rows of positions [begin, end), and taking such
+    // ranges back after import_kv_state.
+    virtual bool kv_ships_rows() const = 0;
+    virtual int32_t kv_rows_final_end(int32_t layer) const = 0;
     virtual Result<std::vector<uint8_t>> export_kv_rows_state(int32_t n_tokens) const = 0;
     virtual Result<std::vector<uint8_t>> export_kv_rows(int32_t layer, int32_t begin, int32_t end) const = 0;
     virtual Status import_kv_rows(int32_t layer, int32_t begin, int32_t end, std::span<const uint8_t> part) = 0;
