@@ -3,9 +3,10 @@
 // Two processes, as a prefill and a decode node would be: this program spawns itself as the
 // receiver, sends `--bytes` worth of messages of each size from pool buffers, and times
 // until the receiver acknowledges the last one. In the same run, alternating with it,
-// ucx_perftest measures UCP active-message (ucp_am_bw, what the transport uses) and
-// tag-matching (tag_bw) bandwidth with the same UCX_TLS, message size and count. Prints a
-// table and, with --json, a summary. MiB/s throughout (ucx_perftest's "MB/s" are MiB/s).
+// ucx_perftest measures UCP active-message (ucp_am_bw, what the transport uses; also with
+// peer error handling, -e, as the transport's endpoints are made) and tag-matching (tag_bw)
+// bandwidth with the same UCX_TLS, message size and count. Prints a table and, with --json,
+// a summary. MiB/s throughout (ucx_perftest's "MB/s" are MiB/s).
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -141,14 +142,16 @@ std::string run_capture(std::vector<std::string> args, pid_t* background = nullp
     return text;
 }
 
-// ucx_perftest's overall bandwidth (MiB/s) for one test, or -1.
-double perftest(const std::string& test, size_t size, size_t count, int port) {
+// ucx_perftest's overall bandwidth (MiB/s) for one test, or -1. With peer error handling
+// (-e) its endpoints are made as the transport's are (UCP_ERR_HANDLING_MODE_PEER).
+double perftest(const std::string& test, size_t size, size_t count, int port, bool peer_errors) {
     const std::string p = std::to_string(port);
     pid_t server = 0;
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
     std::vector<std::string> sargs = {"ucx_perftest", "-p", p};
+    if (peer_errors) sargs.push_back("-e");
     std::vector<char*> sargv;
     for (auto& a : sargs) sargv.push_back(a.data());
     sargv.push_back(nullptr);
@@ -158,8 +161,10 @@ double perftest(const std::string& test, size_t size, size_t count, int port) {
     std::string out;
     for (int attempt = 0; attempt < 50; ++attempt) {
         usleep(100000);
-        out = run_capture({"ucx_perftest", "127.0.0.1", "-p", p, "-t", test, "-s",
-                           std::to_string(size), "-n", std::to_string(count)});
+        std::vector<std::string> args = {"ucx_perftest", "127.0.0.1", "-p", p, "-t", test, "-s",
+                                         std::to_string(size), "-n", std::to_string(count)};
+        if (peer_errors) args.push_back("-e");
+        out = run_capture(args);
         if (out.find("Final:") != std::string::npos) break;
     }
     kill(server, SIGTERM);
@@ -212,30 +217,35 @@ int run_sender(const char* self, const Options& o) {
     const std::string tls = getenv("UCX_TLS") ? getenv("UCX_TLS") : "(UCX default)";
     std::printf("UCX_TLS=%s, %zu MiB per size and run, median of %d runs (MiB/s)\n", tls.c_str(),
                 o.bytes >> 20, o.runs);
-    std::printf("%10s %12s %14s %8s %14s\n", "size", "deltaserve", "perftest am_bw", "ratio",
-                "perftest tag");
+    std::printf("%10s %12s %14s %8s %17s %8s %14s\n", "size", "deltaserve", "perftest am_bw",
+                "ratio", "am_bw -e (peer)", "ratio", "perftest tag");
     int port = 20000 + getpid() % 20000;
     for (size_t size : o.sizes) {
         const size_t count = std::max<size_t>(o.bytes / size, 16);
         if (auto warm = send_round(**t, **c, size, std::min<size_t>(count, 64)); !warm.ok()) {
             return std::fprintf(stderr, "%s\n", warm.error().to_string().c_str()), 2;
         }
-        std::vector<double> ours, am, tag;
+        std::vector<double> ours, am, am_peer, tag;
         for (int r = 0; r < o.runs; ++r) {
             auto bw = send_round(**t, **c, size, count);
             if (!bw.ok()) return std::fprintf(stderr, "%s\n", bw.error().to_string().c_str()), 2;
             ours.push_back(*bw);
-            am.push_back(perftest("ucp_am_bw", size, count, port++));
-            tag.push_back(perftest("tag_bw", size, count, port++));
+            am.push_back(perftest("ucp_am_bw", size, count, port++, false));
+            am_peer.push_back(perftest("ucp_am_bw", size, count, port++, true));
+            tag.push_back(perftest("tag_bw", size, count, port++, false));
         }
-        const double m_ours = median(ours), m_am = median(am), m_tag = median(tag);
-        std::printf("%10zu %12.0f %14.0f %8.2f %14.0f\n", size, m_ours, m_am,
-                    m_am > 0 ? m_ours / m_am : 0.0, m_tag);
+        const double m_ours = median(ours), m_am = median(am), m_peer = median(am_peer),
+                     m_tag = median(tag);
+        const double r_am = m_am > 0 ? m_ours / m_am : 0.0, r_peer = m_peer > 0 ? m_ours / m_peer : 0.0;
+        std::printf("%10zu %12.0f %14.0f %8.2f %17.0f %8.2f %14.0f\n", size, m_ours, m_am, r_am,
+                    m_peer, r_peer, m_tag);
         rows.push_back({{"size", size},
                         {"deltaserve_mib_s", ours},
                         {"perftest_am_bw_mib_s", am},
+                        {"perftest_am_bw_peer_errors_mib_s", am_peer},
                         {"perftest_tag_bw_mib_s", tag},
-                        {"ratio_vs_am_bw", m_am > 0 ? m_ours / m_am : 0.0}});
+                        {"ratio_vs_am_bw", r_am},
+                        {"ratio_vs_am_bw_peer_errors", r_peer}});
     }
     (*c)->close();
     kill(receiver, SIGTERM);
