@@ -51,7 +51,7 @@ struct SessionInfo {
 
 interface Admin {
   stats @0 () -> (sessions :Int64, queued :Int64, kvBytes :Int64, keepRatio :Float64,
-                  kvBytesShipped :Int64);
+                  kvBytesShipped :Int64, prefillRetries :Int64);
   sessions @1 () -> (sessions :List(SessionInfo));
 }
 

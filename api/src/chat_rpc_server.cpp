@@ -182,6 +182,7 @@ class AdminImpl final : public rpc::Admin::Server {
         r.setKvBytes(s.kv_bytes);
         r.setKeepRatio(s.keep_ratio);
         r.setKvBytesShipped(s.kv_bytes_shipped);
+        r.setPrefillRetries(s.prefill_retries);
         return kj::READY_NOW;
     }
     kj::Promise<void> sessions(SessionsContext context) override {

@@ -1,10 +1,13 @@
 #include "deltaserve/api/cluster_chat_engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <limits>
 #include <optional>
+
+#include "deltaserve/common/logging.h"
 
 namespace deltaserve::api {
 
@@ -80,6 +83,7 @@ EngineStats ClusterChatEngine::stats() const {
         full += ds->keep_ratio > 0 ? static_cast<double>(ds->kv_bytes) / ds->keep_ratio : 0;
     }
     s.keep_ratio = full > 0 ? held / full : 1.0;
+    s.prefill_retries = prefill_retries_.load();
     for (auto* p : prefill_) {
         auto ps = p->stats();
         if (!ps.ok()) continue;
@@ -124,15 +128,35 @@ DecodeNode* ClusterChatEngine::least_loaded_decode(const DecodeNode* except) con
     return best;
 }
 
-PrefillNode* ClusterChatEngine::least_loaded_prefill() const {
+PrefillNode* ClusterChatEngine::least_loaded_prefill(const std::vector<PrefillNode*>& except) const {
     PrefillNode* best = nullptr;
     int64_t load = std::numeric_limits<int64_t>::max();
     for (auto* p : prefill_) {
+        if (std::find(except.begin(), except.end(), p) != except.end()) continue;
         auto st = p->stats();
         if (!st.ok()) continue;
         if (st->queued < load) best = p, load = st->queued;
     }
     return best;
+}
+
+Status ClusterChatEngine::prefill_turn(const decode::TurnSpec& spec, DecodeNode& node,
+                                       int32_t pull_tokens) {
+    std::vector<PrefillNode*> tried;
+    Status last = unavailable("no prefill node is reachable");
+    while (PrefillNode* p = least_loaded_prefill(tried)) {
+        tried.push_back(p);
+        auto r = p->prefill({spec, node.data_address(), pull_tokens});
+        if (r.ok()) return {};
+        last = r.status();
+        if (last.code() != StatusCode::kUnavailable) break;
+        if (tried.size() < prefill_.size()) {
+            ++prefill_retries_;
+            spdlog::warn("gateway: turn {}: {}; retrying on another prefill node", spec.turn_id,
+                         last.message());
+        }
+    }
+    return last;
 }
 
 void ClusterChatEngine::forget_stale(int64_t now) {
@@ -186,11 +210,8 @@ Result<TurnResult> ClusterChatEngine::run_turn(
     }
     DS_ASSIGN_OR_RETURN(const decode::TurnPlan plan, std::move(planned));
     if (plan.remote_prefill) {
-        PrefillNode* p = least_loaded_prefill();
-        Result<prefill::PrefillResult> r =
-            p ? p->prefill({spec, node->data_address(), plan.pull_tokens})
-              : Result<prefill::PrefillResult>(unavailable("no prefill node is reachable"));
-        if (!r.ok()) node->cancel(spec.turn_id, r.status());
+        Status st = prefill_turn(spec, *node, plan.pull_tokens);
+        if (!st.ok()) node->cancel(spec.turn_id, st);
     }
     TurnResult result;
     bool first = true, cancelled = false;

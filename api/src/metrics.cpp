@@ -63,6 +63,9 @@ std::string Metrics::render(const EngineStats& e) const {
     metric("deltaserve_kv_bytes_shipped_total", "counter",
            "KV bytes prefill workers shipped to decode workers (headers included).",
            static_cast<double>(e.kv_bytes_shipped));
+    metric("deltaserve_prefill_retries_total", "counter",
+           "Prefills tried again on another prefill node after one was lost.",
+           static_cast<double>(e.prefill_retries));
     metric("deltaserve_kv_keep_ratio", "gauge",
            "KV bytes held over the same tokens in fp16 full KV.", e.keep_ratio);
     return out;

@@ -527,8 +527,17 @@ void DecodeWorkerImpl::read_connection(std::shared_ptr<transport::Connection> co
             if (t) fail(t, st);
         }
     }
+    // The turns whose KV was coming over this connection wait again: the gateway retries
+    // their prefill on another node or ends them with the prefill's error (or the KV wait
+    // runs out).
     for (auto& [id, t] : receiving) {
-        fail(t, unavailable("the prefill node's connection failed mid-transfer: " + why.message()));
+        std::lock_guard<std::mutex> tl(t->mu);
+        if (t->kv_from != conn.get()) continue;
+        spdlog::info("decode: turn {} lost its KV stream from {}: {}", id, conn->peer(),
+                     why.message());
+        t->incoming.reset();
+        t->covered.clear();
+        t->kv_from = nullptr;
     }
 }
 
@@ -546,9 +555,18 @@ Status DecodeWorkerImpl::on_stream_message(transport::Connection& conn, const St
             auto t = find_turn(h.turn);
             if (!t) return {};  // ended meanwhile: the rest of its stream is dropped
             std::lock_guard<std::mutex> tl(t->mu);
-            if (t->stage != Turn::Stage::kAwaitKv || t->incoming || t->admissible) {
+            if (t->stage != Turn::Stage::kAwaitKv || t->admissible) {
+                // A retried prefill whose first node finished after all: the turn has its KV.
+                spdlog::info("decode: turn {} has its KV; the stream from {} is dropped", h.turn,
+                             conn.peer());
+                return {};
+            }
+            if (t->incoming && t->kv_from == &conn) {
                 return failed_precondition("turn " + std::to_string(h.turn) +
-                                           " is not waiting for KV");
+                                           " began its KV stream twice");
+            }
+            if (t->incoming) {
+                spdlog::info("decode: turn {} takes its KV from {} instead", h.turn, conn.peer());
             }
             if (h.session != t->spec.session_id ||
                 h.n_tokens != static_cast<int32_t>(t->spec.tokens.size())) {
@@ -558,6 +576,7 @@ Status DecodeWorkerImpl::on_stream_message(transport::Connection& conn, const St
             DS_ASSIGN_OR_RETURN(t->incoming, make_context());
             DS_RETURN_IF_ERROR(t->incoming->import_kv_state(payload));
             t->covered.assign(static_cast<size_t>(model_.config.n_layers), 0);
+            t->kv_from = &conn;
             receiving[h.turn] = t;
             return {};
         }
@@ -568,7 +587,8 @@ Status DecodeWorkerImpl::on_stream_message(transport::Connection& conn, const St
             DS_ASSIGN_OR_RETURN(auto s, transport::decode_shipment(payload, options_.model_id,
                                                                    options_.profile_id));
             std::lock_guard<std::mutex> tl(t.mu);
-            if (t.stage != Turn::Stage::kAwaitKv || !t.incoming) return {};  // it ended meanwhile
+            // It ended meanwhile, or another node's stream replaced this one.
+            if (t.stage != Turn::Stage::kAwaitKv || !t.incoming || t.kv_from != &conn) return {};
             return import_part(*t.incoming, s, t.spec.session_id, t.covered);
         }
         case StreamKind::kEnd: {
@@ -578,7 +598,8 @@ Status DecodeWorkerImpl::on_stream_message(transport::Connection& conn, const St
             receiving.erase(it);
             {
                 std::lock_guard<std::mutex> tl(t->mu);
-                if (t->stage != Turn::Stage::kAwaitKv || !t->incoming) return {};
+                if (t->stage != Turn::Stage::kAwaitKv || !t->incoming || t->kv_from != &conn)
+                    return {};
                 DS_RETURN_IF_ERROR(check_complete(*t->incoming, t->covered));
                 if (h.token < 0 || h.token >= model_.config.n_vocab) {
                     return invalid_argument("the prefill node sent first token " +

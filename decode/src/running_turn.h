@@ -84,6 +84,10 @@ struct Turn {
     Status failure;
     std::unique_ptr<model::InferenceContext> history, incoming;
     std::vector<int32_t> covered;  // tokens of each layer imported so far
+    // The connection whose stream fills `incoming`: a stream begun over another one (the
+    // gateway retrying the prefill on another node) replaces it, and the first one's late
+    // messages are ignored.
+    const transport::Connection* kv_from = nullptr;
     std::atomic<bool> admissible{false};
     int32_t first_token = -1;
     std::chrono::steady_clock::time_point kv_deadline;

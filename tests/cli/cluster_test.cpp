@@ -1,8 +1,9 @@
 // A local multi-process cluster (deltaserve decode, prefill and gateway from one cluster
 // config, talking Cap'n Proto RPC and shipping KV over UCX on loopback), spoken to over HTTP:
 // the same greedy answers as `deltaserve serve`, sessions over turns, the openai client; a
-// prefill or decode process killed mid-turn ends that request with a clear error while the
-// gateway stays up and nothing stays held; garbage on the RPC and data ports harms nothing.
+// prefill or decode process killed mid-turn ends that request with a clear error (a prefill
+// node with another beside it: the turn is retried there) while the gateway stays up and
+// nothing stays held; garbage on the RPC and data ports harms nothing.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -99,23 +100,26 @@ class Namespaces {
 // decode and prefill nodes in network namespaces of their own (the gateway stays here).
 class Cluster {
   public:
-    explicit Cluster(const Namespaces* hosts = nullptr) {
+    explicit Cluster(const Namespaces* hosts = nullptr, int n_prefill = 1) {
         dir_ =
             std::filesystem::temp_directory_path() /
             ("deltaserve-cluster-" + std::to_string(getpid()) + "-" + std::to_string(counter_++));
         std::filesystem::create_directories(dir_);
         const std::string d_ip = hosts ? hosts->ip('d') : "127.0.0.1",
                           p_ip = hosts ? hosts->ip('p') : "127.0.0.1";
-        prefill_rpc_ = hosts ? 7101 : free_port();
         decode_rpc_ = hosts ? 7201 : free_port();
         decode_data_ = hosts ? 7202 : free_port();
-        std::ofstream(config()) << "model: " << default_gguf_model() << "\n"
-                                << "threads: 1\nctx_size: 2048\nlocal_prefill_max: 0\n"
-                                << "transport: {tls: tcp}\n"
-                                << "prefill:\n  - {name: p0, rpc: \"" << p_ip << ":" << prefill_rpc_
-                                << "\"}\n"
-                                << "decode:\n  - {name: d0, rpc: \"" << d_ip << ":" << decode_rpc_
-                                << "\", data: \"" << d_ip << ":" << decode_data_ << "\"}\n";
+        std::ofstream yaml(config());
+        yaml << "model: " << default_gguf_model() << "\n"
+             << "threads: 1\nctx_size: 2048\nlocal_prefill_max: 0\n"
+             << "transport: {tls: tcp}\nprefill:\n";
+        for (int i = 0; i < n_prefill; ++i) {
+            yaml << "  - {name: p" << i << ", rpc: \"" << p_ip << ":"
+                 << (hosts ? 7101 + i : free_port()) << "\"}\n";
+        }
+        yaml << "decode:\n  - {name: d0, rpc: \"" << d_ip << ":" << decode_rpc_ << "\", data: \""
+             << d_ip << ":" << decode_data_ << "\"}\n";
+        yaml.close();
         const auto node = [&](const char* role, const char* name) {
             std::vector<std::string> args = {role, "--config", config(), "--name", name};
             if (!hosts) return std::make_unique<ServingProcess>(args, "serving RPC on");
@@ -123,22 +127,32 @@ class Cluster {
             return std::make_unique<ServingProcess>(args, "serving RPC on", hosts->ip_binary());
         };
         decode_ = node("decode", "d0");
-        prefill_ = node("prefill", "p0");
+        for (int i = 0; i < n_prefill; ++i)
+            prefill_.push_back(node("prefill", ("p" + std::to_string(i)).c_str()));
         gateway_ = std::make_unique<ServingProcess>(
             std::vector<std::string>{"gateway", "--config", config(), "--port", "0"});
     }
     ~Cluster() {
         gateway_.reset();
-        prefill_.reset();
+        prefill_.clear();
         decode_.reset();
         std::filesystem::remove_all(dir_);
     }
-    bool up() const { return decode_->ready() && prefill_->ready() && gateway_->port() != 0; }
-    std::string logs() const { return decode_->log() + prefill_->log() + gateway_->log(); }
+    bool up() const {
+        for (const auto& p : prefill_) {
+            if (!p->ready()) return false;
+        }
+        return decode_->ready() && gateway_->port() != 0;
+    }
+    std::string logs() const {
+        std::string all = decode_->log();
+        for (const auto& p : prefill_) all += p->log();
+        return all + gateway_->log();
+    }
     std::string config() const { return (dir_ / "cluster.yaml").string(); }
     uint16_t port() const { return gateway_->port(); }
     ServingProcess& decode() { return *decode_; }
-    ServingProcess& prefill() { return *prefill_; }
+    ServingProcess& prefill(size_t i = 0) { return *prefill_[i]; }
     ServingProcess& gateway() { return *gateway_; }
     uint16_t decode_rpc() const { return decode_rpc_; }
     uint16_t decode_data() const { return decode_data_; }
@@ -153,8 +167,9 @@ class Cluster {
   private:
     static inline int counter_ = 0;
     std::filesystem::path dir_;
-    uint16_t prefill_rpc_ = 0, decode_rpc_ = 0, decode_data_ = 0;
-    std::unique_ptr<ServingProcess> decode_, prefill_, gateway_;
+    uint16_t decode_rpc_ = 0, decode_data_ = 0;
+    std::unique_ptr<ServingProcess> decode_, gateway_;
+    std::vector<std::unique_ptr<ServingProcess>> prefill_;
 };
 
 class ClusterTest : public ::testing::Test {
@@ -225,6 +240,31 @@ TEST_F(ClusterTest, APrefillNodeKilledMidTransferEndsTheRequestClearly) {
     const HttpResponse again = post_chat(port, chat_body("Hi", 2));
     EXPECT_EQ(again.status, 500);
     EXPECT_NE(again.body.find("prefill"), std::string::npos) << again.body;
+    EXPECT_EQ(cluster.metric("deltaserve_queue_length"), 0);
+    EXPECT_EQ(cluster.metric("deltaserve_kv_bytes"), 0);
+}
+
+// With a second prefill node, the gateway retries the turn there: the decode node drops the
+// dead node's partial stream and takes the second one's; the answer is the one a healthy
+// prefill gives.
+TEST_F(ClusterTest, APrefillNodeKilledMidTransferIsRetriedOnAnother) {
+    Cluster cluster(nullptr, 2);
+    ASSERT_TRUE(cluster.up()) << cluster.logs();
+    const uint16_t port = cluster.port();
+    const HttpResponse healthy = post_chat(port, long_prompt(8));
+    ASSERT_EQ(healthy.status, 200) << healthy.body;
+    // Both nodes idle: the first in the config (p0) takes the next turn.
+    auto pending = std::async(std::launch::async, [&] { return post_chat(port, long_prompt(8)); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    kill(cluster.prefill(0).pid(), SIGKILL);
+    ASSERT_EQ(pending.wait_for(std::chrono::seconds(120)), std::future_status::ready)
+        << "the request hangs";
+    const HttpResponse r = pending.get();
+    ASSERT_EQ(r.status, 200) << r.body << cluster.logs();
+    EXPECT_EQ(json::parse(r.body)["choices"][0]["message"]["content"],
+              json::parse(healthy.body)["choices"][0]["message"]["content"]);
+    EXPECT_EQ(cluster.metric("deltaserve_prefill_retries_total"), 1)
+        << "p0 finished before it was killed";
     EXPECT_EQ(cluster.metric("deltaserve_queue_length"), 0);
     EXPECT_EQ(cluster.metric("deltaserve_kv_bytes"), 0);
 }

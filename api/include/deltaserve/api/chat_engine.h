@@ -25,6 +25,7 @@ struct EngineStats {
     int64_t kv_bytes = 0;          // held by the KV cache
     int64_t kv_bytes_shipped = 0;  // sent from prefill to decode workers
     double keep_ratio = 1.0;       // kv_bytes over the same tokens in fp16 full KV
+    int64_t prefill_retries = 0;   // prefills tried again on another node after one was lost
 };
 
 struct SessionSummary {

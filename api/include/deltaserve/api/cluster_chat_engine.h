@@ -1,7 +1,8 @@
 // The gateway's side of a chat turn (DESIGN.md "One chat turn", steps 2-5): renders the
 // conversation with the model's chat template, tokenizes it, starts the turn on the session's
 // decode worker and, when that worker asks for it, has the least-loaded prefill worker compute
-// the prompt's KV and ship it there; then streams the decode worker's text to the client.
+// the prompt's KV and ship it there (another prefill worker if that one is lost on the way);
+// then streams the decode worker's text to the client.
 //
 // `deltaserve serve` runs one of each worker in its process over the in-process transport.
 // Sessions keep their messages here (the decode worker keeps their KV); a turn sends only
@@ -47,7 +48,11 @@ class ClusterChatEngine : public ChatEngine {
         DecodeNode* node = nullptr;  // where its KV is
     };
     DecodeNode* least_loaded_decode(const DecodeNode* except) const;
-    PrefillNode* least_loaded_prefill() const;
+    PrefillNode* least_loaded_prefill(const std::vector<PrefillNode*>& except) const;
+    // Has the least-loaded prefill node compute the turn's KV for `node`; when a prefill
+    // node is lost on the way (kUnavailable), the next one, each node once. The decode node
+    // takes the KV stream of the last try.
+    Status prefill_turn(const decode::TurnSpec& spec, DecodeNode& node, int32_t pull_tokens);
     void forget_stale(int64_t now);
 
     const model::Model& model_;
@@ -56,6 +61,7 @@ class ClusterChatEngine : public ChatEngine {
     const std::vector<PrefillNode*> prefill_;
     const ClusterEngineOptions options_;
     std::atomic<uint64_t> next_turn_{1};
+    std::atomic<int64_t> prefill_retries_{0};
     mutable std::mutex mu_;
     std::map<std::string, Session> sessions_;
 };
