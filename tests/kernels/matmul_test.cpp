@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "deltaserve/kernels/matmul.h"
@@ -104,6 +105,46 @@ TEST(MatmulSharedInput, EqualsSeparateMatmulsBitForBit) {
     }
     matmul_shared_input(outs, x.data(), cols, tokens, pool);
     for (int i = 0; i < 3; ++i) EXPECT_EQ(sep[i], fused[i]) << "output " << i;
+}
+
+}  // namespace
+}  // namespace deltaserve::kernels
+
+namespace deltaserve::kernels {
+namespace {
+
+// A token's outputs do not depend on the tokens beside it or on how rows fall into tiles
+// (the decode worker batches sessions: a greedy answer must not change with the load).
+TEST(MatmulBatchInvariance, EachTokenAsWhenAlone) {
+    std::mt19937 rng(5);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int64_t tokens = 9;
+    const std::pair<int64_t, int64_t> shapes[] = {{67, 576}, {1536, 576}, {576, 1536}};
+    for (const auto& [rows, cols] : shapes) {
+        for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kF32, DType::kF16}) {
+            std::vector<float> wf(rows * cols), x(tokens * cols);
+            for (auto& v : wf) v = nd(rng);
+            for (auto& v : x) v = nd(rng);
+            const size_t rb = row_bytes(type, cols);
+            std::vector<uint8_t> wq(rb * rows);
+            for (int64_t r = 0; r < rows; ++r)
+                quantize_row(type, wf.data() + r * cols, wq.data() + r * rb, cols);
+            const WeightMatrix w{type, rows, cols, wq.data()};
+            for (int threads : {1, 2}) {
+                ThreadPool pool(threads);
+                std::vector<float> all(tokens * rows);
+                matmul(w, x.data(), cols, tokens, all.data(), rows, pool);
+                for (int64_t t = 0; t < tokens; ++t) {
+                    std::vector<float> one(rows);
+                    matmul(w, x.data() + t * cols, cols, 1, one.data(), rows, pool);
+                    EXPECT_EQ(one, std::vector<float>(all.begin() + t * rows,
+                                                      all.begin() + (t + 1) * rows))
+                        << dtype_traits(type).name << " " << rows << "x" << cols << " token "
+                        << t << ", " << threads << " threads";
+                }
+            }
+        }
+    }
 }
 
 }  // namespace
