@@ -65,11 +65,35 @@ cmake --build "$BUILD_DIR" -j"$(nproc)"
 
 # The default model's DeltaKV profile (--kv-policy deltakv), trained from Debian's license
 # texts with fixed seeds: per-layer MSE, then 40 steps of the end-to-end next-token
-# objective (JAX); about 17 minutes on two cores, once.
+# objective (JAX); about 17 minutes on two cores, once. The result depends only on the
+# sources that record and train (common, kernels, kvstore, model, ops), the flags and the
+# model: a profile made from the same ones is kept outside the clone
+# (DELTASERVE_CACHE_DIR, default ~/.cache/deltaserve) and another clone on this machine
+# (CI's, a second checkout) takes it instead of calibrating again.
 PROFILE_DIR=${DELTASERVE_PROFILES_DIR:-profiles}/$MODEL_FILE
+CALIBRATE_FLAGS=(--tokens 16384 --epochs 8 --objective ntp --ntp-steps 40)
 if [ ! -s "$PROFILE_DIR/deltakv.json" ]; then
-  log "calibrating the DeltaKV profile of $MODEL_FILE (deltactl calibrate --objective ntp)"
-  "$BUILD_DIR/bin/deltactl" calibrate --model "$MODELS_DIR/$MODEL_FILE" --out "$PROFILE_DIR" \
-    --tokens 16384 --epochs 8 --objective ntp --ntp-steps 40 \
-    2> >(grep --line-buffered -E "epoch 8/8|epoch 6/6|held-out|written|error" >&2)
+  CACHED=""
+  if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    key=$({ git ls-files -s common kernels kvstore model ops; echo "$MODEL_FILE ${CALIBRATE_FLAGS[*]}"; } |
+      sha256sum | cut -c1-16)
+    CACHED=${DELTASERVE_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/deltaserve}/profiles/$MODEL_FILE/$key
+  fi
+  if [ -n "$CACHED" ] && [ -s "$CACHED/deltakv.json" ]; then
+    log "taking the DeltaKV profile calibrated earlier from these sources ($CACHED)"
+    mkdir -p "$PROFILE_DIR"
+    cp "$CACHED"/* "$PROFILE_DIR"/
+  else
+    log "calibrating the DeltaKV profile of $MODEL_FILE (deltactl calibrate --objective ntp)"
+    "$BUILD_DIR/bin/deltactl" calibrate --model "$MODELS_DIR/$MODEL_FILE" --out "$PROFILE_DIR" \
+      "${CALIBRATE_FLAGS[@]}" \
+      2> >(grep --line-buffered -E "epoch 8/8|epoch 6/6|held-out|written|error" >&2)
+    if [ -n "$CACHED" ]; then
+      rm -rf "$CACHED.part"
+      mkdir -p "$CACHED.part"
+      cp "$PROFILE_DIR"/* "$CACHED.part"/
+      rm -rf "$CACHED"
+      mv "$CACHED.part" "$CACHED"
+    fi
+  fi
 fi

@@ -17,14 +17,7 @@ int32_t DeltaKvSequenceCache::rows_final_end(int32_t layer) const {
 
 Result<std::vector<uint8_t>> DeltaKvSequenceCache::export_rows_state(int32_t n_tokens) const {
     if (n_tokens < 0) return invalid_argument("a negative token count");
-    std::vector<uint8_t> out;
-    ByteWriter w(out);
-    for (int32_t v : {n_tokens, kRowsState, options_.sinks, options_.k, options_.latent_bits,
-                      profile_.m, static_cast<int32_t>(sparse_layers_.size())}) {
-        w.i32(v);
-    }
-    for (int32_t l = 0; l < options_.n_layers; ++l) out.push_back(options_.full_layer[l]);
-    return out;
+    return state_head(n_tokens, kRowsState);
 }
 
 Result<std::vector<uint8_t>> DeltaKvSequenceCache::export_rows(int32_t layer, int32_t begin,

@@ -19,16 +19,22 @@ std::vector<int32_t> held_slots(const std::vector<int32_t>& slot_of, int32_t n_t
 
 }  // namespace
 
-Result<std::vector<uint8_t>> DeltaKvSequenceCache::export_state() const {
-    if (n_reserved_ != 0)
-        return failed_precondition("cannot export a cache with reserved positions");
+std::vector<uint8_t> DeltaKvSequenceCache::state_head(int32_t n_tokens, int32_t region_end) const {
     std::vector<uint8_t> out;
     ByteWriter w(out);
-    for (int32_t v : {n_tokens_, comp_end_, options_.sinks, options_.k, options_.latent_bits,
+    for (int32_t v : {n_tokens, region_end, options_.sinks, options_.k, options_.latent_bits,
                       profile_.m, static_cast<int32_t>(sparse_layers_.size())}) {
         w.i32(v);
     }
     for (int32_t l = 0; l < options_.n_layers; ++l) out.push_back(options_.full_layer[l]);
+    return out;
+}
+
+Result<std::vector<uint8_t>> DeltaKvSequenceCache::export_state() const {
+    if (n_reserved_ != 0)
+        return failed_precondition("cannot export a cache with reserved positions");
+    std::vector<uint8_t> out = state_head(n_tokens_, comp_end_);
+    ByteWriter w(out);
     const int32_t region = comp_end_ - options_.sinks;
     std::vector<uint8_t> bits(static_cast<size_t>((region + 7) / 8), 0);
     for (int32_t i = 0; i < region; ++i) {

@@ -4,9 +4,7 @@
 // pull the session's history; turns run batched; failures end turns with clear errors.
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <future>
-#include <sstream>
 
 #include "default_model.h"
 #include "deltaserve/decode/decode_worker.h"
@@ -46,15 +44,8 @@ class CollectingSink : public decode::TurnSink {
     std::promise<Result<TurnEnd>> done_;
 };
 
-class Disaggregated : public ::testing::Test {
+class Disaggregated : public testing::DefaultModelTest {
   protected:
-    static void SetUpTestSuite() { model_ = testing::load_default_model(); }
-    static void TearDownTestSuite() { delete model_; }
-    void SetUp() override {
-        DS_REQUIRE_FILE(testing::default_gguf_model(), "default model");
-        DS_REQUIRE_FILE(testing::default_deltakv_profile(), "default DeltaKV profile");
-        DS_REQUIRE_FILE(std::string("/usr/share/common-licenses/GPL-3"), "GPL-3 text");
-    }
     static model::ContextOptions context(const std::string& policy) {
         model::ContextOptions co;
         co.n_ctx = 2048;
@@ -65,16 +56,7 @@ class Disaggregated : public ::testing::Test {
         co.kv_profile = policy == "deltakv" ? testing::default_deltakv_profile() : "";
         return co;
     }
-    static std::vector<int32_t> prompt(size_t n, size_t skip = 0) {
-        std::ifstream in("/usr/share/common-licenses/GPL-3");
-        std::stringstream s;
-        s << in.rdbuf();
-        auto t = model_->tokenizer->encode(s.str(), true, false);
-        EXPECT_TRUE(t.ok());
-        return std::vector<int32_t>(
-            t->begin() + static_cast<std::ptrdiff_t>(skip),
-            t->begin() + static_cast<std::ptrdiff_t>(std::min(t->size(), skip + n)));
-    }
+    static std::vector<int32_t> prompt(size_t n, size_t skip = 0) { return text_tokens(n, skip, true); }
     static TurnSpec turn(uint64_t id, std::vector<int32_t> tokens, std::string session = "",
                          int32_t max_tokens = 24) {
         TurnSpec t;
@@ -142,9 +124,7 @@ class Disaggregated : public ::testing::Test {
         c->address = address.ok() ? *address : "";
         return c;
     }
-    static model::Model* model_;
 };
-model::Model* Disaggregated::model_ = nullptr;
 
 struct Case {
     const char* backend;

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include <unistd.h>
 
@@ -19,15 +18,8 @@
 namespace deltaserve::model {
 namespace {
 
-class DeltaKvModelTest : public ::testing::Test {
+class DeltaKvModelTest : public testing::DefaultModelTest {
 protected:
-    static void SetUpTestSuite() { model_ = testing::load_default_model(); }
-    static void TearDownTestSuite() { delete model_; }
-    void SetUp() override {
-        DS_REQUIRE_FILE(testing::default_gguf_model(), "default model");
-        DS_REQUIRE_FILE(testing::default_deltakv_profile(), "default DeltaKV profile");
-        DS_REQUIRE_FILE(std::string("/usr/share/common-licenses/GPL-3"), "GPL-3 text");
-    }
     static Result<std::unique_ptr<InferenceContext>> context(const std::string& policy, float keep,
                                                              float select = 0.2f) {
         ContextOptions co;
@@ -39,18 +31,7 @@ protected:
         co.kv_profile = testing::default_deltakv_profile();
         return InferenceContext::create(*model_, co);
     }
-    static std::vector<int32_t> text_tokens(size_t n) {
-        std::ifstream in("/usr/share/common-licenses/GPL-3");
-        std::stringstream s;
-        s << in.rdbuf();
-        auto t = model_->tokenizer->encode(s.str(), false, false);
-        EXPECT_TRUE(t.ok());
-        t->resize(std::min(n, t->size()));
-        return *t;
-    }
-    static Model* model_;
 };
-Model* DeltaKvModelTest::model_ = nullptr;
 
 TEST_F(DeltaKvModelTest, FirstCallExactThenCompressedAndClose) {
     auto full = context("full", 1.0f);

@@ -6,8 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
-#include <sstream>
+#include <span>
 
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/sampler.h"
@@ -17,15 +16,8 @@
 namespace deltaserve::model {
 namespace {
 
-class KvShipping : public ::testing::Test {
+class KvShipping : public testing::DefaultModelTest {
   protected:
-    static void SetUpTestSuite() { model_ = testing::load_default_model(); }
-    static void TearDownTestSuite() { delete model_; }
-    void SetUp() override {
-        DS_REQUIRE_FILE(testing::default_gguf_model(), "default model");
-        DS_REQUIRE_FILE(testing::default_deltakv_profile(), "default DeltaKV profile");
-        DS_REQUIRE_FILE(std::string("/usr/share/common-licenses/GPL-3"), "GPL-3 text");
-    }
     static std::unique_ptr<InferenceContext> context(const std::string& policy) {
         ContextOptions co;
         co.n_ctx = 2048;
@@ -37,19 +29,25 @@ class KvShipping : public ::testing::Test {
         EXPECT_TRUE(c.ok()) << c.error().to_string();
         return c.ok() ? std::move(*c) : nullptr;
     }
-    static std::vector<int32_t> text_tokens(size_t n) {
-        std::ifstream in("/usr/share/common-licenses/GPL-3");
-        std::stringstream s;
-        s << in.rdbuf();
-        auto t = model_->tokenizer->encode(s.str(), false, false);
-        EXPECT_TRUE(t.ok());
-        t->resize(std::min(n, t->size()));
-        return *t;
-    }
     static int32_t n_layers() { return model_->config.n_layers; }
-    static Model* model_;
+    // The receiver, holding what the sender shipped, goes on exactly as the sender: the
+    // next 100 tokens, then 16 greedy steps, bit-identical logits.
+    static void expect_same_continuation(InferenceContext& sender, InferenceContext& receiver,
+                                         std::span<const int32_t> next_chunk) {
+        auto a = sender.eval(next_chunk);
+        auto b = receiver.eval(next_chunk);
+        ASSERT_TRUE(a.ok() && b.ok());
+        for (int step = 0; step < 16; ++step) {
+            ASSERT_EQ(std::vector<float>(a->begin(), a->end()),
+                      std::vector<float>(b->begin(), b->end()))
+                << "step " << step;
+            const int32_t next = greedy(*a);
+            a = sender.eval({&next, 1});
+            b = receiver.eval({&next, 1});
+            ASSERT_TRUE(a.ok() && b.ok());
+        }
+    }
 };
-Model* KvShipping::model_ = nullptr;
 
 class KvShippingTest : public KvShipping, public ::testing::WithParamInterface<const char*> {};
 
@@ -86,19 +84,7 @@ TEST_P(KvShippingTest, ReceiverContinuesExactlyAsTheSender) {
     }
     EXPECT_EQ(receiver->kv_bytes(), sender->kv_bytes());
 
-    // The next chunk, then greedy decoding: identical logits on both sides.
-    auto a = sender->eval({tokens.data() + 1200, 100});
-    auto b = receiver->eval({tokens.data() + 1200, 100});
-    ASSERT_TRUE(a.ok() && b.ok());
-    for (int step = 0; step < 16; ++step) {
-        ASSERT_EQ(std::vector<float>(a->begin(), a->end()),
-                  std::vector<float>(b->begin(), b->end()))
-            << "step " << step;
-        const int32_t next = greedy(*a);
-        a = sender->eval({&next, 1});
-        b = receiver->eval({&next, 1});
-        ASSERT_TRUE(a.ok() && b.ok());
-    }
+    expect_same_continuation(*sender, *receiver, {tokens.data() + 1200, 100});
 }
 
 // One layer's rows [begin, end) as a prefill node ships them from the layer observer.
@@ -164,18 +150,7 @@ TEST_P(KvShippingTest, RowsShippedWhileThePrefillRunsContinueExactly) {
                             << "): " << s.to_string();
     }
     EXPECT_EQ(receiver->kv_bytes(), sender->kv_bytes());
-    auto a = sender->eval({tokens.data() + 1200, 100});
-    auto b = receiver->eval({tokens.data() + 1200, 100});
-    ASSERT_TRUE(a.ok() && b.ok());
-    for (int step = 0; step < 16; ++step) {
-        ASSERT_EQ(std::vector<float>(a->begin(), a->end()),
-                  std::vector<float>(b->begin(), b->end()))
-            << "step " << step;
-        const int32_t next = greedy(*a);
-        a = sender->eval({&next, 1});
-        b = receiver->eval({&next, 1});
-        ASSERT_TRUE(a.ok() && b.ok());
-    }
+    expect_same_continuation(*sender, *receiver, {tokens.data() + 1200, 100});
 }
 
 TEST_F(KvShipping, DeltaKvRowsThatDisagreeBetweenLayersAreRefused) {

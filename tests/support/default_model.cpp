@@ -1,10 +1,16 @@
 #include "default_model.h"
 
-#include <gtest/gtest.h>
+#include <algorithm>
+#include <fstream>
+#include <sstream>
 
 #include "test_paths.h"
 
 namespace deltaserve::testing {
+
+namespace {
+constexpr const char* kLicense = "/usr/share/common-licenses/GPL-3";
+}  // namespace
 
 model::Model* load_default_model() {
     if (!file_exists(default_gguf_model())) return nullptr;
@@ -16,6 +22,25 @@ model::Model* load_default_model() {
         return nullptr;
     }
     return std::move(*m).release();
+}
+
+std::vector<int32_t> license_tokens(const model::Model& model, size_t n, size_t skip,
+                                    bool add_bos) {
+    std::ifstream in(kLicense);
+    std::stringstream s;
+    s << in.rdbuf();
+    auto t = model.tokenizer->encode(s.str(), add_bos, false);
+    EXPECT_TRUE(t.ok()) << t.error().to_string();
+    if (!t.ok()) return {};
+    const size_t b = std::min(skip, t->size()), e = std::min(t->size(), skip + n);
+    return std::vector<int32_t>(t->begin() + static_cast<std::ptrdiff_t>(b),
+                                t->begin() + static_cast<std::ptrdiff_t>(e));
+}
+
+void DefaultModelTest::SetUp() {
+    DS_REQUIRE_FILE(default_gguf_model(), "default model");
+    DS_REQUIRE_FILE(default_deltakv_profile(), "default DeltaKV profile");
+    DS_REQUIRE_FILE(std::string(kLicense), "GPL-3 text (base-files)");
 }
 
 }  // namespace deltaserve::testing

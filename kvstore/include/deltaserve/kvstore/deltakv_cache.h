@@ -124,6 +124,9 @@ private:
     // The region end a rows state carries instead of one (no region yet).
     static constexpr int32_t kRowsState = -1;
     int32_t region_end() const { return planned_ ? plan_end_ : comp_end_; }
+    // A state's fixed part: the token count, the region end (or kRowsState), the settings
+    // a receiver must share, the layer roles.
+    std::vector<uint8_t> state_head(int32_t n_tokens, int32_t region_end) const;
     // Zeros in every held row: what attention over a layer not yet imported reads.
     void zero_rows();
     Status begin_rows_import(int32_t n);
