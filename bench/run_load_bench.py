@@ -15,7 +15,6 @@ and the cluster/embedded ratios; writes a JSON summary.
     python3 bench/run_load_bench.py [--sessions 1,8,32] [--seconds 40]
 """
 import argparse
-import http.client
 import json
 import os
 import statistics
@@ -25,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from run_fidelity_bench import faq_text  # noqa: E402
-from servers import start_cluster, start_embedded  # noqa: E402
+from servers import start_cluster, start_embedded, stream_chat  # noqa: E402
 
 FOLLOW_UPS = ["What is the main point?", "Say it in five words.", "Give one example."]
 
@@ -34,29 +33,17 @@ def turn(port, session, content, max_tokens):
     """(ttft, [inter-token gaps], completion tokens) of one streamed greedy turn."""
     body = {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}, "session_id": session}
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    t0 = time.perf_counter()
-    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    if resp.status != 200:
-        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]}")
-    ttft, last, gaps, tokens = None, None, [], 0
-    for line in resp:
-        line = line.strip()
-        if not line.startswith(b"data: ") or line == b"data: [DONE]":
-            continue
-        chunk = json.loads(line[6:])
+    ttft, last, gaps, tokens, at = None, None, [], 0, 0.0
+    for at, chunk in stream_chat(port, body):
         if chunk.get("usage"):
             tokens = chunk["usage"]["completion_tokens"]
         if any(c["delta"].get("content") for c in chunk["choices"]):
-            now = time.perf_counter()
             if ttft is None:
-                ttft = now - t0
+                ttft = at
             else:
-                gaps.append(now - last)
-            last = now
-    conn.close()
-    return (ttft if ttft is not None else time.perf_counter() - t0), gaps, tokens
+                gaps.append(at - last)
+            last = at
+    return (ttft if ttft is not None else at), gaps, tokens
 
 
 def run_load(port, n_sessions, seconds, warmup, max_tokens, text):

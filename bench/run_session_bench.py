@@ -14,16 +14,14 @@ writes a JSON summary.
     python3 bench/run_session_bench.py [--lengths 1024,4096,8000] [--rounds 3] [--mode cluster]
 """
 import argparse
-import http.client
 import json
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from run_fidelity_bench import faq_text  # noqa: E402
-from servers import start_cluster, start_embedded  # noqa: E402
+from servers import start_cluster, start_embedded, stream_chat  # noqa: E402
 
 QUESTION = "In one sentence, what was the text above about?"
 
@@ -34,27 +32,19 @@ def chat(port, messages, session=None, max_tokens=8):
             "stream_options": {"include_usage": True}}
     if session:
         body["session_id"] = session
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    t0 = time.perf_counter()
-    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    if resp.status != 200:
-        sys.exit(f"error: HTTP {resp.status}: {resp.read()[:300]}")
-    ttft, usage, text = None, None, ""
-    for line in resp:
-        line = line.strip()
-        if not line.startswith(b"data: ") or line == b"data: [DONE]":
-            continue
-        chunk = json.loads(line[6:])
-        if chunk.get("usage"):
-            usage = chunk["usage"]
-        for c in chunk["choices"]:
-            if c["delta"].get("content"):
-                text += c["delta"]["content"]
-                if ttft is None:
-                    ttft = time.perf_counter() - t0
-    conn.close()
-    return ttft if ttft is not None else time.perf_counter() - t0, usage, text
+    ttft, usage, text, at = None, None, "", 0.0
+    try:
+        for at, chunk in stream_chat(port, body):
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for c in chunk["choices"]:
+                if c["delta"].get("content"):
+                    text += c["delta"]["content"]
+                    if ttft is None:
+                        ttft = at
+    except RuntimeError as e:
+        sys.exit(f"error: {e}")
+    return ttft if ttft is not None else at, usage, text
 
 
 def main():

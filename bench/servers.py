@@ -1,11 +1,14 @@
 """Starting deltaserve for benchmarks: the embedded mode (`deltaserve serve`) or a local
 multi-process cluster (decode, prefill and gateway processes from a generated cluster config,
 KV over UCX on loopback). Both return (port, stop)."""
+import http.client
+import json
 import os
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 
 def _free_port():
@@ -63,3 +66,21 @@ def start_cluster(build, model, threads, ctx, config_extra=None, tls="tcp"):
             p.terminate()
             p.wait(timeout=60)
     return int(line.split("http://", 1)[1].split(":")[1].split()[0]), stop
+
+
+def stream_chat(port, body):
+    """Posts a streaming chat completion; yields (seconds since the request, chunk) for each
+    SSE chunk. Raises RuntimeError on an HTTP error."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    t0 = time.perf_counter()
+    try:
+        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]}")
+        for line in resp:
+            line = line.strip()
+            if line.startswith(b"data: ") and line != b"data: [DONE]":
+                yield time.perf_counter() - t0, json.loads(line[6:])
+    finally:
+        conn.close()

@@ -145,16 +145,16 @@ Status ClusterChatEngine::prefill_turn(const decode::TurnSpec& spec, DecodeNode&
     std::vector<PrefillNode*> tried;
     Status last = unavailable("no prefill node is reachable");
     while (PrefillNode* p = least_loaded_prefill(tried)) {
+        if (!tried.empty()) {
+            ++prefill_retries_;
+            spdlog::warn("gateway: turn {}: {}; retrying on another prefill node", spec.turn_id,
+                         last.message());
+        }
         tried.push_back(p);
         auto r = p->prefill({spec, node.data_address(), pull_tokens});
         if (r.ok()) return {};
         last = r.status();
         if (last.code() != StatusCode::kUnavailable) break;
-        if (tried.size() < prefill_.size()) {
-            ++prefill_retries_;
-            spdlog::warn("gateway: turn {}: {}; retrying on another prefill node", spec.turn_id,
-                         last.message());
-        }
     }
     return last;
 }
