@@ -5,7 +5,7 @@
 //              but the last --decode-tail tokens one at a time, as generation feeds them:
 //              those are also reported alone (ppl_tail, kl_tail), since a policy may
 //              select or evict differently for single tokens than for chunks;
-//   decode     ms per single-token step after that text, at 2k and 8k (median of 16);
+//   decode     ms per single-token step after that text, at 2k and 8k (median of --decode-steps, 16);
 //   retrieval  passkey in filler, one of three needles, key-value lookup with random keys:
 //              exact match (every answer token the argmax) and the answer's log-likelihood;
 //   multiturn  a shared context with four facts, then one question per turn about a fact
@@ -47,7 +47,7 @@ struct Options {
     std::string lengths = "2048,4096,8192", keeps = "0.5,0.3,0.2", retrieval_keeps = "0.3";
     std::string policies = "deltakv,kvcompress,d2o,trimkv,snapkv,h2o,keydiff,streaming";
     std::string tasks = "ppl,decode,retrieval,multiturn";
-    int32_t chunk = 256, threads = 2, decode_tail = 128;
+    int32_t chunk = 256, threads = 2, decode_tail = 128, decode_steps = 16;
     float select = 0.2f;  // deltakv: share of compressed tokens per decode step
 };
 
@@ -167,24 +167,32 @@ Json perplexity(std::vector<Arm>& arms, const std::vector<int32_t>& tokens, int3
     return out;
 }
 
-// Median ms of 16 greedy single-token steps for each arm, continuing its sequence.
-Json decode_times(std::vector<Arm>& arms) {
+// Median ms of `steps` greedy single-token steps for each arm, continuing its sequence. The
+// arms take turns step by step, so that a noisy machine slows them alike.
+Json decode_times(std::vector<Arm>& arms, int32_t steps) {
     Json out = Json::object();
-    for (auto& a : arms) {
-        std::vector<double> ms;
-        int32_t next = 0;
-        auto first = a.ctx->eval(std::span<const int32_t>(&next, 1));
-        if (!first.ok()) continue;
-        next = model::greedy(*first);
-        for (int i = 0; i < 16; ++i) {
+    std::vector<std::vector<double>> ms(arms.size());
+    std::vector<int32_t> next(arms.size(), 0);
+    std::vector<uint8_t> ok(arms.size(), 1);
+    for (size_t a = 0; a < arms.size(); ++a) {
+        auto first = arms[a].ctx->eval(std::span<const int32_t>(&next[a], 1));
+        ok[a] = first.ok();
+        if (ok[a]) next[a] = model::greedy(*first);
+    }
+    for (int i = 0; i < steps; ++i) {
+        for (size_t a = 0; a < arms.size(); ++a) {
+            if (!ok[a]) continue;
             const auto t0 = std::chrono::steady_clock::now();
-            auto l = a.ctx->eval(std::span<const int32_t>(&next, 1));
-            ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-            if (!l.ok()) break;
-            next = model::greedy(*l);
+            auto l = arms[a].ctx->eval(std::span<const int32_t>(&next[a], 1));
+            ms[a].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+            ok[a] = l.ok();
+            if (ok[a]) next[a] = model::greedy(*l);
         }
-        std::sort(ms.begin(), ms.end());
-        out[a.name()] = ms.empty() ? 0.0 : ms[ms.size() / 2];
+    }
+    for (size_t a = 0; a < arms.size(); ++a) {
+        if (ms[a].empty()) continue;
+        std::sort(ms[a].begin(), ms[a].end());
+        out[arms[a].name()] = ms[a][ms[a].size() / 2];
     }
     return out;
 }
@@ -398,7 +406,7 @@ int run(const Options& o) {
             result["ppl"][std::to_string(n)] = perplexity(*arms, tokens, o.chunk, o.decode_tail, n_vocab);
             if (has(o.tasks, "decode") && (n == 2048 || n == 8192)) {
                 log("decode timing", n);
-                result["decode_ms"][std::to_string(n)] = decode_times(*arms);
+                result["decode_ms"][std::to_string(n)] = decode_times(*arms, o.decode_steps);
             }
             std::ofstream(o.out) << result.dump(1) << "\n";
         }
@@ -443,6 +451,7 @@ int main(int argc, char** argv) {
     p.add("tasks", &o.tasks, "ppl, decode, retrieval, multiturn");
     p.add("select", &o.select, "deltakv: share of the compressed tokens each decode step attends to");
     p.add("decode-tail", &o.decode_tail, "last tokens of each text fed one at a time (scored apart too)");
+    p.add("decode-steps", &o.decode_steps, "single-token steps timed per arm (the median is reported)");
     p.add("chunk", &o.chunk, "tokens per forward call (policies compress after each)");
     p.add("threads", &o.threads, "threads");
     if (auto code = parse_flags(p, argc - 1, argv + 1)) return *code;

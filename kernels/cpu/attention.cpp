@@ -129,19 +129,6 @@ void attend(const AttentionShape& s, const KvView& kv, int g, const float* const
     }
 }
 
-// Folds 8 vectors of partial sums into one vector of their 8 totals.
-inline __m256 reduce8(const __m256* v) {
-    const __m256 a = _mm256_hadd_ps(v[0], v[1]);
-    const __m256 b = _mm256_hadd_ps(v[2], v[3]);
-    const __m256 c = _mm256_hadd_ps(v[4], v[5]);
-    const __m256 d = _mm256_hadd_ps(v[6], v[7]);
-    const __m256 ab = _mm256_hadd_ps(a, b);  // per lane half: keys 0-3 (low), 0-3 (high)
-    const __m256 cd = _mm256_hadd_ps(c, d);
-    const __m256 lo = _mm256_permute2f128_ps(ab, cd, 0x20);
-    const __m256 hi = _mm256_permute2f128_ps(ab, cd, 0x31);
-    return _mm256_add_ps(lo, hi);
-}
-
 inline __m256 load_kv8(const uint8_t* row, int d, DType dtype) {
     if (dtype == DType::kF16) {
         return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * d)));
@@ -238,13 +225,17 @@ int gather_rows(const AttentionShape& s, const float* q, int64_t ldq, int32_t p0
 }
 
 void write_rows(const AttentionShape& s, const Partial& st, int g, int32_t i0, int32_t i1,
-                float* out, int64_t ldo) {
+                float* out, int64_t ldo, float* lse) {
     const int group = s.n_heads / s.n_kv_heads;
     int r = 0;
     for (int32_t i = i0; i < i1; ++i) {
         for (int hh = 0; hh < group; ++hh, ++r) {
             float* dst = out + i * ldo + static_cast<int64_t>(g * group + hh) * s.head_dim;
             const float inv = st.l[r] > 0.0f ? 1.0f / st.l[r] : 0.0f;
+            if (lse != nullptr) {
+                lse[i * s.n_heads + g * group + hh] =
+                    st.l[r] > 0.0f ? st.m[r] + std::log(st.l[r]) : -std::numeric_limits<float>::infinity();
+            }
             const float* o = st.o + static_cast<size_t>(r) * s.head_dim;
             for (int d = 0; d < s.head_dim; ++d) dst[d] = o[d] * inv;
         }
@@ -254,7 +245,7 @@ void write_rows(const AttentionShape& s, const Partial& st, int g, int32_t i0, i
 }  // namespace
 
 void attention(const AttentionShape& s, const KvView& kv, const float* q, int64_t ldq, int32_t n_q,
-               float* out, int64_t ldo, ThreadPool& pool) {
+               float* out, int64_t ldo, ThreadPool& pool, float* lse) {
     DS_CHECK(s.head_dim % 8 == 0 && s.head_dim <= kMaxHeadDim, "unsupported head_dim");
     DS_CHECK(s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0, "bad GQA shape");
     int32_t n_keys = 0;
@@ -305,7 +296,7 @@ void attention(const AttentionShape& s, const KvView& kv, const float* q, int64_
             } else {
                 attend(s, kv, g, qrow, qpos, n_rows, k0, k1, st);
             }
-            if (splits == 1) write_rows(s, st, g, i0, i1, out, ldo);
+            if (splits == 1) write_rows(s, st, g, i0, i1, out, ldo, lse);
         }
     });
     if (splits == 1) return;
@@ -314,7 +305,21 @@ void attention(const AttentionShape& s, const KvView& kv, const float* q, int64_
         for (int32_t sp = 1; sp < splits; ++sp) {
             merge(acc, buf.make(rows, s.head_dim, static_cast<size_t>(item_index(0, sp, g))));
         }
-        write_rows(s, acc, g, 0, n_q, out, ldo);
+        write_rows(s, acc, g, 0, n_q, out, ldo, lse);
+    }
+}
+
+void merge_attention(float* out, float* lse, const float* out_b, const float* lse_b, int n_rows,
+                     int head_dim) {
+    for (int r = 0; r < n_rows; ++r) {
+        const float m = std::max(lse[r], lse_b[r]);
+        if (m == -std::numeric_limits<float>::infinity()) continue;  // both empty
+        const float wa = std::exp(lse[r] - m), wb = std::exp(lse_b[r] - m);
+        const float inv = 1.0f / (wa + wb);
+        float* o = out + static_cast<size_t>(r) * head_dim;
+        const float* ob = out_b + static_cast<size_t>(r) * head_dim;
+        for (int d = 0; d < head_dim; ++d) o[d] = (o[d] * wa + ob[d] * wb) * inv;
+        lse[r] = m + std::log(wa + wb);
     }
 }
 

@@ -81,10 +81,13 @@ int l2_nearest(const float* x, const float* cands, int n, int d, int k, int32_t*
     return k;
 }
 
-Int4Decoder make_int4_decoder(const DeltaKvLayer& w) {
+Int4Decoder make_int4_decoder(const DeltaKvLayer& w) { return make_int4_decoder(w, w.d()); }
+
+Int4Decoder make_int4_decoder(const DeltaKvLayer& w, int rows) {
     DS_CHECK(w.wd.type == DType::kF32, "the DeltaKV decoder must be fp32");
+    DS_CHECK(rows > 0 && rows <= w.d(), "decoder rows out of range");
     Int4Decoder dec;
-    dec.d = w.d();
+    dec.d = rows;
     dec.m = w.m();
     dec.m4 = (dec.m + 3) / 4 * 4;
     dec.w.assign(static_cast<size_t>(dec.m4) * dec.d, 0);
@@ -219,7 +222,18 @@ void int4_unpack(const uint8_t* in, int m, float* z) {
     std::memcpy(&lo16, in + 2, 2);
     const float s = fp16_to_fp32(s16), lo = fp16_to_fp32(lo16);
     const uint8_t* q = in + 4;
-    for (int i = 0; i < m; ++i) z[i] = lo + s * static_cast<float>(i % 2 == 0 ? q[i / 2] & 15 : q[i / 2] >> 4);
+    // Sixteen codes (eight bytes, low nibble first) at a time: z = lo + s * code, fused.
+    const __m256 sv = _mm256_set1_ps(s), lov = _mm256_set1_ps(lo);
+    const __m128i nib = _mm_set1_epi8(15);
+    int i = 0;
+    for (; i + 16 <= m; i += 16) {
+        const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i / 2));
+        const __m128i codes = _mm_unpacklo_epi8(_mm_and_si128(b, nib), _mm_and_si128(_mm_srli_epi16(b, 4), nib));
+        _mm256_storeu_ps(z + i, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes)), sv, lov));
+        _mm256_storeu_ps(z + i + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(codes, 8))),
+                                                    sv, lov));
+    }
+    for (; i < m; ++i) z[i] = std::fma(s, static_cast<float>(i % 2 == 0 ? q[i / 2] & 15 : q[i / 2] >> 4), lo);
 }
 
 void rope_angles(int64_t pos, int head_dim, float base, float* c, float* s) {

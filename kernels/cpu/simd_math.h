@@ -6,6 +6,19 @@
 namespace deltaserve::kernels {
 namespace {
 
+// Folds 8 vectors of partial sums into one vector of their 8 totals.
+inline __m256 reduce8(const __m256* v) {
+    const __m256 a = _mm256_hadd_ps(v[0], v[1]);
+    const __m256 b = _mm256_hadd_ps(v[2], v[3]);
+    const __m256 c = _mm256_hadd_ps(v[4], v[5]);
+    const __m256 d = _mm256_hadd_ps(v[6], v[7]);
+    const __m256 ab = _mm256_hadd_ps(a, b);  // per lane half: keys 0-3 (low), 0-3 (high)
+    const __m256 cd = _mm256_hadd_ps(c, d);
+    const __m256 lo = _mm256_permute2f128_ps(ab, cd, 0x20);
+    const __m256 hi = _mm256_permute2f128_ps(ab, cd, 0x31);
+    return _mm256_add_ps(lo, hi);
+}
+
 // exp(x) for 8 floats, max error ~1.5 ulp. The same algorithm and rounding steps as ggml's
 // AVX-512 ggml_v_expf (x = n ln2 + b, a degree-5 polynomial in b, then a scale by 2^n), so
 // that SiLU and softmax round as llama.cpp's do. Results above ~88.7 are +inf, below ~-103.9

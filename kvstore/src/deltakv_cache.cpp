@@ -11,6 +11,16 @@ namespace deltaserve::kvstore {
 
 namespace k = deltaserve::kernels;
 
+namespace {
+
+// Scratch that only grows, so steps of varying sizes neither allocate nor clear it.
+template <class T>
+void grow(std::vector<T>& v, size_t n) {
+    if (v.size() < n) v.resize(n);
+}
+
+}  // namespace
+
 DeltaKvOptions deltakv_options_for_keep(const DeltaKvProfile& profile, float keep,
                                         DeltaKvOptions o) {
     const int32_t n_layers = o.n_layers;
@@ -42,7 +52,11 @@ DeltaKvOptions deltakv_options_for_keep(const DeltaKvProfile& profile, float kee
 
 void prepare_int4_decoders(DeltaKvProfile& profile) {
     profile.int4.clear();
-    for (const auto& layer : profile.layers) profile.int4.push_back(k::make_int4_decoder(layer));
+    profile.int4_k.clear();
+    for (const auto& layer : profile.layers) {
+        profile.int4.push_back(k::make_int4_decoder(layer));
+        profile.int4_k.push_back(k::make_int4_decoder(layer, layer.d() / 2));
+    }
 }
 
 Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(
@@ -61,7 +75,8 @@ Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(
         (o.latent_bits != 4 && o.latent_bits != 16)) {
         return invalid_argument("DeltaKV: bad sinks / stride / k / window / latent bits");
     }
-    if (o.latent_bits == 4 && profile.int4.size() != profile.layers.size()) {
+    if (o.latent_bits == 4 && (profile.int4.size() != profile.layers.size() ||
+                               profile.int4_k.size() != profile.layers.size())) {
         return invalid_argument(
             "DeltaKV: the profile's int4 decoders are missing (prepare_int4_decoders)");
     }
@@ -235,14 +250,23 @@ void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape&
     });
     idx.resize(static_cast<size_t>(want));
     std::sort(idx.begin(), idx.end());
+    // A single token attends the latent ones through attend(); a chunk, whose many queries
+    // would each weigh every latent, gets them reconstructed into temporary slots.
+    const bool latent = n == 1;
     int32_t n_temp = 0;
-    for (int32_t t : idx) n_temp += sparse_slot_[r0 + t] < 0;
+    if (!latent) {
+        for (int32_t t : idx) n_temp += sparse_slot_[r0 + t] < 0;
+    }
     auto temp = sparse_pool_->allocate(n_temp);
     if (!temp.ok()) return;  // no room to reconstruct: attend sinks and buffer only
     temp_slots_ = std::move(*temp);
     int32_t next = 0;
     for (int32_t t : idx) {
         const int32_t pos = r0 + t;
+        if (latent && sparse_slot_[pos] < 0) {
+            latent_sel_.push_back(pos);
+            continue;
+        }
         selected_.push_back(pos);
         selected_slot_.push_back(sparse_slot_[pos] >= 0 ? sparse_slot_[pos] : temp_slots_[next++]);
     }
@@ -270,26 +294,18 @@ int32_t DeltaKvSequenceCache::angles(int32_t pos) {
     return angle_of_[pos];
 }
 
-void DeltaKvSequenceCache::reconstruct(int32_t layer) {
-    reconstructed_[layer] = 1;
-    if (selected_.empty()) return;
-    const int32_t sl = layer_index_[layer];
-    const int32_t d = profile_.d, m = profile_.m, kv_dim = d / 2, kk = options_.k,
-                  half = options_.head_dim / 2;
+void DeltaKvSequenceCache::gather_refs(int32_t sl, const std::vector<int32_t>& positions,
+                                       int32_t dims) {
+    const int32_t d = profile_.d, kv_dim = d / 2, kk = options_.k, half = options_.head_dim / 2;
     const size_t lb = latent_bytes();
-    // The compressed tokens of the selection, their references' x (de-RoPEd once), and the
-    // RoPE angles of every position involved (shared by the group's layers).
-    comp_.clear();
     ref_pos_.clear();
     latent_ptrs_.clear();
     if (ref_row_.size() < static_cast<size_t>(comp_end_))
         ref_row_.resize(static_cast<size_t>(comp_end_), -1);
-    for (size_t j = 0; j < selected_.size(); ++j) {
-        const int32_t lat = latent_of_[selected_[j]];
-        if (lat < 0) continue;  // a reference: attended from its own slot
-        comp_.push_back(static_cast<int32_t>(j));
+    for (int32_t p : positions) {
+        const int32_t lat = latent_of_[p];
         latent_ptrs_.push_back(latents_[sl].data() + static_cast<size_t>(lat) * lb);
-        angles(selected_[j]);
+        angles(p);
         for (int32_t r = 0; r < kk; ++r) {
             const int32_t pos = refs_[sl][static_cast<size_t>(lat) * kk + r];
             if (pos < 0 || ref_row_[pos] >= 0) continue;
@@ -298,23 +314,43 @@ void DeltaKvSequenceCache::reconstruct(int32_t layer) {
             angles(pos);
         }
     }
-    const int64_t n = static_cast<int64_t>(comp_.size());
-    ref_x_.resize(ref_pos_.size() * d);
+    grow(ref_x_, ref_pos_.size() * dims);
     threads_.parallel_for(static_cast<int64_t>(ref_pos_.size()), 32, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
-            float* xi = ref_x_.data() + i * d;
+            float* xi = ref_x_.data() + i * dims;
             read_row(k::DType::kF16, sparse_pool_->k_row(sl, sparse_slot_[ref_pos_[i]]), xi,
                      kv_dim);
-            read_row(k::DType::kF16, sparse_pool_->v_row(sl, sparse_slot_[ref_pos_[i]]),
-                     xi + kv_dim, kv_dim);
+            if (dims == d) {
+                read_row(k::DType::kF16, sparse_pool_->v_row(sl, sparse_slot_[ref_pos_[i]]),
+                         xi + kv_dim, kv_dim);
+            }
             const float* a = angle_table_.data() + angle_of_[ref_pos_[i]];
             k::rope_apply(xi, options_.n_kv_heads, options_.head_dim, a, a + half,
                           options_.rope_style, true);
         }
     });
+}
+
+void DeltaKvSequenceCache::reconstruct(int32_t layer) {
+    reconstructed_[layer] = 1;
+    if (selected_.empty()) return;
+    const int32_t sl = layer_index_[layer];
+    const int32_t d = profile_.d, m = profile_.m, kv_dim = d / 2, half = options_.head_dim / 2;
+    // The compressed tokens of the selection, their references' x (de-RoPEd once), and the
+    // RoPE angles of every position involved (shared by the group's layers).
+    comp_.clear();
+    z_pos_.clear();
+    for (size_t j = 0; j < selected_.size(); ++j) {
+        if (latent_of_[selected_[j]] < 0) continue;  // a reference: attended from its own slot
+        comp_.push_back(static_cast<int32_t>(j));
+        z_pos_.push_back(selected_[j]);
+    }
+    if (z_pos_.empty()) return;
+    gather_refs(sl, z_pos_, d);
+    const int64_t n = static_cast<int64_t>(comp_.size());
     if (options_.latent_bits != 4) {  // fp16 latents: Dec(z) for every token at once
-        x_.resize(static_cast<size_t>(n) * d);
-        z_.resize(static_cast<size_t>(n) * m);
+        grow(x_, static_cast<size_t>(n) * d);
+        grow(z_, static_cast<size_t>(n) * m);
         for (int64_t i = 0; i < n; ++i)
             read_row(k::DType::kF16, latent_ptrs_[i], z_.data() + i * m, m);
         k::matmul(profile_.layers[layer].wd, z_.data(), m, n, x_.data(), d, threads_);
@@ -334,20 +370,9 @@ void DeltaKvSequenceCache::reconstruct(int32_t layer) {
                                        block.data(), d);
             }
             for (int64_t i = b; i < e; ++i) {
-                const int32_t j = comp_[i], pos = selected_[j], lat = latent_of_[pos];
-                const int32_t* refs = refs_[sl].data() + static_cast<size_t>(lat) * kk;
-                const float* rx[16];
-                int32_t nr = 0;
-                for (int32_t q = 0; q < kk; ++q) {
-                    if (refs[q] >= 0)
-                        rx[nr++] = ref_x_.data() + static_cast<size_t>(ref_row_[refs[q]]) * d;
-                }
+                const int32_t j = comp_[i], pos = selected_[j];
                 float* xi = int4 ? block.data() + (i - b) * d : x_.data() + i * d;
-                const float inv = 1.0f / static_cast<float>(std::max(nr, 1));
-                for (int32_t q = 0; q < nr; ++q) {
-                    const float* r = rx[q];
-                    for (int32_t t = 0; t < d; ++t) xi[t] += r[t] * inv;
-                }
+                add_ref_mean(sl, pos, d, xi, nullptr);
                 const float* a = angle_table_.data() + angle_of_[pos];
                 k::rope_apply(xi, options_.n_kv_heads, options_.head_dim, a, a + half,
                               options_.rope_style, false);
@@ -360,6 +385,104 @@ void DeltaKvSequenceCache::reconstruct(int32_t layer) {
     for (int32_t pos : ref_pos_) ref_row_[pos] = -1;
 }
 
+void DeltaKvSequenceCache::add_ref_mean(int32_t sl, int32_t pos, int32_t dims, float* x,
+                                        int32_t* rows) const {
+    const int32_t kk = options_.k;
+    const int32_t* refs = refs_[sl].data() + static_cast<size_t>(latent_of_[pos]) * kk;
+    const float* rx[16];
+    int32_t nr = 0;
+    for (int32_t q = 0; q < kk; ++q) {
+        const int32_t row = refs[q] >= 0 ? ref_row_[refs[q]] : -1;
+        if (rows != nullptr) rows[q] = row;
+        if (row >= 0) rx[nr++] = ref_x_.data() + static_cast<size_t>(row) * dims;
+    }
+    const float inv = 1.0f / static_cast<float>(std::max(nr, 1));
+    for (int32_t q = 0; q < nr; ++q) {
+        const float* r = rx[q];
+        for (int32_t t = 0; t < dims; ++t) x[t] += r[t] * inv;
+    }
+}
+
+void DeltaKvSequenceCache::latent_scores(int32_t layer, const kernels::AttentionShape& shape,
+                                         const float* q) {
+    const int32_t sl = layer_index_[layer];
+    const int32_t m = profile_.m, kv_dim = profile_.d / 2, kk = options_.k,
+                  half = options_.head_dim / 2;
+    const bool int4 = options_.latent_bits == 4;
+    gather_refs(sl, latent_sel_, kv_dim);
+    const int64_t n = static_cast<int64_t>(latent_sel_.size());
+    grow(scores_, static_cast<size_t>(shape.n_heads) * n);
+    grow(lat_refs_, static_cast<size_t>(n) * kk);
+    if (!int4) {  // fp16 latents: the decoder's K rows for every token at once
+        grow(z_, static_cast<size_t>(n) * m);
+        grow(x_, static_cast<size_t>(n) * kv_dim);
+        for (int64_t i = 0; i < n; ++i)
+            read_row(k::DType::kF16, latent_ptrs_[i], z_.data() + i * m, m);
+        k::WeightMatrix wk = profile_.layers[layer].wd;
+        wk.rows = kv_dim;
+        k::matmul(wk, z_.data(), m, n, x_.data(), kv_dim, threads_);
+    }
+    // A block at a time, while its rows are in cache: K = Dec_k(z) + the mean of the
+    // references' K, RoPE, and every head's score.
+    constexpr int64_t kBlock = 16;
+    threads_.parallel_for(n, kBlock, [&](int64_t b_all, int64_t e_all) {
+        thread_local std::vector<float> block;
+        for (int64_t b = b_all; b < e_all; b += kBlock) {
+            const int64_t e = std::min(e_all, b + kBlock);
+            float* rows = nullptr;
+            if (!int4) {
+                rows = x_.data() + b * kv_dim;
+            } else {
+                block.resize(static_cast<size_t>(kBlock) * kv_dim);
+                rows = block.data();
+                k::deltakv_decode_int4(profile_.int4_k[layer], latent_ptrs_.data() + b, e - b, rows,
+                                       kv_dim);
+            }
+            for (int64_t i = b; i < e; ++i) {
+                const int32_t pos = latent_sel_[i];
+                float* xi = rows + (i - b) * kv_dim;
+                add_ref_mean(sl, pos, kv_dim, xi, lat_refs_.data() + i * kk);
+                const float* a = angle_table_.data() + angle_of_[pos];
+                k::rope_apply(xi, options_.n_kv_heads, options_.head_dim, a, a + half,
+                              options_.rope_style, false);
+            }
+            k::head_scores(shape, q, rows, kv_dim, e - b, scores_.data() + b, n);
+        }
+    });
+    ref_v_.resize(ref_pos_.size());
+    for (size_t r = 0; r < ref_pos_.size(); ++r) {
+        ref_v_[r] = reinterpret_cast<const uint16_t*>(sparse_pool_->v_row(sl, sparse_slot_[ref_pos_[r]]));
+    }
+    for (int32_t pos : ref_pos_) ref_row_[pos] = -1;
+}
+
+bool DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& shape,
+                                  const float* q, int64_t ldq, int32_t n, float* out, int64_t ldo) {
+    if (options_.full_layer[layer] || latent_sel_.empty()) return false;
+    DS_CHECK(n == 1, "latent tokens are selected for single-token calls only");
+    const size_t heads = static_cast<size_t>(shape.n_heads);
+    lse_a_.resize(heads);
+    lse_b_.resize(heads);
+    out_b_.resize(heads * shape.head_dim);
+    k::attention(shape, view(layer, 1), q, ldq, 1, out, ldo, threads_, lse_a_.data());
+    latent_scores(layer, shape, q);
+    k::LatentTokens t;
+    t.n = static_cast<int64_t>(latent_sel_.size());
+    t.scores = scores_.data();
+    t.latents = latent_ptrs_.data();
+    t.int4 = options_.latent_bits == 4;
+    t.m = profile_.m;
+    t.wd_v = static_cast<const float*>(profile_.layers[layer].wd.data) +
+             static_cast<size_t>(profile_.d / 2) * profile_.m;
+    t.refs = lat_refs_.data();
+    t.ref_slots = options_.k;
+    t.ref_v = ref_v_.data();
+    t.n_refs = static_cast<int64_t>(ref_v_.size());
+    k::latent_attention(shape, t, out_b_.data(), lse_b_.data(), threads_);
+    k::merge_attention(out, lse_a_.data(), out_b_.data(), lse_b_.data(), shape.n_heads, shape.head_dim);
+    return true;
+}
+
 void DeltaKvSequenceCache::release_temp() {
     if (sparse_pool_ && !temp_slots_.empty()) sparse_pool_->release(temp_slots_);
     temp_slots_.clear();
@@ -368,6 +491,7 @@ void DeltaKvSequenceCache::release_temp() {
     angle_table_.clear();
     selected_.clear();
     selected_slot_.clear();
+    latent_sel_.clear();
 }
 
 void DeltaKvSequenceCache::commit(int32_t n) {

@@ -125,12 +125,16 @@ void Forward::attention_layer(int32_t layer, std::span<const SequenceInput> batc
     for (const auto& s : batch) {
         const int32_t ns = static_cast<int32_t>(s.tokens.size());
         s.cache->store(layer, 0, ns, k_.data() + row * kvd, v_.data() + row * kvd, kvd);
-        const k::KvView view = s.cache->view(layer, ns);
-        if (numerics_ == AttentionNumerics::kGgml) {
-            k::attention_ggml(shape, view, q_.data() + row * qd, qd, ns, s.cache->n_tokens(),
-                              attn_.data() + row * qd, qd, pool_.size(), pool_);
-        } else {
-            k::attention(shape, view, q_.data() + row * qd, qd, ns, attn_.data() + row * qd, qd, pool_);
+        const float* q = q_.data() + row * qd;
+        float* out = attn_.data() + row * qd;
+        // A cache may attend itself (DeltaKV's decode steps); otherwise attend its view.
+        if (!s.cache->attend(layer, shape, q, qd, ns, out, qd)) {
+            const k::KvView view = s.cache->view(layer, ns);
+            if (numerics_ == AttentionNumerics::kGgml) {
+                k::attention_ggml(shape, view, q, qd, ns, s.cache->n_tokens(), out, qd, pool_.size(), pool_);
+            } else {
+                k::attention(shape, view, q, qd, ns, out, qd, pool_);
+            }
         }
         s.cache->observe(layer, shape, q_.data() + row * qd, qd, xn_.data() + row * d, d, ns);
         row += ns;

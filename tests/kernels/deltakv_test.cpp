@@ -205,5 +205,125 @@ TEST(DeltaKvKernels, MaxHeadScoresAreTheBestQueryHeadsDotProduct) {
     }
 }
 
+// Attention over latent tokens equals attention over their values made in full:
+// V_i = Dec_v(z_i) + the mean of i's reference V rows, softmax over the given scores; and
+// merged with attention over other keys it equals attention over both.
+TEST(DeltaKvKernels, LatentAttentionEqualsAttentionOverReconstructedValues) {
+    for (bool int4 : {true, false}) {
+        SCOPED_TRACE(int4 ? "int4 latents" : "fp16 latents");
+        std::mt19937 rng(21);
+        const int n_heads = 6, n_kv = 2, dim = 16, kv_dim = n_kv * dim, m = 12, slots = 3;
+        const int64_t n = 300, n_refs = 40;  // several pieces of tokens and of references
+        const AttentionShape shape{n_heads, n_kv, dim, 0.25f};
+        auto wd_v = randn(static_cast<size_t>(kv_dim) * m, rng, 0.3f);
+        auto scores = randn(static_cast<size_t>(n_heads) * n, rng, 2.0f);
+        std::vector<std::vector<uint8_t>> packed(n);
+        std::vector<const uint8_t*> latents;
+        std::vector<std::vector<float>> z(n, std::vector<float>(m));
+        for (int64_t i = 0; i < n; ++i) {
+            auto zi = randn(m, rng);
+            if (int4) {
+                packed[i].resize(int4_bytes(m));
+                int4_pack(zi.data(), m, packed[i].data());
+                int4_unpack(packed[i].data(), m, z[i].data());
+            } else {
+                packed[i].resize(2 * m);
+                for (int j = 0; j < m; ++j) {
+                    const uint16_t h = fp32_to_fp16(zi[j]);
+                    std::memcpy(packed[i].data() + 2 * j, &h, 2);
+                    z[i][j] = fp16_to_fp32(h);
+                }
+            }
+            latents.push_back(packed[i].data());
+        }
+        std::vector<std::vector<uint16_t>> ref_rows(n_refs);
+        std::vector<const uint16_t*> ref_v;
+        for (auto& r : ref_rows) {
+            for (float x : randn(kv_dim, rng)) r.push_back(fp32_to_fp16(x));
+            ref_v.push_back(r.data());
+        }
+        std::vector<int32_t> refs(n * slots);
+        std::uniform_int_distribution<int32_t> pick(-1, n_refs - 1);  // -1: fewer references
+        for (auto& r : refs) r = pick(rng);
+        LatentTokens t;
+        t.n = n;
+        t.scores = scores.data();
+        t.latents = latents.data();
+        t.int4 = int4;
+        t.m = m;
+        t.wd_v = wd_v.data();
+        t.refs = refs.data();
+        t.ref_slots = slots;
+        t.ref_v = ref_v.data();
+        t.n_refs = n_refs;
+        std::vector<float> out(n_heads * dim), lse(n_heads);
+        ThreadPool pool(2);
+        latent_attention(shape, t, out.data(), lse.data(), pool);
+        // The same with one thread: the same bits.
+        std::vector<float> out1(out.size()), lse1(lse.size());
+        ThreadPool one(1);
+        latent_attention(shape, t, out1.data(), lse1.data(), one);
+        EXPECT_EQ(out, out1);
+        EXPECT_EQ(lse, lse1);
+        for (int h = 0; h < n_heads; ++h) {
+            const int g = h / (n_heads / n_kv);
+            double mx = -1e30, sum = 0;
+            for (int64_t i = 0; i < n; ++i) mx = std::max(mx, double(scores[h * n + i]));
+            std::vector<double> o(dim, 0.0);
+            for (int64_t i = 0; i < n; ++i) {
+                const double p = std::exp(scores[h * n + i] - mx);
+                sum += p;
+                int nr = 0;
+                for (int q = 0; q < slots; ++q) nr += refs[i * slots + q] >= 0;
+                for (int d = 0; d < dim; ++d) {
+                    double v = 0;  // V_i, made in full
+                    for (int j = 0; j < m; ++j) v += double(wd_v[(g * dim + d) * m + j]) * z[i][j];
+                    for (int q = 0; q < slots; ++q) {
+                        const int32_t r = refs[i * slots + q];
+                        if (r >= 0) v += fp16_to_fp32(ref_rows[r][g * dim + d]) / nr;
+                    }
+                    o[d] += p * v;
+                }
+            }
+            EXPECT_NEAR(lse[h], mx + std::log(sum), 1e-4) << "head " << h;
+            for (int d = 0; d < dim; ++d) EXPECT_NEAR(out[h * dim + d], o[d] / sum, 1e-4) << "head " << h << " " << d;
+        }
+    }
+}
+
+TEST(DeltaKvKernels, MergedAttentionIsAttentionOverBothSets) {
+    // Two sets of keys with scores and values, one row: softmax over each, merged, equals
+    // softmax over the union.
+    std::mt19937 rng(22);
+    const int dim = 8, na = 5, nb = 7;
+    auto sa = randn(na, rng, 3.0f), sb = randn(nb, rng, 3.0f);
+    auto va = randn(na * dim, rng), vb = randn(nb * dim, rng);
+    auto attend = [&](const std::vector<float>& sc, const std::vector<float>& v, int n,
+                      std::vector<float>& o, float& lse) {
+        double mx = -1e30, sum = 0;
+        for (int i = 0; i < n; ++i) mx = std::max(mx, double(sc[i]));
+        std::vector<double> acc(dim, 0.0);
+        for (int i = 0; i < n; ++i) {
+            const double p = std::exp(sc[i] - mx);
+            sum += p;
+            for (int d = 0; d < dim; ++d) acc[d] += p * v[i * dim + d];
+        }
+        o.resize(dim);
+        for (int d = 0; d < dim; ++d) o[d] = static_cast<float>(acc[d] / sum);
+        lse = static_cast<float>(mx + std::log(sum));
+    };
+    std::vector<float> oa, ob, all;
+    float la, lb, lall;
+    attend(sa, va, na, oa, la);
+    attend(sb, vb, nb, ob, lb);
+    std::vector<float> s_all = sa, v_all = va;
+    s_all.insert(s_all.end(), sb.begin(), sb.end());
+    v_all.insert(v_all.end(), vb.begin(), vb.end());
+    attend(s_all, v_all, na + nb, all, lall);
+    merge_attention(oa.data(), &la, ob.data(), &lb, 1, dim);
+    for (int d = 0; d < dim; ++d) EXPECT_NEAR(oa[d], all[d], 1e-5);
+    EXPECT_NEAR(la, lall, 1e-5);
+}
+
 }  // namespace
 }  // namespace deltaserve::kernels

@@ -1,8 +1,8 @@
 // DeltaKvSequenceCache driven as the forward pass drives it, with a synthetic profile whose
 // decoder is zero: a reconstructed token is then exactly the mean of its k nearest
 // references (by L2 on pre-RoPE [K; V], among references at or before it), re-RoPEd at its
-// position, which the test computes on its own. Also: what gets compressed when, the view
-// a decode step sees, the bytes held, truncation.
+// position, which the test computes on its own, and a decode step's attention over it. Also:
+// what gets compressed when, the view a decode step sees, the bytes held, truncation.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -162,7 +162,7 @@ TEST(DeltaKvCache, AKeepTargetFillsTheRoomWithReferencesAndIsNeverExceeded) {
     EXPECT_LT((*b)->compressed_tokens(), (*a)->compressed_tokens());
 }
 
-TEST(DeltaKvCache, DecodeStepReconstructsSelectedTokensFromTheirNearestReferences) {
+TEST(DeltaKvCache, DecodeStepAttendsSelectedTokensReconstructedFromTheirNearestReferences) {
     for (int bits : {4, 16}) {  // int4 latents (integer decoder) and fp16 latents (matmul)
         SCOPED_TRACE("latent bits " + std::to_string(bits));
         std::mt19937 rng(1);
@@ -204,6 +204,42 @@ TEST(DeltaKvCache, DecodeStepReconstructsSelectedTokensFromTheirNearestReference
         for (int i = 0; i < 12; ++i) chosen.push_back(score[i].second);  // ceil(0.5 x 24)
         std::sort(chosen.begin(), chosen.end());
 
+        // What a decode step at position 40 attends to in a sparse layer: the sinks, the chosen
+        // tokens (a reference as itself, a latent one as the mean of its 2 nearest references,
+        // the decoder being zero), the buffer [28, 40) and the new token; K after RoPE.
+        auto expected_rows = [&](int32_t l) {
+            std::vector<std::vector<float>> rows;
+            auto add = [&](int32_t t, std::vector<float> x) {
+                k::rope(x.data(), kKvHeads, kHeadDim, t, 10000.0f, k::RopeStyle::kInterleaved);
+                rows.push_back(std::move(x));
+            };
+            for (int32_t t = 0; t < 4; ++t) add(t, data.cached_x(t, l));
+            for (int32_t t : chosen) {
+                if ((t - 4) % 5 == 0) {
+                    add(t, data.cached_x(t, l));
+                    continue;
+                }
+                std::vector<std::pair<float, int32_t>> dist;
+                const auto xt = data.cached_x(t, l);
+                for (int32_t r = 0; r <= t; ++r) {
+                    if (r >= 4 && (r - 4) % 5 != 0) continue;
+                    const auto xr = data.cached_x(r, l);
+                    float s = 0;
+                    for (int i = 0; i < kD; ++i) s += (xt[i] - xr[i]) * (xt[i] - xr[i]);
+                    dist.emplace_back(s, r);
+                }
+                std::sort(dist.begin(), dist.end());
+                std::vector<float> want(kD, 0.0f);
+                for (int n = 0; n < 2; ++n) {
+                    const auto xr = data.cached_x(dist[n].second, l);
+                    for (int i = 0; i < kD; ++i) want[i] += xr[i] / 2.0f;
+                }
+                add(t, want);
+            }
+            for (int32_t t = 28; t <= 40; ++t) add(t, data.cached_x(t, l));
+            return rows;
+        };
+
         for (int32_t l = 0; l < kLayers; ++l) {
             std::vector<float> kk(data.x[40].begin() + l * kD,
                                   data.x[40].begin() + l * kD + kKvDim);
@@ -211,42 +247,40 @@ TEST(DeltaKvCache, DecodeStepReconstructsSelectedTokensFromTheirNearestReference
                                   data.x[40].begin() + (l + 1) * kD);
             k::rope(kk.data(), kKvHeads, kHeadDim, 40, 10000.0f, k::RopeStyle::kInterleaved);
             c.store(l, 0, 1, kk.data(), vv.data(), kKvDim);
-            const k::KvView v = c.view(l, 1);
+            std::vector<float> got(kHeads * kHeadDim);
+            const bool attended =
+                c.attend(l, kShape, q.data(), kHeads * kHeadDim, 1, got.data(), kHeads * kHeadDim);
             if (l == 0) {
-                EXPECT_EQ(v.n, 41) << "a full layer sees every token";
+                EXPECT_FALSE(attended) << "a full layer: the caller attends its view";
+                EXPECT_EQ(c.view(l, 1).n, 41) << "a full layer sees every token";
             } else {
-                ASSERT_EQ(v.n, 4 + 12 + 12 + 1) << "sinks, selected, buffer, the new token";
-                for (int j = 0; j < 12; ++j) {
-                    const int32_t t = chosen[j];
-                    std::vector<float> want(kD, 0.0f);
-                    if ((t - 4) % 5 == 0) {
-                        want = data.cached_x(t, l);  // a reference: itself
-                    } else {
-                        std::vector<std::pair<float, int32_t>> dist;
-                        const auto xt = data.cached_x(t, l);
-                        for (int32_t r = 0; r <= t; ++r) {
-                            if (r >= 4 && (r - 4) % 5 != 0) continue;
-                            const auto xr = data.cached_x(r, l);
-                            float s = 0;
-                            for (int i = 0; i < kD; ++i) s += (xt[i] - xr[i]) * (xt[i] - xr[i]);
-                            dist.emplace_back(s, r);
-                        }
-                        std::sort(dist.begin(), dist.end());
-                        for (int n = 0; n < 2; ++n) {
-                            const auto xr = data.cached_x(dist[n].second, l);
-                            for (int i = 0; i < kD; ++i) want[i] += xr[i] / 2.0f;
-                        }
+                ASSERT_TRUE(attended) << "a sparse layer attends its latent tokens itself";
+                int32_t chosen_refs = 0;
+                for (int32_t t : chosen) chosen_refs += (t - 4) % 5 == 0;
+                EXPECT_EQ(c.view(l, 1).n, 4 + chosen_refs + 12 + 1)
+                    << "the view: sinks, chosen references, buffer, the new token";
+                // Softmax attention over the expected rows, head by head.
+                const auto rows = expected_rows(l);
+                for (int h = 0; h < kHeads; ++h) {
+                    const int g = h / (kHeads / kKvHeads);
+                    std::vector<double> sc;
+                    double mx = -1e30, sum = 0;
+                    for (const auto& r : rows) {
+                        double s = 0;
+                        for (int d = 0; d < kHeadDim; ++d)
+                            s += double(q[h * kHeadDim + d]) * r[g * kHeadDim + d];
+                        sc.push_back(s * kShape.scale);
+                        mx = std::max(mx, sc.back());
                     }
-                    k::rope(want.data(), kKvHeads, kHeadDim, t, 10000.0f,
-                            k::RopeStyle::kInterleaved);
-                    const int32_t slot = v.slots[4 + j];
-                    const auto* kr = reinterpret_cast<const uint16_t*>(v.k + slot * v.row_stride);
-                    const auto* vr = reinterpret_cast<const uint16_t*>(v.v + slot * v.row_stride);
-                    for (int i = 0; i < kKvDim; ++i) {
-                        ASSERT_NEAR(fp16_to_fp32(kr[i]), want[i], 5e-3)
-                            << "layer " << l << " position " << t << " K" << i;
-                        ASSERT_NEAR(fp16_to_fp32(vr[i]), want[kKvDim + i], 5e-3)
-                            << "layer " << l << " position " << t;
+                    std::vector<double> o(kHeadDim, 0.0);
+                    for (size_t j = 0; j < rows.size(); ++j) {
+                        const double p = std::exp(sc[j] - mx);
+                        sum += p;
+                        for (int d = 0; d < kHeadDim; ++d) o[d] += p * rows[j][kKvDim + g * kHeadDim + d];
+                    }
+                    for (int d = 0; d < kHeadDim; ++d) {
+                        ASSERT_NEAR(got[h * kHeadDim + d], o[d] / sum, 5e-3)
+                            << "layer " << l << " head " << h << " dim " << d;
                     }
                 }
             }

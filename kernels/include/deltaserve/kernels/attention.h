@@ -44,9 +44,17 @@ struct AttentionShape {
 // the new ones and new ones up to itself): out[i] = softmax(scale * q[i] K^T) V per head.
 // q and out are [n_q][n_heads * head_dim] with row strides ldq / ldo (floats). Work is split
 // over heads, query blocks and, for short query runs over long contexts, over key ranges
-// merged at the end.
+// merged at the end. With lse, also the log of each row's softmax denominator,
+// lse[i * n_heads + h] = log sum_j exp(scale * q[i, h] . k_j), so that attention over other
+// entries can be merged in (merge_attention).
 void attention(const AttentionShape& shape, const KvView& kv, const float* q, int64_t ldq,
-               int32_t n_q, float* out, int64_t ldo, ThreadPool& pool);
+               int32_t n_q, float* out, int64_t ldo, ThreadPool& pool, float* lse = nullptr);
+
+// Attention of the same rows over two disjoint sets of entries, each normalised over its own
+// set with its lse, made into attention over both: out and lse (n_rows x head_dim and n_rows)
+// become the merged result.
+void merge_attention(float* out, float* lse, const float* out_b, const float* lse_b, int n_rows,
+                     int head_dim);
 
 // The same attention with the rounding of llama.cpp's CPU flash attention (ggml built for
 // AVX-512, fp16 KV cache, positions in cells 0..n-1), so that deltaserve can reproduce

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "deltaserve/common/thread_pool.h"
+#include "deltaserve/kernels/attention.h"
 #include "deltaserve/kernels/dtype.h"
 #include "deltaserve/kernels/ops.h"
 
@@ -51,6 +52,8 @@ struct Int4Decoder {
     std::vector<float> scale, row_sum;
 };
 Int4Decoder make_int4_decoder(const DeltaKvLayer& w);
+// The same for Wd's first `rows` rows only (the keys: a decode step reconstructs no values).
+Int4Decoder make_int4_decoder(const DeltaKvLayer& w, int rows);
 
 // out[i * ldo + r] = Dec(int4_unpack(latents[i]))[r] for n tokens, on the calling thread
 // (callers split the tokens and use the rows while they are in cache). The dot products
@@ -58,6 +61,36 @@ Int4Decoder make_int4_decoder(const DeltaKvLayer& w);
 // error against the fp32 decoder is Wd's int8 rounding (at most scale[r] / 2 per weight).
 void deltakv_decode_int4(const Int4Decoder& dec, const uint8_t* const* latents, int64_t n, float* out,
                          int64_t ldo);
+
+// Tokens a decode step attends to without making their values: V = Dec_v(z) + the mean of
+// the token's reference V rows. Dec is linear, so attention's sum_i p_i V_i =
+// Dec_v(sum_i p_i z_i) + sum_r w_r V_r, where reference r's weight w_r gathers
+// p_i / (references of i) from every token i that uses it: per head one m-vector and one
+// decoder product instead of a D x m decode per token, and each reference row read once.
+struct LatentTokens {
+    int64_t n = 0;
+    const float* scores = nullptr;  // [n_heads][n]: scale * q[h] . k_i (keys reconstructed)
+    const uint8_t* const* latents = nullptr;  // [n] packed: int4_pack's format, or m fp16
+    bool int4 = true;
+    int m = 0;
+    const float* wd_v = nullptr;    // [n_kv_heads * head_dim][m]: the decoder's V rows
+    const int32_t* refs = nullptr;  // [n][ref_slots] indices into ref_v, -1 for none
+    int ref_slots = 0;
+    const uint16_t* const* ref_v = nullptr;  // [n_refs] fp16 V rows (all KV heads)
+    int64_t n_refs = 0;
+};
+
+// scores[h * lds + i] = scale * q[h] . k_i[h / (n_heads / n_kv_heads)] for n fp32 key rows
+// holding every KV head (ldk floats apart).
+void head_scores(const AttentionShape& s, const float* q, const float* k, int64_t ldk, int64_t n,
+                 float* scores, int64_t lds);
+
+// One query position over the tokens: out (n_heads * head_dim) = each head's attention,
+// normalised over these tokens, and lse[h] as attention() gives it (merge_attention joins it
+// with attention over the other tokens). Work is cut into fixed pieces summed in order: the
+// same bits with any pool.
+void latent_attention(const AttentionShape& s, const LatentTokens& t, float* out, float* lse,
+                      ThreadPool& pool);
 
 // OmniKV-style selection scores: for each of n tokens (fp16 K rows holding all KV heads),
 // the max over query heads h of q[h] . k[h / (n_heads / n_kv_heads)].

@@ -28,9 +28,10 @@ struct DeltaKvProfile {
     std::vector<int32_t> sensitivity_order;
     std::vector<std::vector<float>> storage;  // what the WeightMatrix pointers point into
     std::vector<kernels::Int4Decoder> int4;   // per layer, for int4 latents (prepare_int4_decoders)
+    std::vector<kernels::Int4Decoder> int4_k; // the same, K rows only (decode steps)
 };
 
-// Makes profile.int4 from the layers' decoders. Loaders call it once; every session using
+// Makes profile.int4 and int4_k from the layers' decoders. Loaders call it once; every session using
 // the profile shares the result.
 void prepare_int4_decoders(DeltaKvProfile& profile);
 
@@ -71,7 +72,14 @@ public:
     // Also reconstructs, for a sparse layer, the tokens its group selected (into temporary
     // slots) before the layer's view is asked for.
     void store(int32_t layer, int32_t first, int32_t n, const float* k, const float* v, int64_t ld) override;
+    // In a single-token call a sparse layer's view holds its full-precision tokens only (sinks,
+    // selected references, the buffer); attend() adds the selected latent tokens.
     kernels::KvView view(int32_t layer, int32_t n_visible_new) const override;
+    // A sparse layer in a single-token call: attention over the view, merged with attention
+    // over the selected latent tokens, whose keys are reconstructed (K rows of the decoder
+    // only) and whose values are never made (kernels::latent_attention). Elsewhere false.
+    bool attend(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq,
+                int32_t n, float* out, int64_t ldo) override;
     void observe(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq,
                  const float* hidden, int64_t ldh, int32_t n) override;
     void commit(int32_t n) override;
@@ -131,6 +139,17 @@ private:
     void zero_rows();
     Status begin_rows_import(int32_t n);
     void reconstruct(int32_t layer);
+    // For the latent tokens at `positions` of sparse layer sl: latent_ptrs_, their distinct
+    // references (ref_pos_, ref_row_: position -> row) and ref_x_, `dims` values per
+    // reference (K de-RoPEd, then V when dims is D), and the RoPE angles of every position.
+    void gather_refs(int32_t sl, const std::vector<int32_t>& positions, int32_t dims);
+    // x += the mean of the references of the latent token at pos (ref_x_ rows of `dims`
+    // values, ref_row_ set by gather_refs); rows (k entries), when given, gets their rows.
+    void add_ref_mean(int32_t sl, int32_t pos, int32_t dims, float* x, int32_t* rows) const;
+    // For attend(): every head's score of each selected latent token (scores_, [head][token]),
+    // its keys reconstructed (K rows of the decoder) a block at a time, and the tokens'
+    // references (lat_refs_, ref_v_).
+    void latent_scores(int32_t layer, const kernels::AttentionShape& shape, const float* q);
     // Offset in angle_table_ of a position's RoPE angles (cos then sin), computed once per
     // forward call.
     int32_t angles(int32_t pos);
@@ -170,15 +189,22 @@ private:
     // The current group's selection: positions of the region to attend, and the temporary
     // slot of each (its own sparse slot when it is full precision).
     std::vector<int32_t> selected_, selected_slot_, temp_slots_;
+    // In a single-token call the selected latent tokens are apart: attend() takes them.
+    std::vector<int32_t> latent_sel_;
     std::vector<uint8_t> reconstructed_;  // per layer: done for this forward call
     std::vector<int32_t> angle_of_;       // position -> offset in angle_table_, -1 if none
     std::vector<int32_t> angle_pos_;      // the positions that have one
     std::vector<float> angle_table_;
     // Reconstruction scratch, kept between calls so steps do not allocate: the selection's
     // compressed tokens, their references (position -> row), and rows of x.
-    std::vector<int32_t> comp_, ref_pos_, ref_row_;
+    std::vector<int32_t> comp_, z_pos_, ref_pos_, ref_row_;
     std::vector<const uint8_t*> latent_ptrs_;
     std::vector<float> ref_x_, z_, x_;
+    // attend(): the latent tokens' reference rows, V rows of the references, and the two
+    // halves' outputs and log-sum-exps.
+    std::vector<int32_t> lat_refs_;
+    std::vector<const uint16_t*> ref_v_;
+    std::vector<float> scores_, out_b_, lse_a_, lse_b_;
     mutable std::vector<int32_t> view_slots_;
 };
 

@@ -43,6 +43,15 @@ public:
                          const float* hidden, int64_t ldh, int32_t n) {
         (void)layer, (void)shape, (void)q, (void)ldq, (void)hidden, (void)ldh, (void)n;
     }
+    // A cache that attends a layer itself (DeltaKV's decode steps attend compressed tokens
+    // without making their values) does it here, after store(): out = attention of the n new
+    // queries (q as attention() takes them) over what the layer holds, and returns true.
+    // Default false: the caller attends view(layer, n).
+    virtual bool attend(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq,
+                        int32_t n, float* out, int64_t ldo) {
+        (void)layer, (void)shape, (void)q, (void)ldq, (void)n, (void)out, (void)ldo;
+        return false;
+    }
     // Makes n reserved positions part of the sequence (a compressing cache shrinks here).
     virtual void commit(int32_t n) = 0;
     // Keeps the first n_keep committed positions (n_keep <= n_tokens()) and gives back every
