@@ -12,6 +12,7 @@
 #include "deltaserve/common/status.h"
 #include "deltaserve/common/fp16.h"
 #include "deltaserve/kernels/matmul.h"
+#include "simd_math.h"
 
 namespace deltaserve::kernels {
 
@@ -41,36 +42,6 @@ void deltakv_decode(const DeltaKvLayer& w, const float* z, const float* r, float
         out[i] = acc + r[i];
     }
 }
-
-namespace {
-
-// Sum of x[i] * y[i] (or of (x[i] - y[i])^2) in 16 lanes, then reduced.
-template <bool kSquaredDiff>
-float dot8(const float* x, const float* y, int d) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= d; i += 16) {
-        __m256 u0 = _mm256_loadu_ps(x + i), u1 = _mm256_loadu_ps(x + i + 8);
-        __m256 v0 = _mm256_loadu_ps(y + i), v1 = _mm256_loadu_ps(y + i + 8);
-        if constexpr (kSquaredDiff) {
-            u0 = _mm256_sub_ps(u0, v0);
-            u1 = _mm256_sub_ps(u1, v1);
-            v0 = u0;
-            v1 = u1;
-        }
-        a0 = _mm256_fmadd_ps(u0, v0, a0);
-        a1 = _mm256_fmadd_ps(u1, v1, a1);
-    }
-    const __m256 a = _mm256_add_ps(a0, a1);
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    float s = _mm_cvtss_f32(r);
-    for (; i < d; ++i) s += kSquaredDiff ? (x[i] - y[i]) * (x[i] - y[i]) : x[i] * y[i];
-    return s;
-}
-
-}  // namespace
 
 int l2_nearest(const float* x, const float* cands, int n, int d, int k, int32_t* out) {
     k = std::min(k, n);

@@ -22,19 +22,6 @@ constexpr int kMaxKvDim = 2048;
 constexpr int64_t kTokenPiece = 64;  // tokens per piece of the weighted latent sums
 constexpr int64_t kRefPiece = 256;   // references per piece of the weighted values
 
-float dot(const float* a, const float* b, int n) {
-    __m256 acc = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, acc);
-    float sum = 0.0f;
-    for (float v : lanes) sum += v;
-    for (; i < n; ++i) sum += a[i] * b[i];
-    return sum;
-}
-
 void axpy(float a, const float* x, float* y, int n) {
     const __m256 av = _mm256_set1_ps(a);
     int i = 0;
@@ -97,7 +84,7 @@ void head_scores(const AttentionShape& s, const float* q, const float* k, int64_
             }
             _mm256_storeu_ps(out + i, _mm256_mul_ps(reduce8(acc), scale));
         }
-        for (; i < n; ++i) out[i] = s.scale * dot(qh, kg + i * ldk, dim);
+        for (; i < n; ++i) out[i] = s.scale * dot8<false>(qh, kg + i * ldk, dim);
     }
 }
 
@@ -148,8 +135,9 @@ void latent_attention(const AttentionShape& s, const LatentTokens& t, float* out
             }
         }
     });
-    std::vector<float> zsum(static_cast<size_t>(heads) * m, 0.0f),
-        l(static_cast<size_t>(heads), 0.0f);
+    thread_local std::vector<float> zsum, l;
+    zsum.assign(static_cast<size_t>(heads) * m, 0.0f);
+    l.assign(static_cast<size_t>(heads), 0.0f);
     for (int64_t piece = 0; piece < pieces; ++piece) {
         const float* acc = part + piece * per_piece;
         for (size_t j = 0; j < zsum.size(); ++j) zsum[j] += acc[j];
@@ -199,7 +187,7 @@ void latent_attention(const AttentionShape& s, const LatentTokens& t, float* out
         const int g = h / group;
         float* o = out + static_cast<size_t>(h) * dim;
         for (int d = 0; d < dim; ++d) {
-            o[d] = dot(t.wd_v + static_cast<size_t>(g * dim + d) * m,
+            o[d] = dot8<false>(t.wd_v + static_cast<size_t>(g * dim + d) * m,
                        zsum.data() + static_cast<size_t>(h) * m, m);
         }
         for (int64_t piece = 0; piece < ref_pieces; ++piece) {

@@ -136,7 +136,7 @@ void Forward::attention_layer(int32_t layer, std::span<const SequenceInput> batc
                 k::attention(shape, view, q, qd, ns, out, qd, pool_);
             }
         }
-        s.cache->observe(layer, shape, q_.data() + row * qd, qd, xn_.data() + row * d, d, ns);
+        s.cache->observe(layer, shape, q, qd, xn_.data() + row * d, d, ns);
         row += ns;
     }
     k::matmul(w.wo, attn_.data(), qd, n, tmp_.data(), d, pool_);
