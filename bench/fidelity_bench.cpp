@@ -113,6 +113,10 @@ Json perplexity(std::vector<Arm>& arms, const std::vector<int32_t>& tokens, int3
                 int32_t n_vocab) {
     const size_t n_arms = arms.size();
     std::vector<double> nll(n_arms, 0.0), kl(n_arms, 0.0), nll_tail(n_arms, 0.0), kl_tail(n_arms, 0.0);
+    // Per 1024 positions (by the predicted token's position): where in the context a policy loses.
+    constexpr size_t kBlock = 1024;
+    const size_t n_blocks = (tokens.size() + kBlock - 2) / kBlock;
+    std::vector<std::vector<double>> nll_block(n_arms, std::vector<double>(n_blocks, 0.0));
     int64_t scored = 0, scored_tail = 0;
     std::vector<double> lp;
     std::vector<std::vector<double>> lf;  // full KV's log-probabilities for the chunk, once
@@ -130,6 +134,7 @@ Json perplexity(std::vector<Arm>& arms, const std::vector<int32_t>& tokens, int3
         for (size_t t = 0; t < rows; ++t) {
             model::log_softmax(full->data() + t * n_vocab, n_vocab, lf[t]);
             nll[0] -= lf[t][tokens[at + t + 1]];
+            nll_block[0][(at + t) / kBlock] -= lf[t][tokens[at + t + 1]];
         }
         for (size_t i = 1; i < n_arms; ++i) {
             auto l = arms[i].ctx->eval_all(piece);
@@ -138,6 +143,7 @@ Json perplexity(std::vector<Arm>& arms, const std::vector<int32_t>& tokens, int3
                 model::log_softmax(l->data() + t * n_vocab, n_vocab, lp);
                 const double nl = -lp[tokens[at + t + 1]], k = model::kl_divergence(lf[t], lp);
                 nll[i] += nl;
+                nll_block[i][(at + t) / kBlock] += nl;
                 kl[i] += k;
                 if (in_tail) {
                     nll_tail[i] += nl;
@@ -156,6 +162,12 @@ Json perplexity(std::vector<Arm>& arms, const std::vector<int32_t>& tokens, int3
         out[arms[i].name()] = {{"ppl", std::exp(nll[i] / scored)},
                                {"kl_mean", kl[i] / scored},
                                {"keep_ratio", arms[i].ctx->keep_ratio()}};
+        Json blocks = Json::array();
+        for (size_t b = 0; b < n_blocks; ++b) {
+            const size_t rows = std::min(kBlock, tokens.size() - 1 - b * kBlock);
+            blocks.push_back(std::exp(nll_block[i][b] / static_cast<double>(rows)));
+        }
+        out[arms[i].name()]["ppl_per_1024"] = blocks;
         if (scored_tail > 0) {
             out[arms[i].name()]["ppl_tail"] = std::exp(nll_tail[i] / scored_tail);
             out[arms[i].name()]["kl_tail"] = kl_tail[i] / scored_tail;

@@ -224,32 +224,35 @@ void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape&
     std::fill(reconstructed_.begin(), reconstructed_.end(), 0);
     const int32_t r0 = options_.sinks, r1 = comp_end_;
     if (r1 <= r0) return;
-    // Score = max over heads of the mean (over this call's queries) of q . k, OmniKV-style,
-    // with this full layer's keys (after RoPE).
-    const int32_t li = layer_index_[layer];
-    const int dim = shape.head_dim;
-    std::vector<float> qmean(static_cast<size_t>(shape.n_heads) * dim, 0.0f);
-    for (int32_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < shape.n_heads * dim; ++j)
-            qmean[j] += q[i * ldq + j] / static_cast<float>(n);
-    }
-    std::vector<const uint16_t*> rows(static_cast<size_t>(r1 - r0));
-    for (int32_t t = 0; t < r1 - r0; ++t) {
-        rows[t] = reinterpret_cast<const uint16_t*>(full_pool_->k_row(li, full_slot_[r0 + t]));
-    }
-    std::vector<float> score(rows.size());
-    k::max_head_scores(qmean.data(), shape.n_heads, shape.n_kv_heads, dim, rows.data(), r1 - r0,
-                       score.data(), threads_);
     const int32_t region = r1 - r0;
     const int32_t want = n == 1 ? static_cast<int32_t>(std::ceil(options_.select_ratio * region))
-                                : std::min(options_.prefill_select, region);
+                         : options_.prefill_select > 0 ? std::min(options_.prefill_select, region)
+                                                       : region;
     std::vector<int32_t> idx(static_cast<size_t>(region));
     std::iota(idx.begin(), idx.end(), 0);
-    std::nth_element(idx.begin(), idx.begin() + want, idx.end(), [&](int32_t a, int32_t b) {
-        return score[a] != score[b] ? score[a] > score[b] : a > b;
-    });
-    idx.resize(static_cast<size_t>(want));
-    std::sort(idx.begin(), idx.end());
+    if (want < region) {
+        // Score = max over heads of the mean (over this call's queries) of q . k, OmniKV-style,
+        // with this full layer's keys (after RoPE).
+        const int32_t li = layer_index_[layer];
+        const int dim = shape.head_dim;
+        std::vector<float> qmean(static_cast<size_t>(shape.n_heads) * dim, 0.0f);
+        for (int32_t i = 0; i < n; ++i) {
+            for (int64_t j = 0; j < shape.n_heads * dim; ++j)
+                qmean[j] += q[i * ldq + j] / static_cast<float>(n);
+        }
+        std::vector<const uint16_t*> rows(static_cast<size_t>(region));
+        for (int32_t t = 0; t < region; ++t) {
+            rows[t] = reinterpret_cast<const uint16_t*>(full_pool_->k_row(li, full_slot_[r0 + t]));
+        }
+        std::vector<float> score(rows.size());
+        k::max_head_scores(qmean.data(), shape.n_heads, shape.n_kv_heads, dim, rows.data(), region,
+                           score.data(), threads_);
+        std::nth_element(idx.begin(), idx.begin() + want, idx.end(), [&](int32_t a, int32_t b) {
+            return score[a] != score[b] ? score[a] > score[b] : a > b;
+        });
+        idx.resize(static_cast<size_t>(want));
+        std::sort(idx.begin(), idx.end());
+    }
     // A single token attends the latent ones through attend(); a chunk, whose many queries
     // would each weigh every latent, gets them reconstructed into temporary slots.
     const bool latent = n == 1;

@@ -291,6 +291,41 @@ TEST(DeltaKvCache, DecodeStepAttendsSelectedTokensReconstructedFromTheirNearestR
     }
 }
 
+TEST(DeltaKvCache, AChunkAttendsTheWholeCompressedRegionUnlessCapped) {
+    for (int32_t cap : {0, 10}) {
+        SCOPED_TRACE("prefill_select " + std::to_string(cap));
+        std::mt19937 rng(3);
+        const DeltaKvProfile p = zero_decoder_profile(rng);
+        ThreadPool threads(2);
+        DeltaKvOptions o = options();
+        o.prefill_select = cap;
+        auto made = DeltaKvSequenceCache::create(p, o, threads);
+        ASSERT_TRUE(made.ok());
+        DeltaKvSequenceCache& c = **made;
+        Data data;
+        data.chunk(c, 40);
+        ASSERT_EQ(c.compressed_tokens(), 19);  // region [4, 28): 19 latent, 5 references
+
+        // A second chunk of 4 at positions 40..43: its sparse layers see the sinks, the
+        // region's tokens (all of them, or the 10 best scored), the buffer and the chunk.
+        constexpr int32_t kNew = 4;
+        ASSERT_TRUE(c.reserve(kNew).ok());
+        std::vector<float> kk(kNew * kKvDim), vv(kNew * kKvDim), q(kNew * kHeads * kHeadDim);
+        for (auto* v : {&kk, &vv, &q}) {
+            for (auto& t : *v) t = data.nd(data.rng);
+        }
+        for (int32_t l = 0; l < kLayers; ++l) {
+            c.store(l, 0, kNew, kk.data(), vv.data(), kKvDim);
+            const k::KvView v = c.view(l, kNew);
+            const int32_t want = l == 0 || cap == 0 ? 44 : 4 + cap + 12 + kNew;
+            EXPECT_EQ(v.n, want) << "layer " << l;
+            c.observe(l, kShape, q.data(), kHeads * kHeadDim, nullptr, 0, kNew);
+        }
+        c.commit(kNew);
+        EXPECT_EQ(c.n_tokens(), 40 + kNew);
+    }
+}
+
 TEST(DeltaKvCache, TruncateIntoTheCompressedRegionAndGoOn) {
     std::mt19937 rng(1);
     const DeltaKvProfile p = zero_decoder_profile(rng);

@@ -44,7 +44,7 @@ struct DeltaKvOptions {
     int32_t window = 64;         // the buffer; its oldest `window` tokens are compressed when it reaches 2x
     int latent_bits = 4;         // 4 (int4, per-token min/max) or 16 (fp16)
     float select_ratio = 0.2f;   // decode: share of the compressed region attended
-    int32_t prefill_select = 4096;  // chunks of 2+ tokens: tokens attended from that region
+    int32_t prefill_select = 1 << 30;  // chunks of 2+ tokens: tokens attended from that region
     // Target keep ratio (0: none). Blocks are compressed with more references than every
     // stride-th token while the session, at its largest before the next compression, stays
     // under it: the fixed costs (sinks, buffer) shrink as the context grows, and the room
