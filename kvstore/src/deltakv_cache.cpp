@@ -510,31 +510,8 @@ void DeltaKvSequenceCache::commit(int32_t n) {
     finish_compression();
 }
 
-void DeltaKvSequenceCache::choose_refs(int32_t c0, int32_t c1, int32_t n_total, size_t saved_before) {
-    std::vector<int32_t> rest;
-    for (int32_t p = c0; p < c1; ++p) {
-        ref_flag_[p] = (p - options_.sinks) % options_.stride == 0;
-        if (!ref_flag_[p]) rest.push_back(p);
-    }
-    if (options_.keep <= 0.0f || rest.empty()) return;
-    // Bytes at the session's largest before the next compression: this block compressed
-    // but for its base references, and the buffer grown to its limit.
-    const size_t n_sparse = sparse_layers_.size();
-    const size_t row = static_cast<size_t>(options_.n_kv_heads) * options_.head_dim * 2 * 2;
-    const size_t latent = latent_bytes() + sizeof(int32_t) * options_.k;
-    const size_t saved = n_sparse * (row - latent);  // per token compressed instead of kept
-    if (saved == 0) return;
-    const int32_t grow = std::max(0, 2 * options_.window - 1 - (n_total - c1));
-    const size_t per_token = (full_layers_.size() + n_sparse) * row + 3 * sizeof(int32_t);
-    const size_t peak =
-        bytes_upto(n_total) - saved_before - rest.size() * saved + static_cast<size_t>(grow) * per_token;
-    const double target = options_.keep * static_cast<double>(full_fp16_bytes(
-                                              n_total + grow, options_.n_layers,
-                                              options_.n_kv_heads * options_.head_dim));
-    if (target <= static_cast<double>(peak)) return;
-    const size_t extra =
-        std::min(rest.size(), static_cast<size_t>((target - static_cast<double>(peak)) / saved));
-    for (size_t i = 0; i < extra; ++i) ref_flag_[rest[(2 * i + 1) * rest.size() / (2 * extra)]] = 1;
+void DeltaKvSequenceCache::choose_refs(int32_t c0, int32_t c1) {
+    for (int32_t p = c0; p < c1; ++p) ref_flag_[p] = (p - options_.sinks) % options_.stride == 0;
 }
 
 void DeltaKvSequenceCache::plan_compression(int32_t n_total) {
@@ -549,9 +526,17 @@ void DeltaKvSequenceCache::plan_compression(int32_t n_total) {
     if (sparse_layers_.empty()) return;
     const size_t row = static_cast<size_t>(options_.n_kv_heads) * options_.head_dim * 2 * 2;
     const size_t saved = sparse_layers_.size() * (row - latent_bytes() - sizeof(int32_t) * options_.k);
+    const double target = options_.keep * static_cast<double>(full_fp16_bytes(
+                                              n_total, options_.n_layers, options_.n_kv_heads * options_.head_dim));
     while (n_total - plan_end_ >= 2 * options_.window) {
+        // Under a keep target the buffer grows while the session fits: the room goes to the
+        // most recent tokens, which draw most of the attention.
+        if (options_.keep > 0.0f &&
+            static_cast<double>(bytes_upto(n_total) - plan_tokens_.size() * saved) <= target) {
+            break;
+        }
         const int32_t c0 = plan_end_, c1 = plan_end_ + options_.window;
-        choose_refs(c0, c1, n_total, plan_tokens_.size() * saved);
+        choose_refs(c0, c1);
         for (int32_t p = c0; p < c1; ++p) {
             if (!is_ref(p)) plan_tokens_.push_back(p);
         }

@@ -1,5 +1,5 @@
 // DeltaKV (../shared/methods/deltakv.md): full-attention layers keep every token; sparse
-// layers keep sinks, references (every stride-th token or denser) and a recent buffer in full
+// layers keep sinks, references (every stride-th token) and a recent buffer in full
 // precision and every other token as a small latent residual against the mean of its k
 // nearest references; decode attends, per sparse layer, to the sinks, the buffer and the
 // tokens an observation layer selected, reconstructing only those.
@@ -45,17 +45,16 @@ struct DeltaKvOptions {
     int latent_bits = 4;         // 4 (int4, per-token min/max) or 16 (fp16)
     float select_ratio = 0.2f;   // decode: share of the compressed region attended
     int32_t prefill_select = 1 << 30;  // chunks of 2+ tokens: tokens attended from that region
-    // Target keep ratio (0: none). Blocks are compressed with more references than every
-    // stride-th token while the session, at its largest before the next compression, stays
-    // under it: the fixed costs (sinks, buffer) shrink as the context grows, and the room
-    // they leave keeps more tokens exact instead of going unused.
+    // Target keep ratio (0: none). A full buffer's oldest window is compressed only when
+    // the session would exceed it otherwise: the room under the target, a share of the
+    // context, keeps as many recent tokens exact (the buffer grows with the session).
     float keep = 0.0f;
     int32_t n_ctx = 0;
 };
 
 // Settings for a target keep ratio: how many layers stay full (the most sensitive first,
 // layer 0 always, estimated for a 2k-token context), a coarser stride and smaller buffer
-// below 0.25, and the target itself (denser references where it leaves room). The measured
+// below 0.25, and the target itself (a longer buffer where it leaves room). The measured
 // ratio is bytes() / full_fp16_bytes().
 DeltaKvOptions deltakv_options_for_keep(const DeltaKvProfile& profile, float keep, DeltaKvOptions base);
 
@@ -114,10 +113,8 @@ public:
 private:
     DeltaKvSequenceCache(const DeltaKvProfile& profile, const DeltaKvOptions& options, ThreadPool& threads);
     bool is_ref(int32_t pos) const { return pos < options_.sinks || ref_flag_[pos]; }
-    // Marks which tokens of [c0, c1) stay references (every stride-th, plus what the keep
-    // target leaves room for, evenly spaced), for a session of n_total tokens of which
-    // saved_before bytes are already planned away.
-    void choose_refs(int32_t c0, int32_t c1, int32_t n_total, size_t saved_before);
+    // Marks which tokens of [c0, c1) stay references: every stride-th after the sinks.
+    void choose_refs(int32_t c0, int32_t c1);
     int32_t n_refs_in_region() const;
     size_t latent_bytes() const;
     size_t bytes_upto(int32_t n) const;
