@@ -41,10 +41,12 @@ struct DeltaKvOptions {
     kernels::RopeStyle rope_style = kernels::RopeStyle::kInterleaved;
     std::vector<uint8_t> full_layer;  // per layer: 1 = full attention (layer 0 must be)
     int32_t sinks = 16, stride = 10, k = 4;
-    int32_t window = 64;         // the buffer; its oldest `window` tokens are compressed when it reaches 2x
+    int32_t window = 64;         // the buffer; its oldest `window` tokens are compressed when it reaches 2x (see keep)
     int latent_bits = 4;         // 4 (int4, per-token min/max) or 16 (fp16)
     float select_ratio = 0.2f;   // decode: share of the compressed region attended
-    int32_t prefill_select = 1 << 30;  // chunks of 2+ tokens: tokens attended from that region
+    // Chunks of 2+ tokens (prefill): how many of that region's tokens to attend, the highest
+    // scored; 0 = all of it, as the paper's prefill sees every token before compressing.
+    int32_t prefill_select = 0;
     // Target keep ratio (0: none). A full buffer's oldest window is compressed only when
     // the session would exceed it otherwise: the room under the target, a share of the
     // context, keeps as many recent tokens exact (the buffer grows with the session).
