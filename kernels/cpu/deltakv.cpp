@@ -123,9 +123,18 @@ void deltakv_decode_int4(const Int4Decoder& dec, const uint8_t* const* latents, 
         for (int64_t i = b; i < e; ++i) {
             const uint8_t* packed = latents[i] + 4;
             uint8_t* q = codes.data() + (i - b) * dec.m4;
-            for (int j = 0; j < dec.m / 2; ++j) {
-                q[2 * j] = packed[j] & 15;
-                q[2 * j + 1] = packed[j] >> 4;
+            // Sixteen packed bytes (low nibble first) to 32 codes at a time.
+            const __m128i nib = _mm_set1_epi8(15);
+            int j = 0;
+            for (; j + 32 <= dec.m; j += 32) {
+                const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed + j / 2));
+                const __m128i lo = _mm_and_si128(p, nib), hi = _mm_and_si128(_mm_srli_epi16(p, 4), nib);
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(q + j), _mm_unpacklo_epi8(lo, hi));
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(q + j + 16), _mm_unpackhi_epi8(lo, hi));
+            }
+            for (; j + 1 < dec.m; j += 2) {
+                q[j] = packed[j / 2] & 15;
+                q[j + 1] = packed[j / 2] >> 4;
             }
             if (dec.m % 2) q[dec.m - 1] = packed[dec.m / 2] & 15;
         }
@@ -137,8 +146,32 @@ void deltakv_decode_int4(const Int4Decoder& dec, const uint8_t* const* latents, 
             const float s = fp16_to_fp32(s16), lo = fp16_to_fp32(lo16);
             const int32_t* a = acc.data() + (i - b) * dec.d;
             float* y = out + i * ldo;
-            for (int r = 0; r < dec.d; ++r) y[r] = lo * dec.row_sum[r] + s * dec.scale[r] * static_cast<float>(a[r]);
+            const __m256 sv = _mm256_set1_ps(s), lov = _mm256_set1_ps(lo);
+            int r = 0;
+            for (; r + 8 <= dec.d; r += 8) {
+                const __m256 v = _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + r)));
+                const __m256 w = _mm256_mul_ps(sv, _mm256_loadu_ps(dec.scale.data() + r));
+                _mm256_storeu_ps(y + r, _mm256_fmadd_ps(w, v, _mm256_mul_ps(lov, _mm256_loadu_ps(dec.row_sum.data() + r))));
+            }
+            for (; r < dec.d; ++r) y[r] = lo * dec.row_sum[r] + s * dec.scale[r] * static_cast<float>(a[r]);
         }
+    }
+}
+
+void add_mean_rows(float* x, const float* const* rows, int n, int dims) {
+    if (n <= 0) return;
+    const float inv = 1.0f / static_cast<float>(n);
+    const __m256 iv = _mm256_set1_ps(inv);
+    int t = 0;
+    for (; t + 8 <= dims; t += 8) {
+        __m256 sum = _mm256_loadu_ps(rows[0] + t);
+        for (int q = 1; q < n; ++q) sum = _mm256_add_ps(sum, _mm256_loadu_ps(rows[q] + t));
+        _mm256_storeu_ps(x + t, _mm256_fmadd_ps(sum, iv, _mm256_loadu_ps(x + t)));
+    }
+    for (; t < dims; ++t) {
+        float sum = rows[0][t];
+        for (int q = 1; q < n; ++q) sum += rows[q][t];
+        x[t] += sum * inv;
     }
 }
 

@@ -399,11 +399,7 @@ void DeltaKvSequenceCache::add_ref_mean(int32_t sl, int32_t pos, int32_t dims, f
         if (rows != nullptr) rows[q] = row;
         if (row >= 0) rx[nr++] = ref_x_.data() + static_cast<size_t>(row) * dims;
     }
-    const float inv = 1.0f / static_cast<float>(std::max(nr, 1));
-    for (int32_t q = 0; q < nr; ++q) {
-        const float* r = rx[q];
-        for (int32_t t = 0; t < dims; ++t) x[t] += r[t] * inv;
-    }
+    k::add_mean_rows(x, rx, nr, dims);
 }
 
 void DeltaKvSequenceCache::latent_scores(int32_t layer, const kernels::AttentionShape& shape,

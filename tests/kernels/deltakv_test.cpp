@@ -138,8 +138,9 @@ struct Int4Case {
 
 TEST(DeltaKvKernels, Int4DecoderMatchesTheFp32DecoderWithinInt8Rounding) {
     std::mt19937 rng(11);
-    // The default model's shape (96-row tiles), and one with row, column and token tails.
-    for (auto [d, m, n] : {std::tuple{384, 96, 37}, std::tuple{40, 10, 7}}) {
+    // The default model's shape (64-row tiles), and ones with row, column, code and token
+    // tails (m = 37: 32 codes unpacked at once, then pairs, then an odd one).
+    for (auto [d, m, n] : {std::tuple{384, 96, 37}, std::tuple{40, 10, 7}, std::tuple{72, 37, 6}}) {
         Int4Case c(d, m, n, rng);
         const Int4Decoder dec = make_int4_decoder(c.layer);
         std::vector<float> out(size_t(n) * d);
@@ -158,6 +159,24 @@ TEST(DeltaKvKernels, Int4DecoderMatchesTheFp32DecoderWithinInt8Rounding) {
                 ASSERT_NEAR(out[size_t(i) * d + r], want, bound) << "token " << i << " row " << r;
             }
         }
+    }
+}
+
+TEST(DeltaKvKernels, AddMeanRowsAddsTheRowsAverage) {
+    std::mt19937 rng(13);
+    const int dims = 21;  // a vector part and a tail
+    for (int n : {0, 1, 4}) {
+        std::vector<std::vector<float>> rows;
+        std::vector<const float*> ptrs;
+        for (int q = 0; q < n; ++q) rows.push_back(randn(dims, rng, 1.0f));
+        for (auto& r : rows) ptrs.push_back(r.data());
+        auto x = randn(dims, rng, 1.0f);
+        auto want = x;
+        for (int t = 0; t < dims; ++t) {
+            for (int q = 0; q < n; ++q) want[t] += rows[q][t] / n;
+        }
+        add_mean_rows(x.data(), ptrs.data(), n, dims);
+        for (int t = 0; t < dims; ++t) EXPECT_NEAR(x[t], want[t], 1e-5) << "n " << n << " t " << t;
     }
 }
 

@@ -32,6 +32,10 @@ void deltakv_encode_residual(const DeltaKvLayer& w, const float* x, const float*
 // straightforward version (the cache decodes int4 latents with deltakv_decode_int4).
 void deltakv_decode(const DeltaKvLayer& w, const float* z, const float* r, float* out);
 
+// x += the mean of n rows of dims values (nothing when n is 0): a latent token's references,
+// added in one pass.
+void add_mean_rows(float* x, const float* const* rows, int n, int dims);
+
 // Indices (into cands, [n][D] rows) of the k rows nearest to x by L2, ascending distance;
 // k is clamped to n. Returns how many were written.
 int l2_nearest(const float* x, const float* cands, int n, int d, int k, int32_t* out);
