@@ -29,6 +29,7 @@
 
 #include "deltaserve/common/args.h"
 #include "deltaserve/common/logging.h"
+#include "deltaserve/common/thread_pool.h"
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/model.h"
 #include "deltaserve/model/sampler.h"
@@ -84,10 +85,14 @@ struct Arm {
 Result<std::vector<Arm>> make_arms(const model::Model& m, const Options& o, const std::vector<float>& keeps,
                                    int32_t n_ctx) {
     std::vector<Arm> arms;
+    // One pool for every arm, as one serving process has: each arm with its own would leave
+    // the idle arms' workers spinning on the cores the timed arm needs.
+    auto pool = std::make_shared<ThreadPool>(o.threads);
     auto add = [&](const std::string& policy, float keep) -> Status {
         model::ContextOptions co;
         co.n_ctx = n_ctx;
         co.n_threads = o.threads;
+        co.threads = pool;
         co.n_batch = o.chunk;
         co.kv.policy = policy;
         co.kv.keep = keep;
