@@ -22,6 +22,13 @@ constexpr int kMaxKvDim = 2048;
 constexpr int64_t kTokenPiece = 64;  // tokens per piece of the weighted latent sums
 constexpr int64_t kRefPiece = 256;   // references per piece of the weighted values
 
+constexpr int64_t kPrefetchAhead = 4;  // rows
+
+void prefetch_row(const void* row, int bytes) {
+    const char* p = static_cast<const char*>(row);
+    for (int b = 0; b < bytes; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+}
+
 void axpy(float a, const float* x, float* y, int n) {
     const __m256 av = _mm256_set1_ps(a);
     int i = 0;
@@ -168,7 +175,11 @@ void latent_attention(const AttentionShape& s, const LatentTokens& t, float* out
         for (int64_t piece = b; piece < e; ++piece) {
             float* acc = ref_part + piece * out_size;
             const int64_t r1 = std::min(t.n_refs, (piece + 1) * kRefPiece);
+            const int kv_bytes = s.n_kv_heads * dim * 2;
             for (int64_t r = piece * kRefPiece; r < r1; ++r) {
+                // The rows lie far apart in the pool: ask for a later one while this one
+                // is summed.
+                if (r + kPrefetchAhead < r1) prefetch_row(t.ref_v[r + kPrefetchAhead], kv_bytes);
                 const uint16_t* row = t.ref_v[r];
                 for (int d = 0; d < s.n_kv_heads * dim; d += 8) {
                     _mm256_store_ps(v + d, _mm256_cvtph_ps(_mm_loadu_si128(

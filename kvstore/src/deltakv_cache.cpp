@@ -320,6 +320,11 @@ void DeltaKvSequenceCache::gather_refs(int32_t sl, const std::vector<int32_t>& p
     grow(ref_x_, ref_pos_.size() * dims);
     threads_.parallel_for(static_cast<int64_t>(ref_pos_.size()), 32, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
+            // The rows lie far apart in the pool: ask for a later one while this one is read.
+            if (i + 4 < e) {
+                prefetch_row(sparse_pool_->k_row(sl, sparse_slot_[ref_pos_[i + 4]]), 2 * kv_dim);
+                if (dims == d) prefetch_row(sparse_pool_->v_row(sl, sparse_slot_[ref_pos_[i + 4]]), 2 * kv_dim);
+            }
             float* xi = ref_x_.data() + i * dims;
             read_row(k::DType::kF16, sparse_pool_->k_row(sl, sparse_slot_[ref_pos_[i]]), xi,
                      kv_dim);
