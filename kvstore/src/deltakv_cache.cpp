@@ -529,13 +529,12 @@ void DeltaKvSequenceCache::plan_compression(int32_t n_total) {
     const size_t saved = sparse_layers_.size() * (row - latent_bytes() - sizeof(int32_t) * options_.k);
     const double target = options_.keep * static_cast<double>(full_fp16_bytes(
                                               n_total, options_.n_layers, options_.n_kv_heads * options_.head_dim));
+    // The session's bytes before this plan (planning moves no slots): one pass, not one per block.
+    const size_t held = options_.keep > 0.0f && n_total - plan_end_ >= 2 * options_.window ? bytes_upto(n_total) : 0;
     while (n_total - plan_end_ >= 2 * options_.window) {
         // Under a keep target the buffer grows while the session fits: the room goes to the
         // most recent tokens, which draw most of the attention.
-        if (options_.keep > 0.0f &&
-            static_cast<double>(bytes_upto(n_total) - plan_tokens_.size() * saved) <= target) {
-            break;
-        }
+        if (options_.keep > 0.0f && static_cast<double>(held - plan_tokens_.size() * saved) <= target) break;
         const int32_t c0 = plan_end_, c1 = plan_end_ + options_.window;
         choose_refs(c0, c1);
         for (int32_t p = c0; p < c1; ++p) {

@@ -9,7 +9,7 @@ away):
 
 Prints, per sparse-capable layer (1..n-1) and per block of --block positions, the relative
 error of x^ = Dec(E(x) - E(r)) + r against x (MSE over the variance of x), with references
-every --stride-th token after the sinks and r the mean of the k nearest, as in training.
+every stride-th token (the profile's) after the sinks and r the mean of the k nearest, as in training.
 Latents are not rounded to int4 here.
 """
 
