@@ -44,23 +44,35 @@ class PeerProcess {
     pid_t pid_ = -1;
 };
 
-// tcp alone, and whatever UCX picks by default (on one host: shared memory beside tcp).
-class PeerFailure : public ::testing::TestWithParam<const char*> {
+struct Case {
+    const char* tls;
+    const char* rndv_scheme;  // "": UCX's own choice
+};
+
+// tcp alone, and whatever UCX picks by default (on one host: shared memory beside tcp), with
+// UCX's rendezvous and with get_zcopy (what a cluster on one host uses).
+class PeerFailure : public ::testing::TestWithParam<Case> {
   protected:
     TransportOptions options() const {
         TransportOptions o;
-        o.ucx_tls = GetParam();
+        o.ucx_tls = GetParam().tls;
         o.keepalive = 1000ms;
         return o;
     }
-    // The peer process uses the same transports.
+    // The peer process uses the same transports and scheme (UCX_RNDV_SCHEME: both ends).
     void SetUp() override {
-        if (*GetParam() != '\0') {
-            setenv("UCX_TLS", (std::string(GetParam()) + ",tcp").c_str(), 1);
+        if (*GetParam().tls != '\0') {
+            setenv("UCX_TLS", (std::string(GetParam().tls) + ",tcp").c_str(), 1);
         } else {
             unsetenv("UCX_TLS");
         }
+        if (*GetParam().rndv_scheme != '\0') {
+            setenv("UCX_RNDV_SCHEME", GetParam().rndv_scheme, 1);
+        } else {
+            unsetenv("UCX_RNDV_SCHEME");
+        }
     }
+    void TearDown() override { unsetenv("UCX_RNDV_SCHEME"); }
 };
 
 TEST_P(PeerFailure, SenderKilledMidTransferEndsTheConnectionNotTheListener) {
@@ -142,9 +154,14 @@ TEST_P(PeerFailure, ReceiverKilledMidTransferFailsTheSender) {
     EXPECT_EQ((*t)->stats().pool_bytes_in_use, 0u) << "buffers of failed sends leaked";
 }
 
-INSTANTIATE_TEST_SUITE_P(Tls, PeerFailure, ::testing::Values("tcp", ""), [](const auto& info) {
-    return std::string(*info.param ? info.param : "default");
-});
+INSTANTIATE_TEST_SUITE_P(Tls, PeerFailure,
+                         ::testing::Values(Case{"tcp", ""}, Case{"", ""}, Case{"", "get_zcopy"}),
+                         [](const auto& info) {
+                             std::string name = *info.param.tls ? info.param.tls : "default";
+                             if (*info.param.rndv_scheme)
+                                 name += std::string("_") + info.param.rndv_scheme;
+                             return name;
+                         });
 
 }  // namespace
 }  // namespace deltaserve::transport

@@ -17,6 +17,7 @@ struct Backend {
     const char* label;
     const char* name;
     const char* tls;
+    const char* rndv_scheme = "";  // ucx: TransportOptions::ucx_rndv_scheme
 };
 
 void PrintTo(const Backend& b, std::ostream* os) { *os << b.label; }
@@ -54,6 +55,7 @@ class TransportTest : public ::testing::TestWithParam<Backend> {
   protected:
     std::unique_ptr<Transport> make(TransportOptions options = {}) {
         options.ucx_tls = GetParam().tls;
+        options.ucx_rndv_scheme = GetParam().rndv_scheme;
         auto t = make_transport(GetParam().name, options);
         EXPECT_TRUE(t.ok()) << t.error().to_string();
         return t.ok() ? std::move(*t) : nullptr;
@@ -331,10 +333,32 @@ const Backend kBackends[] = {
     {"inproc", "inproc", ""},
     {"ucx_tcp", "ucx", "tcp"},
     {"ucx_shm", "ucx", "sm,self"},
+    // What a cluster on one host uses: large payloads pulled through shared memory as a
+    // pipeline of active messages (backpressure must still hold).
+    {"ucx_shm_get_zcopy", "ucx", "sm,self", "get_zcopy"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Backends, TransportTest, ::testing::ValuesIn(kBackends),
                          [](const auto& info) { return std::string(info.param.label); });
+
+TEST(TransportFactory, UnknownRendezvousSchemeIsRefused) {
+    if (getenv("UCX_RNDV_SCHEME") != nullptr) GTEST_SKIP() << "UCX_RNDV_SCHEME is set";
+    TransportOptions o;
+    o.ucx_rndv_scheme = "carrier-pigeon";
+    auto t = make_transport("ucx", o);
+    ASSERT_FALSE(t.ok());
+    EXPECT_NE(t.error().message().find("carrier-pigeon"), std::string::npos) << t.error().message();
+}
+
+TEST(TransportFactory, KnowsWhichTransportListsShareMemory) {
+    EXPECT_FALSE(ucx_tls_has_shared_memory("tcp"));
+    EXPECT_FALSE(ucx_tls_has_shared_memory("rc,tcp"));
+    EXPECT_TRUE(ucx_tls_has_shared_memory("sm,tcp"));
+    EXPECT_TRUE(ucx_tls_has_shared_memory("tcp,posix"));
+    EXPECT_TRUE(ucx_tls_has_shared_memory("all"));
+    EXPECT_TRUE(ucx_tls_has_shared_memory("^tcp"));
+    EXPECT_FALSE(ucx_tls_has_shared_memory("^sm,cma"));
+}
 
 TEST(TransportFactory, UnknownNameIsRefused) {
     auto t = make_transport("carrier-pigeon");

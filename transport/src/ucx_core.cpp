@@ -4,6 +4,7 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 
@@ -95,6 +96,15 @@ Result<std::shared_ptr<UcxCore>> UcxCore::start(const TransportOptions& options)
     // Shared-memory transports leave endpoints that need peer-failure handling unless told
     // they may handle it (UCX issue 8477): without this, same-host peers talk over tcp.
     (void)ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
+    // UCX_RNDV_SCHEME from the environment is already in config and wins.
+    if (std::getenv("UCX_RNDV_SCHEME") == nullptr && !options.ucx_rndv_scheme.empty()) {
+        s = ucp_config_modify(config, "RNDV_SCHEME", options.ucx_rndv_scheme.c_str());
+        if (s != UCS_OK) {
+            ucp_config_release(config);
+            return ucx_status(
+                s, "setting UCX's rendezvous scheme to '" + options.ucx_rndv_scheme + "'");
+        }
+    }
 
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
@@ -471,6 +481,7 @@ void UcxCore::on_sent(SendOp* op, ucs_status_t status) {
     std::unique_ptr<SendOp> owned(op);
     --ops_in_flight_;
     UcxConn& conn = *op->conn;
+    bool notify = true;
     {
         std::lock_guard lock(conn.mu);
         if (op->data) {
@@ -483,8 +494,12 @@ void UcxCore::on_sent(SendOp* op, ucs_status_t status) {
                 conn.error = Status(StatusCode::kUnavailable, conn.error.message());
             }
         }
+        // A sender waiting for room is woken once half the window is free, not at every
+        // completion: a full window of small messages would cost a wakeup each.
+        notify = !conn.error.ok() || conn.inflight == 0 ||
+                 conn.inflight_bytes <= options_.send_window_bytes / 2;
     }
-    conn.changed.notify_all();
+    if (notify) conn.changed.notify_all();
 }
 
 // ---- receiving ----
@@ -550,16 +565,22 @@ ucs_status_t UcxCore::on_data(void* arg, const void* header, size_t header_lengt
         conn->arrivals.push_back(std::move(a));
     }
     if (rndv) {
-        core->to_fetch_.push_back(conn);
+        core->fetch_later(conn);
         return UCS_INPROGRESS;
     }
     conn->changed.notify_all();
     return UCS_OK;
 }
 
+void UcxCore::fetch_later(const std::shared_ptr<UcxConn>& conn) {
+    if (std::exchange(conn->fetch_queued, true)) return;
+    to_fetch_.push_back(conn);
+}
+
 // Starts fetching the waiting payloads, in order, while the receive window has room (a
 // window holding nothing takes one payload of any size).
 void UcxCore::fetch_waiting(const std::shared_ptr<UcxConn>& conn) {
+    conn->fetch_queued = false;
     if (conn->ep == nullptr) return;
     struct Pending {
         uint64_t seq;
@@ -571,7 +592,13 @@ void UcxCore::fetch_waiting(const std::shared_ptr<UcxConn>& conn) {
     {
         std::lock_guard lock(conn->mu);
         size_t held = conn->held_bytes;
-        for (auto& a : conn->arrivals) {
+        // Payloads are fetched in order: start after those already started (from the front,
+        // the scan would cross every message the application has yet to take, per arrival).
+        auto& arrivals = conn->arrivals;
+        const uint64_t front = arrivals.empty() ? conn->next_seq : arrivals.front().seq;
+        size_t i = conn->next_fetch_seq > front ? conn->next_fetch_seq - front : 0;
+        for (; i < arrivals.size(); ++i) {
+            Arrival& a = arrivals[i];
             if (a.state != Arrival::State::kWaiting) continue;
             if (held > 0 && held + a.length > options_.recv_window_bytes) {
                 more_waiting = true;
@@ -581,6 +608,7 @@ void UcxCore::fetch_waiting(const std::shared_ptr<UcxConn>& conn) {
             held += a.length + a.message.header.size();
             start.push_back({a.seq, std::exchange(a.desc, nullptr), a.length});
         }
+        conn->next_fetch_seq = i < arrivals.size() ? arrivals[i].seq : conn->next_seq;
         conn->held_bytes = held;
         conn->wants_room = more_waiting;
     }

@@ -47,6 +47,7 @@ struct UcxConn {
     std::deque<Arrival> arrivals;
     size_t held_bytes = 0;  // ready + being fetched: what the receive window counts
     uint64_t next_seq = 0;
+    uint64_t next_fetch_seq = 0;  // arrivals before it are ready or being fetched
     size_t inflight_bytes = 0;
     size_t inflight = 0;
     Status error;             // the first failure; OK while the connection works
@@ -60,6 +61,7 @@ struct UcxConn {
     class UcxCore* core = nullptr;
     ucp_ep_h ep = nullptr;
     bool failed = false;
+    bool fetch_queued = false;                    // in UcxCore::to_fetch_
     struct UcxListenerState* listener = nullptr;  // server side, until the hello
 };
 
@@ -102,7 +104,7 @@ class UcxCore {
     void send(const std::shared_ptr<UcxConn>& conn, Message message, size_t bytes);
     void close(const std::shared_ptr<UcxConn>& conn, bool force);
     // Fetches conn's waiting payloads if its window has room now.
-    void fetch_later(const std::shared_ptr<UcxConn>& conn) { to_fetch_.push_back(conn); }
+    void fetch_later(const std::shared_ptr<UcxConn>& conn);
 
   private:
     struct Handles;

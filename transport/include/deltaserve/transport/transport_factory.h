@@ -30,7 +30,20 @@ struct TransportOptions {
     // ucx: interval of the keepalive probes that detect a peer gone silent (crashed host,
     // cut link). Default: 2 s.
     std::chrono::milliseconds keepalive{2000};
+    // ucx: how payloads above UCX's rendezvous threshold move, as UCX_RNDV_SCHEME spells it
+    // ("get_zcopy", "put_zcopy", "am", "auto"); UCX_RNDV_SCHEME in the environment wins.
+    // Empty: UCX's own choice ("auto"), the better one over tcp. Between processes of one
+    // host, "get_zcopy" is: with peer error handling UCX 1.13 leaves cma out and "auto" puts
+    // the bytes through tcp, where "get_zcopy" (shared memory has no get) pipelines them
+    // through shared memory as active messages, 1.7-2.4x faster (bench/README.md,
+    // "Transport benchmark"). Default: empty.
+    std::string ucx_rndv_scheme;
 };
+
+// Whether UCX may move bytes between processes of one host through shared memory with these
+// transports (as TransportOptions::ucx_tls takes them; empty: UCX_TLS from the environment,
+// else every transport).
+bool ucx_tls_has_shared_memory(std::string_view ucx_tls);
 
 // "ucx" or "inproc". Errors: kInvalidArgument (unknown name), kUnavailable (UCX could not
 // start: its message is passed on).
