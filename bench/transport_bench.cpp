@@ -177,7 +177,8 @@ double perftest(const std::string& test, size_t size, size_t count, int port, bo
     const bool peer_errors = configured;
     std::vector<std::string> extra;
     if (configured) {
-        extra.push_back("UCX_MM_ERROR_HANDLING=y");
+        const char* tls = getenv("UCX_TLS");
+        if (ucx_tls_has_shared_memory(tls ? tls : "")) extra.push_back("UCX_MM_ERROR_HANDLING=y");
         if (getenv("UCX_RNDV_SCHEME") == nullptr) extra.push_back("UCX_RNDV_SCHEME=" + scheme);
     }
     std::vector<std::string> env_strings = environment_with(extra);
@@ -223,6 +224,10 @@ double perftest(const std::string& test, size_t size, size_t count, int port, bo
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v.empty() ? 0 : v[v.size() / 2];
+}
+
+double best(const std::vector<double>& v) {
+    return v.empty() ? 0 : *std::max_element(v.begin(), v.end());
 }
 
 // The median of a[i] / b[i] over the runs where both were measured.
@@ -338,12 +343,22 @@ int run_sender(const char* self, const Options& o) {
         for (const auto& v : ours) std::printf(" %14.0f", median(v));
         std::printf(" %10.0f %6.2f %18.0f %6.2f %10.0f\n", median(am), r_am, median(am_configured),
                     r_conf, median(tag));
-        nlohmann::json row = {{"size", size},
-                              {"perftest_am_bw_mib_s", am},
-                              {"perftest_am_bw_configured_mib_s", am_configured},
-                              {"perftest_tag_bw_mib_s", tag},
-                              {"ratio_vs_am_bw", r_am},
-                              {"ratio_vs_am_bw_configured", r_conf}};
+        // On a small VM both ucx_perftest and the transport switch between a slow and a fast
+        // mode from run to run (scheduling of the two processes' threads): the best runs too.
+        const double b_ours = best(ours[0]), b_am = best(am), b_conf = best(am_configured);
+        std::printf("%10s", "best");
+        for (const auto& v : ours) std::printf(" %14.0f", best(v));
+        std::printf(" %10.0f %6.2f %18.0f %6.2f %10.0f\n", b_am, b_am > 0 ? b_ours / b_am : 0.0,
+                    b_conf, b_conf > 0 ? b_ours / b_conf : 0.0, best(tag));
+        nlohmann::json row = {
+            {"size", size},
+            {"perftest_am_bw_mib_s", am},
+            {"perftest_am_bw_configured_mib_s", am_configured},
+            {"perftest_tag_bw_mib_s", tag},
+            {"ratio_vs_am_bw", r_am},
+            {"ratio_vs_am_bw_configured", r_conf},
+            {"best_ratio_vs_am_bw", b_am > 0 ? b_ours / b_am : 0.0},
+            {"best_ratio_vs_am_bw_configured", b_conf > 0 ? b_ours / b_conf : 0.0}};
         for (size_t k = 0; k < arms.size(); ++k) {
             row["deltaserve_" + arms[k].scheme + "_mib_s"] = ours[k];
             if (k > 0)
