@@ -3,8 +3,8 @@
 // Two processes, as a prefill and a decode node would be: this program spawns itself as the
 // receiver, sends `--mib` worth of messages of each size from pool buffers, and times until
 // the receiver acknowledges the last one. It does so once per rendezvous scheme in
-// `--schemes` (each with its own receiver and connection; the first is the headline, by
-// default the one a cluster picks for such a link: api::transport_rndv_scheme_for). In the same
+// `--schemes` (each with its own receiver and connection; the first, by default UCX's own
+// choice as the transport makes it, is the headline). In the same
 // run, alternating with it, ucx_perftest measures UCP active-message bandwidth (ucp_am_bw, the
 // protocol the transport uses) twice, with UCX's default endpoints and with UCX configured as the
 // transport configures it (peer error handling, -e; UCX_MM_ERROR_HANDLING=y; the headline scheme),
@@ -43,10 +43,8 @@ struct Options {
     size_t bytes = size_t{1} << 30;  // per size and run
     int runs = 3;
     std::string json;
-    // --schemes; default: the one a cluster uses on such a link first (get_zcopy with shared
-    // memory among the transports, else UCX's own), then the other.
-    std::vector<std::string> schemes;
-    std::string scheme;  // the receiver's (--scheme)
+    std::vector<std::string> schemes = {"auto", "get_zcopy"};  // --schemes; the default first
+    std::string scheme;                                        // the receiver's (--scheme)
     bool receiver = false;
     bool perftest = true;  // --no-perftest: the transport alone (for profiling it)
 };
@@ -409,9 +407,6 @@ int main(int argc, char** argv) {
             return 1;
         }
     }
-    if (o.schemes.empty()) {
-        o.schemes = {"get_zcopy", "auto"};
-        if (!ucx_tls_has_shared_memory(o.tls)) std::swap(o.schemes[0], o.schemes[1]);
-    }
+    if (o.schemes.empty()) return std::fprintf(stderr, "--schemes names no scheme\n"), 1;
     return o.receiver ? run_receiver(o) : run_sender(argv[0], o);
 }

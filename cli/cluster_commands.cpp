@@ -96,7 +96,7 @@ int node_main(bool decode_role, int argc, char** argv) {
     }
     transport::TransportOptions to;
     to.ucx_tls = c.transport_tls;
-    to.ucx_rndv_scheme = api::transport_rndv_scheme_for(c);
+    to.ucx_rndv_scheme = c.transport_rndv_scheme;
     auto transport = transport::make_transport("ucx", to);
     if (!transport) {
         print_error(transport.error());

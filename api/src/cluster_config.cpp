@@ -2,14 +2,11 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <set>
-
-#include "deltaserve/transport/transport_factory.h"
 
 namespace deltaserve::api {
 
@@ -105,20 +102,6 @@ const NodeEntry* ClusterConfig::find(const std::string& name) const {
         }
     }
     return nullptr;
-}
-
-std::string transport_rndv_scheme_for(const ClusterConfig& config) {
-    if (!config.transport_rndv_scheme.empty()) return config.transport_rndv_scheme;
-    const auto loopback = [](const std::string& address) {
-        const std::string host = address.substr(0, address.rfind(':'));
-        return host == "localhost" || host == "[::1]" || host.rfind("127.", 0) == 0;
-    };
-    const bool one_host =
-        !config.decode.empty() && std::all_of(config.decode.begin(), config.decode.end(),
-                                              [&](const NodeEntry& n) { return loopback(n.data); });
-    // Over tcp alone, get_zcopy has no zero copy to fall back from and measured slower.
-    return one_host && transport::ucx_tls_has_shared_memory(config.transport_tls) ? "get_zcopy"
-                                                                                  : "";
 }
 
 Status apply_env_overrides(ClusterConfig& config) {

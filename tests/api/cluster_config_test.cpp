@@ -1,5 +1,4 @@
-// The cluster config: nested transport keys, the environment's overrides, and the data
-// plane's rendezvous scheme chosen from where the decode nodes are.
+// The cluster config: nested transport keys, the environment's overrides, unknown keys.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -44,14 +43,13 @@ TEST_F(ClusterConfigFile, ReadsTheNestedTransportKeys) {
     ASSERT_TRUE(c.ok()) << c.error().message();
     EXPECT_EQ(c->transport_tls, "tcp");
     EXPECT_EQ(c->transport_rndv_scheme, "am");
-    EXPECT_EQ(transport_rndv_scheme_for(*c), "am");
 }
 
 TEST_F(ClusterConfigFile, TheEnvironmentOverridesTheFile) {
     setenv("DELTASERVE_TRANSPORT_RNDV_SCHEME", "put_zcopy", 1);
     auto c = load(std::string("model: m.gguf\ntransport:\n  rndv_scheme: am\n") + kNodes);
     ASSERT_TRUE(c.ok()) << c.error().message();
-    EXPECT_EQ(transport_rndv_scheme_for(*c), "put_zcopy");
+    EXPECT_EQ(c->transport_rndv_scheme, "put_zcopy");
 }
 
 TEST_F(ClusterConfigFile, RefusesAnUnknownTransportKeyByName) {
@@ -59,27 +57,6 @@ TEST_F(ClusterConfigFile, RefusesAnUnknownTransportKeyByName) {
     ASSERT_FALSE(c.ok());
     EXPECT_EQ(c.error().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(c.error().message().find("transport.rndv"), std::string::npos) << c.error().message();
-}
-
-// Unset, the scheme follows the decode nodes' data addresses: all on loopback means one host
-// (a prefill node elsewhere could not reach them), where get_zcopy moves KV through shared
-// memory; any other address keeps UCX's own choice, the better one over tcp.
-TEST(ClusterConfig, RendezvousSchemeFollowsWhereTheDecodeNodesAre) {
-    unsetenv("UCX_TLS");
-    ClusterConfig c;
-    EXPECT_EQ(transport_rndv_scheme_for(c), "") << "no decode node: nothing to decide on";
-    c.decode = {{"d0", "127.0.0.1:7201", "127.0.0.1:7202"}, {"d1", "x:1", "localhost:7302"}};
-    EXPECT_EQ(transport_rndv_scheme_for(c), "get_zcopy");
-    c.decode.push_back({"d2", "x:2", "[::1]:7402"});
-    EXPECT_EQ(transport_rndv_scheme_for(c), "get_zcopy");
-    c.transport_tls = "tcp";
-    EXPECT_EQ(transport_rndv_scheme_for(c), "") << "tcp alone: no shared memory to pull through";
-    c.transport_tls = "sm,tcp";
-    EXPECT_EQ(transport_rndv_scheme_for(c), "get_zcopy");
-    c.decode.push_back({"d3", "x:3", "10.0.0.7:7502"});
-    EXPECT_EQ(transport_rndv_scheme_for(c), "");
-    c.transport_rndv_scheme = "auto";
-    EXPECT_EQ(transport_rndv_scheme_for(c), "auto");
 }
 
 }  // namespace

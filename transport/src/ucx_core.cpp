@@ -271,12 +271,10 @@ void UcxCore::service() {
             continue;
         }
         ucp_request_free(closing_[i].request);
-        {
-            std::lock_guard lock(closing_[i].conn->mu);
-            closing_[i].conn->released = true;
-        }
-        closing_[i].conn->changed.notify_all();
+        std::shared_ptr<UcxConn> conn = std::move(closing_[i].conn);
         closing_.erase(closing_.begin() + static_cast<ptrdiff_t>(i));
+        conn->ep_closing = false;
+        ep_closed(*conn);
     }
 }
 
@@ -401,11 +399,29 @@ void UcxCore::on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
     }
 }
 
+// The connection is released once its endpoint is closed and its requests have finished
+// (a forced close completes them with an error): until then they may hold pool buffers.
+void UcxCore::ep_closed(UcxConn& conn) {
+    conn.ep_closed = true;
+    if (conn.pending_ops > 0) return;
+    {
+        std::lock_guard lock(conn.mu);
+        conn.released = true;
+    }
+    conn.changed.notify_all();
+}
+
+void UcxCore::op_done(UcxConn& conn) {
+    --ops_in_flight_;
+    --conn.pending_ops;
+    if (conn.ep_closed) ep_closed(conn);
+}
+
 void UcxCore::close(const std::shared_ptr<UcxConn>& conn, bool force) {
     if (conn->ep == nullptr) {
-        std::lock_guard lock(conn->mu);
-        conn->released = true;
-        conn->changed.notify_all();
+        // Never opened, or closed already (a failed endpoint is force-closed at once): the
+        // close under way, if any, releases it.
+        if (!conn->ep_closing) ep_closed(*conn);
         return;
     }
     release_waiting(*conn);
@@ -416,12 +432,11 @@ void UcxCore::close(const std::shared_ptr<UcxConn>& conn, bool force) {
     p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     void* request = ucp_ep_close_nbx(ep, &p);
     if (request != nullptr && !UCS_PTR_IS_ERR(request)) {
+        conn->ep_closing = true;
         closing_.push_back({request, conn});
         return;
     }
-    std::lock_guard lock(conn->mu);
-    conn->released = true;
-    conn->changed.notify_all();
+    ep_closed(*conn);
 }
 
 // Rendezvous payloads nobody will fetch go back to UCX.
@@ -453,6 +468,7 @@ void UcxCore::send(const std::shared_ptr<UcxConn>& conn, Message message, size_t
 
 void UcxCore::start_send(SendOp* op, unsigned id) {
     ++ops_in_flight_;
+    ++op->conn->pending_ops;
     if (op->conn->ep == nullptr || op->conn->failed) return on_sent(op, UCS_ERR_NOT_CONNECTED);
     ucp_request_param_t p{};
     p.op_attr_mask =
@@ -479,7 +495,6 @@ void UcxCore::on_send_done(void* request, ucs_status_t status, void* user_data) 
 
 void UcxCore::on_sent(SendOp* op, ucs_status_t status) {
     std::unique_ptr<SendOp> owned(op);
-    --ops_in_flight_;
     UcxConn& conn = *op->conn;
     bool notify = true;
     {
@@ -500,6 +515,8 @@ void UcxCore::on_sent(SendOp* op, ucs_status_t status) {
                  conn.inflight_bytes <= options_.send_window_bytes / 2;
     }
     if (notify) conn.changed.notify_all();
+    op->message = {};  // its buffer goes back to the pool before the release is announced
+    op_done(conn);
 }
 
 // ---- receiving ----
@@ -616,6 +633,7 @@ void UcxCore::fetch_waiting(const std::shared_ptr<UcxConn>& conn) {
         Buffer b = pool_->try_acquire(p.length);
         if (b.data() == nullptr) b = Buffer::heap(p.length);
         ++ops_in_flight_;
+        ++conn->pending_ops;
         auto* op = new FetchOp{this, conn, p.seq, std::move(b)};
         ucp_request_param_t rp{};
         rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -642,7 +660,6 @@ void UcxCore::on_fetch_done(void* request, ucs_status_t status, size_t, void* us
 
 void UcxCore::on_fetched(FetchOp* op, ucs_status_t status) {
     std::unique_ptr<FetchOp> owned(op);
-    --ops_in_flight_;
     UcxConn& conn = *op->conn;
     {
         std::lock_guard lock(conn.mu);
@@ -659,6 +676,8 @@ void UcxCore::on_fetched(FetchOp* op, ucs_status_t status) {
         }
     }
     conn.changed.notify_all();
+    op->buffer = Buffer();  // not handed out: back to the pool before the release is announced
+    op_done(conn);
 }
 
 }  // namespace deltaserve::transport

@@ -53,7 +53,7 @@ struct UcxConn {
     Status error;             // the first failure; OK while the connection works
     bool connected = false;   // client: hello answered; server: hello arrived
     bool closing = false;     // the application closed it
-    bool released = false;    // the progress thread let go of the endpoint
+    bool released = false;    // endpoint closed and every request on it finished
     bool wants_room = false;  // payloads wait for the receive window
     ConnectionStats stats;
 
@@ -62,6 +62,9 @@ struct UcxConn {
     ucp_ep_h ep = nullptr;
     bool failed = false;
     bool fetch_queued = false;                    // in UcxCore::to_fetch_
+    size_t pending_ops = 0;                       // its sends and fetches not yet completed
+    bool ep_closing = false;                      // its close request is in UcxCore::closing_
+    bool ep_closed = false;                       // closed (or never opened)
     struct UcxListenerState* listener = nullptr;  // server side, until the hello
 };
 
@@ -117,6 +120,8 @@ class UcxCore {
     void service();
     void fetch_waiting(const std::shared_ptr<UcxConn>& conn);
     void release_waiting(UcxConn& conn);
+    void op_done(UcxConn& conn);
+    void ep_closed(UcxConn& conn);
     void fail(UcxConn& conn, Status why);
     void send_control(const std::shared_ptr<UcxConn>& conn, unsigned id, const std::string& header);
     void start_send(SendOp* op, unsigned id);

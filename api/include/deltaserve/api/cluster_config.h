@@ -31,7 +31,8 @@ struct ClusterConfig {
     float kv_keep = 1.0f;
     std::string kv_profile;
     std::string transport_tls;  // UCX_TLS of the data plane; "" = UCX's own choice
-    // UCX_RNDV_SCHEME of the data plane; "" = transport_rndv_scheme_for() chooses.
+    // UCX_RNDV_SCHEME of the data plane; "" = UCX's own choice. get_zcopy is faster for a
+    // cluster on one host but not safe there when a node dies (transport/README.md).
     std::string transport_rndv_scheme;
     std::string gateway_host = "127.0.0.1";
     int32_t gateway_port = 8000;
@@ -48,12 +49,6 @@ struct ClusterConfig {
     // The node of that name (either list), or nullptr.
     const NodeEntry* find(const std::string& name) const;
 };
-
-// The data plane's rendezvous scheme (transport::TransportOptions::ucx_rndv_scheme): the
-// configured one, else "get_zcopy" when every decode node's data address is a loopback one
-// and shared memory is among the transports (the whole cluster on one host, where it moves
-// KV 1.7-2.4x faster), else "" (UCX's own choice, the better one over tcp).
-std::string transport_rndv_scheme_for(const ClusterConfig& config);
 
 // Reads a YAML file, then the environment's overrides. Errors: kNotFound (no file),
 // kInvalidArgument naming the key that is malformed, unknown, missing or out of range.

@@ -32,11 +32,10 @@ struct TransportOptions {
     std::chrono::milliseconds keepalive{2000};
     // ucx: how payloads above UCX's rendezvous threshold move, as UCX_RNDV_SCHEME spells it
     // ("get_zcopy", "put_zcopy", "am", "auto"); UCX_RNDV_SCHEME in the environment wins.
-    // Empty: UCX's own choice ("auto"), the better one over tcp. Between processes of one
-    // host, "get_zcopy" is: with peer error handling UCX 1.13 leaves cma out and "auto" puts
-    // the bytes through tcp, where "get_zcopy" (shared memory has no get) pipelines them
-    // through shared memory as active messages, 1.7-2.4x faster (bench/README.md,
-    // "Transport benchmark"). Default: empty.
+    // Empty: UCX's own choice ("auto"). Between processes of one host "get_zcopy" moves
+    // 1 MiB payloads 2-3.5x faster (UCX then pipelines them through shared memory instead
+    // of tcp), but a peer killed mid-transfer can leave the receiver unable to take new
+    // connections (transport/README.md): an opt-in, not the default. Default: empty.
     std::string ucx_rndv_scheme;
 };
 
