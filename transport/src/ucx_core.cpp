@@ -274,7 +274,7 @@ void UcxCore::service() {
         std::shared_ptr<UcxConn> conn = std::move(closing_[i].conn);
         closing_.erase(closing_.begin() + static_cast<ptrdiff_t>(i));
         conn->ep_closing = false;
-        ep_closed(*conn);
+        release_if_done(*conn);
     }
 }
 
@@ -401,7 +401,7 @@ void UcxCore::on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
 
 // The connection is released once its endpoint is closed and its requests have finished
 // (a forced close completes them with an error): until then they may hold pool buffers.
-void UcxCore::ep_closed(UcxConn& conn) {
+void UcxCore::release_if_done(UcxConn& conn) {
     conn.ep_closed = true;
     if (conn.pending_ops > 0) return;
     {
@@ -414,14 +414,14 @@ void UcxCore::ep_closed(UcxConn& conn) {
 void UcxCore::op_done(UcxConn& conn) {
     --ops_in_flight_;
     --conn.pending_ops;
-    if (conn.ep_closed) ep_closed(conn);
+    if (conn.ep_closed) release_if_done(conn);
 }
 
 void UcxCore::close(const std::shared_ptr<UcxConn>& conn, bool force) {
     if (conn->ep == nullptr) {
         // Never opened, or closed already (a failed endpoint is force-closed at once): the
         // close under way, if any, releases it.
-        if (!conn->ep_closing) ep_closed(*conn);
+        if (!conn->ep_closing) release_if_done(*conn);
         return;
     }
     release_waiting(*conn);
@@ -436,7 +436,7 @@ void UcxCore::close(const std::shared_ptr<UcxConn>& conn, bool force) {
         closing_.push_back({request, conn});
         return;
     }
-    ep_closed(*conn);
+    release_if_done(*conn);
 }
 
 // Rendezvous payloads nobody will fetch go back to UCX.

@@ -121,7 +121,7 @@ class UcxCore {
     void fetch_waiting(const std::shared_ptr<UcxConn>& conn);
     void release_waiting(UcxConn& conn);
     void op_done(UcxConn& conn);
-    void ep_closed(UcxConn& conn);
+    void release_if_done(UcxConn& conn);
     void fail(UcxConn& conn, Status why);
     void send_control(const std::shared_ptr<UcxConn>& conn, unsigned id, const std::string& header);
     void start_send(SendOp* op, unsigned id);
