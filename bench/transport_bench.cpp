@@ -251,13 +251,7 @@ std::vector<std::string> parse_list(const std::string& s) {
 
 std::vector<size_t> parse_sizes(const std::string& s) {
     std::vector<size_t> out;
-    size_t pos = 0;
-    while (pos < s.size()) {
-        size_t end = s.find(',', pos);
-        if (end == std::string::npos) end = s.size();
-        out.push_back(std::stoull(s.substr(pos, end - pos)));
-        pos = end + 1;
-    }
+    for (const std::string& x : parse_list(s)) out.push_back(std::stoull(x));
     return out;
 }
 
