@@ -95,7 +95,10 @@ Result<std::shared_ptr<UcxCore>> UcxCore::start(const TransportOptions& options)
     (void)ucp_config_modify(config, "KEEPALIVE_INTERVAL", keepalive.c_str());
     // Shared-memory transports leave endpoints that need peer-failure handling unless told
     // they may handle it (UCX issue 8477): without this, same-host peers talk over tcp.
-    (void)ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
+    // (Where none is loaded, UCX warns of the unknown setting.)
+    if (ucx_tls_has_shared_memory(options.ucx_tls)) {
+        (void)ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
+    }
     // UCX_RNDV_SCHEME from the environment is already in config and wins.
     if (std::getenv("UCX_RNDV_SCHEME") == nullptr && !options.ucx_rndv_scheme.empty()) {
         s = ucp_config_modify(config, "RNDV_SCHEME", options.ucx_rndv_scheme.c_str());
