@@ -4,14 +4,14 @@
 // receiver, sends `--mib` worth of messages of each size from pool buffers, and times until
 // the receiver acknowledges the last one. It does so once per rendezvous scheme in
 // `--schemes` (each with its own receiver and connection; the first, by default UCX's own
-// choice as the transport makes it, is the headline). In the same
-// run, alternating with it, ucx_perftest measures UCP active-message bandwidth (ucp_am_bw, the
-// protocol the transport uses) twice, with UCX's default endpoints and with UCX configured as the
-// transport configures it (peer error handling, -e; UCX_MM_ERROR_HANDLING=y; the headline scheme),
-// and tag-matching bandwidth (tag_bw), with the same UCX_TLS, message size and count. Ratios are
+// choice as the transport makes it, is the headline). In the same run, alternating with it,
+// ucx_perftest measures UCP active-message bandwidth (ucp_am_bw, the protocol the transport
+// uses) twice, with UCX's default endpoints and with UCX configured as the transport
+// configures it (peer error handling, -e; UCX_MM_ERROR_HANDLING=y; the headline scheme), and
+// tag-matching bandwidth (tag_bw), with the same UCX_TLS, message size and count. Ratios are
 // the median of each run's ratio (a run's arms are seconds apart; this VM's speed drifts over
-// minutes). Prints a table and, with --json, a summary. MiB/s throughout (ucx_perftest's "MB/s" are
-// MiB/s).
+// minutes). Prints a table and, with --json, a summary. MiB/s throughout (ucx_perftest's
+// "MB/s" are MiB/s).
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -175,8 +175,8 @@ double perftest(const std::string& test, size_t size, size_t count, int port, bo
     const bool peer_errors = configured;
     std::vector<std::string> extra;
     if (configured) {
-        const char* tls = getenv("UCX_TLS");
-        if (ucx_tls_has_shared_memory(tls ? tls : "")) extra.push_back("UCX_MM_ERROR_HANDLING=y");
+        // "": the UCX_TLS run_sender set, as the transport reads it.
+        if (ucx_tls_has_shared_memory("")) extra.push_back("UCX_MM_ERROR_HANDLING=y");
         if (getenv("UCX_RNDV_SCHEME") == nullptr) extra.push_back("UCX_RNDV_SCHEME=" + scheme);
     }
     std::vector<std::string> env_strings = environment_with(extra);
