@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 
@@ -49,6 +50,7 @@ struct Options {
     std::string policies = "deltakv,kvcompress,d2o,trimkv,snapkv,h2o,keydiff,streaming";
     std::string tasks = "ppl,decode,retrieval,multiturn";
     int32_t chunk = 256, threads = 2, decode_tail = 128, decode_steps = 16;
+    int32_t probes = 1;  // retrieval probes per task and length (means reported)
     float select = 0.2f;  // deltakv: share of compressed tokens per decode step
 };
 
@@ -335,16 +337,32 @@ private:
     const std::vector<int32_t>& filler_;
 };
 
-Json retrieval(std::vector<Arm>& arms, const Tasks& t, int32_t n, int32_t n_vocab) {
+Json retrieval(std::vector<Arm>& arms, const Tasks& t, int32_t n, int32_t n_vocab, int32_t n_probes) {
     Json out = Json::object();
     std::mt19937 rng(static_cast<uint32_t>(n));
-    const std::pair<const char*, Probe> probes[] = {
-        {"passkey", t.passkey(n, rng)}, {"needles", t.needles(n, rng)}, {"kv_lookup", t.kv_lookup(n, rng)}};
+    // Probe j of every task is drawn before probe j + 1 of any: probe 0 stays the same
+    // whatever the count.
+    std::vector<std::pair<const char*, Probe>> probes;
+    for (int32_t j = 0; j < n_probes; ++j) {
+        probes.push_back({"passkey", t.passkey(n, rng)});
+        probes.push_back({"needles", t.needles(n, rng)});
+        probes.push_back({"kv_lookup", t.kv_lookup(n, rng)});
+    }
+    std::map<std::string, std::map<std::string, std::pair<double, int>>> sums;  // task -> arm -> (ll, exact)
     for (const auto& [task, p] : probes) {
         for (auto& a : arms) {
             if (!feed(*a.ctx, p.context).ok()) continue;
             const auto [ll, exact] = score_answer(*a.ctx, p.question, p.answer, n_vocab);
-            out[task][a.name()] = {{"loglik", ll}, {"exact", exact}};
+            auto& s = sums[task][a.name()];
+            s.first += ll;
+            s.second += exact;
+        }
+    }
+    for (const auto& [task, by_arm] : sums) {
+        for (const auto& [arm, s] : by_arm) {
+            // Means over the probes; exact = the share of probes whose every answer token was the argmax.
+            out[task][arm] = {{"loglik", s.first / n_probes}, {"exact", static_cast<double>(s.second) / n_probes},
+                              {"probes", n_probes}};
         }
     }
     return out;
@@ -438,7 +456,7 @@ int run(const Options& o) {
         for (int32_t n : lengths) {
             if (!has(o.tasks, "retrieval")) break;
             log("retrieval", n);
-            result["retrieval"][std::to_string(n)] = retrieval(*arms, tasks, n, n_vocab);
+            result["retrieval"][std::to_string(n)] = retrieval(*arms, tasks, n, n_vocab, o.probes);
             std::ofstream(o.out) << result.dump(1) << "\n";
         }
         if (has(o.tasks, "multiturn")) {
@@ -467,10 +485,15 @@ int main(int argc, char** argv) {
     p.add("policies", &o.policies, "policies besides full");
     p.add("tasks", &o.tasks, "ppl, decode, retrieval, multiturn");
     p.add("select", &o.select, "deltakv: share of the compressed tokens each decode step attends to");
+    p.add("probes", &o.probes, "retrieval: probes per task and length (each its own random answer and filler; means reported)");
     p.add("decode-tail", &o.decode_tail, "last tokens of each text fed one at a time (scored apart too)");
     p.add("decode-steps", &o.decode_steps, "single-token steps timed per arm (the median is reported)");
     p.add("chunk", &o.chunk, "tokens per forward call (policies compress after each)");
     p.add("threads", &o.threads, "threads");
     if (auto code = parse_flags(p, argc - 1, argv + 1)) return *code;
+    if (o.probes < 1) {
+        std::fprintf(stderr, "error: --probes must be at least 1\n");
+        return 2;
+    }
     return run(o);
 }

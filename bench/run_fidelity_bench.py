@@ -96,11 +96,11 @@ def print_tables(s):
                 line += f" | {v['ppl_tail']:8.3f} {100 * v['ppl_tail_vs_full']:+7.2f}% {v['kl_tail']:8.4f}"
             print(line)
     for n, tasks in s["retrieval"].items():
-        print(f"\nretrieval at {n} tokens: answer log-likelihood (exact match)")
+        print(f"\nretrieval at {n} tokens: answer log-likelihood (share of probes answered exactly)")
         arms = list(next(iter(tasks.values())).keys())
         print(f"{'arm':18} " + " ".join(f"{t:>18}" for t in tasks))
         for a in arms:
-            cells = [f"{tasks[t][a]['loglik']:10.2f} ({'yes' if tasks[t][a]['exact'] else 'no':>3})" for t in tasks]
+            cells = [f"{tasks[t][a]['loglik']:10.2f} ({float(tasks[t][a]['exact']):4.2f})" for t in tasks]
             print(f"{a:18} " + " ".join(f"{c:>18}" for c in cells))
     if s["multiturn"]:
         print("\nmulti-turn: questions 2-4 about facts no earlier question touched")
@@ -173,7 +173,8 @@ def main():
     ap.add_argument("--decode-tail", default="128", help="last tokens of each text fed one at a time")
     ap.add_argument("--policies", default="deltakv,kvcompress,d2o,trimkv,snapkv,h2o,keydiff,streaming")
     ap.add_argument("--out", default="bench/out/fidelity")
-    a = ap.parse_args()
+    # Anything else (--probes, --select, --decode-steps, --threads, ...) goes to the binary.
+    a, rest = ap.parse_known_args()
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     if a.merge:
         r = merge(a.merge)
@@ -187,7 +188,8 @@ def main():
     subprocess.run([os.path.join(a.build, "bin", "deltaserve-bench-fidelity"), "--model", a.model,
                     "--profile", a.profile, "--text", text_path, "--out", a.out + ".json",
                     "--lengths", a.lengths, "--keeps", a.keeps, "--retrieval-keeps", a.retrieval_keeps,
-                    "--tasks", a.tasks, "--policies", a.policies, "--decode-tail", a.decode_tail], check=True)
+                    "--tasks", a.tasks, "--policies", a.policies, "--decode-tail", a.decode_tail] + rest,
+                   check=True)
     report(json.load(open(a.out + ".json")), a.out)
 
 
