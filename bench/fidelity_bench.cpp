@@ -348,21 +348,26 @@ Json retrieval(std::vector<Arm>& arms, const Tasks& t, int32_t n, int32_t n_voca
         probes.push_back({"needles", t.needles(n, rng)});
         probes.push_back({"kv_lookup", t.kv_lookup(n, rng)});
     }
-    std::map<std::string, std::map<std::string, std::pair<double, int>>> sums;  // task -> arm -> (ll, exact)
+    struct Sum {
+        double ll = 0;
+        int exact = 0, n = 0;
+    };
+    std::map<std::string, std::map<std::string, Sum>> sums;  // task -> arm
     for (const auto& [task, p] : probes) {
         for (auto& a : arms) {
             if (!feed(*a.ctx, p.context).ok()) continue;
             const auto [ll, exact] = score_answer(*a.ctx, p.question, p.answer, n_vocab);
+            if (std::isnan(ll)) continue;  // the arm failed this probe: left out of its means
             auto& s = sums[task][a.name()];
-            s.first += ll;
-            s.second += exact;
+            s.ll += ll;
+            s.exact += exact;
+            ++s.n;
         }
     }
     for (const auto& [task, by_arm] : sums) {
         for (const auto& [arm, s] : by_arm) {
-            // Means over the probes; exact = the share of probes whose every answer token was the argmax.
-            out[task][arm] = {{"loglik", s.first / n_probes}, {"exact", static_cast<double>(s.second) / n_probes},
-                              {"probes", n_probes}};
+            // Means over the probes scored; exact = the share whose every answer token was the argmax.
+            out[task][arm] = {{"loglik", s.ll / s.n}, {"exact", static_cast<double>(s.exact) / s.n}, {"probes", s.n}};
         }
     }
     return out;
