@@ -1,5 +1,7 @@
 #include "deltaserve/decode/kv_stream_io.h"
 
+#include <cstring>
+
 #include "deltaserve/common/logging.h"
 
 namespace deltaserve::decode {
@@ -20,7 +22,8 @@ Status send_stream_message(transport::Connection& conn, const StreamHeader& head
     DS_ASSIGN_OR_RETURN(auto head, transport::encode_stream_header(header));
     transport::Message m;
     m.header = std::move(head);
-    m.payload = transport::Buffer::copy_of(std::as_bytes(payload));
+    m.payload = conn.allocate_payload(payload.size());
+    if (!payload.empty()) std::memcpy(m.payload.data(), payload.data(), payload.size());
     return conn.send(std::move(m), deadline);
 }
 

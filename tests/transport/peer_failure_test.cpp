@@ -44,7 +44,8 @@ class PeerProcess {
     pid_t pid_ = -1;
 };
 
-// tcp alone, and whatever UCX picks by default (on one host: shared memory beside tcp). Not
+// tcp alone, and whatever UCX picks by default (on one host: shared memory beside tcp, and
+// pool payloads through the peer's mapped pool). Not
 // with the opt-in get_zcopy scheme: there a killed sender can leave the listener deaf to the
 // next peer (transport/README.md), which is why it is not the default.
 class PeerFailure : public ::testing::TestWithParam<const char*> {
@@ -96,6 +97,8 @@ TEST_P(PeerFailure, SenderKilledMidTransferEndsTheConnectionNotTheListener) {
     EXPECT_EQ(end.code(), StatusCode::kUnavailable) << end.to_string();
     EXPECT_LT(Clock::now() - killed_at, 20s);
     EXPECT_EQ((*conn)->status().code(), StatusCode::kUnavailable);
+    // On one host the peer's pool payloads came through its pool, mapped here.
+    if (ucx_tls_has_shared_memory(GetParam())) EXPECT_GT((*conn)->stats().shared_received, 0u);
     conn->reset();
     EXPECT_EQ((*t)->stats().pool_bytes_in_use, 0u) << "received buffers leaked";
 
@@ -140,6 +143,7 @@ TEST_P(PeerFailure, ReceiverKilledMidTransferFailsTheSender) {
     Message m;
     m.header = {std::byte{2}};
     EXPECT_EQ((*conn)->send(std::move(m), deadline_in(5s)).code(), StatusCode::kUnavailable);
+    if (ucx_tls_has_shared_memory(GetParam())) EXPECT_GT((*conn)->stats().shared_sent, 0u);
     conn->reset();
     EXPECT_EQ((*t)->stats().pool_bytes_in_use, 0u) << "buffers of failed sends leaked";
 }

@@ -1,5 +1,6 @@
 // A transport peer in its own process, for the tests that kill one mid-transfer.
-//   transport_peer send ADDRESS COUNT BYTES   connect, send COUNT messages of BYTES, then wait
+//   transport_peer send ADDRESS COUNT BYTES   connect, send COUNT messages of BYTES (from the
+//                                             pool and the heap in turn), then wait
 //   transport_peer idle ADDRESS               connect, never receive, wait to be killed
 // Prints "connected" once connected; exits 2 on a transport error.
 #include <unistd.h>
@@ -38,7 +39,17 @@ int main(int argc, char** argv) {
             Message m;
             m.header.assign(8, std::byte{0});
             std::memcpy(m.header.data(), &i, sizeof(i));
-            m.payload = Buffer::heap(bytes);
+            // Pool and heap payloads alternate: both paths are cut when it is killed.
+            if (i % 2 == 0) {
+                auto pooled = (*transport)->allocate(bytes, deadline_in(std::chrono::seconds(30)));
+                if (!pooled.ok()) {
+                    std::fprintf(stderr, "%s\n", pooled.error().to_string().c_str());
+                    return 2;
+                }
+                m.payload = std::move(*pooled);
+            } else {
+                m.payload = Buffer::heap(bytes);
+            }
             std::memset(m.payload.data(), static_cast<int>(i & 0xff), bytes);
             deltaserve::Status s =
                 (*conn)->send(std::move(m), deadline_in(std::chrono::seconds(30)));

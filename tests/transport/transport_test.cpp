@@ -162,6 +162,62 @@ TEST_P(TransportTest, PoolBuffersTravelAndComeBack) {
     EXPECT_EQ(huge->pool(), nullptr);
 }
 
+// Between processes of one host (here: one process, the same kernel path) UCX with shared
+// memory moves pool payloads through the sender's pool mapped by the receiver; without
+// shared memory (tcp) and in-process they go the usual way. Either way the bytes and the
+// order hold, both directions, with heap payloads in between, and every buffer comes back.
+TEST_P(TransportTest, SameHostPoolPayloadsGoThroughTheSharedPool) {
+    TransportOptions options;
+    options.pool_bytes = 32 << 20;
+    auto t = make(options);
+    std::unique_ptr<Listener> listener;
+    std::unique_ptr<Connection> server;
+    auto client = connect_pair(*t, *t, listener, server);
+    ASSERT_TRUE(client && server);
+
+    const size_t sizes[] = {64 << 10, 1 << 20, 100, 3 << 20};
+    const uint32_t n = 40;
+    auto pool_message = [&](uint32_t i) {
+        Message m = make_message(i, 0);
+        const size_t bytes = sizes[i % 4];
+        if (i % 5 == 4) {  // a heap payload now and then
+            m.payload = make_payload(bytes, i);
+            return m;
+        }
+        auto b = t->allocate(bytes, deadline_in(5s));
+        EXPECT_TRUE(b.ok());
+        Buffer reference = make_payload(bytes, i);
+        std::memcpy(b->data(), reference.data(), bytes);
+        m.payload = std::move(*b);
+        return m;
+    };
+    for (Connection* from : {client.get(), server.get()}) {
+        Connection* to = from == client.get() ? server.get() : client.get();
+        std::thread sender([&] {
+            for (uint32_t i = 0; i < n; ++i) {
+                ASSERT_TRUE(from->send(pool_message(i), deadline_in(20s)).ok());
+            }
+            EXPECT_TRUE(from->flush(deadline_in(20s)).ok());
+        });
+        for (uint32_t i = 0; i < n; ++i) {
+            auto m = to->receive(deadline_in(20s));
+            ASSERT_TRUE(m.ok()) << m.error().to_string();
+            ASSERT_EQ(seq_of(*m), i);
+            ASSERT_TRUE(payload_ok(m->payload, sizes[i % 4], i)) << "message " << i;
+        }
+        sender.join();
+    }
+    // Pool payloads of 8 KiB and more, 4 of every 5 messages but the 100-byte ones.
+    const uint64_t shared_each_way = 24;
+    const bool shared = std::string(GetParam().name) == "ucx" &&
+                        ucx_tls_has_shared_memory(GetParam().tls);
+    EXPECT_EQ(client->stats().shared_sent, shared ? shared_each_way : 0);
+    EXPECT_EQ(server->stats().shared_received, shared ? shared_each_way : 0);
+    EXPECT_EQ(server->stats().shared_sent, shared ? shared_each_way : 0);
+    EXPECT_EQ(client->stats().shared_received, shared ? shared_each_way : 0);
+    EXPECT_EQ(t->stats().pool_bytes_in_use, 0u);
+}
+
 TEST_P(TransportTest, MessageLargerThanTheWindowsStillPasses) {
     TransportOptions options;
     options.send_window_bytes = 1 << 20;
@@ -211,6 +267,43 @@ TEST_P(TransportTest, SlowReceiverStallsTheSenderWithinTheWindows) {
     auto m = server->receive(deadline_in(10s));
     ASSERT_TRUE(m.ok());
     EXPECT_EQ(seq_of(*m), accepted);
+}
+
+// The same with pool payloads, which on one host go through the shared pool: the receiver
+// copies only while its window has room, so the sender's buffers stay held and it stalls.
+TEST_P(TransportTest, SlowReceiverStallsAPoolSenderToo) {
+    TransportOptions options;
+    options.pool_bytes = 32 << 20;
+    options.send_window_bytes = 4 << 20;
+    options.shared_send_window_bytes = 4 << 20;
+    options.recv_window_bytes = 4 << 20;
+    auto t = make(options);
+    std::unique_ptr<Listener> listener;
+    std::unique_ptr<Connection> server;
+    auto client = connect_pair(*t, *t, listener, server);
+    ASSERT_TRUE(client && server);
+
+    const size_t bytes = 1 << 20;
+    uint32_t accepted = 0;
+    Status last;
+    for (; accepted < 64; ++accepted) {
+        Message m = make_message(accepted, 0);
+        m.payload = client->allocate_payload(bytes);
+        Buffer reference = make_payload(bytes, accepted);
+        std::memcpy(m.payload.data(), reference.data(), bytes);
+        last = client->send(std::move(m), deadline_in(300ms));
+        if (!last.ok()) break;
+    }
+    ASSERT_EQ(last.code(), StatusCode::kDeadlineExceeded) << last.to_string();
+    EXPECT_LE(accepted * bytes, 8 * bytes + 2 * bytes) << accepted << " messages went out";
+    for (uint32_t i = 0; i < accepted; ++i) {
+        auto m = server->receive(deadline_in(10s));
+        ASSERT_TRUE(m.ok()) << m.error().to_string();
+        ASSERT_EQ(seq_of(*m), i);
+        ASSERT_TRUE(payload_ok(m->payload, bytes, i));
+    }
+    ASSERT_TRUE(client->flush(deadline_in(10s)).ok());
+    EXPECT_EQ(t->stats().pool_bytes_in_use, 0u);
 }
 
 TEST_P(TransportTest, ReceiveAndAcceptTimeOut) {

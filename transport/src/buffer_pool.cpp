@@ -1,3 +1,4 @@
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -5,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
 
 #include "deltaserve/transport/buffer.h"
 
@@ -14,6 +16,19 @@ namespace {
 constexpr size_t kGranule = 64;
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// A memory file of `size` bytes whose size is sealed (a process that maps it cannot be made
+// to fault by its owner shrinking it), or -1.
+int shared_file(const std::string& name, size_t size) {
+    const int fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return -1;
+    if (ftruncate(fd, static_cast<off_t>(size)) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        ::close(fd);
+        return -1;
+    }
+    return fd;
+}
 
 }  // namespace
 
@@ -67,16 +82,25 @@ struct BufferPool::State {
 };
 
 Result<std::shared_ptr<BufferPool>> BufferPool::create(size_t bytes, RegisterFn reg,
-                                                       DeregisterFn dereg) {
+                                                       DeregisterFn dereg,
+                                                       std::string_view share_name) {
     if (bytes == 0) return invalid_argument("a buffer pool needs at least one byte");
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     const size_t size = round_up(bytes, page);
-    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    const int fd = share_name.empty() ? -1 : shared_file(std::string(share_name), size);
+    // Populated now: a first shipment does not pay a page fault per page it touches.
+    void* p = fd >= 0 ? mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                             fd, 0)
+                      : mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     if (p == MAP_FAILED) {
+        const int err = errno;
+        if (fd >= 0) ::close(fd);
         return resource_exhausted("cannot map a buffer pool of " + std::to_string(size) +
-                                  " bytes: " + std::strerror(errno));
+                                  " bytes: " + std::strerror(err));
     }
     std::shared_ptr<BufferPool> pool(new BufferPool());
+    pool->share_fd_ = fd;
     pool->base_ = static_cast<std::byte*>(p);
     pool->size_ = size;
     pool->state_ = std::make_unique<State>();
@@ -93,6 +117,7 @@ Result<std::shared_ptr<BufferPool>> BufferPool::create(size_t bytes, RegisterFn 
 BufferPool::~BufferPool() {
     if (dereg_ && registration_) dereg_(registration_);
     if (base_) munmap(base_, size_);
+    if (share_fd_ >= 0) ::close(share_fd_);
 }
 
 size_t BufferPool::bytes_in_use() const {

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <poll.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -14,7 +15,18 @@
 namespace deltaserve::transport {
 namespace {
 
-enum AmId : unsigned { kAmHello = 1, kAmHelloAnswer = 2, kAmData = 3 };
+enum AmId : unsigned {
+    kAmHello = 1,
+    kAmHelloAnswer = 2,
+    kAmData = 3,
+    kAmSharedData = 4,   // header + PoolRef; the payload is in the sender's pool
+    kAmSharedAck = 5,    // the receiver copied every shared payload up to this seq
+    kAmSharedReady = 6,  // the client mapped the server's pool: the server may send through it
+};
+
+// Payloads from the pool at least this large go through the shared pool on one host;
+// smaller ones travel inside UCX's own message as before (a copy either way).
+constexpr size_t kSharedMinBytes = 8 << 10;
 
 // After activity the progress thread keeps polling this long before it sleeps on the
 // worker's event fd: a stream of messages does not pay a wakeup per message.
@@ -57,12 +69,17 @@ struct UcxCore::Handles {
     }
 };
 
-struct UcxCore::SendOp {
-    UcxCore* core;
+struct UcxSendOp {
+    class UcxCore* core;
     std::shared_ptr<UcxConn> conn;
     Message message;
     size_t bytes;
     bool data;  // counted in the connection's in-flight totals (hello and answer are not)
+    // A shared send finishes when UCX has sent its reference and the peer acknowledged the
+    // copy (or the connection ended): two parts.
+    int parts = 1;
+    uint64_t shared_seq = 0;
+    ucs_status_t status = UCS_OK;  // the first failure of a part
 };
 
 struct UcxCore::FetchOp {
@@ -140,7 +157,10 @@ Result<std::shared_ptr<UcxCore>> UcxCore::start(const TransportOptions& options)
     const std::pair<unsigned, ucp_am_recv_callback_t> handlers[] = {
         {kAmHello, &UcxCore::on_hello},
         {kAmHelloAnswer, &UcxCore::on_hello_answer},
-        {kAmData, &UcxCore::on_data}};
+        {kAmData, &UcxCore::on_data},
+        {kAmSharedData, &UcxCore::on_shared_data},
+        {kAmSharedAck, &UcxCore::on_shared_ack},
+        {kAmSharedReady, &UcxCore::on_shared_ready}};
     for (const auto& [id, cb] : handlers) {
         ucp_am_handler_param_t h{};
         h.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
@@ -152,6 +172,9 @@ Result<std::shared_ptr<UcxCore>> UcxCore::start(const TransportOptions& options)
         if (s != UCS_OK) return ucx_status(s, "registering an active-message handler");
     }
 
+    // Peers on this host may map the pool where the transports allow shared memory.
+    const bool shared = ucx_tls_has_shared_memory(options.ucx_tls);
+    const std::string pool_name = shared ? random_pool_name() : std::string();
     std::shared_ptr<Handles> handles = core->handles_;
     auto pool = BufferPool::create(
         options.pool_bytes,
@@ -165,9 +188,14 @@ Result<std::shared_ptr<UcxCore>> UcxCore::start(const TransportOptions& options)
             if (ms != UCS_OK) return ucx_status(ms, "ucp_mem_map");
             return static_cast<void*>(memh);
         },
-        [handles](void* memh) { ucp_mem_unmap(handles->context, static_cast<ucp_mem_h>(memh)); });
+        [handles](void* memh) { ucp_mem_unmap(handles->context, static_cast<ucp_mem_h>(memh)); },
+        pool_name);
     if (!pool.ok()) return pool.error();
     core->pool_ = std::move(*pool);
+    if (core->pool_->share_fd() >= 0) {
+        core->offer_ =
+            PoolOffer{getpid(), core->pool_->share_fd(), core->pool_->capacity(), pool_name};
+    }
 
     core->thread_ = std::thread([c = core.get()] { c->run(); });
     return core;
@@ -381,7 +409,7 @@ Status UcxCore::open_client(const std::shared_ptr<UcxConn>& conn, const sockaddr
     ucs_status_t s = ucp_ep_create(handles_->worker, &ep, &conn->ep);
     if (s != UCS_OK) return ucx_status(s, "connecting to " + sockaddr_name(addr));
     eps_.emplace(conn->ep, conn);
-    send_control(conn, kAmHello, "hello");
+    send_control(conn, kAmHello, "hello" + hello_offer());
     return {};
 }
 
@@ -428,6 +456,7 @@ void UcxCore::close(const std::shared_ptr<UcxConn>& conn, bool force) {
         return;
     }
     release_waiting(*conn);
+    cancel_unacked(*conn);
     ucp_ep_h ep = std::exchange(conn->ep, nullptr);
     eps_.erase(ep);
     ucp_request_param_t p{};
@@ -466,7 +495,58 @@ void UcxCore::send_control(const std::shared_ptr<UcxConn>& conn, unsigned id,
 }
 
 void UcxCore::send(const std::shared_ptr<UcxConn>& conn, Message message, size_t bytes) {
-    start_send(new SendOp{this, conn, std::move(message), bytes, /*data=*/true}, kAmData);
+    auto* op = new SendOp{this, conn, std::move(message), bytes, /*data=*/true};
+    const Buffer& payload = op->message.payload;
+    if (conn->send_shared && conn->ep != nullptr && !conn->failed &&
+        payload.pool() == pool_.get() && payload.size() >= kSharedMinBytes) {
+        return start_shared_send(op);
+    }
+    start_send(op, kAmData);
+}
+
+// The reference goes as a UCX message; the payload stays in the pool until the ack.
+void UcxCore::start_shared_send(SendOp* op) {
+    UcxConn& conn = *op->conn;
+    op->parts = 2;
+    op->shared_seq = conn.next_shared_seq++;
+    const Buffer& payload = op->message.payload;
+    append_ref(op->message.header,
+               PoolRef{pool_->offset_of(payload.data()), payload.size(), op->shared_seq});
+    conn.unacked.push_back(op);
+    {
+        std::lock_guard lock(conn.mu);
+        conn.stats.shared_sent++;
+    }
+    ++ops_in_flight_;
+    ++conn.pending_ops;
+    ucp_request_param_t p{};
+    p.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    p.cb.send = &UcxCore::on_send_done;
+    p.user_data = op;
+    p.flags = UCP_AM_SEND_FLAG_REPLY;
+    void* r = ucp_am_send_nbx(conn.ep, kAmSharedData, op->message.header.data(),
+                              op->message.header.size(), nullptr, 0, &p);
+    if (r == nullptr) return part_done(op, UCS_OK);
+    if (UCS_PTR_IS_ERR(r)) {
+        // Not sent: the peer will not acknowledge it either.
+        std::erase(conn.unacked, op);
+        op->parts = 1;
+        part_done(op, UCS_PTR_STATUS(r));
+    }
+}
+
+void UcxCore::use_shared(UcxConn& conn) {
+    conn.send_shared = true;
+    std::lock_guard lock(conn.mu);
+    conn.shared = true;
+}
+
+// Shared sends the peer will not acknowledge now (the connection is closing or failed).
+void UcxCore::cancel_unacked(UcxConn& conn) {
+    auto unacked = std::move(conn.unacked);
+    conn.unacked.clear();
+    for (SendOp* op : unacked) part_done(op, UCS_ERR_CANCELED);
 }
 
 void UcxCore::start_send(SendOp* op, unsigned id) {
@@ -492,8 +572,14 @@ void UcxCore::start_send(SendOp* op, unsigned id) {
 
 void UcxCore::on_send_done(void* request, ucs_status_t status, void* user_data) {
     auto* op = static_cast<SendOp*>(user_data);
-    op->core->on_sent(op, status);
+    op->core->part_done(op, status);
     ucp_request_free(request);
+}
+
+void UcxCore::part_done(SendOp* op, ucs_status_t status) {
+    if (status != UCS_OK && op->status == UCS_OK) op->status = status;
+    if (--op->parts > 0) return;
+    on_sent(op, op->status);
 }
 
 void UcxCore::on_sent(SendOp* op, ucs_status_t status) {
@@ -524,13 +610,41 @@ void UcxCore::on_sent(SendOp* op, ucs_status_t status) {
 
 // ---- receiving ----
 
-ucs_status_t UcxCore::on_hello(void* arg, const void*, size_t, void*, size_t,
-                               const ucp_am_recv_param_t* param) {
+// " shm <pid> <fd> <size> <name>" where peers on this host may map our pool, else "".
+std::string UcxCore::hello_offer() const {
+    std::string text;
+    if (offer_) text.append(" ").append(encode_offer(*offer_));
+    return text;
+}
+
+namespace {
+
+// The peer's pool where it offered one and this process can map it (same host).
+std::unique_ptr<PeerPool> map_offered(const void* header, size_t length) {
+    auto offer = parse_offer(std::string_view(static_cast<const char*>(header), length));
+    if (!offer) return nullptr;
+    auto mapped = PeerPool::map(*offer);
+    if (!mapped.ok()) {
+        spdlog::debug("transport: payloads go through UCX: {}", mapped.error().message());
+        return nullptr;
+    }
+    return std::move(*mapped);
+}
+
+}  // namespace
+
+// The hello may offer the client's pool; the answer says whether the server mapped it and
+// offers the server's.
+ucs_status_t UcxCore::on_hello(void* arg, const void* header, size_t header_length, void*,
+                               size_t, const ucp_am_recv_param_t* param) {
     auto* core = static_cast<UcxCore*>(arg);
     auto conn = core->conn_of(param->reply_ep);
     if (!conn || conn->listener == nullptr) return UCS_OK;
     UcxListenerState* listener = std::exchange(conn->listener, nullptr);
-    core->send_control(conn, kAmHelloAnswer, "answer");
+    if (core->offer_) conn->peer_pool = map_offered(header, header_length);
+    core->send_control(conn, kAmHelloAnswer,
+                       std::string(conn->peer_pool ? "answer mapped" : "answer") +
+                           core->hello_offer());
     {
         std::lock_guard lock(conn->mu);
         conn->connected = true;
@@ -546,11 +660,18 @@ ucs_status_t UcxCore::on_hello(void* arg, const void*, size_t, void*, size_t,
     return UCS_OK;
 }
 
-ucs_status_t UcxCore::on_hello_answer(void* arg, const void*, size_t, void*, size_t,
-                                      const ucp_am_recv_param_t* param) {
+ucs_status_t UcxCore::on_hello_answer(void* arg, const void* header, size_t header_length,
+                                      void*, size_t, const ucp_am_recv_param_t* param) {
     auto* core = static_cast<UcxCore*>(arg);
     auto conn = core->conn_of(param->reply_ep);
     if (!conn) return UCS_OK;
+    const std::string_view answer(static_cast<const char*>(header), header_length);
+    if (core->offer_) {
+        if (answer.rfind("answer mapped", 0) == 0) core->use_shared(*conn);
+        conn->peer_pool = map_offered(header, header_length);
+        // Sent before connect() returns, so it precedes every data message.
+        if (conn->peer_pool) core->send_control(conn, kAmSharedReady, "ready");
+    }
     {
         std::lock_guard lock(conn->mu);
         conn->connected = true;
@@ -592,6 +713,63 @@ ucs_status_t UcxCore::on_data(void* arg, const void* header, size_t header_lengt
     return UCS_OK;
 }
 
+ucs_status_t UcxCore::on_shared_ready(void* arg, const void*, size_t, void*, size_t,
+                                      const ucp_am_recv_param_t* param) {
+    auto* core = static_cast<UcxCore*>(arg);
+    auto conn = core->conn_of(param->reply_ep);
+    if (conn && core->offer_) core->use_shared(*conn);
+    return UCS_OK;
+}
+
+ucs_status_t UcxCore::on_shared_data(void* arg, const void* header, size_t header_length, void*,
+                                     size_t, const ucp_am_recv_param_t* param) {
+    auto* core = static_cast<UcxCore*>(arg);
+    auto conn = core->conn_of(param->reply_ep);
+    if (!conn) return UCS_OK;
+    size_t app_length = 0;
+    const auto ref = take_ref(header, header_length, &app_length);
+    if (!ref || !conn->peer_pool || conn->peer_pool->at(ref->offset, ref->length) == nullptr) {
+        std::string peer;
+        {
+            std::lock_guard lock(conn->mu);
+            peer = conn->peer;
+        }
+        core->fail(*conn, Status(StatusCode::kDataLoss,
+                                 "connection to " + peer +
+                                     ": a shared-memory payload outside the peer's pool"));
+        if (!std::exchange(conn->failed, true)) core->failed_.push_back(conn);
+        return UCS_OK;
+    }
+    Arrival a;
+    a.message.header.resize(app_length);
+    if (app_length > 0) std::memcpy(a.message.header.data(), header, app_length);
+    a.state = Arrival::State::kWaiting;
+    a.length = ref->length;
+    a.shared = true;
+    a.ref = *ref;
+    {
+        std::lock_guard lock(conn->mu);
+        a.seq = conn->next_seq++;
+        conn->arrivals.push_back(std::move(a));
+    }
+    core->fetch_later(conn);
+    return UCS_OK;
+}
+
+ucs_status_t UcxCore::on_shared_ack(void* arg, const void* header, size_t header_length, void*,
+                                    size_t, const ucp_am_recv_param_t* param) {
+    auto* core = static_cast<UcxCore*>(arg);
+    auto conn = core->conn_of(param->reply_ep);
+    const auto seq = parse_ack(header, header_length);
+    if (!conn || !seq) return UCS_OK;
+    while (!conn->unacked.empty() && conn->unacked.front()->shared_seq <= *seq) {
+        SendOp* op = conn->unacked.front();
+        conn->unacked.pop_front();
+        core->part_done(op, UCS_OK);
+    }
+    return UCS_OK;
+}
+
 void UcxCore::fetch_later(const std::shared_ptr<UcxConn>& conn) {
     if (std::exchange(conn->fetch_queued, true)) return;
     to_fetch_.push_back(conn);
@@ -606,6 +784,8 @@ void UcxCore::fetch_waiting(const std::shared_ptr<UcxConn>& conn) {
         uint64_t seq;
         void* desc;
         size_t length;
+        bool shared;  // the payload is at ref in the peer's pool
+        PoolRef ref;
     };
     std::vector<Pending> start;
     bool more_waiting = false;
@@ -626,15 +806,24 @@ void UcxCore::fetch_waiting(const std::shared_ptr<UcxConn>& conn) {
             }
             a.state = Arrival::State::kFetching;
             held += a.length + a.message.header.size();
-            start.push_back({a.seq, std::exchange(a.desc, nullptr), a.length});
+            start.push_back({a.seq, std::exchange(a.desc, nullptr), a.length, a.shared, a.ref});
         }
         conn->next_fetch_seq = i < arrivals.size() ? arrivals[i].seq : conn->next_seq;
         conn->held_bytes = held;
         conn->wants_room = more_waiting;
     }
+    std::vector<std::pair<uint64_t, Buffer>> copied;
+    uint64_t copied_upto = 0;
     for (const Pending& p : start) {
         Buffer b = pool_->try_acquire(p.length);
         if (b.data() == nullptr) b = Buffer::heap(p.length);
+        if (p.shared) {
+            // Its place was checked against the mapping when it arrived.
+            std::memcpy(b.data(), conn->peer_pool->at(p.ref.offset, p.length), p.length);
+            copied.emplace_back(p.seq, std::move(b));
+            copied_upto = p.ref.seq;
+            continue;
+        }
         ++ops_in_flight_;
         ++conn->pending_ops;
         auto* op = new FetchOp{this, conn, p.seq, std::move(b)};
@@ -653,6 +842,22 @@ void UcxCore::fetch_waiting(const std::shared_ptr<UcxConn>& conn) {
             on_fetched(op, UCS_PTR_STATUS(r));
         }
     }
+    if (copied.empty()) return;
+    {
+        std::lock_guard lock(conn->mu);
+        auto& arrivals = conn->arrivals;
+        for (auto& [seq, buffer] : copied) {
+            // Arrivals hold consecutive seqs from the front's (unless a close cleared them).
+            if (arrivals.empty() || seq < arrivals.front().seq) continue;
+            const size_t i = seq - arrivals.front().seq;
+            if (i >= arrivals.size()) continue;
+            arrivals[i].message.payload = std::move(buffer);
+            arrivals[i].state = Arrival::State::kReady;
+            conn->stats.shared_received++;
+        }
+    }
+    conn->changed.notify_all();
+    send_control(conn, kAmSharedAck, encode_ack(copied_upto));
 }
 
 void UcxCore::on_fetch_done(void* request, ucs_status_t status, size_t, void* user_data) {

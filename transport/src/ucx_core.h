@@ -6,7 +6,10 @@
 // the client, the server's answer (the client's connect() returns when it arrives: the
 // whole path works both ways), and data (header + payload). Payloads at or above UCX's
 // rendezvous threshold are fetched only while the connection's receive window has room:
-// until then the sender's request stays open, which is what stalls a fast sender.
+// until then the sender's request stays open, which is what stalls a fast sender. Between
+// processes of one host, payloads from the pool travel through shared memory instead
+// (shared_pool.h): the data message carries the payload's place in the sender's pool, the
+// receiver copies it out under the same window and acknowledges.
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -17,16 +20,21 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "deltaserve/transport/transport_factory.h"
+#include "shared_pool.h"
 
 namespace deltaserve::transport {
 
-// A received message, in arrival order: ready, or a rendezvous payload still at the sender.
+struct UcxSendOp;
+
+// A received message, in arrival order: ready, or a payload still at the sender (a
+// rendezvous, or a place in the sender's shared pool).
 struct Arrival {
     enum class State { kReady, kWaiting, kFetching };
     State state = State::kReady;
@@ -34,6 +42,8 @@ struct Arrival {
     Message message;
     void* desc = nullptr;  // kWaiting: UCX's rendezvous descriptor
     size_t length = 0;     // payload bytes
+    bool shared = false;   // the payload is at ref in the peer's pool
+    PoolRef ref;
 };
 
 // One connection's state, shared by the application's threads and the progress thread.
@@ -55,6 +65,7 @@ struct UcxConn {
     bool closing = false;     // the application closed it
     bool released = false;    // endpoint closed and every request on it finished
     bool wants_room = false;  // payloads wait for the receive window
+    bool shared = false;      // payloads go through the shared pool (a same-host peer)
     ConnectionStats stats;
 
     // Progress thread only.
@@ -66,6 +77,10 @@ struct UcxConn {
     bool ep_closing = false;                      // its close request is in UcxCore::closing_
     bool ep_closed = false;                       // closed (or never opened)
     struct UcxListenerState* listener = nullptr;  // server side, until the hello
+    std::unique_ptr<PeerPool> peer_pool;          // the peer's pool, mapped: it sends through it
+    bool send_shared = false;                     // the peer maps our pool: send through it
+    uint64_t next_shared_seq = 0;
+    std::deque<UcxSendOp*> unacked;  // shared sends the peer has not copied yet, in order
 };
 
 struct UcxListenerState {
@@ -111,7 +126,7 @@ class UcxCore {
 
   private:
     struct Handles;
-    struct SendOp;
+    using SendOp = UcxSendOp;
     struct FetchOp;
 
     UcxCore() = default;
@@ -125,7 +140,13 @@ class UcxCore {
     void fail(UcxConn& conn, Status why);
     void send_control(const std::shared_ptr<UcxConn>& conn, unsigned id, const std::string& header);
     void start_send(SendOp* op, unsigned id);
+    void start_shared_send(SendOp* op);
+    void copy_shared(const std::shared_ptr<UcxConn>& conn, const std::vector<uint64_t>& seqs);
+    void cancel_unacked(UcxConn& conn);
+    void use_shared(UcxConn& conn);
+    std::string hello_offer() const;
     void on_fetched(FetchOp* op, ucs_status_t status);
+    void part_done(SendOp* op, ucs_status_t status);
     void on_sent(SendOp* op, ucs_status_t status);
     std::shared_ptr<UcxConn> conn_of(ucp_ep_h ep);
 
@@ -138,6 +159,14 @@ class UcxCore {
                                         const ucp_am_recv_param_t* param);
     static ucs_status_t on_data(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param);
+    static ucs_status_t on_shared_data(void* arg, const void* header, size_t header_length,
+                                       void* data, size_t length,
+                                       const ucp_am_recv_param_t* param);
+    static ucs_status_t on_shared_ack(void* arg, const void* header, size_t header_length,
+                                      void* data, size_t length, const ucp_am_recv_param_t* param);
+    static ucs_status_t on_shared_ready(void* arg, const void* header, size_t header_length,
+                                        void* data, size_t length,
+                                        const ucp_am_recv_param_t* param);
     static void on_send_done(void* request, ucs_status_t status, void* user_data);
     static void on_fetch_done(void* request, ucs_status_t status, size_t length, void* user_data);
 
@@ -145,6 +174,7 @@ class UcxCore {
     std::shared_ptr<Handles> handles_;  // context + worker; the pool's deregistration holds it
     std::shared_ptr<BufferPool> pool_;
     int event_fd_ = -1;
+    std::optional<PoolOffer> offer_;  // set where peers on this host may map our pool
     std::thread thread_;
 
     std::mutex commands_mu_;

@@ -71,10 +71,11 @@ class UcxConnection final : public Connection {
                                     " bytes exceeds " + std::to_string(kMaxHeaderBytes));
         }
         const size_t bytes = message.header.size() + message.payload.size();
-        const size_t window = core_->options().send_window_bytes;
         UcxConn& c = *conn_;
         {
             std::unique_lock lock(c.mu);
+            const size_t window = c.shared ? core_->options().shared_send_window_bytes
+                                           : core_->options().send_window_bytes;
             const bool ready = c.changed.wait_until(lock, deadline, [&] {
                 return c.closing || !c.error.ok() || c.inflight == 0 ||
                        c.inflight_bytes + bytes <= window;
@@ -96,6 +97,11 @@ class UcxConnection final : public Connection {
             core->send(conn, std::move(*boxed), bytes);
         });
         return {};
+    }
+
+    Buffer allocate_payload(size_t bytes) override {
+        Buffer b = core_->pool().try_acquire(bytes);
+        return b.data() != nullptr ? std::move(b) : Buffer::heap(bytes);
     }
 
     Status flush(Deadline deadline) override {

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string_view>
 
 #include "deltaserve/common/status.h"
 
@@ -71,10 +72,14 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
     using RegisterFn = std::function<Result<void*>(std::span<std::byte> region)>;
     using DeregisterFn = std::function<void(void* registration)>;
 
-    // A pool of `bytes` bytes (rounded up to pages). Errors: the region cannot be mapped or
+    // A pool of `bytes` bytes (rounded up to pages). With a share_name the region is a
+    // memory file (memfd, named share_name, its size sealed) that other processes of this
+    // host may map read-only through /proc (share_fd()); where the kernel cannot make one
+    // the pool is private memory (share_fd() -1). Errors: the region cannot be mapped or
     // registered.
     static Result<std::shared_ptr<BufferPool>> create(size_t bytes, RegisterFn reg = nullptr,
-                                                      DeregisterFn dereg = nullptr);
+                                                      DeregisterFn dereg = nullptr,
+                                                      std::string_view share_name = {});
     ~BufferPool();
 
     BufferPool(const BufferPool&) = delete;
@@ -89,6 +94,12 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
     size_t capacity() const { return size_; }
     size_t bytes_in_use() const;
     void* registration() const { return registration_; }
+    // The memory file behind a shareable pool, or -1.
+    int share_fd() const { return share_fd_; }
+    // Where p lies in the pool (p must be inside it).
+    size_t offset_of(const void* p) const {
+        return static_cast<size_t>(static_cast<const std::byte*>(p) - base_);
+    }
     bool contains(const void* p) const {
         return p >= base_ && p < static_cast<const std::byte*>(base_) + size_;
     }
@@ -102,6 +113,7 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
     std::byte* base_ = nullptr;
     size_t size_ = 0;
     void* registration_ = nullptr;
+    int share_fd_ = -1;
     DeregisterFn dereg_;
     std::unique_ptr<State> state_;
 };

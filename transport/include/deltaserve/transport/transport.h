@@ -40,6 +40,10 @@ struct ConnectionStats {
     uint64_t bytes_sent = 0;  // header + payload
     uint64_t messages_received = 0;
     uint64_t bytes_received = 0;
+    // Payloads sent and received through the sender's pool mapped by a peer on the same
+    // host (ucx; transport/README.md) instead of through the network layer.
+    uint64_t shared_sent = 0;
+    uint64_t shared_received = 0;
 };
 
 class Connection {
@@ -51,6 +55,12 @@ class Connection {
     // the message is not sent), kDeadlineExceeded (the window stayed full),
     // kInvalidArgument (header over kMaxHeaderBytes).
     virtual Status send(Message message, Deadline deadline) = 0;
+    // A buffer for a payload to send on this connection: from the transport's registered
+    // pool where that makes the send cheaper and the pool has room now (ucx: no
+    // registration per message, and a peer on this host copies it straight out of the
+    // pool), else from the heap. Never waits: a pool held by stalled connections does not
+    // hold up this one.
+    virtual Buffer allocate_payload(size_t bytes) { return Buffer::heap(bytes); }
     // Waits until every message sent so far has been delivered to the peer's transport.
     virtual Status flush(Deadline deadline) = 0;
     // The next message. Errors: kDeadlineExceeded, kUnavailable once the connection failed
