@@ -31,8 +31,9 @@ struct ClusterConfig {
     float kv_keep = 1.0f;
     std::string kv_profile;
     std::string transport_tls;  // UCX_TLS of the data plane; "" = UCX's own choice
-    // UCX_RNDV_SCHEME of the data plane; "" = UCX's own choice. get_zcopy is faster for a
-    // cluster on one host but not safe there when a node dies (transport/README.md).
+    // UCX_RNDV_SCHEME of the data plane; "" = UCX's own choice. On one host KV goes through
+    // the transport's shared pool whatever it is; get_zcopy is not safe there when a node
+    // dies (transport/README.md).
     std::string transport_rndv_scheme;
     std::string gateway_host = "127.0.0.1";
     int32_t gateway_port = 8000;

@@ -38,10 +38,11 @@ struct TransportOptions {
     std::chrono::milliseconds keepalive{2000};
     // ucx: how payloads above UCX's rendezvous threshold move, as UCX_RNDV_SCHEME spells it
     // ("get_zcopy", "put_zcopy", "am", "auto"); UCX_RNDV_SCHEME in the environment wins.
-    // Empty: UCX's own choice ("auto"). Between processes of one host "get_zcopy" moves
-    // 1 MiB payloads 2-3.5x faster (UCX then pipelines them through shared memory instead
-    // of tcp), but a peer killed mid-transfer can leave the receiver unable to take new
-    // connections (transport/README.md): an opt-in, not the default. Default: empty.
+    // Empty: UCX's own choice ("auto"). Between processes of one host pool payloads skip
+    // UCX's rendezvous (the shared pool); for heap payloads there "get_zcopy" is 2-3.5x
+    // faster (UCX then pipelines them through shared memory instead of tcp), but a peer
+    // killed mid-transfer can leave the receiver unable to take new connections
+    // (transport/README.md): an opt-in, not the default. Default: empty.
     std::string ucx_rndv_scheme;
 };
 
