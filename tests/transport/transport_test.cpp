@@ -51,6 +51,29 @@ uint32_t seq_of(const Message& m) {
     return seq;
 }
 
+// Sends n messages made by make(i) from another thread while this one receives them: each
+// must arrive in order, its payload of expected_bytes(i) bytes intact.
+template <typename Make, typename Bytes>
+void stream_in_order(Connection& from, Connection& to, uint32_t n, Make make,
+                     Bytes expected_bytes) {
+    std::thread sender([&] {
+        for (uint32_t i = 0; i < n; ++i) ASSERT_TRUE(from.send(make(i), deadline_in(20s)).ok());
+        EXPECT_TRUE(from.flush(deadline_in(20s)).ok());
+    });
+    for (uint32_t i = 0; i < n; ++i) {
+        auto m = to.receive(deadline_in(20s));
+        if (!m.ok()) {
+            ADD_FAILURE() << m.error().to_string();
+            break;
+        }
+        if (seq_of(*m) != i || !payload_ok(m->payload, expected_bytes(i), i)) {
+            ADD_FAILURE() << "message " << i << " arrived out of order or damaged";
+            break;
+        }
+    }
+    sender.join();
+}
+
 class TransportTest : public ::testing::TestWithParam<Backend> {
   protected:
     std::unique_ptr<Transport> make(TransportOptions options = {}) {
@@ -92,19 +115,9 @@ TEST_P(TransportTest, MessagesOfEverySizeArriveInOrderAndIntact) {
     // Small (eager) and large (rendezvous) messages interleaved: order must still hold.
     const size_t sizes[] = {0, 1, 100, 8 << 10, 300 << 10, 3 << 20};
     const uint32_t n = 60;
-    std::thread sender([&] {
-        for (uint32_t i = 0; i < n; ++i) {
-            ASSERT_TRUE(client->send(make_message(i, sizes[i % 6]), deadline_in(20s)).ok());
-        }
-        EXPECT_TRUE(client->flush(deadline_in(20s)).ok());
-    });
-    for (uint32_t i = 0; i < n; ++i) {
-        auto m = server->receive(deadline_in(20s));
-        ASSERT_TRUE(m.ok()) << m.error().to_string();
-        ASSERT_EQ(seq_of(*m), i);
-        ASSERT_TRUE(payload_ok(m->payload, sizes[i % 6], i)) << "message " << i;
-    }
-    sender.join();
+    auto bytes = [&](uint32_t i) { return sizes[i % 6]; };
+    stream_in_order(
+        *client, *server, n, [&](uint32_t i) { return make_message(i, bytes(i)); }, bytes);
     EXPECT_EQ(client->stats().messages_sent, n);
     EXPECT_EQ(server->stats().messages_received, n);
     EXPECT_EQ(server->stats().bytes_received, client->stats().bytes_sent);
@@ -177,36 +190,22 @@ TEST_P(TransportTest, SameHostPoolPayloadsGoThroughTheSharedPool) {
 
     const size_t sizes[] = {64 << 10, 1 << 20, 100, 3 << 20};
     const uint32_t n = 40;
+    auto bytes = [&](uint32_t i) { return sizes[i % 4]; };
     auto pool_message = [&](uint32_t i) {
         Message m = make_message(i, 0);
-        const size_t bytes = sizes[i % 4];
         if (i % 5 == 4) {  // a heap payload now and then
-            m.payload = make_payload(bytes, i);
+            m.payload = make_payload(bytes(i), i);
             return m;
         }
-        auto b = t->allocate(bytes, deadline_in(5s));
+        auto b = t->allocate(bytes(i), deadline_in(5s));
         EXPECT_TRUE(b.ok());
-        Buffer reference = make_payload(bytes, i);
-        std::memcpy(b->data(), reference.data(), bytes);
+        Buffer reference = make_payload(bytes(i), i);
+        std::memcpy(b->data(), reference.data(), bytes(i));
         m.payload = std::move(*b);
         return m;
     };
-    for (Connection* from : {client.get(), server.get()}) {
-        Connection* to = from == client.get() ? server.get() : client.get();
-        std::thread sender([&] {
-            for (uint32_t i = 0; i < n; ++i) {
-                ASSERT_TRUE(from->send(pool_message(i), deadline_in(20s)).ok());
-            }
-            EXPECT_TRUE(from->flush(deadline_in(20s)).ok());
-        });
-        for (uint32_t i = 0; i < n; ++i) {
-            auto m = to->receive(deadline_in(20s));
-            ASSERT_TRUE(m.ok()) << m.error().to_string();
-            ASSERT_EQ(seq_of(*m), i);
-            ASSERT_TRUE(payload_ok(m->payload, sizes[i % 4], i)) << "message " << i;
-        }
-        sender.join();
-    }
+    stream_in_order(*client, *server, n, pool_message, bytes);
+    stream_in_order(*server, *client, n, pool_message, bytes);
     // Pool payloads of 8 KiB and more, 4 of every 5 messages but the 100-byte ones.
     const uint64_t shared_each_way = 24;
     const bool shared = std::string(GetParam().name) == "ucx" &&
@@ -233,77 +232,63 @@ TEST_P(TransportTest, MessageLargerThanTheWindowsStillPasses) {
     EXPECT_TRUE(payload_ok(m->payload, 9 << 20, 1));
 }
 
-TEST_P(TransportTest, SlowReceiverStallsTheSenderWithinTheWindows) {
-    TransportOptions options;
-    options.send_window_bytes = 4 << 20;
-    options.recv_window_bytes = 4 << 20;
-    auto t = make(options);
-    std::unique_ptr<Listener> listener;
-    std::unique_ptr<Connection> server;
-    auto client = connect_pair(*t, *t, listener, server);
-    ASSERT_TRUE(client && server);
-
-    // Nobody receives: sends must start timing out once both windows are full.
+// Nobody receives: sends must start timing out once both windows are full; then the
+// receiver catches up, everything accepted arrives in order and sending resumes. Pool
+// payloads go through the shared pool on one host, where the receiver copies only while its
+// window has room, so the sender's buffers stay held and it stalls just the same.
+void slow_receiver_stalls_the_sender(Transport& t, Connection& client, Connection& server,
+                                     size_t window, bool pool_payloads) {
     const size_t bytes = 1 << 20;
+    auto message = [&](uint32_t seq) {
+        if (!pool_payloads) return make_message(seq, bytes);
+        Message m = make_message(seq, 0);
+        m.payload = client.allocate_payload(bytes);
+        Buffer reference = make_payload(bytes, seq);
+        std::memcpy(m.payload.data(), reference.data(), bytes);
+        return m;
+    };
     uint32_t accepted = 0;
     Status last;
     for (; accepted < 64; ++accepted) {
-        last = client->send(make_message(accepted, bytes), deadline_in(300ms));
+        last = client.send(message(accepted), deadline_in(300ms));
         if (!last.ok()) break;
     }
     ASSERT_EQ(last.code(), StatusCode::kDeadlineExceeded) << last.to_string();
-    EXPECT_LE(accepted * bytes, options.send_window_bytes + options.recv_window_bytes + 2 * bytes)
+    EXPECT_LE(accepted * bytes, 2 * window + 2 * bytes)
         << accepted << " messages went out to a receiver that took none";
     EXPECT_GE(accepted, 3u) << "the window holds at least three messages";
 
-    // The receiver catches up: everything accepted arrives, in order, and sending resumes.
     for (uint32_t i = 0; i < accepted; ++i) {
-        auto m = server->receive(deadline_in(10s));
+        auto m = server.receive(deadline_in(10s));
         ASSERT_TRUE(m.ok()) << m.error().to_string();
         ASSERT_EQ(seq_of(*m), i);
         ASSERT_TRUE(payload_ok(m->payload, bytes, i));
     }
-    ASSERT_TRUE(client->send(make_message(accepted, bytes), deadline_in(10s)).ok());
-    auto m = server->receive(deadline_in(10s));
-    ASSERT_TRUE(m.ok());
-    EXPECT_EQ(seq_of(*m), accepted);
+    ASSERT_TRUE(client.send(message(accepted), deadline_in(10s)).ok());
+    {
+        auto m = server.receive(deadline_in(10s));
+        ASSERT_TRUE(m.ok());
+        EXPECT_EQ(seq_of(*m), accepted);
+    }
+    ASSERT_TRUE(client.flush(deadline_in(10s)).ok());
+    EXPECT_EQ(t.stats().pool_bytes_in_use, 0u);
 }
 
-// The same with pool payloads, which on one host go through the shared pool: the receiver
-// copies only while its window has room, so the sender's buffers stay held and it stalls.
-TEST_P(TransportTest, SlowReceiverStallsAPoolSenderToo) {
-    TransportOptions options;
-    options.pool_bytes = 32 << 20;
-    options.send_window_bytes = 4 << 20;
-    options.shared_send_window_bytes = 4 << 20;
-    options.recv_window_bytes = 4 << 20;
-    auto t = make(options);
-    std::unique_ptr<Listener> listener;
-    std::unique_ptr<Connection> server;
-    auto client = connect_pair(*t, *t, listener, server);
-    ASSERT_TRUE(client && server);
-
-    const size_t bytes = 1 << 20;
-    uint32_t accepted = 0;
-    Status last;
-    for (; accepted < 64; ++accepted) {
-        Message m = make_message(accepted, 0);
-        m.payload = client->allocate_payload(bytes);
-        Buffer reference = make_payload(bytes, accepted);
-        std::memcpy(m.payload.data(), reference.data(), bytes);
-        last = client->send(std::move(m), deadline_in(300ms));
-        if (!last.ok()) break;
+TEST_P(TransportTest, SlowReceiverStallsTheSenderWithinTheWindows) {
+    for (bool pool_payloads : {false, true}) {
+        SCOPED_TRACE(pool_payloads ? "pool payloads" : "heap payloads");
+        TransportOptions options;
+        options.pool_bytes = 32 << 20;
+        options.send_window_bytes = 4 << 20;
+        options.shared_send_window_bytes = 4 << 20;
+        options.recv_window_bytes = 4 << 20;
+        auto t = make(options);
+        std::unique_ptr<Listener> listener;
+        std::unique_ptr<Connection> server;
+        auto client = connect_pair(*t, *t, listener, server);
+        ASSERT_TRUE(client && server);
+        slow_receiver_stalls_the_sender(*t, *client, *server, 4 << 20, pool_payloads);
     }
-    ASSERT_EQ(last.code(), StatusCode::kDeadlineExceeded) << last.to_string();
-    EXPECT_LE(accepted * bytes, 8 * bytes + 2 * bytes) << accepted << " messages went out";
-    for (uint32_t i = 0; i < accepted; ++i) {
-        auto m = server->receive(deadline_in(10s));
-        ASSERT_TRUE(m.ok()) << m.error().to_string();
-        ASSERT_EQ(seq_of(*m), i);
-        ASSERT_TRUE(payload_ok(m->payload, bytes, i));
-    }
-    ASSERT_TRUE(client->flush(deadline_in(10s)).ok());
-    EXPECT_EQ(t->stats().pool_bytes_in_use, 0u);
 }
 
 TEST_P(TransportTest, ReceiveAndAcceptTimeOut) {

@@ -494,6 +494,17 @@ void UcxCore::send_control(const std::shared_ptr<UcxConn>& conn, unsigned id,
     start_send(new SendOp{this, conn, std::move(m), 0, /*data=*/false}, id);
 }
 
+// A send completing through on_send_done, which may answer to the peer's endpoint.
+ucp_request_param_t UcxCore::send_params(SendOp* op) {
+    ucp_request_param_t p{};
+    p.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    p.cb.send = &UcxCore::on_send_done;
+    p.user_data = op;
+    p.flags = UCP_AM_SEND_FLAG_REPLY;
+    return p;
+}
+
 void UcxCore::send(const std::shared_ptr<UcxConn>& conn, Message message, size_t bytes) {
     auto* op = new SendOp{this, conn, std::move(message), bytes, /*data=*/true};
     const Buffer& payload = op->message.payload;
@@ -519,12 +530,7 @@ void UcxCore::start_shared_send(SendOp* op) {
     }
     ++ops_in_flight_;
     ++conn.pending_ops;
-    ucp_request_param_t p{};
-    p.op_attr_mask =
-        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-    p.cb.send = &UcxCore::on_send_done;
-    p.user_data = op;
-    p.flags = UCP_AM_SEND_FLAG_REPLY;
+    ucp_request_param_t p = send_params(op);
     void* r = ucp_am_send_nbx(conn.ep, kAmSharedData, op->message.header.data(),
                               op->message.header.size(), nullptr, 0, &p);
     if (r == nullptr) return part_done(op, UCS_OK);
@@ -553,12 +559,7 @@ void UcxCore::start_send(SendOp* op, unsigned id) {
     ++ops_in_flight_;
     ++op->conn->pending_ops;
     if (op->conn->ep == nullptr || op->conn->failed) return on_sent(op, UCS_ERR_NOT_CONNECTED);
-    ucp_request_param_t p{};
-    p.op_attr_mask =
-        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-    p.cb.send = &UcxCore::on_send_done;
-    p.user_data = op;
-    p.flags = UCP_AM_SEND_FLAG_REPLY;
+    ucp_request_param_t p = send_params(op);
     Buffer& payload = op->message.payload;
     if (payload.pool() == pool_.get() && pool_->registration() != nullptr) {
         p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
@@ -585,6 +586,9 @@ void UcxCore::part_done(SendOp* op, ucs_status_t status) {
 void UcxCore::on_sent(SendOp* op, ucs_status_t status) {
     std::unique_ptr<SendOp> owned(op);
     UcxConn& conn = *op->conn;
+    // Its buffer goes back to the pool before the completion is announced: once flush()
+    // returns, what was sent no longer holds the pool.
+    op->message = {};
     bool notify = true;
     {
         std::lock_guard lock(conn.mu);
@@ -604,7 +608,6 @@ void UcxCore::on_sent(SendOp* op, ucs_status_t status) {
                  conn.inflight_bytes <= options_.send_window_bytes / 2;
     }
     if (notify) conn.changed.notify_all();
-    op->message = {};  // its buffer goes back to the pool before the release is announced
     op_done(conn);
 }
 

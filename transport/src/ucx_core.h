@@ -139,6 +139,7 @@ class UcxCore {
     void release_if_done(UcxConn& conn);
     void fail(UcxConn& conn, Status why);
     void send_control(const std::shared_ptr<UcxConn>& conn, unsigned id, const std::string& header);
+    static ucp_request_param_t send_params(SendOp* op);
     void start_send(SendOp* op, unsigned id);
     void start_shared_send(SendOp* op);
     void copy_shared(const std::shared_ptr<UcxConn>& conn, const std::vector<uint64_t>& seqs);
