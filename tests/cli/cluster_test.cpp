@@ -97,10 +97,13 @@ class Namespaces {
 };
 
 // A cluster config in a temporary folder and its three processes, on loopback or with the
-// decode and prefill nodes in network namespaces of their own (the gateway stays here).
+// decode and prefill nodes in network namespaces of their own (the gateway stays here). KV
+// goes over UCX's tcp unless tls says otherwise ("": UCX's choice, and on one host the
+// transport's shared pool, as deploy/cluster.yaml has it).
 class Cluster {
   public:
-    explicit Cluster(const Namespaces* hosts = nullptr, int n_prefill = 1) {
+    explicit Cluster(const Namespaces* hosts = nullptr, int n_prefill = 1,
+                     const std::string& tls = "tcp") {
         dir_ =
             std::filesystem::temp_directory_path() /
             ("deltaserve-cluster-" + std::to_string(getpid()) + "-" + std::to_string(counter_++));
@@ -112,7 +115,7 @@ class Cluster {
         std::ofstream yaml(config());
         yaml << "model: " << default_gguf_model() << "\n"
              << "threads: 1\nctx_size: 2048\nlocal_prefill_max: 0\n"
-             << "transport: {tls: tcp}\nprefill:\n";
+             << "transport: {tls: \"" << tls << "\"}\nprefill:\n";
         for (int i = 0; i < n_prefill; ++i) {
             yaml << "  - {name: p" << i << ", rpc: \"" << p_ip << ":"
                  << (hosts ? 7101 + i : free_port()) << "\"}\n";
@@ -177,8 +180,11 @@ class ClusterTest : public ::testing::Test {
     void SetUp() override { DS_REQUIRE_FILE(default_gguf_model(), "default GGUF model"); }
 };
 
-TEST_F(ClusterTest, AnswersLikeServeAndSessionsContinue) {
-    Cluster cluster;
+// Over tcp, and on one host with the default transports (KV through the shared pool).
+class ClusterLinkTest : public ClusterTest, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(ClusterLinkTest, AnswersLikeServeAndSessionsContinue) {
+    Cluster cluster(nullptr, 1, GetParam());
     ASSERT_TRUE(cluster.up()) << cluster.logs();
     ServingProcess serve(serve_args({"--ctx-size", "2048"}));
     ASSERT_NE(serve.port(), 0) << serve.log();
@@ -221,8 +227,8 @@ json long_prompt(int max_tokens, bool stream = false) {
     return chat_body(text, max_tokens, stream);
 }
 
-TEST_F(ClusterTest, APrefillNodeKilledMidTransferEndsTheRequestClearly) {
-    Cluster cluster;
+TEST_P(ClusterLinkTest, APrefillNodeKilledMidTransferEndsTheRequestClearly) {
+    Cluster cluster(nullptr, 1, GetParam());
     ASSERT_TRUE(cluster.up()) << cluster.logs();
     const uint16_t port = cluster.port();
     ASSERT_EQ(post_chat(port, chat_body("Hi", 2)).status, 200);
@@ -243,6 +249,11 @@ TEST_F(ClusterTest, APrefillNodeKilledMidTransferEndsTheRequestClearly) {
     EXPECT_EQ(cluster.metric("deltaserve_queue_length"), 0);
     EXPECT_EQ(cluster.metric("deltaserve_kv_bytes"), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Tls, ClusterLinkTest, ::testing::Values("tcp", ""),
+                         [](const auto& info) {
+                             return std::string(*info.param ? info.param : "default");
+                         });
 
 // With a second prefill node, the gateway retries the turn there: the decode node drops the
 // dead node's partial stream and takes the second one's; the answer is the one a healthy

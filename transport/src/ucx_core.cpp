@@ -631,6 +631,8 @@ std::unique_ptr<PeerPool> map_offered(const void* header, size_t length) {
         spdlog::debug("transport: payloads go through UCX: {}", mapped.error().message());
         return nullptr;
     }
+    spdlog::debug("transport: mapped the pool of process {} (same host): its payloads come "
+                  "through it", offer->pid);
     return std::move(*mapped);
 }
 
