@@ -88,11 +88,13 @@ Result<std::shared_ptr<BufferPool>> BufferPool::create(size_t bytes, RegisterFn 
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     const size_t size = round_up(bytes, page);
     const int fd = share_name.empty() ? -1 : shared_file(std::string(share_name), size);
-    // Populated now: a first shipment does not pay a page fault per page it touches.
-    void* p = fd >= 0 ? mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                             fd, 0)
+    // A pool a network layer registers (or a peer maps) is populated now: the first payloads
+    // do not pay a page fault per page. An unregistered one (the in-process transport's,
+    // whose payloads move without copying) takes memory only as it is used.
+    const int populate = fd >= 0 || reg ? MAP_POPULATE : 0;
+    void* p = fd >= 0 ? mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | populate, fd, 0)
                       : mmap(nullptr, size, PROT_READ | PROT_WRITE,
-                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+                             MAP_PRIVATE | MAP_ANONYMOUS | populate, -1, 0);
     if (p == MAP_FAILED) {
         const int err = errno;
         if (fd >= 0) ::close(fd);

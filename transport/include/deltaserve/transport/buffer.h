@@ -72,11 +72,11 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
     using RegisterFn = std::function<Result<void*>(std::span<std::byte> region)>;
     using DeregisterFn = std::function<void(void* registration)>;
 
-    // A pool of `bytes` bytes (rounded up to pages). With a share_name the region is a
-    // memory file (memfd, named share_name, its size sealed) that other processes of this
-    // host may map read-only through /proc (share_fd()); where the kernel cannot make one
-    // the pool is private memory (share_fd() -1). Errors: the region cannot be mapped or
-    // registered.
+    // A pool of `bytes` bytes (rounded up to pages); with reg or a share_name its pages are
+    // allocated now, else as they are used. With a share_name the region is a memory file
+    // (memfd, named share_name, its size sealed) that other processes of this host may map
+    // read-only through /proc (share_fd()); where the kernel cannot make one the pool is
+    // private memory (share_fd() -1). Errors: the region cannot be mapped or registered.
     static Result<std::shared_ptr<BufferPool>> create(size_t bytes, RegisterFn reg = nullptr,
                                                       DeregisterFn dereg = nullptr,
                                                       std::string_view share_name = {});
