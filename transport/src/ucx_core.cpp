@@ -604,8 +604,9 @@ void UcxCore::on_sent(SendOp* op, ucs_status_t status) {
         }
         // A sender waiting for room is woken once half the window is free, not at every
         // completion: a full window of small messages would cost a wakeup each.
-        notify = !conn.error.ok() || conn.inflight == 0 ||
-                 conn.inflight_bytes <= options_.send_window_bytes / 2;
+        const size_t window =
+            conn.shared ? options_.shared_send_window_bytes : options_.send_window_bytes;
+        notify = !conn.error.ok() || conn.inflight == 0 || conn.inflight_bytes <= window / 2;
     }
     if (notify) conn.changed.notify_all();
     op_done(conn);

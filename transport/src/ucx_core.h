@@ -142,7 +142,6 @@ class UcxCore {
     static ucp_request_param_t send_params(SendOp* op);
     void start_send(SendOp* op, unsigned id);
     void start_shared_send(SendOp* op);
-    void copy_shared(const std::shared_ptr<UcxConn>& conn, const std::vector<uint64_t>& seqs);
     void cancel_unacked(UcxConn& conn);
     void use_shared(UcxConn& conn);
     std::string hello_offer() const;
