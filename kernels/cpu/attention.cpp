@@ -245,12 +245,12 @@ void write_rows(const AttentionShape& s, const Partial& st, int g, int32_t i0, i
 }  // namespace
 
 void attention(const AttentionShape& s, const KvView& kv, const float* q, int64_t ldq, int32_t n_q,
-               float* out, int64_t ldo, ThreadPool& pool, float* lse) {
+               float* out, int64_t ldo, ThreadPool& pool, float* lse, bool causal) {
     DS_CHECK(s.head_dim % 8 == 0 && s.head_dim <= kMaxHeadDim, "unsupported head_dim");
     DS_CHECK(s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0, "bad GQA shape");
     int32_t n_keys = 0;
     for (int g = 0; g < s.n_kv_heads; ++g) {
-        DS_CHECK(kv.n_of(g) >= n_q, "fewer entries than queries");
+        DS_CHECK(!causal || kv.n_of(g) >= n_q, "fewer entries than queries");
         n_keys = std::max(n_keys, kv.n_of(g));
     }
     const int group = s.n_heads / s.n_kv_heads;
@@ -283,9 +283,10 @@ void attention(const AttentionShape& s, const KvView& kv, const float* q, int64_
             const int32_t i1 = std::min(n_q, i0 + q_block);
             const float* qrow[kMaxRows];
             int32_t qpos[kMaxRows];
-            const int32_t p0 = kv.n_of(g) - n_q;  // entries before the new ones
+            // Entries before the new ones; without the causal mask every entry is.
+            const int32_t p0 = causal ? kv.n_of(g) - n_q : kv.n_of(g);
             const int n_rows = gather_rows(s, q, ldq, p0, g, i0, i1, qrow, qpos);
-            const int32_t last = p0 + i1;  // keys [0, last) may be visible
+            const int32_t last = std::min(kv.n_of(g), p0 + i1);  // keys [0, last) may be visible
             const int32_t per = (last + splits - 1) / splits;
             const int32_t k0 = std::min(last, sp * per);
             const int32_t k1 = std::min(last, k0 + per);

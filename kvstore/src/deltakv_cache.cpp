@@ -462,6 +462,7 @@ void DeltaKvSequenceCache::latent_scores(int32_t layer, const kernels::Attention
 
 bool DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& shape,
                                   const float* q, int64_t ldq, int32_t n, float* out, int64_t ldo) {
+    if (n > 1) return attend_chunk(layer, shape, q, ldq, n, out, ldo);
     if (options_.full_layer[layer] || latent_sel_.empty()) return false;
     DS_CHECK(n == 1, "latent tokens are selected for single-token calls only");
     const size_t heads = static_cast<size_t>(shape.n_heads);
@@ -483,7 +484,71 @@ bool DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& 
     t.ref_v = ref_v_.data();
     t.n_refs = static_cast<int64_t>(ref_v_.size());
     k::latent_attention(shape, t, out_b_.data(), lse_b_.data(), threads_);
+    add_logit_correction(layer, shape, q, ldq, 1, lse_b_.data());
     k::merge_attention(out, lse_a_.data(), out_b_.data(), lse_b_.data(), shape.n_heads, shape.head_dim);
+    return true;
+}
+
+bool DeltaKvSequenceCache::corrects(int32_t layer) const {
+    return options_.logit_correction != 0.0f && !options_.full_layer[layer] &&
+           static_cast<size_t>(layer) < profile_.key_error_var.size() &&
+           !profile_.key_error_var[layer].empty();
+}
+
+void DeltaKvSequenceCache::add_logit_correction(int32_t layer, const kernels::AttentionShape& shape,
+                                                const float* q, int64_t ldq, int32_t n,
+                                                float* lse) const {
+    if (!corrects(layer)) return;
+    const int32_t hd = options_.head_dim, half = hd / 2, group = shape.n_heads / shape.n_kv_heads;
+    const bool interleaved = options_.rope_style == k::RopeStyle::kInterleaved;
+    const float c = options_.logit_correction * shape.scale * shape.scale * 0.5f;
+    for (int32_t i = 0; i < n; ++i) {
+        for (int h = 0; h < shape.n_heads; ++h) {
+            const float* qh = q + i * ldq + static_cast<int64_t>(h) * hd;
+            const float* var = profile_.key_error_var[layer].data() + static_cast<size_t>(h / group) * half;
+            float b = 0.0f;
+            for (int32_t t = 0; t < half; ++t) {
+                // The two dimensions RoPE turns together share the pair's variance.
+                const float q0 = interleaved ? qh[2 * t] : qh[t];
+                const float q1 = interleaved ? qh[2 * t + 1] : qh[t + half];
+                b += (q0 * q0 + q1 * q1) * var[t];
+            }
+            float& l = lse[static_cast<size_t>(i) * shape.n_heads + h];
+            if (std::isfinite(l)) l += c * b;
+        }
+    }
+}
+
+bool DeltaKvSequenceCache::attend_chunk(int32_t layer, const kernels::AttentionShape& shape,
+                                        const float* q, int64_t ldq, int32_t n, float* out,
+                                        int64_t ldo) {
+    if (!corrects(layer)) return false;
+    DS_CHECK(ldo == static_cast<int64_t>(shape.n_heads) * shape.head_dim, "chunk output rows must be packed");
+    // view(): sinks, the selection, the buffer and new tokens. A keeps all but the
+    // selection's reconstructed tokens, B holds those.
+    k::KvView a = view(layer, n);
+    const size_t n_sinks = static_cast<size_t>(std::min(options_.sinks, n_tokens_));
+    slots_a_.assign(view_slots_.begin(), view_slots_.begin() + n_sinks);
+    slots_b_.clear();
+    for (size_t j = 0; j < selected_.size(); ++j) {
+        (latent_of_[selected_[j]] >= 0 ? slots_b_ : slots_a_).push_back(selected_slot_[j]);
+    }
+    if (slots_b_.empty()) return false;
+    slots_a_.insert(slots_a_.end(), view_slots_.begin() + n_sinks + selected_.size(), view_slots_.end());
+    k::KvView b = a;
+    a.slots = slots_a_.data();
+    a.n = static_cast<int32_t>(slots_a_.size());
+    b.slots = slots_b_.data();
+    b.n = static_cast<int32_t>(slots_b_.size());
+    const size_t rows = static_cast<size_t>(n) * shape.n_heads;
+    lse_a_.resize(rows);
+    lse_b_.resize(rows);
+    out_b_.resize(rows * shape.head_dim);
+    k::attention(shape, a, q, ldq, n, out, ldo, threads_, lse_a_.data());
+    k::attention(shape, b, q, ldq, n, out_b_.data(), ldo, threads_, lse_b_.data(), /*causal=*/false);
+    add_logit_correction(layer, shape, q, ldq, n, lse_b_.data());
+    k::merge_attention(out, lse_a_.data(), out_b_.data(), lse_b_.data(), static_cast<int>(rows),
+                       shape.head_dim);
     return true;
 }
 

@@ -84,6 +84,26 @@ Result<std::unique_ptr<kvstore::DeltaKvProfile>> load_deltakv_profile(const std:
         std::stable_sort(p->sensitivity_order.begin(), p->sensitivity_order.end(),
                          [&](int32_t a, int32_t b) { return err[a] > err[b]; });
     }
+    // Per layer, what calibration measured of the reconstructed keys' error (logit correction).
+    if (j.contains("key_error_var")) {
+        const auto& kv = j["key_error_var"];
+        const size_t per = static_cast<size_t>(d / 4);  // KV heads x RoPE pairs
+        if (!kv.is_array() || kv.size() != static_cast<size_t>(config.n_layers)) {
+            return invalid_argument(json_path + ": key_error_var needs one list per layer");
+        }
+        for (const auto& l : kv) {
+            std::vector<float> v;
+            if (l.is_array()) {
+                for (const auto& x : l) v.push_back(x.is_number() ? x.get<float>() : -1.0f);
+            }
+            if (!l.is_array() || (!v.empty() && v.size() != per) ||
+                std::any_of(v.begin(), v.end(), [](float x) { return !(x >= 0.0f && std::isfinite(x)); })) {
+                return invalid_argument(json_path + ": key_error_var holds a layer that is not " +
+                                        std::to_string(per) + " non-negative numbers");
+            }
+            p->key_error_var.push_back(std::move(v));
+        }
+    }
     kvstore::prepare_int4_decoders(*p);
     return p;
 }

@@ -31,6 +31,7 @@
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/model.h"
 #include "deltaserve/model/scoring.h"
+#include "key_error.h"
 
 namespace deltaserve::ops {
 
@@ -90,6 +91,38 @@ Result<std::vector<int32_t>> text_tokens(const model::Model& m, const std::strin
     std::stringstream s;
     s << in.rdbuf();
     return m.tokenizer->encode(s.str(), m.tokenizer->vocab().add_bos, false);
+}
+
+// The first calibration sequences (as record_kv cuts them), max_tokens in all at most.
+Result<std::vector<std::vector<int32_t>>> calibration_sequences(const Options& o, const model::Model& m,
+                                                                int64_t max_tokens) {
+    std::vector<std::vector<int32_t>> out;
+    int64_t total = 0;
+    for (const std::string& path : split(o.texts, ',')) {
+        DS_ASSIGN_OR_RETURN(auto tokens, text_tokens(m, path));
+        for (size_t at = 0; at < tokens.size() && total < max_tokens; at += static_cast<size_t>(o.seq_len)) {
+            const size_t n = std::min({tokens.size() - at, static_cast<size_t>(o.seq_len),
+                                       static_cast<size_t>(max_tokens - total)});
+            if (n < 64) break;
+            out.emplace_back(tokens.begin() + at, tokens.begin() + at + n);
+            total += static_cast<int64_t>(n);
+        }
+    }
+    return out;
+}
+
+// Adds "key_error_var" (the logit correction's statistics, key_error.h) to OUT/deltakv.json,
+// measured on the first 8192 calibration tokens.
+Status add_key_error(const Options& o, const model::Model& m, const fs::path& out) {
+    const fs::path json_path = out / "deltakv.json";
+    std::ifstream in(json_path);
+    auto profile = nlohmann::json::parse(in, nullptr, false);
+    if (!in || profile.is_discarded()) return not_found("no DeltaKV profile at " + json_path.string());
+    in.close();
+    DS_ASSIGN_OR_RETURN(auto sequences, calibration_sequences(o, m, std::min(o.max_tokens, 8192)));
+    DS_ASSIGN_OR_RETURN(profile["key_error_var"], measure_key_error(m, json_path.string(), sequences, o.threads));
+    std::ofstream(json_path) << profile.dump(1) << "\n";
+    return Status();
 }
 
 // Records each layer's rows [K (pre-RoPE); V] of every token to OUT/kv/layer_XX.f32.
@@ -359,6 +392,10 @@ int calibrate_deltakv(const Options& o, const model::Model& m, const fs::path& o
     profile["sensitivity_kl"] = *kl;
     profile["sensitivity_order"] = order;
     std::ofstream(out / "deltakv.json") << profile.dump(1) << "\n";
+    if (Status st = add_key_error(o, m, out); !st.ok()) {
+        std::fprintf(stderr, "deltactl: error: measuring key errors: %s\n", st.message().c_str());
+        return 1;
+    }
     return 0;
 }
 
@@ -405,7 +442,9 @@ int calibrate_main(int argc, char** argv) {
     p.add("out", &o.out, "profile folder (default: profiles/<model file name>)");
     p.add("python", &o.python, "Python 3 with NumPy for the trainer");
     p.add("keep-kv", &o.keep_kv, "yes: keep the recorded KV in <out>/kv");
-    p.add("steps", &o.steps, "what to train: deltakv, trimkv or both");
+    p.add("steps", &o.steps,
+          "what to train: deltakv, trimkv or both; keyerr: only (re)measure an existing "
+          "DeltaKV profile's key errors (the logit correction)");
     p.add("objective", &o.objective,
           "DeltaKV objective: mse (per-layer reconstruction) or ntp (then fine-tuned end to end "
           "through the model's "
@@ -479,6 +518,12 @@ int calibrate_main(int argc, char** argv) {
     const bool do_trimkv =
         std::find(steps.begin(), steps.end(), "trimkv") != steps.end() && o.trimkv_tokens > 0;
     if (do_deltakv && calibrate_deltakv(o, **m, out) != 0) return 1;
+    if (!do_deltakv && std::find(steps.begin(), steps.end(), "keyerr") != steps.end()) {
+        if (Status st = add_key_error(o, **m, out); !st.ok()) {
+            std::fprintf(stderr, "deltactl: error: %s\n", st.message().c_str());
+            return 1;
+        }
+    }
     if (do_trimkv && train_trimkv(o, **m, out) != 0) return 1;
     std::fprintf(stderr, "[calibrate] profile written to %s\n", out.c_str());
     return 0;

@@ -92,6 +92,26 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{4, 4, 128, 33, 17, DType::kF16},   // MHA, wide heads
                       Case{32, 8, 64, 0, 70, DType::kF32}));  // GQA 4:1, several blocks
 
+// Without the causal mask every query sees every entry: the same as each query alone
+// (a single query sees the whole view), with the same log-sum-exp.
+TEST(AttentionNoMask, EveryQuerySeesEveryEntry) {
+    for (const Case& c : {Case{9, 3, 64, 40, 37, DType::kF16}, Case{9, 3, 64, 300, 70, DType::kF16},
+                          Case{8, 4, 8, 5, 3, DType::kF32}}) {
+        const Inputs in = make_inputs(c);
+        const auto& [slots, k, v, q, view, shape, q_dim] = in;
+        std::vector<float> got(q.size(), -1.0f), want(q.size(), -2.0f);
+        std::vector<float> lse(static_cast<size_t>(c.n_q) * c.n_heads), lse_want(lse.size());
+        ThreadPool pool(2);
+        attention(shape, view, q.data(), q_dim, c.n_q, got.data(), q_dim, pool, lse.data(), false);
+        for (int32_t i = 0; i < c.n_q; ++i) {
+            attention(shape, view, q.data() + i * q_dim, q_dim, 1, want.data() + i * q_dim, q_dim, pool,
+                      lse_want.data() + i * c.n_heads);
+        }
+        EXPECT_LT(max_abs_diff(got, want), 2e-5) << c.n_past << " + " << c.n_q;
+        EXPECT_LT(max_abs_diff(lse, lse_want), 1e-4) << c.n_past << " + " << c.n_q;
+    }
+}
+
 // Per-head lists (a cache that keeps different tokens per KV head, one head per row): each
 // head attends exactly its own entries. Built from a shared-row case by copying head g of
 // the kept tokens into rows of its own; the kept sets differ per head and include every

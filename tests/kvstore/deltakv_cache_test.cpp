@@ -163,11 +163,32 @@ TEST(DeltaKvCache, AKeepTargetFillsTheRoomWithRecentTokensAndIsNeverExceeded) {
     EXPECT_LT((*b)->compressed_tokens(), (*a)->compressed_tokens());
 }
 
+// With the profile's key errors, a reconstructed token's logit gets s^2 sum_t q_t^2 var_t / 2
+// (interleaved RoPE: dimensions 2j and 2j + 1 share pair j's variance).
+float logit_correction(const DeltaKvProfile& p, int32_t layer, const float* q, int h) {
+    if (p.key_error_var.empty()) return 0.0f;
+    const float* var = p.key_error_var[layer].data() + (h / (kHeads / kKvHeads)) * (kHeadDim / 2);
+    double b = 0;
+    for (int t = 0; t < kHeadDim; ++t) b += double(q[h * kHeadDim + t]) * q[h * kHeadDim + t] * var[t / 2];
+    return static_cast<float>(0.5 * kShape.scale * kShape.scale * b);
+}
+
+void set_key_errors(DeltaKvProfile& p) {
+    p.key_error_var.assign(kLayers, {});
+    for (int l = 1; l < kLayers; ++l) {
+        for (int i = 0; i < kKvHeads * kHeadDim / 2; ++i) p.key_error_var[l].push_back(0.5f + 0.25f * (i % 5) + l);
+    }
+}
+
 TEST(DeltaKvCache, DecodeStepAttendsSelectedTokensReconstructedFromTheirNearestReferences) {
-    for (int bits : {4, 16}) {  // int4 latents (integer decoder) and fp16 latents (matmul)
-        SCOPED_TRACE("latent bits " + std::to_string(bits));
+    for (int run = 0; run < 3; ++run) {
+        // int4 latents (integer decoder) and fp16 latents (matmul); then int4 with the logit
+        // correction for the profile's key errors.
+        const int bits = run == 1 ? 16 : 4;
+        SCOPED_TRACE("latent bits " + std::to_string(bits) + (run == 2 ? ", logits corrected" : ""));
         std::mt19937 rng(1);
-        const DeltaKvProfile p = zero_decoder_profile(rng);
+        DeltaKvProfile p = zero_decoder_profile(rng);
+        if (run == 2) set_key_errors(p);
         ThreadPool threads(2);
         DeltaKvOptions o = options();
         o.latent_bits = bits;
@@ -266,11 +287,15 @@ TEST(DeltaKvCache, DecodeStepAttendsSelectedTokensReconstructedFromTheirNearestR
                     const int g = h / (kHeads / kKvHeads);
                     std::vector<double> sc;
                     double mx = -1e30, sum = 0;
-                    for (const auto& r : rows) {
+                    for (size_t j = 0; j < rows.size(); ++j) {
+                        const auto& r = rows[j];
                         double s = 0;
                         for (int d = 0; d < kHeadDim; ++d)
                             s += double(q[h * kHeadDim + d]) * r[g * kHeadDim + d];
                         sc.push_back(s * kShape.scale);
+                        // The chosen latent tokens: reconstructed.
+                        if (j >= 4 && j < 4 + chosen.size() && (chosen[j - 4] - 4) % 5 != 0)
+                            sc.back() += logit_correction(p, l, q.data(), h);
                         mx = std::max(mx, sc.back());
                     }
                     std::vector<double> o(kHeadDim, 0.0);
@@ -324,6 +349,116 @@ TEST(DeltaKvCache, AChunkAttendsTheWholeCompressedRegionUnlessCapped) {
         }
         c.commit(kNew);
         EXPECT_EQ(c.n_tokens(), 40 + kNew);
+    }
+}
+
+// A chunk with the profile's key errors: attention over its view in which the reconstructed
+// tokens' logits carry the correction, computed here from the view's own rows.
+TEST(DeltaKvCache, AChunkCorrectsTheLogitsOfReconstructedTokens) {
+    std::mt19937 rng(5);
+    DeltaKvProfile p = zero_decoder_profile(rng);
+    set_key_errors(p);
+    ThreadPool threads(2);
+    auto made = DeltaKvSequenceCache::create(p, options(), threads);
+    ASSERT_TRUE(made.ok());
+    DeltaKvSequenceCache& c = **made;
+    Data data;
+    data.chunk(c, 40);
+    ASSERT_EQ(c.compressed_tokens(), 19);  // region [4, 28): 19 latent, 5 references
+    constexpr int32_t kNew = 5;
+    ASSERT_TRUE(c.reserve(kNew).ok());
+    std::vector<float> kk(kNew * kKvDim), vv(kNew * kKvDim), q(kNew * kHeads * kHeadDim);
+    for (auto* v : {&kk, &vv, &q}) {
+        for (auto& t : *v) t = data.nd(data.rng);
+    }
+    constexpr int kLd = kHeads * kHeadDim;
+    for (int32_t l = 0; l < kLayers; ++l) {
+        c.store(l, 0, kNew, kk.data(), vv.data(), kKvDim);
+        std::vector<float> got(kNew * kLd);
+        const bool attended = c.attend(l, kShape, q.data(), kLd, kNew, got.data(), kLd);
+        const k::KvView v = c.view(l, kNew);
+        if (l == 0) {
+            EXPECT_FALSE(attended) << "a full layer: the caller attends its view";
+        } else {
+            ASSERT_TRUE(attended);
+            // The view: 4 sinks, the region [4, 28) in order, the buffer [28, 40), the chunk.
+            ASSERT_EQ(v.n, 4 + 24 + 12 + kNew);
+            const auto row = [&](const uint8_t* base, int32_t e, int g, int d) {
+                const auto* r = reinterpret_cast<const uint16_t*>(base + v.slots[e] * v.row_stride);
+                return fp16_to_fp32(r[g * kHeadDim + d]);
+            };
+            for (int32_t i = 0; i < kNew; ++i) {
+                for (int h = 0; h < kHeads; ++h) {
+                    const int g = h / (kHeads / kKvHeads);
+                    const int32_t visible = v.n - kNew + i + 1;
+                    std::vector<double> sc(visible);
+                    double mx = -1e30, sum = 0;
+                    for (int32_t e = 0; e < visible; ++e) {
+                        double s = 0;
+                        for (int d = 0; d < kHeadDim; ++d) s += double(q[i * kLd + h * kHeadDim + d]) * row(v.k, e, g, d);
+                        sc[e] = s * kShape.scale;
+                        const int32_t pos = e;  // entries 0..27 are positions 0..27
+                        if (pos >= 4 && pos < 28 && (pos - 4) % 5 != 0)
+                            sc[e] += logit_correction(p, l, q.data() + i * kLd, h);
+                        mx = std::max(mx, sc[e]);
+                    }
+                    std::vector<double> o(kHeadDim, 0.0);
+                    for (int32_t e = 0; e < visible; ++e) {
+                        const double w = std::exp(sc[e] - mx);
+                        sum += w;
+                        for (int d = 0; d < kHeadDim; ++d) o[d] += w * row(v.v, e, g, d);
+                    }
+                    for (int d = 0; d < kHeadDim; ++d) {
+                        ASSERT_NEAR(got[i * kLd + h * kHeadDim + d], o[d] / sum, 2e-3)
+                            << "layer " << l << " query " << i << " head " << h << " dim " << d;
+                    }
+                }
+            }
+        }
+        c.observe(l, kShape, q.data(), kLd, nullptr, 0, kNew);
+    }
+    c.commit(kNew);
+}
+
+// The key errors calibration stores: with a zero decoder a latent token's keys are the mean of
+// its k nearest references, so the variance is that mean's squared error, per KV head and
+// RoPE pair, over the latent tokens.
+TEST(DeltaKvCache, KeyErrorVarianceIsTheReconstructedKeysSquaredError) {
+    for (int bits : {4, 16}) {
+        SCOPED_TRACE("latent bits " + std::to_string(bits));
+        std::mt19937 rng(9);
+        const DeltaKvProfile p = zero_decoder_profile(rng);
+        DeltaKvOptions o = options();
+        o.latent_bits = bits;
+        constexpr int32_t kN = 60;
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        std::vector<float> x(kN * kD);
+        for (auto& t : x) t = nd(rng);
+        ThreadPool threads(2);
+        const std::vector<float> got = deltakv_key_error_variance(p, 1, x.data(), kN, o, threads);
+        ASSERT_EQ(got.size(), static_cast<size_t>(kKvHeads * kHeadDim / 2));
+        std::vector<double> want(got.size(), 0.0);
+        int n_latent = 0;
+        for (int32_t t = 4; t < kN; ++t) {
+            if ((t - 4) % 5 == 0) continue;
+            ++n_latent;
+            std::vector<std::pair<double, int32_t>> dist;
+            for (int32_t r = 0; r <= t; ++r) {
+                if (r >= 4 && (r - 4) % 5 != 0) continue;
+                double s = 0;
+                for (int i = 0; i < kD; ++i) s += double(x[t * kD + i] - x[r * kD + i]) * (x[t * kD + i] - x[r * kD + i]);
+                dist.emplace_back(s, r);
+            }
+            std::sort(dist.begin(), dist.end());
+            for (int i = 0; i < kKvDim; ++i) {
+                const double mean = (double(x[dist[0].second * kD + i]) + x[dist[1].second * kD + i]) / 2.0;
+                const double e = mean - x[t * kD + i];
+                want[(i / kHeadDim) * (kHeadDim / 2) + (i % kHeadDim) / 2] += e * e;
+            }
+        }
+        for (size_t i = 0; i < got.size(); ++i) {
+            EXPECT_NEAR(got[i], want[i] / (2.0 * n_latent), 1e-4 * (1.0 + want[i])) << "pair " << i;
+        }
     }
 }
 

@@ -9,6 +9,8 @@
 
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/sampler.h"
 #include "deltaserve/model/scoring.h"
@@ -134,6 +136,49 @@ TEST_F(DeltaKvModelTest, ProfileWithNonFiniteWeightsIsAClearError) {
     std::filesystem::remove_all(dir);
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.error().message().find("NaN"), std::string::npos) << r.error().message();
+}
+
+TEST_F(DeltaKvModelTest, ProfileWithMalformedKeyErrorsIsAClearError) {
+    // key_error_var: one list per layer, each empty or n_kv_heads x head_dim / 2 variances.
+    const std::filesystem::path src(testing::default_deltakv_profile());
+    const auto dir = std::filesystem::temp_directory_path() / ("deltakv_kerr_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    std::filesystem::copy_file(src.parent_path() / "deltakv.safetensors", dir / "deltakv.safetensors",
+                               std::filesystem::copy_options::overwrite_existing);
+    std::ifstream in(src);
+    const auto good = nlohmann::json::parse(in);
+    const int32_t n_layers = model_->config.n_layers, per = model_->config.kv_dim() / 2;
+    nlohmann::json layers = nlohmann::json::array();
+    for (int32_t l = 0; l < n_layers; ++l) layers.push_back(std::vector<float>(l == 0 ? 0 : per, 0.01f));
+    auto wrong_count = layers;
+    wrong_count.erase(wrong_count.begin());
+    auto wrong_size = layers;
+    wrong_size[1] = std::vector<float>(3, 0.01f);
+    auto negative = layers;
+    negative[2][0] = -1.0f;
+    auto not_numbers = layers;
+    not_numbers[3][0] = "x";
+    ContextOptions co;
+    co.kv.policy = "deltakv";
+    co.kv.keep = 0.3f;
+    co.kv_profile = (dir / "deltakv.json").string();
+    for (const auto& [name, value] : {std::pair{"valid", layers}, {"a list missing", wrong_count},
+                                      {"a short list", wrong_size}, {"negative", negative},
+                                      {"not numbers", not_numbers}}) {
+        SCOPED_TRACE(name);
+        auto j = good;
+        j["key_error_var"] = value;
+        std::ofstream(dir / "deltakv.json") << j.dump();
+        auto r = InferenceContext::create(*model_, co);
+        if (std::string(name) == "valid") {
+            EXPECT_TRUE(r.ok()) << r.error().to_string();
+            continue;
+        }
+        ASSERT_FALSE(r.ok());
+        EXPECT_EQ(r.error().code(), StatusCode::kInvalidArgument);
+        EXPECT_NE(r.error().message().find("key_error_var"), std::string::npos) << r.error().message();
+    }
+    std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -86,6 +86,16 @@ TEST_F(CalibrateTest, WritesAProfileThatBeatsTheReferenceMean) {
     EXPECT_EQ(order[0], 0);
     std::sort(order.begin(), order.end());
     EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4}));
+    // The logit correction's statistics: per layer but the first, one variance per KV head
+    // and RoPE pair; the compressors are not exact, so none is zero.
+    ASSERT_EQ(p["key_error_var"].size(), 5u);
+    EXPECT_TRUE(p["key_error_var"][0].empty());
+    for (int l = 1; l < 5; ++l) {
+        const auto var = p["key_error_var"][l].get<std::vector<double>>();
+        ASSERT_EQ(var.size(), static_cast<size_t>(d / 4)) << "layer " << l;
+        for (double v : var) EXPECT_GT(v, 0.0) << "layer " << l;
+    }
+    EXPECT_NE(r.err.find("[calibrate] key error measured on"), std::string::npos);
 
     // TRIM-KV gates were trained too, with progress, and start from retaining everything.
     EXPECT_NE(r.err.find("[trimkv] layer 5/5 epoch 2/2"), std::string::npos);

@@ -47,8 +47,10 @@ struct AttentionShape {
 // merged at the end. With lse, also the log of each row's softmax denominator,
 // lse[i * n_heads + h] = log sum_j exp(scale * q[i, h] . k_j), so that attention over other
 // entries can be merged in (merge_attention).
+// Without `causal`, every query sees every entry of the view (none of them its own).
 void attention(const AttentionShape& shape, const KvView& kv, const float* q, int64_t ldq,
-               int32_t n_q, float* out, int64_t ldo, ThreadPool& pool, float* lse = nullptr);
+               int32_t n_q, float* out, int64_t ldo, ThreadPool& pool, float* lse = nullptr,
+               bool causal = true);
 
 // Attention of the same rows over two disjoint sets of entries, each normalised over its own
 // set with its lse, made into attention over both: out and lse (n_rows x head_dim and n_rows)

@@ -29,6 +29,10 @@ struct DeltaKvProfile {
     std::vector<std::vector<float>> storage;  // what the WeightMatrix pointers point into
     std::vector<kernels::Int4Decoder> int4;   // per layer, for int4 latents (prepare_int4_decoders)
     std::vector<kernels::Int4Decoder> int4_k; // the same, K rows only (decode steps)
+    // Per layer, empty when unknown: the variance of the reconstructed keys' error (before
+    // RoPE) per KV head and RoPE pair, the mean of the pair's two dimensions
+    // ([n_kv_heads][head_dim / 2]; deltakv_key_error_variance, measured by calibration).
+    std::vector<std::vector<float>> key_error_var;
 };
 
 // Makes profile.int4 and int4_k from the layers' decoders. Loaders call it once; every session using
@@ -51,6 +55,12 @@ struct DeltaKvOptions {
     // the session would exceed it otherwise: the room under the target, a share of the
     // context, keeps as many recent tokens exact (the buffer grows with the session).
     float keep = 0.0f;
+    // A reconstructed key k^ = k - e misses the error e, so the weight exp(s q.k^) it gets
+    // is, on average over e (zero mean, variance var per dimension, independent of k^),
+    // exp(s^2 sum_t q_t^2 var_t / 2) times too small. Attention adds that much, times this
+    // factor, to the logits of reconstructed tokens, with the profile's key_error_var (no
+    // correction where the profile has none); 0 turns it off.
+    float logit_correction = 1.0f;
     int32_t n_ctx = 0;
 };
 
@@ -59,6 +69,14 @@ struct DeltaKvOptions {
 // below 0.25, and the target itself (a longer buffer where it leaves room). The measured
 // ratio is bytes() / full_fp16_bytes().
 DeltaKvOptions deltakv_options_for_keep(const DeltaKvProfile& profile, float keep, DeltaKvOptions base);
+
+// A profile's key_error_var for one layer, measured on x: n rows [K; V] (before RoPE) of one
+// sequence, compressed as the cache compresses it (sinks and every stride-th token kept, every
+// other token's latent against the mean of its k nearest earlier references, int4 latents
+// decoded as a decode step decodes them).
+std::vector<float> deltakv_key_error_variance(const DeltaKvProfile& profile, int32_t layer,
+                                              const float* x, int32_t n, const DeltaKvOptions& options,
+                                              ThreadPool& threads);
 
 class DeltaKvSequenceCache final : public SequenceCache {
 public:
@@ -78,7 +96,10 @@ public:
     kernels::KvView view(int32_t layer, int32_t n_visible_new) const override;
     // A sparse layer in a single-token call: attention over the view, merged with attention
     // over the selected latent tokens, whose keys are reconstructed (K rows of the decoder
-    // only) and whose values are never made (kernels::latent_attention). Elsewhere false.
+    // only) and whose values are never made (kernels::latent_attention). A sparse layer in a
+    // chunk, when the profile has key errors: the view's reconstructed tokens attended apart
+    // and merged, with the logit correction (DeltaKvOptions::logit_correction). Elsewhere
+    // false.
     bool attend(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq,
                 int32_t n, float* out, int64_t ldo) override;
     void observe(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq,
@@ -153,6 +174,15 @@ private:
     // forward call.
     int32_t angles(int32_t pos);
     void release_temp();
+    // Whether a layer's reconstructed tokens get the logit correction (logit_correction).
+    bool corrects(int32_t layer) const;
+    // lse[i * n_heads + h] += the correction for query i's head h (lse of reconstructed tokens).
+    void add_logit_correction(int32_t layer, const kernels::AttentionShape& shape, const float* q,
+                              int64_t ldq, int32_t n, float* lse) const;
+    // A chunk over a sparse layer with the correction: the reconstructed tokens attended apart
+    // (every query sees all of them), their lse corrected, merged with the rest of the view.
+    bool attend_chunk(int32_t layer, const kernels::AttentionShape& shape, const float* q,
+                      int64_t ldq, int32_t n, float* out, int64_t ldo);
     // x = [K before RoPE; V] of a full-precision token of sparse layer `sl`.
     void load_x(int32_t sl, int32_t pos, float* x) const;
 
@@ -205,6 +235,7 @@ private:
     std::vector<const uint16_t*> ref_v_;
     std::vector<float> scores_, out_b_, lse_a_, lse_b_;
     mutable std::vector<int32_t> view_slots_;
+    std::vector<int32_t> slots_a_, slots_b_;
 };
 
 }  // namespace deltaserve::kvstore
