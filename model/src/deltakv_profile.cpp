@@ -108,4 +108,19 @@ Result<std::unique_ptr<kvstore::DeltaKvProfile>> load_deltakv_profile(const std:
     return p;
 }
 
+kvstore::DeltaKvOptions deltakv_options(const ModelConfig& c, const kvstore::DeltaKvProfile& profile) {
+    kvstore::DeltaKvOptions o;
+    o.n_layers = c.n_layers;
+    o.n_kv_heads = c.n_kv_heads;
+    o.head_dim = c.head_dim;
+    o.rope_theta = c.rope_theta;
+    o.rope_style = c.rope_style;
+    o.sinks = profile.sinks;
+    o.stride = profile.stride;
+    o.k = profile.k;
+    o.window = profile.window;
+    o.latent_bits = profile.latent_bits;
+    return o;
+}
+
 }  // namespace deltaserve::model

@@ -191,17 +191,7 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
         } else {
             DS_ASSIGN_OR_RETURN(parts.profile, load_deltakv_profile(opts.kv_profile, c));
         }
-        kvstore::DeltaKvOptions o;
-        o.n_layers = c.n_layers;
-        o.n_kv_heads = c.n_kv_heads;
-        o.head_dim = c.head_dim;
-        o.rope_theta = c.rope_theta;
-        o.rope_style = c.rope_style;
-        o.sinks = parts.profile->sinks;
-        o.stride = parts.profile->stride;
-        o.k = parts.profile->k;
-        o.window = parts.profile->window;
-        o.latent_bits = parts.profile->latent_bits;
+        kvstore::DeltaKvOptions o = deltakv_options(c, *parts.profile);
         o.n_ctx = opts.n_ctx;
         if (!(opts.deltakv_select > 0.0f && opts.deltakv_select <= 1.0f)) {
             return invalid_argument("deltakv select ratio must be in (0, 1], got " +

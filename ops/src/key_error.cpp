@@ -14,16 +14,7 @@ Result<nlohmann::json> measure_key_error(const model::Model& m, const std::strin
                                          int threads) {
     const model::ModelConfig& c = m.config;
     DS_ASSIGN_OR_RETURN(auto profile, model::load_deltakv_profile(profile_json, c));
-    kvstore::DeltaKvOptions o;
-    o.n_layers = c.n_layers;
-    o.n_kv_heads = c.n_kv_heads;
-    o.head_dim = c.head_dim;
-    o.rope_theta = c.rope_theta;
-    o.rope_style = c.rope_style;
-    o.sinks = profile->sinks;
-    o.stride = profile->stride;
-    o.k = profile->k;
-    o.latent_bits = profile->latent_bits;
+    const kvstore::DeltaKvOptions o = model::deltakv_options(c, *profile);
     const int32_t d = profile->d, per = d / 4;
     std::vector<std::vector<double>> sum(static_cast<size_t>(c.n_layers), std::vector<double>(per, 0.0));
     double weight = 0.0;

@@ -317,29 +317,48 @@ TEST(DeltaKvCache, DecodeStepAttendsSelectedTokensReconstructedFromTheirNearestR
     }
 }
 
+// A cache over zero_decoder_profile (key errors set or not) after a chunk of 40 tokens
+// (region [4, 28): 19 latents and 5 references; buffer [28, 40)), with room reserved for a
+// next chunk of n tokens and that chunk's random K, V and queries.
+struct AfterFirstChunk {
+    DeltaKvProfile p;
+    ThreadPool threads{2};
+    std::unique_ptr<DeltaKvSequenceCache> cache;
+    Data data;
+    std::vector<float> kk, vv, q;
+};
+
+void after_first_chunk(AfterFirstChunk& s, uint32_t seed, bool key_errors, const DeltaKvOptions& o,
+                       int32_t n) {
+    std::mt19937 rng(seed);
+    s.p = zero_decoder_profile(rng);
+    if (key_errors) set_key_errors(s.p);
+    auto made = DeltaKvSequenceCache::create(s.p, o, s.threads);
+    ASSERT_TRUE(made.ok());
+    s.cache = std::move(*made);
+    s.data.chunk(*s.cache, 40);
+    ASSERT_EQ(s.cache->compressed_tokens(), 19);
+    ASSERT_TRUE(s.cache->reserve(n).ok());
+    s.kk.resize(static_cast<size_t>(n) * kKvDim);
+    s.vv.resize(static_cast<size_t>(n) * kKvDim);
+    s.q.resize(static_cast<size_t>(n) * kHeads * kHeadDim);
+    for (auto* v : {&s.kk, &s.vv, &s.q}) {
+        for (auto& t : *v) t = s.data.nd(s.data.rng);
+    }
+}
+
 TEST(DeltaKvCache, AChunkAttendsTheWholeCompressedRegionUnlessCapped) {
     for (int32_t cap : {0, 10}) {
         SCOPED_TRACE("prefill_select " + std::to_string(cap));
-        std::mt19937 rng(3);
-        const DeltaKvProfile p = zero_decoder_profile(rng);
-        ThreadPool threads(2);
         DeltaKvOptions o = options();
         o.prefill_select = cap;
-        auto made = DeltaKvSequenceCache::create(p, o, threads);
-        ASSERT_TRUE(made.ok());
-        DeltaKvSequenceCache& c = **made;
-        Data data;
-        data.chunk(c, 40);
-        ASSERT_EQ(c.compressed_tokens(), 19);  // region [4, 28): 19 latent, 5 references
-
         // A second chunk of 4 at positions 40..43: its sparse layers see the sinks, the
         // region's tokens (all of them, or the 10 best scored), the buffer and the chunk.
         constexpr int32_t kNew = 4;
-        ASSERT_TRUE(c.reserve(kNew).ok());
-        std::vector<float> kk(kNew * kKvDim), vv(kNew * kKvDim), q(kNew * kHeads * kHeadDim);
-        for (auto* v : {&kk, &vv, &q}) {
-            for (auto& t : *v) t = data.nd(data.rng);
-        }
+        AfterFirstChunk s;
+        ASSERT_NO_FATAL_FAILURE(after_first_chunk(s, 3, false, o, kNew));
+        DeltaKvSequenceCache& c = *s.cache;
+        const auto &kk = s.kk, &vv = s.vv, &q = s.q;
         for (int32_t l = 0; l < kLayers; ++l) {
             c.store(l, 0, kNew, kk.data(), vv.data(), kKvDim);
             const k::KvView v = c.view(l, kNew);
@@ -355,22 +374,12 @@ TEST(DeltaKvCache, AChunkAttendsTheWholeCompressedRegionUnlessCapped) {
 // A chunk with the profile's key errors: attention over its view in which the reconstructed
 // tokens' logits carry the correction, computed here from the view's own rows.
 TEST(DeltaKvCache, AChunkCorrectsTheLogitsOfReconstructedTokens) {
-    std::mt19937 rng(5);
-    DeltaKvProfile p = zero_decoder_profile(rng);
-    set_key_errors(p);
-    ThreadPool threads(2);
-    auto made = DeltaKvSequenceCache::create(p, options(), threads);
-    ASSERT_TRUE(made.ok());
-    DeltaKvSequenceCache& c = **made;
-    Data data;
-    data.chunk(c, 40);
-    ASSERT_EQ(c.compressed_tokens(), 19);  // region [4, 28): 19 latent, 5 references
     constexpr int32_t kNew = 5;
-    ASSERT_TRUE(c.reserve(kNew).ok());
-    std::vector<float> kk(kNew * kKvDim), vv(kNew * kKvDim), q(kNew * kHeads * kHeadDim);
-    for (auto* v : {&kk, &vv, &q}) {
-        for (auto& t : *v) t = data.nd(data.rng);
-    }
+    AfterFirstChunk s;
+    ASSERT_NO_FATAL_FAILURE(after_first_chunk(s, 5, true, options(), kNew));
+    DeltaKvSequenceCache& c = *s.cache;
+    const DeltaKvProfile& p = s.p;
+    const auto &kk = s.kk, &vv = s.vv, &q = s.q;
     constexpr int kLd = kHeads * kHeadDim;
     for (int32_t l = 0; l < kLayers; ++l) {
         c.store(l, 0, kNew, kk.data(), vv.data(), kKvDim);

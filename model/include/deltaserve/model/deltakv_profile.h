@@ -19,4 +19,8 @@ std::string deltakv_model_id(const ModelConfig& config);
 Result<std::unique_ptr<kvstore::DeltaKvProfile>> load_deltakv_profile(const std::string& json_path,
                                                                       const ModelConfig& config);
 
+// The cache settings a model and its profile fix (shape, RoPE, sinks, stride, k, window,
+// latent bits); the caller adds the context size, selection and keep ratio.
+kvstore::DeltaKvOptions deltakv_options(const ModelConfig& config, const kvstore::DeltaKvProfile& profile);
+
 }  // namespace deltaserve::model
