@@ -54,6 +54,7 @@ model::ContextOptions RunOptions::context() const {
     model::ContextOptions c;
     c.n_ctx = ctx_size;
     c.n_threads = threads;
+    c.threads = pool;
     c.n_batch = batch_size;
     c.kv_type = kv_type == "f32" ? model::KvType::kF32 : model::KvType::kF16;
     c.kv.policy = kv_policy;

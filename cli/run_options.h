@@ -5,6 +5,7 @@
 #include <string>
 
 #include "deltaserve/common/args.h"
+#include "deltaserve/common/thread_pool.h"
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/model.h"
 #include "deltaserve/model/sampler.h"
@@ -31,6 +32,9 @@ struct RunOptions {
     int32_t repeat_last_n = 64;
     uint64_t seed = 0;
     std::string log_level = "warn";
+    // Not a flag: a pool the contexts share (score runs two contexts one after the other);
+    // none: each context makes its own of `threads`.
+    std::shared_ptr<ThreadPool> pool;
 
     void register_flags(ArgParser& p);
     // Seed: the given one, or a random one when --seed was not given.

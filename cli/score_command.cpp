@@ -67,6 +67,8 @@ int score_main(int argc, char** argv) {
         print_error(invalid_argument(text_path + " is not valid UTF-8 (byte " + std::to_string(bad) + ")"));
         return 1;
     }
+    // The two contexts evaluate in turn: one pool for both, not two competing for the cores.
+    o.pool = std::make_shared<ThreadPool>(o.threads > 0 ? o.threads : default_thread_count());
     auto loaded = load_for_run(o);  // the policy context
     if (!loaded) {
         print_error(loaded.error());
