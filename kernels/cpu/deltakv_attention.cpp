@@ -17,7 +17,6 @@ namespace deltaserve::kernels {
 namespace {
 
 constexpr int kMaxHeads = 64;
-constexpr int kMaxM = 512;
 constexpr int kMaxKvDim = 2048;
 constexpr int64_t kTokenPiece = 64;  // tokens per piece of the weighted latent sums
 constexpr int64_t kRefPiece = 256;   // references per piece of the weighted values
@@ -100,7 +99,7 @@ void latent_attention(const AttentionShape& s, const LatentTokens& t, float* out
     DS_CHECK(s.head_dim % 8 == 0 && s.head_dim <= 256, "unsupported head_dim");
     DS_CHECK(s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0 && s.n_heads <= kMaxHeads,
              "bad GQA shape");
-    DS_CHECK(t.m > 0 && t.m <= kMaxM, "unsupported latent size");
+    DS_CHECK(t.m > 0 && t.m <= kMaxLatent, "unsupported latent size");
     DS_CHECK(s.n_kv_heads * s.head_dim <= kMaxKvDim, "unsupported KV width");
     const int heads = s.n_heads, dim = s.head_dim, group = heads / s.n_kv_heads, m = t.m;
     const int64_t n = t.n;

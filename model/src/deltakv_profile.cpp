@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "deltaserve/kernels/deltakv.h"
 #include "safetensors.h"
 
 namespace deltaserve::model {
@@ -42,6 +43,13 @@ Result<std::unique_ptr<kvstore::DeltaKvProfile>> load_deltakv_profile(const std:
     if (p->model_id != deltakv_model_id(config)) {
         return invalid_argument(json_path + " was calibrated for '" + p->model_id + "', not this model ('" +
                                 deltakv_model_id(config) + "')");
+    }
+    const int32_t max_m = std::min(2 * config.kv_dim(), kernels::kMaxLatent);
+    if (p->d != 2 * config.kv_dim() || p->m < 1 || p->m > max_m || p->k < 1 || p->stride < 1 ||
+        p->sinks < 0 || p->window < 1 || (p->latent_bits != 4 && p->latent_bits != 16)) {
+        return invalid_argument(json_path + ": settings out of range (D must be " +
+                                std::to_string(2 * config.kv_dim()) + ", m 1.." + std::to_string(max_m) +
+                                ", k, stride and window >= 1, latent_bits 4 or 16)");
     }
     const std::string weights = (fs::path(json_path).parent_path() / j.value("weights", "deltakv.safetensors")).string();
     DS_ASSIGN_OR_RETURN(SafetensorsFile st, SafetensorsFile::open(weights));

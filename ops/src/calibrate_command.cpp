@@ -76,6 +76,7 @@ std::string shell_quote(const std::string& s) {
 struct Options {
     std::string model_path, tokenizer_path, texts = kDefaultTexts, out, python = default_python();
     int32_t max_tokens = 16384, seq_len = 2048, epochs = 8, threads = 0;
+    int32_t latent = 0, stride = 10;  // m (0: D/4, the paper's) and the reference stride
     int32_t trimkv_tokens = 4096, trimkv_seq = 512, trimkv_epochs = 6;
     std::string keep_kv;  // "yes" keeps OUT/kv
     std::string steps = "deltakv,trimkv";
@@ -338,7 +339,11 @@ int calibrate_deltakv(const Options& o, const model::Model& m, const fs::path& o
         std::fprintf(stderr, "deltactl: error: %s\n", st.message().c_str());
         return 1;
     }
-    auto trained = run_trainer(o, "train_deltakv.py", "--kv", kv_dir, out, o.epochs, "train.json");
+    auto trained = run_script(o, o.python, "train_deltakv.py",
+                              {"--kv", kv_dir.string(), "--out", out.string(), "--epochs",
+                               std::to_string(o.epochs), "--m", std::to_string(o.latent),
+                               "--stride", std::to_string(o.stride)},
+                              kv_dir, out, "train.json");
     if (!trained.ok()) {
         std::fprintf(stderr, "deltactl: error: %s\n", trained.error().message().c_str());
         return 1;
@@ -438,6 +443,8 @@ int calibrate_main(int argc, char** argv) {
     p.add("tokens", &o.max_tokens, "calibration tokens at most");
     p.add("seq-len", &o.seq_len, "tokens per calibration sequence");
     p.add("epochs", &o.epochs, "training epochs per layer");
+    p.add("latent", &o.latent, "DeltaKV latent size m; 0 = D/4");
+    p.add("stride", &o.stride, "DeltaKV reference stride: every stride-th compressed token kept full");
     p.add("threads", &o.threads, "threads for the model; 0 = one per core");
     p.add("out", &o.out, "profile folder (default: profiles/<model file name>)");
     p.add("python", &o.python, "Python 3 with NumPy for the trainer");
@@ -463,10 +470,10 @@ int calibrate_main(int argc, char** argv) {
         return 2;
     }
     if (o.seq_len < 64 || o.max_tokens < 64 || o.epochs < 1 || o.trimkv_seq < 16 ||
-        o.trimkv_epochs < 1 || o.trimkv_tokens < 0) {
+        o.trimkv_epochs < 1 || o.trimkv_tokens < 0 || o.latent < 0 || o.stride < 1) {
         std::fprintf(stderr,
                      "deltactl: error: --seq-len and --tokens must be >= 64, --trimkv-seq >= 16, "
-                     "--epochs and --trimkv-epochs >= 1\n");
+                     "--epochs, --trimkv-epochs and --stride >= 1, --latent >= 0\n");
         return 2;
     }
     if (o.objective != "mse" && o.objective != "ntp") {

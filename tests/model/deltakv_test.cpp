@@ -192,5 +192,34 @@ TEST_F(DeltaKvModelTest, ProfileWithMalformedKeyErrorsIsAClearError) {
     std::filesystem::remove_all(dir);
 }
 
+TEST_F(DeltaKvModelTest, ProfileWithSettingsOutOfRangeIsAClearError) {
+    // A profile's numbers are read before anything divides by them or sizes a buffer.
+    const std::filesystem::path src(testing::default_deltakv_profile());
+    const auto dir = std::filesystem::temp_directory_path() / ("deltakv_range_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    std::filesystem::copy_file(src.parent_path() / "deltakv.safetensors", dir / "deltakv.safetensors",
+                               std::filesystem::copy_options::overwrite_existing);
+    std::ifstream in(src);
+    const auto good = nlohmann::json::parse(in);
+    ContextOptions co;
+    co.kv.policy = "deltakv";
+    co.kv.keep = 0.3f;
+    co.kv_profile = (dir / "deltakv.json").string();
+    for (const auto& [field, value] : {std::pair{"stride", 0}, {"k", 0}, {"m", 0}, {"m", 100000},
+                                       {"D", 100}, {"window", 0}, {"sinks", -1}, {"latent_bits", 3}}) {
+        SCOPED_TRACE(std::string(field) + " = " + std::to_string(value));
+        auto j = good;
+        j[field] = value;
+        std::ofstream(dir / "deltakv.json") << j.dump();
+        auto r = InferenceContext::create(*model_, co);
+        ASSERT_FALSE(r.ok());
+        EXPECT_EQ(r.error().code(), StatusCode::kInvalidArgument);
+        EXPECT_NE(r.error().message().find("out of range"), std::string::npos) << r.error().message();
+    }
+    std::ofstream(dir / "deltakv.json") << good.dump();
+    EXPECT_TRUE(InferenceContext::create(*model_, co).ok());
+    std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace deltaserve::model

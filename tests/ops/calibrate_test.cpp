@@ -134,6 +134,9 @@ TEST_F(CalibrateTest, MissingTextOrTrainerIsAClearError) {
     r = calibrate({"--trimkv-seq", "0"});
     EXPECT_EQ(r.exit_code, 2);
     EXPECT_NE(r.err.find("--trimkv-seq"), std::string::npos) << r.describe();
+    r = calibrate({"--stride", "0"});
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("--stride >= 1"), std::string::npos) << r.describe();
 }
 
 // The end-to-end objective on the default model (GGUF: the JAX twin reads it): a few steps
@@ -160,6 +163,10 @@ TEST(CalibrateNtpTest, NextTokenFineTuneLowersTheHeldOutLoss) {
                                     "1",
                                     "--steps",
                                     "deltakv",
+                                    "--latent",
+                                    "192",
+                                    "--stride",
+                                    "40",
                                     "--objective",
                                     "ntp",
                                     "--ntp-steps",
@@ -178,6 +185,8 @@ TEST(CalibrateNtpTest, NextTokenFineTuneLowersTheHeldOutLoss) {
     std::ifstream in(out + "/deltakv.json");
     const auto p = nlohmann::json::parse(in);
     EXPECT_EQ(p["objective"], "ntp");
+    EXPECT_EQ(p["m"], 192) << "--latent, as setup calibrates the default model";
+    EXPECT_EQ(p["stride"], 40);
     const double before = p["ntp"]["held_out_ntp_before"], after = p["ntp"]["held_out_ntp_after"];
     EXPECT_LT(after, before) << p["ntp"].dump();
     EXPECT_GT(after, p["ntp"]["held_out_ntp_full"].get<double>())
