@@ -18,27 +18,13 @@ not help; a wider latent will.
 import argparse
 import json
 import os
-import struct
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ops", "calibrate"))
+from error_by_position import load_safetensors  # noqa: E402
 from train_deltakv import Compressor, nearest_ref_means  # noqa: E402
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        raw = f.read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
-    out = {}
-    for name, t in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = t["data_offsets"]
-        out[name] = np.frombuffer(raw[8 + n + a:8 + n + b], dtype=np.float32).reshape(t["shape"])
-    return out
 
 
 def residual_rows(rows, lengths, sinks, stride, k):
@@ -68,7 +54,7 @@ def main():
     prof, weights = None, None
     if a.profile:
         prof = json.load(open(a.profile))
-        weights = read_safetensors(os.path.join(os.path.dirname(a.profile), prof["weights"]))
+        weights = load_safetensors(os.path.join(os.path.dirname(a.profile), prof["weights"]))
     print("layer stride  ref-mean  " + "  ".join(f"pca m={m:<4d}" for m in ms) +
           (f"  profile (m={prof['m']})" if prof else ""))
     for layer in (int(v) for v in a.layers.split(",")):
