@@ -18,6 +18,10 @@ std::string deltakv_model_id(const ModelConfig& c) {
     return c.name + "/" + std::to_string(c.n_layers) + "x" + std::to_string(c.kv_dim());
 }
 
+int32_t max_deltakv_latent(const ModelConfig& config) {
+    return std::min(2 * config.kv_dim(), kernels::kMaxLatent);
+}
+
 Result<std::unique_ptr<kvstore::DeltaKvProfile>> load_deltakv_profile(const std::string& json_path,
                                                                       const ModelConfig& config) {
     namespace fs = std::filesystem;
@@ -44,7 +48,7 @@ Result<std::unique_ptr<kvstore::DeltaKvProfile>> load_deltakv_profile(const std:
         return invalid_argument(json_path + " was calibrated for '" + p->model_id + "', not this model ('" +
                                 deltakv_model_id(config) + "')");
     }
-    const int32_t max_m = std::min(2 * config.kv_dim(), kernels::kMaxLatent);
+    const int32_t max_m = max_deltakv_latent(config);
     if (p->d != 2 * config.kv_dim() || p->m < 1 || p->m > max_m || p->k < 1 || p->stride < 1 ||
         p->sinks < 0 || p->window < 1 || (p->latent_bits != 4 && p->latent_bits != 16)) {
         return invalid_argument(json_path + ": settings out of range (D must be " +

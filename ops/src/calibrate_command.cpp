@@ -512,6 +512,11 @@ int calibrate_main(int argc, char** argv) {
         std::fprintf(stderr, "deltactl: error: %s\n", m.error().message().c_str());
         return 1;
     }
+    if (o.latent > model::max_deltakv_latent((*m)->config)) {
+        std::fprintf(stderr, "deltactl: error: --latent must be at most %d for this model\n",
+                     model::max_deltakv_latent((*m)->config));
+        return 2;
+    }
     const fs::path out(o.out);
     std::error_code ec;
     fs::create_directories(out, ec);

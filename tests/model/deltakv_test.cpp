@@ -149,15 +149,32 @@ TEST_F(DeltaKvModelTest, ProfileWithNonFiniteWeightsIsAClearError) {
     EXPECT_NE(r.error().message().find("NaN"), std::string::npos) << r.error().message();
 }
 
+// A copy of the default profile's weights in a temporary folder, with its settings parsed,
+// for tests that write a broken deltakv.json beside them; removed with the object.
+struct ScratchProfile {
+    explicit ScratchProfile(const std::string& tag)
+        : dir(std::filesystem::temp_directory_path() / (tag + "_" + std::to_string(::getpid()))) {
+        const std::filesystem::path src(testing::default_deltakv_profile());
+        std::filesystem::create_directories(dir);
+        std::filesystem::copy_file(src.parent_path() / "deltakv.safetensors", dir / "deltakv.safetensors",
+                                   std::filesystem::copy_options::overwrite_existing);
+        std::ifstream in(src);
+        good = nlohmann::json::parse(in);
+    }
+    ~ScratchProfile() {
+        std::error_code ec;
+        std::filesystem::remove_all(dir, ec);
+    }
+    void write(const nlohmann::json& j) const { std::ofstream(dir / "deltakv.json") << j.dump(); }
+    std::string json_path() const { return (dir / "deltakv.json").string(); }
+
+    std::filesystem::path dir;
+    nlohmann::json good;
+};
+
 TEST_F(DeltaKvModelTest, ProfileWithMalformedKeyErrorsIsAClearError) {
     // key_error_var: one list per layer, each empty or n_kv_heads x head_dim / 2 variances.
-    const std::filesystem::path src(testing::default_deltakv_profile());
-    const auto dir = std::filesystem::temp_directory_path() / ("deltakv_kerr_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir);
-    std::filesystem::copy_file(src.parent_path() / "deltakv.safetensors", dir / "deltakv.safetensors",
-                               std::filesystem::copy_options::overwrite_existing);
-    std::ifstream in(src);
-    const auto good = nlohmann::json::parse(in);
+    const ScratchProfile scratch("deltakv_kerr");
     const int32_t n_layers = model_->config.n_layers, per = model_->config.kv_dim() / 2;
     nlohmann::json layers = nlohmann::json::array();
     for (int32_t l = 0; l < n_layers; ++l) layers.push_back(std::vector<float>(l == 0 ? 0 : per, 0.01f));
@@ -172,14 +189,14 @@ TEST_F(DeltaKvModelTest, ProfileWithMalformedKeyErrorsIsAClearError) {
     ContextOptions co;
     co.kv.policy = "deltakv";
     co.kv.keep = 0.3f;
-    co.kv_profile = (dir / "deltakv.json").string();
+    co.kv_profile = scratch.json_path();
     for (const auto& [name, value] : {std::pair{"valid", layers}, {"a list missing", wrong_count},
                                       {"a short list", wrong_size}, {"negative", negative},
                                       {"not numbers", not_numbers}}) {
         SCOPED_TRACE(name);
-        auto j = good;
+        auto j = scratch.good;
         j["key_error_var"] = value;
-        std::ofstream(dir / "deltakv.json") << j.dump();
+        scratch.write(j);
         auto r = InferenceContext::create(*model_, co);
         if (std::string(name) == "valid") {
             EXPECT_TRUE(r.ok()) << r.error().to_string();
@@ -189,36 +206,28 @@ TEST_F(DeltaKvModelTest, ProfileWithMalformedKeyErrorsIsAClearError) {
         EXPECT_EQ(r.error().code(), StatusCode::kInvalidArgument);
         EXPECT_NE(r.error().message().find("key_error_var"), std::string::npos) << r.error().message();
     }
-    std::filesystem::remove_all(dir);
 }
 
 TEST_F(DeltaKvModelTest, ProfileWithSettingsOutOfRangeIsAClearError) {
     // A profile's numbers are read before anything divides by them or sizes a buffer.
-    const std::filesystem::path src(testing::default_deltakv_profile());
-    const auto dir = std::filesystem::temp_directory_path() / ("deltakv_range_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir);
-    std::filesystem::copy_file(src.parent_path() / "deltakv.safetensors", dir / "deltakv.safetensors",
-                               std::filesystem::copy_options::overwrite_existing);
-    std::ifstream in(src);
-    const auto good = nlohmann::json::parse(in);
+    const ScratchProfile scratch("deltakv_range");
     ContextOptions co;
     co.kv.policy = "deltakv";
     co.kv.keep = 0.3f;
-    co.kv_profile = (dir / "deltakv.json").string();
+    co.kv_profile = scratch.json_path();
     for (const auto& [field, value] : {std::pair{"stride", 0}, {"k", 0}, {"m", 0}, {"m", 100000},
                                        {"D", 100}, {"window", 0}, {"sinks", -1}, {"latent_bits", 3}}) {
         SCOPED_TRACE(std::string(field) + " = " + std::to_string(value));
-        auto j = good;
+        auto j = scratch.good;
         j[field] = value;
-        std::ofstream(dir / "deltakv.json") << j.dump();
+        scratch.write(j);
         auto r = InferenceContext::create(*model_, co);
         ASSERT_FALSE(r.ok());
         EXPECT_EQ(r.error().code(), StatusCode::kInvalidArgument);
         EXPECT_NE(r.error().message().find("out of range"), std::string::npos) << r.error().message();
     }
-    std::ofstream(dir / "deltakv.json") << good.dump();
+    scratch.write(scratch.good);
     EXPECT_TRUE(InferenceContext::create(*model_, co).ok());
-    std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -137,6 +137,10 @@ TEST_F(CalibrateTest, MissingTextOrTrainerIsAClearError) {
     r = calibrate({"--stride", "0"});
     EXPECT_EQ(r.exit_code, 2);
     EXPECT_NE(r.err.find("--stride >= 1"), std::string::npos) << r.describe();
+    r = calibrate({"--latent", "65"});  // stories260K: D = 64
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("--latent must be at most 64"), std::string::npos) << r.describe();
+    EXPECT_FALSE(fs::exists(out_ + "/kv")) << "refused before anything is recorded";
 }
 
 // The end-to-end objective on the default model (GGUF: the JAX twin reads it): a few steps

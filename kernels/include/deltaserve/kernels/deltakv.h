@@ -66,13 +66,13 @@ Int4Decoder make_int4_decoder(const DeltaKvLayer& w, int rows);
 void deltakv_decode_int4(const Int4Decoder& dec, const uint8_t* const* latents, int64_t n, float* out,
                          int64_t ldo);
 
+inline constexpr int kMaxLatent = 512;  // the largest m latent_attention takes
+
 // Tokens a decode step attends to without making their values: V = Dec_v(z) + the mean of
 // the token's reference V rows. Dec is linear, so attention's sum_i p_i V_i =
 // Dec_v(sum_i p_i z_i) + sum_r w_r V_r, where reference r's weight w_r gathers
 // p_i / (references of i) from every token i that uses it: per head one m-vector and one
 // decoder product instead of a D x m decode per token, and each reference row read once.
-inline constexpr int kMaxLatent = 512;  // the largest m latent_attention takes
-
 struct LatentTokens {
     int64_t n = 0;
     const float* scores = nullptr;  // [n_heads][n]: scale * q[h] . k_i (keys reconstructed)

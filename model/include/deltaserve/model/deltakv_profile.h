@@ -14,8 +14,13 @@ namespace deltaserve::model {
 // The model id a profile records for a model.
 std::string deltakv_model_id(const ModelConfig& config);
 
+// The largest latent size m a profile for this model may have: D (= 2 x the KV width), and
+// no more than the engine's kernels take.
+int32_t max_deltakv_latent(const ModelConfig& config);
+
 // Errors: kNotFound (missing files), kInvalidArgument (malformed json, a profile for another
-// model, missing or misshapen tensors), and the safetensors reader's errors.
+// model, settings out of range, missing or misshapen tensors), and the safetensors reader's
+// errors.
 Result<std::unique_ptr<kvstore::DeltaKvProfile>> load_deltakv_profile(const std::string& json_path,
                                                                       const ModelConfig& config);
 
