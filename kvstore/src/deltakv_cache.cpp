@@ -37,11 +37,18 @@ DeltaKvOptions deltakv_options_for_keep(const DeltaKvProfile& profile, float kee
     int32_t n_full = static_cast<int32_t>(std::floor((keep - s) / (1.0 - s) * n_layers));
     n_full = std::clamp(n_full, 1, n_layers);
     o.keep = keep;
+    // The most sensitive layers first. A profile that orders only some layers (or none)
+    // falls back to the first layers.
     o.full_layer.assign(static_cast<size_t>(n_layers), 0);
-    o.full_layer[0] = 1;
-    int32_t chosen = 1;
+    int32_t chosen = 0;
     for (int32_t l : profile.sensitivity_order) {
         if (chosen >= n_full) break;
+        if (l >= 0 && l < n_layers && !o.full_layer[l]) {
+            o.full_layer[l] = 1;
+            ++chosen;
+        }
+    }
+    for (int32_t l = 0; l < n_layers && chosen < n_full; ++l) {
         if (!o.full_layer[l]) {
             o.full_layer[l] = 1;
             ++chosen;
@@ -68,8 +75,9 @@ Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(
             std::to_string(profile.d) + ") does not fit this model (" + std::to_string(o.n_layers) +
             " layers, D " + std::to_string(2 * o.n_kv_heads * o.head_dim) + ")");
     }
-    if (static_cast<int32_t>(o.full_layer.size()) != o.n_layers || !o.full_layer[0]) {
-        return invalid_argument("DeltaKV: layer 0 must be a full-attention layer");
+    if (static_cast<int32_t>(o.full_layer.size()) != o.n_layers ||
+        std::find(o.full_layer.begin(), o.full_layer.end(), 1) == o.full_layer.end()) {
+        return invalid_argument("DeltaKV: at least one layer must be a full-attention layer");
     }
     if (o.sinks < 1 || o.stride < 1 || o.k < 1 || o.k > 16 || o.window < 1 ||
         (o.latent_bits != 4 && o.latent_bits != 16)) {
@@ -109,6 +117,12 @@ DeltaKvSequenceCache::DeltaKvSequenceCache(const DeltaKvProfile& profile,
             layer_index_[l] = static_cast<int32_t>(sparse_layers_.size());
             sparse_layers_.push_back(l);
             group_of_[l] = observation;
+        }
+    }
+    for (int32_t l = 0; !options.full_layer[0] && l + 1 < options.n_layers; ++l) {
+        if (options.full_layer[l] && !options.full_layer[l + 1]) {
+            first_observation_ = l;
+            break;
         }
     }
     latents_.resize(sparse_layers_.size());
@@ -171,7 +185,16 @@ void DeltaKvSequenceCache::store(int32_t layer, int32_t first, int32_t n, const 
         write_row(k::DType::kF16, pool.k_row(li, slot), kk + i * ld, kv_dim);
         write_row(k::DType::kF16, pool.v_row(li, slot), v + i * ld, kv_dim);
     }
-    if (!full && !reconstructed_[layer]) reconstruct(layer);
+    if (!full && !reconstructed_[layer]) {
+        // Sparse layers before the first full layer have no observation layer: the first of
+        // them takes the whole compressed region for the group.
+        if (group_of_[layer] < 0 && !lead_selected_) {
+            lead_selected_ = true;
+            release_temp();
+            take_selection(lead_selection(), n_reserved_);
+        }
+        reconstruct(layer);
+    }
 }
 
 kernels::KvView DeltaKvSequenceCache::view(int32_t layer, int32_t n_visible_new) const {
@@ -253,6 +276,30 @@ void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape&
         idx.resize(static_cast<size_t>(want));
         std::sort(idx.begin(), idx.end());
     }
+    if (n == 1 && layer == first_observation_) {
+        last_select_ = idx;
+        last_select_end_ = r1;
+    }
+    take_selection(idx, n);
+}
+
+std::vector<int32_t> DeltaKvSequenceCache::lead_selection() {
+    const int32_t r0 = options_.sinks, region = std::max(0, comp_end_ - r0);
+    std::vector<int32_t> idx;
+    if (n_reserved_ == 1 && last_select_end_ > r0 && last_select_end_ <= comp_end_) {
+        // A decode step: the previous step's selection, and what was compressed since.
+        idx = last_select_;
+        for (int32_t t = last_select_end_ - r0; t < region; ++t) idx.push_back(t);
+    } else {
+        idx.resize(static_cast<size_t>(region));
+        std::iota(idx.begin(), idx.end(), 0);
+    }
+    last_select_end_ = 0;
+    return idx;
+}
+
+void DeltaKvSequenceCache::take_selection(const std::vector<int32_t>& idx, int32_t n) {
+    const int32_t r0 = options_.sinks;
     // A single token attends the latent ones through attend(); a chunk, whose many queries
     // would each weigh every latent, gets them reconstructed into temporary slots.
     const bool latent = n == 1;
@@ -568,6 +615,7 @@ void DeltaKvSequenceCache::commit(int32_t n) {
     n_reserved_ -= n;
     n_tokens_ += n;
     release_temp();
+    lead_selected_ = false;
     std::fill(reconstructed_.begin(), reconstructed_.end(), 0);
     if (sparse_layers_.empty()) return;
     // A plan made for positions this commit does not take (a partial commit) is redone.
@@ -714,6 +762,8 @@ void DeltaKvSequenceCache::truncate(int32_t n_keep) {
     DS_CHECK(n_keep >= 0 && n_keep <= n_tokens_, "truncate past the end");
     drop_plan();
     release_temp();
+    lead_selected_ = false;
+    last_select_end_ = 0;
     const int32_t end = n_tokens_ + n_reserved_;
     std::vector<int32_t> full_freed, sparse_freed;
     int32_t first_latent = -1;

@@ -6,7 +6,7 @@ every layer's pre-RoPE [K; V]; a second pass replaces each layer's KV after the 
 compressors' reconstruction x^ (references: sinks and every `stride`-th token, each other
 token against the mean of its k nearest earlier references), with full causal attention;
 loss = next-token cross-entropy + sum over layers of MSE(x^, clean x). Only the compressors
-train. Layer 0 stays full, as in the engine (it observes for layer 1).
+train. Layer 0 stays full in this fine-tune (the engine may compress it).
 
 Starts from the per-layer MSE profile (train_deltakv.py) in PROFILE/deltakv.safetensors and
 writes the result back there (PROFILE/train_ntp.json: settings, losses, per-layer errors).

@@ -246,7 +246,6 @@ Status record_attention(const Options& o, const model::Model& m, const fs::path&
 
 // Per-layer sensitivity: mean KL(full || DeltaKV with only that layer compressed) over a
 // calibration sequence fed 256 tokens at a time (so compression happens along the way).
-// Layer 0 always stays full (it observes for layer 1) and is not measured.
 Result<std::vector<double>> measure_sensitivity(const Options& o, const model::Model& m,
                                                 const std::string& profile,
                                                 const std::vector<int32_t>& tokens) {
@@ -258,7 +257,7 @@ Result<std::vector<double>> measure_sensitivity(const Options& o, const model::M
     DS_ASSIGN_OR_RETURN(auto full, model::InferenceContext::create(m, co));
     DS_ASSIGN_OR_RETURN(std::vector<float> ref, full->eval_all(tokens));
     std::vector<double> kl(static_cast<size_t>(n_layers), 0.0), lf, lp;
-    for (int32_t layer = 1; layer < n_layers; ++layer) {
+    for (int32_t layer = 0; layer < n_layers; ++layer) {
         co.kv.policy = "deltakv";
         co.kv_profile = profile;
         co.deltakv_full_layers.assign(static_cast<size_t>(n_layers), 1);
@@ -392,7 +391,7 @@ int calibrate_deltakv(const Options& o, const model::Model& m, const fs::path& o
     }
     std::vector<int32_t> order(kl->size());
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin() + 1, order.end(),
+    std::stable_sort(order.begin(), order.end(),
                      [&](int32_t a, int32_t b) { return (*kl)[a] > (*kl)[b]; });
     profile["sensitivity_kl"] = *kl;
     profile["sensitivity_order"] = order;

@@ -36,7 +36,7 @@ Result<nlohmann::json> measure_key_error(const model::Model& m, const std::strin
         DS_RETURN_IF_ERROR(ctx->eval(tokens).status());
         const int32_t n_latent = n - std::min(n, o.sinks) - (n - std::min(n, o.sinks) + o.stride - 1) / o.stride;
         if (n_latent <= 0) continue;
-        for (int32_t l = 1; l < c.n_layers; ++l) {
+        for (int32_t l = 0; l < c.n_layers; ++l) {
             const std::vector<float> var = kvstore::deltakv_key_error_variance(*profile, l, x[l].data(), n, o, pool);
             for (int32_t i = 0; i < per; ++i) sum[l][i] += static_cast<double>(var[i]) * n_latent;
         }
@@ -45,8 +45,7 @@ Result<nlohmann::json> measure_key_error(const model::Model& m, const std::strin
     }
     if (weight == 0.0) return invalid_argument("no calibration sequence long enough to measure key errors");
     nlohmann::json out = nlohmann::json::array();
-    out.push_back(nlohmann::json::array());
-    for (int32_t l = 1; l < c.n_layers; ++l) {
+    for (int32_t l = 0; l < c.n_layers; ++l) {
         std::vector<float> v(static_cast<size_t>(per));
         for (int32_t i = 0; i < per; ++i) v[i] = static_cast<float>(sum[l][i] / weight);
         out.push_back(v);

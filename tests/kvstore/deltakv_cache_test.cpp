@@ -371,6 +371,59 @@ TEST(DeltaKvCache, AChunkAttendsTheWholeCompressedRegionUnlessCapped) {
     }
 }
 
+// Sparse layers before the first full layer have no observation layer: a chunk's view there
+// holds the whole compressed region; a decode step's holds the full-precision tokens and
+// attend() takes every latent one. The layers after the full layer select as usual.
+TEST(DeltaKvCache, SparseLayersBeforeTheFirstFullLayerAttendTheWholeRegion) {
+    DeltaKvOptions o = options();
+    o.full_layer = {0, 1, 0};
+    o.prefill_select = 10;
+    constexpr int32_t kNew = 4;
+    AfterFirstChunk s;
+    ASSERT_NO_FATAL_FAILURE(after_first_chunk(s, 3, false, o, kNew));
+    DeltaKvSequenceCache& c = *s.cache;
+    EXPECT_EQ(c.n_full_layers(), 1);
+    for (int32_t l = 0; l < kLayers; ++l) {
+        c.store(l, 0, kNew, s.kk.data(), s.vv.data(), kKvDim);
+        const int32_t want = l < 2 ? 44 : 4 + 10 + 12 + kNew;
+        EXPECT_EQ(c.view(l, kNew).n, want) << "layer " << l;
+        c.observe(l, kShape, s.q.data(), kHeads * kHeadDim, nullptr, 0, kNew);
+    }
+    c.commit(kNew);
+    // Decode steps. The first: layer 0 sees sinks, the region's references, the buffer and
+    // the new token in its view, and attends every latent token of the region besides. The
+    // next: layer 0 takes the latent tokens layer 1 selected at the step before (half the
+    // region, select_ratio 0.5), layer 2 makes its own selection.
+    const int32_t latents = c.compressed_tokens();
+    std::vector<int32_t> lead_selected, observed_selected;
+    for (int32_t step = 0; step < 2; ++step) {
+        ASSERT_TRUE(c.reserve(1).ok());
+        for (int32_t l = 0; l < kLayers; ++l) {
+            c.store(l, 0, 1, s.kk.data(), s.vv.data(), kKvDim);
+            const k::KvView v = c.view(l, 1);
+            if (l == 0) {
+                if (step == 0) EXPECT_EQ(v.n, 45 - latents) << "every full-precision token";
+                lead_selected.push_back(c.selected_latent_tokens());
+                std::vector<float> out(kHeads * kHeadDim);
+                EXPECT_TRUE(c.attend(0, kShape, s.q.data(), kHeads * kHeadDim, 1, out.data(),
+                                     kHeads * kHeadDim));
+                for (float x : out) ASSERT_TRUE(std::isfinite(x));
+            }
+            if (l == 2) observed_selected.push_back(c.selected_latent_tokens());
+            c.observe(l, kShape, s.q.data(), kHeads * kHeadDim, nullptr, 0, 1);
+        }
+        c.commit(1);
+    }
+    ASSERT_EQ(c.compressed_tokens(), latents) << "no compression between the steps";
+    EXPECT_EQ(lead_selected[0], latents);
+    EXPECT_EQ(lead_selected[1], observed_selected[0]);
+    EXPECT_LT(lead_selected[1], latents);
+    o.full_layer = {0, 0, 0};
+    EXPECT_EQ(DeltaKvSequenceCache::create(s.p, o, s.threads).status().code(),
+              StatusCode::kInvalidArgument)
+        << "no full layer";
+}
+
 // A chunk with the profile's key errors: attention over its view in which the reconstructed
 // tokens' logits carry the correction, computed here from the view's own rows.
 TEST(DeltaKvCache, AChunkCorrectsTheLogitsOfReconstructedTokens) {
@@ -528,7 +581,7 @@ TEST(DeltaKvCache, ProfileThatDoesNotFitIsRejected) {
     EXPECT_EQ(DeltaKvSequenceCache::create(p, o, threads).status().code(),
               StatusCode::kInvalidArgument);
     o = options();
-    o.full_layer = {0, 1, 0};
+    o.full_layer = {1, 0};
     EXPECT_EQ(DeltaKvSequenceCache::create(p, o, threads).status().code(),
               StatusCode::kInvalidArgument);
 }

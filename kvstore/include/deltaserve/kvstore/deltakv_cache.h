@@ -43,7 +43,9 @@ struct DeltaKvOptions {
     int32_t n_layers = 0, n_kv_heads = 0, head_dim = 0;
     float rope_theta = 10000.0f;
     kernels::RopeStyle rope_style = kernels::RopeStyle::kInterleaved;
-    std::vector<uint8_t> full_layer;  // per layer: 1 = full attention (layer 0 must be)
+    // Per layer: 1 = full attention (at least one). Sparse layers before the first full
+    // layer have no observation layer: they attend the whole compressed region.
+    std::vector<uint8_t> full_layer;
     int32_t sinks = 16, stride = 10, k = 4;
     int32_t window = 64;         // the buffer; its oldest `window` tokens are compressed when it reaches 2x (see keep)
     int latent_bits = 4;         // 4 (int4, per-token min/max) or 16 (fp16)
@@ -64,8 +66,8 @@ struct DeltaKvOptions {
     int32_t n_ctx = 0;
 };
 
-// Settings for a target keep ratio: how many layers stay full (the most sensitive first,
-// layer 0 always, estimated for a 2k-token context), a coarser stride and smaller buffer
+// Settings for a target keep ratio: how many layers stay full (at least one, the profile's
+// most sensitive first, estimated for a 2k-token context), a coarser stride and smaller buffer
 // below 0.25, and the target itself (a longer buffer where it leaves room). The measured
 // ratio is bytes() / full_fp16_bytes().
 DeltaKvOptions deltakv_options_for_keep(const DeltaKvProfile& profile, float keep, DeltaKvOptions base);
@@ -132,6 +134,8 @@ public:
 
     int32_t compressed_tokens() const { return comp_end_ - std::min(comp_end_, options_.sinks) - n_refs_in_region(); }
     int32_t n_full_layers() const { return static_cast<int32_t>(full_layers_.size()); }
+    // The latent tokens the current single-token call's layer group attends (after its store).
+    int32_t selected_latent_tokens() const { return static_cast<int32_t>(latent_sel_.size()); }
 
 private:
     DeltaKvSequenceCache(const DeltaKvProfile& profile, const DeltaKvOptions& options, ThreadPool& threads);
@@ -158,6 +162,11 @@ private:
     // Zeros in every held row: what attention over a layer not yet imported reads.
     void zero_rows();
     Status begin_rows_import(int32_t n);
+    // The current group's selection from offsets into the compressed region (sorted): the
+    // latent tokens apart in a single-token call (n == 1), else temporary slots for them.
+    void take_selection(const std::vector<int32_t>& idx, int32_t n);
+    // The lead's selection for this call (offsets into the region, sorted): see last_select_.
+    std::vector<int32_t> lead_selection();
     void reconstruct(int32_t layer);
     // For the latent tokens at `positions` of sparse layer sl: latent_ptrs_, their distinct
     // references (ref_pos_, ref_row_: position -> row) and ref_x_, `dims` values per
@@ -218,6 +227,13 @@ private:
     // The current group's selection: positions of the region to attend, and the temporary
     // slot of each (its own sparse slot when it is full precision).
     std::vector<int32_t> selected_, selected_slot_, temp_slots_;
+    // The sparse layers before the first full layer (the lead) have no observation layer. A
+    // decode step gives them the selection the first observation layer (first_observation_,
+    // -1 when there is no lead) made at the previous single-token step, as offsets into the
+    // region then ending at last_select_end_ (0: none; then the whole region).
+    bool lead_selected_ = false;
+    int32_t first_observation_ = -1, last_select_end_ = 0;
+    std::vector<int32_t> last_select_;
     // In a single-token call the selected latent tokens are apart: attend() takes them.
     std::vector<int32_t> latent_sel_;
     std::vector<uint8_t> reconstructed_;  // per layer: done for this forward call
