@@ -186,8 +186,8 @@ void DeltaKvSequenceCache::store(int32_t layer, int32_t first, int32_t n, const 
         write_row(k::DType::kF16, pool.v_row(li, slot), v + i * ld, kv_dim);
     }
     if (!full && !reconstructed_[layer]) {
-        // Sparse layers before the first full layer have no observation layer: the first of
-        // them takes the whole compressed region for the group.
+        // Sparse layers before the first full layer (the lead) have no observation layer: the
+        // first of them takes the lead's selection for the group (lead_selection).
         if (group_of_[layer] < 0 && !lead_selected_) {
             lead_selected_ = true;
             release_temp();

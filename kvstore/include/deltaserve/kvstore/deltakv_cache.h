@@ -44,7 +44,8 @@ struct DeltaKvOptions {
     float rope_theta = 10000.0f;
     kernels::RopeStyle rope_style = kernels::RopeStyle::kInterleaved;
     // Per layer: 1 = full attention (at least one). Sparse layers before the first full
-    // layer have no observation layer: they attend the whole compressed region.
+    // layer have no observation layer: a chunk attends their whole compressed region, a
+    // decode step the previous step's selection (see last_select_).
     std::vector<uint8_t> full_layer;
     int32_t sinks = 16, stride = 10, k = 4;
     int32_t window = 64;         // the buffer; its oldest `window` tokens are compressed when it reaches 2x (see keep)
