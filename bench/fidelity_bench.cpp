@@ -52,6 +52,7 @@ struct Options {
     int32_t chunk = 256, threads = 2, decode_tail = 128, decode_steps = 16;
     int32_t probes = 1;  // retrieval probes per task and length (means reported)
     float select = 0.2f;  // deltakv: share of compressed tokens per decode step
+    int score_every = 0;  // deltakv: scorer layers (0: the paper's observation-layer pick)
 };
 
 template <class T>
@@ -100,6 +101,7 @@ Result<std::vector<Arm>> make_arms(const model::Model& m, const Options& o, cons
         co.kv.keep = keep;
         co.kv_profile = o.profile;
         co.deltakv_select = o.select;
+        co.deltakv_score_every = o.score_every;
         if (policy == "trimkv") {
             co.kv_profile = (std::filesystem::path(o.profile).parent_path() / "trimkv.json").string();
         }
@@ -490,6 +492,9 @@ int main(int argc, char** argv) {
     p.add("policies", &o.policies, "policies besides full");
     p.add("tasks", &o.tasks, "ppl, decode, retrieval, multiturn");
     p.add("select", &o.select, "deltakv: share of the compressed tokens each decode step attends to");
+    p.add("score-every", &o.score_every,
+          "deltakv: every this many sparse layers a scorer picks that share with its own keys; 0 = "
+          "the paper's pick by the observation layer");
     p.add("probes", &o.probes, "retrieval: probes per task and length (each its own random answer and filler; means reported)");
     p.add("decode-tail", &o.decode_tail, "last tokens of each text fed one at a time (scored apart too)");
     p.add("decode-steps", &o.decode_steps, "single-token steps timed per arm (the median is reported)");

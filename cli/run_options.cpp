@@ -28,6 +28,10 @@ void RunOptions::register_flags(ArgParser& p) {
     p.add("kv-select", &kv_select,
           "deltakv: share of the compressed tokens each generated token attends to (reconstructed on "
           "the fly), in (0, 1]; more is closer to full KV and slower, memory is the same");
+    p.add("kv-score-every", &kv_score_every,
+          "deltakv: every this many compressed layers, one scores all compressed tokens with its own "
+          "keys and picks the --kv-select share for the layers up to the next; 0 = the paper's pick "
+          "by the full layer before them (cheaper, further from full KV)");
     p.add("temperature", &temperature, "sampling temperature; 0 = greedy");
     p.add("top-k", &top_k, "top-k sampling; 0 = off");
     p.add("top-p", &top_p, "top-p (nucleus) sampling; 1 = off");
@@ -61,6 +65,7 @@ model::ContextOptions RunOptions::context() const {
     c.kv.keep = kv_keep;
     c.kv_profile = kv_profile;
     c.deltakv_select = kv_select;
+    c.deltakv_score_every = kv_score_every;
     // deltakv / trimkv without --kv-profile: what setup calibrates in profiles/<model file>/.
     if ((kv_policy == "deltakv" || kv_policy == "trimkv") && kv_profile.empty()) {
         const std::string guess =
@@ -82,6 +87,7 @@ Result<std::unique_ptr<model::Model>> load_model_for_run(const RunOptions& o) {
     }
     if (!(o.kv_keep > 0.0f && o.kv_keep <= 1.0f)) return invalid_argument("--kv-keep must be in (0, 1]");
     if (!(o.kv_select > 0.0f && o.kv_select <= 1.0f)) return invalid_argument("--kv-select must be in (0, 1]");
+    if (o.kv_score_every < 0) return invalid_argument("--kv-score-every must be >= 0");
     if (o.kv_policy == "full" && o.kv_keep < 1.0f) {
         return invalid_argument("--kv-keep below 1 needs a --kv-policy (" + std::string(kvstore::eviction_policy_names()) + ")");
     }

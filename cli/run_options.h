@@ -24,6 +24,7 @@ struct RunOptions {
     float kv_keep = 1.0f;
     std::string kv_profile;
     float kv_select = 0.2f;
+    int kv_score_every = 0;
     float temperature = 0.8f;
     int32_t top_k = 40;
     float top_p = 0.95f;

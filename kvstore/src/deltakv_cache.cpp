@@ -125,6 +125,15 @@ DeltaKvSequenceCache::DeltaKvSequenceCache(const DeltaKvProfile& profile,
             break;
         }
     }
+    scorer_.assign(static_cast<size_t>(options.n_layers), 0);
+    for (int32_t l = 0, since_full = 0; l < options.n_layers; ++l) {
+        if (options.full_layer[l]) {
+            since_full = 0;
+            continue;
+        }
+        scorer_[l] = options.score_every > 0 && since_full % options.score_every == 0;
+        ++since_full;
+    }
     latents_.resize(sparse_layers_.size());
     refs_.resize(sparse_layers_.size());
     pending_latents_.resize(sparse_layers_.size());
@@ -248,7 +257,10 @@ void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape&
     const int32_t r0 = options_.sinks, r1 = comp_end_;
     if (r1 <= r0) return;
     const int32_t region = r1 - r0;
-    const int32_t want = n == 1 ? static_cast<int32_t>(std::ceil(options_.select_ratio * region))
+    // With scorer layers a single token's group takes the whole region: they choose.
+    const int32_t want = n == 1 ? options_.score_every > 0
+                                      ? region
+                                      : static_cast<int32_t>(std::ceil(options_.select_ratio * region))
                          : options_.prefill_select > 0 ? std::min(options_.prefill_select, region)
                                                        : region;
     std::vector<int32_t> idx(static_cast<size_t>(region));
@@ -286,7 +298,8 @@ void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape&
 std::vector<int32_t> DeltaKvSequenceCache::lead_selection() {
     const int32_t r0 = options_.sinks, region = std::max(0, comp_end_ - r0);
     std::vector<int32_t> idx;
-    if (n_reserved_ == 1 && last_select_end_ > r0 && last_select_end_ <= comp_end_) {
+    if (n_reserved_ == 1 && options_.score_every == 0 && last_select_end_ > r0 &&
+        last_select_end_ <= comp_end_) {
         // A decode step: the previous step's selection, and what was compressed since.
         idx = last_select_;
         for (int32_t t = last_select_end_ - r0; t < region; ++t) idx.push_back(t);
@@ -455,13 +468,13 @@ void DeltaKvSequenceCache::add_ref_mean(int32_t sl, int32_t pos, int32_t dims, f
 }
 
 void DeltaKvSequenceCache::latent_scores(int32_t layer, const kernels::AttentionShape& shape,
-                                         const float* q) {
+                                         const float* q, const std::vector<int32_t>& positions) {
     const int32_t sl = layer_index_[layer];
     const int32_t m = profile_.m, kv_dim = profile_.d / 2, kk = options_.k,
                   half = options_.head_dim / 2;
     const bool int4 = options_.latent_bits == 4;
-    gather_refs(sl, latent_sel_, kv_dim);
-    const int64_t n = static_cast<int64_t>(latent_sel_.size());
+    gather_refs(sl, positions, kv_dim);
+    const int64_t n = static_cast<int64_t>(positions.size());
     grow(scores_, static_cast<size_t>(shape.n_heads) * n);
     grow(lat_refs_, static_cast<size_t>(n) * kk);
     if (!int4) {  // fp16 latents: the decoder's K rows for every token at once
@@ -490,7 +503,7 @@ void DeltaKvSequenceCache::latent_scores(int32_t layer, const kernels::Attention
                                        kv_dim);
             }
             for (int64_t i = b; i < e; ++i) {
-                const int32_t pos = latent_sel_[i];
+                const int32_t pos = positions[i];
                 float* xi = rows + (i - b) * kv_dim;
                 add_ref_mean(sl, pos, kv_dim, xi, lat_refs_.data() + i * kk);
                 const float* a = angle_table_.data() + angle_of_[pos];
@@ -517,9 +530,15 @@ bool DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& 
     lse_b_.resize(heads);
     out_b_.resize(heads * shape.head_dim);
     k::attention(shape, view(layer, 1), q, ldq, 1, out, ldo, threads_, lse_a_.data());
-    latent_scores(layer, shape, q);
+    // A scorer attends every latent token of the region and picks for the layers after it.
+    const bool picks = options_.score_every > 0 && scorer_[layer];
+    DS_CHECK(options_.score_every == 0 || picks || !scored_.empty(), "a sparse layer before its scorer");
+    const std::vector<int32_t>& positions = options_.score_every == 0 || picks ? latent_sel_ : scored_;
+    latent_scores(layer, shape, q, positions);
+    if (picks) keep_top_scored(latent_sel_, shape.n_heads);
+    attended_latents_ = static_cast<int32_t>(positions.size());
     k::LatentTokens t;
-    t.n = static_cast<int64_t>(latent_sel_.size());
+    t.n = static_cast<int64_t>(positions.size());
     t.scores = scores_.data();
     t.latents = latent_ptrs_.data();
     t.int4 = options_.latent_bits == 4;
@@ -534,6 +553,26 @@ bool DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& 
     add_logit_correction(layer, shape, q, ldq, 1, lse_b_.data());
     k::merge_attention(out, lse_a_.data(), out_b_.data(), lse_b_.data(), shape.n_heads, shape.head_dim);
     return true;
+}
+
+void DeltaKvSequenceCache::keep_top_scored(const std::vector<int32_t>& positions, int n_heads) {
+    const int64_t n = static_cast<int64_t>(positions.size());
+    const int64_t want = std::min<int64_t>(n, static_cast<int64_t>(std::ceil(options_.select_ratio * n)));
+    top_.resize(static_cast<size_t>(n));
+    top_score_.assign(scores_.begin(), scores_.begin() + n);
+    for (int h = 1; h < n_heads; ++h) {
+        const float* sh = scores_.data() + static_cast<size_t>(h) * n;
+        for (int64_t i = 0; i < n; ++i) top_score_[i] = std::max(top_score_[i], sh[i]);
+    }
+    std::iota(top_.begin(), top_.end(), 0);
+    std::nth_element(top_.begin(), top_.begin() + want, top_.end(), [&](int32_t a, int32_t b) {
+        return top_score_[a] != top_score_[b] ? top_score_[a] > top_score_[b] : a > b;
+    });
+    top_.resize(static_cast<size_t>(want));
+    std::sort(top_.begin(), top_.end());
+    // positions may be scored_ itself only for a scorer's scorer, which never happens.
+    scored_.clear();
+    for (int32_t i : top_) scored_.push_back(positions[i]);
 }
 
 bool DeltaKvSequenceCache::corrects(int32_t layer) const {
@@ -615,6 +654,7 @@ void DeltaKvSequenceCache::commit(int32_t n) {
     n_reserved_ -= n;
     n_tokens_ += n;
     release_temp();
+    scored_.clear();
     lead_selected_ = false;
     std::fill(reconstructed_.begin(), reconstructed_.end(), 0);
     if (sparse_layers_.empty()) return;
@@ -762,6 +802,7 @@ void DeltaKvSequenceCache::truncate(int32_t n_keep) {
     DS_CHECK(n_keep >= 0 && n_keep <= n_tokens_, "truncate past the end");
     drop_plan();
     release_temp();
+    scored_.clear();
     lead_selected_ = false;
     last_select_end_ = 0;
     const int32_t end = n_tokens_ + n_reserved_;

@@ -198,6 +198,11 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
                                     std::to_string(opts.deltakv_select));
         }
         o.select_ratio = opts.deltakv_select;
+        if (opts.deltakv_score_every < 0) {
+            return invalid_argument("deltakv score-every must be >= 0, got " +
+                                    std::to_string(opts.deltakv_score_every));
+        }
+        o.score_every = opts.deltakv_score_every;
         parts.deltakv = kvstore::deltakv_options_for_keep(*parts.profile, opts.kv.keep, o);
         if (!opts.deltakv_full_layers.empty()) parts.deltakv.full_layer = opts.deltakv_full_layers;
     } else if (opts.kv.policy != "full") {

@@ -424,6 +424,51 @@ TEST(DeltaKvCache, SparseLayersBeforeTheFirstFullLayerAttendTheWholeRegion) {
         << "no full layer";
 }
 
+// Scorer layers (score_every): in a decode step a scorer attends every latent token of the
+// region, as a cache attending the whole region does; the layer after it attends the
+// select_ratio share the scorer picked.
+TEST(DeltaKvCache, AScorerAttendsTheWholeRegionAndPicksForTheLayersAfterIt) {
+    constexpr int32_t kNew = 4;
+    constexpr int kLd = kHeads * kHeadDim;
+    DeltaKvOptions scoring = options();
+    scoring.score_every = 2;  // layer 1 scores, layer 2 takes its pick
+    DeltaKvOptions whole = options();
+    whole.select_ratio = 1.0f;
+    AfterFirstChunk a, b;
+    ASSERT_NO_FATAL_FAILURE(after_first_chunk(a, 3, false, scoring, kNew));
+    ASSERT_NO_FATAL_FAILURE(after_first_chunk(b, 3, false, whole, kNew));
+    for (AfterFirstChunk* s : {&a, &b}) {
+        for (int32_t l = 0; l < kLayers; ++l) {
+            s->cache->store(l, 0, kNew, s->kk.data(), s->vv.data(), kKvDim);
+            s->cache->observe(l, kShape, s->q.data(), kLd, nullptr, 0, kNew);
+        }
+        s->cache->commit(kNew);
+        ASSERT_TRUE(s->cache->reserve(1).ok());
+    }
+    const int32_t latents = a.cache->compressed_tokens();
+    ASSERT_GT(latents, 4);
+    ASSERT_EQ(b.cache->compressed_tokens(), latents);
+    std::vector<float> got(kLd), want(kLd);
+    for (int32_t l = 0; l < kLayers; ++l) {
+        for (AfterFirstChunk* s : {&a, &b}) {
+            s->cache->store(l, 0, 1, s->kk.data(), s->vv.data(), kKvDim);
+            if (l == 0) s->cache->observe(l, kShape, s->q.data(), kLd, nullptr, 0, 1);
+        }
+        if (l == 0) continue;
+        ASSERT_TRUE(a.cache->attend(l, kShape, a.q.data(), kLd, 1, got.data(), kLd));
+        ASSERT_TRUE(b.cache->attend(l, kShape, b.q.data(), kLd, 1, want.data(), kLd));
+        if (l == 1) {
+            EXPECT_EQ(a.cache->attended_latent_tokens(), latents);
+            for (int j = 0; j < kLd; ++j) ASSERT_FLOAT_EQ(got[j], want[j]) << "the scorer, " << j;
+        } else {
+            EXPECT_EQ(a.cache->attended_latent_tokens(), (latents + 1) / 2) << "half, select_ratio 0.5";
+            float diff = 0.0f;
+            for (int j = 0; j < kLd; ++j) diff = std::max(diff, std::abs(got[j] - want[j]));
+            EXPECT_GT(diff, 0.0f) << "layer 2 attends only the pick";
+        }
+    }
+}
+
 // A chunk with the profile's key errors: attention over its view in which the reconstructed
 // tokens' logits carry the correction, computed here from the view's own rows.
 TEST(DeltaKvCache, AChunkCorrectsTheLogitsOfReconstructedTokens) {

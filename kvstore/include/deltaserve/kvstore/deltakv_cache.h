@@ -51,6 +51,15 @@ struct DeltaKvOptions {
     int32_t window = 64;         // the buffer; its oldest `window` tokens are compressed when it reaches 2x (see keep)
     int latent_bits = 4;         // 4 (int4, per-token min/max) or 16 (fp16)
     float select_ratio = 0.2f;   // decode: share of the compressed region attended
+    // Decode: which layers choose what a step attends to. With 0, the paper's: the
+    // observation layer's q . k for its whole group. With N > 0, our departure (README,
+    // "Scorer layers"): the first sparse layer after each full layer (and the first of
+    // the lead), then every Nth, is a scorer. A scorer reconstructs the keys of every
+    // latent token of the region, attends all of them, and picks the select_ratio share
+    // it scores highest (max over heads); the sparse layers up to the next scorer attend
+    // that share. A layer's attention is told far better by a layer a few steps earlier
+    // than by an early full layer, but each scorer reconstructs the whole region's keys.
+    int32_t score_every = 0;
     // Chunks of 2+ tokens (prefill): how many of that region's tokens to attend, the highest
     // scored; 0 = all of it, as the paper's prefill sees every token before compressing.
     int32_t prefill_select = 0;
@@ -137,6 +146,8 @@ public:
     int32_t n_full_layers() const { return static_cast<int32_t>(full_layers_.size()); }
     // The latent tokens the current single-token call's layer group attends (after its store).
     int32_t selected_latent_tokens() const { return static_cast<int32_t>(latent_sel_.size()); }
+    // The latent tokens the last single-token attend() of a sparse layer attended.
+    int32_t attended_latent_tokens() const { return attended_latents_; }
 
 private:
     DeltaKvSequenceCache(const DeltaKvProfile& profile, const DeltaKvOptions& options, ThreadPool& threads);
@@ -179,7 +190,11 @@ private:
     // For attend(): every head's score of each selected latent token (scores_, [head][token]),
     // its keys reconstructed (K rows of the decoder) a block at a time, and the tokens'
     // references (lat_refs_, ref_v_).
-    void latent_scores(int32_t layer, const kernels::AttentionShape& shape, const float* q);
+    void latent_scores(int32_t layer, const kernels::AttentionShape& shape, const float* q,
+                       const std::vector<int32_t>& positions);
+    // A scorer's pick (score_every) among `positions`, scored in scores_: the select_ratio
+    // share with the highest max over heads, into scored_ (in position order).
+    void keep_top_scored(const std::vector<int32_t>& positions, int n_heads);
     // Offset in angle_table_ of a position's RoPE angles (cos then sin), computed once per
     // forward call.
     int32_t angles(int32_t pos);
@@ -237,6 +252,11 @@ private:
     std::vector<int32_t> last_select_;
     // In a single-token call the selected latent tokens are apart: attend() takes them.
     std::vector<int32_t> latent_sel_;
+    // Per layer: a scorer (score_every). scored_: the last scorer's pick this call.
+    std::vector<uint8_t> scorer_;
+    std::vector<int32_t> scored_, top_;
+    std::vector<float> top_score_;
+    int32_t attended_latents_ = 0;
     std::vector<uint8_t> reconstructed_;  // per layer: done for this forward call
     std::vector<int32_t> angle_of_;       // position -> offset in angle_table_, -1 if none
     std::vector<int32_t> angle_pos_;      // the positions that have one

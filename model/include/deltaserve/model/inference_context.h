@@ -47,6 +47,9 @@ struct ContextOptions {
     // deltakv: share of the compressed tokens a decode step attends to and reconstructs, in
     // (0, 1] (the paper's rho). More is closer to full KV and slower; memory is the same.
     float deltakv_select = 0.2f;
+    // deltakv: every how many sparse layers a scorer picks that share with its own keys
+    // (kvstore::DeltaKvOptions::score_every); 0 = the paper's observation-layer pick.
+    int32_t deltakv_score_every = 0;
     // A thread pool to share with other contexts (a decode worker batches many sequences
     // through one pool: eval_batch). Default: the context makes its own of n_threads.
     std::shared_ptr<ThreadPool> threads;
