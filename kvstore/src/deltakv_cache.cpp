@@ -641,12 +641,15 @@ bool DeltaKvSequenceCache::attend_chunk(int32_t layer, const kernels::AttentionS
 void DeltaKvSequenceCache::release_temp() {
     if (sparse_pool_ && !temp_slots_.empty()) sparse_pool_->release(temp_slots_);
     temp_slots_.clear();
-    for (int32_t pos : angle_pos_) angle_of_[pos] = -1;
-    angle_pos_.clear();
-    angle_table_.clear();
     selected_.clear();
     selected_slot_.clear();
     latent_sel_.clear();
+}
+
+void DeltaKvSequenceCache::forget_angles() {
+    for (int32_t pos : angle_pos_) angle_of_[pos] = -1;
+    angle_pos_.clear();
+    angle_table_.clear();
 }
 
 void DeltaKvSequenceCache::commit(int32_t n) {
@@ -654,6 +657,7 @@ void DeltaKvSequenceCache::commit(int32_t n) {
     n_reserved_ -= n;
     n_tokens_ += n;
     release_temp();
+    forget_angles();
     scored_.clear();
     lead_selected_ = false;
     std::fill(reconstructed_.begin(), reconstructed_.end(), 0);
@@ -802,6 +806,7 @@ void DeltaKvSequenceCache::truncate(int32_t n_keep) {
     DS_CHECK(n_keep >= 0 && n_keep <= n_tokens_, "truncate past the end");
     drop_plan();
     release_temp();
+    forget_angles();
     scored_.clear();
     lead_selected_ = false;
     last_select_end_ = 0;

@@ -402,7 +402,9 @@ TEST(DeltaKvCache, SparseLayersBeforeTheFirstFullLayerAttendTheWholeRegion) {
             c.store(l, 0, 1, s.kk.data(), s.vv.data(), kKvDim);
             const k::KvView v = c.view(l, 1);
             if (l == 0) {
-                if (step == 0) EXPECT_EQ(v.n, 45 - latents) << "every full-precision token";
+                if (step == 0) {
+                    EXPECT_EQ(v.n, 45 - latents) << "every full-precision token";
+                }
                 lead_selected.push_back(c.selected_latent_tokens());
                 std::vector<float> out(kHeads * kHeadDim);
                 EXPECT_TRUE(c.attend(0, kShape, s.q.data(), kHeads * kHeadDim, 1, out.data(),

@@ -196,8 +196,9 @@ private:
     // share with the highest max over heads, into scored_ (in position order).
     void keep_top_scored(const std::vector<int32_t>& positions, int n_heads);
     // Offset in angle_table_ of a position's RoPE angles (cos then sin), computed once per
-    // forward call.
+    // forward call (every layer group of it shares them; forget_angles at commit).
     int32_t angles(int32_t pos);
+    void forget_angles();
     void release_temp();
     // Whether a layer's reconstructed tokens get the logit correction (logit_correction).
     bool corrects(int32_t layer) const;
