@@ -570,7 +570,6 @@ void DeltaKvSequenceCache::keep_top_scored(const std::vector<int32_t>& positions
     });
     top_.resize(static_cast<size_t>(want));
     std::sort(top_.begin(), top_.end());
-    // positions may be scored_ itself only for a scorer's scorer, which never happens.
     scored_.clear();
     for (int32_t i : top_) scored_.push_back(positions[i]);
 }
