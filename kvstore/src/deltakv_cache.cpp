@@ -530,15 +530,16 @@ bool DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& 
     lse_b_.resize(heads);
     out_b_.resize(heads * shape.head_dim);
     k::attention(shape, view(layer, 1), q, ldq, 1, out, ldo, threads_, lse_a_.data());
-    // A scorer attends every latent token of the region and picks for the layers after it.
+    // A scorer scores every latent token of the region, then attends its pick as the layers
+    // after it do.
     const bool picks = options_.score_every > 0 && scorer_[layer];
     DS_CHECK(options_.score_every == 0 || picks || !scored_.empty(), "a sparse layer before its scorer");
     const std::vector<int32_t>& positions = options_.score_every == 0 || picks ? latent_sel_ : scored_;
     latent_scores(layer, shape, q, positions);
-    if (picks) keep_top_scored(latent_sel_, shape.n_heads);
-    attended_latents_ = static_cast<int32_t>(positions.size());
+    if (picks) keep_top_scored(shape.n_heads);
+    attended_latents_ = static_cast<int32_t>(picks ? scored_.size() : positions.size());
     k::LatentTokens t;
-    t.n = static_cast<int64_t>(positions.size());
+    t.n = attended_latents_;
     t.scores = scores_.data();
     t.latents = latent_ptrs_.data();
     t.int4 = options_.latent_bits == 4;
@@ -555,8 +556,8 @@ bool DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& 
     return true;
 }
 
-void DeltaKvSequenceCache::keep_top_scored(const std::vector<int32_t>& positions, int n_heads) {
-    const int64_t n = static_cast<int64_t>(positions.size());
+void DeltaKvSequenceCache::keep_top_scored(int n_heads) {
+    const int64_t n = static_cast<int64_t>(latent_sel_.size());
     const int64_t want = std::min<int64_t>(n, static_cast<int64_t>(std::ceil(options_.select_ratio * n)));
     top_.resize(static_cast<size_t>(n));
     top_score_.assign(scores_.begin(), scores_.begin() + n);
@@ -571,7 +572,17 @@ void DeltaKvSequenceCache::keep_top_scored(const std::vector<int32_t>& positions
     top_.resize(static_cast<size_t>(want));
     std::sort(top_.begin(), top_.end());
     scored_.clear();
-    for (int32_t i : top_) scored_.push_back(positions[i]);
+    for (int32_t i : top_) scored_.push_back(latent_sel_[i]);
+    // The pick's scores, latents and references to the front, in place: top_[j] >= j, so
+    // nothing is overwritten before it is read.
+    const int32_t kk = options_.k;
+    for (int h = 0; h < n_heads; ++h) {
+        for (int64_t j = 0; j < want; ++j) scores_[h * want + j] = scores_[h * n + top_[j]];
+    }
+    for (int64_t j = 0; j < want; ++j) {
+        latent_ptrs_[j] = latent_ptrs_[top_[j]];
+        std::copy_n(lat_refs_.begin() + static_cast<int64_t>(top_[j]) * kk, kk, lat_refs_.begin() + j * kk);
+    }
 }
 
 bool DeltaKvSequenceCache::corrects(int32_t layer) const {

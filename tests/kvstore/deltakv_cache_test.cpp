@@ -71,6 +71,7 @@ struct Data {
     std::vector<std::vector<float>> x;  // [pos] -> [layer][D] pre-RoPE [K; V]
 
     std::vector<float> q;  // the last chunk's queries (all layers share them here)
+    bool same_layers = false;  // layer 2 gets layer 1's K and V (and compressors: after_first_chunk)
 
     void chunk(DeltaKvSequenceCache& c, int32_t n) {
         ASSERT_TRUE(c.reserve(n).ok());
@@ -78,6 +79,7 @@ struct Data {
         for (int32_t i = 0; i < n; ++i) {
             x.emplace_back(kLayers * kD);
             for (auto& v : x.back()) v = nd(rng);
+            if (same_layers) std::copy_n(x.back().begin() + kD, kD, x.back().begin() + 2 * kD);
         }
         q.resize(static_cast<size_t>(n) * kHeads * kHeadDim);
         for (auto& v : q) v = nd(rng);
@@ -333,6 +335,12 @@ void after_first_chunk(AfterFirstChunk& s, uint32_t seed, bool key_errors, const
     std::mt19937 rng(seed);
     s.p = zero_decoder_profile(rng);
     if (key_errors) set_key_errors(s.p);
+    if (s.data.same_layers) {  // layer 2 compresses as layer 1 does, with a decoder not zero
+        std::normal_distribution<float> nd(0.0f, 0.3f);
+        for (auto& x : s.p.storage[4 * 1 + 3]) x = nd(rng);  // layer 1's wd
+        s.p.layers[2] = s.p.layers[1];
+        prepare_int4_decoders(s.p);
+    }
     auto made = DeltaKvSequenceCache::create(s.p, o, s.threads);
     ASSERT_TRUE(made.ok());
     s.cache = std::move(*made);
@@ -426,49 +434,66 @@ TEST(DeltaKvCache, SparseLayersBeforeTheFirstFullLayerAttendTheWholeRegion) {
         << "no full layer";
 }
 
-// Scorer layers (score_every): in a decode step a scorer attends every latent token of the
-// region, as a cache attending the whole region does; the layer after it attends the
-// select_ratio share the scorer picked.
-TEST(DeltaKvCache, AScorerAttendsTheWholeRegionAndPicksForTheLayersAfterIt) {
+// Scorer layers (score_every): in a decode step a scorer scores every latent token of the
+// region and attends the select_ratio share it picks, as the layers up to the next scorer
+// do. Here layers 1 and 2 hold the same K and V and have the same compressors, so attending
+// the same pick they give the same output, which is not that of attending the whole region;
+// picking everything gives exactly that.
+TEST(DeltaKvCache, AScorerPicksWhatItAndTheLayersAfterItAttend) {
     constexpr int32_t kNew = 4;
     constexpr int kLd = kHeads * kHeadDim;
-    DeltaKvOptions scoring = options();
-    scoring.score_every = 2;  // layer 1 scores, layer 2 takes its pick
+    DeltaKvOptions half = options();
+    half.score_every = 2;  // layer 1 scores, layer 2 takes its pick
+    DeltaKvOptions all = half;
+    all.select_ratio = 1.0f;
     DeltaKvOptions whole = options();
     whole.select_ratio = 1.0f;
-    AfterFirstChunk a, b;
-    ASSERT_NO_FATAL_FAILURE(after_first_chunk(a, 3, false, scoring, kNew));
-    ASSERT_NO_FATAL_FAILURE(after_first_chunk(b, 3, false, whole, kNew));
-    for (AfterFirstChunk* s : {&a, &b}) {
+    AfterFirstChunk s[3];
+    const DeltaKvOptions* o[3] = {&half, &all, &whole};
+    for (int i = 0; i < 3; ++i) {
+        s[i].data.same_layers = true;
+        ASSERT_NO_FATAL_FAILURE(after_first_chunk(s[i], 3, false, *o[i], kNew));
         for (int32_t l = 0; l < kLayers; ++l) {
-            s->cache->store(l, 0, kNew, s->kk.data(), s->vv.data(), kKvDim);
-            s->cache->observe(l, kShape, s->q.data(), kLd, nullptr, 0, kNew);
+            s[i].cache->store(l, 0, kNew, s[i].kk.data(), s[i].vv.data(), kKvDim);
+            s[i].cache->observe(l, kShape, s[i].q.data(), kLd, nullptr, 0, kNew);
         }
-        s->cache->commit(kNew);
-        ASSERT_TRUE(s->cache->reserve(1).ok());
+        s[i].cache->commit(kNew);
+        ASSERT_TRUE(s[i].cache->reserve(1).ok());
     }
-    const int32_t latents = a.cache->compressed_tokens();
+    const int32_t latents = s[0].cache->compressed_tokens();
     ASSERT_GT(latents, 4);
-    ASSERT_EQ(b.cache->compressed_tokens(), latents);
-    std::vector<float> got(kLd), want(kLd);
-    for (int32_t l = 0; l < kLayers; ++l) {
-        for (AfterFirstChunk* s : {&a, &b}) {
-            s->cache->store(l, 0, 1, s->kk.data(), s->vv.data(), kKvDim);
-            if (l == 0) s->cache->observe(l, kShape, s->q.data(), kLd, nullptr, 0, 1);
-        }
-        if (l == 0) continue;
-        ASSERT_TRUE(a.cache->attend(l, kShape, a.q.data(), kLd, 1, got.data(), kLd));
-        ASSERT_TRUE(b.cache->attend(l, kShape, b.q.data(), kLd, 1, want.data(), kLd));
-        if (l == 1) {
-            EXPECT_EQ(a.cache->attended_latent_tokens(), latents);
-            for (int j = 0; j < kLd; ++j) ASSERT_FLOAT_EQ(got[j], want[j]) << "the scorer, " << j;
-        } else {
-            EXPECT_EQ(a.cache->attended_latent_tokens(), (latents + 1) / 2) << "half, select_ratio 0.5";
-            float diff = 0.0f;
-            for (int j = 0; j < kLd; ++j) diff = std::max(diff, std::abs(got[j] - want[j]));
-            EXPECT_GT(diff, 0.0f) << "layer 2 attends only the pick";
+    // out[i][l - 1]: cache i's output at sparse layer l; attended[i][l - 1] its latent tokens.
+    std::vector<float> out[3][2];
+    int32_t attended[3][2];
+    for (int i = 0; i < 3; ++i) {
+        ASSERT_EQ(s[i].cache->compressed_tokens(), latents);
+        DeltaKvSequenceCache& c = *s[i].cache;
+        for (int32_t l = 0; l < kLayers; ++l) {
+            c.store(l, 0, 1, s[i].kk.data(), s[i].vv.data(), kKvDim);
+            if (l == 0) {
+                c.observe(l, kShape, s[i].q.data(), kLd, nullptr, 0, 1);
+                continue;
+            }
+            std::vector<float>& got = out[i][l - 1];
+            got.resize(kLd);
+            ASSERT_TRUE(c.attend(l, kShape, s[i].q.data(), kLd, 1, got.data(), kLd));
+            attended[i][l - 1] = c.attended_latent_tokens();
         }
     }
+    EXPECT_EQ(attended[0][0], (latents + 1) / 2) << "the scorer: half, select_ratio 0.5";
+    EXPECT_EQ(attended[0][1], (latents + 1) / 2) << "the layer after it";
+    float to_whole = 0.0f;
+    for (int j = 0; j < kLd; ++j) {
+        ASSERT_FLOAT_EQ(out[0][0][j], out[0][1][j]) << "the same pick, " << j;
+        ASSERT_FLOAT_EQ(out[2][0][j], out[2][1][j]) << "the same layers, " << j;
+        to_whole = std::max(to_whole, std::abs(out[0][0][j] - out[2][0][j]));
+        for (int l = 0; l < 2; ++l) {
+            ASSERT_FLOAT_EQ(out[1][l][j], out[2][l][j]) << "picking everything, layer " << l + 1;
+        }
+    }
+    EXPECT_GT(to_whole, 0.0f) << "half the region is not the whole";
+    EXPECT_EQ(attended[1][0], latents);
+    EXPECT_EQ(attended[1][1], latents);
 }
 
 // A chunk with the profile's key errors: attention over its view in which the reconstructed

@@ -55,9 +55,8 @@ struct DeltaKvOptions {
     // observation layer's q . k for its whole group. With N > 0, our departure (README,
     // "Scorer layers"): the first sparse layer after each full layer (and the first of
     // the lead), then every Nth, is a scorer. A scorer reconstructs the keys of every
-    // latent token of the region, attends all of them, and picks the select_ratio share
-    // it scores highest (max over heads); the sparse layers up to the next scorer attend
-    // that share. A layer's attention is told far better by a layer a few steps earlier
+    // latent token of the region and picks the select_ratio share it scores highest (max
+    // over heads); it and the sparse layers up to the next scorer attend that share. A layer's attention is told far better by a layer a few steps earlier
     // than by an early full layer, but each scorer reconstructs the whole region's keys.
     int32_t score_every = 0;
     // Chunks of 2+ tokens (prefill): how many of that region's tokens to attend, the highest
@@ -192,9 +191,10 @@ private:
     // references (lat_refs_, ref_v_).
     void latent_scores(int32_t layer, const kernels::AttentionShape& shape, const float* q,
                        const std::vector<int32_t>& positions);
-    // A scorer's pick (score_every) among `positions`, scored in scores_: the select_ratio
-    // share with the highest max over heads, into scored_ (in position order).
-    void keep_top_scored(const std::vector<int32_t>& positions, int n_heads);
+    // A scorer's pick (score_every) among latent_sel_, scored in scores_: the select_ratio
+    // share with the highest max over heads, into scored_ (in position order); scores_,
+    // latent_ptrs_ and lat_refs_ then hold the pick's only, as latent_scores had scored it.
+    void keep_top_scored(int n_heads);
     // Offset in angle_table_ of a position's RoPE angles (cos then sin), computed once per
     // forward call (every layer group of it shares them; forget_angles at commit).
     int32_t angles(int32_t pos);
