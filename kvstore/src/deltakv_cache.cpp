@@ -80,8 +80,8 @@ Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(
         return invalid_argument("DeltaKV: at least one layer must be a full-attention layer");
     }
     if (o.sinks < 1 || o.stride < 1 || o.k < 1 || o.k > 16 || o.window < 1 ||
-        (o.latent_bits != 4 && o.latent_bits != 16)) {
-        return invalid_argument("DeltaKV: bad sinks / stride / k / window / latent bits");
+        (o.latent_bits != 4 && o.latent_bits != 16) || o.score_every < 0) {
+        return invalid_argument("DeltaKV: bad sinks / stride / k / window / latent bits / score_every");
     }
     if (o.latent_bits == 4 && (profile.int4.size() != profile.layers.size() ||
                                profile.int4_k.size() != profile.layers.size())) {

@@ -494,6 +494,9 @@ TEST(DeltaKvCache, AScorerPicksWhatItAndTheLayersAfterItAttend) {
     EXPECT_GT(to_whole, 0.0f) << "half the region is not the whole";
     EXPECT_EQ(attended[1][0], latents);
     EXPECT_EQ(attended[1][1], latents);
+    half.score_every = -1;
+    EXPECT_EQ(DeltaKvSequenceCache::create(s[0].p, half, s[0].threads).status().code(),
+              StatusCode::kInvalidArgument);
 }
 
 // A chunk with the profile's key errors: attention over its view in which the reconstructed

@@ -56,8 +56,9 @@ struct DeltaKvOptions {
     // "Scorer layers"): the first sparse layer after each full layer (and the first of
     // the lead), then every Nth, is a scorer. A scorer reconstructs the keys of every
     // latent token of the region and picks the select_ratio share it scores highest (max
-    // over heads); it and the sparse layers up to the next scorer attend that share. A layer's attention is told far better by a layer a few steps earlier
-    // than by an early full layer, but each scorer reconstructs the whole region's keys.
+    // over heads); it and the sparse layers up to the next scorer attend that share. A
+    // layer's attention is told far better by a layer a few steps earlier than by an early
+    // full layer, but each scorer reconstructs the whole region's keys.
     int32_t score_every = 0;
     // Chunks of 2+ tokens (prefill): how many of that region's tokens to attend, the highest
     // scored; 0 = all of it, as the paper's prefill sees every token before compressing.
