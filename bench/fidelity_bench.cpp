@@ -53,6 +53,7 @@ struct Options {
     int32_t probes = 1;  // retrieval probes per task and length (means reported)
     float select = 0.2f;  // deltakv: share of compressed tokens per decode step
     int score_every = 0;  // deltakv: scorer layers (0: the paper's observation-layer pick)
+    float score_dims = 0.25f;  // deltakv: a scorer's first pass, share of key dimensions
 };
 
 template <class T>
@@ -102,6 +103,7 @@ Result<std::vector<Arm>> make_arms(const model::Model& m, const Options& o, cons
         co.kv_profile = o.profile;
         co.deltakv_select = o.select;
         co.deltakv_score_every = o.score_every;
+        co.deltakv_score_dims = o.score_dims;
         if (policy == "trimkv") {
             co.kv_profile = (std::filesystem::path(o.profile).parent_path() / "trimkv.json").string();
         }
@@ -495,6 +497,8 @@ int main(int argc, char** argv) {
     p.add("score-every", &o.score_every,
           "deltakv: every this many sparse layers a scorer picks that share with its own keys; 0 = "
           "the paper's pick by the observation layer");
+    p.add("score-dims", &o.score_dims,
+          "deltakv: share of key dimensions a scorer's first pass scores every token with; 1 = whole keys");
     p.add("probes", &o.probes, "retrieval: probes per task and length (each its own random answer and filler; means reported)");
     p.add("decode-tail", &o.decode_tail, "last tokens of each text fed one at a time (scored apart too)");
     p.add("decode-steps", &o.decode_steps, "single-token steps timed per arm (the median is reported)");

@@ -32,6 +32,9 @@ void RunOptions::register_flags(ArgParser& p) {
           "deltakv: every this many compressed layers, one scores all compressed tokens with its own "
           "keys and picks the --kv-select share for the layers up to the next; 0 = the paper's pick "
           "by the full layer before them (cheaper, further from full KV)");
+    p.add("kv-score-dims", &kv_score_dims,
+          "deltakv, with --kv-score-every: the share of key dimensions a scorer first scores every "
+          "compressed token with (those where the query is largest), in (0, 1]; 1 = whole keys");
     p.add("temperature", &temperature, "sampling temperature; 0 = greedy");
     p.add("top-k", &top_k, "top-k sampling; 0 = off");
     p.add("top-p", &top_p, "top-p (nucleus) sampling; 1 = off");
@@ -66,6 +69,7 @@ model::ContextOptions RunOptions::context() const {
     c.kv_profile = kv_profile;
     c.deltakv_select = kv_select;
     c.deltakv_score_every = kv_score_every;
+    c.deltakv_score_dims = kv_score_dims;
     // deltakv / trimkv without --kv-profile: what setup calibrates in profiles/<model file>/.
     if ((kv_policy == "deltakv" || kv_policy == "trimkv") && kv_profile.empty()) {
         const std::string guess =
@@ -88,6 +92,9 @@ Result<std::unique_ptr<model::Model>> load_model_for_run(const RunOptions& o) {
     if (!(o.kv_keep > 0.0f && o.kv_keep <= 1.0f)) return invalid_argument("--kv-keep must be in (0, 1]");
     if (!(o.kv_select > 0.0f && o.kv_select <= 1.0f)) return invalid_argument("--kv-select must be in (0, 1]");
     if (o.kv_score_every < 0) return invalid_argument("--kv-score-every must be >= 0");
+    if (!(o.kv_score_dims > 0.0f && o.kv_score_dims <= 1.0f)) {
+        return invalid_argument("--kv-score-dims must be in (0, 1]");
+    }
     if (o.kv_policy == "full" && o.kv_keep < 1.0f) {
         return invalid_argument("--kv-keep below 1 needs a --kv-policy (" + std::string(kvstore::eviction_policy_names()) + ")");
     }

@@ -25,6 +25,7 @@ struct RunOptions {
     std::string kv_profile;
     float kv_select = 0.2f;
     int kv_score_every = 0;
+    float kv_score_dims = 0.25f;
     float temperature = 0.8f;
     int32_t top_k = 40;
     float top_p = 0.95f;

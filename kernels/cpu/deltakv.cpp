@@ -84,6 +84,25 @@ Int4Decoder make_int4_decoder(const DeltaKvLayer& w, int rows) {
     return dec;
 }
 
+void int4_decoder_rows(const Int4Decoder& dec, const int32_t* rows, int n_rows, Int4Decoder& out) {
+    out.d = n_rows;
+    out.m = dec.m;
+    out.m4 = dec.m4;
+    out.w.resize(static_cast<size_t>(dec.m4) * n_rows);
+    out.scale.resize(static_cast<size_t>(n_rows));
+    out.row_sum.resize(static_cast<size_t>(n_rows));
+    for (int i = 0; i < n_rows; ++i) {
+        const int r = rows[i];
+        DS_CHECK(r >= 0 && r < dec.d, "decoder row out of range");
+        out.scale[i] = dec.scale[r];
+        out.row_sum[i] = dec.row_sum[r];
+        for (int j4 = 0; j4 < dec.m4 / 4; ++j4) {
+            std::memcpy(out.w.data() + (static_cast<size_t>(j4) * n_rows + i) * 4,
+                        dec.w.data() + (static_cast<size_t>(j4) * dec.d + r) * 4, 4);
+        }
+    }
+}
+
 void int4_dots_avx2(const Int4Decoder& dec, const uint8_t* codes, int64_t n, int32_t* acc) {
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t i = 0; i < n; ++i) {

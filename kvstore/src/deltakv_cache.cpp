@@ -80,8 +80,10 @@ Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(
         return invalid_argument("DeltaKV: at least one layer must be a full-attention layer");
     }
     if (o.sinks < 1 || o.stride < 1 || o.k < 1 || o.k > 16 || o.window < 1 ||
-        (o.latent_bits != 4 && o.latent_bits != 16) || o.score_every < 0) {
-        return invalid_argument("DeltaKV: bad sinks / stride / k / window / latent bits / score_every");
+        (o.latent_bits != 4 && o.latent_bits != 16) || o.score_every < 0 ||
+        !(o.score_dims > 0.0f && o.score_dims <= 1.0f)) {
+        return invalid_argument(
+            "DeltaKV: bad sinks / stride / k / window / latent bits / score_every / score_dims");
     }
     if (o.latent_bits == 4 && (profile.int4.size() != profile.layers.size() ||
                                profile.int4_k.size() != profile.layers.size())) {
@@ -535,8 +537,13 @@ bool DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& 
     const bool picks = options_.score_every > 0 && scorer_[layer];
     DS_CHECK(options_.score_every == 0 || picks || !scored_.empty(), "a sparse layer before its scorer");
     const std::vector<int32_t>& positions = options_.score_every == 0 || picks ? latent_sel_ : scored_;
-    latent_scores(layer, shape, q, positions);
-    if (picks) keep_top_scored(shape.n_heads);
+    if (picks && options_.score_dims < 1.0f && options_.latent_bits == 4) {
+        sketch_pick(layer, shape, q);
+        latent_scores(layer, shape, q, scored_);
+    } else {
+        latent_scores(layer, shape, q, positions);
+        if (picks) keep_top_scored(shape.n_heads);
+    }
     attended_latents_ = static_cast<int32_t>(picks ? scored_.size() : positions.size());
     k::LatentTokens t;
     t.n = attended_latents_;
@@ -556,15 +563,10 @@ bool DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& 
     return true;
 }
 
-void DeltaKvSequenceCache::keep_top_scored(int n_heads) {
+void DeltaKvSequenceCache::pick_top() {
     const int64_t n = static_cast<int64_t>(latent_sel_.size());
     const int64_t want = std::min<int64_t>(n, static_cast<int64_t>(std::ceil(options_.select_ratio * n)));
     top_.resize(static_cast<size_t>(n));
-    top_score_.assign(scores_.begin(), scores_.begin() + n);
-    for (int h = 1; h < n_heads; ++h) {
-        const float* sh = scores_.data() + static_cast<size_t>(h) * n;
-        for (int64_t i = 0; i < n; ++i) top_score_[i] = std::max(top_score_[i], sh[i]);
-    }
     std::iota(top_.begin(), top_.end(), 0);
     std::nth_element(top_.begin(), top_.begin() + want, top_.end(), [&](int32_t a, int32_t b) {
         return top_score_[a] != top_score_[b] ? top_score_[a] > top_score_[b] : a > b;
@@ -573,6 +575,17 @@ void DeltaKvSequenceCache::keep_top_scored(int n_heads) {
     std::sort(top_.begin(), top_.end());
     scored_.clear();
     for (int32_t i : top_) scored_.push_back(latent_sel_[i]);
+}
+
+void DeltaKvSequenceCache::keep_top_scored(int n_heads) {
+    const int64_t n = static_cast<int64_t>(latent_sel_.size());
+    top_score_.assign(scores_.begin(), scores_.begin() + n);
+    for (int h = 1; h < n_heads; ++h) {
+        const float* sh = scores_.data() + static_cast<size_t>(h) * n;
+        for (int64_t i = 0; i < n; ++i) top_score_[i] = std::max(top_score_[i], sh[i]);
+    }
+    pick_top();
+    const int64_t want = static_cast<int64_t>(top_.size());
     // The pick's scores, latents and references to the front, in place: top_[j] >= j, so
     // nothing is overwritten before it is read.
     const int32_t kk = options_.k;

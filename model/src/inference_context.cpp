@@ -203,6 +203,11 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
                                     std::to_string(opts.deltakv_score_every));
         }
         o.score_every = opts.deltakv_score_every;
+        if (!(opts.deltakv_score_dims > 0.0f && opts.deltakv_score_dims <= 1.0f)) {
+            return invalid_argument("deltakv score-dims must be in (0, 1], got " +
+                                    std::to_string(opts.deltakv_score_dims));
+        }
+        o.score_dims = opts.deltakv_score_dims;
         parts.deltakv = kvstore::deltakv_options_for_keep(*parts.profile, opts.kv.keep, o);
         if (!opts.deltakv_full_layers.empty()) parts.deltakv.full_layer = opts.deltakv_full_layers;
     } else if (opts.kv.policy != "full") {

@@ -162,6 +162,34 @@ TEST(DeltaKvKernels, Int4DecoderMatchesTheFp32DecoderWithinInt8Rounding) {
     }
 }
 
+// A scorer's sketch decodes a few rows of a layer's K decoder (int4_decoder_rows): the rows
+// chosen, in their order, must decode to what the whole decoder gives for them.
+TEST(DeltaKvKernels, Int4DecoderRowsDecodeThoseRows) {
+    std::mt19937 rng(14);
+    // 48 rows: the default model's quarter of its 192 K rows (a 48-row tile); 56 and 5:
+    // 16-row tiles and row tails.
+    for (auto [d, m, n, n_rows] : {std::tuple{192, 192, 21, 48}, std::tuple{72, 37, 6, 56}, std::tuple{40, 10, 7, 5}}) {
+        Int4Case c(d, m, n, rng);
+        const Int4Decoder dec = make_int4_decoder(c.layer);
+        std::uniform_int_distribution<int> pick(0, d - 1);
+        std::vector<int32_t> rows(static_cast<size_t>(n_rows));
+        for (auto& r : rows) r = pick(rng);  // any order, repeats allowed
+        Int4Decoder sub;
+        int4_decoder_rows(dec, rows.data(), n_rows, sub);
+        ASSERT_EQ(sub.d, n_rows);
+        std::vector<float> all(size_t(n) * d), part(size_t(n) * n_rows);
+        deltakv_decode_int4(dec, c.ptrs.data(), n, all.data(), d);
+        deltakv_decode_int4(sub, c.ptrs.data(), n, part.data(), n_rows);
+        for (int i = 0; i < n; ++i) {
+            for (int r = 0; r < n_rows; ++r) {
+                const float want = all[size_t(i) * d + rows[r]];
+                ASSERT_NEAR(part[size_t(i) * n_rows + r], want, 1e-6f * (1.0f + std::fabs(want)))
+                    << "d " << d << " token " << i << " row " << r;
+            }
+        }
+    }
+}
+
 TEST(DeltaKvKernels, AddMeanRowsAddsTheRowsAverage) {
     std::mt19937 rng(13);
     const int dims = 21;  // a vector part and a tail

@@ -438,12 +438,16 @@ TEST(DeltaKvCache, SparseLayersBeforeTheFirstFullLayerAttendTheWholeRegion) {
 // region and attends the select_ratio share it picks, as the layers up to the next scorer
 // do. Here layers 1 and 2 hold the same K and V and have the same compressors, so attending
 // the same pick they give the same output, which is not that of attending the whole region;
-// picking everything gives exactly that.
+// picking everything gives exactly that. With whole keys and with a sketch of one RoPE pair
+// per KV head (score_dims).
 TEST(DeltaKvCache, AScorerPicksWhatItAndTheLayersAfterItAttend) {
+  for (float dims : {1.0f, 0.25f}) {
+    SCOPED_TRACE(dims);
     constexpr int32_t kNew = 4;
     constexpr int kLd = kHeads * kHeadDim;
     DeltaKvOptions half = options();
     half.score_every = 2;  // layer 1 scores, layer 2 takes its pick
+    half.score_dims = dims;
     DeltaKvOptions all = half;
     all.select_ratio = 1.0f;
     DeltaKvOptions whole = options();
@@ -497,6 +501,59 @@ TEST(DeltaKvCache, AScorerPicksWhatItAndTheLayersAfterItAttend) {
     half.score_every = -1;
     EXPECT_EQ(DeltaKvSequenceCache::create(s[0].p, half, s[0].threads).status().code(),
               StatusCode::kInvalidArgument);
+    half.score_every = 2;
+    for (float bad : {0.0f, 1.5f, std::nanf("")}) {
+        half.score_dims = bad;
+        EXPECT_EQ(DeltaKvSequenceCache::create(s[0].p, half, s[0].threads).status().code(),
+                  StatusCode::kInvalidArgument)
+            << "score_dims " << bad;
+    }
+  }
+}
+
+// A scorer's sketch (score_dims < 1) scores with the RoPE pairs where the query is largest.
+// Where the query has nothing outside one pair per head, a sketch of one pair per KV head
+// scores as whole keys do and must pick the same tokens, so both give the same output (to
+// rounding: the references are gathered in another order); where the query is spread over
+// every pair, the sketch's pick differs.
+TEST(DeltaKvCache, AScorersSketchKeepsThePairsWhereTheQueryIs) {
+    constexpr int32_t kNew = 4;
+    constexpr int kLd = kHeads * kHeadDim;
+    const auto scorer_output = [&](float dims, bool one_pair, std::vector<float>& got) {
+        DeltaKvOptions o = options();
+        o.score_every = 2;
+        o.score_dims = dims;
+        AfterFirstChunk s;
+        s.data.same_layers = true;
+        ASSERT_NO_FATAL_FAILURE(after_first_chunk(s, 5, false, o, kNew));
+        for (int32_t l = 0; l < kLayers; ++l) {
+            s.cache->store(l, 0, kNew, s.kk.data(), s.vv.data(), kKvDim);
+            s.cache->observe(l, kShape, s.q.data(), kLd, nullptr, 0, kNew);
+        }
+        s.cache->commit(kNew);
+        ASSERT_TRUE(s.cache->reserve(1).ok());
+        if (one_pair) {  // interleaved RoPE: pair 2 is dimensions 4 and 5 of each head
+            for (int j = 0; j < kLd; ++j) {
+                if (j % kHeadDim != 4 && j % kHeadDim != 5) s.q[j] = 0.0f;
+            }
+        }
+        for (int32_t l = 0; l < 2; ++l) {
+            s.cache->store(l, 0, 1, s.kk.data(), s.vv.data(), kKvDim);
+            if (l == 0) s.cache->observe(l, kShape, s.q.data(), kLd, nullptr, 0, 1);
+        }
+        got.resize(kLd);
+        ASSERT_TRUE(s.cache->attend(1, kShape, s.q.data(), kLd, 1, got.data(), kLd));
+        ASSERT_EQ(s.cache->attended_latent_tokens(), (s.cache->compressed_tokens() + 1) / 2);
+    };
+    std::vector<float> whole, sketch;
+    ASSERT_NO_FATAL_FAILURE(scorer_output(1.0f, true, whole));
+    ASSERT_NO_FATAL_FAILURE(scorer_output(0.25f, true, sketch));
+    for (int j = 0; j < kLd; ++j) ASSERT_NEAR(sketch[j], whole[j], 1e-5f * (1.0f + std::abs(whole[j]))) << j;
+    ASSERT_NO_FATAL_FAILURE(scorer_output(1.0f, false, whole));
+    ASSERT_NO_FATAL_FAILURE(scorer_output(0.25f, false, sketch));
+    float diff = 0.0f;
+    for (int j = 0; j < kLd; ++j) diff = std::max(diff, std::abs(sketch[j] - whole[j]));
+    EXPECT_GT(diff, 1e-3f) << "one pair of four is not the whole key here";
 }
 
 // A chunk with the profile's key errors: attention over its view in which the reconstructed

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -24,10 +25,12 @@ class DeltaKvModelTest : public testing::DefaultModelTest {
 protected:
     static Result<std::unique_ptr<InferenceContext>> context(const std::string& policy, float keep,
                                                              float select = 0.2f,
-                                                             int32_t score_every = 0) {
+                                                             int32_t score_every = 0,
+                                                             float score_dims = 0.25f) {
         ContextOptions co;
         co.deltakv_select = select;
         co.deltakv_score_every = score_every;
+        co.deltakv_score_dims = score_dims;
         co.n_ctx = 2048;
         co.n_threads = 2;
         co.kv.policy = policy;
@@ -90,9 +93,10 @@ TEST_F(DeltaKvModelTest, ALargerDecodeSelectionIsCloserToFullKv) {
     const size_t prompt = 900;
     std::vector<double> kl, kr;
     // The mean KL to full KV of the decode steps after the prompt, and the keep ratio reached.
-    const auto decode_kl = [&](float select, int32_t score_every, double* keep_ratio) {
+    const auto decode_kl = [&](float select, int32_t score_every, double* keep_ratio,
+                               float score_dims = 0.25f) {
         auto full = context("full", 1.0f);
-        auto dkv = context("deltakv", 0.3f, select, score_every);
+        auto dkv = context("deltakv", 0.3f, select, score_every, score_dims);
         EXPECT_TRUE(full.ok() && dkv.ok()) << dkv.error().to_string();
         if (!full.ok() || !dkv.ok()) return -1.0;
         EXPECT_TRUE((*full)->eval(std::span<const int32_t>(tokens.data(), prompt)).ok());
@@ -120,16 +124,24 @@ TEST_F(DeltaKvModelTest, ALargerDecodeSelectionIsCloserToFullKv) {
     auto bad = context("deltakv", 0.3f, 0.0f);
     EXPECT_FALSE(bad.ok());
     // Scorer layers: each scores with its own keys what the layers up to the next attend,
-    // the same 20% share, closer to full KV than the observation layer's pick (setup's
-    // profile: 0.035 against 0.115).
-    double kr_paper = 0, kr_scored = 0;
+    // the same 20% share, closer to full KV than the observation layer's pick, whether it
+    // picks by a sketch of a quarter of the key dimensions (the default) or by whole keys
+    // (setup's profile: 0.043 and 0.033 against 0.115).
+    double kr_paper = 0, kr_scored = 0, kr_whole = 0;
     const double paper = decode_kl(0.2f, 0, &kr_paper);
     const double scored = decode_kl(0.2f, 3, &kr_scored);
+    const double whole = decode_kl(0.2f, 3, &kr_whole, 1.0f);
     EXPECT_EQ(kr_paper, kr_scored) << "the pick does not change what is held";
+    EXPECT_EQ(kr_paper, kr_whole);
     EXPECT_GE(paper, 0.0);
     EXPECT_GE(scored, 0.0);
+    EXPECT_GE(whole, 0.0);
     EXPECT_LT(scored, paper) << "KL to full: observation layer's pick " << paper << ", scorers' " << scored;
+    EXPECT_LT(whole, paper) << "KL to full: observation layer's pick " << paper << ", whole keys' " << whole;
+    std::printf("decode KL to full KV: observation layer's pick %.4f, scorers every 3 %.4f (whole keys %.4f)\n",
+                paper, scored, whole);
     EXPECT_FALSE(context("deltakv", 0.3f, 0.2f, -1).ok());
+    EXPECT_FALSE(context("deltakv", 0.3f, 0.2f, 3, 0.0f).ok());
 }
 
 TEST_F(DeltaKvModelTest, MissingOrForeignProfileIsAClearError) {

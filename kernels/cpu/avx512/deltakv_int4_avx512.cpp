@@ -41,6 +41,10 @@ template <int T>
 void tokens(const Int4Decoder& dec, const uint8_t* codes, int32_t* acc) {
     int r = 0;
     for (; r + 64 <= dec.d; r += 64) tile<T, 4>(dec, codes, r, acc);
+    if (r + 48 <= dec.d) {  // a few key dimensions (int4_decoder_rows): 12 accumulators, not 4
+        tile<T, 3>(dec, codes, r, acc);
+        r += 48;
+    }
     for (; r + 16 <= dec.d; r += 16) tile<T, 1>(dec, codes, r, acc);
     for (int t = 0; t < T; ++t) {
         int4_dots_rows(dec, codes + static_cast<size_t>(t) * dec.m4, r,

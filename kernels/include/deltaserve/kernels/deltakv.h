@@ -58,6 +58,10 @@ struct Int4Decoder {
 Int4Decoder make_int4_decoder(const DeltaKvLayer& w);
 // The same for Wd's first `rows` rows only (the keys: a decode step reconstructs no values).
 Int4Decoder make_int4_decoder(const DeltaKvLayer& w, int rows);
+// out = dec's rows `rows[0..n_rows)`, in that order (a decoder of a few key dimensions;
+// out's buffers are reused). Decoding with it gives those rows of dec's output: the same
+// integer dot products, scaled alike (to the last bit where both take the same code path).
+void int4_decoder_rows(const Int4Decoder& dec, const int32_t* rows, int n_rows, Int4Decoder& out);
 
 // out[i * ldo + r] = Dec(int4_unpack(latents[i]))[r] for n tokens, on the calling thread
 // (callers split the tokens and use the rows while they are in cache). The dot products

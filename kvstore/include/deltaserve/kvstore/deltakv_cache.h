@@ -58,8 +58,13 @@ struct DeltaKvOptions {
     // latent token of the region and picks the select_ratio share it scores highest (max
     // over heads); it and the sparse layers up to the next scorer attend that share. A
     // layer's attention is told far better by a layer a few steps earlier than by an early
-    // full layer, but each scorer reconstructs the whole region's keys.
+    // full layer, but each scorer scores the whole region (see score_dims).
     int32_t score_every = 0;
+    // A scorer with int4 latents scores in two passes (ours, after SparQ's query-sparse
+    // scores): first every latent token with its keys in only this share of each KV head's
+    // RoPE pairs, those where the step's queries are largest, picking by that; then only
+    // the pick's whole keys, which its attention uses. 1 = whole keys for every token.
+    float score_dims = 0.25f;
     // Chunks of 2+ tokens (prefill): how many of that region's tokens to attend, the highest
     // scored; 0 = all of it, as the paper's prefill sees every token before compressing.
     int32_t prefill_select = 0;
@@ -196,6 +201,14 @@ private:
     // share with the highest max over heads, into scored_ (in position order); scores_,
     // latent_ptrs_ and lat_refs_ then hold the pick's only, as latent_scores had scored it.
     void keep_top_scored(int n_heads);
+    // scored_ = the select_ratio share of latent_sel_ with the highest top_score_, in
+    // position order; top_ = their indices in latent_sel_.
+    void pick_top();
+    // A scorer's pick from sketched keys (score_dims < 1; src/deltakv_sketch.cpp): the
+    // chosen RoPE pairs (sketch_pair_, per KV head), their decoder rows (sketch_dec_) and
+    // reference means give every latent token's partial scores, their max over heads
+    // top_score_; then pick_top.
+    void sketch_pick(int32_t layer, const kernels::AttentionShape& shape, const float* q);
     // Offset in angle_table_ of a position's RoPE angles (cos then sin), computed once per
     // forward call (every layer group of it shares them; forget_angles at commit).
     int32_t angles(int32_t pos);
@@ -258,6 +271,9 @@ private:
     std::vector<uint8_t> scorer_;
     std::vector<int32_t> scored_, top_;
     std::vector<float> top_score_;
+    std::vector<int32_t> sketch_pair_, sketch_rows_;
+    kernels::Int4Decoder sketch_dec_;
+    std::vector<float> sketch_ref_, sketch_near_, near_angles_;
     int32_t attended_latents_ = 0;
     std::vector<uint8_t> reconstructed_;  // per layer: done for this forward call
     std::vector<int32_t> angle_of_;       // position -> offset in angle_table_, -1 if none

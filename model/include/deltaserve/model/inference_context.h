@@ -50,6 +50,9 @@ struct ContextOptions {
     // deltakv: every how many sparse layers a scorer picks that share with its own keys
     // (kvstore::DeltaKvOptions::score_every); 0 = the paper's observation-layer pick.
     int32_t deltakv_score_every = 0;
+    // deltakv: the share of key dimensions a scorer's first pass uses, in (0, 1]
+    // (kvstore::DeltaKvOptions::score_dims); 1 = whole keys for every token.
+    float deltakv_score_dims = 0.25f;
     // A thread pool to share with other contexts (a decode worker batches many sequences
     // through one pool: eval_batch). Default: the context makes its own of n_threads.
     std::shared_ptr<ThreadPool> threads;
