@@ -441,74 +441,74 @@ TEST(DeltaKvCache, SparseLayersBeforeTheFirstFullLayerAttendTheWholeRegion) {
 // picking everything gives exactly that. With whole keys and with a sketch of one RoPE pair
 // per KV head (score_dims).
 TEST(DeltaKvCache, AScorerPicksWhatItAndTheLayersAfterItAttend) {
-  for (float dims : {1.0f, 0.25f}) {
-    SCOPED_TRACE(dims);
-    constexpr int32_t kNew = 4;
-    constexpr int kLd = kHeads * kHeadDim;
-    DeltaKvOptions half = options();
-    half.score_every = 2;  // layer 1 scores, layer 2 takes its pick
-    half.score_dims = dims;
-    DeltaKvOptions all = half;
-    all.select_ratio = 1.0f;
-    DeltaKvOptions whole = options();
-    whole.select_ratio = 1.0f;
-    AfterFirstChunk s[3];
-    const DeltaKvOptions* o[3] = {&half, &all, &whole};
-    for (int i = 0; i < 3; ++i) {
-        s[i].data.same_layers = true;
-        ASSERT_NO_FATAL_FAILURE(after_first_chunk(s[i], 3, false, *o[i], kNew));
-        for (int32_t l = 0; l < kLayers; ++l) {
-            s[i].cache->store(l, 0, kNew, s[i].kk.data(), s[i].vv.data(), kKvDim);
-            s[i].cache->observe(l, kShape, s[i].q.data(), kLd, nullptr, 0, kNew);
-        }
-        s[i].cache->commit(kNew);
-        ASSERT_TRUE(s[i].cache->reserve(1).ok());
-    }
-    const int32_t latents = s[0].cache->compressed_tokens();
-    ASSERT_GT(latents, 4);
-    // out[i][l - 1]: cache i's output at sparse layer l; attended[i][l - 1] its latent tokens.
-    std::vector<float> out[3][2];
-    int32_t attended[3][2];
-    for (int i = 0; i < 3; ++i) {
-        ASSERT_EQ(s[i].cache->compressed_tokens(), latents);
-        DeltaKvSequenceCache& c = *s[i].cache;
-        for (int32_t l = 0; l < kLayers; ++l) {
-            c.store(l, 0, 1, s[i].kk.data(), s[i].vv.data(), kKvDim);
-            if (l == 0) {
-                c.observe(l, kShape, s[i].q.data(), kLd, nullptr, 0, 1);
-                continue;
+    for (float dims : {1.0f, 0.25f}) {
+        SCOPED_TRACE(dims);
+        constexpr int32_t kNew = 4;
+        constexpr int kLd = kHeads * kHeadDim;
+        DeltaKvOptions half = options();
+        half.score_every = 2;  // layer 1 scores, layer 2 takes its pick
+        half.score_dims = dims;
+        DeltaKvOptions all = half;
+        all.select_ratio = 1.0f;
+        DeltaKvOptions whole = options();
+        whole.select_ratio = 1.0f;
+        AfterFirstChunk s[3];
+        const DeltaKvOptions* o[3] = {&half, &all, &whole};
+        for (int i = 0; i < 3; ++i) {
+            s[i].data.same_layers = true;
+            ASSERT_NO_FATAL_FAILURE(after_first_chunk(s[i], 3, false, *o[i], kNew));
+            for (int32_t l = 0; l < kLayers; ++l) {
+                s[i].cache->store(l, 0, kNew, s[i].kk.data(), s[i].vv.data(), kKvDim);
+                s[i].cache->observe(l, kShape, s[i].q.data(), kLd, nullptr, 0, kNew);
             }
-            std::vector<float>& got = out[i][l - 1];
-            got.resize(kLd);
-            ASSERT_TRUE(c.attend(l, kShape, s[i].q.data(), kLd, 1, got.data(), kLd));
-            attended[i][l - 1] = c.attended_latent_tokens();
+            s[i].cache->commit(kNew);
+            ASSERT_TRUE(s[i].cache->reserve(1).ok());
         }
-    }
-    EXPECT_EQ(attended[0][0], (latents + 1) / 2) << "the scorer: half, select_ratio 0.5";
-    EXPECT_EQ(attended[0][1], (latents + 1) / 2) << "the layer after it";
-    float to_whole = 0.0f;
-    for (int j = 0; j < kLd; ++j) {
-        ASSERT_FLOAT_EQ(out[0][0][j], out[0][1][j]) << "the same pick, " << j;
-        ASSERT_FLOAT_EQ(out[2][0][j], out[2][1][j]) << "the same layers, " << j;
-        to_whole = std::max(to_whole, std::abs(out[0][0][j] - out[2][0][j]));
-        for (int l = 0; l < 2; ++l) {
-            ASSERT_FLOAT_EQ(out[1][l][j], out[2][l][j]) << "picking everything, layer " << l + 1;
+        const int32_t latents = s[0].cache->compressed_tokens();
+        ASSERT_GT(latents, 4);
+        // out[i][l - 1]: cache i's output at sparse layer l; attended[i][l - 1] its latent tokens.
+        std::vector<float> out[3][2];
+        int32_t attended[3][2];
+        for (int i = 0; i < 3; ++i) {
+            ASSERT_EQ(s[i].cache->compressed_tokens(), latents);
+            DeltaKvSequenceCache& c = *s[i].cache;
+            for (int32_t l = 0; l < kLayers; ++l) {
+                c.store(l, 0, 1, s[i].kk.data(), s[i].vv.data(), kKvDim);
+                if (l == 0) {
+                    c.observe(l, kShape, s[i].q.data(), kLd, nullptr, 0, 1);
+                    continue;
+                }
+                std::vector<float>& got = out[i][l - 1];
+                got.resize(kLd);
+                ASSERT_TRUE(c.attend(l, kShape, s[i].q.data(), kLd, 1, got.data(), kLd));
+                attended[i][l - 1] = c.attended_latent_tokens();
+            }
         }
-    }
-    EXPECT_GT(to_whole, 0.0f) << "half the region is not the whole";
-    EXPECT_EQ(attended[1][0], latents);
-    EXPECT_EQ(attended[1][1], latents);
-    half.score_every = -1;
-    EXPECT_EQ(DeltaKvSequenceCache::create(s[0].p, half, s[0].threads).status().code(),
-              StatusCode::kInvalidArgument);
-    half.score_every = 2;
-    for (float bad : {0.0f, 1.5f, std::nanf("")}) {
-        half.score_dims = bad;
+        EXPECT_EQ(attended[0][0], (latents + 1) / 2) << "the scorer: half, select_ratio 0.5";
+        EXPECT_EQ(attended[0][1], (latents + 1) / 2) << "the layer after it";
+        float to_whole = 0.0f;
+        for (int j = 0; j < kLd; ++j) {
+            ASSERT_FLOAT_EQ(out[0][0][j], out[0][1][j]) << "the same pick, " << j;
+            ASSERT_FLOAT_EQ(out[2][0][j], out[2][1][j]) << "the same layers, " << j;
+            to_whole = std::max(to_whole, std::abs(out[0][0][j] - out[2][0][j]));
+            for (int l = 0; l < 2; ++l) {
+                ASSERT_FLOAT_EQ(out[1][l][j], out[2][l][j]) << "picking everything, layer " << l + 1;
+            }
+        }
+        EXPECT_GT(to_whole, 0.0f) << "half the region is not the whole";
+        EXPECT_EQ(attended[1][0], latents);
+        EXPECT_EQ(attended[1][1], latents);
+        half.score_every = -1;
         EXPECT_EQ(DeltaKvSequenceCache::create(s[0].p, half, s[0].threads).status().code(),
-                  StatusCode::kInvalidArgument)
-            << "score_dims " << bad;
+                  StatusCode::kInvalidArgument);
+        half.score_every = 2;
+        for (float bad : {0.0f, 1.5f, std::nanf("")}) {
+            half.score_dims = bad;
+            EXPECT_EQ(DeltaKvSequenceCache::create(s[0].p, half, s[0].threads).status().code(),
+                      StatusCode::kInvalidArgument)
+                << "score_dims " << bad;
+        }
     }
-  }
 }
 
 // A scorer's sketch (score_dims < 1) scores with the RoPE pairs where the query is largest.
