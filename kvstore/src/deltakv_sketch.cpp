@@ -27,7 +27,8 @@ void DeltaKvSequenceCache::sketch_pick(int32_t layer, const kernels::AttentionSh
     // Per KV head, the pairs where its query heads are largest (sum of squares), in order.
     sketch_pair_.clear();
     sketch_rows_.clear();
-    std::vector<std::pair<float, int32_t>> weight(static_cast<size_t>(half));
+    std::vector<std::pair<float, int32_t>>& weight = sketch_weight_;
+    weight.resize(static_cast<size_t>(half));
     for (int32_t g = 0; g < n_kv; ++g) {
         for (int32_t j = 0; j < half; ++j) {
             float w = 0.0f;
@@ -57,7 +58,8 @@ void DeltaKvSequenceCache::sketch_pick(int32_t layer, const kernels::AttentionSh
     }
 
     // Each head's query in its KV head's kept pairs: first dimensions, then second ones.
-    std::vector<float> qs(static_cast<size_t>(shape.n_heads) * 2 * pairs);
+    std::vector<float>& qs = sketch_q_;
+    qs.resize(static_cast<size_t>(shape.n_heads) * 2 * pairs);
     for (int32_t h = 0; h < shape.n_heads; ++h) {
         const float* qh = q + static_cast<size_t>(h) * hd;
         float* o = qs.data() + static_cast<size_t>(h) * 2 * pairs;

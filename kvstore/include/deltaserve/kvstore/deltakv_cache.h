@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "deltaserve/common/thread_pool.h"
@@ -271,9 +272,11 @@ private:
     std::vector<uint8_t> scorer_;
     std::vector<int32_t> scored_, top_;
     std::vector<float> top_score_;
+    // sketch_pick's scratch (kept, as the reconstruction scratch below is).
     std::vector<int32_t> sketch_pair_, sketch_rows_;
+    std::vector<std::pair<float, int32_t>> sketch_weight_;
     kernels::Int4Decoder sketch_dec_;
-    std::vector<float> sketch_ref_, sketch_near_, near_angles_;
+    std::vector<float> sketch_ref_, sketch_near_, near_angles_, sketch_q_;
     int32_t attended_latents_ = 0;
     std::vector<uint8_t> reconstructed_;  // per layer: done for this forward call
     std::vector<int32_t> angle_of_;       // position -> offset in angle_table_, -1 if none
