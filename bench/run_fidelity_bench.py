@@ -5,11 +5,13 @@ summary and a plot.
 Text: the Debian FAQ (Debian package `debian-faq`, installed with apt when missing, or
 unpacked from a downloaded .deb without root), with its table of contents dropped and its
 hard-wrapped lines joined into paragraphs. It is not used to calibrate DeltaKV (calibration
-reads the license texts in /usr/share/common-licenses).
+reads the license texts in /usr/share/common-licenses). `--text F` takes another text
+instead (plain or .gz), its lines joined into paragraphs the same way.
 
 Usage (from the repository root, after ./deploy/setup.sh):
   python3 bench/run_fidelity_bench.py [--lengths 2048,4096,8192] [--keeps 0.5,0.3,0.2]
-      [--retrieval-keeps 0.3] [--tasks ppl,decode,retrieval,multiturn] [--out bench/out/fidelity]
+      [--retrieval-keeps 0.3] [--tasks ppl,decode,retrieval,multiturn] [--text F]
+      [--out bench/out/fidelity]
 Writes OUT.json (the raw results), OUT.summary.json and OUT.png.
   python3 bench/run_fidelity_bench.py --merge A.json B.json --out C
 merges two runs (e.g. over different --policies; the full-KV arm is taken from the first)
@@ -30,6 +32,19 @@ import tempfile
 FAQ = "/usr/share/doc/debian/FAQ/debian-faq.en.txt.gz"
 
 
+def paragraphs(raw):
+    """Hard-wrapped lines joined into paragraphs, blank lines between them."""
+    ps = [" ".join(line.strip() for line in p.splitlines()) for p in re.split(r"\n\s*\n", raw)]
+    return "\n\n".join(p for p in ps if p)
+
+
+def text_file(path):
+    """Another text than the FAQ (plain or .gz UTF-8), its lines joined into paragraphs."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        return paragraphs(f.read())
+
+
 def faq_text():
     path = FAQ
     if not os.path.exists(path):
@@ -45,9 +60,7 @@ def faq_text():
     raw = gzip.open(path, "rt", encoding="utf-8").read()
     # The body starts where chapter 1's heading appears for the second time (after the TOC).
     starts = [m.start() for m in re.finditer(r"^1\. Definitions and overview", raw, re.M)]
-    body = raw[starts[1]:] if len(starts) > 1 else raw
-    paragraphs = [" ".join(line.strip() for line in p.splitlines()) for p in re.split(r"\n\s*\n", body)]
-    return "\n\n".join(p for p in paragraphs if p)
+    return paragraphs(raw[starts[1]:] if len(starts) > 1 else raw)
 
 
 def summarize(r):
@@ -173,6 +186,8 @@ def main():
     ap.add_argument("--decode-tail", default="128", help="last tokens of each text fed one at a time")
     ap.add_argument("--policies", default="deltakv,kvcompress,d2o,trimkv,snapkv,h2o,keydiff,streaming")
     ap.add_argument("--out", default="bench/out/fidelity")
+    ap.add_argument("--text", help="another text than the Debian FAQ (plain or .gz; perplexity and "
+                    "decode; retrieval and multi-turn use it as filler)")
     # Anything else (--probes, --select, --decode-steps, --threads, ...) goes to the binary.
     a, rest = ap.parse_known_args()
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
@@ -184,7 +199,7 @@ def main():
         return
     text_path = a.out + ".text.txt"
     with open(text_path, "w") as f:
-        f.write(faq_text())
+        f.write(text_file(a.text) if a.text else faq_text())
     subprocess.run([os.path.join(a.build, "bin", "deltaserve-bench-fidelity"), "--model", a.model,
                     "--profile", a.profile, "--text", text_path, "--out", a.out + ".json",
                     "--lengths", a.lengths, "--keeps", a.keeps, "--retrieval-keeps", a.retrieval_keeps,
