@@ -190,6 +190,8 @@ def main():
                     "decode; retrieval and multi-turn use it as filler)")
     # Anything else (--probes, --select, --decode-steps, --threads, ...) goes to the binary.
     a, rest = ap.parse_known_args()
+    if a.text and not os.path.isfile(a.text):
+        ap.error(f"--text {a.text}: no such file")
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     if a.merge:
         r = merge(a.merge)
