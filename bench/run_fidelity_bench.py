@@ -202,11 +202,12 @@ def main():
     text_path = a.out + ".text.txt"
     with open(text_path, "w") as f:
         f.write(text_file(a.text) if a.text else faq_text())
-    subprocess.run([os.path.join(a.build, "bin", "deltaserve-bench-fidelity"), "--model", a.model,
-                    "--profile", a.profile, "--text", text_path, "--out", a.out + ".json",
-                    "--lengths", a.lengths, "--keeps", a.keeps, "--retrieval-keeps", a.retrieval_keeps,
-                    "--tasks", a.tasks, "--policies", a.policies, "--decode-tail", a.decode_tail] + rest,
-                   check=True)
+    run = subprocess.run([os.path.join(a.build, "bin", "deltaserve-bench-fidelity"), "--model", a.model,
+                          "--profile", a.profile, "--text", text_path, "--out", a.out + ".json",
+                          "--lengths", a.lengths, "--keeps", a.keeps, "--retrieval-keeps", a.retrieval_keeps,
+                          "--tasks", a.tasks, "--policies", a.policies, "--decode-tail", a.decode_tail] + rest)
+    if run.returncode != 0:  # the binary has said why on stderr
+        sys.exit(run.returncode)
     report(json.load(open(a.out + ".json")), a.out)
 
 
