@@ -31,7 +31,7 @@ DeltaKvOptions deltakv_options_for_keep(const DeltaKvProfile& profile, float kee
     // Bytes per token of a sparse layer over fp16 full KV, at a 2k-token context.
     const double full_token = 2.0 * 2.0 * o.n_kv_heads * o.head_dim;
     const double latent =
-        (o.latent_bits == 4 ? k::int4_bytes(profile.m) : 2.0 * profile.m) + 4.0 * o.k;
+        (o.latent_bits == 4 ? k::int4_bytes(profile.m) : 2.0 * profile.m) + 2.0 * o.k;
     const double n = 2048.0;
     const double s = 1.0 / o.stride + latent / full_token + (1.5 * o.window + o.sinks) / n;
     int32_t n_full = static_cast<int32_t>(std::floor((keep - s) / (1.0 - s) * n_layers));
@@ -84,6 +84,12 @@ Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(
         !(o.score_dims > 0.0f && o.score_dims <= 1.0f)) {
         return invalid_argument(
             "DeltaKV: bad sinks / stride / k / window / latent bits / score_every / score_dims");
+    }
+    // A latent names its references by 16-bit ordinals.
+    if (static_cast<int64_t>(o.sinks) + o.n_ctx / o.stride + 1 >= kNoRef) {
+        return invalid_argument("DeltaKV: " + std::to_string(o.n_ctx) +
+                                " tokens at reference stride " + std::to_string(o.stride) +
+                                " take more than 65534 references");
     }
     if (o.latent_bits == 4 && (profile.int4.size() != profile.layers.size() ||
                                profile.int4_k.size() != profile.layers.size())) {
@@ -152,6 +158,13 @@ DeltaKvSequenceCache::~DeltaKvSequenceCache() {
 size_t DeltaKvSequenceCache::latent_bytes() const {
     return options_.latent_bits == 4 ? k::int4_bytes(profile_.m)
                                      : 2 * static_cast<size_t>(profile_.m);
+}
+
+void DeltaKvSequenceCache::sync_ref_list() {
+    ref_list_.clear();
+    for (int32_t p = options_.sinks; p < static_cast<int32_t>(ref_flag_.size()); ++p) {
+        if (ref_flag_[p]) ref_list_.push_back(p);
+    }
 }
 
 int32_t DeltaKvSequenceCache::n_refs_in_region() const {
@@ -372,7 +385,7 @@ void DeltaKvSequenceCache::gather_refs(int32_t sl, const std::vector<int32_t>& p
         latent_ptrs_.push_back(latents_[sl].data() + static_cast<size_t>(lat) * lb);
         angles(p);
         for (int32_t r = 0; r < kk; ++r) {
-            const int32_t pos = refs_[sl][static_cast<size_t>(lat) * kk + r];
+            const int32_t pos = ref_position(refs_[sl][static_cast<size_t>(lat) * kk + r]);
             if (pos < 0 || ref_row_[pos] >= 0) continue;
             ref_row_[pos] = static_cast<int32_t>(ref_pos_.size());
             ref_pos_.push_back(pos);
@@ -458,11 +471,11 @@ void DeltaKvSequenceCache::reconstruct(int32_t layer) {
 void DeltaKvSequenceCache::add_ref_mean(int32_t sl, int32_t pos, int32_t dims, float* x,
                                         int32_t* rows) const {
     const int32_t kk = options_.k;
-    const int32_t* refs = refs_[sl].data() + static_cast<size_t>(latent_of_[pos]) * kk;
+    const uint16_t* refs = refs_[sl].data() + static_cast<size_t>(latent_of_[pos]) * kk;
     const float* rx[16];
     int32_t nr = 0;
     for (int32_t q = 0; q < kk; ++q) {
-        const int32_t row = refs[q] >= 0 ? ref_row_[refs[q]] : -1;
+        const int32_t row = refs[q] != kNoRef ? ref_row_[ref_position(refs[q])] : -1;
         if (rows != nullptr) rows[q] = row;
         if (row >= 0) rx[nr++] = ref_x_.data() + static_cast<size_t>(row) * dims;
     }
@@ -692,7 +705,10 @@ void DeltaKvSequenceCache::commit(int32_t n) {
 }
 
 void DeltaKvSequenceCache::choose_refs(int32_t c0, int32_t c1) {
-    for (int32_t p = c0; p < c1; ++p) ref_flag_[p] = (p - options_.sinks) % options_.stride == 0;
+    for (int32_t p = c0; p < c1; ++p) {
+        ref_flag_[p] = (p - options_.sinks) % options_.stride == 0;
+        if (ref_flag_[p]) ref_list_.push_back(p);
+    }
 }
 
 void DeltaKvSequenceCache::plan_compression(int32_t n_total) {
@@ -706,7 +722,7 @@ void DeltaKvSequenceCache::plan_compression(int32_t n_total) {
     for (auto& p : pending_refs_) p.clear();
     if (sparse_layers_.empty()) return;
     const size_t row = static_cast<size_t>(options_.n_kv_heads) * options_.head_dim * 2 * 2;
-    const size_t saved = sparse_layers_.size() * (row - latent_bytes() - sizeof(int32_t) * options_.k);
+    const size_t saved = sparse_layers_.size() * (row - latent_bytes() - sizeof(uint16_t) * options_.k);
     const double target = options_.keep * static_cast<double>(full_fp16_bytes(
                                               n_total, options_.n_layers, options_.n_kv_heads * options_.head_dim));
     // The session's bytes before this plan (planning moves no slots): one pass, not one per block.
@@ -729,6 +745,7 @@ void DeltaKvSequenceCache::drop_plan() {
     // Reference flags past the region are only read once their block is compressed.
     for (int32_t p = comp_end_; p < plan_end_ && p < static_cast<int32_t>(ref_flag_.size()); ++p)
         ref_flag_[p] = 0;
+    sync_ref_list();
     planned_ = false;
     plan_blocks_.clear();
     plan_tokens_.clear();
@@ -754,7 +771,8 @@ void DeltaKvSequenceCache::compress_layer(int32_t s) {
         std::vector<float> ref_x(ref_pos.size() * d), x(static_cast<size_t>(nb) * d), rm(x.size());
         std::vector<float> z(static_cast<size_t>(nb) * profile_.m);
         std::vector<float> scratch(static_cast<size_t>(2 * nb * profile_.layers[0].w1.rows));
-        std::vector<int32_t> chosen(static_cast<size_t>(nb) * kk);
+        // A reference's ordinal is its index in ref_pos: the sinks, then ref_list_.
+        std::vector<uint16_t> chosen(static_cast<size_t>(nb) * kk);
         threads_.parallel_for(static_cast<int64_t>(ref_pos.size()), 16, [&](int64_t b, int64_t e) {
             for (int64_t i = b; i < e; ++i) load_x(s, ref_pos[i], ref_x.data() + i * d);
         });
@@ -770,7 +788,7 @@ void DeltaKvSequenceCache::compress_layer(int32_t s) {
                 float* ri = rm.data() + i * d;
                 std::fill(ri, ri + d, 0.0f);
                 for (int j = 0; j < kk; ++j) {
-                    chosen[i * kk + j] = j < got ? ref_pos[near[j]] : -1;
+                    chosen[i * kk + j] = j < got ? static_cast<uint16_t>(near[j]) : kNoRef;
                     if (j < got) {
                         const float* rx = ref_x.data() + static_cast<size_t>(near[j]) * d;
                         for (int32_t t = 0; t < d; ++t) ri[t] += rx[t];
@@ -853,6 +871,7 @@ void DeltaKvSequenceCache::truncate(int32_t n_keep) {
     sparse_slot_.resize(static_cast<size_t>(n_keep));
     latent_of_.resize(static_cast<size_t>(n_keep));
     ref_flag_.resize(static_cast<size_t>(n_keep));
+    sync_ref_list();
     n_tokens_ = n_keep;
     n_reserved_ = 0;
     comp_end_ = std::max(options_.sinks, std::min(comp_end_, n_keep));
@@ -861,15 +880,17 @@ void DeltaKvSequenceCache::truncate(int32_t n_keep) {
 size_t DeltaKvSequenceCache::bytes_upto(int32_t n) const {
     const size_t kv_dim = static_cast<size_t>(options_.n_kv_heads) * options_.head_dim;
     const size_t row = kv_dim * 2 * 2;  // fp16 K and V
-    size_t fp_tokens = 0, latents = 0;
+    size_t fp_tokens = 0, latents = 0, refs = 0;
     for (int32_t p = 0; p < n; ++p) {
         fp_tokens += sparse_slot_[p] >= 0;
         latents += latent_of_[p] >= 0;
+        refs += ref_flag_[p];
     }
+    // Metadata: per position its slots, latent index and reference flag; ref_list_.
     return static_cast<size_t>(n) * full_layers_.size() * row +
            fp_tokens * sparse_layers_.size() * row +
-           latents * sparse_layers_.size() * (latent_bytes() + sizeof(int32_t) * options_.k) +
-           static_cast<size_t>(n) * 3 * sizeof(int32_t);
+           latents * sparse_layers_.size() * (latent_bytes() + sizeof(uint16_t) * options_.k) +
+           static_cast<size_t>(n) * (3 * sizeof(int32_t) + 1) + refs * sizeof(int32_t);
 }
 
 }  // namespace deltaserve::kvstore

@@ -56,7 +56,7 @@ Result<std::vector<uint8_t>> DeltaKvSequenceCache::export_rows(int32_t layer, in
     // A latent is in the region already, or made by this call's compression of the layer.
     const size_t lb = latent_bytes();
     const int32_t kk = options_.k;
-    std::vector<const int32_t*> refs;
+    std::vector<const uint16_t*> refs;
     for (int32_t p : latent) {
         const uint8_t* z = nullptr;
         if (latent_of_[p] >= 0) {
@@ -75,7 +75,7 @@ Result<std::vector<uint8_t>> DeltaKvSequenceCache::export_rows(int32_t layer, in
         }
         w.bytes(z, lb);
     }
-    for (const int32_t* r : refs) w.bytes(r, sizeof(int32_t) * kk);
+    for (const uint16_t* r : refs) w.bytes(r, sizeof(uint16_t) * kk);
     return out;
 }
 
@@ -93,6 +93,7 @@ Status DeltaKvSequenceCache::begin_rows_import(int32_t n) {
         latents_[sl].clear();
         refs_[sl].clear();
     }
+    sync_ref_list();
     zero_rows();
     return {};
 }
@@ -137,11 +138,6 @@ Status DeltaKvSequenceCache::import_rows(int32_t layer, int32_t begin, int32_t e
         return data_loss(where + ": truncated");
     if (n_bits > 0 && rb > kinds_end_) return data_loss(where + ": a gap in the region");
     const auto bit = [&](int32_t p) { return (bits[(p - rb) / 8] >> ((p - rb) % 8)) & 1; };
-    const auto is_ref_after = [&](int32_t p) {
-        if (p < options_.sinks) return true;
-        if (p < kinds_end_) return ref_flag_[p] != 0;
-        return p >= rb && p < re && bit(p) != 0;
-    };
     std::vector<int32_t> fp, latent;
     for (int32_t p = begin; p < end; ++p) {
         const bool in_region = p >= rb && p < re;
@@ -152,7 +148,7 @@ Status DeltaKvSequenceCache::import_rows(int32_t layer, int32_t begin, int32_t e
         (in_region && !bit(p) ? latent : fp).push_back(p);
     }
     const size_t lb = latent_bytes(), kk = static_cast<size_t>(options_.k);
-    if (r.remaining() != 2 * row * fp.size() + latent.size() * (lb + sizeof(int32_t) * kk)) {
+    if (r.remaining() != 2 * row * fp.size() + latent.size() * (lb + sizeof(uint16_t) * kk)) {
         return data_loss(where + ": " + std::to_string(part.size()) + " bytes, not what its " +
                          std::to_string(fp.size()) + " full-precision tokens and " +
                          std::to_string(latent.size()) + " latents take");
@@ -163,12 +159,22 @@ Status DeltaKvSequenceCache::import_rows(int32_t layer, int32_t begin, int32_t e
             return data_loss(where + ": latents out of order");
         }
     }
-    std::vector<int32_t> refs(latent.size() * kk);
-    std::memcpy(refs.data(), part.data() + (part.size() - refs.size() * sizeof(int32_t)),
-                refs.size() * sizeof(int32_t));
+    // Reference ordinals count the sinks, then the region's references once this part is in.
+    std::vector<int32_t> refs_after = ref_list_;
+    for (int32_t p = std::max(rb, kinds_end_); p < re; ++p) {
+        if (bit(p)) refs_after.push_back(p);
+    }
+    std::vector<uint16_t> refs(latent.size() * kk);
+    std::memcpy(refs.data(), part.data() + (part.size() - refs.size() * sizeof(uint16_t)),
+                refs.size() * sizeof(uint16_t));
     for (size_t i = 0; i < refs.size(); ++i) {
-        const int32_t ref = refs[i];
-        if (ref != -1 && (ref < 0 || ref > latent[i / kk] || !is_ref_after(ref))) {
+        const int32_t o = refs[i];
+        if (o == kNoRef) continue;
+        const int32_t ref = o < options_.sinks ? o
+                            : o - options_.sinks < static_cast<int32_t>(refs_after.size())
+                                ? refs_after[o - options_.sinks]
+                                : INT32_MAX;
+        if (ref > latent[i / kk]) {
             return data_loss(where + ": a latent names a token that is not a reference");
         }
     }
@@ -182,6 +188,7 @@ Status DeltaKvSequenceCache::import_rows(int32_t layer, int32_t begin, int32_t e
         latent_of_[p] = rows_latents_++;
     }
     sparse_pool_->release(freed);
+    sync_ref_list();
     kinds_end_ = std::max(kinds_end_, re);
     comp_end_ = std::max(comp_end_, region);
     if (end > region) buffer_from_[li] = std::min(buffer_from_[li], std::max(begin, region));

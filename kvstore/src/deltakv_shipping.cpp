@@ -90,6 +90,7 @@ Status DeltaKvSequenceCache::import_state(std::span<const uint8_t> state) {
         latent_of_[p] = latents++;
     }
     if (sparse_pool_) sparse_pool_->release(freed);
+    sync_ref_list();
     n_reserved_ = 0;
     n_tokens_ = n;
     comp_end_ = comp_end;
@@ -98,7 +99,7 @@ Status DeltaKvSequenceCache::import_state(std::span<const uint8_t> state) {
     const size_t lb = latent_bytes();
     for (size_t sl = 0; sl < sparse_layers_.size(); ++sl) {
         latents_[sl].assign(static_cast<size_t>(latents) * lb, 0);
-        refs_[sl].assign(static_cast<size_t>(latents) * options_.k, -1);
+        refs_[sl].assign(static_cast<size_t>(latents) * options_.k, kNoRef);
     }
     zero_rows();
     return {};
@@ -129,13 +130,14 @@ Result<std::vector<uint8_t>> DeltaKvSequenceCache::export_layer(int32_t layer) c
     const size_t row = pool.row_bytes();
     const std::vector<int32_t> slots = held_slots(slot_of, n_tokens_);
     std::vector<uint8_t> out;
-    out.reserve(2 * row * slots.size() + (full ? 0 : latents_[li].size() + 4 * refs_[li].size()));
+    out.reserve(2 * row * slots.size() +
+                (full ? 0 : latents_[li].size() + sizeof(uint16_t) * refs_[li].size()));
     ByteWriter w(out);
     for (int32_t s : slots) w.bytes(pool.k_base(li) + s * row, row);
     for (int32_t s : slots) w.bytes(pool.v_base(li) + s * row, row);
     if (!full) {
         w.bytes(latents_[li].data(), latents_[li].size());
-        w.bytes(refs_[li].data(), refs_[li].size() * sizeof(int32_t));
+        w.bytes(refs_[li].data(), refs_[li].size() * sizeof(uint16_t));
     }
     return out;
 }
@@ -150,7 +152,7 @@ Status DeltaKvSequenceCache::import_layer(int32_t layer, std::span<const uint8_t
     const size_t row = pool.row_bytes();
     const std::vector<int32_t> slots = held_slots(slot_of, n_tokens_);
     const size_t latent_part = full ? 0 : latents_[li].size();
-    const size_t refs_part = full ? 0 : refs_[li].size() * sizeof(int32_t);
+    const size_t refs_part = full ? 0 : refs_[li].size() * sizeof(uint16_t);
     const size_t want = 2 * row * slots.size() + latent_part + refs_part;
     if (part.size() != want) {
         return data_loss("DeltaKV layer " + std::to_string(layer) + ": " +
@@ -158,14 +160,15 @@ Status DeltaKvSequenceCache::import_layer(int32_t layer, std::span<const uint8_t
     }
     ByteReader r(part);
     if (!full) {
-        // Reference positions must name full-precision tokens at or before their latent's.
-        std::vector<int32_t> refs(refs_[li].size());
+        // Reference ordinals must name references at or before their latent's token.
+        std::vector<uint16_t> refs(refs_[li].size());
         std::memcpy(refs.data(), part.data() + 2 * row * slots.size() + latent_part, refs_part);
+        const size_t n_refs = static_cast<size_t>(options_.sinks) + ref_list_.size();
         for (int32_t p = options_.sinks, lat = 0; p < comp_end_; ++p) {
             if (latent_of_[p] < 0) continue;
             for (int32_t q = 0; q < options_.k; ++q) {
-                const int32_t ref = refs[static_cast<size_t>(lat) * options_.k + q];
-                if (ref != -1 && (ref < 0 || ref > p || !is_ref(ref))) {
+                const uint16_t ref = refs[static_cast<size_t>(lat) * options_.k + q];
+                if (ref != kNoRef && (ref >= n_refs || ref_position(ref) > p)) {
                     return data_loss("DeltaKV layer " + std::to_string(layer) +
                                      ": a latent names a token that is not a reference");
                 }

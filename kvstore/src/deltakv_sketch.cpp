@@ -115,11 +115,12 @@ void DeltaKvSequenceCache::sketch_pick(int32_t layer, const kernels::AttentionSh
                 const int32_t pos = latent_sel_[i];
                 float* xa = block.data() + (i - b) * rows;
                 float* xb = xa + n_pairs;
-                const int32_t* refs = refs_[sl].data() + static_cast<size_t>(latent_of_[pos]) * kk;
+                const uint16_t* refs = refs_[sl].data() + static_cast<size_t>(latent_of_[pos]) * kk;
                 const float* rx[16];
                 int32_t nr = 0;
                 for (int32_t r = 0; r < kk; ++r) {
-                    if (refs[r] >= 0) rx[nr++] = sketch_ref_.data() + static_cast<size_t>(ref_row_[refs[r]]) * rows;
+                    if (refs[r] == kNoRef) continue;
+                    rx[nr++] = sketch_ref_.data() + static_cast<size_t>(ref_row_[ref_position(refs[r])]) * rows;
                 }
                 k::add_mean_rows(xa, rx, nr, rows);
                 if (pos >= p0 && pos - p0 < kNear) {  // (p0 + d) theta, from the two angles

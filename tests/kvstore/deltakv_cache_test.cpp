@@ -128,8 +128,9 @@ TEST(DeltaKvCache, CompressesTheOldestWindowWhenTheBufferDoubles) {
     const size_t row = kKvDim * 2 * 2;
     const size_t want = 40 * 1 * row              // the full layer
                         + (4 + 5 + 12) * 2 * row  // sinks, references, buffer in 2 sparse layers
-                        + 19 * 2 * (k::int4_bytes(kM) + 8)  // latents + 2 reference ids
-                        + 40 * 12;                          // position maps
+                        + 19 * 2 * (k::int4_bytes(kM) + 4)  // latents + 2 16-bit reference ids
+                        + 40 * 13                           // position maps, reference flags
+                        + 5 * 4;                            // the references' positions
     EXPECT_EQ((*c)->bytes(), want);
     EXPECT_LT((*c)->bytes(), full_fp16_bytes(40, kLayers, kKvDim));
 }
@@ -716,6 +717,20 @@ TEST(DeltaKvCache, ProfileThatDoesNotFitIsRejected) {
     o.full_layer = {1, 0};
     EXPECT_EQ(DeltaKvSequenceCache::create(p, o, threads).status().code(),
               StatusCode::kInvalidArgument);
+}
+
+// A latent names its references by 16-bit ordinals: a context with more references than
+// that is refused up front, not wrapped around.
+TEST(DeltaKvCache, MoreReferencesThanOrdinalsCanNameIsRefused) {
+    std::mt19937 rng(1);
+    DeltaKvProfile p = zero_decoder_profile(rng);
+    ThreadPool threads(1);
+    DeltaKvOptions o = options();  // 4 sinks, a reference every 5th token
+    o.n_ctx = 5 * 65530;
+    EXPECT_EQ(DeltaKvSequenceCache::create(p, o, threads).status().code(),
+              StatusCode::kInvalidArgument);
+    o.n_ctx = 5 * 65500;
+    EXPECT_TRUE(DeltaKvSequenceCache::create(p, o, threads).ok());
 }
 
 }  // namespace

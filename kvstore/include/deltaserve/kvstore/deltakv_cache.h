@@ -161,6 +161,14 @@ private:
     // Marks which tokens of [c0, c1) stay references: every stride-th after the sinks.
     void choose_refs(int32_t c0, int32_t c1);
     int32_t n_refs_in_region() const;
+    // ref_list_ again from ref_flag_, after the flags changed.
+    void sync_ref_list();
+    static constexpr uint16_t kNoRef = 0xffff;
+    int32_t ref_position(uint16_t ordinal) const {
+        return ordinal == kNoRef ? -1
+               : ordinal < options_.sinks ? ordinal
+                                          : ref_list_[ordinal - options_.sinks];
+    }
     size_t latent_bytes() const;
     size_t bytes_upto(int32_t n) const;
     // Compression, in three steps: which blocks the commit of a session of n_total tokens
@@ -239,7 +247,11 @@ private:
     std::vector<int32_t> latent_of_;    // position -> latent index, -1 if full precision
     std::vector<uint8_t> ref_flag_;     // position -> a reference (set when its block is compressed)
     std::vector<std::vector<uint8_t>> latents_;  // per sparse layer: packed latents
-    std::vector<std::vector<int32_t>> refs_;     // per sparse layer: k reference positions per latent
+    // Per sparse layer: k references per latent, as ordinals (ref_position), kNoRef for none.
+    std::vector<std::vector<uint16_t>> refs_;
+    // The references of the region and of the plan after the sinks, in position order: a
+    // reference's ordinal is its index here plus the sinks (sinks are ordinals 0..sinks-1).
+    std::vector<int32_t> ref_list_;
     // The plan of the current forward call's commit: the region's end after it, each
     // block's end, the blocks' tokens that become latents (in order), and per sparse layer
     // whether its latents were made, which wait here until commit.
@@ -248,7 +260,7 @@ private:
     std::vector<int32_t> plan_blocks_, plan_tokens_;
     std::vector<uint8_t> plan_done_;
     std::vector<std::vector<uint8_t>> pending_latents_;
-    std::vector<std::vector<int32_t>> pending_refs_;
+    std::vector<std::vector<uint16_t>> pending_refs_;
     // A rows import: tokens of [sinks, kinds_end_) have their kind (reference or latent),
     // latents counted; per sparse layer, the first token it took as the buffer.
     bool rows_import_ = false;
