@@ -37,10 +37,14 @@ DeltaKvOptions deltakv_options_for_keep(const DeltaKvProfile& profile, float kee
     int32_t n_full = static_cast<int32_t>(std::floor((keep - s) / (1.0 - s) * n_layers));
     n_full = std::clamp(n_full, 1, n_layers);
     o.keep = keep;
-    // The most sensitive layers first. A profile that orders only some layers (or none)
-    // falls back to the first layers.
+    // The observation layer calibration measured, then the most sensitive layers. A profile
+    // that orders only some layers (or none) falls back to the first layers.
     o.full_layer.assign(static_cast<size_t>(n_layers), 0);
     int32_t chosen = 0;
+    if (profile.observation_layer >= 0 && profile.observation_layer < n_layers) {
+        o.full_layer[profile.observation_layer] = 1;
+        chosen = 1;
+    }
     for (int32_t l : profile.sensitivity_order) {
         if (chosen >= n_full) break;
         if (l >= 0 && l < n_layers && !o.full_layer[l]) {

@@ -96,6 +96,11 @@ Result<std::unique_ptr<kvstore::DeltaKvProfile>> load_deltakv_profile(const std:
         std::stable_sort(p->sensitivity_order.begin(), p->sensitivity_order.end(),
                          [&](int32_t a, int32_t b) { return err[a] > err[b]; });
     }
+    p->observation_layer = j.value("observation_layer", -1);
+    if (p->observation_layer < -1 || p->observation_layer >= config.n_layers) {
+        return invalid_argument(json_path + ": observation_layer " +
+                                std::to_string(p->observation_layer) + " is not a layer");
+    }
     // Per layer, what calibration measured of the reconstructed keys' error (logit correction).
     if (j.contains("key_error_var")) {
         const auto& kv = j["key_error_var"];

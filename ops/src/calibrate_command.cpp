@@ -244,8 +244,13 @@ Status record_attention(const Options& o, const model::Model& m, const fs::path&
     return Status();
 }
 
+// The keep target calibration measures DeltaKV at: the 30%.
+constexpr float kMeasureKeep = 0.3f;
+
 // Per-layer sensitivity: mean KL(full || DeltaKV with only that layer compressed) over a
 // calibration sequence fed 256 tokens at a time (so compression happens along the way).
+// Under a keep target no session with one layer compressed reaches, that layer compresses
+// all it can (a target of 1 would compress next to nothing: the metadata alone exceeds it).
 Result<std::vector<double>> measure_sensitivity(const Options& o, const model::Model& m,
                                                 const std::string& profile,
                                                 const std::vector<int32_t>& tokens) {
@@ -259,6 +264,7 @@ Result<std::vector<double>> measure_sensitivity(const Options& o, const model::M
     std::vector<double> kl(static_cast<size_t>(n_layers), 0.0), lf, lp;
     for (int32_t layer = 0; layer < n_layers; ++layer) {
         co.kv.policy = "deltakv";
+        co.kv.keep = kMeasureKeep;
         co.kv_profile = profile;
         co.deltakv_full_layers.assign(static_cast<size_t>(n_layers), 1);
         co.deltakv_full_layers[layer] = 0;
@@ -271,6 +277,49 @@ Result<std::vector<double>> measure_sensitivity(const Options& o, const model::M
         }
         std::fprintf(stderr, "[calibrate] sensitivity of layer %d/%d: KL %.5f\n", layer,
                      n_layers - 1, kl[layer]);
+    }
+    return kl;
+}
+
+// The observation layer: which early layer, as the only full layer, best picks the tokens a
+// decode step attends in the layers after it (OmniKV's filter layer; only the pick differs
+// between candidates, every other layer compressed alike). Per candidate, the mean
+// KL(full || DeltaKV) over the sequence's last tokens fed one at a time, the rest in chunks.
+// Only the first few layers are candidates: each costs a pass over the sequence, and the
+// layers before the first full layer (the lead) attend the previous step's pick.
+constexpr int32_t kObserverCandidates = 4;
+
+Result<std::vector<double>> measure_observers(const Options& o, const model::Model& m,
+                                              const std::string& profile,
+                                              const std::vector<int32_t>& tokens) {
+    const int32_t n_layers = m.config.n_layers, n_vocab = m.config.n_vocab;
+    const size_t tail = std::min<size_t>(128, tokens.size() / 4);
+    const std::span<const int32_t> all(tokens), head = all.first(tokens.size() - tail);
+    model::ContextOptions co;
+    co.n_ctx = static_cast<int32_t>(tokens.size());
+    co.n_threads = o.threads;
+    co.n_batch = 256;
+    DS_ASSIGN_OR_RETURN(auto full, model::InferenceContext::create(m, co));
+    DS_ASSIGN_OR_RETURN(std::vector<float> ref, full->eval_all(all));
+    std::vector<double> kl, lf, lp;
+    for (int32_t layer = 0; layer < std::min(kObserverCandidates, n_layers); ++layer) {
+        co.kv.policy = "deltakv";
+        co.kv.keep = kMeasureKeep;
+        co.kv_profile = profile;
+        co.deltakv_full_layers.assign(static_cast<size_t>(n_layers), 0);
+        co.deltakv_full_layers[layer] = 1;
+        DS_ASSIGN_OR_RETURN(auto ctx, model::InferenceContext::create(m, co));
+        DS_RETURN_IF_ERROR(ctx->eval(head).status());
+        double sum = 0.0;
+        for (size_t t = head.size(); t + 1 < tokens.size(); ++t) {
+            DS_ASSIGN_OR_RETURN(std::span<const float> got, ctx->eval(all.subspan(t, 1)));
+            model::log_softmax(ref.data() + t * n_vocab, n_vocab, lf);
+            model::log_softmax(got.data(), n_vocab, lp);
+            sum += model::kl_divergence(lf, lp);
+        }
+        kl.push_back(sum / static_cast<double>(tail - 1));
+        std::fprintf(stderr, "[calibrate] layer %d as the observation layer: decode KL %.5f\n",
+                     layer, kl.back());
     }
     return kl;
 }
@@ -381,7 +430,16 @@ int calibrate_deltakv(const Options& o, const model::Model& m, const fs::path& o
         profile["objective"] = "mse";
     }
     std::ofstream(out / "deltakv.json") << profile.dump(1) << "\n";
-    // Which layers lose most when compressed: they are the first kept full.
+    auto observers = measure_observers(o, m, (out / "deltakv.json").string(), first_sequence);
+    if (!observers.ok()) {
+        std::fprintf(stderr, "deltactl: error: measuring observation layers: %s\n",
+                     observers.error().message().c_str());
+        return 1;
+    }
+    profile["observer_kl"] = *observers;
+    profile["observation_layer"] = static_cast<int32_t>(
+        std::min_element(observers->begin(), observers->end()) - observers->begin());
+    // Which layers lose most when compressed: they are kept full after the observation layer.
     first_sequence.resize(std::min<size_t>(first_sequence.size(), 1024));
     auto kl = measure_sensitivity(o, m, (out / "deltakv.json").string(), first_sequence);
     if (!kl.ok()) {

@@ -719,6 +719,28 @@ TEST(DeltaKvCache, ProfileThatDoesNotFitIsRejected) {
               StatusCode::kInvalidArgument);
 }
 
+// Full layers at a keep target: the observation layer calibration measured first, then the
+// most sensitive; as many as before.
+TEST(DeltaKvCache, TheMeasuredObservationLayerIsTheFirstFullLayer) {
+    std::mt19937 rng(1);
+    DeltaKvProfile p = zero_decoder_profile(rng);
+    p.sensitivity_order = {1, 0, 2};
+    for (float keep : {0.3f, 0.9f}) {
+        SCOPED_TRACE("keep " + std::to_string(keep));
+        const DeltaKvOptions by_sensitivity = deltakv_options_for_keep(p, keep, options());
+        EXPECT_EQ(by_sensitivity.full_layer[1], 1);
+        p.observation_layer = 2;
+        const DeltaKvOptions o = deltakv_options_for_keep(p, keep, options());
+        p.observation_layer = -1;
+        EXPECT_EQ(o.full_layer[2], 1);
+        EXPECT_EQ(std::count(o.full_layer.begin(), o.full_layer.end(), 1),
+                  std::count(by_sensitivity.full_layer.begin(), by_sensitivity.full_layer.end(), 1));
+        if (keep < 0.5f) {
+            EXPECT_EQ(o.full_layer, (std::vector<uint8_t>{0, 0, 1})) << "one full layer: the observer";
+        }
+    }
+}
+
 // A latent names its references by 16-bit ordinals: a context with more references than
 // that is refused up front, not wrapped around.
 TEST(DeltaKvCache, MoreReferencesThanOrdinalsCanNameIsRefused) {

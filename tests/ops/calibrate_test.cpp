@@ -89,6 +89,13 @@ TEST_F(CalibrateTest, WritesAProfileThatBeatsTheReferenceMean) {
     }
     std::sort(order.begin(), order.end());
     EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4}));
+    // The observation layer: the first four layers each measured as the only full layer,
+    // the one with the least decode KL chosen.
+    const auto observer_kl = p["observer_kl"].get<std::vector<double>>();
+    ASSERT_EQ(observer_kl.size(), 4u);
+    for (double v : observer_kl) EXPECT_GT(v, 0.0);
+    const int observer = p["observation_layer"];
+    EXPECT_EQ(observer, std::min_element(observer_kl.begin(), observer_kl.end()) - observer_kl.begin());
     // The logit correction's statistics: per layer, one variance per KV head and RoPE pair;
     // the compressors are not exact, so none is zero.
     ASSERT_EQ(p["key_error_var"].size(), 5u);

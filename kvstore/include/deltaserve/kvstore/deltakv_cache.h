@@ -27,6 +27,9 @@ struct DeltaKvProfile {
     // Layers ordered from the most to the least sensitive to compression (full layers are
     // taken from the front).
     std::vector<int32_t> sensitivity_order;
+    // The layer calibration measured to pick best, as the first full layer, what the layers
+    // after it attend at decode (-1: none measured); taken as the first full layer.
+    int32_t observation_layer = -1;
     std::vector<std::vector<float>> storage;  // what the WeightMatrix pointers point into
     std::vector<kernels::Int4Decoder> int4;   // per layer, for int4 latents (prepare_int4_decoders)
     std::vector<kernels::Int4Decoder> int4_k; // the same, K rows only (decode steps)
