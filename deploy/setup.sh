@@ -88,7 +88,7 @@ if [ ! -s "$PROFILE_DIR/deltakv.json" ]; then
     log "calibrating the DeltaKV profile of $MODEL_FILE (deltactl calibrate)"
     "$BUILD_DIR/bin/deltactl" calibrate --model "$MODELS_DIR/$MODEL_FILE" --out "$PROFILE_DIR" \
       "${CALIBRATE_FLAGS[@]}" \
-      2> >(grep --line-buffered -E "epoch 8/8|epoch 6/6|held-out|written|error" >&2)
+      2> >(grep --line-buffered -E "epoch 8/8|epoch 6/6|held-out|observation layer|written|error" >&2)
     if [ -n "$CACHED" ]; then
       rm -rf "$CACHED.part"
       mkdir -p "$CACHED.part"

@@ -250,7 +250,7 @@ constexpr float kMeasureKeep = 0.3f;
 // Per-layer sensitivity: mean KL(full || DeltaKV with only that layer compressed) over a
 // calibration sequence fed 256 tokens at a time (so compression happens along the way).
 // Under a keep target no session with one layer compressed reaches, that layer compresses
-// all it can (a target of 1 would compress next to nothing: the metadata alone exceeds it).
+// all it can (under a target of 1 it compresses only what makes room for the metadata).
 Result<std::vector<double>> measure_sensitivity(const Options& o, const model::Model& m,
                                                 const std::string& profile,
                                                 const std::vector<int32_t>& tokens) {
