@@ -247,6 +247,22 @@ Status record_attention(const Options& o, const model::Model& m, const fs::path&
 // The keep target calibration measures DeltaKV at: the 30%.
 constexpr float kMeasureKeep = 0.3f;
 
+// The contexts calibration measures DeltaKV with (256 tokens per forward call, the deltakv
+// policy at kMeasureKeep; the caller sets the profile and full layers), and full KV's
+// logits of every token, which they are compared to.
+Result<std::vector<float>> full_kv_logits(const Options& o, const model::Model& m,
+                                          std::span<const int32_t> tokens,
+                                          model::ContextOptions& co) {
+    co.n_ctx = static_cast<int32_t>(tokens.size());
+    co.n_threads = o.threads;
+    co.n_batch = 256;
+    DS_ASSIGN_OR_RETURN(auto full, model::InferenceContext::create(m, co));
+    DS_ASSIGN_OR_RETURN(std::vector<float> ref, full->eval_all(tokens));
+    co.kv.policy = "deltakv";
+    co.kv.keep = kMeasureKeep;
+    return ref;
+}
+
 // Per-layer sensitivity: mean KL(full || DeltaKV with only that layer compressed) over a
 // calibration sequence fed 256 tokens at a time (so compression happens along the way).
 // Under a keep target no session with one layer compressed reaches, that layer compresses
@@ -256,16 +272,10 @@ Result<std::vector<double>> measure_sensitivity(const Options& o, const model::M
                                                 const std::vector<int32_t>& tokens) {
     const int32_t n_layers = m.config.n_layers, n_vocab = m.config.n_vocab;
     model::ContextOptions co;
-    co.n_ctx = static_cast<int32_t>(tokens.size());
-    co.n_threads = o.threads;
-    co.n_batch = 256;
-    DS_ASSIGN_OR_RETURN(auto full, model::InferenceContext::create(m, co));
-    DS_ASSIGN_OR_RETURN(std::vector<float> ref, full->eval_all(tokens));
+    DS_ASSIGN_OR_RETURN(std::vector<float> ref, full_kv_logits(o, m, tokens, co));
+    co.kv_profile = profile;
     std::vector<double> kl(static_cast<size_t>(n_layers), 0.0), lf, lp;
     for (int32_t layer = 0; layer < n_layers; ++layer) {
-        co.kv.policy = "deltakv";
-        co.kv.keep = kMeasureKeep;
-        co.kv_profile = profile;
         co.deltakv_full_layers.assign(static_cast<size_t>(n_layers), 1);
         co.deltakv_full_layers[layer] = 0;
         DS_ASSIGN_OR_RETURN(auto ctx, model::InferenceContext::create(m, co));
@@ -296,16 +306,10 @@ Result<std::vector<double>> measure_observers(const Options& o, const model::Mod
     const size_t tail = std::min<size_t>(128, tokens.size() / 4);
     const std::span<const int32_t> all(tokens), head = all.first(tokens.size() - tail);
     model::ContextOptions co;
-    co.n_ctx = static_cast<int32_t>(tokens.size());
-    co.n_threads = o.threads;
-    co.n_batch = 256;
-    DS_ASSIGN_OR_RETURN(auto full, model::InferenceContext::create(m, co));
-    DS_ASSIGN_OR_RETURN(std::vector<float> ref, full->eval_all(all));
+    DS_ASSIGN_OR_RETURN(std::vector<float> ref, full_kv_logits(o, m, all, co));
+    co.kv_profile = profile;
     std::vector<double> kl, lf, lp;
     for (int32_t layer = 0; layer < std::min(kObserverCandidates, n_layers); ++layer) {
-        co.kv.policy = "deltakv";
-        co.kv.keep = kMeasureKeep;
-        co.kv_profile = profile;
         co.deltakv_full_layers.assign(static_cast<size_t>(n_layers), 0);
         co.deltakv_full_layers[layer] = 1;
         DS_ASSIGN_OR_RETURN(auto ctx, model::InferenceContext::create(m, co));
