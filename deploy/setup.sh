@@ -66,7 +66,7 @@ cmake --build "$BUILD_DIR" -j"$(nproc)"
 # The default model's DeltaKV profile (--kv-policy deltakv), trained from Debian's license
 # texts with fixed seeds: m = 256 (2D/3) with every 40th token a reference, per-layer MSE
 # (ops/README.md says why not the paper's D/4 and 10 on this model, and why not the
-# end-to-end objective after it); about 25 minutes on two cores, once. The result depends
+# end-to-end objective after it); about 12 minutes on two cores, once. The result depends
 # only on the sources that record and train (common, kernels, kvstore, model, ops), the
 # flags and the model: a profile made from the same ones is kept outside the clone
 # (DELTASERVE_CACHE_DIR, default ~/.cache/deltaserve) and another clone on this machine

@@ -41,6 +41,7 @@ Result<std::unique_ptr<kvstore::DeltaKvProfile>> load_deltakv_profile(const std:
         p->sinks = j.at("sinks").get<int32_t>();
         p->window = j.value("window", 64);
         p->latent_bits = j.value("latent_bits", 4);
+        p->observation_layer = j.value("observation_layer", -1);
     } catch (const nlohmann::json::exception& e) {
         return invalid_argument(json_path + ": " + e.what());
     }
@@ -96,7 +97,6 @@ Result<std::unique_ptr<kvstore::DeltaKvProfile>> load_deltakv_profile(const std:
         std::stable_sort(p->sensitivity_order.begin(), p->sensitivity_order.end(),
                          [&](int32_t a, int32_t b) { return err[a] > err[b]; });
     }
-    p->observation_layer = j.value("observation_layer", -1);
     if (p->observation_layer < -1 || p->observation_layer >= config.n_layers) {
         return invalid_argument(json_path + ": observation_layer " +
                                 std::to_string(p->observation_layer) + " is not a layer");

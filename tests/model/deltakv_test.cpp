@@ -259,6 +259,20 @@ TEST_F(DeltaKvModelTest, ProfileWithSettingsOutOfRangeIsAClearError) {
         EXPECT_EQ(r.error().code(), StatusCode::kInvalidArgument);
         EXPECT_NE(r.error().message().find("out of range"), std::string::npos) << r.error().message();
     }
+    // The observation layer calibration measured must be a layer of the model.
+    for (const nlohmann::json& value : {nlohmann::json(30), nlohmann::json(-2), nlohmann::json("3")}) {
+        SCOPED_TRACE("observation_layer = " + value.dump());
+        auto j = scratch.good;
+        j["observation_layer"] = value;
+        scratch.write(j);
+        auto r = InferenceContext::create(*model_, co);
+        ASSERT_FALSE(r.ok());
+        EXPECT_EQ(r.error().code(), StatusCode::kInvalidArgument);
+        const std::string& why = r.error().message();
+        EXPECT_TRUE(why.find("observation_layer") != std::string::npos ||
+                    why.find("must be number") != std::string::npos)
+            << why;
+    }
     scratch.write(scratch.good);
     EXPECT_TRUE(InferenceContext::create(*model_, co).ok());
 }
