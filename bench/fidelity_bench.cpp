@@ -5,7 +5,8 @@
 //              but the last --decode-tail tokens one at a time, as generation feeds them:
 //              those are also reported alone (ppl_tail, kl_tail), since a policy may
 //              select or evict differently for single tokens than for chunks;
-//   decode     ms per single-token step after that text, at 2k and 8k (median of --decode-steps, 16);
+//   decode     ms per single-token step after that text, at 2k and 8k (median of --decode-steps, 16;
+//              every step's ms, in order, under decode_step_ms);
 //   retrieval  passkey in filler, one of three needles, key-value lookup with random keys:
 //              exact match (every answer token the argmax) and the answer's log-likelihood;
 //   multiturn  a shared context with four facts, then one question per turn about a fact
@@ -191,9 +192,11 @@ Json perplexity(std::vector<Arm>& arms, const std::vector<int32_t>& tokens, int3
 }
 
 // Median ms of `steps` greedy single-token steps for each arm, continuing its sequence. The
-// arms take turns step by step, so that a noisy machine slows them alike.
-Json decode_times(std::vector<Arm>& arms, int32_t steps) {
+// arms take turns step by step, so that a noisy machine slows them alike. `each` gets every
+// step's ms, in order.
+Json decode_times(std::vector<Arm>& arms, int32_t steps, Json& each) {
     Json out = Json::object();
+    each = Json::object();
     std::vector<std::vector<double>> ms(arms.size());
     std::vector<int32_t> next(arms.size(), 0);
     std::vector<uint8_t> ok(arms.size(), 1);
@@ -214,6 +217,7 @@ Json decode_times(std::vector<Arm>& arms, int32_t steps) {
     }
     for (size_t a = 0; a < arms.size(); ++a) {
         if (ms[a].empty()) continue;
+        each[arms[a].name()] = ms[a];
         std::sort(ms[a].begin(), ms[a].end());
         out[arms[a].name()] = ms[a][ms[a].size() / 2];
     }
@@ -450,7 +454,8 @@ int run(const Options& o) {
             result["ppl"][std::to_string(n)] = perplexity(*arms, tokens, o.chunk, o.decode_tail, n_vocab);
             if (has(o.tasks, "decode") && (n == 2048 || n == 8192)) {
                 log("decode timing", n);
-                result["decode_ms"][std::to_string(n)] = decode_times(*arms, o.decode_steps);
+                result["decode_ms"][std::to_string(n)] =
+                    decode_times(*arms, o.decode_steps, result["decode_step_ms"][std::to_string(n)]);
             }
             std::ofstream(o.out) << result.dump(1) << "\n";
         }
