@@ -60,8 +60,8 @@ Int4Decoder make_int4_decoder(const DeltaKvLayer& w, int rows) {
     Int4Decoder dec;
     dec.d = rows;
     dec.m = w.m();
-    dec.m4 = (dec.m + 3) / 4 * 4;
-    dec.w.assign(static_cast<size_t>(dec.m4) * dec.d, 0);
+    dec.m16 = int4_code_stride(dec.m);
+    dec.w.assign(static_cast<size_t>(dec.m16) * dec.d, 0);
     dec.scale.resize(static_cast<size_t>(dec.d));
     dec.row_sum.resize(static_cast<size_t>(dec.d));
     const auto* wd = static_cast<const float*>(w.wd.data);
@@ -87,8 +87,8 @@ Int4Decoder make_int4_decoder(const DeltaKvLayer& w, int rows) {
 void int4_decoder_rows(const Int4Decoder& dec, const int32_t* rows, int n_rows, Int4Decoder& out) {
     out.d = n_rows;
     out.m = dec.m;
-    out.m4 = dec.m4;
-    out.w.resize(static_cast<size_t>(dec.m4) * n_rows);
+    out.m16 = dec.m16;
+    out.w.resize(static_cast<size_t>(dec.m16) * n_rows);
     out.scale.resize(static_cast<size_t>(n_rows));
     out.row_sum.resize(static_cast<size_t>(n_rows));
     for (int i = 0; i < n_rows; ++i) {
@@ -96,7 +96,7 @@ void int4_decoder_rows(const Int4Decoder& dec, const int32_t* rows, int n_rows, 
         DS_CHECK(r >= 0 && r < dec.d, "decoder row out of range");
         out.scale[i] = dec.scale[r];
         out.row_sum[i] = dec.row_sum[r];
-        for (int j4 = 0; j4 < dec.m4 / 4; ++j4) {
+        for (int j4 = 0; j4 < dec.m16 / 4; ++j4) {
             std::memcpy(out.w.data() + (static_cast<size_t>(j4) * n_rows + i) * 4,
                         dec.w.data() + (static_cast<size_t>(j4) * dec.d + r) * 4, 4);
         }
@@ -106,14 +106,14 @@ void int4_decoder_rows(const Int4Decoder& dec, const int32_t* rows, int n_rows, 
 void int4_dots_avx2(const Int4Decoder& dec, const uint8_t* codes, int64_t n, int32_t* acc) {
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t i = 0; i < n; ++i) {
-        const uint8_t* q = codes + i * dec.m4;
+        const uint8_t* q = codes + i * dec.m16;
         int32_t* out = acc + i * dec.d;
         int r = 0;
         for (; r + 32 <= dec.d; r += 32) {
             __m256i a[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                             _mm256_setzero_si256()};
             const int8_t* w = dec.w.data() + static_cast<size_t>(r) * 4;
-            for (int j4 = 0; j4 < dec.m4 / 4; ++j4, w += static_cast<size_t>(dec.d) * 4) {
+            for (int j4 = 0; j4 < dec.m16 / 4; ++j4, w += static_cast<size_t>(dec.d) * 4) {
                 int32_t q4;
                 std::memcpy(&q4, q + 4 * j4, 4);
                 const __m256i qb = _mm256_set1_epi32(q4);
@@ -129,35 +129,59 @@ void int4_dots_avx2(const Int4Decoder& dec, const uint8_t* codes, int64_t n, int
     }
 }
 
+void int4_codes(const uint8_t* packed, int m, uint8_t* q) {
+    // Sixteen packed bytes (low nibble first) to 32 codes at a time.
+    const __m128i nib = _mm_set1_epi8(15);
+    int j = 0;
+    for (; j + 32 <= m; j += 32) {
+        const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed + j / 2));
+        const __m128i lo = _mm_and_si128(p, nib), hi = _mm_and_si128(_mm_srli_epi16(p, 4), nib);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + j), _mm_unpacklo_epi8(lo, hi));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + j + 16), _mm_unpackhi_epi8(lo, hi));
+    }
+    for (; j + 1 < m; j += 2) {
+        q[j] = packed[j / 2] & 15;
+        q[j + 1] = packed[j / 2] >> 4;
+    }
+    if (m % 2) q[m - 1] = packed[m / 2] & 15;
+}
+
+namespace {
+
+void prefetch_bytes(const uint8_t* p, int bytes) {
+    for (int b = 0; b < bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(p + b), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p + bytes - 1), _MM_HINT_T0);
+}
+
+}  // namespace
+
+void int4_latent_codes(const uint8_t* const* latents, int64_t n, int m, uint8_t* codes) {
+    const int stride = int4_code_stride(m);
+    const int bytes = static_cast<int>(int4_bytes(m));
+    constexpr int64_t kAhead = 8;  // the latents lie far apart: ask for later ones early
+    for (int64_t i = 0; i < std::min(n, kAhead); ++i) prefetch_bytes(latents[i], bytes);
+    for (int64_t i = 0; i < n; ++i) {
+        if (i + kAhead < n) prefetch_bytes(latents[i + kAhead], bytes);
+        uint8_t* q = codes + i * stride;
+        int4_codes(latents[i] + 4, m, q);
+        std::memset(q + m, 0, static_cast<size_t>(stride - m));
+    }
+}
+
 void deltakv_decode_int4(const Int4Decoder& dec, const uint8_t* const* latents, int64_t n, float* out,
-                         int64_t ldo) {
+                         int64_t ldo, const uint8_t* given) {
     static const Int4DotsFn dots = cpu_features().avx512_vnni ? int4_dots_avx512 : int4_dots_avx2;
     constexpr int64_t kBlock = 16;
     thread_local std::vector<uint8_t> codes;
     thread_local std::vector<int32_t> acc;
-    codes.assign(static_cast<size_t>(kBlock * dec.m4), 0);
+    codes.assign(static_cast<size_t>(kBlock * dec.m16), 0);
     acc.resize(static_cast<size_t>(kBlock * dec.d));
     for (int64_t b = 0; b < n; b += kBlock) {
         const int64_t e = std::min(n, b + kBlock);
-        for (int64_t i = b; i < e; ++i) {
-            const uint8_t* packed = latents[i] + 4;
-            uint8_t* q = codes.data() + (i - b) * dec.m4;
-            // Sixteen packed bytes (low nibble first) to 32 codes at a time.
-            const __m128i nib = _mm_set1_epi8(15);
-            int j = 0;
-            for (; j + 32 <= dec.m; j += 32) {
-                const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed + j / 2));
-                const __m128i lo = _mm_and_si128(p, nib), hi = _mm_and_si128(_mm_srli_epi16(p, 4), nib);
-                _mm_storeu_si128(reinterpret_cast<__m128i*>(q + j), _mm_unpacklo_epi8(lo, hi));
-                _mm_storeu_si128(reinterpret_cast<__m128i*>(q + j + 16), _mm_unpackhi_epi8(lo, hi));
-            }
-            for (; j + 1 < dec.m; j += 2) {
-                q[j] = packed[j / 2] & 15;
-                q[j + 1] = packed[j / 2] >> 4;
-            }
-            if (dec.m % 2) q[dec.m - 1] = packed[dec.m / 2] & 15;
+        if (given == nullptr) {
+            for (int64_t i = b; i < e; ++i) int4_codes(latents[i] + 4, dec.m, codes.data() + (i - b) * dec.m16);
         }
-        dots(dec, codes.data(), e - b, acc.data());
+        dots(dec, given != nullptr ? given + b * dec.m16 : codes.data(), e - b, acc.data());
         for (int64_t i = b; i < e; ++i) {
             uint16_t s16, lo16;
             std::memcpy(&s16, latents[i], 2);

@@ -9,6 +9,8 @@
 
 #include "deltaserve/common/fp16.h"
 #include "deltaserve/common/status.h"
+#include "cpu_features.h"
+#include "deltakv_int4_kernels.h"
 #include "deltaserve/kernels/deltakv.h"
 #include "simd_math.h"
 
@@ -60,13 +62,92 @@ void weighted_rows(const float* p, const float* z, int64_t n, int m, float* out)
     }
 }
 
+// fp16 latent i as floats.
 void unpack(const LatentTokens& t, int64_t i, float* z) {
-    if (t.int4) {
-        int4_unpack(t.latents[i], t.m, z);
-        return;
-    }
     const auto* h = reinterpret_cast<const uint16_t*>(t.latents[i]);
     for (int j = 0; j < t.m; ++j) z[j] = fp16_to_fp32(h[j]);
+}
+
+// H heads x 16 columns from c0 (two registers per head), accumulated over n tokens.
+template <int H>
+void weighted_pass(const float* w, int64_t ldw, const uint8_t* codes, int64_t ldc, int64_t n,
+                   int c0, float* acc, int64_t lda) {
+    __m256 a[H][2];
+    for (int h = 0; h < H; ++h) {
+        for (int v = 0; v < 2; ++v) a[h][v] = _mm256_loadu_ps(acc + h * lda + c0 + 8 * v);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+        __m256 c[2];
+        for (int v = 0; v < 2; ++v) {
+            c[v] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i * ldc + c0 + 8 * v))));
+        }
+        for (int h = 0; h < H; ++h) {
+            const __m256 wh = _mm256_broadcast_ss(w + h * ldw + i);
+            for (int v = 0; v < 2; ++v) a[h][v] = _mm256_fmadd_ps(wh, c[v], a[h][v]);
+        }
+    }
+    for (int h = 0; h < H; ++h) {
+        for (int v = 0; v < 2; ++v) _mm256_storeu_ps(acc + h * lda + c0 + 8 * v, a[h][v]);
+    }
+}
+
+template <int H>
+void weighted_heads(const float* w, int64_t ldw, const uint8_t* codes, int64_t ldc, int64_t n,
+                    int cols, float* acc, int64_t lda) {
+    for (int c0 = 0; c0 < cols; c0 += 16) weighted_pass<H>(w, ldw, codes, ldc, n, c0, acc, lda);
+}
+
+}  // namespace
+
+void int4_weighted_avx2(const float* w, int64_t ldw, int heads, const uint8_t* codes, int64_t ldc,
+                        int64_t n, int cols, float* acc, int64_t lda) {
+    using Fn = void (*)(const float*, int64_t, const uint8_t*, int64_t, int64_t, int, float*, int64_t);
+    static constexpr Fn kHeads[] = {weighted_heads<1>, weighted_heads<2>, weighted_heads<3>,
+                                    weighted_heads<4>, weighted_heads<5>, weighted_heads<6>};
+    // Heads in even groups of at most 6: 12 accumulators, 2 codes and a weight in 16 registers.
+    const int groups = (heads + 5) / 6;
+    for (int h0 = 0, g = 0; g < groups; ++g) {
+        const int hn = (heads - h0) / (groups - g);
+        kHeads[hn - 1](w + h0 * ldw, ldw, codes, ldc, n, cols, acc + h0 * lda, lda);
+        h0 += hn;
+    }
+}
+
+namespace {
+
+// A piece's weighted int4 latents: acc[h * m + j] = sum_i p[h][i] z_ij over tokens [i0, i1).
+void weighted_int4(const LatentTokens& t, const float* p, int heads, int64_t i0, int64_t i1, float* acc) {
+    static const Int4WeightedFn weighted = cpu_features().avx512f ? int4_weighted_avx512 : int4_weighted_avx2;
+    const int m = t.m, m16 = int4_code_stride(m);
+    const int64_t n = i1 - i0, ldp = static_cast<int64_t>(t.n);
+    thread_local std::vector<uint8_t> codes;
+    thread_local std::vector<float> w, wide;
+    codes.resize(static_cast<size_t>(n) * m16);
+    w.resize(static_cast<size_t>(heads) * n);
+    wide.assign(static_cast<size_t>(heads) * m16, 0.0f);
+    // z_ij = lo_i + s_i code_ij: sum_i p_i z_ij = sum_i (p_i s_i) code_ij + sum_i p_i lo_i.
+    float lo[kTokenPiece], s[kTokenPiece];
+    for (int64_t i = 0; i < n; ++i) {
+        uint16_t s16, lo16;
+        std::memcpy(&s16, t.latents[i0 + i], 2);
+        std::memcpy(&lo16, t.latents[i0 + i] + 2, 2);
+        s[i] = fp16_to_fp32(s16);
+        lo[i] = fp16_to_fp32(lo16);
+    }
+    const uint8_t* c = t.codes != nullptr ? t.codes + i0 * m16 : codes.data();
+    if (t.codes == nullptr) int4_latent_codes(t.latents + i0, n, m, codes.data());
+    for (int h = 0; h < heads; ++h) {
+        const float* ph = p + h * ldp + i0;
+        for (int64_t i = 0; i < n; ++i) w[h * n + i] = ph[i] * s[i];
+    }
+    weighted(w.data(), n, heads, c, m16, n, m16, wide.data(), m16);
+    for (int h = 0; h < heads; ++h) {
+        const float* ph = p + h * ldp + i0;
+        float base = 0.0f;
+        for (int64_t i = 0; i < n; ++i) base += ph[i] * lo[i];
+        for (int j = 0; j < m; ++j) acc[static_cast<size_t>(h) * m + j] = wide[static_cast<size_t>(h) * m16 + j] + base;
+    }
 }
 
 }  // namespace
@@ -79,18 +160,22 @@ void head_scores(const AttentionShape& s, const float* q, const float* k, int64_
         const float* qh = q + static_cast<int64_t>(h) * dim;
         const float* kg = k + static_cast<int64_t>(h / group) * dim;
         float* out = scores + h * lds;
-        int64_t i = 0;
-        for (; i + 8 <= n; i += 8) {  // eight keys at a time
+        // Eight keys at a time; the last few repeat the last key, so that a key's score has
+        // the same bits wherever it falls in the rows.
+        for (int64_t i = 0; i < n; i += 8) {
+            const int64_t nk = std::min<int64_t>(8, n - i);
+            const float* kr[8];
+            for (int j = 0; j < 8; ++j) kr[j] = kg + (i + std::min<int64_t>(j, nk - 1)) * ldk;
             __m256 acc[8];
             for (auto& a : acc) a = _mm256_setzero_ps();
             for (int d = 0; d < dim; d += 8) {
                 const __m256 qd = _mm256_loadu_ps(qh + d);
-                for (int j = 0; j < 8; ++j)
-                    acc[j] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kg + (i + j) * ldk + d), acc[j]);
+                for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kr[j] + d), acc[j]);
             }
-            _mm256_storeu_ps(out + i, _mm256_mul_ps(reduce8(acc), scale));
+            alignas(32) float sc[8];
+            _mm256_store_ps(sc, _mm256_mul_ps(reduce8(acc), scale));
+            std::copy_n(sc, nk, out + i);
         }
-        for (; i < n; ++i) out[i] = s.scale * dot8<false>(qh, kg + i * ldk, dim);
     }
 }
 
@@ -103,55 +188,30 @@ void latent_attention(const AttentionShape& s, const LatentTokens& t, float* out
     DS_CHECK(s.n_kv_heads * s.head_dim <= kMaxKvDim, "unsupported KV width");
     const int heads = s.n_heads, dim = s.head_dim, group = heads / s.n_kv_heads, m = t.m;
     const int64_t n = t.n;
-    // Softmax weights in place of the scores, exp(s - max) per head. (The pieces below run on
-    // the pool's threads: they reach this thread's buffers through plain pointers.)
+    // Per head, on the pool's threads: the softmax weights, exp(s - max). (The regions below
+    // reach this thread's buffers through plain pointers.)
     thread_local std::vector<float> p_buf, part_buf, w_buf, ref_buf;
-    p_buf.assign(t.scores, t.scores + static_cast<size_t>(heads) * n);
+    p_buf.resize(static_cast<size_t>(heads) * n);
+    w_buf.assign(static_cast<size_t>(t.n_refs) * heads, 0.0f);  // [ref][head]
     float* const p = p_buf.data();
+    float* const w = w_buf.data();
     float mx[kMaxHeads];
-    for (int h = 0; h < heads; ++h) {
-        float* ph = p + h * n;
-        mx[h] = -std::numeric_limits<float>::infinity();
-        for (int64_t i = 0; i < n; ++i) mx[h] = std::max(mx[h], ph[i]);
-        const __m256 mv = _mm256_set1_ps(mx[h]);
-        int64_t i = 0;
-        for (; i + 8 <= n; i += 8)
-            _mm256_storeu_ps(ph + i, exp256(_mm256_sub_ps(_mm256_loadu_ps(ph + i), mv)));
-        for (; i < n; ++i) ph[i] = std::exp(ph[i] - mx[h]);
-    }
-    // Per piece of tokens: sum of weights and weighted latents per head (latents unpacked
-    // once per token); the pieces are then added in order.
-    const int64_t pieces = (n + kTokenPiece - 1) / kTokenPiece;
-    const size_t per_piece = static_cast<size_t>(heads) * (m + 1);
-    part_buf.assign(static_cast<size_t>(pieces) * per_piece, 0.0f);
-    float* const part = part_buf.data();
-    pool.parallel_for(pieces, 1, [&](int64_t b, int64_t e) {
-        thread_local std::vector<float> z;  // the piece's latents, unpacked
-        z.resize(static_cast<size_t>(kTokenPiece) * m);
-        for (int64_t piece = b; piece < e; ++piece) {
-            float* acc = part + piece * per_piece;  // [heads][m], then [heads] sums
-            const int64_t i0 = piece * kTokenPiece, i1 = std::min(n, i0 + kTokenPiece);
-            for (int64_t i = i0; i < i1; ++i) unpack(t, i, z.data() + (i - i0) * m);
-            for (int h = 0; h < heads; ++h) {
-                const float* ph = p + h * n + i0;
-                float sum = 0.0f;
-                for (int64_t i = 0; i < i1 - i0; ++i) sum += ph[i];
-                acc[static_cast<size_t>(heads) * m + h] = sum;
-                weighted_rows(ph, z.data(), i1 - i0, m, acc + static_cast<size_t>(h) * m);
-            }
+    pool.parallel_for(heads, 1, [&](int64_t h0, int64_t h1) {
+        for (int64_t h = h0; h < h1; ++h) {
+            const float* sh = t.scores + h * n;
+            float* ph = p + h * n;
+            float m_h = -std::numeric_limits<float>::infinity();
+            for (int64_t i = 0; i < n; ++i) m_h = std::max(m_h, sh[i]);
+            mx[h] = m_h;
+            const __m256 mv = _mm256_set1_ps(m_h);
+            int64_t i = 0;
+            for (; i + 8 <= n; i += 8)
+                _mm256_storeu_ps(ph + i, exp256(_mm256_sub_ps(_mm256_loadu_ps(sh + i), mv)));
+            for (; i < n; ++i) ph[i] = std::exp(sh[i] - m_h);
         }
     });
-    thread_local std::vector<float> zsum, l;
-    zsum.assign(static_cast<size_t>(heads) * m, 0.0f);
-    l.assign(static_cast<size_t>(heads), 0.0f);
-    for (int64_t piece = 0; piece < pieces; ++piece) {
-        const float* acc = part + piece * per_piece;
-        for (size_t j = 0; j < zsum.size(); ++j) zsum[j] += acc[j];
-        for (int h = 0; h < heads; ++h) l[h] += acc[static_cast<size_t>(heads) * m + h];
-    }
-    // Each reference's share of the weights, per head.
-    w_buf.assign(static_cast<size_t>(t.n_refs) * heads, 0.0f);  // [ref][head]
-    float* const w = w_buf.data();
+    // Each reference's share of the weights, all heads of a token at once (neighbouring
+    // tokens mostly share references: per head, the sums would wait on each other).
     for (int64_t i = 0; i < n; ++i) {
         const int32_t* r = t.refs + i * t.ref_slots;
         int nr = 0;
@@ -164,6 +224,34 @@ void latent_attention(const AttentionShape& s, const LatentTokens& t, float* out
             for (int h = 0; h < heads; ++h) wr[h] += p[h * n + i] * inv;
         }
     }
+    // Per piece of tokens: sum of weights and weighted latents per head (int4 codes weighted
+    // as they are, fp16 latents unpacked once per token); the pieces are then added in order.
+    const int64_t pieces = (n + kTokenPiece - 1) / kTokenPiece;
+    const size_t per_piece = static_cast<size_t>(heads) * (m + 1);
+    part_buf.assign(static_cast<size_t>(pieces) * per_piece, 0.0f);
+    float* const part = part_buf.data();
+    // In parts, as the caller's scoring split the tokens: each thread reads the codes it made.
+    pool.parallel_for_affine(pieces, 1, [&](int64_t b, int64_t e) {
+        thread_local std::vector<float> z;  // the piece's latents, unpacked
+        z.resize(static_cast<size_t>(kTokenPiece) * m);
+        for (int64_t piece = b; piece < e; ++piece) {
+            float* acc = part + piece * per_piece;  // [heads][m], then [heads] sums
+            const int64_t i0 = piece * kTokenPiece, i1 = std::min(n, i0 + kTokenPiece);
+            for (int h = 0; h < heads; ++h) {
+                const float* ph = p + h * n + i0;
+                float sum = 0.0f;
+                for (int64_t i = 0; i < i1 - i0; ++i) sum += ph[i];
+                acc[static_cast<size_t>(heads) * m + h] = sum;
+            }
+            if (t.int4) {
+                weighted_int4(t, p, heads, i0, i1, acc);
+                continue;
+            }
+            for (int64_t i = i0; i < i1; ++i) unpack(t, i, z.data() + (i - i0) * m);
+            for (int h = 0; h < heads; ++h)
+                weighted_rows(p + h * n + i0, z.data(), i1 - i0, m, acc + static_cast<size_t>(h) * m);
+        }
+    });
     // The weighted reference rows, each read once for every head, per piece of references.
     const int64_t ref_pieces = (t.n_refs + kRefPiece - 1) / kRefPiece;
     const size_t out_size = static_cast<size_t>(heads) * dim;
@@ -192,22 +280,30 @@ void latent_attention(const AttentionShape& s, const LatentTokens& t, float* out
             }
         }
     });
-    // out = (Dec_v rows of the head's KV head . weighted latents + weighted references) / sum.
-    for (int h = 0; h < heads; ++h) {
-        const int g = h / group;
-        float* o = out + static_cast<size_t>(h) * dim;
-        for (int d = 0; d < dim; ++d) {
-            o[d] = dot8<false>(t.wd_v + static_cast<size_t>(g * dim + d) * m,
-                       zsum.data() + static_cast<size_t>(h) * m, m);
+    // Per head: the pieces' sums added in order, then out = (Dec_v rows of the head's KV head
+    // . weighted latents + weighted references) / sum.
+    pool.parallel_for(heads, 1, [&](int64_t h0, int64_t h1) {
+        alignas(32) float zsum[kMaxLatent];
+        for (int64_t h = h0; h < h1; ++h) {
+            std::fill_n(zsum, m, 0.0f);
+            float l = 0.0f;
+            for (int64_t piece = 0; piece < pieces; ++piece) {
+                const float* acc = part + piece * per_piece;
+                for (int j = 0; j < m; ++j) zsum[j] += acc[h * m + j];
+                l += acc[static_cast<size_t>(heads) * m + h];
+            }
+            const int g = static_cast<int>(h) / group;
+            float* o = out + h * dim;
+            for (int d = 0; d < dim; ++d) o[d] = dot8<false>(t.wd_v + static_cast<size_t>(g * dim + d) * m, zsum, m);
+            for (int64_t piece = 0; piece < ref_pieces; ++piece) {
+                const float* acc = ref_part + piece * out_size + h * dim;
+                for (int d = 0; d < dim; ++d) o[d] += acc[d];
+            }
+            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            for (int d = 0; d < dim; ++d) o[d] *= inv;
+            lse[h] = l > 0.0f ? mx[h] + std::log(l) : -std::numeric_limits<float>::infinity();
         }
-        for (int64_t piece = 0; piece < ref_pieces; ++piece) {
-            const float* acc = ref_part + piece * out_size + static_cast<size_t>(h) * dim;
-            for (int d = 0; d < dim; ++d) o[d] += acc[d];
-        }
-        const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-        for (int d = 0; d < dim; ++d) o[d] *= inv;
-        lse[h] = l[h] > 0.0f ? mx[h] + std::log(l[h]) : -std::numeric_limits<float>::infinity();
-    }
+    });
 }
 
 }  // namespace deltaserve::kernels

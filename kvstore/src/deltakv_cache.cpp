@@ -486,6 +486,20 @@ void DeltaKvSequenceCache::add_ref_mean(int32_t sl, int32_t pos, int32_t dims, f
     k::add_mean_rows(x, rx, nr, dims);
 }
 
+void DeltaKvSequenceCache::prefetch_token(int32_t sl, int32_t pos, int32_t dims) const {
+    const int32_t kk = options_.k, half = options_.head_dim / 2;
+    prefetch_row(reinterpret_cast<const uint8_t*>(angle_table_.data() + angle_of_[pos]),
+                 static_cast<int32_t>(2 * half * sizeof(float)));
+    const uint16_t* refs = refs_[sl].data() + static_cast<size_t>(latent_of_[pos]) * kk;
+    for (int32_t q = 0; q < kk; ++q) {
+        const int32_t row = refs[q] != kNoRef ? ref_row_[ref_position(refs[q])] : -1;
+        if (row >= 0) {
+            prefetch_row(reinterpret_cast<const uint8_t*>(ref_x_.data() + static_cast<size_t>(row) * dims),
+                         static_cast<int32_t>(dims * sizeof(float)));
+        }
+    }
+}
+
 void DeltaKvSequenceCache::latent_scores(int32_t layer, const kernels::AttentionShape& shape,
                                          const float* q, const std::vector<int32_t>& positions) {
     const int32_t sl = layer_index_[layer];
@@ -496,6 +510,8 @@ void DeltaKvSequenceCache::latent_scores(int32_t layer, const kernels::Attention
     const int64_t n = static_cast<int64_t>(positions.size());
     grow(scores_, static_cast<size_t>(shape.n_heads) * n);
     grow(lat_refs_, static_cast<size_t>(n) * kk);
+    const int32_t stride = k::int4_code_stride(m);
+    if (int4) grow(codes_, static_cast<size_t>(n) * stride);
     if (!int4) {  // fp16 latents: the decoder's K rows for every token at once
         grow(z_, static_cast<size_t>(n) * m);
         grow(x_, static_cast<size_t>(n) * kv_dim);
@@ -508,18 +524,24 @@ void DeltaKvSequenceCache::latent_scores(int32_t layer, const kernels::Attention
     // A block at a time, while its rows are in cache: K = Dec_k(z) + the mean of the
     // references' K, RoPE, and every head's score.
     constexpr int64_t kBlock = 16;
-    threads_.parallel_for(n, kBlock, [&](int64_t b_all, int64_t e_all) {
+    threads_.parallel_for_affine(n, kBlock, [&](int64_t b_all, int64_t e_all) {
         thread_local std::vector<float> block;
         for (int64_t b = b_all; b < e_all; b += kBlock) {
             const int64_t e = std::min(e_all, b + kBlock);
+            // While this block decodes, the next block's angles and reference rows (scattered,
+            // and pushed out of cache by the layers between) come in.
+            for (int64_t i = e; i < std::min(e_all, e + kBlock); ++i) prefetch_token(sl, positions[i], kv_dim);
             float* rows = nullptr;
             if (!int4) {
                 rows = x_.data() + b * kv_dim;
             } else {
                 block.resize(static_cast<size_t>(kBlock) * kv_dim);
                 rows = block.data();
+                // The codes stay for latent_attention's values.
+                uint8_t* codes = codes_.data() + b * stride;
+                k::int4_latent_codes(latent_ptrs_.data() + b, e - b, m, codes);
                 k::deltakv_decode_int4(profile_.int4_k[layer], latent_ptrs_.data() + b, e - b, rows,
-                                       kv_dim);
+                                       kv_dim, codes);
             }
             for (int64_t i = b; i < e; ++i) {
                 const int32_t pos = positions[i];
@@ -567,6 +589,7 @@ bool DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& 
     t.scores = scores_.data();
     t.latents = latent_ptrs_.data();
     t.int4 = options_.latent_bits == 4;
+    if (t.int4) t.codes = codes_.data();
     t.m = profile_.m;
     t.wd_v = static_cast<const float*>(profile_.layers[layer].wd.data) +
              static_cast<size_t>(profile_.d / 2) * profile_.m;
@@ -609,9 +632,14 @@ void DeltaKvSequenceCache::keep_top_scored(int n_heads) {
     for (int h = 0; h < n_heads; ++h) {
         for (int64_t j = 0; j < want; ++j) scores_[h * want + j] = scores_[h * n + top_[j]];
     }
+    const int32_t stride = k::int4_code_stride(profile_.m);
     for (int64_t j = 0; j < want; ++j) {
         latent_ptrs_[j] = latent_ptrs_[top_[j]];
         std::copy_n(lat_refs_.begin() + static_cast<int64_t>(top_[j]) * kk, kk, lat_refs_.begin() + j * kk);
+        if (options_.latent_bits == 4 && top_[j] != j) {
+            std::copy_n(codes_.begin() + static_cast<int64_t>(top_[j]) * stride, stride,
+                        codes_.begin() + j * stride);
+        }
     }
 }
 

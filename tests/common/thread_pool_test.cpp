@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <vector>
 
@@ -41,6 +42,24 @@ TEST(ThreadPool, ParallelForCoversTheRangeExactlyOnce) {
     }
 }
 
+TEST(ThreadPool, AffineParallelForCoversTheRangeExactlyOnceInItsParts) {
+    for (int threads : {2, 3}) {
+        ThreadPool pool(threads);
+        for (int64_t n : {0, 1, 7, 1000, 4099}) {
+            std::vector<std::atomic<int>> seen(static_cast<size_t>(n));
+            pool.parallel_for_affine(n, 16, [&](int64_t b, int64_t e) {
+                // A chunk never crosses from one thread's part into the next (a range of
+                // one chunk is a single call).
+                int64_t part = 0;
+                while (b >= n * (part + 1) / threads) ++part;
+                if (n > 16) EXPECT_LE(e, n * (part + 1) / threads) << b;
+                for (int64_t i = b; i < e; ++i) seen[static_cast<size_t>(i)]++;
+            });
+            for (auto& s : seen) ASSERT_EQ(s.load(), 1);
+        }
+    }
+}
+
 TEST(ThreadPool, ManySmallRegions) {
     ThreadPool pool(2);
     std::atomic<int64_t> sum{0};
@@ -69,6 +88,11 @@ TEST(ThreadPool, CorrectWhenTheMachineIsOversubscribed) {
     for (int rep = 0; rep < 300; ++rep) {
         std::vector<int> seen(64, 0);
         pool.parallel_for(64, 4, [&](int64_t b, int64_t e) {
+            for (int64_t i = b; i < e; ++i) seen[static_cast<size_t>(i)]++;
+        });
+        for (int v : seen) ASSERT_EQ(v, 1);
+        std::fill(seen.begin(), seen.end(), 0);
+        pool.parallel_for_affine(64, 4, [&](int64_t b, int64_t e) {
             for (int64_t i = b; i < e; ++i) seen[static_cast<size_t>(i)]++;
         });
         for (int v : seen) ASSERT_EQ(v, 1);

@@ -214,17 +214,42 @@ TEST(DeltaKvKernels, Int4DotsAreTheSameIntegersOnEveryIsa) {
     for (auto [d, m, n] : {std::tuple{384, 96, 9}, std::tuple{56, 12, 5}}) {
         Int4Case c(d, m, n, rng);
         const Int4Decoder dec = make_int4_decoder(c.layer);
-        std::vector<uint8_t> codes(size_t(n) * dec.m4, 0);
+        std::vector<uint8_t> codes(size_t(n) * dec.m16, 0);
         std::uniform_int_distribution<int> u(0, 15);
         for (int i = 0; i < n; ++i) {
-            for (int j = 0; j < m; ++j) codes[size_t(i) * dec.m4 + j] = uint8_t(u(rng));
+            for (int j = 0; j < m; ++j) codes[size_t(i) * dec.m16 + j] = uint8_t(u(rng));
         }
         std::vector<int32_t> a(size_t(n) * d), b(a.size()), want(a.size());
         int4_dots_avx2(dec, codes.data(), n, a.data());
         int4_dots_avx512(dec, codes.data(), n, b.data());
-        for (int i = 0; i < n; ++i) int4_dots_rows(dec, codes.data() + size_t(i) * dec.m4, 0, want.data() + size_t(i) * d);
+        for (int i = 0; i < n; ++i) int4_dots_rows(dec, codes.data() + size_t(i) * dec.m16, 0, want.data() + size_t(i) * d);
         EXPECT_EQ(a, want);
         EXPECT_EQ(b, want);
+    }
+}
+
+TEST(DeltaKvKernels, Int4WeightedSumsAreTheSameBitsOnEveryIsa) {
+    if (!cpu_features().avx512f) GTEST_SKIP() << "no AVX-512 on this CPU";
+    std::mt19937 rng(14);
+    std::uniform_int_distribution<int> u(0, 15);
+    for (auto [heads, cols, n] : {std::tuple{9, 256, 64}, std::tuple{3, 48, 7}, std::tuple{17, 16, 5}}) {
+        const int64_t ldw = n + 3, ldc = cols + 16, lda = cols + 32;
+        auto w = randn(size_t(heads) * ldw, rng);
+        std::vector<uint8_t> codes(size_t(n) * ldc);
+        for (auto& c : codes) c = uint8_t(u(rng));
+        auto a = randn(size_t(heads) * lda, rng), b = a;  // the sums add to what is there
+        std::vector<double> want(a.begin(), a.end());
+        int4_weighted_avx2(w.data(), ldw, heads, codes.data(), ldc, n, cols, a.data(), lda);
+        int4_weighted_avx512(w.data(), ldw, heads, codes.data(), ldc, n, cols, b.data(), lda);
+        EXPECT_EQ(a, b) << heads << " heads";
+        for (int h = 0; h < heads; ++h) {
+            for (int j = 0; j < lda; ++j) {
+                if (j < cols) {
+                    for (int i = 0; i < n; ++i) want[h * lda + j] += double(w[h * ldw + i]) * codes[i * ldc + j];
+                }
+                EXPECT_NEAR(a[h * lda + j], want[h * lda + j], 1e-3) << h << " " << j;
+            }
+        }
     }
 }
 

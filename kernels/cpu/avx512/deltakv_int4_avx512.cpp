@@ -1,8 +1,11 @@
-// The int4 latent decoder's dot products with AVX-512 VNNI: vpdpbusd multiplies four codes
-// (unsigned) by four int8 weights of 16 rows at once; tiles of 4 tokens x 64 rows keep 16
-// accumulators in registers while the weights stream once per tile. (4 x 96 rows, 24
-// accumulators and 6 weight registers, left GCC 12 copying registers and spilling: 1.6x
-// slower on the default model's 192 K rows.)
+// The int4 latent kernels with AVX-512.
+// - The decoder's dot products (VNNI): vpdpbusd multiplies four codes (unsigned) by four
+//   int8 weights of 16 rows at once; tiles of 4 tokens x 64 rows keep 16 accumulators in
+//   registers while the weights stream once per tile. (4 x 96 rows, 24 accumulators and 6
+//   weight registers, left GCC 12 copying registers and spilling: 1.6x slower on the default
+//   model's 192 K rows.)
+// - latent_attention's weighted code sums: up to 8 heads x 32 columns of accumulators; each
+//   token's codes are widened to floats once for all those heads.
 #include <immintrin.h>
 
 #include <cstring>
@@ -21,12 +24,12 @@ void tile(const Int4Decoder& dec, const uint8_t* codes, int r0, int32_t* acc) {
     }
     const int8_t* w = dec.w.data() + static_cast<size_t>(r0) * 4;
     const size_t step = static_cast<size_t>(dec.d) * 4;
-    for (int j4 = 0; j4 < dec.m4 / 4; ++j4, w += step) {
+    for (int j4 = 0; j4 < dec.m16 / 4; ++j4, w += step) {
         __m512i wv[RB];
         for (int b = 0; b < RB; ++b) wv[b] = _mm512_loadu_si512(w + 64 * b);
         for (int t = 0; t < T; ++t) {
             int32_t q4;
-            std::memcpy(&q4, codes + static_cast<size_t>(t) * dec.m4 + 4 * j4, 4);
+            std::memcpy(&q4, codes + static_cast<size_t>(t) * dec.m16 + 4 * j4, 4);
             const __m512i q = _mm512_set1_epi32(q4);
             for (int b = 0; b < RB; ++b) a[t][b] = _mm512_dpbusd_epi32(a[t][b], q, wv[b]);
         }
@@ -47,17 +50,71 @@ void tokens(const Int4Decoder& dec, const uint8_t* codes, int32_t* acc) {
     }
     for (; r + 16 <= dec.d; r += 16) tile<T, 1>(dec, codes, r, acc);
     for (int t = 0; t < T; ++t) {
-        int4_dots_rows(dec, codes + static_cast<size_t>(t) * dec.m4, r,
+        int4_dots_rows(dec, codes + static_cast<size_t>(t) * dec.m16, r,
                        acc + static_cast<size_t>(t) * dec.d);
     }
 }
 
+// GCC 12 warns that the widening intrinsics' "undefined" source may be uninitialized (GCC
+// bug 105593, fixed in 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// H heads x NV * 16 columns from c0, accumulated over n tokens in registers.
+template <int H, int NV>
+void weighted_pass(const float* w, int64_t ldw, const uint8_t* codes, int64_t ldc, int64_t n,
+                   int c0, float* acc, int64_t lda) {
+    __m512 a[H][NV];
+    for (int h = 0; h < H; ++h) {
+        for (int v = 0; v < NV; ++v) a[h][v] = _mm512_loadu_ps(acc + h * lda + c0 + 16 * v);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+        __m512 c[NV];
+        for (int v = 0; v < NV; ++v) {
+            c[v] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i * ldc + c0 + 16 * v))));
+        }
+        for (int h = 0; h < H; ++h) {
+            const __m512 wh = _mm512_set1_ps(w[h * ldw + i]);
+            for (int v = 0; v < NV; ++v) a[h][v] = _mm512_fmadd_ps(wh, c[v], a[h][v]);
+        }
+    }
+    for (int h = 0; h < H; ++h) {
+        for (int v = 0; v < NV; ++v) _mm512_storeu_ps(acc + h * lda + c0 + 16 * v, a[h][v]);
+    }
+}
+
+#pragma GCC diagnostic pop
+
+template <int H>
+void weighted_heads(const float* w, int64_t ldw, const uint8_t* codes, int64_t ldc, int64_t n,
+                    int cols, float* acc, int64_t lda) {
+    int c0 = 0;
+    for (; c0 + 32 <= cols; c0 += 32) weighted_pass<H, 2>(w, ldw, codes, ldc, n, c0, acc, lda);
+    if (c0 < cols) weighted_pass<H, 1>(w, ldw, codes, ldc, n, c0, acc, lda);
+}
+
 }  // namespace
+
+void int4_weighted_avx512(const float* w, int64_t ldw, int heads, const uint8_t* codes,
+                          int64_t ldc, int64_t n, int cols, float* acc, int64_t lda) {
+    using Fn = void (*)(const float*, int64_t, const uint8_t*, int64_t, int64_t, int, float*, int64_t);
+    static constexpr Fn kHeads[] = {weighted_heads<1>, weighted_heads<2>, weighted_heads<3>,
+                                    weighted_heads<4>, weighted_heads<5>, weighted_heads<6>,
+                                    weighted_heads<7>, weighted_heads<8>};
+    // Heads in even groups of at most 8 (9 heads: 4 and 5).
+    const int groups = (heads + 7) / 8;
+    for (int h0 = 0, g = 0; g < groups; ++g) {
+        const int hn = (heads - h0) / (groups - g);
+        kHeads[hn - 1](w + h0 * ldw, ldw, codes, ldc, n, cols, acc + h0 * lda, lda);
+        h0 += hn;
+    }
+}
 
 void int4_dots_avx512(const Int4Decoder& dec, const uint8_t* codes, int64_t n, int32_t* acc) {
     int64_t i = 0;
-    for (; i + 4 <= n; i += 4) tokens<4>(dec, codes + i * dec.m4, acc + i * dec.d);
-    for (; i < n; ++i) tokens<1>(dec, codes + i * dec.m4, acc + i * dec.d);
+    for (; i + 4 <= n; i += 4) tokens<4>(dec, codes + i * dec.m16, acc + i * dec.d);
+    for (; i < n; ++i) tokens<1>(dec, codes + i * dec.m16, acc + i * dec.d);
 }
 
 }  // namespace deltaserve::kernels

@@ -53,6 +53,41 @@ public:
         dispatch(thunk, &body, /*elastic=*/true);
     }
 
+    // Like parallel_for, but thread t first takes the chunks of its own t-th of [0, n), then
+    // helps with the others': calls that repeat a range touch each part's data from the same
+    // thread (its cache), while a busy machine still loses nothing to a late worker.
+    template <typename F>
+    void parallel_for_affine(int64_t n, int64_t grain, F&& fn) {
+        if (n <= 0) return;
+        if (grain < 1) grain = 1;
+        if (n_threads_ == 1 || n <= grain) {
+            fn(int64_t{0}, n);
+            return;
+        }
+        struct alignas(64) Part {
+            std::atomic<int64_t> next;
+            int64_t end;
+        };
+        const int parts = n_threads_;
+        std::vector<Part> part(static_cast<size_t>(parts));
+        for (int t = 0; t < parts; ++t) {
+            part[t].next.store(n * t / parts, std::memory_order_relaxed);
+            part[t].end = n * (t + 1) / parts;
+        }
+        auto body = [&](int i, int) {
+            for (int k = 0; k < parts; ++k) {
+                Part& p = part[(i + k) % parts];
+                for (;;) {
+                    const int64_t b = p.next.fetch_add(grain, std::memory_order_relaxed);
+                    if (b >= p.end) break;
+                    fn(b, b + grain < p.end ? b + grain : p.end);
+                }
+            }
+        };
+        auto thunk = [](void* ctx, int i, int nt) { (*static_cast<decltype(body)*>(ctx))(i, nt); };
+        dispatch(thunk, &body, /*elastic=*/true);
+    }
+
 private:
     using Thunk = void (*)(void*, int, int);
     // Opens a region, runs the caller's part, then closes it. Elastic regions wait only for

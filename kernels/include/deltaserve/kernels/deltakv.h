@@ -46,12 +46,18 @@ size_t int4_bytes(int m);
 void int4_pack(const float* z, int m, uint8_t* out);
 void int4_unpack(const uint8_t* in, int m, float* z);
 
+// Bytes between tokens' codes as the int4 kernels read them: m rounded up to 16.
+inline int int4_code_stride(int m) { return (m + 15) / 16 * 16; }
+// The codes (0..15) of n int4 latents, one byte each, int4_code_stride(m) apart, zero past
+// m: decoding and latent_attention can share one unpacking.
+void int4_latent_codes(const uint8_t* const* latents, int64_t n, int m, uint8_t* codes);
+
 // A layer's decoder for int4 latents (int4_pack's format), made once per profile: Wd in
 // int8 with one scale per output row, laid out four latent columns at a time for the
-// integer dot-product instructions ([m4 / 4][d][4]), and each row's sum, which the latent's
+// integer dot-product instructions ([m16 / 4][d][4]), and each row's sum, which the latent's
 // minimum multiplies: Dec(lo + s q)[r] = lo * row_sum[r] + s * scale[r] * (w8[r] . q).
 struct Int4Decoder {
-    int d = 0, m = 0, m4 = 0;  // m4: m rounded up to a multiple of 4 (zero columns)
+    int d = 0, m = 0, m16 = 0;  // m16: int4_code_stride(m) (zero columns past m)
     std::vector<int8_t> w;
     std::vector<float> scale, row_sum;
 };
@@ -67,8 +73,9 @@ void int4_decoder_rows(const Int4Decoder& dec, const int32_t* rows, int n_rows, 
 // (callers split the tokens and use the rows while they are in cache). The dot products
 // of the codes with the int8 rows are exact integers, so every ISA gives the same bits; the
 // error against the fp32 decoder is Wd's int8 rounding (at most scale[r] / 2 per weight).
+// With `codes` (int4_latent_codes of the same latents) the codes are not unpacked again.
 void deltakv_decode_int4(const Int4Decoder& dec, const uint8_t* const* latents, int64_t n, float* out,
-                         int64_t ldo);
+                         int64_t ldo, const uint8_t* codes = nullptr);
 
 inline constexpr int kMaxLatent = 512;  // the largest m latent_attention takes
 
@@ -81,6 +88,7 @@ struct LatentTokens {
     int64_t n = 0;
     const float* scores = nullptr;  // [n_heads][n]: scale * q[h] . k_i (keys reconstructed)
     const uint8_t* const* latents = nullptr;  // [n] packed: int4_pack's format, or m fp16
+    const uint8_t* codes = nullptr;  // optional, int4: int4_latent_codes of the latents
     bool int4 = true;
     int m = 0;
     const float* wd_v = nullptr;    // [n_kv_heads * head_dim][m]: the decoder's V rows
@@ -91,7 +99,8 @@ struct LatentTokens {
 };
 
 // scores[h * lds + i] = scale * q[h] . k_i[h / (n_heads / n_kv_heads)] for n fp32 key rows
-// holding every KV head (ldk floats apart).
+// holding every KV head (ldk floats apart). A key's score does not depend on its place in
+// the rows (callers split tokens into blocks as their threads go).
 void head_scores(const AttentionShape& s, const float* q, const float* k, int64_t ldk, int64_t n,
                  float* scores, int64_t lds);
 

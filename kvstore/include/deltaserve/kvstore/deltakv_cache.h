@@ -204,6 +204,8 @@ private:
     // x += the mean of the references of the latent token at pos (ref_x_ rows of `dims`
     // values, ref_row_ set by gather_refs); rows (k entries), when given, gets their rows.
     void add_ref_mean(int32_t sl, int32_t pos, int32_t dims, float* x, int32_t* rows) const;
+    // Asks for the cache lines add_ref_mean and RoPE will read for the token at pos.
+    void prefetch_token(int32_t sl, int32_t pos, int32_t dims) const;
     // For attend(): every head's score of each selected latent token (scores_, [head][token]),
     // its keys reconstructed (K rows of the decoder) a block at a time, and the tokens'
     // references (lat_refs_, ref_v_).
@@ -305,6 +307,7 @@ private:
     // attend(): the latent tokens' reference rows, V rows of the references, and the two
     // halves' outputs and log-sum-exps.
     std::vector<int32_t> lat_refs_;
+    std::vector<uint8_t> codes_;  // int4: the latents' codes, unpacked once for K and V
     std::vector<const uint16_t*> ref_v_;
     std::vector<float> scores_, out_b_, lse_a_, lse_b_;
     mutable std::vector<int32_t> view_slots_;
