@@ -68,8 +68,13 @@ public:
             std::atomic<int64_t> next;
             int64_t end;
         };
+        constexpr int kMaxParts = 64;  // on the stack: decode calls this per layer
+        if (n_threads_ > kMaxParts) {
+            parallel_for(n, grain, std::forward<F>(fn));
+            return;
+        }
         const int parts = n_threads_;
-        std::vector<Part> part(static_cast<size_t>(parts));
+        Part part[kMaxParts];
         for (int t = 0; t < parts; ++t) {
             part[t].next.store(n * t / parts, std::memory_order_relaxed);
             part[t].end = n * (t + 1) / parts;
