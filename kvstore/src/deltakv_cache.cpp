@@ -486,20 +486,6 @@ void DeltaKvSequenceCache::add_ref_mean(int32_t sl, int32_t pos, int32_t dims, f
     k::add_mean_rows(x, rx, nr, dims);
 }
 
-void DeltaKvSequenceCache::prefetch_token(int32_t sl, int32_t pos, int32_t dims) const {
-    const int32_t kk = options_.k, half = options_.head_dim / 2;
-    prefetch_row(reinterpret_cast<const uint8_t*>(angle_table_.data() + angle_of_[pos]),
-                 static_cast<int32_t>(2 * half * sizeof(float)));
-    const uint16_t* refs = refs_[sl].data() + static_cast<size_t>(latent_of_[pos]) * kk;
-    for (int32_t q = 0; q < kk; ++q) {
-        const int32_t row = refs[q] != kNoRef ? ref_row_[ref_position(refs[q])] : -1;
-        if (row >= 0) {
-            prefetch_row(reinterpret_cast<const uint8_t*>(ref_x_.data() + static_cast<size_t>(row) * dims),
-                         static_cast<int32_t>(dims * sizeof(float)));
-        }
-    }
-}
-
 void DeltaKvSequenceCache::latent_scores(int32_t layer, const kernels::AttentionShape& shape,
                                          const float* q, const std::vector<int32_t>& positions) {
     const int32_t sl = layer_index_[layer];
@@ -528,9 +514,6 @@ void DeltaKvSequenceCache::latent_scores(int32_t layer, const kernels::Attention
         thread_local std::vector<float> block;
         for (int64_t b = b_all; b < e_all; b += kBlock) {
             const int64_t e = std::min(e_all, b + kBlock);
-            // While this block decodes, the next block's angles and reference rows (scattered,
-            // and pushed out of cache by the layers between) come in.
-            for (int64_t i = e; i < std::min(e_all, e + kBlock); ++i) prefetch_token(sl, positions[i], kv_dim);
             float* rows = nullptr;
             if (!int4) {
                 rows = x_.data() + b * kv_dim;

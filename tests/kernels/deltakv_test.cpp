@@ -229,7 +229,7 @@ TEST(DeltaKvKernels, Int4DotsAreTheSameIntegersOnEveryIsa) {
 }
 
 TEST(DeltaKvKernels, Int4WeightedSumsAreTheSameBitsOnEveryIsa) {
-    if (!cpu_features().avx512f) GTEST_SKIP() << "no AVX-512 on this CPU";
+    const bool avx512 = cpu_features().avx512f;
     std::mt19937 rng(14);
     std::uniform_int_distribution<int> u(0, 15);
     for (auto [heads, cols, n] : {std::tuple{9, 256, 64}, std::tuple{3, 48, 7}, std::tuple{17, 16, 5}}) {
@@ -240,8 +240,10 @@ TEST(DeltaKvKernels, Int4WeightedSumsAreTheSameBitsOnEveryIsa) {
         auto a = randn(size_t(heads) * lda, rng), b = a;  // the sums add to what is there
         std::vector<double> want(a.begin(), a.end());
         int4_weighted_avx2(w.data(), ldw, heads, codes.data(), ldc, n, cols, a.data(), lda);
-        int4_weighted_avx512(w.data(), ldw, heads, codes.data(), ldc, n, cols, b.data(), lda);
-        EXPECT_EQ(a, b) << heads << " heads";
+        if (avx512) {  // else the AVX2 version alone, against the sums below
+            int4_weighted_avx512(w.data(), ldw, heads, codes.data(), ldc, n, cols, b.data(), lda);
+            EXPECT_EQ(a, b) << heads << " heads";
+        }
         for (int h = 0; h < heads; ++h) {
             for (int j = 0; j < lda; ++j) {
                 if (j < cols) {

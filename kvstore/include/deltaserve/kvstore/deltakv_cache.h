@@ -204,8 +204,6 @@ private:
     // x += the mean of the references of the latent token at pos (ref_x_ rows of `dims`
     // values, ref_row_ set by gather_refs); rows (k entries), when given, gets their rows.
     void add_ref_mean(int32_t sl, int32_t pos, int32_t dims, float* x, int32_t* rows) const;
-    // Asks for the cache lines add_ref_mean and RoPE will read for the token at pos.
-    void prefetch_token(int32_t sl, int32_t pos, int32_t dims) const;
     // For attend(): every head's score of each selected latent token (scores_, [head][token]),
     // its keys reconstructed (K rows of the decoder) a block at a time, and the tokens'
     // references (lat_refs_, ref_v_).
