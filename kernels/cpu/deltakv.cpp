@@ -168,13 +168,32 @@ void int4_latent_codes(const uint8_t* const* latents, int64_t n, int m, uint8_t*
     }
 }
 
+namespace {
+
+// Token i's references (Int4KeyFinish) into rows, in order; returns how many.
+int finish_rows(const Int4KeyFinish& f, int64_t i, const float** rows) {
+    int nr = 0;
+    for (int q = 0; q < f.k; ++q) {
+        if (f.refs[i * f.k + q] != nullptr) rows[nr++] = f.refs[i * f.k + q];
+    }
+    return nr;
+}
+
+}  // namespace
+
 void deltakv_decode_int4(const Int4Decoder& dec, const uint8_t* const* latents, int64_t n, float* out,
-                         int64_t ldo, const uint8_t* given) {
+                         int64_t ldo, const uint8_t* given, const Int4KeyFinish* finish) {
     static const Int4DotsFn dots = cpu_features().avx512_vnni ? int4_dots_avx512 : int4_dots_avx2;
+    DS_CHECK(finish == nullptr || (finish->k <= 16 && finish->n_heads * finish->head_dim <= dec.d),
+             "bad Int4KeyFinish");
+    // The references' mean and RoPE on the row while it is in registers, where AVX-512 and
+    // the shapes allow.
+    const bool fused = finish != nullptr && cpu_features().avx512f && dec.d % 16 == 0 &&
+                       finish->head_dim % 16 == 0 && finish->style == RopeStyle::kInterleaved;
     constexpr int64_t kBlock = 16;
     thread_local std::vector<uint8_t> codes;
     thread_local std::vector<int32_t> acc;
-    codes.assign(static_cast<size_t>(kBlock * dec.m16), 0);
+    if (given == nullptr) codes.assign(static_cast<size_t>(kBlock * dec.m16), 0);
     acc.resize(static_cast<size_t>(kBlock * dec.d));
     for (int64_t b = 0; b < n; b += kBlock) {
         const int64_t e = std::min(n, b + kBlock);
@@ -189,6 +208,14 @@ void deltakv_decode_int4(const Int4Decoder& dec, const uint8_t* const* latents, 
             const float s = fp16_to_fp32(s16), lo = fp16_to_fp32(lo16);
             const int32_t* a = acc.data() + (i - b) * dec.d;
             float* y = out + i * ldo;
+            const float* rows[16];
+            const int nr = finish != nullptr ? finish_rows(*finish, i, rows) : 0;
+            const float* c = finish != nullptr ? finish->angles[i] : nullptr;
+            if (fused) {
+                int4_finish_avx512(dec, a, s, lo, rows, nr, c, c + finish->head_dim / 2,
+                                   finish->n_heads * finish->head_dim, finish->head_dim, y);
+                continue;
+            }
             const __m256 sv = _mm256_set1_ps(s), lov = _mm256_set1_ps(lo);
             int r = 0;
             for (; r + 8 <= dec.d; r += 8) {
@@ -197,6 +224,10 @@ void deltakv_decode_int4(const Int4Decoder& dec, const uint8_t* const* latents, 
                 _mm256_storeu_ps(y + r, _mm256_fmadd_ps(w, v, _mm256_mul_ps(lov, _mm256_loadu_ps(dec.row_sum.data() + r))));
             }
             for (; r < dec.d; ++r) y[r] = lo * dec.row_sum[r] + s * dec.scale[r] * static_cast<float>(a[r]);
+            if (finish != nullptr) {
+                add_mean_rows(y, rows, nr, dec.d);
+                rope_apply(y, finish->n_heads, finish->head_dim, c, c + finish->head_dim / 2, finish->style, false);
+            }
         }
     }
 }

@@ -210,25 +210,50 @@ void latent_attention(const AttentionShape& s, const LatentTokens& t, float* out
             for (; i < n; ++i) ph[i] = std::exp(sh[i] - m_h);
         }
     });
-    // Each reference's share of the weights, all heads of a token at once (neighbouring
-    // tokens mostly share references: per head, the sums would wait on each other).
-    for (int64_t i = 0; i < n; ++i) {
-        const int32_t* r = t.refs + i * t.ref_slots;
-        int nr = 0;
-        for (int q = 0; q < t.ref_slots; ++q) nr += r[q] >= 0;
-        if (nr == 0) continue;
-        const float inv = 1.0f / static_cast<float>(nr);
-        for (int q = 0; q < t.ref_slots; ++q) {
-            if (r[q] < 0) continue;
-            float* wr = w + static_cast<size_t>(r[q]) * heads;
-            for (int h = 0; h < heads; ++h) wr[h] += p[h * n + i] * inv;
+    // Each reference's share of the weights: the tokens naming it (in token order, with
+    // their 1 / references), then per reference on the pool, its sum over them.
+    thread_local std::vector<int32_t> first, user;
+    thread_local std::vector<float> share;
+    first.assign(static_cast<size_t>(t.n_refs) + 1, 0);
+    for (int64_t i = 0; i < n * t.ref_slots; ++i) {
+        if (t.refs[i] >= 0) ++first[static_cast<size_t>(t.refs[i]) + 1];
+    }
+    for (int64_t r = 0; r < t.n_refs; ++r) first[r + 1] += first[r];
+    user.resize(static_cast<size_t>(first[t.n_refs]));
+    share.resize(user.size());
+    {
+        thread_local std::vector<int32_t> next;
+        next.assign(first.begin(), first.end() - 1);
+        for (int64_t i = 0; i < n; ++i) {
+            const int32_t* r = t.refs + i * t.ref_slots;
+            int nr = 0;
+            for (int q = 0; q < t.ref_slots; ++q) nr += r[q] >= 0;
+            const float inv = nr > 0 ? 1.0f / static_cast<float>(nr) : 0.0f;
+            for (int q = 0; q < t.ref_slots; ++q) {
+                if (r[q] < 0) continue;
+                user[next[r[q]]] = static_cast<int32_t>(i);
+                share[next[r[q]]++] = inv;
+            }
         }
     }
+    const int32_t* const users = user.data();
+    const float* const shares = share.data();
+    const int32_t* const firsts = first.data();
+    pool.parallel_for(t.n_refs, 16, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+            float acc[kMaxHeads] = {};  // not w's row: stores to it would wait on each other
+            for (int32_t u = firsts[r]; u < firsts[r + 1]; ++u) {
+                const float* pu = p + users[u];
+                for (int h = 0; h < heads; ++h) acc[h] = std::fma(pu[h * n], shares[u], acc[h]);
+            }
+            std::copy_n(acc, heads, w + static_cast<size_t>(r) * heads);
+        }
+    });
     // Per piece of tokens: sum of weights and weighted latents per head (int4 codes weighted
     // as they are, fp16 latents unpacked once per token); the pieces are then added in order.
     const int64_t pieces = (n + kTokenPiece - 1) / kTokenPiece;
     const size_t per_piece = static_cast<size_t>(heads) * (m + 1);
-    part_buf.assign(static_cast<size_t>(pieces) * per_piece, 0.0f);
+    part_buf.resize(static_cast<size_t>(pieces) * per_piece);  // every piece writes all of its own
     float* const part = part_buf.data();
     // In parts, as the caller's scoring split the tokens: each thread reads the codes it made.
     pool.parallel_for_affine(pieces, 1, [&](int64_t b, int64_t e) {

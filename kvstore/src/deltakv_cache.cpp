@@ -378,24 +378,25 @@ int32_t DeltaKvSequenceCache::angles(int32_t pos) {
 
 void DeltaKvSequenceCache::gather_refs(int32_t sl, const std::vector<int32_t>& positions,
                                        int32_t dims) {
-    const int32_t d = profile_.d, kv_dim = d / 2, kk = options_.k, half = options_.head_dim / 2;
+    const int32_t d = profile_.d, kv_dim = d / 2, half = options_.head_dim / 2;
     const size_t lb = latent_bytes();
-    ref_pos_.clear();
     latent_ptrs_.clear();
-    if (ref_row_.size() < static_cast<size_t>(comp_end_))
-        ref_row_.resize(static_cast<size_t>(comp_end_), -1);
     for (int32_t p : positions) {
-        const int32_t lat = latent_of_[p];
-        latent_ptrs_.push_back(latents_[sl].data() + static_cast<size_t>(lat) * lb);
+        latent_ptrs_.push_back(latents_[sl].data() + static_cast<size_t>(latent_of_[p]) * lb);
         angles(p);
-        for (int32_t r = 0; r < kk; ++r) {
-            const int32_t pos = ref_position(refs_[sl][static_cast<size_t>(lat) * kk + r]);
-            if (pos < 0 || ref_row_[pos] >= 0) continue;
-            ref_row_[pos] = static_cast<int32_t>(ref_pos_.size());
-            ref_pos_.push_back(pos);
-            angles(pos);
+    }
+    // Every reference the region's latents may name, a row per ordinal (the sinks, then the
+    // region's references): a selection's tokens name nearly all of them, and a token's
+    // rows are then found without a lookup.
+    ref_pos_.clear();
+    if (!positions.empty()) {
+        for (int32_t p = 0; p < options_.sinks; ++p) ref_pos_.push_back(p);
+        for (int32_t p : ref_list_) {
+            if (p >= comp_end_) break;
+            ref_pos_.push_back(p);
         }
     }
+    for (int32_t p : ref_pos_) angles(p);
     grow(ref_x_, ref_pos_.size() * dims);
     threads_.parallel_for(static_cast<int64_t>(ref_pos_.size()), 32, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
@@ -469,7 +470,6 @@ void DeltaKvSequenceCache::reconstruct(int32_t layer) {
             }
         }
     });
-    for (int32_t pos : ref_pos_) ref_row_[pos] = -1;
 }
 
 void DeltaKvSequenceCache::add_ref_mean(int32_t sl, int32_t pos, int32_t dims, float* x,
@@ -479,7 +479,7 @@ void DeltaKvSequenceCache::add_ref_mean(int32_t sl, int32_t pos, int32_t dims, f
     const float* rx[16];
     int32_t nr = 0;
     for (int32_t q = 0; q < kk; ++q) {
-        const int32_t row = refs[q] != kNoRef ? ref_row_[ref_position(refs[q])] : -1;
+        const int32_t row = refs[q] != kNoRef ? refs[q] : -1;
         if (rows != nullptr) rows[q] = row;
         if (row >= 0) rx[nr++] = ref_x_.data() + static_cast<size_t>(row) * dims;
     }
@@ -510,6 +510,7 @@ void DeltaKvSequenceCache::latent_scores(int32_t layer, const kernels::Attention
     // A block at a time, while its rows are in cache: K = Dec_k(z) + the mean of the
     // references' K, RoPE, and every head's score.
     constexpr int64_t kBlock = 16;
+    DS_CHECK(kk <= 16, "at most 16 references per latent");
     threads_.parallel_for_affine(n, kBlock, [&](int64_t b_all, int64_t e_all) {
         thread_local std::vector<float> block;
         for (int64_t b = b_all; b < e_all; b += kBlock) {
@@ -517,22 +518,43 @@ void DeltaKvSequenceCache::latent_scores(int32_t layer, const kernels::Attention
             float* rows = nullptr;
             if (!int4) {
                 rows = x_.data() + b * kv_dim;
+                for (int64_t i = b; i < e; ++i) {
+                    const int32_t pos = positions[i];
+                    float* xi = rows + (i - b) * kv_dim;
+                    add_ref_mean(sl, pos, kv_dim, xi, lat_refs_.data() + i * kk);
+                    const float* a = angle_table_.data() + angle_of_[pos];
+                    k::rope_apply(xi, options_.n_kv_heads, options_.head_dim, a, a + half,
+                                  options_.rope_style, false);
+                }
             } else {
+                // Each token's reference rows and angles; the decoder adds and turns them
+                // while the row is in registers.
+                const float* ref_rows[kBlock * 16];
+                const float* angle[kBlock];
+                for (int64_t i = b; i < e; ++i) {
+                    const int32_t pos = positions[i];
+                    const uint16_t* refs = refs_[sl].data() + static_cast<size_t>(latent_of_[pos]) * kk;
+                    for (int32_t r = 0; r < kk; ++r) {
+                        const bool has = refs[r] != kNoRef;
+                        lat_refs_[i * kk + r] = has ? refs[r] : -1;
+                        ref_rows[(i - b) * kk + r] = has ? ref_x_.data() + static_cast<size_t>(refs[r]) * kv_dim : nullptr;
+                    }
+                    angle[i - b] = angle_table_.data() + angle_of_[pos];
+                }
+                k::Int4KeyFinish finish;
+                finish.refs = ref_rows;
+                finish.k = kk;
+                finish.angles = angle;
+                finish.n_heads = options_.n_kv_heads;
+                finish.head_dim = options_.head_dim;
+                finish.style = options_.rope_style;
                 block.resize(static_cast<size_t>(kBlock) * kv_dim);
                 rows = block.data();
                 // The codes stay for latent_attention's values.
                 uint8_t* codes = codes_.data() + b * stride;
                 k::int4_latent_codes(latent_ptrs_.data() + b, e - b, m, codes);
                 k::deltakv_decode_int4(profile_.int4_k[layer], latent_ptrs_.data() + b, e - b, rows,
-                                       kv_dim, codes);
-            }
-            for (int64_t i = b; i < e; ++i) {
-                const int32_t pos = positions[i];
-                float* xi = rows + (i - b) * kv_dim;
-                add_ref_mean(sl, pos, kv_dim, xi, lat_refs_.data() + i * kk);
-                const float* a = angle_table_.data() + angle_of_[pos];
-                k::rope_apply(xi, options_.n_kv_heads, options_.head_dim, a, a + half,
-                              options_.rope_style, false);
+                                       kv_dim, codes, &finish);
             }
             k::head_scores(shape, q, rows, kv_dim, e - b, scores_.data() + b, n);
         }
@@ -541,7 +563,6 @@ void DeltaKvSequenceCache::latent_scores(int32_t layer, const kernels::Attention
     for (size_t r = 0; r < ref_pos_.size(); ++r) {
         ref_v_[r] = reinterpret_cast<const uint16_t*>(sparse_pool_->v_row(sl, sparse_slot_[ref_pos_[r]]));
     }
-    for (int32_t pos : ref_pos_) ref_row_[pos] = -1;
 }
 
 bool DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& shape,
@@ -708,7 +729,6 @@ void DeltaKvSequenceCache::commit(int32_t n) {
     n_reserved_ -= n;
     n_tokens_ += n;
     release_temp();
-    forget_angles();
     scored_.clear();
     lead_selected_ = false;
     std::fill(reconstructed_.begin(), reconstructed_.end(), 0);

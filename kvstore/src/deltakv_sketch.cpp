@@ -120,7 +120,7 @@ void DeltaKvSequenceCache::sketch_pick(int32_t layer, const kernels::AttentionSh
                 int32_t nr = 0;
                 for (int32_t r = 0; r < kk; ++r) {
                     if (refs[r] == kNoRef) continue;
-                    rx[nr++] = sketch_ref_.data() + static_cast<size_t>(ref_row_[ref_position(refs[r])]) * rows;
+                    rx[nr++] = sketch_ref_.data() + static_cast<size_t>(refs[r]) * rows;
                 }
                 k::add_mean_rows(xa, rx, nr, rows);
                 if (pos >= p0 && pos - p0 < kNear) {  // (p0 + d) theta, from the two angles
@@ -156,7 +156,6 @@ void DeltaKvSequenceCache::sketch_pick(int32_t layer, const kernels::AttentionSh
             }
         }
     });
-    for (int32_t pos : ref_pos_) ref_row_[pos] = -1;
     pick_top();
 }
 

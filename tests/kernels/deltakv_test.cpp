@@ -190,6 +190,58 @@ TEST(DeltaKvKernels, Int4DecoderRowsDecodeThoseRows) {
     }
 }
 
+// A decode step's keys: the decoded row, its references' mean and RoPE in one pass must be
+// the bits of the three steps apart (the fused AVX-512 pass where the CPU has it).
+TEST(DeltaKvKernels, Int4DecodeWithFinishIsDecodeThenMeanThenRope) {
+    std::mt19937 rng(15);
+    const int head_dim = 64, half = head_dim / 2, k = 4;
+    // K rows only (3 KV heads, RoPE on all of them); K and V rows (RoPE on the first half);
+    // the split-half pairing (the generic path everywhere).
+    for (auto [d, n, style] : {std::tuple{192, 21, RopeStyle::kInterleaved}, std::tuple{384, 5, RopeStyle::kInterleaved},
+                               std::tuple{192, 7, RopeStyle::kSplitHalf}}) {
+        const int m = 64, n_heads = 3;
+        Int4Case c(d, m, n, rng);
+        const Int4Decoder dec = make_int4_decoder(c.layer);
+        std::vector<std::vector<float>> refs;
+        for (int r = 0; r < 6; ++r) refs.push_back(randn(size_t(d), rng, 1.0f));
+        std::vector<const float*> ref_ptrs(size_t(n) * k);
+        std::uniform_int_distribution<int> pick(-1, 5);  // -1: no reference in that slot
+        for (auto& p : ref_ptrs) {
+            const int r = pick(rng);
+            p = r < 0 ? nullptr : refs[r].data();
+        }
+        std::vector<std::vector<float>> angle_rows;
+        std::vector<const float*> angles;
+        for (int i = 0; i < n; ++i) {
+            angle_rows.push_back(std::vector<float>(size_t(head_dim)));
+            rope_angles(1000 + 37 * i, head_dim, 10000.0f, angle_rows.back().data(), angle_rows.back().data() + half);
+        }
+        for (auto& a : angle_rows) angles.push_back(a.data());
+        Int4KeyFinish f;
+        f.refs = ref_ptrs.data();
+        f.k = k;
+        f.angles = angles.data();
+        f.n_heads = n_heads;
+        f.head_dim = head_dim;
+        f.style = style;
+        std::vector<float> got(size_t(n) * d), want(got.size());
+        deltakv_decode_int4(dec, c.ptrs.data(), n, got.data(), d, nullptr, &f);
+        deltakv_decode_int4(dec, c.ptrs.data(), n, want.data(), d);
+        for (int i = 0; i < n; ++i) {
+            std::vector<const float*> rows;
+            for (int q = 0; q < k; ++q) {
+                if (ref_ptrs[size_t(i) * k + q] != nullptr) rows.push_back(ref_ptrs[size_t(i) * k + q]);
+            }
+            float* y = want.data() + size_t(i) * d;
+            add_mean_rows(y, rows.data(), int(rows.size()), d);
+            rope_apply(y, n_heads, head_dim, angles[i], angles[i] + half, style, false);
+        }
+        for (size_t t = 0; t < got.size(); ++t) {
+            ASSERT_EQ(got[t], want[t]) << "d " << d << " token " << t / d << " value " << t % d;
+        }
+    }
+}
+
 TEST(DeltaKvKernels, AddMeanRowsAddsTheRowsAverage) {
     std::mt19937 rng(13);
     const int dims = 21;  // a vector part and a tail

@@ -111,6 +111,40 @@ void int4_weighted_avx512(const float* w, int64_t ldw, int heads, const uint8_t*
     }
 }
 
+#pragma GCC diagnostic push  // GCC bug 105593, as above
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+void int4_finish_avx512(const Int4Decoder& dec, const int32_t* acc, float s, float lo,
+                        const float* const* rows, int n_rows, const float* c, const float* sn,
+                        int rope_dims, int head_dim, float* y) {
+    const __m512 sv = _mm512_set1_ps(s), lov = _mm512_set1_ps(lo);
+    const __m512 inv = _mm512_set1_ps(n_rows > 0 ? 1.0f / static_cast<float>(n_rows) : 0.0f);
+    // A pair's angle in both of its lanes; the sine negated in the first: (a, b) ->
+    // (a c - b s, b c + a s) = (a, b) c + (b, a) (-s, s).
+    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512 alt = _mm512_setr_ps(-1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1);
+    for (int r = 0; r < dec.d; r += 16) {
+        const __m512 v = _mm512_cvtepi32_ps(_mm512_loadu_si512(acc + r));
+        const __m512 w = _mm512_mul_ps(sv, _mm512_loadu_ps(dec.scale.data() + r));
+        __m512 x = _mm512_fmadd_ps(w, v, _mm512_mul_ps(lov, _mm512_loadu_ps(dec.row_sum.data() + r)));
+        if (n_rows > 0) {
+            __m512 sum = _mm512_loadu_ps(rows[0] + r);
+            for (int q = 1; q < n_rows; ++q) sum = _mm512_add_ps(sum, _mm512_loadu_ps(rows[q] + r));
+            x = _mm512_fmadd_ps(sum, inv, x);
+        }
+        if (r < rope_dims) {
+            const int j = r % head_dim / 2;  // the first pair's angle
+            const __m512 cc = _mm512_permutexvar_ps(dup, _mm512_zextps256_ps512(_mm256_loadu_ps(c + j)));
+            const __m512 ss = _mm512_mul_ps(
+                _mm512_permutexvar_ps(dup, _mm512_zextps256_ps512(_mm256_loadu_ps(sn + j))), alt);
+            x = _mm512_fmadd_ps(_mm512_permute_ps(x, 0xB1), ss, _mm512_mul_ps(x, cc));
+        }
+        _mm512_storeu_ps(y + r, x);
+    }
+}
+
+#pragma GCC diagnostic pop
+
 void int4_dots_avx512(const Int4Decoder& dec, const uint8_t* codes, int64_t n, int32_t* acc) {
     int64_t i = 0;
     for (; i + 4 <= n; i += 4) tokens<4>(dec, codes + i * dec.m16, acc + i * dec.d);

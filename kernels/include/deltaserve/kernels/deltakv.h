@@ -74,8 +74,23 @@ void int4_decoder_rows(const Int4Decoder& dec, const int32_t* rows, int n_rows, 
 // of the codes with the int8 rows are exact integers, so every ISA gives the same bits; the
 // error against the fp32 decoder is Wd's int8 rounding (at most scale[r] / 2 per weight).
 // With `codes` (int4_latent_codes of the same latents) the codes are not unpacked again.
+// With `finish` each decoded row then gets its references' mean and RoPE in the same pass
+// (Int4KeyFinish): the bits add_mean_rows and rope_apply give after it.
+struct Int4KeyFinish;
 void deltakv_decode_int4(const Int4Decoder& dec, const uint8_t* const* latents, int64_t n, float* out,
-                         int64_t ldo, const uint8_t* codes = nullptr);
+                         int64_t ldo, const uint8_t* codes = nullptr, const Int4KeyFinish* finish = nullptr);
+
+// What deltakv_decode_int4 adds to token i's row and how it turns it, while the row is in
+// registers: x += the mean of refs[i * k .. i * k + k) (rows of dec.d values; nullptr ones
+// skipped), then RoPE (not inverse) on the first n_heads * head_dim values with the angles
+// at angles[i] (cos, then sin; head_dim / 2 each, as rope_angles writes them).
+struct Int4KeyFinish {
+    const float* const* refs = nullptr;
+    int k = 0;
+    const float* const* angles = nullptr;
+    int n_heads = 0, head_dim = 0;
+    RopeStyle style = RopeStyle::kInterleaved;
+};
 
 inline constexpr int kMaxLatent = 512;  // the largest m latent_attention takes
 

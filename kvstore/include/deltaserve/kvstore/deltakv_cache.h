@@ -197,12 +197,13 @@ private:
     // The lead's selection for this call (offsets into the region, sorted): see last_select_.
     std::vector<int32_t> lead_selection();
     void reconstruct(int32_t layer);
-    // For the latent tokens at `positions` of sparse layer sl: latent_ptrs_, their distinct
-    // references (ref_pos_, ref_row_: position -> row) and ref_x_, `dims` values per
-    // reference (K de-RoPEd, then V when dims is D), and the RoPE angles of every position.
+    // For the latent tokens at `positions` of sparse layer sl: latent_ptrs_, every reference
+    // of the region by ordinal (ref_pos_: the sinks, then ref_list_ up to comp_end_) and
+    // ref_x_, a row of `dims` values per ordinal (K de-RoPEd, then V when dims is D), and the
+    // RoPE angles of every position.
     void gather_refs(int32_t sl, const std::vector<int32_t>& positions, int32_t dims);
     // x += the mean of the references of the latent token at pos (ref_x_ rows of `dims`
-    // values, ref_row_ set by gather_refs); rows (k entries), when given, gets their rows.
+    // values, as gather_refs made them); rows (k entries), when given, gets their rows.
     void add_ref_mean(int32_t sl, int32_t pos, int32_t dims, float* x, int32_t* rows) const;
     // For attend(): every head's score of each selected latent token (scores_, [head][token]),
     // its keys reconstructed (K rows of the decoder) a block at a time, and the tokens'
@@ -221,8 +222,9 @@ private:
     // reference means give every latent token's partial scores, their max over heads
     // top_score_; then pick_top.
     void sketch_pick(int32_t layer, const kernels::AttentionShape& shape, const float* q);
-    // Offset in angle_table_ of a position's RoPE angles (cos then sin), computed once per
-    // forward call (every layer group of it shares them; forget_angles at commit).
+    // Offset in angle_table_ of a position's RoPE angles (cos then sin), computed the first
+    // time a step needs them and kept for the next steps (head_dim floats per position, at
+    // most the context's; forget_angles at truncate).
     int32_t angles(int32_t pos);
     void forget_angles();
     void release_temp();
@@ -298,8 +300,8 @@ private:
     std::vector<int32_t> angle_pos_;      // the positions that have one
     std::vector<float> angle_table_;
     // Reconstruction scratch, kept between calls so steps do not allocate: the selection's
-    // compressed tokens, their references (position -> row), and rows of x.
-    std::vector<int32_t> comp_, z_pos_, ref_pos_, ref_row_;
+    // compressed tokens, the references' positions (by ordinal), and rows of x.
+    std::vector<int32_t> comp_, z_pos_, ref_pos_;
     std::vector<const uint8_t*> latent_ptrs_;
     std::vector<float> ref_x_, z_, x_;
     // attend(): the latent tokens' reference rows, V rows of the references, and the two
