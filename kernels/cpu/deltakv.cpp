@@ -148,6 +148,13 @@ void int4_codes(const uint8_t* packed, int m, uint8_t* q) {
 
 namespace {
 
+using CodesFn = void (*)(const uint8_t* packed, int m, uint8_t* codes);
+
+CodesFn codes_fn() {
+    static const CodesFn f = cpu_features().avx512bw ? int4_codes_avx512 : int4_codes;
+    return f;
+}
+
 void prefetch_bytes(const uint8_t* p, int bytes) {
     for (int b = 0; b < bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(p + b), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(p + bytes - 1), _MM_HINT_T0);
@@ -156,6 +163,7 @@ void prefetch_bytes(const uint8_t* p, int bytes) {
 }  // namespace
 
 void int4_latent_codes(const uint8_t* const* latents, int64_t n, int m, uint8_t* codes) {
+    const CodesFn unpack = codes_fn();
     const int stride = int4_code_stride(m);
     const int bytes = static_cast<int>(int4_bytes(m));
     constexpr int64_t kAhead = 8;  // the latents lie far apart: ask for later ones early
@@ -163,8 +171,8 @@ void int4_latent_codes(const uint8_t* const* latents, int64_t n, int m, uint8_t*
     for (int64_t i = 0; i < n; ++i) {
         if (i + kAhead < n) prefetch_bytes(latents[i + kAhead], bytes);
         uint8_t* q = codes + i * stride;
-        int4_codes(latents[i] + 4, m, q);
-        std::memset(q + m, 0, static_cast<size_t>(stride - m));
+        unpack(latents[i] + 4, m, q);
+        if (stride > m) std::memset(q + m, 0, static_cast<size_t>(stride - m));
     }
 }
 
@@ -198,7 +206,7 @@ void deltakv_decode_int4(const Int4Decoder& dec, const uint8_t* const* latents, 
     for (int64_t b = 0; b < n; b += kBlock) {
         const int64_t e = std::min(n, b + kBlock);
         if (given == nullptr) {
-            for (int64_t i = b; i < e; ++i) int4_codes(latents[i] + 4, dec.m, codes.data() + (i - b) * dec.m16);
+            for (int64_t i = b; i < e; ++i) codes_fn()(latents[i] + 4, dec.m, codes.data() + (i - b) * dec.m16);
         }
         dots(dec, given != nullptr ? given + b * dec.m16 : codes.data(), e - b, acc.data());
         for (int64_t i = b; i < e; ++i) {

@@ -16,6 +16,7 @@ void int4_dots_avx512(const Int4Decoder& dec, const uint8_t* codes, int64_t n, i
 
 // A packed int4 latent's m codes (int4_pack's format, past its scale and min), one byte each.
 void int4_codes(const uint8_t* packed, int m, uint8_t* codes);
+void int4_codes_avx512(const uint8_t* packed, int m, uint8_t* codes);  // the same, 64 at a time
 
 // acc[h * lda + j] += sum_i w[h * ldw + i] * codes[i * ldc + j] for heads h, n tokens i and
 // cols j (a multiple of 16): latent_attention's weighted sums, the weights folding in each

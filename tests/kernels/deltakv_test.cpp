@@ -280,6 +280,22 @@ TEST(DeltaKvKernels, Int4DotsAreTheSameIntegersOnEveryIsa) {
     }
 }
 
+TEST(DeltaKvKernels, Int4CodesAreTheSameOnEveryIsa) {
+    if (!cpu_features().avx512bw) GTEST_SKIP() << "no AVX-512 BW on this CPU";
+    std::mt19937 rng(16);
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (int m : {256, 192, 64, 37, 130, 7}) {  // whole 64-code steps, and tails of each kind
+        std::vector<uint8_t> packed(size_t(m + 1) / 2);
+        for (auto& b : packed) b = uint8_t(byte(rng));
+        std::vector<uint8_t> a(size_t(m), 0xAA), b(size_t(m), 0x55), want(static_cast<size_t>(m), 0);
+        int4_codes(packed.data(), m, a.data());
+        int4_codes_avx512(packed.data(), m, b.data());
+        for (int j = 0; j < m; ++j) want[j] = j % 2 == 0 ? packed[j / 2] & 15 : packed[j / 2] >> 4;
+        EXPECT_EQ(a, want) << "m " << m;
+        EXPECT_EQ(b, want) << "m " << m;
+    }
+}
+
 TEST(DeltaKvKernels, Int4WeightedSumsAreTheSameBitsOnEveryIsa) {
     const bool avx512 = cpu_features().avx512f;
     std::mt19937 rng(14);

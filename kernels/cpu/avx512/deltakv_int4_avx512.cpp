@@ -145,6 +145,19 @@ void int4_finish_avx512(const Int4Decoder& dec, const int32_t* acc, float s, flo
 
 #pragma GCC diagnostic pop
 
+void int4_codes_avx512(const uint8_t* packed, int m, uint8_t* q) {
+    // 32 packed bytes at a time: each widened to 16 bits, its low nibble in the low byte and
+    // its high nibble in the high byte, so 64 codes land in order.
+    const __m512i nib = _mm512_set1_epi16(15);
+    int j = 0;
+    for (; j + 64 <= m; j += 64) {
+        const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed + j / 2)));
+        const __m512i codes = _mm512_or_si512(_mm512_and_si512(w, nib), _mm512_slli_epi16(_mm512_srli_epi16(w, 4), 8));
+        _mm512_storeu_si512(q + j, codes);
+    }
+    if (j < m) int4_codes(packed + j / 2, m - j, q + j);
+}
+
 void int4_dots_avx512(const Int4Decoder& dec, const uint8_t* codes, int64_t n, int32_t* acc) {
     int64_t i = 0;
     for (; i + 4 <= n; i += 4) tokens<4>(dec, codes + i * dec.m16, acc + i * dec.d);
