@@ -201,12 +201,13 @@ void deltakv_decode_int4(const Int4Decoder& dec, const uint8_t* const* latents, 
     constexpr int64_t kBlock = 16;
     thread_local std::vector<uint8_t> codes;
     thread_local std::vector<int32_t> acc;
+    const CodesFn unpack = codes_fn();
     if (given == nullptr) codes.assign(static_cast<size_t>(kBlock * dec.m16), 0);
     acc.resize(static_cast<size_t>(kBlock * dec.d));
     for (int64_t b = 0; b < n; b += kBlock) {
         const int64_t e = std::min(n, b + kBlock);
         if (given == nullptr) {
-            for (int64_t i = b; i < e; ++i) codes_fn()(latents[i] + 4, dec.m, codes.data() + (i - b) * dec.m16);
+            for (int64_t i = b; i < e; ++i) unpack(latents[i] + 4, dec.m, codes.data() + (i - b) * dec.m16);
         }
         dots(dec, given != nullptr ? given + b * dec.m16 : codes.data(), e - b, acc.data());
         for (int64_t i = b; i < e; ++i) {

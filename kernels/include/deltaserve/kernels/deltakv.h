@@ -69,17 +69,6 @@ Int4Decoder make_int4_decoder(const DeltaKvLayer& w, int rows);
 // integer dot products, scaled alike (to the last bit where both take the same code path).
 void int4_decoder_rows(const Int4Decoder& dec, const int32_t* rows, int n_rows, Int4Decoder& out);
 
-// out[i * ldo + r] = Dec(int4_unpack(latents[i]))[r] for n tokens, on the calling thread
-// (callers split the tokens and use the rows while they are in cache). The dot products
-// of the codes with the int8 rows are exact integers, so every ISA gives the same bits; the
-// error against the fp32 decoder is Wd's int8 rounding (at most scale[r] / 2 per weight).
-// With `codes` (int4_latent_codes of the same latents) the codes are not unpacked again.
-// With `finish` each decoded row then gets its references' mean and RoPE in the same pass
-// (Int4KeyFinish): the bits add_mean_rows and rope_apply give after it.
-struct Int4KeyFinish;
-void deltakv_decode_int4(const Int4Decoder& dec, const uint8_t* const* latents, int64_t n, float* out,
-                         int64_t ldo, const uint8_t* codes = nullptr, const Int4KeyFinish* finish = nullptr);
-
 // What deltakv_decode_int4 adds to token i's row and how it turns it, while the row is in
 // registers: x += the mean of refs[i * k .. i * k + k) (rows of dec.d values; nullptr ones
 // skipped), then RoPE (not inverse) on the first n_heads * head_dim values with the angles
@@ -91,6 +80,16 @@ struct Int4KeyFinish {
     int n_heads = 0, head_dim = 0;
     RopeStyle style = RopeStyle::kInterleaved;
 };
+
+// out[i * ldo + r] = Dec(int4_unpack(latents[i]))[r] for n tokens, on the calling thread
+// (callers split the tokens and use the rows while they are in cache). The dot products
+// of the codes with the int8 rows are exact integers, so every ISA gives the same bits; the
+// error against the fp32 decoder is Wd's int8 rounding (at most scale[r] / 2 per weight).
+// With `codes` (int4_latent_codes of the same latents) the codes are not unpacked again.
+// With `finish` each decoded row then gets its references' mean and RoPE in the same pass
+// (Int4KeyFinish): the bits add_mean_rows and rope_apply give after it.
+void deltakv_decode_int4(const Int4Decoder& dec, const uint8_t* const* latents, int64_t n, float* out,
+                         int64_t ldo, const uint8_t* codes = nullptr, const Int4KeyFinish* finish = nullptr);
 
 inline constexpr int kMaxLatent = 512;  // the largest m latent_attention takes
 
