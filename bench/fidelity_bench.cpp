@@ -8,7 +8,8 @@
 //   decode     ms per single-token step after that text, at 2k and 8k (median of --decode-steps, 16;
 //              every step's ms, in order, under decode_step_ms);
 //   retrieval  passkey in filler, one of three needles, key-value lookup with random keys:
-//              exact match (every answer token the argmax) and the answer's log-likelihood;
+//              exact match (every answer token the argmax) and the answer's log-likelihood,
+//              the answer fed one token at a time after the first, as generation feeds it;
 //   multiturn  a shared context with four facts, then one question per turn about a fact
 //              no earlier question touched (static eviction loses what it threw away).
 // Writes one JSON object (--out); bench/run_fidelity_bench.py prints the table and plot.
@@ -52,9 +53,11 @@ struct Options {
     std::string tasks = "ppl,decode,retrieval,multiturn";
     int32_t chunk = 256, threads = 2, decode_tail = 128, decode_steps = 16;
     int32_t probes = 1;  // retrieval probes per task and length (means reported)
-    float select = 0.2f;  // deltakv: share of compressed tokens per decode step
+    bool chunked_answer = false;  // retrieval, multi-turn: the answer in one chunk, not step by step
+    float select = 0.1f;  // deltakv: share of compressed tokens per decode step (besides pins)
     int score_every = 0;  // deltakv: scorer layers (0: the paper's observation-layer pick)
     float score_dims = 0.25f;  // deltakv: a scorer's first pass, share of key dimensions
+    float pin = 0.1f;  // deltakv: share of the region a chunk pins for the decode steps after it
 };
 
 template <class T>
@@ -105,6 +108,7 @@ Result<std::vector<Arm>> make_arms(const model::Model& m, const Options& o, cons
         co.deltakv_select = o.select;
         co.deltakv_score_every = o.score_every;
         co.deltakv_score_dims = o.score_dims;
+        co.deltakv_pin = o.pin;
         if (policy == "trimkv") {
             co.kv_profile = (std::filesystem::path(o.profile).parent_path() / "trimkv.json").string();
         }
@@ -230,24 +234,33 @@ struct Probe {
 };
 
 // After the context (chunked), the question, then the answer teacher-forced: the answer's
-// log-likelihood, and whether every answer token was the argmax.
+// log-likelihood, and whether every answer token was the argmax. The question goes in as one
+// chunk, as a user's turn is prefilled; the answer's tokens after the first go in one at a
+// time, as generation feeds them (a decode step may attend differently from a chunk), or
+// in one chunk with `chunked_answer`.
 std::pair<double, bool> score_answer(InferenceContext& ctx, const std::vector<int32_t>& question,
-                                     const std::vector<int32_t>& answer, int32_t n_vocab) {
+                                     const std::vector<int32_t>& answer, int32_t n_vocab, bool chunked_answer) {
     auto l = ctx.eval(question);
     if (!l.ok() || answer.empty()) return {NAN, false};
     std::vector<double> lp;
     model::log_softmax(l->data(), n_vocab, lp);
     double ll = lp[answer[0]];
     bool exact = model::greedy(*l) == answer[0];
-    if (answer.size() > 1) {
+    auto take = [&](const float* row, int32_t token) {
+        model::log_softmax(row, n_vocab, lp);
+        ll += lp[token];
+        exact = exact && model::greedy(std::span<const float>(row, n_vocab)) == token;
+    };
+    if (chunked_answer && answer.size() > 1) {
         auto rest = ctx.eval_all(std::span<const int32_t>(answer.data(), answer.size() - 1));
         if (!rest.ok()) return {NAN, false};
-        for (size_t i = 1; i < answer.size(); ++i) {
-            const float* row = rest->data() + (i - 1) * n_vocab;
-            model::log_softmax(row, n_vocab, lp);
-            ll += lp[answer[i]];
-            exact = exact && model::greedy(std::span<const float>(row, n_vocab)) == answer[i];
-        }
+        for (size_t i = 1; i < answer.size(); ++i) take(rest->data() + (i - 1) * n_vocab, answer[i]);
+        return {ll, exact};
+    }
+    for (size_t i = 1; i < answer.size(); ++i) {
+        auto step = ctx.eval(std::span<const int32_t>(&answer[i - 1], 1));
+        if (!step.ok()) return {NAN, false};
+        take(step->data(), answer[i]);
     }
     return {ll, exact};
 }
@@ -345,7 +358,8 @@ private:
     const std::vector<int32_t>& filler_;
 };
 
-Json retrieval(std::vector<Arm>& arms, const Tasks& t, int32_t n, int32_t n_vocab, int32_t n_probes) {
+Json retrieval(std::vector<Arm>& arms, const Tasks& t, int32_t n, int32_t n_vocab, int32_t n_probes,
+               bool chunked_answer) {
     Json out = Json::object();
     std::mt19937 rng(static_cast<uint32_t>(n));
     // Probe j of every task is drawn before probe j + 1 of any: probe 0 stays the same
@@ -359,14 +373,20 @@ Json retrieval(std::vector<Arm>& arms, const Tasks& t, int32_t n, int32_t n_voca
     struct Sum {
         double ll = 0;
         int exact = 0, n = 0;
+        Json each = Json::array();  // every probe's log-likelihood, in order (null: failed)
     };
     std::map<std::string, std::map<std::string, Sum>> sums;  // task -> arm
     for (const auto& [task, p] : probes) {
         for (auto& a : arms) {
-            if (!feed(*a.ctx, p.context).ok()) continue;
-            const auto [ll, exact] = score_answer(*a.ctx, p.question, p.answer, n_vocab);
-            if (std::isnan(ll)) continue;  // the arm failed this probe: left out of its means
             auto& s = sums[task][a.name()];
+            const auto [ll, exact] = feed(*a.ctx, p.context).ok()
+                                         ? score_answer(*a.ctx, p.question, p.answer, n_vocab, chunked_answer)
+                                         : std::pair<double, bool>{NAN, false};
+            if (std::isnan(ll)) {  // the arm failed this probe: left out of its means
+                s.each.push_back(nullptr);
+                continue;
+            }
+            s.each.push_back(ll);
             s.ll += ll;
             s.exact += exact;
             ++s.n;
@@ -375,13 +395,16 @@ Json retrieval(std::vector<Arm>& arms, const Tasks& t, int32_t n, int32_t n_voca
     for (const auto& [task, by_arm] : sums) {
         for (const auto& [arm, s] : by_arm) {
             // Means over the probes scored; exact = the share whose every answer token was the argmax.
-            out[task][arm] = {{"loglik", s.ll / s.n}, {"exact", static_cast<double>(s.exact) / s.n}, {"probes", s.n}};
+            out[task][arm] = {{"loglik", s.ll / s.n},
+                              {"exact", static_cast<double>(s.exact) / s.n},
+                              {"probes", s.n},
+                              {"loglik_each", s.each}};
         }
     }
     return out;
 }
 
-Json multiturn(std::vector<Arm>& arms, const Tasks& t, int32_t n, int32_t n_vocab) {
+Json multiturn(std::vector<Arm>& arms, const Tasks& t, int32_t n, int32_t n_vocab, bool chunked_answer) {
     const char* names[] = {"Ada", "Boris", "Chiara", "Dmitri"};
     const char* colours[] = {"green", "orange", "violet", "yellow"};
     std::mt19937 rng(99);
@@ -404,7 +427,7 @@ Json multiturn(std::vector<Arm>& arms, const Tasks& t, int32_t n, int32_t n_voca
             const auto q = t.tok(std::string("\nQuestion: What is ") + names[who] + "'s lucky number?\nAnswer: " +
                                  names[who] + "'s lucky number is");
             const auto ans = t.tok(" " + numbers[who]);
-            const auto [ll, exact] = score_answer(*a.ctx, q, ans, n_vocab);
+            const auto [ll, exact] = score_answer(*a.ctx, q, ans, n_vocab, chunked_answer);
             // The answer's last token joins the history too, before the next turn.
             if (!a.ctx->eval(std::span<const int32_t>(ans.data() + ans.size() - 1, 1)).ok()) break;
             turns.push_back({{"asks", names[who]}, {"loglik", ll}, {"exact", exact}});
@@ -470,13 +493,13 @@ int run(const Options& o) {
         for (int32_t n : lengths) {
             if (!has(o.tasks, "retrieval")) break;
             log("retrieval", n);
-            result["retrieval"][std::to_string(n)] = retrieval(*arms, tasks, n, n_vocab, o.probes);
+            result["retrieval"][std::to_string(n)] = retrieval(*arms, tasks, n, n_vocab, o.probes, o.chunked_answer);
             std::ofstream(o.out) << result.dump(1) << "\n";
         }
         if (has(o.tasks, "multiturn")) {
             const int32_t n = std::min<int32_t>(4096, *std::max_element(lengths.begin(), lengths.end()));
             log("multi-turn", n);
-            result["multiturn"] = multiturn(*arms, tasks, n, n_vocab);
+            result["multiturn"] = multiturn(*arms, tasks, n, n_vocab, o.chunked_answer);
         }
     }
     std::ofstream(o.out) << result.dump(1) << "\n";
@@ -504,7 +527,10 @@ int main(int argc, char** argv) {
           "the paper's pick by the observation layer");
     p.add("score-dims", &o.score_dims,
           "deltakv: share of key dimensions a scorer's first pass scores every token with; 1 = whole keys");
+    p.add("pin", &o.pin, "deltakv: share of the compressed tokens a chunk pins for the decode steps after it; 0 = off");
     p.add("probes", &o.probes, "retrieval: probes per task and length (each its own random answer and filler; means reported)");
+    p.add_switch("chunked-answer", &o.chunked_answer,
+          "retrieval, multi-turn: score the answer in one chunk instead of one token at a time as generation does");
     p.add("decode-tail", &o.decode_tail, "last tokens of each text fed one at a time (scored apart too)");
     p.add("decode-steps", &o.decode_steps, "single-token steps timed per arm (the median is reported)");
     p.add("chunk", &o.chunk, "tokens per forward call (policies compress after each)");

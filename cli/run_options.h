@@ -23,9 +23,10 @@ struct RunOptions {
     std::string kv_policy = "full";
     float kv_keep = 1.0f;
     std::string kv_profile;
-    float kv_select = 0.2f;
+    float kv_select = 0.1f;
     int kv_score_every = 0;
     float kv_score_dims = 0.25f;
+    float kv_pin = 0.1f;
     float temperature = 0.8f;
     int32_t top_k = 40;
     float top_p = 0.95f;

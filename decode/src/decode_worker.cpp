@@ -601,6 +601,7 @@ Status DecodeWorkerImpl::on_stream_message(transport::Connection& conn, const St
                 if (t->stage != Turn::Stage::kAwaitKv || !t->incoming || t->kv_from != &conn)
                     return {};
                 DS_RETURN_IF_ERROR(check_complete(*t->incoming, t->covered));
+                DS_RETURN_IF_ERROR(t->incoming->import_kv_hints(payload));
                 if (h.token < 0 || h.token >= model_.config.n_vocab) {
                     return invalid_argument("the prefill node sent first token " +
                                             std::to_string(h.token));

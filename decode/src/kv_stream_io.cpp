@@ -74,7 +74,7 @@ Status send_kv(transport::Connection& conn, const model::InferenceContext& ctx, 
     }
     h.kind = StreamKind::kEnd;
     h.token = token;
-    return send_stream_message(conn, h, {}, deadline);
+    return send_stream_message(conn, h, ctx.export_kv_hints(), deadline);
 }
 
 Status import_part(model::InferenceContext& ctx, const transport::Shipment& s,

@@ -280,6 +280,32 @@ void max_head_scores(const float* q, int n_heads, int n_kv_heads, int head_dim, 
     });
 }
 
+void attention_mass(const float* q, int64_t ldq, int n_q, const float* shift, int n_heads, int n_kv_heads,
+                    int head_dim, float scale, const uint16_t* const* k_rows, int64_t n, float* out,
+                    ThreadPool& pool) {
+    const int group = n_heads / n_kv_heads, rows = n_q * n_heads;
+    pool.parallel_for(n, 64, [&](int64_t b, int64_t e) {
+        const int kv = n_kv_heads * head_dim;
+        std::vector<float> k(static_cast<size_t>(kv)), logit(static_cast<size_t>(rows + 7) / 8 * 8);
+        for (int64_t t = b; t < e; ++t) {
+            int i = 0;
+            for (; i + 8 <= kv; i += 8) {
+                _mm256_storeu_ps(k.data() + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k_rows[t] + i))));
+            }
+            for (; i < kv; ++i) k[i] = fp16_to_fp32(k_rows[t][i]);
+            for (int r = 0; r < rows; ++r) {
+                const int qi = r / n_heads, h = r % n_heads;
+                logit[r] = scale * dot8<false>(q + qi * ldq + static_cast<int64_t>(h) * head_dim,
+                                               k.data() + static_cast<size_t>(h / group) * head_dim, head_dim) +
+                           shift[r];
+            }
+            for (int r = rows; r < static_cast<int>(logit.size()); ++r) logit[r] = -INFINITY;
+            for (size_t r = 0; r < logit.size(); r += 8) _mm256_storeu_ps(logit.data() + r, exp256(_mm256_loadu_ps(logit.data() + r)));
+            for (int r = 0; r < rows; ++r) out[(r % n_heads) * n + t] += logit[r];
+        }
+    });
+}
+
 size_t int4_bytes(int m) { return static_cast<size_t>((m + 1) / 2) + 4; }
 
 void int4_pack(const float* z, int m, uint8_t* out) {

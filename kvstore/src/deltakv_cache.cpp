@@ -85,9 +85,10 @@ Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(
     }
     if (o.sinks < 1 || o.stride < 1 || o.k < 1 || o.k > 16 || o.window < 1 ||
         (o.latent_bits != 4 && o.latent_bits != 16) || o.score_every < 0 ||
-        !(o.score_dims > 0.0f && o.score_dims <= 1.0f)) {
+        !(o.score_dims > 0.0f && o.score_dims <= 1.0f) || !(o.pin_ratio >= 0.0f && o.pin_ratio < 1.0f) ||
+        o.pin_window < 1 || o.pin_after < 0 || o.pin_before < 0) {
         return invalid_argument(
-            "DeltaKV: bad sinks / stride / k / window / latent bits / score_every / score_dims");
+            "DeltaKV: bad sinks / stride / k / window / latent bits / score_every / score_dims / pins");
     }
     // A latent names its references by 16-bit ordinals.
     if (static_cast<int64_t>(o.sinks) + o.n_ctx / o.stride + 1 >= kNoRef) {
@@ -306,6 +307,21 @@ void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape&
         });
         idx.resize(static_cast<size_t>(want));
         std::sort(idx.begin(), idx.end());
+    }
+    if (n == 1 && want < region && !pins_.empty()) {
+        // The last chunk's pins besides the step's pick.
+        std::vector<int32_t> both;
+        both.reserve(idx.size() + pins_.size());
+        auto p = pins_.begin();
+        for (int32_t t : idx) {
+            for (; p != pins_.end() && *p - r0 < t; ++p) {
+                if (*p < r1) both.push_back(*p - r0);
+            }
+            if (p != pins_.end() && *p - r0 == t) ++p;
+            both.push_back(t);
+        }
+        for (; p != pins_.end() && *p < r1; ++p) both.push_back(*p - r0);
+        idx = std::move(both);
     }
     if (n == 1 && layer == first_observation_) {
         last_select_ = idx;
@@ -680,7 +696,8 @@ void DeltaKvSequenceCache::add_logit_correction(int32_t layer, const kernels::At
 bool DeltaKvSequenceCache::attend_chunk(int32_t layer, const kernels::AttentionShape& shape,
                                         const float* q, int64_t ldq, int32_t n, float* out,
                                         int64_t ldo) {
-    if (!corrects(layer)) return false;
+    // A full layer attends its view; a sparse one apart only to correct logits or score pins.
+    if (options_.full_layer[layer] || (!corrects(layer) && options_.pin_ratio <= 0.0f)) return false;
     DS_CHECK(ldo == static_cast<int64_t>(shape.n_heads) * shape.head_dim, "chunk output rows must be packed");
     // view(): sinks, the selection, the buffer and new tokens. A keeps all but the
     // selection's reconstructed tokens, B holds those.
@@ -688,8 +705,11 @@ bool DeltaKvSequenceCache::attend_chunk(int32_t layer, const kernels::AttentionS
     const size_t n_sinks = static_cast<size_t>(std::min(options_.sinks, n_tokens_));
     slots_a_.assign(view_slots_.begin(), view_slots_.begin() + n_sinks);
     slots_b_.clear();
+    pos_b_.clear();
     for (size_t j = 0; j < selected_.size(); ++j) {
-        (latent_of_[selected_[j]] >= 0 ? slots_b_ : slots_a_).push_back(selected_slot_[j]);
+        const bool latent = latent_of_[selected_[j]] >= 0;
+        (latent ? slots_b_ : slots_a_).push_back(selected_slot_[j]);
+        if (latent) pos_b_.push_back(selected_[j]);
     }
     if (slots_b_.empty()) return false;
     slots_a_.insert(slots_a_.end(), view_slots_.begin() + n_sinks + selected_.size(), view_slots_.end());
@@ -704,10 +724,70 @@ bool DeltaKvSequenceCache::attend_chunk(int32_t layer, const kernels::AttentionS
     out_b_.resize(rows * shape.head_dim);
     k::attention(shape, a, q, ldq, n, out, ldo, threads_, lse_a_.data());
     k::attention(shape, b, q, ldq, n, out_b_.data(), ldo, threads_, lse_b_.data(), /*causal=*/false);
+    if (options_.pin_ratio > 0.0f) lse_b_raw_ = lse_b_;
     add_logit_correction(layer, shape, q, ldq, n, lse_b_.data());
     k::merge_attention(out, lse_a_.data(), out_b_.data(), lse_b_.data(), static_cast<int>(rows),
                        shape.head_dim);
+    if (options_.pin_ratio > 0.0f) score_pins(layer, shape, q, ldq, n);
     return true;
+}
+
+void DeltaKvSequenceCache::score_pins(int32_t layer, const kernels::AttentionShape& shape, const float* q,
+                                      int64_t ldq, int32_t n) {
+    const int32_t sl = layer_index_[layer];
+    const int64_t nb = static_cast<int64_t>(slots_b_.size());
+    const int32_t w = std::min(n, std::max(1, options_.pin_window));
+    const int nh = shape.n_heads;
+    std::vector<const uint16_t*> rows(static_cast<size_t>(nb));
+    for (int64_t j = 0; j < nb; ++j)
+        rows[j] = reinterpret_cast<const uint16_t*>(sparse_pool_->k_row(sl, slots_b_[j]));
+    // A logit's share of its row's attention: less the row's log-sum-exp over every token
+    // (lse_a_, merged), plus the correction attention added to these tokens' logits
+    // (lse_b_ after it less before it).
+    std::vector<float> shift(static_cast<size_t>(w) * nh);
+    for (int32_t i = 0; i < w; ++i) {
+        for (int h = 0; h < nh; ++h) {
+            const size_t r = static_cast<size_t>(n - w + i) * nh + h;
+            shift[static_cast<size_t>(i) * nh + h] = lse_b_[r] - lse_b_raw_[r] - lse_a_[r];
+        }
+    }
+    std::vector<float> mass(static_cast<size_t>(nh) * nb, 0.0f);
+    k::attention_mass(q + static_cast<int64_t>(n - w) * ldq, ldq, w, shift.data(), nh, shape.n_kv_heads,
+                      shape.head_dim, shape.scale, rows.data(), nb, mass.data(), threads_);
+    const size_t end = static_cast<size_t>(n_tokens_ + n_reserved_);
+    if (pin_score_.size() < end) pin_score_.resize(end, 0.0f);
+    for (int h = 0; h < nh; ++h) {
+        const float* mh = mass.data() + static_cast<size_t>(h) * nb;
+        for (int64_t j = 0; j < nb; ++j) pin_score_[pos_b_[j]] = std::max(pin_score_[pos_b_[j]], mh[j]);
+    }
+}
+
+void DeltaKvSequenceCache::choose_pins() {
+    pins_.clear();
+    const int32_t r0 = options_.sinks, r1 = std::min<int32_t>(comp_end_, static_cast<int32_t>(pin_score_.size()));
+    // A token's score is the best of the tokens up to pin_after before it and pin_before
+    // after it (SnapKV pools its scores, symmetrically), 1% less per position between them:
+    // generation reads on from where the prompt pointed, as a head that matched token j at
+    // one step reads j + 1 at the next; nearer tokens first.
+    std::vector<float> pooled(static_cast<size_t>(std::max(0, r1 - r0)), 0.0f);
+    std::vector<int32_t> cand;
+    for (int32_t p = r0; p < r1; ++p) {
+        float best = 0.0f;
+        for (int32_t d = std::max(r0, p - options_.pin_after); d <= std::min(r1 - 1, p + options_.pin_before); ++d)
+            best = std::max(best, pin_score_[d] * (1.0f - 0.01f * static_cast<float>(std::abs(p - d))));
+        pooled[p - r0] = best;
+        if (best > 0.0f && latent_of_[p] >= 0) cand.push_back(p);
+    }
+    const size_t want =
+        std::min(cand.size(), static_cast<size_t>(std::ceil(options_.pin_ratio * std::max(0, comp_end_ - r0))));
+    std::nth_element(cand.begin(), cand.begin() + want, cand.end(), [&](int32_t a, int32_t b) {
+        const float sa = pooled[a - r0], sb = pooled[b - r0];
+        return sa != sb ? sa > sb : a > b;
+    });
+    cand.resize(want);
+    std::sort(cand.begin(), cand.end());
+    pins_ = std::move(cand);
+    pin_score_.clear();
 }
 
 void DeltaKvSequenceCache::release_temp() {
@@ -729,6 +809,7 @@ void DeltaKvSequenceCache::commit(int32_t n) {
     n_reserved_ -= n;
     n_tokens_ += n;
     release_temp();
+    if (n > 1) choose_pins();  // a chunk replaces the pins (none where it scored none)
     scored_.clear();
     lead_selected_ = false;
     std::fill(reconstructed_.begin(), reconstructed_.end(), 0);
@@ -886,6 +967,8 @@ void DeltaKvSequenceCache::truncate(int32_t n_keep) {
     scored_.clear();
     lead_selected_ = false;
     last_select_end_ = 0;
+    pins_.clear();
+    pin_score_.clear();
     const int32_t end = n_tokens_ + n_reserved_;
     std::vector<int32_t> full_freed, sparse_freed;
     int32_t first_latent = -1;

@@ -80,6 +80,8 @@ public:
     Status import_kv_layer(int32_t layer, std::span<const uint8_t> part) override {
         return cache_->import_layer(layer, part);
     }
+    std::vector<uint8_t> export_kv_hints() const override { return cache_->export_hints(); }
+    Status import_kv_hints(std::span<const uint8_t> hints) override { return cache_->import_hints(hints); }
     bool kv_ships_rows() const override { return cache_->ships_rows(); }
     int32_t kv_rows_final_end(int32_t layer) const override { return cache_->rows_final_end(layer); }
     Result<std::vector<uint8_t>> export_kv_rows_state(int32_t n_tokens) const override {
@@ -208,6 +210,10 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
                                     std::to_string(opts.deltakv_score_dims));
         }
         o.score_dims = opts.deltakv_score_dims;
+        if (!(opts.deltakv_pin >= 0.0f && opts.deltakv_pin < 1.0f)) {
+            return invalid_argument("deltakv pin ratio must be in [0, 1), got " + std::to_string(opts.deltakv_pin));
+        }
+        o.pin_ratio = opts.deltakv_pin;
         parts.deltakv = kvstore::deltakv_options_for_keep(*parts.profile, opts.kv.keep, o);
         if (!opts.deltakv_full_layers.empty()) parts.deltakv.full_layer = opts.deltakv_full_layers;
     } else if (opts.kv.policy != "full") {

@@ -145,7 +145,7 @@ Result<PrefillResult> PrefillWorkerImpl::run(const PrefillRequest& request) {
             h.kind = StreamKind::kEnd;
             h.turn = turn.turn_id;
             h.token = result.first_token;
-            st = decode::send_stream_message(*conn, h, {}, transfer_deadline());
+            st = decode::send_stream_message(*conn, h, ctx_->export_kv_hints(), transfer_deadline());
         } else {
             st = decode::send_kv(*conn, *ctx_, turn.turn_id, turn.session_id, ids_,
                                  result.first_token, transfer_deadline());

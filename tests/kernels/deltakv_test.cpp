@@ -347,6 +347,50 @@ TEST(DeltaKvKernels, MaxHeadScoresAreTheBestQueryHeadsDotProduct) {
     }
 }
 
+// The attention a few query rows give each token, summed over the rows: each row's softmax
+// weight with its shift (here the row's log-sum-exp over these tokens, so that each row's
+// weights sum to one), added to what out held.
+TEST(DeltaKvKernels, AttentionMassIsTheRowsSoftmaxWeightsSummed) {
+    std::mt19937 rng(14);
+    const int n_heads = 6, n_kv = 2, dim = 16, n = 90, n_q = 3, ldq = n_heads * dim + 5;
+    const float scale = 0.25f;
+    auto q = randn(n_q * ldq, rng);
+    std::vector<std::vector<uint16_t>> rows(n);
+    std::vector<const uint16_t*> ptrs;
+    for (auto& r : rows) {
+        for (float x : randn(n_kv * dim, rng)) r.push_back(fp32_to_fp16(x));
+        ptrs.push_back(r.data());
+    }
+    std::vector<double> logit(static_cast<size_t>(n_q) * n_heads * n);
+    std::vector<float> shift(static_cast<size_t>(n_q) * n_heads);
+    for (int i = 0; i < n_q; ++i) {
+        for (int h = 0; h < n_heads; ++h) {
+            double z = 0;
+            for (int t = 0; t < n; ++t) {
+                double s = 0;
+                for (int d = 0; d < dim; ++d) s += double(q[i * ldq + h * dim + d]) * fp16_to_fp32(rows[t][(h / 3) * dim + d]);
+                logit[(static_cast<size_t>(i) * n_heads + h) * n + t] = scale * s;
+                z += std::exp(scale * s);
+            }
+            shift[i * n_heads + h] = static_cast<float>(-std::log(z));
+        }
+    }
+    std::vector<float> got(static_cast<size_t>(n_heads) * n, 1.0f);
+    ThreadPool pool(2);
+    attention_mass(q.data(), ldq, n_q, shift.data(), n_heads, n_kv, dim, scale, ptrs.data(), n, got.data(), pool);
+    for (int h = 0; h < n_heads; ++h) {
+        double total = 0;
+        for (int t = 0; t < n; ++t) {
+            double want = 1.0;
+            for (int i = 0; i < n_q; ++i)
+                want += std::exp(logit[(static_cast<size_t>(i) * n_heads + h) * n + t] + shift[i * n_heads + h]);
+            EXPECT_NEAR(got[h * n + t], want, 1e-5) << "head " << h << " token " << t;
+            total += got[h * n + t] - 1.0;
+        }
+        EXPECT_NEAR(total, n_q, 1e-4) << "each row's weights sum to one";
+    }
+}
+
 // Attention over latent tokens equals attention over their values made in full:
 // V_i = Dec_v(z_i) + the mean of i's reference V rows, softmax over the given scores; and
 // merged with attention over other keys it equals attention over both.

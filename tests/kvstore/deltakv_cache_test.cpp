@@ -615,6 +615,118 @@ TEST(DeltaKvCache, AChunkCorrectsTheLogitsOfReconstructedTokens) {
     c.commit(kNew);
 }
 
+// Pins (pin_ratio): a chunk's last queries, here all aimed at one latent token's
+// reconstructed keys, pin it, and every decode step after the chunk attends it although the
+// observation layer's pick leaves it out; until the next chunk pins what its queries attend,
+// or a truncation. Without pins the step does not attend it.
+TEST(DeltaKvCache, AChunkPinsWhatItsLastQueriesAttendForTheDecodeStepsAfterIt) {
+    constexpr int32_t kNew = 5, kLd = kHeads * kHeadDim;
+    // A chunk whose every query in every head points at position `target`'s keys as the
+    // first sparse layer reconstructed them (entry `target` of its view: sinks, then the
+    // region [4, 28) in order).
+    const auto aimed_chunk = [&](AfterFirstChunk& s, int32_t target) {
+        DeltaKvSequenceCache& c = *s.cache;
+        for (int32_t l = 0; l < kLayers; ++l) {
+            c.store(l, 0, kNew, s.kk.data(), s.vv.data(), kKvDim);
+            if (l == 1) {
+                const k::KvView v = c.view(l, kNew);
+                const auto* kr = reinterpret_cast<const uint16_t*>(v.k + v.slots[target] * v.row_stride);
+                for (int h = 0; h < kHeads; ++h) {
+                    const int g = h / (kHeads / kKvHeads);
+                    double norm2 = 0;
+                    for (int d = 0; d < kHeadDim; ++d) norm2 += std::pow(fp16_to_fp32(kr[g * kHeadDim + d]), 2);
+                    for (int32_t i = 0; i < kNew; ++i) {
+                        for (int d = 0; d < kHeadDim; ++d)  // logit 40 for the target
+                            s.q[i * kLd + h * kHeadDim + d] =
+                                static_cast<float>(40.0 * fp16_to_fp32(kr[g * kHeadDim + d]) / (norm2 * kShape.scale));
+                    }
+                }
+            }
+            std::vector<float> out(kNew * kLd);
+            c.attend(l, kShape, s.q.data(), kLd, kNew, out.data(), kLd);
+            c.observe(l, kShape, s.q.data(), kLd, nullptr, 0, kNew);
+        }
+        c.commit(kNew);
+    };
+    // A decode step whose query turns away from `target`'s keys in the observation layer
+    // (layer 0, full): the latent positions layer 1 attends.
+    const auto step_away_from = [&](AfterFirstChunk& s, int32_t target) {
+        DeltaKvSequenceCache& c = *s.cache;
+        std::vector<float> key(s.data.x[target].begin(), s.data.x[target].begin() + kKvDim);
+        k::rope(key.data(), kKvHeads, kHeadDim, target, 10000.0f, k::RopeStyle::kInterleaved);
+        std::vector<float> q(kLd);
+        for (int h = 0; h < kHeads; ++h) {
+            for (int d = 0; d < kHeadDim; ++d) q[h * kHeadDim + d] = -key[(h / (kHeads / kKvHeads)) * kHeadDim + d];
+        }
+        EXPECT_TRUE(c.reserve(1).ok());
+        std::vector<int32_t> attended;
+        for (int32_t l = 0; l < kLayers; ++l) {
+            c.store(l, 0, 1, s.kk.data(), s.vv.data(), kKvDim);
+            if (l == 1) attended = c.selected_latent_positions();
+            std::vector<float> out(kLd);
+            c.attend(l, kShape, q.data(), kLd, 1, out.data(), kLd);
+            for (float x : out) EXPECT_TRUE(std::isfinite(x));
+            c.observe(l, kShape, q.data(), kLd, nullptr, 0, 1);
+        }
+        c.commit(1);
+        return attended;
+    };
+    const auto has = [](const std::vector<int32_t>& v, int32_t p) { return std::find(v.begin(), v.end(), p) != v.end(); };
+    constexpr int32_t kTarget = 12, kOther = 22;  // latent tokens (references: 4, 9, 14, 19, 24)
+    std::vector<std::vector<int32_t>> unpinned;  // each step's, without pins
+    for (float pin : {0.0f, 0.05f}) {
+        SCOPED_TRACE("pin_ratio " + std::to_string(pin));
+        DeltaKvOptions o = options();
+        o.pin_ratio = pin;
+        AfterFirstChunk s;
+        ASSERT_NO_FATAL_FAILURE(after_first_chunk(s, 5, true, o, kNew));
+        DeltaKvSequenceCache& c = *s.cache;
+        aimed_chunk(s, kTarget);
+        // 2 pins: ceil(0.05 * 24), the region's tokens when the chunk scored them.
+        ASSERT_EQ(c.pinned().size(), pin > 0 ? 2u : 0u);
+        for (int step = 0; step < 2; ++step) {
+            const auto attended = step_away_from(s, kTarget);
+            EXPECT_EQ(has(attended, kTarget), pin > 0) << "step " << step;
+            if (pin == 0.0f) {
+                unpinned.push_back(attended);
+                continue;
+            }
+            // The same pick as without pins, and the pins.
+            std::vector<int32_t> want = unpinned[step];
+            want.insert(want.end(), c.pinned().begin(), c.pinned().end());
+            std::sort(want.begin(), want.end());
+            want.erase(std::unique(want.begin(), want.end()), want.end());
+            EXPECT_EQ(attended, want) << "step " << step;
+        }
+        if (pin == 0.0f) continue;
+        EXPECT_TRUE(has(c.pinned(), kTarget));
+        // Shipped to a decode node as hints: taken back as they were; what is not a list of
+        // compressed positions in order is refused and changes nothing.
+        const std::vector<int32_t> pins = c.pinned();
+        const auto hints = c.export_hints();
+        ASSERT_EQ(hints.size(), 4 * (1 + pins.size()));
+        auto bad = hints;
+        bad[4] = 2;  // position 2: a sink
+        bad[5] = bad[6] = bad[7] = 0;
+        EXPECT_EQ(c.import_hints(bad).code(), StatusCode::kDataLoss);
+        EXPECT_EQ(c.import_hints(std::span<const uint8_t>(hints.data(), hints.size() - 1)).code(),
+                  StatusCode::kDataLoss);
+        EXPECT_EQ(c.pinned(), pins);
+        ASSERT_TRUE(c.import_hints({}).ok());
+        EXPECT_TRUE(c.pinned().empty());
+        ASSERT_TRUE(c.import_hints(hints).ok());
+        EXPECT_EQ(c.pinned(), pins);
+        // The next chunk pins what it attends.
+        ASSERT_TRUE(c.reserve(kNew).ok());
+        aimed_chunk(s, kOther);
+        EXPECT_TRUE(has(c.pinned(), kOther));
+        EXPECT_FALSE(has(c.pinned(), kTarget));
+        EXPECT_FALSE(has(step_away_from(s, kTarget), kTarget));
+        c.truncate(30);
+        EXPECT_TRUE(c.pinned().empty()) << "a truncation forgets the pins";
+    }
+}
+
 // The key errors calibration stores: with a zero decoder a latent token's keys are the mean of
 // its k nearest references, so the variance is that mean's squared error, per KV head and
 // RoPE pair, over the latent tokens.

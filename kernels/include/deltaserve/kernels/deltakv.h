@@ -130,6 +130,14 @@ void latent_attention(const AttentionShape& s, const LatentTokens& t, float* out
 void max_head_scores(const float* q, int n_heads, int n_kv_heads, int head_dim, const uint16_t* const* k_rows,
                      int64_t n, float* out, ThreadPool& pool);
 
+// The attention n_q query rows give each of n tokens (fp16 K rows holding all KV heads),
+// summed over the rows: out[h * n + t] += sum_i exp(scale * q_i[h] . k_t[h / group] +
+// shift[i * n_heads + h]), shift being what turns a logit into the log of its share of the
+// row's attention (minus the row's log-sum-exp, plus any correction of these tokens' logits).
+void attention_mass(const float* q, int64_t ldq, int n_q, const float* shift, int n_heads, int n_kv_heads,
+                    int head_dim, float scale, const uint16_t* const* k_rows, int64_t n, float* out,
+                    ThreadPool& pool);
+
 // RoPE's inverse: turns K after RoPE at pos back into K before it.
 void rope_inverse(float* x, int n_heads, int head_dim, int64_t pos, float base, RopeStyle style);
 

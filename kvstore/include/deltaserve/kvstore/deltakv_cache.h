@@ -54,7 +54,15 @@ struct DeltaKvOptions {
     int32_t sinks = 16, stride = 10, k = 4;
     int32_t window = 64;         // the buffer; its oldest `window` tokens are compressed when it reaches 2x (see keep)
     int latent_bits = 4;         // 4 (int4, per-token min/max) or 16 (fp16)
-    float select_ratio = 0.2f;   // decode: share of the compressed region attended
+    float select_ratio = 0.1f;   // decode: share of the compressed region attended (and pins)
+    // Decode: after a chunk (a prompt or a user's turn), this share of the compressed region
+    // is attended at every decode step besides the step's own pick, until the next chunk
+    // (ours: SnapKV's observation window, used to select instead of to evict). The pins: the
+    // tokens the chunk's last pin_window queries attended most in one sparse layer and head
+    // (summed over those queries), each token scored by the best of the tokens up to
+    // pin_after positions before it and pin_before after it. 0: off.
+    float pin_ratio = 0.1f;
+    int32_t pin_window = 16, pin_after = 12, pin_before = 2;
     // Decode: which layers choose what a step attends to. With 0, the paper's: the
     // observation layer's q . k for its whole group. With N > 0, our departure (README,
     // "Scorer layers"): the first sparse layer after each full layer (and the first of
@@ -138,6 +146,9 @@ public:
     Result<std::vector<uint8_t>> export_state() const override;
     Result<std::vector<uint8_t>> export_layer(int32_t layer) const override;
     Status import_state(std::span<const uint8_t> state) override;
+    // The pins: their count, then their positions (int32).
+    std::vector<uint8_t> export_hints() const override;
+    Status import_hints(std::span<const uint8_t> hints) override;
     Status import_layer(int32_t layer, std::span<const uint8_t> part) override;
     // Rows (src/deltakv_rows.cpp): the rows state is the state's settings without a region;
     // a full layer's rows are K then V rows; a sparse layer's are the region's end after
@@ -155,6 +166,10 @@ public:
     int32_t n_full_layers() const { return static_cast<int32_t>(full_layers_.size()); }
     // The latent tokens the current single-token call's layer group attends (after its store).
     int32_t selected_latent_tokens() const { return static_cast<int32_t>(latent_sel_.size()); }
+    // Their positions, in order.
+    const std::vector<int32_t>& selected_latent_positions() const { return latent_sel_; }
+    // The positions the last chunk pinned (DeltaKvOptions::pin_ratio), in order.
+    const std::vector<int32_t>& pinned() const { return pins_; }
     // The latent tokens the last single-token attend() of a sparse layer attended.
     int32_t attended_latent_tokens() const { return attended_latents_; }
 
@@ -194,6 +209,11 @@ private:
     // The current group's selection from offsets into the compressed region (sorted): the
     // latent tokens apart in a single-token call (n == 1), else temporary slots for them.
     void take_selection(const std::vector<int32_t>& idx, int32_t n);
+    // attend_chunk(): adds to pin_score_ the attention of the chunk's last queries (rows
+    // [n - w, n) of q) to its reconstructed tokens (pos_b_, slots_b_), given lse_a_ (the
+    // merged lse) and lse_b_. choose_pins(): the pins at a chunk's commit.
+    void score_pins(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq, int32_t n);
+    void choose_pins();
     // The lead's selection for this call (offsets into the region, sorted): see last_select_.
     std::vector<int32_t> lead_selection();
     void reconstruct(int32_t layer);
@@ -283,6 +303,12 @@ private:
     bool lead_selected_ = false;
     int32_t first_observation_ = -1, last_select_end_ = 0;
     std::vector<int32_t> last_select_;
+    // Pins (DeltaKvOptions::pin_ratio): per position, the most attention a chunk's last
+    // queries gave it in one sparse layer and head (summed over those queries); the positions
+    // pinned at the last chunk's commit, sorted.
+    std::vector<float> pin_score_;
+    std::vector<int32_t> pins_, pos_b_;
+    std::vector<float> lse_b_raw_;  // attend_chunk(): lse_b_ before the logit correction
     // In a single-token call the selected latent tokens are apart: attend() takes them.
     std::vector<int32_t> latent_sel_;
     // Per layer: a scorer (score_every). scored_: the last scorer's pick this call.

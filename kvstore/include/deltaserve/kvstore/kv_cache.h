@@ -84,6 +84,14 @@ public:
         (void)layer, (void)part;
         return not_shippable();
     }
+    // What the last chunk left for the decode steps after it (DeltaKV's pins), shipped
+    // after the layers so that the importer decodes as the exporter would; empty for a
+    // cache that keeps none. import_hints takes them into a cache holding every layer;
+    // kDataLoss for hints that do not fit it.
+    virtual std::vector<uint8_t> export_hints() const { return {}; }
+    virtual Status import_hints(std::span<const uint8_t> hints) {
+        return hints.empty() ? Status() : data_loss("decode hints for a cache that keeps none");
+    }
     // Layer-wise shipping while the forward pass runs (ships_rows()): from the layer
     // observer, after a layer's store and observe, a cache exports the rows of positions
     // [begin, end) of that layer as they will stay, reserved positions included, for any

@@ -46,13 +46,17 @@ struct ContextOptions {
     std::vector<uint8_t> deltakv_full_layers;
     // deltakv: share of the compressed tokens a decode step attends to and reconstructs, in
     // (0, 1] (the paper's rho). More is closer to full KV and slower; memory is the same.
-    float deltakv_select = 0.2f;
+    float deltakv_select = 0.1f;
     // deltakv: every how many sparse layers a scorer picks that share with its own keys
     // (kvstore::DeltaKvOptions::score_every); 0 = the paper's observation-layer pick.
     int32_t deltakv_score_every = 0;
     // deltakv: the share of key dimensions a scorer's first pass uses, in (0, 1]
     // (kvstore::DeltaKvOptions::score_dims); 1 = whole keys for every token.
     float deltakv_score_dims = 0.25f;
+    // deltakv: the share of the compressed tokens a chunk's last queries attended most, which
+    // every decode step after it attends besides its own pick, in [0, 1)
+    // (kvstore::DeltaKvOptions::pin_ratio); 0 = off.
+    float deltakv_pin = 0.1f;
     // A thread pool to share with other contexts (a decode worker batches many sequences
     // through one pool: eval_batch). Default: the context makes its own of n_threads.
     std::shared_ptr<ThreadPool> threads;
@@ -97,6 +101,10 @@ public:
     virtual Result<std::vector<uint8_t>> export_kv_layer(int32_t layer) const = 0;
     virtual Status import_kv_state(std::span<const uint8_t> state) = 0;
     virtual Status import_kv_layer(int32_t layer, std::span<const uint8_t> part) = 0;
+    // What the last chunk left for the decode steps after it (kvstore::SequenceCache::
+    // export_hints), shipped after every layer; empty when none.
+    virtual std::vector<uint8_t> export_kv_hints() const = 0;
+    virtual Status import_kv_hints(std::span<const uint8_t> hints) = 0;
     // Layer-wise shipping (kvstore::SequenceCache::export_rows): whether the cache ships
     // rows while the forward pass runs; how far a layer's rows are final (from the layer
     // observer, or at rest) while more tokens may come; the state an importer takes before
