@@ -22,6 +22,21 @@ std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
     return v;
 }
 
+// n random fp16 rows of `width` values, and pointers to them.
+std::vector<std::vector<uint16_t>> fp16_rows(int n, int width, std::mt19937& rng) {
+    std::vector<std::vector<uint16_t>> rows(static_cast<size_t>(n));
+    for (auto& r : rows) {
+        for (float x : randn(static_cast<size_t>(width), rng)) r.push_back(fp32_to_fp16(x));
+    }
+    return rows;
+}
+
+std::vector<const uint16_t*> row_pointers(const std::vector<std::vector<uint16_t>>& rows) {
+    std::vector<const uint16_t*> ptrs;
+    for (const auto& r : rows) ptrs.push_back(r.data());
+    return ptrs;
+}
+
 TEST(DeltaKvKernels, EncodeResidualAndDecodeMatchTheFormulas) {
     std::mt19937 rng(5);
     const int d = 24, h = 36, m = 6, n = 5;
@@ -327,12 +342,8 @@ TEST(DeltaKvKernels, MaxHeadScoresAreTheBestQueryHeadsDotProduct) {
     std::mt19937 rng(13);
     const int n_heads = 6, n_kv = 2, dim = 20, n = 70;
     auto q = randn(n_heads * dim, rng);
-    std::vector<std::vector<uint16_t>> rows(n);
-    std::vector<const uint16_t*> ptrs;
-    for (auto& r : rows) {
-        for (float x : randn(n_kv * dim, rng)) r.push_back(fp32_to_fp16(x));
-        ptrs.push_back(r.data());
-    }
+    const auto rows = fp16_rows(n, n_kv * dim, rng);
+    const auto ptrs = row_pointers(rows);
     std::vector<float> got(n);
     ThreadPool pool(2);
     max_head_scores(q.data(), n_heads, n_kv, dim, ptrs.data(), n, got.data(), pool);
@@ -355,12 +366,8 @@ TEST(DeltaKvKernels, AttentionMassIsTheRowsSoftmaxWeightsSummed) {
     const int n_heads = 6, n_kv = 2, dim = 16, n = 90, n_q = 3, ldq = n_heads * dim + 5;
     const float scale = 0.25f;
     auto q = randn(n_q * ldq, rng);
-    std::vector<std::vector<uint16_t>> rows(n);
-    std::vector<const uint16_t*> ptrs;
-    for (auto& r : rows) {
-        for (float x : randn(n_kv * dim, rng)) r.push_back(fp32_to_fp16(x));
-        ptrs.push_back(r.data());
-    }
+    const auto rows = fp16_rows(n, n_kv * dim, rng);
+    const auto ptrs = row_pointers(rows);
     std::vector<double> logit(static_cast<size_t>(n_q) * n_heads * n);
     std::vector<float> shift(static_cast<size_t>(n_q) * n_heads);
     for (int i = 0; i < n_q; ++i) {
