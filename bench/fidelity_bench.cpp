@@ -394,6 +394,7 @@ Json retrieval(std::vector<Arm>& arms, const Tasks& t, int32_t n, int32_t n_voca
     }
     for (const auto& [task, by_arm] : sums) {
         for (const auto& [arm, s] : by_arm) {
+            if (s.n == 0) continue;  // failed every probe: no means
             // Means over the probes scored; exact = the share whose every answer token was the argmax.
             out[task][arm] = {{"loglik", s.ll / s.n},
                               {"exact", static_cast<double>(s.exact) / s.n},
