@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <numeric>
 
 #include "deltaserve/kernels/matmul.h"
@@ -309,18 +310,12 @@ void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape&
         std::sort(idx.begin(), idx.end());
     }
     if (n == 1 && want < region && !pins_.empty()) {
-        // The last chunk's pins besides the step's pick.
-        std::vector<int32_t> both;
-        both.reserve(idx.size() + pins_.size());
-        auto p = pins_.begin();
-        for (int32_t t : idx) {
-            for (; p != pins_.end() && *p - r0 < t; ++p) {
-                if (*p < r1) both.push_back(*p - r0);
-            }
-            if (p != pins_.end() && *p - r0 == t) ++p;
-            both.push_back(t);
+        // The last chunk's pins besides the step's pick (both sorted offsets into the region).
+        std::vector<int32_t> pinned, both;
+        for (int32_t p : pins_) {
+            if (p < r1) pinned.push_back(p - r0);
         }
-        for (; p != pins_.end() && *p < r1; ++p) both.push_back(*p - r0);
+        std::set_union(idx.begin(), idx.end(), pinned.begin(), pinned.end(), std::back_inserter(both));
         idx = std::move(both);
     }
     if (n == 1 && layer == first_observation_) {
