@@ -701,10 +701,13 @@ bool DeltaKvSequenceCache::attend_chunk(int32_t layer, const kernels::AttentionS
     slots_a_.assign(view_slots_.begin(), view_slots_.begin() + n_sinks);
     slots_b_.clear();
     pos_b_.clear();
+    slots_r_.clear();
+    pos_r_.clear();
     for (size_t j = 0; j < selected_.size(); ++j) {
         const bool latent = latent_of_[selected_[j]] >= 0;
         (latent ? slots_b_ : slots_a_).push_back(selected_slot_[j]);
-        if (latent) pos_b_.push_back(selected_[j]);
+        (latent ? pos_b_ : pos_r_).push_back(selected_[j]);
+        if (!latent) slots_r_.push_back(selected_slot_[j]);
     }
     if (slots_b_.empty()) return false;
     slots_a_.insert(slots_a_.end(), view_slots_.begin() + n_sinks + selected_.size(), view_slots_.end());
@@ -730,31 +733,40 @@ bool DeltaKvSequenceCache::attend_chunk(int32_t layer, const kernels::AttentionS
 void DeltaKvSequenceCache::score_pins(int32_t layer, const kernels::AttentionShape& shape, const float* q,
                                       int64_t ldq, int32_t n) {
     const int32_t sl = layer_index_[layer];
-    const int64_t nb = static_cast<int64_t>(slots_b_.size());
     const int32_t w = std::min(n, std::max(1, options_.pin_window));
     const int nh = shape.n_heads;
-    std::vector<const uint16_t*> rows(static_cast<size_t>(nb));
-    for (int64_t j = 0; j < nb; ++j)
-        rows[j] = reinterpret_cast<const uint16_t*>(sparse_pool_->k_row(sl, slots_b_[j]));
+    const size_t end = static_cast<size_t>(n_tokens_ + n_reserved_);
+    if (pin_score_.size() < end) pin_score_.resize(end, 0.0f);
     // A logit's share of its row's attention: less the row's log-sum-exp over every token
-    // (lse_a_, merged), plus the correction attention added to these tokens' logits
-    // (lse_b_ after it less before it).
-    std::vector<float> shift(static_cast<size_t>(w) * nh);
+    // (lse_a_, merged), plus, for reconstructed tokens, the correction attention added to
+    // their logits (lse_b_ after it less before it). References have none.
+    std::vector<float> shift_b(static_cast<size_t>(w) * nh), shift_r(shift_b.size());
     for (int32_t i = 0; i < w; ++i) {
         for (int h = 0; h < nh; ++h) {
             const size_t r = static_cast<size_t>(n - w + i) * nh + h;
-            shift[static_cast<size_t>(i) * nh + h] = lse_b_[r] - lse_b_raw_[r] - lse_a_[r];
+            shift_b[static_cast<size_t>(i) * nh + h] = lse_b_[r] - lse_b_raw_[r] - lse_a_[r];
+            shift_r[static_cast<size_t>(i) * nh + h] = -lse_a_[r];
         }
     }
-    std::vector<float> mass(static_cast<size_t>(nh) * nb, 0.0f);
-    k::attention_mass(q + static_cast<int64_t>(n - w) * ldq, ldq, w, shift.data(), nh, shape.n_kv_heads,
-                      shape.head_dim, shape.scale, rows.data(), nb, mass.data(), threads_);
-    const size_t end = static_cast<size_t>(n_tokens_ + n_reserved_);
-    if (pin_score_.size() < end) pin_score_.resize(end, 0.0f);
-    for (int h = 0; h < nh; ++h) {
-        const float* mh = mass.data() + static_cast<size_t>(h) * nb;
-        for (int64_t j = 0; j < nb; ++j) pin_score_[pos_b_[j]] = std::max(pin_score_[pos_b_[j]], mh[j]);
-    }
+    std::vector<const uint16_t*> rows;
+    std::vector<float> mass;
+    const auto score = [&](const std::vector<int32_t>& slots, const std::vector<int32_t>& pos,
+                           const std::vector<float>& shift) {
+        const int64_t nb = static_cast<int64_t>(slots.size());
+        rows.resize(slots.size());
+        for (int64_t j = 0; j < nb; ++j)
+            rows[j] = reinterpret_cast<const uint16_t*>(sparse_pool_->k_row(sl, slots[j]));
+        mass.assign(static_cast<size_t>(nh) * nb, 0.0f);
+        k::attention_mass(q + static_cast<int64_t>(n - w) * ldq, ldq, w, shift.data(), nh, shape.n_kv_heads,
+                          shape.head_dim, shape.scale, rows.data(), nb, mass.data(), threads_);
+        for (int h = 0; h < nh; ++h) {
+            const float* mh = mass.data() + static_cast<size_t>(h) * nb;
+            for (int64_t j = 0; j < nb; ++j) pin_score_[pos[j]] = std::max(pin_score_[pos[j]], mh[j]);
+        }
+    };
+    score(slots_b_, pos_b_, shift_b);
+    // A reference is attended only when a step's pick or the pins name it, as a latent token is.
+    if (!slots_r_.empty()) score(slots_r_, pos_r_, shift_r);
 }
 
 void DeltaKvSequenceCache::choose_pins() {
@@ -771,7 +783,7 @@ void DeltaKvSequenceCache::choose_pins() {
         for (int32_t d = std::max(r0, p - options_.pin_after); d <= std::min(r1 - 1, p + options_.pin_before); ++d)
             best = std::max(best, pin_score_[d] * (1.0f - 0.01f * static_cast<float>(std::abs(p - d))));
         pooled[p - r0] = best;
-        if (best > 0.0f && latent_of_[p] >= 0) cand.push_back(p);
+        if (best > 0.0f) cand.push_back(p);
     }
     const size_t want =
         std::min(cand.size(), static_cast<size_t>(std::ceil(options_.pin_ratio * std::max(0, comp_end_ - r0))));

@@ -67,9 +67,10 @@ Status DeltaKvSequenceCache::import_hints(std::span<const uint8_t> hints) {
     for (int32_t i = 0; i < n; ++i) {
         r.i32(pins[i]);
         const int32_t p = pins[i];
-        // Latent tokens of the region, in increasing order.
-        if (p < options_.sinks || p >= comp_end_ || latent_of_[p] < 0 || (i > 0 && p <= pins[i - 1])) {
-            return data_loss("DeltaKV hints: pin " + std::to_string(p) + " is not a compressed token in order");
+        // Tokens of the compressed region (latents and references), in increasing order.
+        if (p < options_.sinks || p >= comp_end_ || (i > 0 && p <= pins[i - 1])) {
+            return data_loss("DeltaKV hints: pin " + std::to_string(p) +
+                             " is not a token of the compressed region in order");
         }
     }
     pins_ = std::move(pins);

@@ -72,6 +72,7 @@ struct Data {
 
     std::vector<float> q;  // the last chunk's queries (all layers share them here)
     bool same_layers = false;  // layer 2 gets layer 1's K and V (and compressors: after_first_chunk)
+    std::vector<int32_t> loud;  // positions whose keys are 4x as long (in every layer)
 
     void chunk(DeltaKvSequenceCache& c, int32_t n) {
         ASSERT_TRUE(c.reserve(n).ok());
@@ -79,6 +80,10 @@ struct Data {
         for (int32_t i = 0; i < n; ++i) {
             x.emplace_back(kLayers * kD);
             for (auto& v : x.back()) v = nd(rng);
+            if (std::find(loud.begin(), loud.end(), p0 + i) != loud.end()) {
+                for (int32_t l = 0; l < kLayers; ++l)
+                    std::for_each_n(x.back().begin() + l * kD, kKvDim, [](float& v) { v *= 4.0f; });
+            }
             if (same_layers) std::copy_n(x.back().begin() + kD, kD, x.back().begin() + 2 * kD);
         }
         q.resize(static_cast<size_t>(n) * kHeads * kHeadDim);
@@ -615,10 +620,12 @@ TEST(DeltaKvCache, AChunkCorrectsTheLogitsOfReconstructedTokens) {
     c.commit(kNew);
 }
 
-// Pins (pin_ratio): a chunk's last queries, here all aimed at one latent token's
-// reconstructed keys, pin it, and every decode step after the chunk attends it although the
-// observation layer's pick leaves it out; until the next chunk pins what its queries attend,
-// or a truncation. Without pins the step does not attend it.
+// Pins (pin_ratio): a chunk's last queries, here all aimed at one token of the compressed
+// region (a latent token's reconstructed keys, or a reference's exact ones), pin it, and
+// every decode step after the chunk attends it although the observation layer's pick leaves
+// it out; until the next chunk pins what its queries attend, or a truncation. Without pins
+// the step does not attend it: a reference, exact, is attended only when picked, as a
+// latent token is.
 TEST(DeltaKvCache, AChunkPinsWhatItsLastQueriesAttendForTheDecodeStepsAfterIt) {
     constexpr int32_t kNew = 5, kLd = kHeads * kHeadDim;
     // A chunk whose every query in every head points at position `target`'s keys as the
@@ -649,7 +656,7 @@ TEST(DeltaKvCache, AChunkPinsWhatItsLastQueriesAttendForTheDecodeStepsAfterIt) {
         c.commit(kNew);
     };
     // A decode step whose query turns away from `target`'s keys in the observation layer
-    // (layer 0, full): the latent positions layer 1 attends.
+    // (layer 0, full): the positions of the region layer 1 attends (latent and exact).
     const auto step_away_from = [&](AfterFirstChunk& s, int32_t target) {
         DeltaKvSequenceCache& c = *s.cache;
         std::vector<float> key(s.data.x[target].begin(), s.data.x[target].begin() + kKvDim);
@@ -662,7 +669,12 @@ TEST(DeltaKvCache, AChunkPinsWhatItsLastQueriesAttendForTheDecodeStepsAfterIt) {
         std::vector<int32_t> attended;
         for (int32_t l = 0; l < kLayers; ++l) {
             c.store(l, 0, 1, s.kk.data(), s.vv.data(), kKvDim);
-            if (l == 1) attended = c.selected_latent_positions();
+            if (l == 1) {
+                attended = c.selected_latent_positions();
+                const auto& exact = c.selected_exact_positions();
+                attended.insert(attended.end(), exact.begin(), exact.end());
+                std::sort(attended.begin(), attended.end());
+            }
             std::vector<float> out(kLd);
             c.attend(l, kShape, q.data(), kLd, 1, out.data(), kLd);
             for (float x : out) EXPECT_TRUE(std::isfinite(x));
@@ -672,58 +684,62 @@ TEST(DeltaKvCache, AChunkPinsWhatItsLastQueriesAttendForTheDecodeStepsAfterIt) {
         return attended;
     };
     const auto has = [](const std::vector<int32_t>& v, int32_t p) { return std::find(v.begin(), v.end(), p) != v.end(); };
-    constexpr int32_t kTarget = 12, kOther = 22;  // latent tokens (references: 4, 9, 14, 19, 24)
-    std::vector<std::vector<int32_t>> unpinned;  // each step's, without pins
-    for (float pin : {0.0f, 0.05f}) {
-        SCOPED_TRACE("pin_ratio " + std::to_string(pin));
-        DeltaKvOptions o = options();
-        o.pin_ratio = pin;
-        AfterFirstChunk s;
-        ASSERT_NO_FATAL_FAILURE(after_first_chunk(s, 5, true, o, kNew));
-        DeltaKvSequenceCache& c = *s.cache;
-        aimed_chunk(s, kTarget);
-        // 2 pins: ceil(0.05 * 24), the region's tokens when the chunk scored them.
-        ASSERT_EQ(c.pinned().size(), pin > 0 ? 2u : 0u);
-        for (int step = 0; step < 2; ++step) {
-            const auto attended = step_away_from(s, kTarget);
-            EXPECT_EQ(has(attended, kTarget), pin > 0) << "step " << step;
-            if (pin == 0.0f) {
-                unpinned.push_back(attended);
-                continue;
+    constexpr int32_t kOther = 22;     // a latent token (the references: 4, 9, 14, 19, 24)
+    for (int32_t target : {12, 14}) {  // a latent token, a reference
+        std::vector<std::vector<int32_t>> unpinned;  // each step's, without pins
+        for (float pin : {0.0f, 0.05f}) {
+            SCOPED_TRACE("target " + std::to_string(target) + ", pin_ratio " + std::to_string(pin));
+            DeltaKvOptions o = options();
+            o.pin_ratio = pin;
+            AfterFirstChunk s;
+            s.data.loud = {12, 14, kOther};  // so that aiming at their keys takes most attention
+            ASSERT_NO_FATAL_FAILURE(after_first_chunk(s, 5, true, o, kNew));
+            DeltaKvSequenceCache& c = *s.cache;
+            aimed_chunk(s, target);
+            // 2 pins: ceil(0.05 * 24), the region's tokens when the chunk scored them.
+            ASSERT_EQ(c.pinned().size(), pin > 0 ? 2u : 0u);
+            for (int step = 0; step < 2; ++step) {
+                const auto attended = step_away_from(s, target);
+                EXPECT_EQ(has(attended, target), pin > 0) << "step " << step;
+                if (pin == 0.0f) {
+                    unpinned.push_back(attended);
+                    continue;
+                }
+                // The same pick as without pins, and the pins.
+                std::vector<int32_t> want = unpinned[step];
+                want.insert(want.end(), c.pinned().begin(), c.pinned().end());
+                std::sort(want.begin(), want.end());
+                want.erase(std::unique(want.begin(), want.end()), want.end());
+                EXPECT_EQ(attended, want) << "step " << step;
             }
-            // The same pick as without pins, and the pins.
-            std::vector<int32_t> want = unpinned[step];
-            want.insert(want.end(), c.pinned().begin(), c.pinned().end());
-            std::sort(want.begin(), want.end());
-            want.erase(std::unique(want.begin(), want.end()), want.end());
-            EXPECT_EQ(attended, want) << "step " << step;
+            if (pin == 0.0f) continue;
+            EXPECT_TRUE(has(c.pinned(), target));
+            // Shipped to a decode node as hints: taken back as they were; what is not a list of
+            // compressed positions in order is refused and changes nothing.
+            const std::vector<int32_t> pins = c.pinned();
+            const auto hints = c.export_hints();
+            ASSERT_EQ(hints.size(), 4 * (1 + pins.size()));
+            auto bad = hints;
+            bad[4] = 2;  // position 2: a sink
+            bad[5] = bad[6] = bad[7] = 0;
+            EXPECT_EQ(c.import_hints(bad).code(), StatusCode::kDataLoss);
+            EXPECT_EQ(
+                c.import_hints(std::span<const uint8_t>(hints.data(), hints.size() - 1)).code(),
+                StatusCode::kDataLoss);
+            EXPECT_EQ(c.pinned(), pins);
+            ASSERT_TRUE(c.import_hints({}).ok());
+            EXPECT_TRUE(c.pinned().empty());
+            ASSERT_TRUE(c.import_hints(hints).ok());
+            EXPECT_EQ(c.pinned(), pins);
+            // The next chunk pins what it attends.
+            ASSERT_TRUE(c.reserve(kNew).ok());
+            aimed_chunk(s, kOther);
+            EXPECT_TRUE(has(c.pinned(), kOther));
+            EXPECT_FALSE(has(c.pinned(), target));
+            EXPECT_FALSE(has(step_away_from(s, target), target));
+            c.truncate(30);
+            EXPECT_TRUE(c.pinned().empty()) << "a truncation forgets the pins";
         }
-        if (pin == 0.0f) continue;
-        EXPECT_TRUE(has(c.pinned(), kTarget));
-        // Shipped to a decode node as hints: taken back as they were; what is not a list of
-        // compressed positions in order is refused and changes nothing.
-        const std::vector<int32_t> pins = c.pinned();
-        const auto hints = c.export_hints();
-        ASSERT_EQ(hints.size(), 4 * (1 + pins.size()));
-        auto bad = hints;
-        bad[4] = 2;  // position 2: a sink
-        bad[5] = bad[6] = bad[7] = 0;
-        EXPECT_EQ(c.import_hints(bad).code(), StatusCode::kDataLoss);
-        EXPECT_EQ(c.import_hints(std::span<const uint8_t>(hints.data(), hints.size() - 1)).code(),
-                  StatusCode::kDataLoss);
-        EXPECT_EQ(c.pinned(), pins);
-        ASSERT_TRUE(c.import_hints({}).ok());
-        EXPECT_TRUE(c.pinned().empty());
-        ASSERT_TRUE(c.import_hints(hints).ok());
-        EXPECT_EQ(c.pinned(), pins);
-        // The next chunk pins what it attends.
-        ASSERT_TRUE(c.reserve(kNew).ok());
-        aimed_chunk(s, kOther);
-        EXPECT_TRUE(has(c.pinned(), kOther));
-        EXPECT_FALSE(has(c.pinned(), kTarget));
-        EXPECT_FALSE(has(step_away_from(s, kTarget), kTarget));
-        c.truncate(30);
-        EXPECT_TRUE(c.pinned().empty()) << "a truncation forgets the pins";
     }
 }
 

@@ -168,8 +168,11 @@ public:
     int32_t selected_latent_tokens() const { return static_cast<int32_t>(latent_sel_.size()); }
     // Their positions, in order.
     const std::vector<int32_t>& selected_latent_positions() const { return latent_sel_; }
-    // The positions the last chunk pinned (DeltaKvOptions::pin_ratio), in order.
+    // The positions the last chunk pinned (DeltaKvOptions::pin_ratio), in order: latent
+    // tokens and references of the compressed region.
     const std::vector<int32_t>& pinned() const { return pins_; }
+    // The region's references (exact) the current single-token call's layer group attends.
+    const std::vector<int32_t>& selected_exact_positions() const { return selected_; }
     // The latent tokens the last single-token attend() of a sparse layer attended.
     int32_t attended_latent_tokens() const { return attended_latents_; }
 
@@ -210,8 +213,9 @@ private:
     // latent tokens apart in a single-token call (n == 1), else temporary slots for them.
     void take_selection(const std::vector<int32_t>& idx, int32_t n);
     // attend_chunk(): adds to pin_score_ the attention of the chunk's last queries (rows
-    // [n - w, n) of q) to its reconstructed tokens (pos_b_, slots_b_), given lse_a_ (the
-    // merged lse) and lse_b_. choose_pins(): the pins at a chunk's commit.
+    // [n - w, n) of q) to the compressed region: its reconstructed tokens (pos_b_, slots_b_)
+    // and its references (pos_r_, slots_r_), given lse_a_ (the merged lse) and lse_b_.
+    // choose_pins(): the pins at a chunk's commit.
     void score_pins(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq, int32_t n);
     void choose_pins();
     // The lead's selection for this call (offsets into the region, sorted): see last_select_.
@@ -307,7 +311,9 @@ private:
     // queries gave it in one sparse layer and head (summed over those queries); the positions
     // pinned at the last chunk's commit, sorted.
     std::vector<float> pin_score_;
-    std::vector<int32_t> pins_, pos_b_;
+    // pos_b_ / pos_r_: the positions of a chunk's reconstructed tokens (slots_b_) and of the
+    // region's references it attended exactly (slots_r_).
+    std::vector<int32_t> pins_, pos_b_, pos_r_;
     std::vector<float> lse_b_raw_;  // attend_chunk(): lse_b_ before the logit correction
     // In a single-token call the selected latent tokens are apart: attend() takes them.
     std::vector<int32_t> latent_sel_;
@@ -337,7 +343,7 @@ private:
     std::vector<const uint16_t*> ref_v_;
     std::vector<float> scores_, out_b_, lse_a_, lse_b_;
     mutable std::vector<int32_t> view_slots_;
-    std::vector<int32_t> slots_a_, slots_b_;
+    std::vector<int32_t> slots_a_, slots_b_, slots_r_;
 };
 
 }  // namespace deltaserve::kvstore
