@@ -58,6 +58,7 @@ struct Options {
     int score_every = 0;  // deltakv: scorer layers (0: the paper's observation-layer pick)
     float score_dims = 0.25f;  // deltakv: a scorer's first pass, share of key dimensions
     float pin = 0.1f;  // deltakv: share of the region a chunk pins for the decode steps after it
+    int32_t follow = 16;  // deltakv: tokens a decode step read most that the next reads again
 };
 
 template <class T>
@@ -109,6 +110,7 @@ Result<std::vector<Arm>> make_arms(const model::Model& m, const Options& o, cons
         co.deltakv_score_every = o.score_every;
         co.deltakv_score_dims = o.score_dims;
         co.deltakv_pin = o.pin;
+        co.deltakv_follow = o.follow;
         if (policy == "trimkv") {
             co.kv_profile = (std::filesystem::path(o.profile).parent_path() / "trimkv.json").string();
         }
@@ -529,6 +531,8 @@ int main(int argc, char** argv) {
     p.add("score-dims", &o.score_dims,
           "deltakv: share of key dimensions a scorer's first pass scores every token with; 1 = whole keys");
     p.add("pin", &o.pin, "deltakv: share of the compressed tokens a chunk pins for the decode steps after it; 0 = off");
+    p.add("follow", &o.follow,
+          "deltakv: latent tokens a decode step attended most that the next attends again (and the 3 after each); 0 = off");
     p.add("probes", &o.probes, "retrieval: probes per task and length (each its own random answer and filler; means reported)");
     p.add_switch("chunked-answer", &o.chunked_answer,
           "retrieval, multi-turn: score the answer in one chunk instead of one token at a time as generation does");

@@ -318,6 +318,15 @@ void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape&
         std::set_union(idx.begin(), idx.end(), pinned.begin(), pinned.end(), std::back_inserter(both));
         idx = std::move(both);
     }
+    if (n == 1 && want < region && !follow_.empty()) {
+        // What the previous step read most, and the tokens after it.
+        std::vector<int32_t> followed, both;
+        for (int32_t p : follow_) {
+            if (p >= r0 && p < r1) followed.push_back(p - r0);
+        }
+        std::set_union(idx.begin(), idx.end(), followed.begin(), followed.end(), std::back_inserter(both));
+        idx = std::move(both);
+    }
     if (n == 1 && layer == first_observation_) {
         last_select_ = idx;
         last_select_end_ = r1;
@@ -613,8 +622,11 @@ bool DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& 
     t.ref_v = ref_v_.data();
     t.n_refs = static_cast<int64_t>(ref_v_.size());
     k::latent_attention(shape, t, out_b_.data(), lse_b_.data(), threads_);
+    if (options_.follow > 0) lse_b_raw_ = lse_b_;
     add_logit_correction(layer, shape, q, ldq, 1, lse_b_.data());
     k::merge_attention(out, lse_a_.data(), out_b_.data(), lse_b_.data(), shape.n_heads, shape.head_dim);
+    // With scorers a step's layers attend different picks: not followed.
+    if (options_.follow > 0 && options_.score_every == 0) score_follow(shape.n_heads, positions);
     return true;
 }
 
@@ -769,6 +781,40 @@ void DeltaKvSequenceCache::score_pins(int32_t layer, const kernels::AttentionSha
     if (!slots_r_.empty()) score(slots_r_, pos_r_, shift_r);
 }
 
+void DeltaKvSequenceCache::score_follow(int n_heads, const std::vector<int32_t>& positions) {
+    const size_t nt = positions.size();
+    const size_t end = static_cast<size_t>(n_tokens_ + n_reserved_);
+    if (follow_score_.size() < end) follow_score_.resize(end, 0.0f);
+    for (int h = 0; h < n_heads; ++h) {
+        // A score's share of the head's attention, with the logit correction it was given.
+        const float shift = lse_b_[h] - lse_b_raw_[h] - lse_a_[h];
+        const float* sh = scores_.data() + static_cast<size_t>(h) * nt;
+        for (size_t j = 0; j < nt; ++j) {
+            const float w = std::exp(sh[j] + shift);
+            float& best = follow_score_[positions[j]];
+            if (w <= best) continue;
+            if (best == 0.0f) follow_touched_.push_back(positions[j]);
+            best = w;
+        }
+    }
+}
+
+void DeltaKvSequenceCache::choose_follow() {
+    follow_.clear();
+    auto& c = follow_touched_;
+    const size_t want = std::min(c.size(), static_cast<size_t>(std::max(0, options_.follow)));
+    std::nth_element(c.begin(), c.begin() + want, c.end(), [&](int32_t a, int32_t b) {
+        return follow_score_[a] != follow_score_[b] ? follow_score_[a] > follow_score_[b] : a > b;
+    });
+    for (size_t i = 0; i < want; ++i) {
+        for (int32_t d = 0; d <= options_.follow_ahead; ++d) follow_.push_back(c[i] + d);
+    }
+    std::sort(follow_.begin(), follow_.end());
+    follow_.erase(std::unique(follow_.begin(), follow_.end()), follow_.end());
+    for (int32_t p : c) follow_score_[p] = 0.0f;
+    c.clear();
+}
+
 void DeltaKvSequenceCache::choose_pins() {
     pins_.clear();
     const int32_t r0 = options_.sinks, r1 = std::min<int32_t>(comp_end_, static_cast<int32_t>(pin_score_.size()));
@@ -817,6 +863,7 @@ void DeltaKvSequenceCache::commit(int32_t n) {
     n_tokens_ += n;
     release_temp();
     if (n > 1) choose_pins();  // a chunk replaces the pins (none where it scored none)
+    choose_follow();  // for the next single-token call, if this was one
     scored_.clear();
     lead_selected_ = false;
     std::fill(reconstructed_.begin(), reconstructed_.end(), 0);
@@ -976,6 +1023,9 @@ void DeltaKvSequenceCache::truncate(int32_t n_keep) {
     last_select_end_ = 0;
     pins_.clear();
     pin_score_.clear();
+    follow_.clear();
+    for (int32_t p : follow_touched_) follow_score_[p] = 0.0f;
+    follow_touched_.clear();
     const int32_t end = n_tokens_ + n_reserved_;
     std::vector<int32_t> full_freed, sparse_freed;
     int32_t first_latent = -1;

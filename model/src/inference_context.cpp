@@ -214,6 +214,10 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
             return invalid_argument("deltakv pin ratio must be in [0, 1), got " + std::to_string(opts.deltakv_pin));
         }
         o.pin_ratio = opts.deltakv_pin;
+        if (opts.deltakv_follow < 0) {
+            return invalid_argument("deltakv follow must be >= 0, got " + std::to_string(opts.deltakv_follow));
+        }
+        o.follow = opts.deltakv_follow;
         parts.deltakv = kvstore::deltakv_options_for_keep(*parts.profile, opts.kv.keep, o);
         if (!opts.deltakv_full_layers.empty()) parts.deltakv.full_layer = opts.deltakv_full_layers;
     } else if (opts.kv.policy != "full") {

@@ -270,10 +270,12 @@ Result<std::vector<float>> full_kv_logits(const Options& o, const model::Model& 
     DS_ASSIGN_OR_RETURN(std::vector<float> ref, full->eval_all(tokens));
     co.kv.policy = "deltakv";
     co.kv.keep = kMeasureKeep;
-    // The observation layer is measured by its pick alone, at the paper's 20% (the pins come
-    // from the sparse layers, whichever layer observes); chunks attend as they did before pins.
+    // The observation layer is measured by its pick alone, at the paper's 20% (the pins and
+    // the followed tokens come from the sparse layers, whichever layer observes); chunks
+    // attend as they did before pins.
     co.deltakv_select = 0.2f;
     co.deltakv_pin = 0.0f;
+    co.deltakv_follow = 0;
     return ref;
 }
 

@@ -620,6 +620,79 @@ TEST(DeltaKvCache, AChunkCorrectsTheLogitsOfReconstructedTokens) {
     c.commit(kNew);
 }
 
+// Decode-step helpers (pins, following): chunks of 5 tokens after after_first_chunk.
+constexpr int32_t kAimNew = 5, kAimLd = kHeads * kHeadDim;
+
+// A chunk whose every query in every head points at position `target`'s keys as the first
+// sparse layer reconstructed them (entry `target` of its view: sinks, then the region
+// [4, 28) in order). The aimed query row goes to *aimed when given.
+void aimed_chunk(AfterFirstChunk& s, int32_t target, std::vector<float>* aimed = nullptr) {
+    DeltaKvSequenceCache& c = *s.cache;
+    for (int32_t l = 0; l < kLayers; ++l) {
+        c.store(l, 0, kAimNew, s.kk.data(), s.vv.data(), kKvDim);
+        if (l == 1) {
+            const k::KvView v = c.view(l, kAimNew);
+            const auto* kr = reinterpret_cast<const uint16_t*>(v.k + v.slots[target] * v.row_stride);
+            for (int h = 0; h < kHeads; ++h) {
+                const int g = h / (kHeads / kKvHeads);
+                double norm2 = 0;
+                for (int d = 0; d < kHeadDim; ++d) norm2 += std::pow(fp16_to_fp32(kr[g * kHeadDim + d]), 2);
+                for (int32_t i = 0; i < kAimNew; ++i) {
+                    for (int d = 0; d < kHeadDim; ++d)  // logit 40 for the target
+                        s.q[i * kAimLd + h * kHeadDim + d] =
+                            static_cast<float>(40.0 * fp16_to_fp32(kr[g * kHeadDim + d]) / (norm2 * kShape.scale));
+                }
+            }
+            if (aimed != nullptr) aimed->assign(s.q.begin(), s.q.begin() + kAimLd);
+        }
+        std::vector<float> out(kAimNew * kAimLd);
+        c.attend(l, kShape, s.q.data(), kAimLd, kAimNew, out.data(), kAimLd);
+        c.observe(l, kShape, s.q.data(), kAimLd, nullptr, 0, kAimNew);
+    }
+    c.commit(kAimNew);
+}
+
+// A query turned away from `target`'s keys in the observation layer (layer 0, full).
+std::vector<float> away_from(const AfterFirstChunk& s, int32_t target) {
+    std::vector<float> key(s.data.x[target].begin(), s.data.x[target].begin() + kKvDim);
+    k::rope(key.data(), kKvHeads, kHeadDim, target, 10000.0f, k::RopeStyle::kInterleaved);
+    std::vector<float> q(kAimLd);
+    for (int h = 0; h < kHeads; ++h) {
+        for (int d = 0; d < kHeadDim; ++d) q[h * kHeadDim + d] = -key[(h / (kHeads / kKvHeads)) * kHeadDim + d];
+    }
+    return q;
+}
+
+// A decode step with query q[l] in layer l: the positions of the region layer 1 attends
+// (latent and exact), sorted.
+std::vector<int32_t> decode_step(AfterFirstChunk& s, const std::vector<std::vector<float>>& q) {
+    DeltaKvSequenceCache& c = *s.cache;
+    EXPECT_TRUE(c.reserve(1).ok());
+    std::vector<int32_t> attended;
+    for (int32_t l = 0; l < kLayers; ++l) {
+        c.store(l, 0, 1, s.kk.data(), s.vv.data(), kKvDim);
+        if (l == 1) {
+            attended = c.selected_latent_positions();
+            const auto& exact = c.selected_exact_positions();
+            attended.insert(attended.end(), exact.begin(), exact.end());
+            std::sort(attended.begin(), attended.end());
+        }
+        std::vector<float> out(kAimLd);
+        c.attend(l, kShape, q[l].data(), kAimLd, 1, out.data(), kAimLd);
+        for (float x : out) EXPECT_TRUE(std::isfinite(x));
+        c.observe(l, kShape, q[l].data(), kAimLd, nullptr, 0, 1);
+    }
+    c.commit(1);
+    return attended;
+}
+
+std::vector<int32_t> step_away_from(AfterFirstChunk& s, int32_t target) {
+    const auto q = away_from(s, target);
+    return decode_step(s, std::vector<std::vector<float>>(kLayers, q));
+}
+
+bool has(const std::vector<int32_t>& v, int32_t p) { return std::find(v.begin(), v.end(), p) != v.end(); }
+
 // Pins (pin_ratio): a chunk's last queries, here all aimed at one token of the compressed
 // region (a latent token's reconstructed keys, or a reference's exact ones), pin it, and
 // every decode step after the chunk attends it although the observation layer's pick leaves
@@ -627,63 +700,7 @@ TEST(DeltaKvCache, AChunkCorrectsTheLogitsOfReconstructedTokens) {
 // the step does not attend it: a reference, exact, is attended only when picked, as a
 // latent token is.
 TEST(DeltaKvCache, AChunkPinsWhatItsLastQueriesAttendForTheDecodeStepsAfterIt) {
-    constexpr int32_t kNew = 5, kLd = kHeads * kHeadDim;
-    // A chunk whose every query in every head points at position `target`'s keys as the
-    // first sparse layer reconstructed them (entry `target` of its view: sinks, then the
-    // region [4, 28) in order).
-    const auto aimed_chunk = [&](AfterFirstChunk& s, int32_t target) {
-        DeltaKvSequenceCache& c = *s.cache;
-        for (int32_t l = 0; l < kLayers; ++l) {
-            c.store(l, 0, kNew, s.kk.data(), s.vv.data(), kKvDim);
-            if (l == 1) {
-                const k::KvView v = c.view(l, kNew);
-                const auto* kr = reinterpret_cast<const uint16_t*>(v.k + v.slots[target] * v.row_stride);
-                for (int h = 0; h < kHeads; ++h) {
-                    const int g = h / (kHeads / kKvHeads);
-                    double norm2 = 0;
-                    for (int d = 0; d < kHeadDim; ++d) norm2 += std::pow(fp16_to_fp32(kr[g * kHeadDim + d]), 2);
-                    for (int32_t i = 0; i < kNew; ++i) {
-                        for (int d = 0; d < kHeadDim; ++d)  // logit 40 for the target
-                            s.q[i * kLd + h * kHeadDim + d] =
-                                static_cast<float>(40.0 * fp16_to_fp32(kr[g * kHeadDim + d]) / (norm2 * kShape.scale));
-                    }
-                }
-            }
-            std::vector<float> out(kNew * kLd);
-            c.attend(l, kShape, s.q.data(), kLd, kNew, out.data(), kLd);
-            c.observe(l, kShape, s.q.data(), kLd, nullptr, 0, kNew);
-        }
-        c.commit(kNew);
-    };
-    // A decode step whose query turns away from `target`'s keys in the observation layer
-    // (layer 0, full): the positions of the region layer 1 attends (latent and exact).
-    const auto step_away_from = [&](AfterFirstChunk& s, int32_t target) {
-        DeltaKvSequenceCache& c = *s.cache;
-        std::vector<float> key(s.data.x[target].begin(), s.data.x[target].begin() + kKvDim);
-        k::rope(key.data(), kKvHeads, kHeadDim, target, 10000.0f, k::RopeStyle::kInterleaved);
-        std::vector<float> q(kLd);
-        for (int h = 0; h < kHeads; ++h) {
-            for (int d = 0; d < kHeadDim; ++d) q[h * kHeadDim + d] = -key[(h / (kHeads / kKvHeads)) * kHeadDim + d];
-        }
-        EXPECT_TRUE(c.reserve(1).ok());
-        std::vector<int32_t> attended;
-        for (int32_t l = 0; l < kLayers; ++l) {
-            c.store(l, 0, 1, s.kk.data(), s.vv.data(), kKvDim);
-            if (l == 1) {
-                attended = c.selected_latent_positions();
-                const auto& exact = c.selected_exact_positions();
-                attended.insert(attended.end(), exact.begin(), exact.end());
-                std::sort(attended.begin(), attended.end());
-            }
-            std::vector<float> out(kLd);
-            c.attend(l, kShape, q.data(), kLd, 1, out.data(), kLd);
-            for (float x : out) EXPECT_TRUE(std::isfinite(x));
-            c.observe(l, kShape, q.data(), kLd, nullptr, 0, 1);
-        }
-        c.commit(1);
-        return attended;
-    };
-    const auto has = [](const std::vector<int32_t>& v, int32_t p) { return std::find(v.begin(), v.end(), p) != v.end(); };
+    constexpr int32_t kNew = kAimNew;
     constexpr int32_t kOther = 22;     // a latent token (the references: 4, 9, 14, 19, 24)
     for (int32_t target : {12, 14}) {  // a latent token, a reference
         std::vector<std::vector<int32_t>> unpinned;  // each step's, without pins
@@ -691,6 +708,7 @@ TEST(DeltaKvCache, AChunkPinsWhatItsLastQueriesAttendForTheDecodeStepsAfterIt) {
             SCOPED_TRACE("target " + std::to_string(target) + ", pin_ratio " + std::to_string(pin));
             DeltaKvOptions o = options();
             o.pin_ratio = pin;
+            o.follow = 0;  // the pins alone (following: the next test)
             AfterFirstChunk s;
             s.data.loud = {12, 14, kOther};  // so that aiming at their keys takes most attention
             ASSERT_NO_FATAL_FAILURE(after_first_chunk(s, 5, true, o, kNew));
@@ -741,6 +759,43 @@ TEST(DeltaKvCache, AChunkPinsWhatItsLastQueriesAttendForTheDecodeStepsAfterIt) {
             EXPECT_TRUE(c.pinned().empty()) << "a truncation forgets the pins";
         }
     }
+}
+
+// Following (follow): a decode step whose sparse layers read one latent token most makes the
+// next step attend it and the follow_ahead positions after it (reading on), besides that
+// step's own pick and the pins; with follow 0 the next step attends only its pick and the
+// pins.
+TEST(DeltaKvCache, ADecodeStepAttendsWhatTheStepBeforeItReadMostAndWhatFollowsIt) {
+    constexpr int32_t kTarget = 12;  // a latent token; 14 is a reference
+    std::vector<std::vector<int32_t>> attended;  // the second step's, by follow
+    for (int32_t follow : {0, 1}) {
+        SCOPED_TRACE("follow " + std::to_string(follow));
+        DeltaKvOptions o = options();
+        o.select_ratio = 0.2f;
+        o.pin_ratio = 0.05f;  // the chunk pins 12, so that the first step attends it
+        o.follow = follow;
+        o.follow_ahead = 3;
+        AfterFirstChunk s;
+        s.data.loud = {kTarget};
+        ASSERT_NO_FATAL_FAILURE(after_first_chunk(s, 5, true, o, kAimNew));
+        DeltaKvSequenceCache& c = *s.cache;
+        std::vector<float> aimed;
+        aimed_chunk(s, kTarget, &aimed);
+        ASSERT_TRUE(has(c.pinned(), kTarget));
+        // First step: layer 1 reads 12 (the chunk's aim), layer 2 reads evenly (a zero query).
+        const auto away = away_from(s, kTarget);
+        const auto first = decode_step(s, {away, aimed, std::vector<float>(kAimLd, 0.0f)});
+        ASSERT_TRUE(has(first, kTarget));
+        // Second step: its own pick, the pins and, following, 12 to 15.
+        attended.push_back(step_away_from(s, kTarget));
+    }
+    std::vector<int32_t> want = attended[0];
+    for (int32_t p = kTarget; p <= kTarget + 3; ++p) want.push_back(p);
+    std::sort(want.begin(), want.end());
+    want.erase(std::unique(want.begin(), want.end()), want.end());
+    EXPECT_EQ(attended[1], want);
+    // 13, after the token read most, only by following.
+    EXPECT_FALSE(has(attended[0], kTarget + 1)) << ::testing::PrintToString(attended[0]);
 }
 
 // The key errors calibration stores: with a zero decoder a latent token's keys are the mean of

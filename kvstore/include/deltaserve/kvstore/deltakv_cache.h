@@ -63,6 +63,11 @@ struct DeltaKvOptions {
     // pin_after positions before it and pin_before after it. 0: off.
     float pin_ratio = 0.1f;
     int32_t pin_window = 16, pin_after = 12, pin_before = 2;
+    // Decode (ours): the `follow` latent tokens a step's sparse layers attended most (by
+    // their largest attention weight in one layer and head), and the follow_ahead positions
+    // after each, are attended by the next step besides its own pick and the pins: generation
+    // reads on from where it read, as a copy's next token follows the last. 0: off.
+    int32_t follow = 16, follow_ahead = 3;
     // Decode: which layers choose what a step attends to. With 0, the paper's: the
     // observation layer's q . k for its whole group. With N > 0, our departure (README,
     // "Scorer layers"): the first sparse layer after each full layer (and the first of
@@ -218,6 +223,11 @@ private:
     // choose_pins(): the pins at a chunk's commit.
     void score_pins(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq, int32_t n);
     void choose_pins();
+    // attend() of a single token: adds to follow_score_ the attention weights its latent
+    // tokens (positions, scores_ [n_heads][positions.size()]) took, given lse_b_raw_,
+    // lse_b_ and the merged lse_a_. choose_follow(): follow_ at the token's commit.
+    void score_follow(int n_heads, const std::vector<int32_t>& positions);
+    void choose_follow();
     // The lead's selection for this call (offsets into the region, sorted): see last_select_.
     std::vector<int32_t> lead_selection();
     void reconstruct(int32_t layer);
@@ -315,6 +325,11 @@ private:
     // region's references it attended exactly (slots_r_).
     std::vector<int32_t> pins_, pos_b_, pos_r_;
     std::vector<float> lse_b_raw_;  // attend_chunk(): lse_b_ before the logit correction
+    // Following (DeltaKvOptions::follow): per position, the largest attention weight this
+    // single-token call's sparse layers gave it (follow_touched_: where not 0); what the
+    // next single-token call attends for it, sorted.
+    std::vector<float> follow_score_;
+    std::vector<int32_t> follow_touched_, follow_;
     // In a single-token call the selected latent tokens are apart: attend() takes them.
     std::vector<int32_t> latent_sel_;
     // Per layer: a scorer (score_every). scored_: the last scorer's pick this call.

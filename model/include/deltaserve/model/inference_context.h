@@ -57,6 +57,10 @@ struct ContextOptions {
     // every decode step after it attends besides its own pick, in [0, 1)
     // (kvstore::DeltaKvOptions::pin_ratio); 0 = off.
     float deltakv_pin = 0.1f;
+    // deltakv: how many latent tokens a decode step attended most the next step attends
+    // again, with the few after each, besides its own pick (kvstore::DeltaKvOptions::follow);
+    // 0 = off.
+    int32_t deltakv_follow = 16;
     // A thread pool to share with other contexts (a decode worker batches many sequences
     // through one pool: eval_batch). Default: the context makes its own of n_threads.
     std::shared_ptr<ThreadPool> threads;
