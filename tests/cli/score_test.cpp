@@ -85,6 +85,8 @@ TEST(CliScoreTest, BadArguments) {
              {{"--kv-policy", "deltakv", "--kv-keep", "0.3", "--kv-select", "1.5"}, "--kv-select"},
              {{"--kv-policy", "deltakv", "--kv-keep", "0.3", "--kv-score-every", "-1"}, "--kv-score-every"},
              {{"--kv-policy", "deltakv", "--kv-keep", "0.3", "--kv-score-dims", "0"}, "--kv-score-dims"},
+             {{"--kv-policy", "deltakv", "--kv-keep", "0.3", "--kv-pin", "1"}, "--kv-pin"},
+             {{"--kv-policy", "deltakv", "--kv-keep", "0.3", "--kv-follow", "-1"}, "--kv-follow"},
              {{"--kv-keep", "0.5"}, "--kv-policy"}}) {
         const CliResult r = score(text.path(), args);
         EXPECT_NE(r.exit_code, 0) << r.describe();
