@@ -700,7 +700,6 @@ bool has(const std::vector<int32_t>& v, int32_t p) { return std::find(v.begin(),
 // the step does not attend it: a reference, exact, is attended only when picked, as a
 // latent token is.
 TEST(DeltaKvCache, AChunkPinsWhatItsLastQueriesAttendForTheDecodeStepsAfterIt) {
-    constexpr int32_t kNew = kAimNew;
     constexpr int32_t kOther = 22;     // a latent token (the references: 4, 9, 14, 19, 24)
     for (int32_t target : {12, 14}) {  // a latent token, a reference
         std::vector<std::vector<int32_t>> unpinned;  // each step's, without pins
@@ -711,7 +710,7 @@ TEST(DeltaKvCache, AChunkPinsWhatItsLastQueriesAttendForTheDecodeStepsAfterIt) {
             o.follow = 0;  // the pins alone (following: the next test)
             AfterFirstChunk s;
             s.data.loud = {12, 14, kOther};  // so that aiming at their keys takes most attention
-            ASSERT_NO_FATAL_FAILURE(after_first_chunk(s, 5, true, o, kNew));
+            ASSERT_NO_FATAL_FAILURE(after_first_chunk(s, 5, true, o, kAimNew));
             DeltaKvSequenceCache& c = *s.cache;
             aimed_chunk(s, target);
             // 2 pins: ceil(0.05 * 24), the region's tokens when the chunk scored them.
@@ -750,7 +749,7 @@ TEST(DeltaKvCache, AChunkPinsWhatItsLastQueriesAttendForTheDecodeStepsAfterIt) {
             ASSERT_TRUE(c.import_hints(hints).ok());
             EXPECT_EQ(c.pinned(), pins);
             // The next chunk pins what it attends.
-            ASSERT_TRUE(c.reserve(kNew).ok());
+            ASSERT_TRUE(c.reserve(kAimNew).ok());
             aimed_chunk(s, kOther);
             EXPECT_TRUE(has(c.pinned(), kOther));
             EXPECT_FALSE(has(c.pinned(), target));
