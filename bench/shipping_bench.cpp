@@ -52,9 +52,11 @@ Result<Shipped> ship(const model::Model& m, const std::string& policy, float kee
     // As the prefill worker ships: from the layer observer, each layer's rows once final.
     std::vector<int32_t> shipped(static_cast<size_t>(n_layers), 0);
     int32_t e = 0;
+    bool done = false;    // after the last chunk: every row left
+    int32_t at_layer = 0;  // the layer whose observer ships
     Status failed;
-    ctx->set_layer_observer([&](int32_t layer) {
-        const int32_t end = e == n ? n : ctx->kv_rows_final_end(layer);
+    const auto ship = [&](int32_t layer) {
+        const int32_t end = done ? n : ctx->kv_rows_final_end(layer, e == n);
         int32_t& begin = shipped[static_cast<size_t>(layer)];
         if (end <= begin || !failed.ok()) return;
         auto rows = ctx->export_kv_rows(layer, begin, end);
@@ -68,15 +70,24 @@ Result<Shipped> ship(const model::Model& m, const std::string& policy, float kee
             return;
         }
         out.bytes += wire->size();
-        if (e < n || layer + 1 < n_layers) out.early += wire->size();
+        if (!done && (e < n || at_layer + 1 < n_layers)) out.early += wire->size();
         out.shipments++;
         begin = end;
+    };
+    // A layer's rows may become final at a later layer (DeltaKV keeping tokens exact).
+    ctx->set_layer_observer([&](int32_t layer) {
+        at_layer = layer;
+        for (int32_t l = 0; l <= layer; ++l) ship(l);
     });
     for (int32_t b = 0; b < n; b = e) {
         e = std::min(n, b + 512);
         DS_RETURN_IF_ERROR(ctx->eval(tokens.subspan(static_cast<size_t>(b), static_cast<size_t>(e - b))).status());
         DS_RETURN_IF_ERROR(failed);
     }
+    ctx->set_layer_observer(nullptr);
+    done = true;
+    for (int32_t l = 0; l < n_layers; ++l) ship(l);
+    DS_RETURN_IF_ERROR(failed);
     out.keep_ratio = ctx->keep_ratio();
     return out;
 }

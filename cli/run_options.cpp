@@ -41,6 +41,9 @@ void RunOptions::register_flags(ArgParser& p) {
     p.add("kv-follow", &kv_follow,
           "deltakv: the compressed tokens a generated token attended most, which the next attends "
           "again with the 3 after each (reading on), besides its --kv-select share; 0 = off");
+    p.add("kv-exact", &kv_exact,
+          "deltakv: share of the tokens compression takes that stay exact instead, those their "
+          "latents reconstruct worst, in [0, 1); 0 = off");
     p.add("temperature", &temperature, "sampling temperature; 0 = greedy");
     p.add("top-k", &top_k, "top-k sampling; 0 = off");
     p.add("top-p", &top_p, "top-p (nucleus) sampling; 1 = off");
@@ -78,6 +81,7 @@ model::ContextOptions RunOptions::context() const {
     c.deltakv_score_dims = kv_score_dims;
     c.deltakv_pin = kv_pin;
     c.deltakv_follow = kv_follow;
+    c.deltakv_exact = kv_exact;
     // deltakv / trimkv without --kv-profile: what setup calibrates in profiles/<model file>/.
     if ((kv_policy == "deltakv" || kv_policy == "trimkv") && kv_profile.empty()) {
         const std::string guess =
@@ -102,6 +106,7 @@ Result<std::unique_ptr<model::Model>> load_model_for_run(const RunOptions& o) {
     if (o.kv_score_every < 0) return invalid_argument("--kv-score-every must be >= 0");
     if (!(o.kv_pin >= 0.0f && o.kv_pin < 1.0f)) return invalid_argument("--kv-pin must be in [0, 1)");
     if (o.kv_follow < 0) return invalid_argument("--kv-follow must be >= 0");
+    if (!(o.kv_exact >= 0.0f && o.kv_exact < 1.0f)) return invalid_argument("--kv-exact must be in [0, 1)");
     if (!(o.kv_score_dims > 0.0f && o.kv_score_dims <= 1.0f)) {
         return invalid_argument("--kv-score-dims must be in (0, 1]");
     }

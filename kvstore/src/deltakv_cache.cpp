@@ -92,7 +92,11 @@ Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(
             "DeltaKV: bad sinks / stride / k / window / latent bits / score_every / score_dims / pins");
     }
     // A latent names its references by 16-bit ordinals.
-    if (static_cast<int64_t>(o.sinks) + o.n_ctx / o.stride + 1 >= kNoRef) {
+    if (!(o.exact_share >= 0.0f && o.exact_share < 1.0f)) {
+        return invalid_argument("DeltaKV: exact_share must be in [0, 1)");
+    }
+    if (static_cast<int64_t>(o.sinks) + o.n_ctx / o.stride +
+            static_cast<int64_t>(std::ceil(o.exact_share * static_cast<double>(o.n_ctx))) + 1 >= kNoRef) {
         return invalid_argument("DeltaKV: " + std::to_string(o.n_ctx) +
                                 " tokens at reference stride " + std::to_string(o.stride) +
                                 " take more than 65534 references");
@@ -152,6 +156,7 @@ DeltaKvSequenceCache::DeltaKvSequenceCache(const DeltaKvProfile& profile,
     refs_.resize(sparse_layers_.size());
     pending_latents_.resize(sparse_layers_.size());
     pending_refs_.resize(sparse_layers_.size());
+    pending_err_.resize(sparse_layers_.size());
     reconstructed_.assign(static_cast<size_t>(options.n_layers), 0);
     comp_end_ = options.sinks;
 }
@@ -884,12 +889,14 @@ void DeltaKvSequenceCache::choose_refs(int32_t c0, int32_t c1) {
 void DeltaKvSequenceCache::plan_compression(int32_t n_total) {
     planned_ = true;
     plan_n_ = n_total;
+    plan_carry_ = exact_carry_;
     plan_end_ = comp_end_;
     plan_blocks_.clear();
     plan_tokens_.clear();
     plan_done_.assign(sparse_layers_.size(), 0);
     for (auto& p : pending_latents_) p.clear();
     for (auto& p : pending_refs_) p.clear();
+    for (auto& p : pending_err_) p.clear();
     if (sparse_layers_.empty()) return;
     const size_t row = static_cast<size_t>(options_.n_kv_heads) * options_.head_dim * 2 * 2;
     const size_t saved = sparse_layers_.size() * (row - latent_bytes() - sizeof(uint16_t) * options_.k);
@@ -900,7 +907,11 @@ void DeltaKvSequenceCache::plan_compression(int32_t n_total) {
     while (n_total - plan_end_ >= 2 * options_.window) {
         // Under a keep target the buffer grows while the session fits: the room goes to the
         // most recent tokens, which draw most of the attention.
-        if (options_.keep > 0.0f && static_cast<double>(held - plan_tokens_.size() * saved) <= target) break;
+        // What the plan saves: each latent's row, less a reference position for each token
+        // it keeps exact (exact_share).
+        const size_t n = plan_tokens_.size(), e = exact_count(n);
+        const double saves = static_cast<double>((n - e) * saved) - static_cast<double>(e * sizeof(int32_t));
+        if (options_.keep > 0.0f && static_cast<double>(held) - saves <= target) break;
         const int32_t c0 = plan_end_, c1 = plan_end_ + options_.window;
         choose_refs(c0, c1);
         for (int32_t p = c0; p < c1; ++p) {
@@ -915,6 +926,7 @@ void DeltaKvSequenceCache::drop_plan() {
     // Reference flags past the region are only read once their block is compressed.
     for (int32_t p = comp_end_; p < plan_end_ && p < static_cast<int32_t>(ref_flag_.size()); ++p)
         ref_flag_[p] = 0;
+    exact_carry_ = plan_carry_;
     sync_ref_list();
     planned_ = false;
     plan_blocks_.clear();
@@ -982,8 +994,12 @@ void DeltaKvSequenceCache::compress_layer(int32_t s) {
             }
         }
         refs.insert(refs.end(), chosen.begin(), chosen.end());
+        if (options_.exact_share > 0.0f) add_errors(s, x.data(), rm.data(), z.data(), lat.data() + at, nb);
         next = end;
     }
+    // The last layer to compress: every layer's errors are in, and no layer's plan rows were
+    // shipped yet (rows_final_end).
+    if (plan_decided()) keep_worst_exact();
 }
 
 void DeltaKvSequenceCache::finish_compression() {
@@ -1026,6 +1042,7 @@ void DeltaKvSequenceCache::truncate(int32_t n_keep) {
     follow_.clear();
     for (int32_t p : follow_touched_) follow_score_[p] = 0.0f;
     follow_touched_.clear();
+    exact_carry_ = plan_carry_ = 0.0;
     const int32_t end = n_tokens_ + n_reserved_;
     std::vector<int32_t> full_freed, sparse_freed;
     int32_t first_latent = -1;

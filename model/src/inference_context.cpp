@@ -83,7 +83,7 @@ public:
     std::vector<uint8_t> export_kv_hints() const override { return cache_->export_hints(); }
     Status import_kv_hints(std::span<const uint8_t> hints) override { return cache_->import_hints(hints); }
     bool kv_ships_rows() const override { return cache_->ships_rows(); }
-    int32_t kv_rows_final_end(int32_t layer) const override { return cache_->rows_final_end(layer); }
+    int32_t kv_rows_final_end(int32_t layer, bool last) const override { return cache_->rows_final_end(layer, last); }
     Result<std::vector<uint8_t>> export_kv_rows_state(int32_t n_tokens) const override {
         return cache_->export_rows_state(n_tokens);
     }
@@ -218,6 +218,11 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
             return invalid_argument("deltakv follow must be >= 0, got " + std::to_string(opts.deltakv_follow));
         }
         o.follow = opts.deltakv_follow;
+        if (!(opts.deltakv_exact >= 0.0f && opts.deltakv_exact < 1.0f)) {
+            return invalid_argument("deltakv exact share must be in [0, 1), got " +
+                                    std::to_string(opts.deltakv_exact));
+        }
+        o.exact_share = opts.deltakv_exact;
         parts.deltakv = kvstore::deltakv_options_for_keep(*parts.profile, opts.kv.keep, o);
         if (!opts.deltakv_full_layers.empty()) parts.deltakv.full_layer = opts.deltakv_full_layers;
     } else if (opts.kv.policy != "full") {

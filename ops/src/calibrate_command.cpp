@@ -272,10 +272,11 @@ Result<std::vector<float>> full_kv_logits(const Options& o, const model::Model& 
     co.kv.keep = kMeasureKeep;
     // The observation layer is measured by its pick alone, at the paper's 20% (the pins and
     // the followed tokens come from the sparse layers, whichever layer observes); chunks
-    // attend as they did before pins.
+    // attend as they did before pins; layers are measured compressing every token.
     co.deltakv_select = 0.2f;
     co.deltakv_pin = 0.0f;
     co.deltakv_follow = 0;
+    co.deltakv_exact = 0.0f;
     return ref;
 }
 

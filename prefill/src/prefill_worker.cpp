@@ -218,13 +218,16 @@ Result<std::vector<float>> PrefillWorkerImpl::prefill_shipping_rows(transport::C
     h.n_tokens = n;
     DS_ASSIGN_OR_RETURN(auto state, ctx_->export_kv_rows_state(n));
     DS_RETURN_IF_ERROR(decode::send_stream_message(conn, h, state, transfer_deadline()));
-    // Ships the rows of a layer that are final and not sent yet: while more chunks come,
-    // up to kv_rows_final_end (a compressing cache may still change its recent rows), in
-    // the last chunk every row.
+    // Ships the rows of a layer that are final and not sent yet: while the forward pass
+    // runs, up to kv_rows_final_end (a compressing cache may still change its recent rows;
+    // in the last chunk, most often none); after the last chunk, every row. A layer's rows
+    // may become final at a later layer (DeltaKV keeping tokens exact decides at its last
+    // sparse layer), so each layer's observer looks at every layer up to it.
     std::vector<int32_t> shipped(static_cast<size_t>(n_layers), 0);
     int32_t b = from, e = from;
+    bool done = false;
     const auto ship = [&](int32_t layer) -> Status {
-        const int32_t end = e == n ? n : ctx_->kv_rows_final_end(layer);
+        const int32_t end = done ? n : ctx_->kv_rows_final_end(layer, e == n);
         int32_t& begin = shipped[static_cast<size_t>(layer)];
         if (end <= begin) return {};
         DS_ASSIGN_OR_RETURN(auto rows, ctx_->export_kv_rows(layer, begin, end));
@@ -237,7 +240,7 @@ Result<std::vector<float>> PrefillWorkerImpl::prefill_shipping_rows(transport::C
     const int32_t chunk = std::max<int32_t>(1, options_.context.n_batch);
     Status shipping;
     ctx_->set_layer_observer([&](int32_t layer) {
-        if (shipping.ok()) shipping = ship(layer);
+        for (int32_t l = 0; l <= layer && shipping.ok(); ++l) shipping = ship(l);
     });
     std::vector<float> logits;
     Status st;
@@ -251,6 +254,8 @@ Result<std::vector<float>> PrefillWorkerImpl::prefill_shipping_rows(transport::C
     ctx_->set_layer_observer(nullptr);
     DS_RETURN_IF_ERROR(st);
     DS_RETURN_IF_ERROR(shipping);
+    done = true;
+    for (int32_t l = 0; l < n_layers; ++l) DS_RETURN_IF_ERROR(ship(l));
     return logits;
 }
 

@@ -87,6 +87,7 @@ TEST(CliScoreTest, BadArguments) {
              {{"--kv-policy", "deltakv", "--kv-keep", "0.3", "--kv-score-dims", "0"}, "--kv-score-dims"},
              {{"--kv-policy", "deltakv", "--kv-keep", "0.3", "--kv-pin", "1"}, "--kv-pin"},
              {{"--kv-policy", "deltakv", "--kv-keep", "0.3", "--kv-follow", "-1"}, "--kv-follow"},
+             {{"--kv-policy", "deltakv", "--kv-keep", "0.3", "--kv-exact", "1"}, "--kv-exact"},
              {{"--kv-keep", "0.5"}, "--kv-policy"}}) {
         const CliResult r = score(text.path(), args);
         EXPECT_NE(r.exit_code, 0) << r.describe();

@@ -141,34 +141,42 @@ TEST(DeltaKvCache, CompressesTheOldestWindowWhenTheBufferDoubles) {
 }
 
 TEST(DeltaKvCache, AKeepTargetFillsTheRoomWithRecentTokensAndIsNeverExceeded) {
-    std::mt19937 rng(1);
-    const DeltaKvProfile p = zero_decoder_profile(rng);
-    ThreadPool threads(2);
-    DeltaKvOptions fixed = options(), target = options();
-    fixed.n_ctx = target.n_ctx = 512;
-    target.keep = 0.8f;
-    auto a = DeltaKvSequenceCache::create(p, fixed, threads);
-    auto b = DeltaKvSequenceCache::create(p, target, threads);
-    ASSERT_TRUE(a.ok() && b.ok());
-    Data da, db;
-    double ratio_a = 0, ratio_b = 0;
-    for (int32_t n = 0; n < 400; n += 1) {
-        da.chunk(**a, 1);
-        db.chunk(**b, 1);
-        if (HasFatalFailure()) return;
-        const double full = static_cast<double>(full_fp16_bytes(n + 1, kLayers, kKvDim));
-        ratio_a = (*a)->bytes() / full;
-        ratio_b = (*b)->bytes() / full;
-        // Never above the target, unless the fixed stride alone is (short sequences).
-        ASSERT_LE(ratio_b, std::max(0.8, ratio_a) + 1e-9) << "after " << n + 1 << " tokens";
+    // Also with half of what compression takes kept exact (those tokens save nothing), under
+    // a target that leaves it room.
+    for (const auto [share, keep] : {std::pair{0.0f, 0.8}, std::pair{0.5f, 0.95}}) {
+        SCOPED_TRACE("exact share " + std::to_string(share));
+        std::mt19937 rng(1);
+        const DeltaKvProfile p = zero_decoder_profile(rng);
+        ThreadPool threads(2);
+        DeltaKvOptions fixed = options(), target = options();
+        fixed.n_ctx = target.n_ctx = 512;
+        fixed.exact_share = target.exact_share = share;
+        target.keep = static_cast<float>(keep);
+        auto a = DeltaKvSequenceCache::create(p, fixed, threads);
+        auto b = DeltaKvSequenceCache::create(p, target, threads);
+        ASSERT_TRUE(a.ok() && b.ok());
+        Data da, db;
+        double ratio_a = 0, ratio_b = 0;
+        // One token at a time, or chunks that compress several blocks at once.
+        const int32_t step = share > 0.0f ? 25 : 1;
+        for (int32_t n = 0; n < 400; n += step) {
+            da.chunk(**a, step);
+            db.chunk(**b, step);
+            if (HasFatalFailure()) return;
+            const double full = static_cast<double>(full_fp16_bytes(n + step, kLayers, kKvDim));
+            ratio_a = (*a)->bytes() / full;
+            ratio_b = (*b)->bytes() / full;
+            // Never above the target, unless the fixed stride alone is (short sequences).
+            ASSERT_LE(ratio_b, std::max(keep, ratio_a) + 1e-6) << "after " << n + step << " tokens";
+        }
+        // The fixed stride alone leaves room at this length; the target fills it with a
+        // longer buffer (the same references, fewer tokens compressed).
+        std::printf("keep ratio at 400 tokens: %.3f fixed stride, %.3f with the target %.2f\n", ratio_a,
+                    ratio_b, keep);
+        EXPECT_LT(ratio_a, keep - 0.05);
+        EXPECT_GT(ratio_b, keep - 0.02);
+        EXPECT_LT((*b)->compressed_tokens(), (*a)->compressed_tokens());
     }
-    // Every 5th token a reference alone leaves room at this length; the target fills it
-    // with a longer buffer (the same references, fewer tokens compressed).
-    std::printf("keep ratio at 400 tokens: %.3f fixed stride, %.3f with the target\n", ratio_a,
-                ratio_b);
-    EXPECT_LT(ratio_a, 0.70);
-    EXPECT_GT(ratio_b, 0.78);
-    EXPECT_LT((*b)->compressed_tokens(), (*a)->compressed_tokens());
 }
 
 // With the profile's key errors, a reconstructed token's logit gets s^2 sum_t q_t^2 var_t / 2
@@ -189,23 +197,34 @@ void set_key_errors(DeltaKvProfile& p) {
 }
 
 TEST(DeltaKvCache, DecodeStepAttendsSelectedTokensReconstructedFromTheirNearestReferences) {
-    for (int run = 0; run < 3; ++run) {
+    for (int run = 0; run < 4; ++run) {
         // int4 latents (integer decoder) and fp16 latents (matmul); then int4 with the logit
-        // correction for the profile's key errors.
+        // correction for the profile's key errors; then int4 with a share kept exact.
         const int bits = run == 1 ? 16 : 4;
-        SCOPED_TRACE("latent bits " + std::to_string(bits) + (run == 2 ? ", logits corrected" : ""));
+        SCOPED_TRACE("latent bits " + std::to_string(bits) + (run == 2 ? ", logits corrected" : "") +
+                     (run == 3 ? ", the worst reconstructed kept exact" : ""));
         std::mt19937 rng(1);
         DeltaKvProfile p = zero_decoder_profile(rng);
         if (run == 2) set_key_errors(p);
         ThreadPool threads(2);
         DeltaKvOptions o = options();
         o.latent_bits = bits;
+        Data data;
+        // 10% of the 19 tokens compressed: one stays exact, the one whose keys (4x as long as
+        // the others') the mean of its references misses most. It becomes a reference, so the
+        // references after it (19, 24) move up an ordinal in the latents naming them.
+        int32_t kept = -1;
+        if (run == 3) {
+            o.exact_share = 0.1f;
+            kept = 17;
+            data.loud = {kept};
+        }
+        auto exact = [&](int32_t t) { return (t - 4) % 5 == 0 || t == kept; };
         auto made = DeltaKvSequenceCache::create(p, o, threads);
         ASSERT_TRUE(made.ok());
         DeltaKvSequenceCache& c = **made;
-        Data data;
         data.chunk(c, 40);
-        ASSERT_EQ(c.compressed_tokens(), 19);
+        ASSERT_EQ(c.compressed_tokens(), run == 3 ? 18 : 19);
 
         // One decode step at position 40, checked layer by layer from inside.
         ASSERT_TRUE(c.reserve(1).ok());
@@ -233,6 +252,9 @@ TEST(DeltaKvCache, DecodeStepAttendsSelectedTokensReconstructedFromTheirNearestR
         std::vector<int32_t> chosen;
         for (int i = 0; i < 12; ++i) chosen.push_back(score[i].second);  // ceil(0.5 x 24)
         std::sort(chosen.begin(), chosen.end());
+        if (run == 3) {
+            ASSERT_TRUE(std::binary_search(chosen.begin(), chosen.end(), kept)) << "the step attends it";
+        }
 
         // What a decode step at position 40 attends to in a sparse layer: the sinks, the chosen
         // tokens (a reference as itself, a latent one as the mean of its 2 nearest references,
@@ -245,12 +267,13 @@ TEST(DeltaKvCache, DecodeStepAttendsSelectedTokensReconstructedFromTheirNearestR
             };
             for (int32_t t = 0; t < 4; ++t) add(t, data.cached_x(t, l));
             for (int32_t t : chosen) {
-                if ((t - 4) % 5 == 0) {
+                if (exact(t)) {
                     add(t, data.cached_x(t, l));
                     continue;
                 }
                 std::vector<std::pair<float, int32_t>> dist;
                 const auto xt = data.cached_x(t, l);
+                // Among the strided references: the kept token became one after they chose.
                 for (int32_t r = 0; r <= t; ++r) {
                     if (r >= 4 && (r - 4) % 5 != 0) continue;
                     const auto xr = data.cached_x(r, l);
@@ -286,7 +309,7 @@ TEST(DeltaKvCache, DecodeStepAttendsSelectedTokensReconstructedFromTheirNearestR
             } else {
                 ASSERT_TRUE(attended) << "a sparse layer attends its latent tokens itself";
                 int32_t chosen_refs = 0;
-                for (int32_t t : chosen) chosen_refs += (t - 4) % 5 == 0;
+                for (int32_t t : chosen) chosen_refs += exact(t);
                 EXPECT_EQ(c.view(l, 1).n, 4 + chosen_refs + 12 + 1)
                     << "the view: sinks, chosen references, buffer, the new token";
                 // Softmax attention over the expected rows, head by head.
@@ -302,7 +325,7 @@ TEST(DeltaKvCache, DecodeStepAttendsSelectedTokensReconstructedFromTheirNearestR
                             s += double(q[h * kHeadDim + d]) * r[g * kHeadDim + d];
                         sc.push_back(s * kShape.scale);
                         // The chosen latent tokens: reconstructed.
-                        if (j >= 4 && j < 4 + chosen.size() && (chosen[j - 4] - 4) % 5 != 0)
+                        if (j >= 4 && j < 4 + chosen.size() && !exact(chosen[j - 4]))
                             sc.back() += logit_correction(p, l, q.data(), h);
                         mx = std::max(mx, sc.back());
                     }
@@ -930,10 +953,20 @@ TEST(DeltaKvCache, MoreReferencesThanOrdinalsCanNameIsRefused) {
     DeltaKvProfile p = zero_decoder_profile(rng);
     ThreadPool threads(1);
     DeltaKvOptions o = options();  // 4 sinks, a reference every 5th token
+    o.exact_share = 0.0f;
     o.n_ctx = 5 * 65530;
     EXPECT_EQ(DeltaKvSequenceCache::create(p, o, threads).status().code(),
               StatusCode::kInvalidArgument);
     o.n_ctx = 5 * 65500;
+    EXPECT_TRUE(DeltaKvSequenceCache::create(p, o, threads).ok());
+    // The tokens kept exact are references too: with 5% of them, a quarter of the tokens.
+    o.exact_share = 0.05f;
+    EXPECT_EQ(DeltaKvSequenceCache::create(p, o, threads).status().code(),
+              StatusCode::kInvalidArgument);
+    o.n_ctx = 4 * 65530;
+    EXPECT_EQ(DeltaKvSequenceCache::create(p, o, threads).status().code(),
+              StatusCode::kInvalidArgument);
+    o.n_ctx = 4 * 65500;
     EXPECT_TRUE(DeltaKvSequenceCache::create(p, o, threads).ok());
 }
 

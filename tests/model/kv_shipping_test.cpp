@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <span>
 
 #include "deltaserve/model/inference_context.h"
@@ -95,27 +96,35 @@ struct RowsPart {
 };
 
 // Prefills `tokens` in chunks of `chunk` and collects, from the layer observer, each
-// layer's rows as they become final (all of them in the last chunk).
+// layer's rows as they become final, and after the last chunk the rest.
 std::vector<RowsPart> prefill_shipping_rows(InferenceContext& ctx, std::span<const int32_t> tokens,
                                             int32_t chunk) {
     const int32_t n = static_cast<int32_t>(tokens.size());
-    std::vector<int32_t> shipped(static_cast<size_t>(ctx.model().config.n_layers), 0);
+    const int32_t n_layers = ctx.model().config.n_layers;
+    std::vector<int32_t> shipped(static_cast<size_t>(n_layers), 0);
     std::vector<RowsPart> parts;
     int32_t e = 0;
-    ctx.set_layer_observer([&](int32_t layer) {
-        const int32_t end = e == n ? n : ctx.kv_rows_final_end(layer);
+    bool done = false;
+    const auto ship = [&](int32_t layer) {
+        const int32_t end = done ? n : ctx.kv_rows_final_end(layer, e == n);
         int32_t& begin = shipped[static_cast<size_t>(layer)];
         if (end <= begin) return;
         auto rows = ctx.export_kv_rows(layer, begin, end);
         ASSERT_TRUE(rows.ok()) << rows.error().to_string();
         parts.push_back({layer, begin, end, std::move(*rows), e == n});
         begin = end;
+    };
+    // A layer's rows may become final at a later layer (DeltaKV keeping tokens exact).
+    ctx.set_layer_observer([&](int32_t layer) {
+        for (int32_t l = 0; l <= layer; ++l) ship(l);
     });
     for (int32_t b = 0; b < n; b = e) {
         e = std::min(n, b + chunk);
         EXPECT_TRUE(ctx.eval(tokens.subspan(static_cast<size_t>(b), static_cast<size_t>(e - b))).ok());
     }
     ctx.set_layer_observer(nullptr);
+    done = true;
+    for (int32_t l = 0; l < n_layers; ++l) ship(l);
     return parts;
 }
 
@@ -161,36 +170,54 @@ TEST_F(KvShipping, DeltaKvRowsThatDisagreeBetweenLayersAreRefused) {
     ASSERT_TRUE(state.ok());
     const auto parts = prefill_shipping_rows(*sender, tokens, 300);
     ASSERT_FALSE(HasFailure());
-    // Two sparse layers' first parts: the region's end, then a bitmap of its references.
-    std::vector<const RowsPart*> sparse;
+    // Two sparse layers' first parts past position 64: the region's end, then a bitmap of
+    // its references (the parts before them: the sinks, shipped while a later layer had
+    // still to choose the tokens kept exact).
+    std::map<int32_t, std::vector<const RowsPart*>> by_layer;  // each layer's parts, in order
+    std::vector<int32_t> order;
     for (const auto& p : parts) {
-        if (p.begin == 0 && (*state)[7 * sizeof(int32_t) + p.layer] == 0) sparse.push_back(&p);
+        if ((*state)[7 * sizeof(int32_t) + p.layer] != 0) continue;  // a full layer
+        if (by_layer[p.layer].empty()) order.push_back(p.layer);
+        by_layer[p.layer].push_back(&p);
     }
-    ASSERT_GE(sparse.size(), 2u) << "fewer than two sparse layers at keep 0.3";
-    ASSERT_GT(sparse[0]->end, 64);
+    ASSERT_GE(order.size(), 2u) << "fewer than two sparse layers at keep 0.3";
+    std::vector<const RowsPart*> sparse;
+    std::vector<std::vector<const RowsPart*>> lead(2);
+    for (int i = 0; i < 2; ++i) {
+        for (const RowsPart* p : by_layer[order[i]]) {
+            if (p->end > 64) {
+                sparse.push_back(p);
+                break;
+            }
+            lead[i].push_back(p);
+        }
+    }
+    ASSERT_EQ(sparse.size(), 2u);
 
     auto receiver = context("deltakv");
     ASSERT_TRUE(receiver->import_kv_state(*state).ok());
-    ASSERT_TRUE(receiver->import_kv_rows(sparse[0]->layer, 0, sparse[0]->end, sparse[0]->bytes).ok());
+    for (int i = 0; i < 2; ++i) {
+        for (const RowsPart* p : lead[i])
+            ASSERT_TRUE(receiver->import_kv_rows(p->layer, p->begin, p->end, p->bytes).ok());
+    }
+    const RowsPart& a = *sparse[0];
+    const RowsPart& b = *sparse[1];
+    ASSERT_TRUE(receiver->import_kv_rows(a.layer, a.begin, a.end, a.bytes).ok());
     // The second layer calls a token a reference that the first compressed (its first byte
     // of the bitmap, inverted, changes which rows follow: refused either way).
-    auto flipped = sparse[1]->bytes;
+    auto flipped = b.bytes;
     flipped[sizeof(int32_t)] ^= 0xff;
-    EXPECT_EQ(receiver->import_kv_rows(sparse[1]->layer, 0, sparse[1]->end, flipped).code(),
-              StatusCode::kDataLoss);
+    EXPECT_EQ(receiver->import_kv_rows(b.layer, b.begin, b.end, flipped).code(), StatusCode::kDataLoss);
     // A region that ends elsewhere than the first layer's.
-    auto moved = sparse[1]->bytes;
+    auto moved = b.bytes;
     const int32_t region = 16;
     std::memcpy(moved.data(), &region, sizeof(region));
-    EXPECT_EQ(receiver->import_kv_rows(sparse[1]->layer, 0, sparse[1]->end, moved).code(),
-              StatusCode::kDataLoss);
-    std::vector<uint8_t> cut(sparse[1]->bytes.begin(), sparse[1]->bytes.end() - 1);
-    EXPECT_EQ(receiver->import_kv_rows(sparse[1]->layer, 0, sparse[1]->end, cut).code(),
-              StatusCode::kDataLoss);
-    EXPECT_EQ(receiver->import_kv_rows(sparse[1]->layer, 0, 901, sparse[1]->bytes).code(),
-              StatusCode::kInvalidArgument);
+    EXPECT_EQ(receiver->import_kv_rows(b.layer, b.begin, b.end, moved).code(), StatusCode::kDataLoss);
+    std::vector<uint8_t> cut(b.bytes.begin(), b.bytes.end() - 1);
+    EXPECT_EQ(receiver->import_kv_rows(b.layer, b.begin, b.end, cut).code(), StatusCode::kDataLoss);
+    EXPECT_EQ(receiver->import_kv_rows(b.layer, b.begin, 901, b.bytes).code(), StatusCode::kInvalidArgument);
     // The genuine part still fits after the refusals.
-    EXPECT_TRUE(receiver->import_kv_rows(sparse[1]->layer, 0, sparse[1]->end, sparse[1]->bytes).ok());
+    EXPECT_TRUE(receiver->import_kv_rows(b.layer, b.begin, b.end, b.bytes).ok());
 }
 
 TEST_P(KvShippingTest, BadPartsAreRefusedWithClearErrors) {

@@ -68,6 +68,12 @@ struct DeltaKvOptions {
     // after each, are attended by the next step besides its own pick and the pins: generation
     // reads on from where it read, as a copy's next token follows the last. 0: off.
     int32_t follow = 16, follow_ahead = 3;
+    // Compression (ours): this share of the tokens a forward call compresses stays exact
+    // instead, those its latents reconstruct worst (per sparse layer, the K and the V squared
+    // error over the plan's mean of each, summed). They become references, which later
+    // tokens may name. A rare token (a number, a name) is where a small latent loses most,
+    // and in deeper layers than the first. 0: off.
+    float exact_share = 0.02f;
     // Decode: which layers choose what a step attends to. With 0, the paper's: the
     // observation layer's q . k for its whole group. With N > 0, our departure (README,
     // "Scorer layers"): the first sparse layer after each full layer (and the first of
@@ -162,7 +168,7 @@ public:
     // The importer learns each token's kind from the first sparse layer that ships it and
     // refuses parts that disagree.
     bool ships_rows() const override { return true; }
-    int32_t rows_final_end(int32_t layer) const override;
+    int32_t rows_final_end(int32_t layer, bool last) const override;
     Result<std::vector<uint8_t>> export_rows_state(int32_t n_tokens) const override;
     Result<std::vector<uint8_t>> export_rows(int32_t layer, int32_t begin, int32_t end) const override;
     Status import_rows(int32_t layer, int32_t begin, int32_t end, std::span<const uint8_t> part) override;
@@ -203,6 +209,19 @@ private:
     // commit, the latents join the region and the tokens' slots are freed.
     void plan_compression(int32_t n_total);
     void compress_layer(int32_t sparse_index);
+    // Once every sparse layer made the plan's latents: the plan's exact_share tokens they
+    // reconstruct worst become references (their latents dropped, the ordinals renumbered).
+    void keep_worst_exact();
+    // Every sparse layer compressed the plan: its tokens' kinds (reference or latent) are final.
+    bool plan_decided() const;
+    // A plan whose tokens kept exact are not chosen yet: its rows are not final.
+    bool exact_pending() const;
+    // How many of a plan's n latent tokens keep_worst_exact keeps exact.
+    size_t exact_count(size_t n) const;
+    // Into pending_err_[s]: the K and V squared errors of nb tokens' latents (packed, or z
+    // for fp16), x = Dec + rm against the tokens' x (rows of D).
+    void add_errors(int32_t s, const float* x, const float* rm, const float* z, const uint8_t* packed,
+                    int64_t nb);
     void finish_compression();
     void drop_plan();
     // The region end a rows state carries instead of one (no region yet).
@@ -300,6 +319,11 @@ private:
     std::vector<uint8_t> plan_done_;
     std::vector<std::vector<uint8_t>> pending_latents_;
     std::vector<std::vector<uint16_t>> pending_refs_;
+    // Per sparse layer: the K and V squared reconstruction errors of each plan token
+    // (add_errors), for keep_worst_exact; exact_carry_: the fraction of a token the share
+    // left over from earlier plans (plan_carry_: before this plan, for drop_plan).
+    std::vector<std::vector<float>> pending_err_;
+    double exact_carry_ = 0.0, plan_carry_ = 0.0;
     // A rows import: tokens of [sinks, kinds_end_) have their kind (reference or latent),
     // latents counted; per sparse layer, the first token it took as the buffer.
     bool rows_import_ = false;

@@ -95,16 +95,20 @@ public:
     // Layer-wise shipping while the forward pass runs (ships_rows()): from the layer
     // observer, after a layer's store and observe, a cache exports the rows of positions
     // [begin, end) of that layer as they will stay, reserved positions included, for any
-    // end <= rows_final_end(layer); at rest, rows_final_end(layer) covers what is final
-    // while more tokens may come. When no more tokens come, every stored row is final. An
-    // importer that took the rows state takes each layer's ranges in order, layers in any
-    // order. Full KV: every stored row is final. DeltaKV: full layers' rows are; a sparse
-    // layer's are up to the end of its compressed region after this call's commit (the
-    // buffer after it may still be compressed). Errors as for export_layer / import_layer,
-    // and kInvalidArgument for a range outside the cache.
+    // end <= rows_final_end(layer, last); at rest, rows_final_end(layer) covers what is
+    // final while more tokens may come. `last`: this call's tokens are the last ones, so no
+    // later call compresses what it leaves. Once the last call returned every stored row is
+    // final. An importer that took the rows state takes each layer's ranges in order, layers
+    // in any order. Full KV: every stored row is final. DeltaKV: full layers' rows are; a
+    // sparse layer's are up to the end of its compressed region after this call's commit
+    // (the buffer after it may still be compressed; with `last`, every row), but while the
+    // call keeps some of the tokens it compresses exact (exact_share) and not every sparse
+    // layer has compressed them, only up to the region before the call. Errors as for
+    // export_layer / import_layer, and kInvalidArgument for a range outside the cache.
     virtual bool ships_rows() const { return false; }
-    virtual int32_t rows_final_end(int32_t layer) const {
+    virtual int32_t rows_final_end(int32_t layer, bool last = false) const {
         (void)layer;
+        (void)last;
         return 0;
     }
     // The state an importer takes before rows of n_tokens positions (sent ahead of them).
@@ -156,7 +160,9 @@ public:
     Status import_state(std::span<const uint8_t> state) override;
     Status import_layer(int32_t layer, std::span<const uint8_t> part) override;
     bool ships_rows() const override { return true; }
-    int32_t rows_final_end(int32_t /*layer*/) const override { return static_cast<int32_t>(slots_.size()); }
+    int32_t rows_final_end(int32_t /*layer*/, bool /*last*/) const override {
+        return static_cast<int32_t>(slots_.size());
+    }
     Result<std::vector<uint8_t>> export_rows_state(int32_t n_tokens) const override;
     Result<std::vector<uint8_t>> export_rows(int32_t layer, int32_t begin, int32_t end) const override;
     Status import_rows(int32_t layer, int32_t begin, int32_t end, std::span<const uint8_t> part) override;

@@ -61,6 +61,9 @@ struct ContextOptions {
     // again, with the few after each, besides its own pick (kvstore::DeltaKvOptions::follow);
     // 0 = off.
     int32_t deltakv_follow = 16;
+    // deltakv: the share of compressed tokens kept exact instead, those their latents
+    // reconstruct worst (kvstore::DeltaKvOptions::exact_share), in [0, 1); 0 = off.
+    float deltakv_exact = 0.02f;
     // A thread pool to share with other contexts (a decode worker batches many sequences
     // through one pool: eval_batch). Default: the context makes its own of n_threads.
     std::shared_ptr<ThreadPool> threads;
@@ -111,11 +114,12 @@ public:
     virtual Status import_kv_hints(std::span<const uint8_t> hints) = 0;
     // Layer-wise shipping (kvstore::SequenceCache::export_rows): whether the cache ships
     // rows while the forward pass runs; how far a layer's rows are final (from the layer
-    // observer, or at rest) while more tokens may come; the state an importer takes before
+    // observer, or at rest) while more tokens may come, or, with `last`, in the call whose
+    // tokens are the last (kvstore::SequenceCache::rows_final_end); the state an importer takes before
     // the rows of n_tokens positions; the rows of positions [begin, end), and taking such
     // ranges back after import_kv_state.
     virtual bool kv_ships_rows() const = 0;
-    virtual int32_t kv_rows_final_end(int32_t layer) const = 0;
+    virtual int32_t kv_rows_final_end(int32_t layer, bool last = false) const = 0;
     virtual Result<std::vector<uint8_t>> export_kv_rows_state(int32_t n_tokens) const = 0;
     virtual Result<std::vector<uint8_t>> export_kv_rows(int32_t layer, int32_t begin, int32_t end) const = 0;
     virtual Status import_kv_rows(int32_t layer, int32_t begin, int32_t end, std::span<const uint8_t> part) = 0;

@@ -1,0 +1,123 @@
+// The tokens a plan's latents reconstruct worst, kept exact (DeltaKvOptions::exact_share).
+#include <algorithm>
+#include <numeric>
+
+#include "deltaserve/common/status.h"
+#include "deltaserve/kernels/deltakv.h"
+#include "deltaserve/kvstore/deltakv_cache.h"
+
+namespace deltaserve::kvstore {
+
+namespace k = deltaserve::kernels;
+
+void DeltaKvSequenceCache::add_errors(int32_t s, const float* x, const float* rm, const float* z,
+                                      const uint8_t* packed, int64_t nb) {
+    const int32_t d = profile_.d, half = d / 2;
+    const int32_t layer = sparse_layers_[s];
+    auto& err = pending_err_[s];
+    const size_t at = err.size();
+    err.resize(at + 2 * static_cast<size_t>(nb));
+    const size_t lb = latent_bytes();
+    threads_.parallel_for(nb, 16, [&](int64_t b, int64_t e) {
+        std::vector<float> out(static_cast<size_t>(d));
+        for (int64_t i = b; i < e; ++i) {
+            // As a reconstruction gets it: int4 latents through the int8 decoder.
+            if (options_.latent_bits == 4) {
+                const uint8_t* row = packed + i * lb;
+                k::deltakv_decode_int4(profile_.int4[layer], &row, 1, out.data(), d);
+                for (int32_t t = 0; t < d; ++t) out[t] += rm[i * d + t];
+            } else {
+                k::deltakv_decode(profile_.layers[layer], z + i * profile_.m, rm + i * d, out.data());
+            }
+            double ek = 0.0, ev = 0.0;
+            for (int32_t t = 0; t < d; ++t) {
+                const double diff = static_cast<double>(out[t]) - x[i * d + t];
+                (t < half ? ek : ev) += diff * diff;
+            }
+            err[at + 2 * i] = static_cast<float>(ek);
+            err[at + 2 * i + 1] = static_cast<float>(ev);
+        }
+    });
+}
+
+bool DeltaKvSequenceCache::plan_decided() const {
+    return std::find(plan_done_.begin(), plan_done_.end(), uint8_t{0}) == plan_done_.end();
+}
+
+bool DeltaKvSequenceCache::exact_pending() const {
+    return options_.exact_share > 0.0f && planned_ && !plan_blocks_.empty() && !plan_decided();
+}
+
+size_t DeltaKvSequenceCache::exact_count(size_t n) const {
+    const double want = exact_carry_ + static_cast<double>(options_.exact_share) * static_cast<double>(n);
+    return std::min(n, static_cast<size_t>(want));
+}
+
+void DeltaKvSequenceCache::keep_worst_exact() {
+    const size_t n = plan_tokens_.size();
+    if (options_.exact_share <= 0.0f || n == 0) return;
+    const size_t n_exact = exact_count(n);
+    exact_carry_ += static_cast<double>(options_.exact_share) * static_cast<double>(n) - static_cast<double>(n_exact);
+    if (n_exact == 0) return;
+    // A token's badness: per sparse layer, its K error over the plan's mean K error, plus the
+    // same for V.
+    std::vector<double> bad(n, 0.0);
+    for (const auto& err : pending_err_) {
+        DS_CHECK(err.size() == 2 * n, "the errors cover the plan's tokens");
+        for (int half = 0; half < 2; ++half) {
+            double mean = 0.0;
+            for (size_t i = 0; i < n; ++i) mean += err[2 * i + half];
+            mean /= static_cast<double>(n);
+            if (mean <= 0.0) continue;
+            for (size_t i = 0; i < n; ++i) bad[i] += err[2 * i + half] / mean;
+        }
+    }
+    std::vector<size_t> order(n);
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::partial_sort(order.begin(), order.begin() + static_cast<int64_t>(n_exact), order.end(),
+                      [&](size_t a, size_t b) { return bad[a] > bad[b] || (bad[a] == bad[b] && a < b); });
+    std::vector<uint8_t> exact(n, 0);
+    for (size_t j = 0; j < n_exact; ++j) exact[order[j]] = 1;
+    // The plan's latents name references by ordinal (the position order of every reference):
+    // each new reference moves the ordinals of the references after it up by one.
+    std::vector<int32_t> old_refs;
+    for (int32_t p = 0; p < plan_end_; ++p) {
+        if (is_ref(p)) old_refs.push_back(p);
+    }
+    std::vector<uint16_t> renumber(old_refs.size());
+    size_t added = 0, i = 0;
+    for (size_t o = 0; o < old_refs.size(); ++o) {
+        for (; i < n && plan_tokens_[i] < old_refs[o]; ++i) added += exact[i];
+        renumber[o] = static_cast<uint16_t>(o + added);
+    }
+    const size_t lb = latent_bytes(), kk = static_cast<size_t>(options_.k);
+    for (size_t sl = 0; sl < sparse_layers_.size(); ++sl) {
+        auto& lat = pending_latents_[sl];
+        auto& refs = pending_refs_[sl];
+        size_t w = 0;
+        for (size_t j = 0; j < n; ++j) {
+            if (exact[j]) continue;
+            std::copy_n(lat.begin() + static_cast<int64_t>(j * lb), lb, lat.begin() + static_cast<int64_t>(w * lb));
+            for (size_t r = 0; r < kk; ++r) {
+                const uint16_t o = refs[j * kk + r];
+                refs[w * kk + r] = o == kNoRef ? kNoRef : renumber[o];
+            }
+            ++w;
+        }
+        lat.resize(w * lb);
+        refs.resize(w * kk);
+        pending_err_[sl].clear();
+    }
+    size_t left = 0;
+    for (size_t j = 0; j < n; ++j) {
+        if (exact[j]) {
+            ref_flag_[plan_tokens_[j]] = 1;
+        } else {
+            plan_tokens_[left++] = plan_tokens_[j];
+        }
+    }
+    plan_tokens_.resize(left);
+    sync_ref_list();
+}
+
+}  // namespace deltaserve::kvstore
