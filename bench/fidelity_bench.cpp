@@ -60,6 +60,7 @@ struct Options {
     float pin = 0.1f;  // deltakv: share of the region a chunk pins for the decode steps after it
     int32_t follow = 16;  // deltakv: tokens a decode step read most that the next reads again
     float exact = 0.02f;  // deltakv: share of compressed tokens kept exact, the worst reconstructed
+    float exact_depth = 0.5f;  // deltakv: share of the sparse layers (the first) that choose them
 };
 
 template <class T>
@@ -113,6 +114,7 @@ Result<std::vector<Arm>> make_arms(const model::Model& m, const Options& o, cons
         co.deltakv_pin = o.pin;
         co.deltakv_follow = o.follow;
         co.deltakv_exact = o.exact;
+        co.deltakv_exact_depth = o.exact_depth;
         if (policy == "trimkv") {
             co.kv_profile = (std::filesystem::path(o.profile).parent_path() / "trimkv.json").string();
         }
@@ -537,6 +539,8 @@ int main(int argc, char** argv) {
           "deltakv: latent tokens a decode step attended most that the next attends again (and the 3 after each); 0 = off");
     p.add("exact", &o.exact,
           "deltakv: share of the tokens compression takes that stay exact, those their latents reconstruct worst; 0 = off");
+    p.add("exact-depth", &o.exact_depth,
+          "deltakv: share of the sparse layers, the first ones, whose reconstruction errors choose the exact tokens");
     p.add("probes", &o.probes, "retrieval: probes per task and length (each its own random answer and filler; means reported)");
     p.add_switch("chunked-answer", &o.chunked_answer,
           "retrieval, multi-turn: score the answer in one chunk instead of one token at a time as generation does");

@@ -92,8 +92,8 @@ Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(
             "DeltaKV: bad sinks / stride / k / window / latent bits / score_every / score_dims / pins");
     }
     // A latent names its references by 16-bit ordinals.
-    if (!(o.exact_share >= 0.0f && o.exact_share < 1.0f)) {
-        return invalid_argument("DeltaKV: exact_share must be in [0, 1)");
+    if (!(o.exact_share >= 0.0f && o.exact_share < 1.0f) || !(o.exact_depth > 0.0f && o.exact_depth <= 1.0f)) {
+        return invalid_argument("DeltaKV: exact_share must be in [0, 1), exact_depth in (0, 1]");
     }
     if (static_cast<int64_t>(o.sinks) + o.n_ctx / o.stride +
             static_cast<int64_t>(std::ceil(o.exact_share * static_cast<double>(o.n_ctx))) + 1 >= kNoRef) {
@@ -994,12 +994,13 @@ void DeltaKvSequenceCache::compress_layer(int32_t s) {
             }
         }
         refs.insert(refs.end(), chosen.begin(), chosen.end());
-        if (options_.exact_share > 0.0f) add_errors(s, x.data(), rm.data(), z.data(), lat.data() + at, nb);
+        if (options_.exact_share > 0.0f && s < exact_judges())
+            add_errors(s, x.data(), rm.data(), z.data(), lat.data() + at, nb);
         next = end;
     }
-    // The last layer to compress: every layer's errors are in, and no layer's plan rows were
-    // shipped yet (rows_final_end).
-    if (plan_decided()) keep_worst_exact();
+    // The last judge: their errors are in, and no layer's plan rows were shipped yet
+    // (rows_final_end). Layers compress in order, so the later ones compress after.
+    if (s + 1 == exact_judges() && plan_decided()) keep_worst_exact();
 }
 
 void DeltaKvSequenceCache::finish_compression() {

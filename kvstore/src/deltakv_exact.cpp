@@ -1,5 +1,6 @@
 // The tokens a plan's latents reconstruct worst, kept exact (DeltaKvOptions::exact_share).
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "deltaserve/common/status.h"
@@ -40,8 +41,14 @@ void DeltaKvSequenceCache::add_errors(int32_t s, const float* x, const float* rm
     });
 }
 
+int32_t DeltaKvSequenceCache::exact_judges() const {
+    const auto n = static_cast<int32_t>(sparse_layers_.size());
+    return std::clamp(static_cast<int32_t>(std::ceil(options_.exact_depth * static_cast<float>(n))), 1, n);
+}
+
 bool DeltaKvSequenceCache::plan_decided() const {
-    return std::find(plan_done_.begin(), plan_done_.end(), uint8_t{0}) == plan_done_.end();
+    const int32_t judges = exact_judges();
+    return std::find(plan_done_.begin(), plan_done_.begin() + judges, uint8_t{0}) == plan_done_.begin() + judges;
 }
 
 bool DeltaKvSequenceCache::exact_pending() const {
@@ -62,7 +69,8 @@ void DeltaKvSequenceCache::keep_worst_exact() {
     // A token's badness: per sparse layer, its K error over the plan's mean K error, plus the
     // same for V.
     std::vector<double> bad(n, 0.0);
-    for (const auto& err : pending_err_) {
+    for (int32_t s = 0; s < exact_judges(); ++s) {
+        const auto& err = pending_err_[s];
         DS_CHECK(err.size() == 2 * n, "the errors cover the plan's tokens");
         for (int half = 0; half < 2; ++half) {
             double mean = 0.0;
@@ -92,6 +100,7 @@ void DeltaKvSequenceCache::keep_worst_exact() {
     }
     const size_t lb = latent_bytes(), kk = static_cast<size_t>(options_.k);
     for (size_t sl = 0; sl < sparse_layers_.size(); ++sl) {
+        if (!plan_done_[sl]) continue;  // compresses what is left
         auto& lat = pending_latents_[sl];
         auto& refs = pending_refs_[sl];
         size_t w = 0;

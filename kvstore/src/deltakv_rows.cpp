@@ -1,7 +1,7 @@
 // Layer-wise shipping of a DeltaKV session while its prefill runs: a range of a layer's
 // positions as the session will hold them after the forward call's commit (the blocks it
-// compresses were compressed at the layer's observe; with exact_share, once the last sparse
-// layer compressed them), and taking such ranges back.
+// compresses were compressed at the layer's observe; with exact_share, once the last
+// judging layer compressed them), and taking such ranges back.
 #include <algorithm>
 #include <climits>
 
@@ -13,7 +13,7 @@ namespace deltaserve::kvstore {
 int32_t DeltaKvSequenceCache::rows_final_end(int32_t layer, bool last) const {
     const int32_t stored = n_tokens_ + n_reserved_;
     if (layer < 0 || layer >= options_.n_layers || options_.full_layer[layer]) return stored;
-    // Which of the plan's tokens stay exact is known once every sparse layer compressed it.
+    // Which of the plan's tokens stay exact is known once every judging layer compressed it.
     if (exact_pending()) return std::min(stored, comp_end_);
     return last ? stored : std::min(stored, region_end());
 }
@@ -46,7 +46,7 @@ Result<std::vector<uint8_t>> DeltaKvSequenceCache::export_rows(int32_t layer, in
     if (exact_pending() && end > comp_end_) {
         return failed_precondition("DeltaKV layer " + std::to_string(layer) + ": rows past " +
                                    std::to_string(comp_end_) +
-                                   " asked for before every layer compressed them (exact_share)");
+                                   " asked for before the judging layers compressed them (exact_share)");
     }
     const int32_t rb = std::max(begin, options_.sinks), re = std::min(end, region);
     w.i32(region);

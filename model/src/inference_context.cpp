@@ -223,6 +223,11 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
                                     std::to_string(opts.deltakv_exact));
         }
         o.exact_share = opts.deltakv_exact;
+        if (!(opts.deltakv_exact_depth > 0.0f && opts.deltakv_exact_depth <= 1.0f)) {
+            return invalid_argument("deltakv exact depth must be in (0, 1], got " +
+                                    std::to_string(opts.deltakv_exact_depth));
+        }
+        o.exact_depth = opts.deltakv_exact_depth;
         parts.deltakv = kvstore::deltakv_options_for_keep(*parts.profile, opts.kv.keep, o);
         if (!opts.deltakv_full_layers.empty()) parts.deltakv.full_layer = opts.deltakv_full_layers;
     } else if (opts.kv.policy != "full") {

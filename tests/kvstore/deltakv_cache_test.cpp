@@ -197,12 +197,14 @@ void set_key_errors(DeltaKvProfile& p) {
 }
 
 TEST(DeltaKvCache, DecodeStepAttendsSelectedTokensReconstructedFromTheirNearestReferences) {
-    for (int run = 0; run < 4; ++run) {
+    for (int run = 0; run < 5; ++run) {
         // int4 latents (integer decoder) and fp16 latents (matmul); then int4 with the logit
-        // correction for the profile's key errors; then int4 with a share kept exact.
+        // correction for the profile's key errors; then int4 with a share kept exact, judged
+        // by both sparse layers, then by the first alone.
         const int bits = run == 1 ? 16 : 4;
         SCOPED_TRACE("latent bits " + std::to_string(bits) + (run == 2 ? ", logits corrected" : "") +
-                     (run == 3 ? ", the worst reconstructed kept exact" : ""));
+                     (run == 3 ? ", the worst reconstructed kept exact" : "") +
+                     (run == 4 ? ", the worst reconstructed in layer 1 kept exact" : ""));
         std::mt19937 rng(1);
         DeltaKvProfile p = zero_decoder_profile(rng);
         if (run == 2) set_key_errors(p);
@@ -212,10 +214,12 @@ TEST(DeltaKvCache, DecodeStepAttendsSelectedTokensReconstructedFromTheirNearestR
         Data data;
         // 10% of the 19 tokens compressed: one stays exact, the one whose keys (4x as long as
         // the others') the mean of its references misses most. It becomes a reference, so the
-        // references after it (19, 24) move up an ordinal in the latents naming them.
+        // references after it (19, 24) move up an ordinal in the latents naming them. Judged
+        // by layer 1 alone, layer 2 compresses after the choice: its latents may name it.
         int32_t kept = -1;
-        if (run == 3) {
+        if (run >= 3) {
             o.exact_share = 0.1f;
+            o.exact_depth = run == 4 ? 0.5f : 1.0f;
             kept = 17;
             data.loud = {kept};
         }
@@ -224,7 +228,7 @@ TEST(DeltaKvCache, DecodeStepAttendsSelectedTokensReconstructedFromTheirNearestR
         ASSERT_TRUE(made.ok());
         DeltaKvSequenceCache& c = **made;
         data.chunk(c, 40);
-        ASSERT_EQ(c.compressed_tokens(), run == 3 ? 18 : 19);
+        ASSERT_EQ(c.compressed_tokens(), run >= 3 ? 18 : 19);
 
         // One decode step at position 40, checked layer by layer from inside.
         ASSERT_TRUE(c.reserve(1).ok());
@@ -252,7 +256,7 @@ TEST(DeltaKvCache, DecodeStepAttendsSelectedTokensReconstructedFromTheirNearestR
         std::vector<int32_t> chosen;
         for (int i = 0; i < 12; ++i) chosen.push_back(score[i].second);  // ceil(0.5 x 24)
         std::sort(chosen.begin(), chosen.end());
-        if (run == 3) {
+        if (run >= 3) {
             ASSERT_TRUE(std::binary_search(chosen.begin(), chosen.end(), kept)) << "the step attends it";
         }
 
@@ -273,9 +277,10 @@ TEST(DeltaKvCache, DecodeStepAttendsSelectedTokensReconstructedFromTheirNearestR
                 }
                 std::vector<std::pair<float, int32_t>> dist;
                 const auto xt = data.cached_x(t, l);
-                // Among the strided references: the kept token became one after they chose.
+                // Among the strided references: the kept token became one after they chose
+                // (but before layer 2 chose, when layer 1 alone judged).
                 for (int32_t r = 0; r <= t; ++r) {
-                    if (r >= 4 && (r - 4) % 5 != 0) continue;
+                    if (r >= 4 && (r - 4) % 5 != 0 && !(r == kept && run == 4 && l == 2)) continue;
                     const auto xr = data.cached_x(r, l);
                     float s = 0;
                     for (int i = 0; i < kD; ++i) s += (xt[i] - xr[i]) * (xt[i] - xr[i]);

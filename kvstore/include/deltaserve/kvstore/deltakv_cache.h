@@ -69,11 +69,15 @@ struct DeltaKvOptions {
     // reads on from where it read, as a copy's next token follows the last. 0: off.
     int32_t follow = 16, follow_ahead = 3;
     // Compression (ours): this share of the tokens a forward call compresses stays exact
-    // instead, those its latents reconstruct worst (per sparse layer, the K and the V squared
-    // error over the plan's mean of each, summed). They become references, which later
-    // tokens may name. A rare token (a number, a name) is where a small latent loses most,
-    // and in deeper layers than the first. 0: off.
+    // instead, those its latents reconstruct worst (per judging layer, the K and the V
+    // squared error over the plan's mean of each, summed). They become references, which
+    // later tokens may name. A rare token (a number, a name) is where a small latent loses
+    // most, and in deeper layers than the first. 0: off.
     float exact_share = 0.02f;
+    // The first this share of the sparse layers (at least one) judge them; the later sparse
+    // layers compress what is left. Their rows of the call's blocks ship once the last judge
+    // ran, so fewer judges ship sooner.
+    float exact_depth = 0.5f;
     // Decode: which layers choose what a step attends to. With 0, the paper's: the
     // observation layer's q . k for its whole group. With N > 0, our departure (README,
     // "Scorer layers"): the first sparse layer after each full layer (and the first of
@@ -209,10 +213,13 @@ private:
     // commit, the latents join the region and the tokens' slots are freed.
     void plan_compression(int32_t n_total);
     void compress_layer(int32_t sparse_index);
-    // Once every sparse layer made the plan's latents: the plan's exact_share tokens they
-    // reconstruct worst become references (their latents dropped, the ordinals renumbered).
+    // Once the judges (exact_judges) made the plan's latents: the plan's exact_share tokens
+    // they reconstruct worst become references (their latents dropped, the ordinals
+    // renumbered); the later sparse layers compress the rest.
     void keep_worst_exact();
-    // Every sparse layer compressed the plan: its tokens' kinds (reference or latent) are final.
+    // How many sparse layers judge (exact_depth); whether they all compressed the plan (then
+    // its tokens' kinds, reference or latent, are final).
+    int32_t exact_judges() const;
     bool plan_decided() const;
     // A plan whose tokens kept exact are not chosen yet: its rows are not final.
     bool exact_pending() const;

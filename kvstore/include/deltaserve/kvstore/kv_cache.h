@@ -102,7 +102,7 @@ public:
     // in any order. Full KV: every stored row is final. DeltaKV: full layers' rows are; a
     // sparse layer's are up to the end of its compressed region after this call's commit
     // (the buffer after it may still be compressed; with `last`, every row), but while the
-    // call keeps some of the tokens it compresses exact (exact_share) and not every sparse
+    // call keeps some of the tokens it compresses exact (exact_share) and not every judging
     // layer has compressed them, only up to the region before the call. Errors as for
     // export_layer / import_layer, and kInvalidArgument for a range outside the cache.
     virtual bool ships_rows() const { return false; }

@@ -64,6 +64,9 @@ struct ContextOptions {
     // deltakv: the share of compressed tokens kept exact instead, those their latents
     // reconstruct worst (kvstore::DeltaKvOptions::exact_share), in [0, 1); 0 = off.
     float deltakv_exact = 0.02f;
+    // deltakv: the share of the sparse layers, the first ones, whose errors choose them
+    // (kvstore::DeltaKvOptions::exact_depth), in (0, 1].
+    float deltakv_exact_depth = 0.5f;
     // A thread pool to share with other contexts (a decode worker batches many sequences
     // through one pool: eval_batch). Default: the context makes its own of n_threads.
     std::shared_ptr<ThreadPool> threads;
