@@ -59,7 +59,7 @@ struct Options {
     float score_dims = 0.25f;  // deltakv: a scorer's first pass, share of key dimensions
     float pin = 0.1f;  // deltakv: share of the region a chunk pins for the decode steps after it
     int32_t follow = 16;  // deltakv: tokens a decode step read most that the next reads again
-    float exact = 0.02f;  // deltakv: share of compressed tokens kept exact, the worst reconstructed
+    float exact = 0.0f;  // deltakv: share of compressed tokens kept exact, the worst reconstructed
     float exact_depth = 0.5f;  // deltakv: share of the sparse layers (the first) that choose them
 };
 

@@ -28,7 +28,7 @@ struct RunOptions {
     float kv_score_dims = 0.25f;
     float kv_pin = 0.1f;
     int32_t kv_follow = 16;
-    float kv_exact = 0.02f;
+    float kv_exact = 0.0f;
     float temperature = 0.8f;
     int32_t top_k = 40;
     float top_p = 0.95f;

@@ -19,12 +19,15 @@ namespace {
 
 class KvShipping : public testing::DefaultModelTest {
   protected:
+    // "deltakv_exact": DeltaKV keeping 2% of what it compresses exact (--kv-exact), whose
+    // rows of a chunk's compressed blocks are final only once its judging layers ran.
     static std::unique_ptr<InferenceContext> context(const std::string& policy) {
         ContextOptions co;
         co.n_ctx = 2048;
         co.n_threads = 2;
-        co.kv.policy = policy;
+        co.kv.policy = policy == "deltakv_exact" ? "deltakv" : policy;
         co.kv.keep = policy == "full" ? 1.0f : 0.3f;
+        if (policy == "deltakv_exact") co.deltakv_exact = 0.02f;
         co.kv_profile = testing::default_deltakv_profile();
         auto c = InferenceContext::create(*model_, co);
         EXPECT_TRUE(c.ok()) << c.error().to_string();
@@ -275,7 +278,7 @@ TEST_F(KvShipping, PoliciesThatCannotShipSaySo) {
     EXPECT_EQ(c->export_kv_state().error().code(), StatusCode::kUnimplemented);
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, KvShippingTest, ::testing::Values("full", "deltakv"),
+INSTANTIATE_TEST_SUITE_P(Policies, KvShippingTest, ::testing::Values("full", "deltakv", "deltakv_exact"),
                          [](const auto& info) { return std::string(info.param); });
 
 }  // namespace

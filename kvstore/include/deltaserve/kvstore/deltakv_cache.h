@@ -72,8 +72,9 @@ struct DeltaKvOptions {
     // instead, those its latents reconstruct worst (per judging layer, the K and the V
     // squared error over the plan's mean of each, summed). They become references, which
     // later tokens may name. A rare token (a number, a name) is where a small latent loses
-    // most, and in deeper layers than the first. 0: off.
-    float exact_share = 0.02f;
+    // most, and in deeper layers than the first. 0: off (the default: at 0.02 the bench's
+    // gain on retrieval was within noise, multi-turn lost a little; kvstore/README.md).
+    float exact_share = 0.0f;
     // The first this share of the sparse layers (at least one) judge them; the later sparse
     // layers compress what is left. Their rows of the call's blocks ship once the last judge
     // ran, so fewer judges ship sooner.

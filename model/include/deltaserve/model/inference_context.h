@@ -63,7 +63,7 @@ struct ContextOptions {
     int32_t deltakv_follow = 16;
     // deltakv: the share of compressed tokens kept exact instead, those their latents
     // reconstruct worst (kvstore::DeltaKvOptions::exact_share), in [0, 1); 0 = off.
-    float deltakv_exact = 0.02f;
+    float deltakv_exact = 0.0f;
     // deltakv: the share of the sparse layers, the first ones, whose errors choose them
     // (kvstore::DeltaKvOptions::exact_depth), in (0, 1].
     float deltakv_exact_depth = 0.5f;
