@@ -66,7 +66,7 @@ void DeltaKvSequenceCache::keep_worst_exact() {
     const size_t n_exact = exact_count(n);
     exact_carry_ += static_cast<double>(options_.exact_share) * static_cast<double>(n) - static_cast<double>(n_exact);
     if (n_exact == 0) return;
-    // A token's badness: per sparse layer, its K error over the plan's mean K error, plus the
+    // A token's badness: per judging layer, its K error over the plan's mean K error, plus the
     // same for V.
     std::vector<double> bad(n, 0.0);
     for (int32_t s = 0; s < exact_judges(); ++s) {

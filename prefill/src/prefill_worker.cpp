@@ -220,9 +220,9 @@ Result<std::vector<float>> PrefillWorkerImpl::prefill_shipping_rows(transport::C
     DS_RETURN_IF_ERROR(decode::send_stream_message(conn, h, state, transfer_deadline()));
     // Ships the rows of a layer that are final and not sent yet: while the forward pass
     // runs, up to kv_rows_final_end (a compressing cache may still change its recent rows;
-    // in the last chunk, most often none); after the last chunk, every row. A layer's rows
-    // may become final at a later layer (DeltaKV keeping tokens exact decides at its last
-    // sparse layer), so each layer's observer looks at every layer up to it.
+    // in the last chunk, every row once final); after the last chunk, whatever is left. A
+    // layer's rows may become final at a later layer (DeltaKV keeping tokens exact decides
+    // once its judging layers ran), so each layer's observer looks at every layer up to it.
     std::vector<int32_t> shipped(static_cast<size_t>(n_layers), 0);
     int32_t b = from, e = from;
     bool done = false;
