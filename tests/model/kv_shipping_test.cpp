@@ -166,7 +166,7 @@ TEST_P(KvShippingTest, RowsShippedWhileThePrefillRunsContinueExactly) {
 }
 
 TEST_F(KvShipping, DeltaKvRowsThatDisagreeBetweenLayersAreRefused) {
-    auto sender = context("deltakv");
+    auto sender = context("deltakv_exact");
     ASSERT_TRUE(sender);
     const auto tokens = text_tokens(900);
     auto state = sender->export_kv_rows_state(900);
@@ -197,7 +197,7 @@ TEST_F(KvShipping, DeltaKvRowsThatDisagreeBetweenLayersAreRefused) {
     }
     ASSERT_EQ(sparse.size(), 2u);
 
-    auto receiver = context("deltakv");
+    auto receiver = context("deltakv_exact");
     ASSERT_TRUE(receiver->import_kv_state(*state).ok());
     for (int i = 0; i < 2; ++i) {
         for (const RowsPart* p : lead[i])
