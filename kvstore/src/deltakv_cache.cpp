@@ -20,6 +20,19 @@ void grow(std::vector<T>& v, size_t n) {
     if (v.size() < n) v.resize(n);
 }
 
+// idx (sorted offsets into the region [r0, r1)) joined with those of the sorted positions
+// that fall in it.
+void add_region_positions(std::vector<int32_t>& idx, const std::vector<int32_t>& positions, int32_t r0,
+                          int32_t r1) {
+    std::vector<int32_t> in, both;
+    for (int32_t p : positions) {
+        if (p >= r0 && p < r1) in.push_back(p - r0);
+    }
+    if (in.empty()) return;
+    std::set_union(idx.begin(), idx.end(), in.begin(), in.end(), std::back_inserter(both));
+    idx = std::move(both);
+}
+
 }  // namespace
 
 DeltaKvOptions deltakv_options_for_keep(const DeltaKvProfile& profile, float keep,
@@ -314,23 +327,11 @@ void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape&
         idx.resize(static_cast<size_t>(want));
         std::sort(idx.begin(), idx.end());
     }
-    if (n == 1 && want < region && !pins_.empty()) {
-        // The last chunk's pins besides the step's pick (both sorted offsets into the region).
-        std::vector<int32_t> pinned, both;
-        for (int32_t p : pins_) {
-            if (p < r1) pinned.push_back(p - r0);
-        }
-        std::set_union(idx.begin(), idx.end(), pinned.begin(), pinned.end(), std::back_inserter(both));
-        idx = std::move(both);
-    }
-    if (n == 1 && want < region && !follow_.empty()) {
-        // What the previous step read most, and the tokens after it.
-        std::vector<int32_t> followed, both;
-        for (int32_t p : follow_) {
-            if (p >= r0 && p < r1) followed.push_back(p - r0);
-        }
-        std::set_union(idx.begin(), idx.end(), followed.begin(), followed.end(), std::back_inserter(both));
-        idx = std::move(both);
+    if (n == 1 && want < region) {
+        // Besides the step's pick: the last chunk's pins, and what the previous step read most
+        // with the tokens after it.
+        add_region_positions(idx, pins_, r0, r1);
+        add_region_positions(idx, follow_, r0, r1);
     }
     if (n == 1 && layer == first_observation_) {
         last_select_ = idx;
