@@ -790,18 +790,25 @@ void DeltaKvSequenceCache::score_pins(int32_t layer, const kernels::AttentionSha
 void DeltaKvSequenceCache::score_follow(int n_heads, const std::vector<int32_t>& positions) {
     const size_t nt = positions.size();
     const size_t end = static_cast<size_t>(n_tokens_ + n_reserved_);
-    if (follow_score_.size() < end) follow_score_.resize(end, 0.0f);
+    if (follow_score_.size() < end) follow_score_.resize(end, kNotFollowed);
+    // A score's share of the head's attention, with the logit correction it was given, as
+    // its log: the order is the weights' order, without an exp per score.
+    follow_best_.resize(nt);
     for (int h = 0; h < n_heads; ++h) {
-        // A score's share of the head's attention, with the logit correction it was given.
         const float shift = lse_b_[h] - lse_b_raw_[h] - lse_a_[h];
         const float* sh = scores_.data() + static_cast<size_t>(h) * nt;
-        for (size_t j = 0; j < nt; ++j) {
-            const float w = std::exp(sh[j] + shift);
-            float& best = follow_score_[positions[j]];
-            if (w <= best) continue;
-            if (best == 0.0f) follow_touched_.push_back(positions[j]);
-            best = w;
+        float* best = follow_best_.data();
+        if (h == 0) {
+            for (size_t j = 0; j < nt; ++j) best[j] = sh[j] + shift;
+        } else {
+            for (size_t j = 0; j < nt; ++j) best[j] = std::max(best[j], sh[j] + shift);
         }
+    }
+    for (size_t j = 0; j < nt; ++j) {
+        float& best = follow_score_[positions[j]];
+        if (follow_best_[j] <= best) continue;
+        if (best == kNotFollowed) follow_touched_.push_back(positions[j]);
+        best = follow_best_[j];
     }
 }
 
@@ -817,7 +824,7 @@ void DeltaKvSequenceCache::choose_follow() {
     }
     std::sort(follow_.begin(), follow_.end());
     follow_.erase(std::unique(follow_.begin(), follow_.end()), follow_.end());
-    for (int32_t p : c) follow_score_[p] = 0.0f;
+    for (int32_t p : c) follow_score_[p] = kNotFollowed;
     c.clear();
 }
 
@@ -1042,7 +1049,7 @@ void DeltaKvSequenceCache::truncate(int32_t n_keep) {
     pins_.clear();
     pin_score_.clear();
     follow_.clear();
-    for (int32_t p : follow_touched_) follow_score_[p] = 0.0f;
+    for (int32_t p : follow_touched_) follow_score_[p] = kNotFollowed;
     follow_touched_.clear();
     exact_carry_ = plan_carry_ = 0.0;
     const int32_t end = n_tokens_ + n_reserved_;

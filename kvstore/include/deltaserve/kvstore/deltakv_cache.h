@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -250,8 +251,8 @@ private:
     // choose_pins(): the pins at a chunk's commit.
     void score_pins(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq, int32_t n);
     void choose_pins();
-    // attend() of a single token: adds to follow_score_ the attention weights its latent
-    // tokens (positions, scores_ [n_heads][positions.size()]) took, given lse_b_raw_,
+    // attend() of a single token: adds to follow_score_ the logs of the attention weights its
+    // latent tokens (positions, scores_ [n_heads][positions.size()]) took, given lse_b_raw_,
     // lse_b_ and the merged lse_a_. choose_follow(): follow_ at the token's commit.
     void score_follow(int n_heads, const std::vector<int32_t>& positions);
     void choose_follow();
@@ -357,10 +358,12 @@ private:
     // region's references it attended exactly (slots_r_).
     std::vector<int32_t> pins_, pos_b_, pos_r_;
     std::vector<float> lse_b_raw_;  // attend_chunk(): lse_b_ before the logit correction
-    // Following (DeltaKvOptions::follow): per position, the largest attention weight this
-    // single-token call's sparse layers gave it (follow_touched_: where not 0); what the
-    // next single-token call attends for it, sorted.
-    std::vector<float> follow_score_;
+    // Following (DeltaKvOptions::follow): per position, the log of the largest attention
+    // weight this single-token call's sparse layers gave it (follow_touched_: where not
+    // kNotFollowed); follow_best_: one layer's, per position it attended. follow_: what
+    // the next single-token call attends for it, sorted.
+    static constexpr float kNotFollowed = -std::numeric_limits<float>::infinity();
+    std::vector<float> follow_score_, follow_best_;
     std::vector<int32_t> follow_touched_, follow_;
     // In a single-token call the selected latent tokens are apart: attend() takes them.
     std::vector<int32_t> latent_sel_;
