@@ -75,6 +75,19 @@ DeltaKvOptions deltakv_options_for_keep(const DeltaKvProfile& profile, float kee
     return o;
 }
 
+double deltakv_keep_floor(const DeltaKvProfile& profile, const DeltaKvOptions& o, int32_t n_tokens) {
+    const double n = std::max(1, n_tokens);
+    const double row = 2.0 * 2.0 * o.n_kv_heads * o.head_dim;  // fp16 K and V
+    const double latent =
+        static_cast<double>(o.latent_bits == 4 ? k::int4_bytes(profile.m) : 2 * static_cast<size_t>(profile.m)) +
+        sizeof(uint16_t) * o.k;
+    const double exact = std::min(1.0, 1.0 / o.stride + (1.5 * o.window + o.sinks) / n);
+    const double sparse = exact * row + (1.0 - exact) * latent;
+    // As bytes_upto(): per position its slots, latent index and reference flag; ref_list_.
+    const double meta = 3 * sizeof(int32_t) + 1 + sizeof(int32_t) / static_cast<double>(o.stride);
+    return (row + (o.n_layers - 1) * sparse + meta) / (o.n_layers * row);
+}
+
 void prepare_int4_decoders(DeltaKvProfile& profile) {
     profile.int4.clear();
     profile.int4_k.clear();

@@ -1,8 +1,10 @@
 #include "deltaserve/model/inference_context.h"
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 
+#include "deltaserve/common/logging.h"
 #include "deltaserve/common/thread_pool.h"
 #include "deltaserve/kvstore/deltakv_cache.h"
 #include "deltaserve/kvstore/evicting_cache.h"
@@ -164,6 +166,18 @@ private:
     std::vector<float> logits_;
 };
 
+// A keep target below what the profile's latents can hold is held at about their floor: said
+// once per process and target, as a server makes a context per session.
+void warn_below_floor(const kvstore::DeltaKvProfile& profile, const kvstore::DeltaKvOptions& o) {
+    const double floor = kvstore::deltakv_keep_floor(profile, o);
+    if (o.keep >= floor) return;
+    static std::atomic<float> warned{0.0f};
+    if (warned.exchange(o.keep) == o.keep) return;
+    spdlog::warn("deltakv: keep {:.2f} is below what this profile holds (about {:.3f} at 2k tokens: {}-bit latents "
+                 "of m = {}, a reference every {} tokens, one full layer); the session holds about that",
+                 o.keep, floor, o.latent_bits, profile.m, o.stride);
+}
+
 }  // namespace
 
 Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& model,
@@ -230,6 +244,7 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
         o.exact_depth = opts.deltakv_exact_depth;
         parts.deltakv = kvstore::deltakv_options_for_keep(*parts.profile, opts.kv.keep, o);
         if (!opts.deltakv_full_layers.empty()) parts.deltakv.full_layer = opts.deltakv_full_layers;
+        warn_below_floor(*parts.profile, parts.deltakv);
     } else if (opts.kv.policy != "full") {
         if (opts.kv.policy == "trimkv" && !opts.kv.gates) {
             if (opts.kv_profile.empty()) {

@@ -951,6 +951,29 @@ TEST(DeltaKvCache, TheMeasuredObservationLayerIsTheFirstFullLayer) {
     }
 }
 
+// A keep target below what the latents can hold: the session holds about the floor
+// deltakv_keep_floor tells up front, at the length it is told for.
+TEST(DeltaKvCache, AKeepTargetBelowTheFloorHoldsAboutTheFloor) {
+    std::mt19937 rng(1);
+    const DeltaKvProfile p = zero_decoder_profile(rng);
+    ThreadPool threads(2);
+    DeltaKvOptions o = deltakv_options_for_keep(p, 0.05f, options());
+    o.n_ctx = 1100;
+    const double floor = deltakv_keep_floor(p, o, 1024);
+    EXPECT_GT(floor, 0.3) << "with 8-dimensional heads a latent weighs more than the target";
+    auto c = DeltaKvSequenceCache::create(p, o, threads);
+    ASSERT_TRUE(c.ok());
+    Data d;
+    for (int32_t n = 0; n < 1024; n += 16) {
+        d.chunk(**c, 16);
+        if (HasFatalFailure()) return;
+    }
+    const double ratio = (*c)->bytes() / static_cast<double>(full_fp16_bytes(1024, kLayers, kKvDim));
+    std::printf("keep target 0.05: floor %.4f, held %.4f at 1024 tokens\n", floor, ratio);
+    EXPECT_NEAR(ratio, floor, 0.01);
+    EXPECT_LT(deltakv_keep_floor(p, o, 4096), floor) << "the sinks and buffer weigh less in a longer context";
+}
+
 // A latent names its references by 16-bit ordinals: a context with more references than
 // that is refused up front, not wrapped around.
 TEST(DeltaKvCache, MoreReferencesThanOrdinalsCanNameIsRefused) {

@@ -116,6 +116,12 @@ struct DeltaKvOptions {
 // ratio is bytes() / full_fp16_bytes().
 DeltaKvOptions deltakv_options_for_keep(const DeltaKvProfile& profile, float keep, DeltaKvOptions base);
 
+// The least keep ratio a session with options o (from deltakv_options_for_keep) holds at
+// n_tokens: one full layer, and in every sparse layer the references, sinks and a buffer of
+// 1.5 windows exact, every other token a latent; metadata counted as bytes() counts it. A
+// target below it is held at about it.
+double deltakv_keep_floor(const DeltaKvProfile& profile, const DeltaKvOptions& o, int32_t n_tokens = 2048);
+
 // A profile's key_error_var for one layer, measured on x: n rows [K; V] (before RoPE) of one
 // sequence, compressed as the cache compresses it (sinks and every stride-th token kept, every
 // other token's latent against the mean of its k nearest earlier references, int4 latents
