@@ -20,6 +20,12 @@ void grow(std::vector<T>& v, size_t n) {
     if (v.size() < n) v.resize(n);
 }
 
+// A latent token's bytes in one sparse layer: its latent and its references' ordinals.
+double latent_token_bytes(const DeltaKvProfile& profile, const DeltaKvOptions& o) {
+    const size_t latent = o.latent_bits == 4 ? k::int4_bytes(profile.m) : 2 * static_cast<size_t>(profile.m);
+    return static_cast<double>(latent + sizeof(uint16_t) * o.k);
+}
+
 // idx (sorted offsets into the region [r0, r1)) joined with those of the sorted positions
 // that fall in it.
 void add_region_positions(std::vector<int32_t>& idx, const std::vector<int32_t>& positions, int32_t r0,
@@ -44,8 +50,7 @@ DeltaKvOptions deltakv_options_for_keep(const DeltaKvProfile& profile, float kee
     }
     // Bytes per token of a sparse layer over fp16 full KV, at a 2k-token context.
     const double full_token = 2.0 * 2.0 * o.n_kv_heads * o.head_dim;
-    const double latent =
-        (o.latent_bits == 4 ? k::int4_bytes(profile.m) : 2.0 * profile.m) + 2.0 * o.k;
+    const double latent = latent_token_bytes(profile, o);
     const double n = 2048.0;
     const double s = 1.0 / o.stride + latent / full_token + (1.5 * o.window + o.sinks) / n;
     int32_t n_full = static_cast<int32_t>(std::floor((keep - s) / (1.0 - s) * n_layers));
@@ -78,9 +83,7 @@ DeltaKvOptions deltakv_options_for_keep(const DeltaKvProfile& profile, float kee
 double deltakv_keep_floor(const DeltaKvProfile& profile, const DeltaKvOptions& o, int32_t n_tokens) {
     const double n = std::max(1, n_tokens);
     const double row = 2.0 * 2.0 * o.n_kv_heads * o.head_dim;  // fp16 K and V
-    const double latent =
-        static_cast<double>(o.latent_bits == 4 ? k::int4_bytes(profile.m) : 2 * static_cast<size_t>(profile.m)) +
-        sizeof(uint16_t) * o.k;
+    const double latent = latent_token_bytes(profile, o);
     const double exact = std::min(1.0, 1.0 / o.stride + (1.5 * o.window + o.sinks) / n);
     const double sparse = exact * row + (1.0 - exact) * latent;
     // As bytes_upto(): per position its slots, latent index and reference flag; ref_list_.
