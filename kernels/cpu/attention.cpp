@@ -6,10 +6,12 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "deltaserve/common/fp16.h"
 #include "deltaserve/common/status.h"
+#include "deltaserve/kernels/attention_support.h"
 #include "simd_math.h"
 
 namespace deltaserve::kernels {
@@ -243,6 +245,24 @@ void write_rows(const AttentionShape& s, const Partial& st, int g, int32_t i0, i
 }
 
 }  // namespace
+
+Status attention_shape_supported(const AttentionShape& s) {
+    if (s.head_dim <= 0 || s.head_dim % 8 != 0 || s.head_dim > kMaxHeadDim) {
+        return unimplemented("head size " + std::to_string(s.head_dim) +
+                             ": the attention kernels take multiples of 8 up to " +
+                             std::to_string(kMaxHeadDim));
+    }
+    if (s.n_kv_heads <= 0 || s.n_heads <= 0 || s.n_heads % s.n_kv_heads != 0) {
+        return unimplemented(std::to_string(s.n_heads) + " query heads over " +
+                             std::to_string(s.n_kv_heads) + " KV heads");
+    }
+    if (s.n_heads / s.n_kv_heads > kMaxRows) {
+        return unimplemented(std::to_string(s.n_heads / s.n_kv_heads) +
+                             " query heads per KV head: the attention kernels take up to " +
+                             std::to_string(kMaxRows));
+    }
+    return {};
+}
 
 void attention(const AttentionShape& s, const KvView& kv, const float* q, int64_t ldq, int32_t n_q,
                float* out, int64_t ldo, ThreadPool& pool, float* lse, bool causal) {

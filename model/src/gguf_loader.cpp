@@ -67,9 +67,10 @@ Status read_config(const GgufFile& g, ModelConfig& c) {
     DS_ASSIGN_OR_RETURN(c.n_layers, hparam(g, a, "block_count"));
     DS_ASSIGN_OR_RETURN(c.n_heads, hparam(g, a, "attention.head_count"));
     DS_ASSIGN_OR_RETURN(c.d_ff, hparam(g, a, "feed_forward_length"));
-    c.n_kv_heads = g.has(a + ".attention.head_count_kv")
-                       ? *hparam(g, a, "attention.head_count_kv")
-                       : c.n_heads;
+    c.n_kv_heads = c.n_heads;
+    if (g.has(a + ".attention.head_count_kv")) {
+        DS_ASSIGN_OR_RETURN(c.n_kv_heads, hparam(g, a, "attention.head_count_kv"));
+    }
     if (auto ctx = hparam(g, a, "context_length")) c.n_ctx_train = *ctx;
     if (auto eps = g.get_float(a + ".attention.layer_norm_rms_epsilon")) c.rms_eps = static_cast<float>(*eps);
     if (auto base = g.get_float(a + ".rope.freq_base")) c.rope_theta = static_cast<float>(*base);
@@ -99,10 +100,12 @@ Status read_weights(const GgufFile& g, const ModelConfig& c, ModelWeights& w) {
     } else {
         DS_ASSIGN_OR_RETURN(w.output, matrix(g, "output.weight", c.n_vocab, c.d_model));
     }
-    w.layers.resize(static_cast<size_t>(c.n_layers));
+    // Layer by layer, not resized up front: block_count may be anything up to 2^30, and
+    // only the file's tensors say how many layers there are.
+    w.layers.clear();
     for (int32_t i = 0; i < c.n_layers; ++i) {
         const std::string p = "blk." + std::to_string(i) + ".";
-        LayerWeights& l = w.layers[i];
+        LayerWeights& l = w.layers.emplace_back();
         DS_ASSIGN_OR_RETURN(l.attn_norm, vector(g, p + "attn_norm.weight", c.d_model));
         DS_ASSIGN_OR_RETURN(l.wq, matrix(g, p + "attn_q.weight", c.q_dim(), c.d_model));
         DS_ASSIGN_OR_RETURN(l.wk, matrix(g, p + "attn_k.weight", c.kv_dim(), c.d_model));

@@ -296,9 +296,11 @@ Status load_weights(SafetensorsModel& st, ModelConfig& c, ModelWeights& w, bool 
     DS_ASSIGN_OR_RETURN(w.token_embd, r.matrix("model.embed_tokens.weight", c.n_vocab, c.d_model));
     std::optional<ProgressBar> bar;
     if (progress) bar.emplace("loading");
-    w.layers.resize(static_cast<size_t>(c.n_layers));
+    // Layer by layer, not resized up front: num_hidden_layers may be anything up to 2^31,
+    // and only the checkpoint's tensors say how many layers there are.
+    w.layers.clear();
     for (int i = 0; i < c.n_layers; ++i) {
-        DS_RETURN_IF_ERROR(load_layer(r, c, i, w.layers[i]));
+        DS_RETURN_IF_ERROR(load_layer(r, c, i, w.layers.emplace_back()));
         if (bar) bar->update(static_cast<double>(i + 1) / c.n_layers);
     }
     DS_ASSIGN_OR_RETURN(w.output_norm, r.vector("model.norm.weight", c.d_model));

@@ -6,6 +6,7 @@
 
 #include "deltaserve/common/logging.h"
 #include "deltaserve/common/thread_pool.h"
+#include "deltaserve/kernels/attention_support.h"
 #include "deltaserve/kvstore/deltakv_cache.h"
 #include "deltaserve/kvstore/evicting_cache.h"
 #include "deltaserve/kvstore/kv_cache.h"
@@ -185,6 +186,11 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
     ContextOptions opts = options;
     if (opts.n_ctx <= 0) opts.n_ctx = std::min(model.config.n_ctx_train, kDefaultMaxContext);
     if (opts.n_batch <= 0) return invalid_argument("n_batch must be positive");
+    // A model the attention kernels cannot run is refused here, not at its first token.
+    const ModelConfig& mc = model.config;
+    DS_RETURN_IF_ERROR(
+        kernels::attention_shape_supported({mc.n_heads, mc.n_kv_heads, mc.head_dim, 0.0f})
+            .with_context("model '" + mc.name + "'"));
     if (opts.n_threads <= 0) opts.n_threads = default_thread_count();
     if (opts.threads) opts.n_threads = opts.threads->size();
     if (opts.attention == AttentionNumerics::kGgml && opts.kv_type != KvType::kF16) {

@@ -1,5 +1,6 @@
 // llama2.c checkpoints (karpathy/llama2.c run.c format, version 0): a header of seven
 // int32 values, then fp32 weights in a fixed order. Weights stay in the mapping.
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -24,7 +25,10 @@ Result<std::unique_ptr<Model>> load_llama2c_model(const std::string& path,
     if (file.size() < sizeof(h)) return data_loss(path + ": too small for a llama2.c checkpoint");
     std::memcpy(&h, file.data(), sizeof(h));
     const bool shared_classifier = h.vocab_size > 0;
-    const int32_t vocab = shared_classifier ? h.vocab_size : -h.vocab_size;
+    // INT32_MIN has no negation: 0, which is refused below.
+    const int32_t vocab = shared_classifier           ? h.vocab_size
+                          : h.vocab_size == INT32_MIN ? 0
+                                                      : -h.vocab_size;
     const auto plausible = [](int32_t v, int32_t hi) { return v > 0 && v <= hi; };
     if (!plausible(h.dim, 1 << 16) || !plausible(h.hidden_dim, 1 << 18) ||
         !plausible(h.n_layers, 1024) || !plausible(h.n_heads, 1024) ||

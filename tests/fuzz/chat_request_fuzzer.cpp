@@ -1,0 +1,28 @@
+// The chat request parser (POST /v1/chat/completions bodies): any bytes give a request or a
+// kInvalidArgument, never an exception or a crash; what it accepts renders as a prompt.
+#include <cstdint>
+#include <cstdlib>
+#include <string_view>
+
+#include "deltaserve/api/openai_protocol.h"
+#include "deltaserve/model/chat_template.h"
+
+using namespace deltaserve;
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    const std::string_view body(reinterpret_cast<const char*>(data), size);
+    model::SamplingParams defaults;
+    auto r = api::parse_chat_request(body, defaults);
+    if (!r.ok()) {
+        if (r.error().code() != StatusCode::kInvalidArgument) std::abort();
+        return 0;
+    }
+    if (r->messages.empty()) std::abort();  // "no messages" is a 400
+    const auto tmpl = model::detect_chat_template("");
+    if (!tmpl.ok()) std::abort();
+    const std::string prompt = model::apply_chat_template(*tmpl, r->messages, true);
+    for (const auto& m : r->messages) {
+        if (prompt.find(m.content) == std::string::npos) std::abort();
+    }
+    return 0;
+}
