@@ -63,8 +63,7 @@ int chat_main(int argc, char** argv) {
             continue;
         }
         history.push_back({"user", line});
-        const std::string text = model::apply_chat_template(m.chat_template, history, true);
-        auto tokens = tok.encode(text, tok.vocab().add_bos, true);
+        auto tokens = model::encode_chat(tok, m.chat_template, history, true);
         if (!tokens) {
             print_error(tokens.error());
             history.pop_back();

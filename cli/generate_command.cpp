@@ -36,9 +36,10 @@ int generate_main(int argc, char** argv) {
     model::InferenceContext& ctx = *loaded->ctx;
     const model::Model& m = *loaded->model;
     const model::Tokenizer& tok = *m.tokenizer;
-    std::string text = prompt;
-    if (chat) text = model::apply_chat_template(m.chat_template, {{"user", prompt}}, true);
-    auto tokens = tok.encode(text, tok.vocab().add_bos, true);
+    // A raw prompt is the operator's own text, control tokens and all (as llama.cpp's CLI);
+    // with --chat the template's markers are the only control tokens.
+    auto tokens = chat ? model::encode_chat(tok, m.chat_template, {{"user", prompt}}, true)
+                       : tok.encode(prompt, tok.vocab().add_bos, true);
     if (!tokens) {
         print_error(tokens.error());
         return 1;

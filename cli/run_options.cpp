@@ -113,9 +113,16 @@ Result<std::unique_ptr<model::Model>> load_model_for_run(const RunOptions& o) {
     if (o.kv_policy == "full" && o.kv_keep < 1.0f) {
         return invalid_argument("--kv-keep below 1 needs a --kv-policy (" + std::string(kvstore::eviction_policy_names()) + ")");
     }
-    if (o.temperature < 0) return invalid_argument("--temperature must be >= 0");
-    if (o.top_p <= 0 || o.top_p > 1) return invalid_argument("--top-p must be in (0, 1]");
-    if (o.min_p < 0 || o.min_p > 1) return invalid_argument("--min-p must be in [0, 1]");
+    {  // The same check as a request's sampling fields get; the message names the field.
+        model::SamplingParams s;
+        s.temperature = o.temperature;
+        s.top_k = o.top_k;
+        s.top_p = o.top_p;
+        s.min_p = o.min_p;
+        s.repeat_penalty = o.repeat_penalty;
+        s.repeat_last_n = o.repeat_last_n;
+        DS_RETURN_IF_ERROR(model::validate_sampling(s).with_context("sampling flags"));
+    }
     if (o.threads < 0 || o.ctx_size < 0 || o.batch_size <= 0) {
         return invalid_argument("--threads and --ctx-size must be >= 0, --batch-size > 0");
     }

@@ -16,6 +16,10 @@ std::string_view status_code_name(StatusCode code) {
         case StatusCode::kDataLoss: return "DATA_LOSS";
         case StatusCode::kUnimplemented: return "UNIMPLEMENTED";
         case StatusCode::kInternal: return "INTERNAL";
+        case StatusCode::kUnauthenticated:
+            return "UNAUTHENTICATED";
+        case StatusCode::kPermissionDenied:
+            return "PERMISSION_DENIED";
     }
     return "UNKNOWN";
 }

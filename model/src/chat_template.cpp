@@ -63,14 +63,37 @@ Result<ChatTemplate> detect_chat_template(std::string_view jinja) {
                          std::string(jinja.substr(0, 120)));
 }
 
-std::string apply_chat_template(const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages,
-                                bool add_generation_prompt) {
-    std::string out;
+namespace {
+
+// Appends to segments, merging adjacent text.
+class SegmentWriter {
+  public:
+    void special(std::string_view marker) { out_.push_back({std::string(marker), true}); }
+    SegmentWriter& text(std::string_view t) {
+        if (t.empty()) return *this;
+        if (out_.empty() || out_.back().special) out_.push_back({"", false});
+        out_.back().text.append(t);
+        return *this;
+    }
+    std::vector<ChatSegment> take() { return std::move(out_); }
+
+  private:
+    std::vector<ChatSegment> out_;
+};
+
+}  // namespace
+
+std::vector<ChatSegment> render_chat_template(const ChatTemplate& tmpl,
+                                              const std::vector<ChatMessage>& messages,
+                                              bool add_generation_prompt) {
+    SegmentWriter w;
     switch (tmpl.kind) {
         case ChatTemplateKind::kChatML: {
             auto turn = [&](std::string_view role, std::string_view content) {
-                out.append(kImStart).append(role).append("\n");
-                out.append(content).append(kImEnd).append("\n");
+                w.special(kImStart);
+                w.text(role).text("\n").text(content);
+                w.special(kImEnd);
+                w.text("\n");
             };
             // The template adds its system prompt inside the message loop, so only when
             // there is at least one message.
@@ -78,27 +101,72 @@ std::string apply_chat_template(const ChatTemplate& tmpl, const std::vector<Chat
                 turn("system", tmpl.default_system);
             }
             for (const ChatMessage& m : messages) turn(m.role, m.content);
-            if (add_generation_prompt) out.append(kImStart).append("assistant\n");
+            if (add_generation_prompt) {
+                w.special(kImStart);
+                w.text("assistant\n");
+            }
             break;
         }
         case ChatTemplateKind::kLlama3: {
             auto header = [&](std::string_view role) {
-                out.append(kHeaderStart).append(role).append(kHeaderEnd).append("\n\n");
+                w.special(kHeaderStart);
+                w.text(role);
+                w.special(kHeaderEnd);
+                w.text("\n\n");
             };
-            out += tmpl.bos_text;
+            if (!tmpl.bos_text.empty()) w.special(tmpl.bos_text);
             if (!messages.empty() && messages[0].role != "system" && !tmpl.default_system.empty()) {
                 header("system");
-                out.append(trim(tmpl.default_system)).append(kEotId);
+                w.text(trim(tmpl.default_system));
+                w.special(kEotId);
             }
             for (const ChatMessage& m : messages) {
                 header(m.role);
-                out.append(trim(m.content)).append(kEotId);  // the template trims content
+                w.text(trim(m.content));  // the template trims content
+                w.special(kEotId);
             }
             if (add_generation_prompt) header("assistant");
             break;
         }
     }
+    return w.take();
+}
+
+std::string apply_chat_template(const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages,
+                                bool add_generation_prompt) {
+    std::string out;
+    for (const ChatSegment& s : render_chat_template(tmpl, messages, add_generation_prompt)) {
+        out += s.text;
+    }
     return out;
+}
+
+Result<std::vector<int32_t>> encode_chat(const Tokenizer& tokenizer, const ChatTemplate& tmpl,
+                                         const std::vector<ChatMessage>& messages,
+                                         bool add_generation_prompt) {
+    // A marker the vocabulary has no single token for is text, as it was when the whole
+    // prompt was encoded at once: it joins the text around it.
+    std::vector<ChatSegment> segments;
+    for (ChatSegment& s : render_chat_template(tmpl, messages, add_generation_prompt)) {
+        if (s.special) {
+            auto ids = tokenizer.encode(s.text, false, true);
+            if (!ids.ok()) return ids.status();
+            s.special = ids->size() == 1;
+        }
+        if (!s.special && !segments.empty() && !segments.back().special) {
+            segments.back().text += s.text;
+        } else {
+            segments.push_back(std::move(s));
+        }
+    }
+    std::vector<int32_t> ids;
+    if (tokenizer.vocab().add_bos && tokenizer.bos_id() >= 0) ids.push_back(tokenizer.bos_id());
+    for (const ChatSegment& s : segments) {
+        DS_ASSIGN_OR_RETURN(const std::vector<int32_t> part,
+                            tokenizer.encode(s.text, false, s.special));
+        ids.insert(ids.end(), part.begin(), part.end());
+    }
+    return ids;
 }
 
 }  // namespace deltaserve::model

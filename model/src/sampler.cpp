@@ -2,8 +2,33 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 namespace deltaserve::model {
+
+namespace {
+
+Status out_of(const char* field, double lo, double hi, bool lo_open, double v) {
+    const bool in = lo_open ? v > lo && v <= hi : v >= lo && v <= hi;  // false for NaN
+    if (in) return Status();
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "'%s' must be in %c%.10g, %.10g], not %.10g", field,
+                  lo_open ? '(' : '[', lo, hi, v);
+    return invalid_argument(buf);
+}
+
+}  // namespace
+
+Status validate_sampling(const SamplingParams& p) {
+    constexpr double kMaxCount = 1 << 20;
+    DS_RETURN_IF_ERROR(out_of("temperature", 0, 2, false, p.temperature));
+    DS_RETURN_IF_ERROR(out_of("top_p", 0, 1, true, p.top_p));
+    DS_RETURN_IF_ERROR(out_of("min_p", 0, 1, false, p.min_p));
+    DS_RETURN_IF_ERROR(out_of("top_k", 0, kMaxCount, false, p.top_k));
+    DS_RETURN_IF_ERROR(out_of("repetition_penalty", 0, 10, true, p.repeat_penalty));
+    DS_RETURN_IF_ERROR(out_of("repeat_last_n", 0, kMaxCount, false, p.repeat_last_n));
+    return Status();
+}
 
 int32_t greedy(std::span<const float> logits) {
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());

@@ -28,6 +28,8 @@ enum class StatusCode {
     kDataLoss,
     kUnimplemented,
     kInternal,
+    kUnauthenticated,   // no or a wrong credential (HTTP 401)
+    kPermissionDenied,  // a credential that does not allow this (HTTP 403)
 };
 
 std::string_view status_code_name(StatusCode code);
@@ -73,6 +75,12 @@ inline Status unimplemented(std::string msg) {
     return {StatusCode::kUnimplemented, std::move(msg)};
 }
 inline Status internal_error(std::string msg) { return {StatusCode::kInternal, std::move(msg)}; }
+inline Status unauthenticated(std::string msg) {
+    return {StatusCode::kUnauthenticated, std::move(msg)};
+}
+inline Status permission_denied(std::string msg) {
+    return {StatusCode::kPermissionDenied, std::move(msg)};
+}
 inline Status unavailable(std::string msg) { return {StatusCode::kUnavailable, std::move(msg)}; }
 inline Status deadline_exceeded(std::string msg) {
     return {StatusCode::kDeadlineExceeded, std::move(msg)};

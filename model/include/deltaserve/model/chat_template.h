@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "deltaserve/common/status.h"
+#include "deltaserve/model/tokenizer.h"
 
 namespace deltaserve::model {
 
@@ -36,9 +37,29 @@ struct ChatTemplate {
 // An empty template yields plain ChatML.
 Result<ChatTemplate> detect_chat_template(std::string_view jinja);
 
-// The prompt text for messages; with add_generation_prompt, the opening of the assistant's
-// turn is appended. Special tokens appear as text: encode with parse_special = true.
+// A piece of a rendered prompt: one of the template's own markers (special: encoded as its
+// control token), or text (roles, contents, newlines), never parsed for control tokens.
+struct ChatSegment {
+    std::string text;
+    bool special = false;
+};
+
+// The prompt for messages, as segments; with add_generation_prompt, the opening of the
+// assistant's turn is appended. Adjacent text segments are merged.
+std::vector<ChatSegment> render_chat_template(const ChatTemplate& tmpl,
+                                              const std::vector<ChatMessage>& messages,
+                                              bool add_generation_prompt);
+
+// The same prompt as one string (the segments joined), for display and tests.
 std::string apply_chat_template(const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages,
                                 bool add_generation_prompt);
+
+// The prompt's token ids: the template's markers become control tokens, and the messages'
+// text is tokenized as plain text, so a user who writes "<|im_start|>system" gets those
+// characters, not a forged turn. BOS first when the vocabulary adds one.
+// Errors: the tokenizer's (kInvalidArgument for text that is not valid UTF-8).
+Result<std::vector<int32_t>> encode_chat(const Tokenizer& tokenizer, const ChatTemplate& tmpl,
+                                         const std::vector<ChatMessage>& messages,
+                                         bool add_generation_prompt);
 
 }  // namespace deltaserve::model

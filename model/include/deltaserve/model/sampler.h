@@ -8,6 +8,8 @@
 #include <span>
 #include <vector>
 
+#include "deltaserve/common/status.h"
+
 namespace deltaserve::model {
 
 struct SamplingParams {
@@ -19,6 +21,12 @@ struct SamplingParams {
     int32_t repeat_last_n = 64;   // Default 64 tokens penalised
     uint64_t seed = 0;            // Default: the caller picks (random unless given)
 };
+
+// The one check of sampling values from outside (HTTP, RPC, flags): kInvalidArgument naming
+// the field (OpenAI's names) unless temperature is in [0, 2], top_p in (0, 1], min_p in
+// [0, 1], top_k in [0, 2^20], repetition_penalty in (0, 10], repeat_last_n in [0, 2^20];
+// NaN is out of every range.
+Status validate_sampling(const SamplingParams& params);
 
 class Sampler {
 public:
