@@ -127,6 +127,7 @@ class DecodeWorkerImpl final : public DecodeWorker {
     struct Reader {
         std::shared_ptr<transport::Connection> connection;
         std::thread thread;
+        std::shared_ptr<std::atomic<bool>> done;  // its connection ended: join it
     };
 
     Result<std::unique_ptr<model::InferenceContext>> make_context() const {
@@ -192,6 +193,15 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
         if (tok < 0 || tok >= model_.config.n_vocab) {
             return invalid_argument("token id " + std::to_string(tok) +
                                     " is outside the vocabulary");
+        }
+    }
+    // A turn may come over RPC from any gateway: its values are checked here as the
+    // gateway's own requests are.
+    DS_RETURN_IF_ERROR(model::validate_sampling(spec.sampling));
+    if (spec.stop.size() > 16) return invalid_argument("a turn has at most 16 stop strings");
+    for (const std::string& stop : spec.stop) {
+        if (stop.empty() || stop.size() > 1024) {
+            return invalid_argument("a stop string must have 1 to 1024 bytes");
         }
     }
     auto t = std::make_shared<Turn>(std::move(spec), std::move(sink), model_);
@@ -487,17 +497,44 @@ void DecodeWorkerImpl::update_stats() {
 
 void DecodeWorkerImpl::serve(std::unique_ptr<transport::Connection> connection) {
     std::shared_ptr<transport::Connection> conn(std::move(connection));
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) {
-        conn->close();
-        return;
+    std::list<Reader> ended;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        // Readers whose connection ended are joined here, not at shutdown: a node that
+        // served a million connections holds no million thread stacks.
+        for (auto it = readers_.begin(); it != readers_.end();) {
+            auto next = std::next(it);
+            if (it->done->load()) ended.splice(ended.end(), readers_, it);
+            it = next;
+        }
+        if (stopping_ || static_cast<int32_t>(readers_.size()) >= options_.max_data_connections) {
+            if (!stopping_) {
+                spdlog::warn("decode: refusing a data connection from {}: {} are open already",
+                             conn->peer(), readers_.size());
+            }
+            conn->close();
+        } else {
+            auto done = std::make_shared<std::atomic<bool>>(false);
+            readers_.push_back(Reader{conn, std::thread([this, conn, done] {
+                                          read_connection(conn);
+                                          done->store(true);
+                                      }),
+                                      done});
+        }
     }
-    readers_.push_back(Reader{conn, std::thread([this, conn] { read_connection(conn); })});
+    for (Reader& r : ended) r.thread.join();
 }
 
 void DecodeWorkerImpl::read_connection(std::shared_ptr<transport::Connection> conn) {
     std::map<uint64_t, std::shared_ptr<Turn>> receiving;  // streams begun, not yet ended
-    Status why;
+    Status why = challenge_peer(*conn, options_.cluster_token,
+                                transport::deadline_in(std::chrono::seconds(10)));
+    if (!why.ok()) {
+        spdlog::warn("decode: refusing the data connection from {}: {}", conn->peer(),
+                     why.message());
+        conn->close();
+        return;
+    }
     for (;;) {
         auto m = conn->receive(transport::deadline_in(std::chrono::milliseconds(500)));
         if (!m.ok()) {
@@ -527,6 +564,7 @@ void DecodeWorkerImpl::read_connection(std::shared_ptr<transport::Connection> co
             if (t) fail(t, st);
         }
     }
+    conn->close();  // its transport resources go now, not when the reader is joined
     // The turns whose KV was coming over this connection wait again: the gateway retries
     // their prefill on another node or ends them with the prefill's error (or the KV wait
     // runs out).
@@ -616,6 +654,9 @@ Status DecodeWorkerImpl::on_stream_message(transport::Connection& conn, const St
         case StreamKind::kAbort:
             receiving.erase(h.turn);
             return unavailable("the prefill node gave up on the turn: " + h.message);
+        case StreamKind::kChallenge:
+        case StreamKind::kProof:
+            return invalid_argument("a handshake message after the handshake");
     }
     return {};
 }

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "deltaserve/common/logging.h"
+#include "deltaserve/transport/peer_auth.h"
 
 namespace deltaserve::decode {
 
@@ -25,6 +26,34 @@ Status send_stream_message(transport::Connection& conn, const StreamHeader& head
     m.payload = conn.allocate_payload(payload.size());
     if (!payload.empty()) std::memcpy(m.payload.data(), payload.data(), payload.size());
     return conn.send(std::move(m), deadline);
+}
+
+Status challenge_peer(transport::Connection& conn, const std::string& secret,
+                      transport::Deadline deadline) {
+    StreamHeader h;
+    h.kind = StreamKind::kChallenge;
+    h.message = transport::make_nonce();
+    DS_RETURN_IF_ERROR(send_stream_message(conn, h, {}, deadline));
+    DS_ASSIGN_OR_RETURN(auto m, conn.receive(deadline));
+    auto r = transport::decode_stream_header(m.header);
+    if (!r.ok() || r->kind != StreamKind::kProof || !m.payload.empty() ||
+        !transport::verify(secret, "kv", h.message, r->message)) {
+        return unauthenticated("the peer did not prove the cluster token");
+    }
+    return Status();
+}
+
+Status prove_to_peer(transport::Connection& conn, const std::string& secret,
+                     transport::Deadline deadline) {
+    DS_ASSIGN_OR_RETURN(auto m, conn.receive(deadline));
+    DS_ASSIGN_OR_RETURN(auto r, transport::decode_stream_header(m.header));
+    if (r.kind != StreamKind::kChallenge || r.message.size() != 64) {
+        return data_loss("the peer did not open with a challenge (an older deltaserve?)");
+    }
+    StreamHeader h;
+    h.kind = StreamKind::kProof;
+    h.message = transport::prove(secret, "kv", r.message);
+    return send_stream_message(conn, h, {}, deadline);
 }
 
 void send_abort(transport::Connection& conn, uint64_t turn, const std::string& why) {

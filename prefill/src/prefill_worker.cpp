@@ -33,6 +33,7 @@ class PrefillWorkerImpl final : public PrefillWorker {
     }
 
     Result<PrefillResult> prefill(const PrefillRequest& request) override {
+        DS_RETURN_IF_ERROR(model::validate_sampling(request.turn.sampling));
         ++queued_;
         std::lock_guard<std::mutex> lock(mu_);
         --queued_;
@@ -100,6 +101,9 @@ Result<std::shared_ptr<transport::Connection>> PrefillWorkerImpl::connection_to(
         auto conn, transport_.connect(address, transport::deadline_in(std::chrono::milliseconds(
                                                    options_.connect_timeout_ms))));
     std::shared_ptr<transport::Connection> shared(std::move(conn));
+    DS_RETURN_IF_ERROR(decode::prove_to_peer(
+        *shared, options_.cluster_token,
+        transport::deadline_in(std::chrono::milliseconds(options_.connect_timeout_ms))));
     connections_[address] = shared;
     return shared;
 }
@@ -201,7 +205,9 @@ Status PrefillWorkerImpl::pull(transport::Connection& conn, const decode::TurnSp
                 return failed_precondition("the decode node did not send the history: " +
                                            r.message);
             case StreamKind::kPull:
-                return invalid_argument("a decode node asked a prefill node for KV");
+            case StreamKind::kChallenge:
+            case StreamKind::kProof:
+                return invalid_argument("a decode node sent a message that has no place here");
         }
     }
 }

@@ -8,6 +8,7 @@
 
 #include "default_model.h"
 #include "deltaserve/decode/decode_worker.h"
+#include "deltaserve/decode/kv_stream_io.h"
 #include "deltaserve/prefill/prefill_worker.h"
 #include "deltaserve/transport/kv_stream.h"
 #include "deltaserve/transport/transport_factory.h"
@@ -285,6 +286,8 @@ TEST_F(Disaggregated, GarbageOnTheDataConnectionFailsOnlyItsStream) {
     ASSERT_TRUE(c->decode->start_turn(spec, sink).ok());
     auto conn = c->transport->connect(c->address, transport::deadline_in(std::chrono::seconds(5)));
     ASSERT_TRUE(conn.ok());
+    ASSERT_TRUE(
+        decode::prove_to_peer(**conn, "", transport::deadline_in(std::chrono::seconds(5))).ok());
     transport::StreamHeader h;
     h.kind = transport::StreamKind::kBegin;
     h.turn = 1;
@@ -304,6 +307,43 @@ TEST_F(Disaggregated, GarbageOnTheDataConnectionFailsOnlyItsStream) {
     // The worker still serves turns over other connections.
     auto ok = c->run(turn(2, prompt(40)));
     EXPECT_TRUE(ok.ok()) << ok.status().to_string();
+}
+
+// A decode worker with a cluster token: a peer that proves another secret, or sends KV
+// before any proof, is dropped before its first message is read as KV; the worker goes on.
+TEST_F(Disaggregated, APeerWithoutTheClusterTokenIsRefused) {
+    auto t = transport::make_transport("inproc", {});
+    ASSERT_TRUE(t.ok());
+    decode::DecodeOptions d;
+    d.context = context("full");
+    d.threads = 1;
+    d.cluster_token = "secret";
+    auto dw = decode::DecodeWorker::create(*model_, d);
+    ASSERT_TRUE(dw.ok());
+    auto address = (*dw)->listen(**t, "decode-token");
+    ASSERT_TRUE(address.ok());
+    const auto soon = [] { return transport::deadline_in(std::chrono::seconds(5)); };
+    for (const char* secret : {"guess", ""}) {
+        auto conn = (*t)->connect(*address, soon());
+        ASSERT_TRUE(conn.ok());
+        ASSERT_TRUE(decode::prove_to_peer(**conn, secret, soon()).ok());
+        auto m = (*conn)->receive(soon());  // closed on us: no answer ever comes
+        EXPECT_FALSE(m.ok()) << secret;
+    }
+    auto conn = (*t)->connect(*address, soon());
+    ASSERT_TRUE(conn.ok());
+    ASSERT_TRUE(decode::prove_to_peer(**conn, "secret", soon()).ok());
+    transport::StreamHeader pull;  // with the secret, the worker answers (here: no such KV)
+    pull.kind = transport::StreamKind::kPull;
+    pull.turn = 9;
+    pull.session = "nobody";
+    pull.n_tokens = 4;
+    ASSERT_TRUE(decode::send_stream_message(**conn, pull, {}, soon()).ok());
+    auto answer = (*conn)->receive(soon());
+    ASSERT_TRUE(answer.ok()) << answer.status().to_string();
+    auto h = transport::decode_stream_header(answer->header);
+    ASSERT_TRUE(h.ok());
+    EXPECT_EQ(h->kind, transport::StreamKind::kAbort);
 }
 
 TEST_F(Disaggregated, SessionsBeyondCapacityAreRecomputed) {

@@ -40,7 +40,7 @@ TEST(KvStream, MalformedHeadersAreRefused) {
     bad_kind[5] = std::byte{9};
     EXPECT_EQ(decode_stream_header(bad_kind).status().code(), StatusCode::kInvalidArgument);
     auto bad_version = *bytes;
-    bad_version[4] = std::byte{2};
+    bad_version[4] = std::byte{1};  // before the handshake
     EXPECT_EQ(decode_stream_header(bad_version).status().code(), StatusCode::kInvalidArgument);
     auto trailing = *bytes;
     trailing.push_back(std::byte{0});

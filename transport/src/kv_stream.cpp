@@ -7,7 +7,7 @@ namespace deltaserve::transport {
 namespace {
 
 constexpr char kMagic[4] = {'D', 'S', 'S', 'T'};
-constexpr uint8_t kVersion = 1;
+constexpr uint8_t kVersion = 2;  // 2: the kChallenge / kProof handshake
 constexpr size_t kMaxText = 1024;
 
 template <typename T>
@@ -79,7 +79,7 @@ Result<StreamHeader> decode_stream_header(std::span<const std::byte> bytes) {
                                 "; this build speaks version " + std::to_string(kVersion));
     }
     if (kind < static_cast<uint8_t>(StreamKind::kBegin) ||
-        kind > static_cast<uint8_t>(StreamKind::kPull)) {
+        kind > static_cast<uint8_t>(StreamKind::kProof)) {
         return invalid_argument("unknown KV stream message kind " + std::to_string(kind));
     }
     h.kind = static_cast<StreamKind>(kind);

@@ -691,6 +691,10 @@ ucs_status_t UcxCore::on_data(void* arg, const void* header, size_t header_lengt
     auto* core = static_cast<UcxCore*>(arg);
     auto conn = core->conn_of(param->reply_ep);
     if (!conn) return UCS_OK;  // an endpoint being closed: drop
+    if (length > core->options_.max_message_bytes) {
+        core->refuse_oversized(conn, length);
+        return UCS_OK;
+    }
     Arrival a;
     a.message.header.resize(header_length);
     if (header_length > 0) std::memcpy(a.message.header.data(), header, header_length);
@@ -734,6 +738,10 @@ ucs_status_t UcxCore::on_shared_data(void* arg, const void* header, size_t heade
     if (!conn) return UCS_OK;
     size_t app_length = 0;
     const auto ref = take_ref(header, header_length, &app_length);
+    if (ref && ref->length > core->options_.max_message_bytes) {
+        core->refuse_oversized(conn, ref->length);
+        return UCS_OK;
+    }
     if (!ref || !conn->peer_pool || conn->peer_pool->at(ref->offset, ref->length) == nullptr) {
         std::string peer;
         {
@@ -774,6 +782,18 @@ ucs_status_t UcxCore::on_shared_ack(void* arg, const void* header, size_t header
         core->part_done(op, UCS_OK);
     }
     return UCS_OK;
+}
+
+void UcxCore::refuse_oversized(const std::shared_ptr<UcxConn>& conn, size_t length) {
+    std::string peer;
+    {
+        std::lock_guard lock(conn->mu);
+        peer = conn->peer;
+    }
+    fail(*conn, resource_exhausted("connection to " + peer + ": the peer announced a payload of " +
+                                   std::to_string(length) + " bytes, more than the " +
+                                   std::to_string(options_.max_message_bytes) + " allowed"));
+    if (!std::exchange(conn->failed, true)) failed_.push_back(conn);
 }
 
 void UcxCore::fetch_later(const std::shared_ptr<UcxConn>& conn) {

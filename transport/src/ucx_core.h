@@ -145,6 +145,8 @@ class UcxCore {
     void cancel_unacked(UcxConn& conn);
     void use_shared(UcxConn& conn);
     std::string hello_offer() const;
+    // Fails a connection whose peer announced a payload over options_.max_message_bytes.
+    void refuse_oversized(const std::shared_ptr<UcxConn>& conn, size_t length);
     void on_fetched(FetchOp* op, ucs_status_t status);
     void part_done(SendOp* op, ucs_status_t status);
     void on_sent(SendOp* op, ucs_status_t status);

@@ -27,16 +27,20 @@ namespace deltaserve::decode {
 struct DecodeOptions {
     // How each session's context is made (its threads are the worker's pool).
     model::ContextOptions context;
-    int threads = 0;                    // the worker's pool; 0 = one per hardware thread
-    int32_t max_sessions = 64;          // sessions kept between turns (least recent dropped)
-    int64_t session_ttl_ms = 3600'000;  // idle sessions are dropped after this
-    int32_t max_batch = 32;             // turns per forward pass
-    int32_t local_prefill_max = 512;    // uncached prompt tokens prefilled here, at most
-    int32_t prefill_chunk = 0;          // prompt tokens per forward pass next to running turns;
-                                        // 0 = context.n_batch (as a prefill node chunks)
-    int64_t kv_wait_ms = 120'000;       // a turn whose KV has not arrived by then fails
-    std::string model_id;               // shipments for another model are refused
-    std::string profile_id;             // ... or another compression profile
+    int threads = 0;                     // the worker's pool; 0 = one per hardware thread
+    int32_t max_sessions = 64;           // sessions kept between turns (least recent dropped)
+    int64_t session_ttl_ms = 3600'000;   // idle sessions are dropped after this
+    int32_t max_batch = 32;              // turns per forward pass
+    int32_t local_prefill_max = 512;     // uncached prompt tokens prefilled here, at most
+    int32_t prefill_chunk = 0;           // prompt tokens per forward pass next to running turns;
+                                         // 0 = context.n_batch (as a prefill node chunks)
+    int64_t kv_wait_ms = 120'000;        // a turn whose KV has not arrived by then fails
+    int32_t max_data_connections = 256;  // prefill nodes' connections at once; more are closed
+    // The cluster secret a data connection's peer must prove first (decode/kv_stream_io.h's
+    // handshake); "" = none (every peer proves the empty secret).
+    std::string cluster_token;
+    std::string model_id;    // shipments for another model are refused
+    std::string profile_id;  // ... or another compression profile
 };
 
 // What start_turn found: how much of the prompt is cached here, and whether a prefill node

@@ -27,6 +27,15 @@ transport::KvCodec kv_codec(const model::ContextOptions& options);
 
 Status send_stream_message(transport::Connection& conn, const transport::StreamHeader& header,
                            std::span<const uint8_t> payload, transport::Deadline deadline);
+
+// The data plane's handshake (transport/kv_stream.h, kChallenge / kProof). The side that
+// was connected to sends a nonce and checks the answer: kUnauthenticated when the peer's
+// proof of the cluster secret is missing or wrong (log it and close the connection). The
+// connecting side answers before it sends anything else.
+Status challenge_peer(transport::Connection& conn, const std::string& secret,
+                      transport::Deadline deadline);
+Status prove_to_peer(transport::Connection& conn, const std::string& secret,
+                     transport::Deadline deadline);
 // Best effort: tells the peer the turn's stream will not complete.
 void send_abort(transport::Connection& conn, uint64_t turn, const std::string& why);
 // One layer's part (or rows [begin, end) of it) as a kPart wire-format shipment.

@@ -29,6 +29,7 @@ struct PrefillOptions {
     int64_t transfer_timeout_ms =
         60'000;  // a decode node that takes nothing for this long fails the turn
     int64_t connect_timeout_ms = 10'000;
+    std::string cluster_token;  // proved to decode nodes on each data connection; "" = none
 };
 
 struct PrefillRequest {

@@ -9,8 +9,12 @@
 //   kAbort   the sender gave up on the turn; message says why
 //   kPull    asks the peer for a session's cached KV (its first n_tokens), sent back as a
 //            stream with the same turn id (kAbort when the peer no longer holds it)
+//   kChallenge  the first message of the side connected to: message is a fresh nonce
+//   kProof   the connecting side's answer, before anything else: message is
+//            peer_auth.h's prove(cluster secret, "kv", nonce); a wrong one closes the
+//            connection
 //
-// Header layout, little-endian: magic "DSST", version u8 (1), kind u8, turn u64, n_tokens
+// Header layout, little-endian: magic "DSST", version u8 (2), kind u8, turn u64, n_tokens
 // i32, token i32, then the session id and the message (u16 length + bytes each).
 #pragma once
 
@@ -24,7 +28,15 @@
 
 namespace deltaserve::transport {
 
-enum class StreamKind : uint8_t { kBegin = 1, kPart = 2, kEnd = 3, kAbort = 4, kPull = 5 };
+enum class StreamKind : uint8_t {
+    kBegin = 1,
+    kPart = 2,
+    kEnd = 3,
+    kAbort = 4,
+    kPull = 5,
+    kChallenge = 6,
+    kProof = 7,
+};
 
 struct StreamHeader {
     StreamKind kind = StreamKind::kBegin;

@@ -27,6 +27,9 @@ struct TransportOptions {
     // Bytes of received messages waiting for receive() above which a connection stops
     // fetching large payloads (they wait at the sender). Default: 32 MiB.
     size_t recv_window_bytes = size_t{32} << 20;
+    // The largest payload a peer may announce; a larger one fails its connection
+    // (kResourceExhausted) before anything is allocated for it. Default: 1 GiB.
+    size_t max_message_bytes = size_t{1} << 30;
     // How long close() and the destructors let queued sends finish. Default: 2 s.
     std::chrono::milliseconds close_grace{2000};
     // ucx: UCX transports to use, as UCX_TLS spells them ("tcp", "sm,tcp", "rc,tcp").
