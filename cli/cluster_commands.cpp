@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "access_flags.h"
 #include "commands.h"
 #include "deltaserve/api/cluster_chat_engine.h"
 #include "deltaserve/api/cluster_config.h"
@@ -87,6 +88,13 @@ int node_main(bool decode_role, int argc, char** argv) {
         return *code;
     }
     const api::NodeEntry& me = *c.find(f.name);
+    for (const std::string& address : {me.rpc, me.data}) {
+        if (address.empty()) continue;
+        if (Status st = api::check_cluster_bind(address, c.cluster_token, c.insecure); !st.ok()) {
+            print_error(st);
+            return 2;
+        }
+    }
     const sigset_t stop_signals = block_stop_signals();
     const RunOptions o = run_options(c);
     auto model = load_model_for_run(o);
@@ -116,6 +124,7 @@ int node_main(bool decode_role, int argc, char** argv) {
         d.session_ttl_ms = static_cast<int64_t>(c.session_ttl) * 1000;
         d.local_prefill_max = c.local_prefill_max;
         d.model_id = roles.model_id;
+        d.cluster_token = c.cluster_token;
         auto w = decode::DecodeWorker::create(**model, d);
         auto address = w ? (*w)->listen(**transport, me.data) : Result<std::string>(w.status());
         if (!address) {
@@ -129,6 +138,7 @@ int node_main(bool decode_role, int argc, char** argv) {
         prefill::PrefillOptions p;
         p.context = o.context();
         p.model_id = roles.model_id;
+        p.cluster_token = c.cluster_token;
         auto w = prefill::PrefillWorker::create(**model, p, **transport);
         if (!w) {
             print_error(w.error());
@@ -137,7 +147,7 @@ int node_main(bool decode_role, int argc, char** argv) {
         prefill = std::move(*w);
         roles.prefill = prefill.get();
     }
-    auto server = api::RpcServer::start(me.rpc, roles);
+    auto server = api::RpcServer::start(me.rpc, roles, c.cluster_token);
     if (!server) {
         print_error(server.error());
         return 1;
@@ -180,7 +190,7 @@ int gateway_main(int argc, char** argv) {
     std::vector<api::PrefillNode*> prefill;
     for (const auto* list : {&c.decode, &c.prefill}) {
         for (const api::NodeEntry& n : *list) {
-            auto client = api::RpcClient::connect(n.rpc, std::chrono::seconds(60));
+            auto client = api::RpcClient::connect(n.rpc, std::chrono::seconds(60), c.cluster_token);
             if (!client) {
                 print_error(Status(client.error().code(),
                                    "node " + n.name + ": " + client.error().message()));
@@ -212,6 +222,15 @@ int gateway_main(int argc, char** argv) {
     api::GatewayOptions go;
     go.host = c.gateway_host;
     go.port = static_cast<uint16_t>(c.gateway_port);
+    auto keys = parse_keys(c.api_key, "api_key");
+    auto admin_keys = keys ? parse_keys(c.admin_key, "admin_key") : keys;
+    if (!admin_keys) {
+        print_error(admin_keys.error());
+        return 1;
+    }
+    go.access.api_keys = *keys;
+    go.access.admin_keys = *admin_keys;
+    go.access.insecure = c.insecure;
     return serve_gateway(engine, go, c.gateway_rpc,
                          " (" + std::to_string(decode.size()) + " decode, " +
                              std::to_string(prefill.size()) + " prefill nodes)",

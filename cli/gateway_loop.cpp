@@ -12,6 +12,23 @@ namespace deltaserve::cli {
 int serve_gateway(api::ChatEngine& engine, const api::GatewayOptions& options,
                   const std::string& rpc_address, const std::string& serving,
                   const sigset_t& stop_signals) {
+    if (options.access.api_keys.empty()) {
+        std::fprintf(stderr,
+                     options.access.insecure
+                         ? "deltaserve: WARNING: no API key, and --insecure: anyone who reaches "
+                           "%s reads every conversation\n"
+                         : "deltaserve: no API key: serving the loopback address %s only "
+                           "(--api-key to serve others)\n",
+                     options.host.c_str());
+    }
+    if (!rpc_address.empty()) {  // the chat RPC binds by the same rule
+        std::string host = rpc_address.substr(0, rpc_address.rfind(':'));
+        if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+        if (Status st = api::check_bind(host, options.access); !st.ok()) {
+            print_error(st);
+            return 2;
+        }
+    }
     auto gateway = api::HttpGateway::start(engine, options);
     if (!gateway) {
         print_error(gateway.error());
@@ -22,6 +39,7 @@ int serve_gateway(api::ChatEngine& engine, const api::GatewayOptions& options,
         api::ChatRpcOptions ro;
         ro.sampling = options.sampling;
         ro.default_max_tokens = options.default_max_tokens;
+        ro.access = options.access;
         auto r = api::ChatRpcServer::start(rpc_address, engine, ro);
         if (!r) {
             print_error(r.error());

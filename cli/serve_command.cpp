@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "access_flags.h"
 #include "commands.h"
 #include "deltaserve/api/cluster_chat_engine.h"
 #include "deltaserve/transport/transport_factory.h"
@@ -20,6 +21,9 @@ int serve_main(int argc, char** argv) {
     api::ClusterEngineOptions eo;
     decode::DecodeOptions dopt;
     int32_t ttl = static_cast<int32_t>(eo.session_ttl_seconds);
+    api::GatewayOptions go;
+    int32_t max_connections = go.max_connections;
+    int32_t drain_seconds = static_cast<int32_t>(go.drain_timeout_ms / 1000);
     ArgParser p(
         "deltaserve serve",
         "Serves --model over an OpenAI-compatible HTTP API (POST /v1/chat/completions, GET "
@@ -28,6 +32,8 @@ int serve_main(int argc, char** argv) {
         "(X-Session-ID header or session_id field) keeps its history and its KV between "
         "turns: send only the new messages.");
     o.register_flags(p);
+    AccessFlags access;
+    access.register_flags(p);
     p.add("host", &host, "address to listen on");
     p.add("port", &port, "port to listen on; 0 = any free port (printed at start)");
     p.add("rpc-port", &rpc_port,
@@ -42,16 +48,32 @@ int serve_main(int argc, char** argv) {
     p.add("local-prefill-max", &dopt.local_prefill_max,
           "uncached prompt tokens the decode worker prefills itself; longer prompts go to the "
           "prefill worker");
+    p.add("max-connections", &max_connections,
+          "HTTP connections open at once; more get 503 and are closed");
+    p.add("drain-timeout", &drain_seconds,
+          "seconds running turns get to finish on SIGTERM / SIGINT before they are ended "
+          "(finish_reason \"shutdown\")");
     if (auto exit_code = parse_flags(p, argc, argv)) return *exit_code;
     if (port < 0 || port > 65535 || rpc_port < -1 || rpc_port > 65535 || eo.max_sessions < 1 ||
-        ttl < 1 || dopt.max_batch < 1 || dopt.local_prefill_max < 0) {
+        ttl < 1 || dopt.max_batch < 1 || dopt.local_prefill_max < 0 || max_connections < 1 ||
+        drain_seconds < 0) {
         print_error(
             invalid_argument("--port must be in [0, 65535], --rpc-port in [-1, 65535], "
-                             "--max-sessions, --session-ttl and --max-batch >= 1, "
-                             "--local-prefill-max >= 0"));
+                             "--max-sessions, --session-ttl, --max-batch and --max-connections "
+                             ">= 1, --local-prefill-max and --drain-timeout >= 0"));
         return 2;
     }
     eo.session_ttl_seconds = ttl;
+    auto access_options = access.resolve(p);
+    if (!access_options) {
+        print_error(access_options.error());
+        return 2;
+    }
+    go.access = *access_options;
+    if (Status st = api::check_bind(host, go.access); !st.ok()) {
+        print_error(st);
+        return 2;
+    }
     const sigset_t stop_signals = block_stop_signals();
 
     auto model = load_model_for_run(o);
@@ -85,7 +107,8 @@ int serve_main(int argc, char** argv) {
     auto decode_node = api::local_decode_node("decode-0", **decode, *address);
     auto prefill_node = api::local_prefill_node("prefill-0", **prefill);
     api::ClusterChatEngine engine(**model, model_id, {decode_node.get()}, {prefill_node.get()}, eo);
-    api::GatewayOptions go;
+    go.max_connections = max_connections;
+    go.drain_timeout_ms = static_cast<int64_t>(drain_seconds) * 1000;
     go.host = host;
     go.port = static_cast<uint16_t>(port);
     go.sampling = o.sampling(p);

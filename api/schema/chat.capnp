@@ -34,19 +34,28 @@ interface ChatSession {
   # Ends the running send early (finishReason "cancelled").
   close @2 () -> ();
   # Forgets the session (its history and KV).
-  info @3 () -> (id :Text, messages :Int32);
+  info @3 () -> (id :Text, messages :Int32, turns :Int32, tokens :Int64, cachedTokens :Int64,
+                 error :Cluster.Error);
+  # error: the session was closed (or forgotten, idle).
 }
 
 interface ChatService {
-  open @0 (sessionId :Text) -> (session :ChatSession);
-  # Opens a session, or reopens one by its id ("" makes a new id).
+  # Sessions belong to the API key that opened them; to another key they do not exist.
+  open @0 (sessionId :Text) -> (session :ChatSession, error :Cluster.Error);
+  # Reopens a session this key opened; "" opens a new one with an unguessable id (info says
+  # it). An id that is not open is an error (code NOT_FOUND), never a new conversation.
   models @1 () -> (ids :List(Text));
+  create @2 (sessionId :Text) -> (session :ChatSession, error :Cluster.Error);
+  # Opens a session named sessionId (1-128 of A-Z a-z 0-9 . _ : -; "" = a made id).
 }
 
 struct SessionInfo {
   id @0 :Text;
   messages @1 :Int32;
   idleSeconds @2 :Int64;
+  tenant @3 :Text;   # the key's tag
+  turns @4 :Int32;
+  tokens @5 :Int64;
 }
 
 interface Admin {
@@ -56,7 +65,9 @@ interface Admin {
 }
 
 interface Gateway {
-  # The bootstrap capability of a gateway's RPC port.
-  chat @0 () -> (service :ChatService);
-  admin @1 () -> (admin :Admin);
+  # The bootstrap capability of a gateway's RPC port. apiKey: one of the server's --api-key
+  # keys (ignored when it has none); adminKey: one of its --admin-key keys (any, when it has
+  # neither kind). A wrong key gets error (UNAUTHENTICATED) and no capability.
+  chat @0 (apiKey :Text) -> (service :ChatService, error :Cluster.Error);
+  admin @1 (adminKey :Text) -> (admin :Admin, error :Cluster.Error);
 }

@@ -109,6 +109,17 @@ interface PrefillNode {
   stats @1 () -> (stats :PrefillStats);
 }
 
+interface NodeDoor {
+  # The bootstrap capability of a node's RPC port: the caller proves the cluster secret
+  # (transport/peer_auth.h: prove(secret, "rpc", nonce)) before it reaches the Node.
+  challenge @0 () -> (nonce :Text, gate :Gate);
+}
+
+interface Gate {
+  open @0 (proof :Text) -> (node :Node);
+  # Fails (and the gate is spent) when the proof is wrong or was tried before.
+}
+
 interface Node {
   info @0 () -> (role :Text, name :Text, modelId :Text);
   decode @1 () -> (node :DecodeNode);

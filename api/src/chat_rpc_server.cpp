@@ -4,6 +4,7 @@
 #include <random>
 
 #include "chat.capnp.h"
+#include "deltaserve/common/logging.h"
 #include "rpc_convert.h"
 #include "rpc_thread.h"
 
@@ -11,11 +12,52 @@ namespace deltaserve::api {
 
 namespace {
 
-std::string random_session_id() {
-    static thread_local std::mt19937_64 rng{std::random_device{}()};
-    char buf[24];
-    std::snprintf(buf, sizeof buf, "rpc-%016llx", static_cast<unsigned long long>(rng()));
-    return buf;
+// A send's sampling: the server's defaults where the client left the message's defaults
+// (top_p and the repetition penalty 0), then the same check as HTTP requests get.
+Result<model::SamplingParams> sampling_of(rpc::SendOptions::Reader o,
+                                          const model::SamplingParams& defaults) {
+    if (!o.hasSampling()) return defaults;
+    auto s = o.getSampling();
+    model::SamplingParams p;
+    p.temperature = s.getTemperature();
+    p.top_k = s.getTopK();
+    p.top_p = s.getTopP() == 0 ? defaults.top_p : s.getTopP();
+    p.min_p = s.getMinP();
+    p.repeat_penalty = s.getRepeatPenalty() == 0 ? 1.0f : s.getRepeatPenalty();
+    p.repeat_last_n = s.getRepeatLastN();
+    p.seed = s.getSeed();
+    DS_RETURN_IF_ERROR(model::validate_sampling(p));
+    return p;
+}
+
+Result<ChatRequest> request_of(rpc::ChatSession::SendParams::Reader p,
+                               const ChatRpcOptions& options) {
+    ChatRequest req;
+    if (p.getMessages().size() == 0) return invalid_argument("messages: none given");
+    if (p.getMessages().size() > kMaxMessages) return invalid_argument("messages: too many");
+    for (auto m : p.getMessages()) {
+        const std::string role = m.getRole();
+        if (role != "system" && role != "user" && role != "assistant" && role != "developer") {
+            return invalid_argument("messages: unknown role '" + role.substr(0, 32) + "'");
+        }
+        std::string content = m.getContent();
+        if (model::find_invalid_utf8(content) >= 0)
+            return invalid_argument("messages: content is not valid UTF-8");
+        req.messages.push_back({role == "developer" ? "system" : role, std::move(content)});
+    }
+    auto o = p.getOptions();
+    DS_ASSIGN_OR_RETURN(req.sampling, sampling_of(o, options.sampling));
+    if (!o.getSeedGiven()) req.sampling.seed = std::random_device{}();
+    req.max_tokens = o.getMaxTokens() >= 0 ? o.getMaxTokens() : options.default_max_tokens;
+    if (o.getStop().size() > kMaxStopStrings)
+        return invalid_argument("stop: more than " + std::to_string(kMaxStopStrings) + " strings");
+    for (auto s : o.getStop()) {
+        if (s.size() == 0 || s.size() > kMaxStopBytes)
+            return invalid_argument("stop: a string must have 1 to " +
+                                    std::to_string(kMaxStopBytes) + " bytes");
+        req.stop.emplace_back(s.cStr());
+    }
+    return req;
 }
 
 // One send's state, shared by the RPC thread and the thread running the turn.
@@ -30,8 +72,12 @@ struct SendState {
 class ChatSessionImpl final : public rpc::ChatSession::Server {
   public:
     ChatSessionImpl(ChatEngine& engine, RpcThread& rpc, const ChatRpcOptions& options,
-                    std::string id)
-        : engine_(engine), rpc_(rpc), options_(options), id_(std::move(id)) {}
+                    std::string tenant, std::string id)
+        : engine_(engine),
+          rpc_(rpc),
+          options_(options),
+          tenant_(std::move(tenant)),
+          id_(std::move(id)) {}
 
     kj::Promise<void> send(SendContext context) override {
         auto p = context.getParams();
@@ -41,43 +87,14 @@ class ChatSessionImpl final : public rpc::ChatSession::Server {
                           results.initError());
             return kj::READY_NOW;
         }
-        ChatRequest req;
-        req.session_id = id_;
-        for (auto m : p.getMessages()) {
-            const std::string role = m.getRole();
-            if (role != "system" && role != "user" && role != "assistant" && role != "developer") {
-                rpc::to_capnp(invalid_argument("messages: unknown role '" + role + "'"),
-                              results.initError());
-                return kj::READY_NOW;
-            }
-            req.messages.push_back({role == "developer" ? "system" : role, m.getContent()});
-        }
-        if (req.messages.empty()) {
-            rpc::to_capnp(invalid_argument("messages: none given"), results.initError());
+        auto parsed = request_of(p, options_);
+        if (!parsed.ok()) {
+            rpc::to_capnp(parsed.status(), results.initError());
             return kj::READY_NOW;
         }
-        auto o = p.getOptions();
-        if (o.hasSampling()) {
-            auto s = o.getSampling();
-            req.sampling.temperature = s.getTemperature();
-            req.sampling.top_k = s.getTopK();
-            req.sampling.top_p = s.getTopP() > 0 ? s.getTopP() : options_.sampling.top_p;
-            req.sampling.min_p = s.getMinP();
-            req.sampling.repeat_penalty = s.getRepeatPenalty() > 0 ? s.getRepeatPenalty() : 1.0f;
-            req.sampling.repeat_last_n = s.getRepeatLastN();
-            req.sampling.seed = s.getSeed();
-        } else {
-            req.sampling = options_.sampling;
-        }
-        if (!o.getSeedGiven()) req.sampling.seed = std::random_device{}();
-        req.max_tokens = o.getMaxTokens() >= 0 ? o.getMaxTokens() : options_.default_max_tokens;
-        for (auto s : o.getStop()) {
-            if (s.size() == 0) {
-                rpc::to_capnp(invalid_argument("stop: an empty string"), results.initError());
-                return kj::READY_NOW;
-            }
-            req.stop.emplace_back(s.cStr());
-        }
+        ChatRequest req = std::move(*parsed);
+        req.session_id = id_;
+        req.tenant = tenant_;
         auto state = std::make_shared<SendState>();
         running_ = state;
         rpc::TokenSink::Client sink = p.getSink();
@@ -88,7 +105,8 @@ class ChatSessionImpl final : public rpc::ChatSession::Server {
             kj::heap<rpc::TokenSink::Client>(kj::mv(sink)));
         ChatEngine& engine = engine_;
         RpcThread& rpc = rpc_;
-        rpc_.spawn([&engine, &rpc, req = std::move(req), state, done, sink_holder] {
+        const bool queued = rpc_.spawn([&engine, &rpc, req = std::move(req), state, done,
+                                        sink_holder] {
             state->out = engine.run_turn(req, [&](std::string_view piece) {
                 if (state->cancelled) return false;
                 try {
@@ -110,6 +128,13 @@ class ChatSessionImpl final : public rpc::ChatSession::Server {
             }
             done->own->fulfill();
         });
+        if (!queued) {
+            running_.reset();
+            rpc::to_capnp(resource_exhausted("the server is busy: every send thread is taken; "
+                                             "try again"),
+                          results.initError());
+            return kj::READY_NOW;
+        }
         return paf.promise
             .then([state]() { return kj::joinPromises(state->pieces.releaseAsArray()); })
             .then([this, state, context]() mutable {
@@ -130,15 +155,21 @@ class ChatSessionImpl final : public rpc::ChatSession::Server {
     }
     kj::Promise<void> close(CloseContext) override {
         if (running_) running_->cancelled = true;
-        engine_.forget_session(id_);
+        (void)engine_.close_session(tenant_, id_);  // closed already: nothing to do
         return kj::READY_NOW;
     }
     kj::Promise<void> info(InfoContext context) override {
         auto r = context.getResults();
         r.setId(id_);
-        for (const SessionSummary& s : engine_.sessions()) {
-            if (s.id == id_) r.setMessages(s.messages);
+        auto info = engine_.session_info(tenant_, id_);
+        if (!info.ok()) {
+            rpc::to_capnp(info.status(), r.initError());
+            return kj::READY_NOW;
         }
+        r.setMessages(info->messages);
+        r.setTurns(info->turns);
+        r.setTokens(info->tokens);
+        r.setCachedTokens(info->cached_tokens);
         return kj::READY_NOW;
     }
 
@@ -146,18 +177,35 @@ class ChatSessionImpl final : public rpc::ChatSession::Server {
     ChatEngine& engine_;
     RpcThread& rpc_;
     const ChatRpcOptions& options_;
-    std::string id_;
+    const std::string tenant_, id_;
     std::shared_ptr<SendState> running_;
 };
 
 class ChatServiceImpl final : public rpc::ChatService::Server {
   public:
-    ChatServiceImpl(ChatEngine& engine, RpcThread& rpc, const ChatRpcOptions& options)
-        : engine_(engine), rpc_(rpc), options_(options) {}
+    ChatServiceImpl(ChatEngine& engine, RpcThread& rpc, const ChatRpcOptions& options,
+                    std::string tenant)
+        : engine_(engine), rpc_(rpc), options_(options), tenant_(std::move(tenant)) {}
     kj::Promise<void> open(OpenContext context) override {
-        std::string id = context.getParams().getSessionId();
-        if (id.empty()) id = random_session_id();
-        context.getResults().setSession(kj::heap<ChatSessionImpl>(engine_, rpc_, options_, id));
+        const std::string id = context.getParams().getSessionId();
+        auto r = context.getResults();
+        auto info =
+            id.empty() ? engine_.open_session(tenant_, "") : engine_.session_info(tenant_, id);
+        if (!info.ok()) {
+            rpc::to_capnp(info.status(), r.initError());
+            return kj::READY_NOW;
+        }
+        r.setSession(kj::heap<ChatSessionImpl>(engine_, rpc_, options_, tenant_, info->id));
+        return kj::READY_NOW;
+    }
+    kj::Promise<void> create(CreateContext context) override {
+        auto r = context.getResults();
+        auto info = engine_.open_session(tenant_, context.getParams().getSessionId());
+        if (!info.ok()) {
+            rpc::to_capnp(info.status(), r.initError());
+            return kj::READY_NOW;
+        }
+        r.setSession(kj::heap<ChatSessionImpl>(engine_, rpc_, options_, tenant_, info->id));
         return kj::READY_NOW;
     }
     kj::Promise<void> models(ModelsContext context) override {
@@ -169,6 +217,7 @@ class ChatServiceImpl final : public rpc::ChatService::Server {
     ChatEngine& engine_;
     RpcThread& rpc_;
     const ChatRpcOptions& options_;
+    const std::string tenant_;
 };
 
 class AdminImpl final : public rpc::Admin::Server {
@@ -192,6 +241,9 @@ class AdminImpl final : public rpc::Admin::Server {
             list[i].setId(all[i].id);
             list[i].setMessages(all[i].messages);
             list[i].setIdleSeconds(all[i].idle_seconds);
+            list[i].setTenant(all[i].tenant);
+            list[i].setTurns(all[i].turns);
+            list[i].setTokens(all[i].tokens);
         }
         return kj::READY_NOW;
     }
@@ -202,14 +254,28 @@ class AdminImpl final : public rpc::Admin::Server {
 
 class GatewayImpl final : public rpc::Gateway::Server {
   public:
-    GatewayImpl(ChatEngine& engine, RpcThread& rpc, const ChatRpcOptions& options)
-        : engine_(engine), rpc_(rpc), options_(options) {}
+    GatewayImpl(ChatEngine& engine, RpcThread& rpc, const ChatRpcOptions& options,
+                const AccessControl& access)
+        : engine_(engine), rpc_(rpc), options_(options), access_(access) {}
     kj::Promise<void> chat(ChatContext context) override {
-        context.getResults().setService(kj::heap<ChatServiceImpl>(engine_, rpc_, options_));
+        auto r = context.getResults();
+        auto tenant = access_.tenant(context.getParams().getApiKey().cStr());
+        if (!tenant.ok()) {
+            spdlog::warn("chat RPC: refused a client: {}", tenant.status().message());
+            rpc::to_capnp(tenant.status(), r.initError());
+            return kj::READY_NOW;
+        }
+        r.setService(kj::heap<ChatServiceImpl>(engine_, rpc_, options_, *tenant));
         return kj::READY_NOW;
     }
     kj::Promise<void> admin(AdminContext context) override {
-        context.getResults().setAdmin(kj::heap<AdminImpl>(engine_));
+        auto r = context.getResults();
+        if (!access_.admin(context.getParams().getAdminKey().cStr())) {
+            spdlog::warn("chat RPC: refused an admin client: wrong or missing admin key");
+            rpc::to_capnp(unauthenticated("the admin service needs an admin key"), r.initError());
+            return kj::READY_NOW;
+        }
+        r.setAdmin(kj::heap<AdminImpl>(engine_));
         return kj::READY_NOW;
     }
 
@@ -217,15 +283,19 @@ class GatewayImpl final : public rpc::Gateway::Server {
     ChatEngine& engine_;
     RpcThread& rpc_;
     const ChatRpcOptions& options_;
+    const AccessControl& access_;
 };
 
 class ChatRpcServerImpl final : public ChatRpcServer {
   public:
     ChatRpcServerImpl(ChatEngine& engine, const ChatRpcOptions& options)
-        : engine_(engine), options_(options) {}
+        : engine_(engine),
+          options_(options),
+          access_(options.access),
+          rpc_(options.max_running_sends, options.max_queued_sends) {}
     Status start(const std::string& address) {
         return rpc_.start(address, [this]() -> capnp::Capability::Client {
-            return kj::heap<GatewayImpl>(engine_, rpc_, options_);
+            return kj::heap<GatewayImpl>(engine_, rpc_, options_, access_);
         });
     }
     uint16_t port() const override { return rpc_.port(); }
@@ -233,6 +303,7 @@ class ChatRpcServerImpl final : public ChatRpcServer {
   private:
     ChatEngine& engine_;
     const ChatRpcOptions options_;
+    const AccessControl access_;
     RpcThread rpc_;
 };
 

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "deltaserve/common/logging.h"
+#include "random_id.h"
 
 namespace deltaserve::api {
 
@@ -93,26 +94,88 @@ EngineStats ClusterChatEngine::stats() const {
     return s;
 }
 
-std::vector<SessionSummary> ClusterChatEngine::sessions() const {
+SessionInfo ClusterChatEngine::info_of(const Session& s, int64_t now) const {
+    SessionInfo i;
+    i.id = s.id;
+    i.tenant = s.tenant;
+    i.turns = s.turns;
+    i.messages = static_cast<int32_t>(s.history.size());
+    i.tokens = s.tokens;
+    i.cached_tokens = s.cached_tokens;
+    i.idle_seconds = s.running_turn != 0 ? 0 : now - s.last_used;
+    i.running = s.running_turn != 0;
+    return i;
+}
+
+std::vector<SessionInfo> ClusterChatEngine::sessions() const {
     std::lock_guard<std::mutex> lock(mu_);
     const int64_t now = now_seconds();
-    std::vector<SessionSummary> out;
-    for (const auto& [id, s] : sessions_) {
-        out.push_back({id, static_cast<int32_t>(s.history.size()), now - s.last_used});
-    }
+    std::vector<SessionInfo> out;
+    for (const auto& [key, s] : sessions_) out.push_back(info_of(s, now));
     return out;
 }
 
-void ClusterChatEngine::forget_session(const std::string& id) {
-    DecodeNode* node = nullptr;
+Result<SessionInfo> ClusterChatEngine::open_session(const std::string& tenant,
+                                                    const std::string& id) {
+    std::string name = id.empty() ? random_id("sess_", 16) : id;
+    DS_RETURN_IF_ERROR(check_session_id(name, "id"));
+    std::vector<std::pair<DecodeNode*, std::string>> dropped;
+    Result<SessionInfo> out = internal_error("unset");
     {
         std::lock_guard<std::mutex> lock(mu_);
-        auto it = sessions_.find(id);
-        if (it == sessions_.end()) return;
+        const int64_t now = now_seconds();
+        const std::string key = key_of(tenant, name);
+        if (sessions_.count(key) != 0) {
+            return Status(StatusCode::kAlreadyExists, "the session '" + name + "' is open already");
+        }
+        // Room for one more: idle sessions go first; running ones are never dropped.
+        forget_stale(now, dropped);
+        if (static_cast<int32_t>(sessions_.size()) >= options_.max_sessions) {
+            out = resource_exhausted("the session table is full (" +
+                                     std::to_string(options_.max_sessions) +
+                                     " sessions, each running a turn); try again later");
+        } else {
+            Session& s = sessions_[key];
+            s.tenant = tenant;
+            s.id = name;
+            s.last_used = now;
+            out = info_of(s, now);
+        }
+    }
+    drop(dropped);
+    return out;
+}
+
+Result<SessionInfo> ClusterChatEngine::session_info(const std::string& tenant,
+                                                    const std::string& id) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sessions_.find(key_of(tenant, id));
+    if (it == sessions_.end()) return not_found("the session '" + id + "' does not exist");
+    return info_of(it->second, now_seconds());
+}
+
+Status ClusterChatEngine::close_session(const std::string& tenant, const std::string& id) {
+    const std::string key = key_of(tenant, id);
+    DecodeNode* node = nullptr;
+    uint64_t running = 0;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = sessions_.find(key);
+        if (it == sessions_.end()) return not_found("the session '" + id + "' does not exist");
         node = it->second.node;
+        running = it->second.running_turn;
         sessions_.erase(it);
     }
-    if (node != nullptr) node->drop_session(id);
+    // A running turn ends now; its end finds no session and drops the KV then.
+    if (node != nullptr && running != 0) node->cancel(running, Status());
+    if (node != nullptr) node->drop_session(key);
+    return Status();
+}
+
+void ClusterChatEngine::drop(const std::vector<std::pair<DecodeNode*, std::string>>& dropped) {
+    for (const auto& [node, key] : dropped) {
+        if (node != nullptr) node->drop_session(key);
+    }
 }
 
 DecodeNode* ClusterChatEngine::least_loaded_decode(const DecodeNode* except) const {
@@ -159,16 +222,27 @@ Status ClusterChatEngine::prefill_turn(const decode::TurnSpec& spec, DecodeNode&
     return last;
 }
 
-void ClusterChatEngine::forget_stale(int64_t now) {
+void ClusterChatEngine::forget_stale(int64_t now,
+                                     std::vector<std::pair<DecodeNode*, std::string>>& dropped) {
+    auto forget = [&](std::map<std::string, Session>::iterator it) {
+        dropped.emplace_back(it->second.node, it->first);
+        return sessions_.erase(it);
+    };
     for (auto it = sessions_.begin(); it != sessions_.end();) {
-        it = now - it->second.last_used > options_.session_ttl_seconds ? sessions_.erase(it)
-                                                                       : std::next(it);
+        const bool stale = it->second.running_turn == 0 &&
+                           now - it->second.last_used > options_.session_ttl_seconds;
+        it = stale ? forget(it) : std::next(it);
     }
-    while (static_cast<int32_t>(sessions_.size()) > options_.max_sessions) {
-        auto oldest = std::min_element(
-            sessions_.begin(), sessions_.end(),
-            [](const auto& a, const auto& b) { return a.second.last_used < b.second.last_used; });
-        sessions_.erase(oldest);
+    while (static_cast<int32_t>(sessions_.size()) >= options_.max_sessions) {
+        auto oldest = sessions_.end();
+        for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
+            if (it->second.running_turn != 0) continue;
+            if (oldest == sessions_.end() || it->second.last_used < oldest->second.last_used) {
+                oldest = it;
+            }
+        }
+        if (oldest == sessions_.end()) break;  // all running
+        forget(oldest);
     }
 }
 
@@ -177,29 +251,70 @@ Result<TurnResult> ClusterChatEngine::run_turn(
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<model::ChatMessage> conversation;
     DecodeNode* node = nullptr;
-    if (!request.session_id.empty()) {
+    const bool in_session = !request.session_id.empty();
+    const std::string key = in_session ? key_of(request.tenant, request.session_id) : "";
+    const uint64_t turn_id = random_u64();  // unguessable by other peers of the decode node
+    if (in_session) {
         std::lock_guard<std::mutex> lock(mu_);
-        forget_stale(now_seconds());
-        auto it = sessions_.find(request.session_id);
-        if (it != sessions_.end()) {
-            conversation = it->second.history;
-            node = it->second.node;
+        auto it = sessions_.find(key);
+        if (it == sessions_.end()) {
+            return not_found("the session '" + request.session_id +
+                             "' does not exist (open one with POST /v1/sessions)");
         }
+        if (it->second.running_turn != 0) {
+            return failed_precondition("the session '" + request.session_id +
+                                       "' has a turn running");
+        }
+        it->second.running_turn = turn_id;
+        conversation = it->second.history;
+        node = it->second.node;
     }
+    // However the turn ends, the session is free for the next one.
+    auto release = [&](DecodeNode* on, const TurnResult* done) {
+        if (!in_session) return;
+        bool closed = false;
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            auto it = sessions_.find(key);
+            closed = it == sessions_.end() || it->second.running_turn != turn_id;
+            if (!closed) {
+                Session& s = it->second;
+                s.running_turn = 0;
+                s.last_used = now_seconds();
+                if (done != nullptr) {
+                    s.history = conversation;
+                    s.history.push_back({"assistant", done->text});
+                    s.node = on;
+                    ++s.turns;
+                    s.tokens = done->usage.prompt_tokens + done->usage.completion_tokens;
+                    s.cached_tokens = done->usage.cached_tokens;
+                }
+            }
+        }
+        if (closed && on != nullptr) on->drop_session(key);  // closed while it ran
+    };
     conversation.insert(conversation.end(), request.messages.begin(), request.messages.end());
     const model::Tokenizer& tok = *model_.tokenizer;
-    const std::string prompt = model::apply_chat_template(model_.chat_template, conversation, true);
     decode::TurnSpec spec;
-    DS_ASSIGN_OR_RETURN(spec.tokens, tok.encode(prompt, tok.vocab().add_bos, true));
-    if (spec.tokens.empty()) return invalid_argument("the conversation renders to no tokens");
-    spec.turn_id = next_turn_++;
-    spec.session_id = request.session_id;
+    auto tokens =
+        model::encode_chat(tok, model_.chat_template, conversation, /*add_generation_prompt=*/true);
+    if (!tokens.ok() || tokens->empty()) {
+        release(nullptr, nullptr);
+        return tokens.ok() ? invalid_argument("the conversation renders to no tokens")
+                           : tokens.status();
+    }
+    spec.tokens = std::move(*tokens);
+    spec.turn_id = turn_id;
+    spec.session_id = key;
     spec.sampling = request.sampling;
     spec.max_tokens = request.max_tokens;
     spec.stop = request.stop;
     auto sink = std::make_shared<QueueSink>();
     if (node == nullptr) node = least_loaded_decode(nullptr);
-    if (node == nullptr) return unavailable("no decode node is reachable");
+    if (node == nullptr) {
+        release(nullptr, nullptr);
+        return unavailable("no decode node is reachable");
+    }
     auto planned = node->start_turn(spec, sink);
     if (!planned.ok() && planned.status().code() == StatusCode::kUnavailable) {
         // The session's node is lost: its KV with it. Another node recomputes the history.
@@ -208,7 +323,11 @@ Result<TurnResult> ClusterChatEngine::run_turn(
             planned = node->start_turn(spec, sink);
         }
     }
-    DS_ASSIGN_OR_RETURN(const decode::TurnPlan plan, std::move(planned));
+    if (!planned.ok()) {
+        release(node, nullptr);
+        return planned.status();
+    }
+    const decode::TurnPlan plan = *planned;
     if (plan.remote_prefill) {
         Status st = prefill_turn(spec, *node, plan.pull_tokens);
         if (!st.ok()) node->cancel(spec.turn_id, st);
@@ -226,7 +345,12 @@ Result<TurnResult> ClusterChatEngine::run_turn(
             node->cancel(spec.turn_id, Status());
         }
     }
-    DS_ASSIGN_OR_RETURN(decode::TurnEnd end, sink->end());
+    Result<decode::TurnEnd> ended = sink->end();
+    if (!ended.ok()) {
+        release(node, nullptr);
+        return ended.status();
+    }
+    decode::TurnEnd& end = *ended;
     if (first) {
         result.ttft_seconds =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -236,15 +360,7 @@ Result<TurnResult> ClusterChatEngine::run_turn(
     result.usage.prompt_tokens = end.prompt_tokens;
     result.usage.cached_tokens = end.cached_tokens;
     result.usage.completion_tokens = end.completion_tokens;
-    if (!request.session_id.empty()) {
-        std::lock_guard<std::mutex> lock(mu_);
-        Session& s = sessions_[request.session_id];
-        s.history = std::move(conversation);
-        s.history.push_back({"assistant", result.text});
-        s.node = node;
-        s.last_used = now_seconds();
-        forget_stale(s.last_used);
-    }
+    release(node, &result);
     return result;
 }
 

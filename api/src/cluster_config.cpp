@@ -53,6 +53,16 @@ const std::map<std::string, Setter>& setters() {
         text("gateway_host", &ClusterConfig::gateway_host);
         text("gateway_rpc", &ClusterConfig::gateway_rpc);
         text("log_level", &ClusterConfig::log_level);
+        text("api_key", &ClusterConfig::api_key);
+        text("admin_key", &ClusterConfig::admin_key);
+        text("cluster_token", &ClusterConfig::cluster_token);
+        m["insecure"] = [](ClusterConfig& c, const std::string& v) {
+            if (v != "true" && v != "false") {
+                return invalid_argument("insecure: '" + v + "' is not true or false");
+            }
+            c.insecure = v == "true";
+            return Status();
+        };
         integer("threads", &ClusterConfig::threads, 0, 1024);
         integer("ctx_size", &ClusterConfig::ctx_size, 0, 1 << 20);
         integer("batch_size", &ClusterConfig::batch_size, 1, 1 << 16);

@@ -54,6 +54,14 @@ std::string Metrics::render(const EngineStats& e) const {
             itl_count_);
     summary("deltaserve_request_duration_seconds", "Request start to its last token.",
             duration_sum_, requests_);
+    metric("deltaserve_http_connections", "gauge", "HTTP connections open.",
+           static_cast<double>(connections_.load()));
+    metric("deltaserve_http_connections_refused_total", "counter",
+           "HTTP connections refused at the connection limit.",
+           static_cast<double>(refused_.load()));
+    metric("deltaserve_http_timeouts_total", "counter",
+           "HTTP connections dropped for missing a read or write deadline.",
+           static_cast<double>(timeouts_.load()));
     metric("deltaserve_sessions", "gauge", "Chat sessions remembered.",
            static_cast<double>(e.sessions));
     metric("deltaserve_queue_length", "gauge", "Turns waiting for the model.",

@@ -1,5 +1,7 @@
 #include "deltaserve/api/openai_protocol.h"
 
+#include <algorithm>
+#include <climits>
 #include <nlohmann/json.hpp>
 
 #include "deltaserve/model/tokenizer.h"
@@ -14,86 +16,184 @@ Status bad(const std::string& field, const std::string& what) {
     return invalid_argument("'" + field + "' " + what);
 }
 
-// A number field within [lo, hi], if present.
-Status number(const json& j, const char* field, double lo, double hi, float& out) {
-    if (!j.contains(field) || j[field].is_null()) return Status();
-    if (!j[field].is_number()) return bad(field, "must be a number");
-    const double v = j[field].get<double>();
-    if (!(v >= lo && v <= hi))
-        return bad(field, "must be in [" + json(lo).dump() + ", " + json(hi).dump() + "]");
-    out = static_cast<float>(v);
+// Walks the body's brackets before nlohmann builds anything, so that a deeply nested or
+// element-heavy body is refused before it costs memory or stack.
+Status check_json_shape(std::string_view body) {
+    int depth = 0;
+    size_t elements = 0;
+    bool in_string = false, escaped = false;
+    for (const char c : body) {
+        if (in_string) {
+            if (escaped) {
+                escaped = false;
+            } else if (c == '\\') {
+                escaped = true;
+            } else if (c == '"') {
+                in_string = false;
+            }
+            continue;
+        }
+        switch (c) {
+            case '"':
+                in_string = true;
+                break;
+            case '{':
+            case '[':
+                if (++depth > kMaxJsonDepth) {
+                    return invalid_argument("the request body nests deeper than " +
+                                            std::to_string(kMaxJsonDepth) + " levels");
+                }
+                ++elements;
+                break;
+            case '}':
+            case ']':
+                --depth;
+                break;
+            case ',':
+                ++elements;
+                break;
+            default:
+                break;
+        }
+        if (elements > kMaxJsonElements) {
+            return invalid_argument("the request body holds more than " +
+                                    std::to_string(kMaxJsonElements) + " JSON values");
+        }
+    }
+    return Status();
+}
+
+// A field that may be left out or null; otherwise has to pass `type`.
+const json* field_of(const json& j, const char* field) {
+    auto it = j.find(field);
+    if (it == j.end() || it->is_null()) return nullptr;
+    return &*it;
+}
+
+// A number field, if present (its range is validate_sampling's to check).
+Status number(const json& j, const char* field, float& out) {
+    const json* v = field_of(j, field);
+    if (v == nullptr) return Status();
+    if (!v->is_number()) return bad(field, "must be a number");
+    out = static_cast<float>(v->get<double>());
     return Status();
 }
 
 Status integer(const json& j, const char* field, int64_t lo, int64_t hi, int64_t& out,
                bool& given) {
     given = false;
-    if (!j.contains(field) || j[field].is_null()) return Status();
-    if (!j[field].is_number_integer()) return bad(field, "must be an integer");
-    const int64_t v = j[field].get<int64_t>();
-    if (v < lo || v > hi)
+    const json* v = field_of(j, field);
+    if (v == nullptr) return Status();
+    if (!v->is_number_integer()) return bad(field, "must be an integer");
+    const bool too_big = v->is_number_unsigned() && v->get<uint64_t>() > uint64_t{INT64_MAX};
+    const int64_t x = too_big ? INT64_MAX : v->get<int64_t>();
+    if (too_big || x < lo || x > hi)
         return bad(field, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-    out = v;
+    out = x;
     given = true;
     return Status();
 }
 
+Status boolean(const json& j, const char* field, const std::string& name, bool& out) {
+    const json* v = field_of(j, field);
+    if (v == nullptr) return Status();
+    if (!v->is_boolean()) return bad(name, "must be true or false");
+    out = v->get<bool>();
+    return Status();
+}
+
 // A message's content: a string, or an array of {"type": "text", "text": ...} parts.
-Result<std::string> content_text(const json& c, size_t i) {
-    const std::string field = "messages[" + std::to_string(i) + "].content";
-    if (c.is_string()) return c.get<std::string>();
-    if (c.is_null()) return std::string();
-    if (!c.is_array()) return bad(field, "must be a string or an array of text parts");
+Result<std::string> content_text(const json* c, const std::string& field) {
+    if (c == nullptr) return std::string();
+    if (c->is_string()) return c->get<std::string>();
+    if (!c->is_array()) return bad(field, "must be a string or an array of text parts");
     std::string text;
-    for (const json& part : c) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
-            !part["text"].is_string()) {
-            return bad(field, "holds a part that is not text (only text is supported)");
+    for (size_t i = 0; i < c->size(); ++i) {
+        const json& part = (*c)[i];
+        const std::string at = field + "[" + std::to_string(i) + "]";
+        if (!part.is_object()) return bad(at, "must be an object");
+        const json* type = field_of(part, "type");
+        if (type == nullptr || !type->is_string()) return bad(at + ".type", "must be a string");
+        if (type->get<std::string>() != "text") {
+            return bad(at + ".type", "is '" + type->get<std::string>().substr(0, 32) +
+                                         "', not text (only text parts are supported)");
         }
-        text += part["text"].get<std::string>();
+        const json* t = field_of(part, "text");
+        if (t == nullptr || !t->is_string()) return bad(at + ".text", "must be a string");
+        text += t->get<std::string>();
     }
     return text;
 }
 
-}  // namespace
-
-Result<ChatRequest> parse_chat_request(std::string_view body,
-                                       const model::SamplingParams& defaults) {
-    const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) return invalid_argument("the request body is not valid JSON");
-    if (!j.is_object()) return invalid_argument("the request body must be a JSON object");
-    ChatRequest r;
-    r.sampling = defaults;
-    if (j.contains("model")) {
-        if (!j["model"].is_string()) return bad("model", "must be a string");
-        r.model = j["model"].get<std::string>();
-    }
-    if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty()) {
+Result<std::vector<model::ChatMessage>> parse_messages(const json& j) {
+    const json* ms = field_of(j, "messages");
+    if (ms == nullptr || !ms->is_array() || ms->empty())
         return bad("messages", "must be a non-empty array");
-    }
-    for (size_t i = 0; i < j["messages"].size(); ++i) {
-        const json& m = j["messages"][i];
+    if (ms->size() > kMaxMessages)
+        return bad("messages", "holds more than " + std::to_string(kMaxMessages) + " messages");
+    std::vector<model::ChatMessage> out;
+    for (size_t i = 0; i < ms->size(); ++i) {
+        const json& m = (*ms)[i];
         const std::string at = "messages[" + std::to_string(i) + "]";
-        if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-            return bad(at + ".role", "is missing");
-        std::string role = m["role"].get<std::string>();
+        if (!m.is_object()) return bad(at, "must be an object");
+        const json* r = field_of(m, "role");
+        if (r == nullptr || !r->is_string()) return bad(at + ".role", "must be a string");
+        std::string role = r->get<std::string>();
         if (role == "developer") role = "system";
         if (role != "system" && role != "user" && role != "assistant") {
-            return bad(at + ".role", "must be system, user or assistant, not '" + role + "'");
+            return bad(at + ".role", "must be system, developer, user or assistant, not '" +
+                                         role.substr(0, 32) + "'");
         }
-        DS_ASSIGN_OR_RETURN(std::string text, content_text(m.value("content", json()), i));
+        DS_ASSIGN_OR_RETURN(std::string text,
+                            content_text(field_of(m, "content"), at + ".content"));
         if (model::find_invalid_utf8(text) >= 0) return bad(at + ".content", "is not valid UTF-8");
-        r.messages.push_back({role, std::move(text)});
+        out.push_back({role, std::move(text)});
     }
-    DS_RETURN_IF_ERROR(number(j, "temperature", 0.0, 2.0, r.sampling.temperature));
-    DS_RETURN_IF_ERROR(number(j, "top_p", 0.0, 1.0, r.sampling.top_p));
-    DS_RETURN_IF_ERROR(number(j, "min_p", 0.0, 1.0, r.sampling.min_p));
-    DS_RETURN_IF_ERROR(number(j, "repetition_penalty", 0.0, 10.0, r.sampling.repeat_penalty));
-    if (j.contains("top_p") && r.sampling.top_p <= 0.0f) return bad("top_p", "must be > 0");
+    return out;
+}
+
+Status parse_stop(const json& j, std::vector<std::string>& out) {
+    const json* s = field_of(j, "stop");
+    if (s == nullptr) return Status();
+    const std::string must =
+        "must be a string or an array of up to " + std::to_string(kMaxStopStrings) + " strings";
+    if (s->is_string()) {
+        out.push_back(s->get<std::string>());
+    } else if (s->is_array() && s->size() <= kMaxStopStrings) {
+        for (const json& x : *s) {
+            if (!x.is_string()) return bad("stop", must);
+            out.push_back(x.get<std::string>());
+        }
+    } else {
+        return bad("stop", must);
+    }
+    for (const std::string& x : out) {
+        if (x.empty()) return bad("stop", "must not hold an empty string");
+        if (x.size() > kMaxStopBytes)
+            return bad("stop",
+                       "holds a string longer than " + std::to_string(kMaxStopBytes) + " bytes");
+    }
+    return Status();
+}
+
+Result<ChatRequest> parse_object(const json& j, const model::SamplingParams& defaults) {
+    ChatRequest r;
+    r.sampling = defaults;
+    if (const json* m = field_of(j, "model")) {
+        if (!m->is_string()) return bad("model", "must be a string");
+        r.model = m->get<std::string>();
+        if (r.model.size() > kMaxModelNameBytes) return bad("model", "is too long");
+    }
+    DS_ASSIGN_OR_RETURN(r.messages, parse_messages(j));
+    DS_RETURN_IF_ERROR(number(j, "temperature", r.sampling.temperature));
+    DS_RETURN_IF_ERROR(number(j, "top_p", r.sampling.top_p));
+    DS_RETURN_IF_ERROR(number(j, "min_p", r.sampling.min_p));
+    DS_RETURN_IF_ERROR(number(j, "repetition_penalty", r.sampling.repeat_penalty));
     int64_t v = 0;
     bool given = false;
     DS_RETURN_IF_ERROR(integer(j, "top_k", -1, 1 << 20, v, given));
-    if (given) r.sampling.top_k = static_cast<int32_t>(v < 0 ? 0 : v);
+    if (given) r.sampling.top_k = static_cast<int32_t>(v < 0 ? 0 : v);  // -1: off, as vLLM
+    DS_RETURN_IF_ERROR(model::validate_sampling(r.sampling));
     DS_RETURN_IF_ERROR(integer(j, "seed", INT64_MIN, INT64_MAX, v, given));
     if (given) {
         r.sampling.seed = static_cast<uint64_t>(v);
@@ -104,35 +204,48 @@ Result<ChatRequest> parse_chat_request(std::string_view body,
     DS_RETURN_IF_ERROR(integer(j, "max_completion_tokens", 1, 1 << 30, v, given));
     if (given) r.max_tokens = static_cast<int32_t>(v);
     DS_RETURN_IF_ERROR(integer(j, "n", 1, 1, v, given));
-    if (j.contains("stop") && !j["stop"].is_null()) {
-        const json& s = j["stop"];
-        if (s.is_string()) {
-            r.stop.push_back(s.get<std::string>());
-        } else if (s.is_array() && s.size() <= 4) {
-            for (const json& x : s) {
-                if (!x.is_string())
-                    return bad("stop", "must be a string or an array of up to 4 strings");
-                r.stop.push_back(x.get<std::string>());
-            }
-        } else {
-            return bad("stop", "must be a string or an array of up to 4 strings");
-        }
-        for (const std::string& x : r.stop) {
-            if (x.empty()) return bad("stop", "must not hold an empty string");
-        }
+    DS_RETURN_IF_ERROR(parse_stop(j, r.stop));
+    DS_RETURN_IF_ERROR(boolean(j, "stream", "stream", r.stream));
+    if (const json* so = field_of(j, "stream_options")) {
+        if (!so->is_object()) return bad("stream_options", "must be an object");
+        DS_RETURN_IF_ERROR(
+            boolean(*so, "include_usage", "stream_options.include_usage", r.include_usage));
     }
-    if (j.contains("stream") && !j["stream"].is_null()) {
-        if (!j["stream"].is_boolean()) return bad("stream", "must be true or false");
-        r.stream = j["stream"].get<bool>();
-    }
-    if (j.contains("stream_options") && j["stream_options"].is_object()) {
-        r.include_usage = j["stream_options"].value("include_usage", false);
-    }
-    if (j.contains("session_id") && !j["session_id"].is_null()) {
-        if (!j["session_id"].is_string()) return bad("session_id", "must be a string");
-        r.session_id = j["session_id"].get<std::string>();
+    if (const json* id = field_of(j, "session_id")) {
+        if (!id->is_string()) return bad("session_id", "must be a string");
+        r.session_id = id->get<std::string>();
+        DS_RETURN_IF_ERROR(check_session_id(r.session_id, "session_id"));
     }
     return r;
+}
+
+}  // namespace
+
+Status check_session_id(std::string_view id, std::string_view field) {
+    auto allowed = [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+               c == '.' || c == '_' || c == ':' || c == '-';
+    };
+    if (id.empty() || id.size() > kMaxSessionIdBytes ||
+        !std::all_of(id.begin(), id.end(), allowed)) {
+        return invalid_argument("'" + std::string(field) + "' must be 1 to " +
+                                std::to_string(kMaxSessionIdBytes) +
+                                " characters of A-Z a-z 0-9 . _ : -");
+    }
+    return Status();
+}
+
+Result<ChatRequest> parse_chat_request(std::string_view body,
+                                       const model::SamplingParams& defaults) {
+    DS_RETURN_IF_ERROR(check_json_shape(body));
+    const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return invalid_argument("the request body is not valid JSON");
+    if (!j.is_object()) return invalid_argument("the request body must be a JSON object");
+    try {  // every access above is type-checked; this is the last line, not the plan
+        return parse_object(j, defaults);
+    } catch (const json::exception& e) {
+        return invalid_argument(std::string("malformed request: ") + e.what());
+    }
 }
 
 namespace {
@@ -185,9 +298,13 @@ std::string chunk_json(const std::string& id, int64_t created, const std::string
     return dump(j);
 }
 
-std::string error_json(const std::string& message, const std::string& type, int code) {
-    return dump(
-        {{"error", {{"message", message}, {"type", type}, {"param", nullptr}, {"code", code}}}});
+std::string error_json(const std::string& message, const std::string& type, int status,
+                       const std::string& code) {
+    return dump({{"error",
+                  {{"message", message},
+                   {"type", type},
+                   {"param", nullptr},
+                   {"code", code.empty() ? json(status) : json(code)}}}});
 }
 
 }  // namespace deltaserve::api

@@ -7,6 +7,7 @@
 #include <map>
 #include <thread>
 
+#include "deltaserve/transport/peer_auth.h"
 #include "rpc_convert.h"
 
 namespace deltaserve::api {
@@ -78,7 +79,8 @@ class RemotePrefill final : public PrefillNode {
 
 class RpcClientImpl final : public RpcClient, public kj::TaskSet::ErrorHandler {
   public:
-    explicit RpcClientImpl(std::string address) : address_(std::move(address)) {}
+    RpcClientImpl(std::string address, std::string secret)
+        : address_(std::move(address)), secret_(std::move(secret)) {}
     ~RpcClientImpl() noexcept override {
         if (executor_) {
             try {
@@ -122,6 +124,9 @@ class RpcClientImpl final : public RpcClient, public kj::TaskSet::ErrorHandler {
                 });
             });
             if (last.ok()) return last;
+            if (last.message().find("refused the cluster token") != std::string::npos) {
+                return unauthenticated(last.message());  // waiting will not change it
+            }
             std::this_thread::sleep_for(std::chrono::milliseconds(100));
         } while (std::chrono::steady_clock::now() < until);
         return last;
@@ -195,15 +200,29 @@ class RpcClientImpl final : public RpcClient, public kj::TaskSet::ErrorHandler {
             .then([](kj::Own<kj::NetworkAddress>&& a) { return a->connect(); })
             .then([this](kj::Own<kj::AsyncIoStream>&& stream) {
                 auto client = kj::heap<capnp::TwoPartyClient>(*stream);
-                auto node = client->bootstrap().castAs<rpc::Node>();
-                conn_ = kj::heap<Conn>(Conn{kj::mv(stream), kj::mv(client), kj::mv(node)});
-                // A lost connection is dropped (the next call reconnects); the turns on it
-                // end through their failing wait() calls.
-                const Conn* mine = conn_.get();
-                tasks_->add(conn_->client->onDisconnect().then([this, mine] {
-                    if (conn_.get() == mine) conn_ = nullptr;
-                }));
+                auto door = client->bootstrap().castAs<rpc::NodeDoor>();
+                auto challenge = door.challengeRequest().send();
+                return challenge
+                    .then([this](auto&& r) {
+                        auto open = r.getGate().openRequest();
+                        open.setProof(transport::prove(secret_, "rpc", r.getNonce().cStr()));
+                        return open.send();
+                    })
+                    .then([this, stream = kj::mv(stream),
+                           client = kj::mv(client)](auto&& opened) mutable {
+                        connected(kj::mv(stream), kj::mv(client), opened.getNode());
+                    });
             });
+    }
+    void connected(kj::Own<kj::AsyncIoStream> stream, kj::Own<capnp::TwoPartyClient> client,
+                   rpc::Node::Client node) {
+        conn_ = kj::heap<Conn>(Conn{kj::mv(stream), kj::mv(client), kj::mv(node)});
+        // A lost connection is dropped (the next call reconnects); the turns on it end
+        // through their failing wait() calls.
+        const Conn* mine = conn_.get();
+        tasks_->add(conn_->client->onDisconnect().then([this, mine] {
+            if (conn_.get() == mine) conn_ = nullptr;
+        }));
     }
 
   public:
@@ -211,6 +230,7 @@ class RpcClientImpl final : public RpcClient, public kj::TaskSet::ErrorHandler {
 
   private:
     std::string address_;
+    const std::string secret_;
     NodeInfo info_;
     std::thread thread_;
     kj::AsyncIoContext* io_ = nullptr;
@@ -305,8 +325,9 @@ Result<prefill::PrefillStats> RemotePrefill::stats() {
 }  // namespace
 
 Result<std::unique_ptr<RpcClient>> RpcClient::connect(const std::string& address,
-                                                      std::chrono::milliseconds wait) {
-    auto c = std::make_unique<RpcClientImpl>(address);
+                                                      std::chrono::milliseconds wait,
+                                                      const std::string& cluster_token) {
+    auto c = std::make_unique<RpcClientImpl>(address, cluster_token);
     DS_RETURN_IF_ERROR(c->start(wait));
     return std::unique_ptr<RpcClient>(std::move(c));
 }

@@ -13,8 +13,14 @@ inline void to_capnp(const Status& s, Error::Builder e) {
     e.setCode(static_cast<uint8_t>(s.code()));
     e.setMessage(s.message());
 }
+// A code no deltaserve Status has (a peer that is newer, or hostile) is kInternal; OK is not
+// an error either.
 inline Status from_capnp(Error::Reader e) {
-    return Status(static_cast<StatusCode>(e.getCode()), e.getMessage().cStr());
+    const uint8_t code = e.getCode();
+    const bool known = code > static_cast<uint8_t>(StatusCode::kOk) &&
+                       code <= static_cast<uint8_t>(StatusCode::kPermissionDenied);
+    return Status(known ? static_cast<StatusCode>(code) : StatusCode::kInternal,
+                  e.getMessage().cStr());
 }
 // A call that failed in Cap'n Proto itself (the peer is gone, or broke the protocol).
 inline Status from_exception(const kj::Exception& e, const std::string& peer) {

@@ -8,6 +8,8 @@
 #include <mutex>
 #include <thread>
 
+#include "deltaserve/common/logging.h"
+#include "deltaserve/transport/peer_auth.h"
 #include "rpc_convert.h"
 #include "rpc_thread.h"
 
@@ -163,10 +165,14 @@ class PrefillNodeImpl final : public rpc::PrefillNode::Server {
         auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
         auto done = std::make_shared<NoexceptHolder<kj::CrossThreadPromiseFulfiller<void>>>(
             kj::mv(paf.fulfiller));
-        rpc_.spawn([this, req = std::move(req), out, done] {
-            *out = w_.prefill(req);
-            done->own->fulfill();
-        });
+        if (!rpc_.spawn([this, req = std::move(req), out, done] {
+                *out = w_.prefill(req);
+                done->own->fulfill();
+            })) {
+            rpc::to_capnp(resource_exhausted("the prefill node is busy; try again"),
+                          context.getResults().initError());
+            return kj::READY_NOW;
+        }
         return paf.promise.then([context, out]() mutable {
             auto r = context.getResults();
             if (!out->ok()) return rpc::to_capnp(out->status(), r.initError());
@@ -211,24 +217,72 @@ class NodeImpl final : public rpc::Node::Server {
     RpcThread& rpc_;
 };
 
+// One caller's way in: its nonce, good for one proof.
+class GateImpl final : public rpc::Gate::Server {
+  public:
+    GateImpl(const NodeRoles& roles, RpcThread& rpc, const std::string& secret, std::string nonce)
+        : roles_(roles), rpc_(rpc), secret_(secret), nonce_(std::move(nonce)) {}
+    kj::Promise<void> open(OpenContext context) override {
+        const bool fresh = !std::exchange(spent_, true);
+        if (!fresh ||
+            !transport::verify(secret_, "rpc", nonce_, context.getParams().getProof().cStr())) {
+            spdlog::warn("node {}: refused an RPC caller that did not prove the cluster token",
+                         roles_.name);
+            KJ_FAIL_REQUIRE("the node refused the cluster token (cluster_token differs)");
+        }
+        context.getResults().setNode(kj::heap<NodeImpl>(roles_, rpc_));
+        return kj::READY_NOW;
+    }
+
+  private:
+    const NodeRoles& roles_;
+    RpcThread& rpc_;
+    const std::string& secret_;
+    const std::string nonce_;
+    bool spent_ = false;
+};
+
+class NodeDoorImpl final : public rpc::NodeDoor::Server {
+  public:
+    NodeDoorImpl(const NodeRoles& roles, RpcThread& rpc, const std::string& secret)
+        : roles_(roles), rpc_(rpc), secret_(secret) {}
+    kj::Promise<void> challenge(ChallengeContext context) override {
+        std::string nonce = transport::make_nonce();
+        auto r = context.getResults();
+        r.setNonce(nonce);
+        r.setGate(kj::heap<GateImpl>(roles_, rpc_, secret_, std::move(nonce)));
+        return kj::READY_NOW;
+    }
+
+  private:
+    const NodeRoles& roles_;
+    RpcThread& rpc_;
+    const std::string& secret_;
+};
+
 class RpcServerImpl final : public RpcServer {
   public:
-    Status start(const std::string& address, NodeRoles roles) {
-        return rpc_.start(address, [this, roles]() -> capnp::Capability::Client {
-            return kj::heap<NodeImpl>(roles, rpc_);
+    RpcServerImpl(NodeRoles roles, std::string secret)
+        : roles_(std::move(roles)), secret_(std::move(secret)) {}
+    Status start(const std::string& address) {
+        return rpc_.start(address, [this]() -> capnp::Capability::Client {
+            return kj::heap<NodeDoorImpl>(roles_, rpc_, secret_);
         });
     }
     uint16_t port() const override { return rpc_.port(); }
 
   private:
+    const NodeRoles roles_;
+    const std::string secret_;
     RpcThread rpc_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<RpcServer>> RpcServer::start(const std::string& address, NodeRoles roles) {
-    auto s = std::make_unique<RpcServerImpl>();
-    DS_RETURN_IF_ERROR(s->start(address, std::move(roles)));
+Result<std::unique_ptr<RpcServer>> RpcServer::start(const std::string& address, NodeRoles roles,
+                                                    const std::string& cluster_token) {
+    auto s = std::make_unique<RpcServerImpl>(std::move(roles), cluster_token);
+    DS_RETURN_IF_ERROR(s->start(address));
     return std::unique_ptr<RpcServer>(std::move(s));
 }
 

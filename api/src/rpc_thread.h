@@ -1,7 +1,8 @@
 // A Cap'n Proto RPC server on an event-loop thread of its own (kj objects belong to one
 // thread): serves a bootstrap capability on an address until destroyed. Other threads reach
-// the loop through executor(). Work that blocks (a prefill, a chat turn) runs on threads
-// started with spawn(), joined when the server stops.
+// the loop through executor(). Work that blocks (a prefill, a chat turn) runs on a fixed set
+// of worker threads (spawn()), with a bounded queue: no call starts a thread of its own.
+// Messages are read with limits set here (kReaderOptions), not the library's defaults.
 #pragma once
 
 #include <capnp/ez-rpc.h>
@@ -15,12 +16,23 @@
 #include <thread>
 
 #include "deltaserve/common/status.h"
+#include "turn_runner.h"
 
 namespace deltaserve::api {
 
+// What one RPC message may cost to read: 4 Mi words (32 MiB; a turn of 128k tokens is 0.5
+// MiB) and 16 levels of nesting (the schemas use 4).
+inline capnp::ReaderOptions rpc_reader_options() {
+    capnp::ReaderOptions o;
+    o.traversalLimitInWords = uint64_t{1} << 22;
+    o.nestingLimit = 16;
+    return o;
+}
+
 class RpcThread {
   public:
-    RpcThread() = default;
+    // workers: threads for blocking calls; queued: calls that may wait for one.
+    explicit RpcThread(int workers = 16, int queued = 64) : workers_(workers, queued) {}
     RpcThread(const RpcThread&) = delete;
     RpcThread& operator=(const RpcThread&) = delete;
     ~RpcThread() noexcept { stop(); }
@@ -33,7 +45,8 @@ class RpcThread {
         auto ready = started.get_future();
         thread_ = std::thread([&, address] {
             try {
-                capnp::EzRpcServer server(make_bootstrap(), address.c_str());
+                capnp::EzRpcServer server(make_bootstrap(), address.c_str(), 0,
+                                          rpc_reader_options());
                 auto& ws = server.getWaitScope();
                 port_ = static_cast<uint16_t>(server.getPort().wait(ws));
                 auto paf = kj::newPromiseAndFulfiller<void>();
@@ -63,19 +76,15 @@ class RpcThread {
             }
         }
         if (thread_.joinable()) thread_.join();
-        std::lock_guard<std::mutex> lock(mu_);
-        for (auto& t : workers_) t.join();
-        workers_.clear();
+        workers_.wait_idle();
     }
 
     uint16_t port() const { return port_; }
     const kj::Executor& executor() const { return *executor_; }
     bool on_loop_thread() const { return std::this_thread::get_id() == loop_thread_; }
-    // Runs f on a thread of its own.
-    void spawn(std::function<void()> f) {
-        std::lock_guard<std::mutex> lock(mu_);
-        workers_.emplace_back(std::move(f));
-    }
+    // Runs f on a worker thread; false (f dropped) when every worker is busy and the queue
+    // is full: the caller answers kResourceExhausted.
+    [[nodiscard]] bool spawn(std::function<void()> f) { return workers_.try_submit(std::move(f)); }
 
   private:
     std::thread thread_;
@@ -83,8 +92,7 @@ class RpcThread {
     kj::Own<const kj::Executor> executor_;
     kj::Own<kj::PromiseFulfiller<void>> stop_;
     uint16_t port_ = 0;
-    std::mutex mu_;
-    std::list<std::thread> workers_;
+    TurnRunner workers_;
 };
 
 // Holds a kj object for a std::function or std::thread, whose destructors must not throw.

@@ -5,7 +5,10 @@
 #include <capnp/ez-rpc.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "chat.capnp.h"
+#include "deltaserve/common/status.h"
 #include "serving.h"
 
 namespace deltaserve::testing {
@@ -88,7 +91,7 @@ TEST_F(ChatRpcTest, SessionsStreamLikeHttpAndAdminSeesThem) {
     auto gateway = client.getMain<rpc::Gateway>();
     auto chat = gateway.chatRequest().send().getService();
     auto admin = gateway.adminRequest().send().getAdmin();
-    auto open = chat.openRequest();
+    auto open = chat.createRequest();
     open.setSessionId("ada");
     rpc::ChatSession::Client session = open.send().getSession();
 
@@ -114,6 +117,77 @@ TEST_F(ChatRpcTest, SessionsStreamLikeHttpAndAdminSeesThem) {
     EXPECT_GT(admin.statsRequest().send().wait(ws).getKvBytes(), 0);
     session.closeRequest().send().wait(ws);
     EXPECT_EQ(admin.sessionsRequest().send().wait(ws).getSessions().size(), 0u);
+    // A closed session is gone: reopening it is an error, never a new conversation.
+    auto reopen = chat.openRequest();
+    reopen.setSessionId("ada");
+    auto gone = reopen.send().wait(ws);
+    ASSERT_TRUE(gone.hasError());
+    EXPECT_EQ(gone.getError().getCode(), static_cast<uint8_t>(StatusCode::kNotFound));
+}
+
+// With keys: a wrong key gets no service, sessions are the opening key's alone, the admin
+// service needs the admin key, and sampling values that make no sense are refused.
+TEST_F(ChatRpcTest, KeysSeparateTenantsAndGuardTheAdminService) {
+    ServingProcess server(
+        serve_args({"--rpc-port", "0", "--api-key", "key-a,key-b", "--admin-key", "adm"}));
+    ASSERT_NE(rpc_port(server), 0) << server.log();
+    capnp::EzRpcClient client("127.0.0.1", rpc_port(server));
+    auto& ws = client.getWaitScope();
+    auto gateway = client.getMain<rpc::Gateway>();
+    auto chat_as = [&](const char* key) {
+        auto r = gateway.chatRequest();
+        r.setApiKey(key);
+        return r.send().wait(ws);
+    };
+    auto wrong = chat_as("key-c");
+    ASSERT_TRUE(wrong.hasError());
+    EXPECT_EQ(wrong.getError().getCode(), static_cast<uint8_t>(StatusCode::kUnauthenticated));
+    EXPECT_TRUE(chat_as("").hasError());
+
+    auto a = chat_as("key-a").getService();
+    auto create = a.createRequest();
+    create.setSessionId("shared-name");
+    rpc::ChatSession::Client mine = create.send().getSession();
+    ASSERT_EQ(send(client, mine, "user", "My name is Ada.", 4).error, "");
+    // key-b does not see it, and may use the same name for a session of its own.
+    auto b = chat_as("key-b").getService();
+    auto peek = b.openRequest();
+    peek.setSessionId("shared-name");
+    auto peeked = peek.send().wait(ws);
+    ASSERT_TRUE(peeked.hasError());
+    EXPECT_EQ(peeked.getError().getCode(), static_cast<uint8_t>(StatusCode::kNotFound));
+    auto own = b.createRequest();
+    own.setSessionId("shared-name");
+    EXPECT_FALSE(own.send().wait(ws).hasError());
+
+    auto admin_as = [&](const char* key) {
+        auto r = gateway.adminRequest();
+        r.setAdminKey(key);
+        return r.send().wait(ws);
+    };
+    EXPECT_TRUE(admin_as("key-a").hasError()) << "a chat key does not open the admin service";
+    auto listed = admin_as("adm").getAdmin().sessionsRequest().send().wait(ws);
+    EXPECT_EQ(listed.getSessions().size(), 2u);
+
+    // A NaN temperature and a repetition penalty below zero are refused, naming the field.
+    std::string streamed;
+    int pieces = 0;
+    for (const float nan_or_negative : {std::nanf(""), -1.0f}) {
+        auto req = mine.sendRequest();
+        auto m = req.initMessages(1);
+        m[0].setRole("user");
+        m[0].setContent("hi");
+        auto o = req.initOptions();
+        o.initSampling().setTemperature(std::isnan(nan_or_negative) ? nan_or_negative : 0.5f);
+        if (!std::isnan(nan_or_negative)) o.getSampling().setRepeatPenalty(nan_or_negative);
+        req.setSink(kj::heap<Sink>(streamed, pieces));
+        auto r = req.send().wait(ws);
+        ASSERT_TRUE(r.hasError());
+        EXPECT_NE(std::string(r.getError().getMessage().cStr())
+                      .find(std::isnan(nan_or_negative) ? "temperature" : "repetition_penalty"),
+                  std::string::npos)
+            << r.getError().getMessage().cStr();
+    }
 }
 
 TEST_F(ChatRpcTest, CancelAndBadInputAreClear) {

@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
 """Talks to a running `deltaserve serve` with the real `openai` client, as a user would.
 
-    openai_client_check.py --port N
+    openai_client_check.py --port N [--api-key KEY]
 
 Checks (exit 1 with the reason on failure): the model list; a greedy answer, non-streaming
 and streaming, the streamed pieces adding up to the same text with usage in the last
-chunk; a two-turn session through extra_headers (X-Session-ID) where turn 2 sends only its
-new message and finds the history in the KV cache; an API error for a bad request.
+chunk; a session opened with POST /v1/sessions, then two turns through extra_headers
+(X-Session-ID) where turn 2 sends only its new message and finds the history in the KV
+cache; a session the server does not hold is NotFoundError (session_not_found); with a key,
+a wrong key is AuthenticationError; an API error for a bad request.
 Prints one JSON line with what it saw.
 """
 import argparse
 import json
 import sys
+import urllib.request
 
 import openai
 
@@ -23,8 +26,16 @@ def fail(why):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--api-key", default="none")
     a = ap.parse_args()
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{a.port}/v1", api_key="none", max_retries=0, timeout=120)
+    base = f"http://127.0.0.1:{a.port}/v1"
+    client = openai.OpenAI(base_url=base, api_key=a.api_key, max_retries=0, timeout=120)
+    if a.api_key != "none":
+        try:
+            openai.OpenAI(base_url=base, api_key="wrong", max_retries=0).models.list()
+            fail("a wrong API key was accepted")
+        except openai.AuthenticationError:
+            pass
 
     models = [m.id for m in client.models.list()]
     if len(models) != 1:
@@ -52,6 +63,21 @@ def main():
     if usage is None or usage.completion_tokens != answer.usage.completion_tokens or finish is None:
         fail(f"stream usage {usage} finish {finish}")
 
+    # Sessions are opened explicitly (the openai client has no call for it: plain HTTP).
+    req = urllib.request.Request(f"{base}/sessions", data=json.dumps({"id": "client-check"}).encode(),
+                                 headers={"Authorization": f"Bearer {a.api_key}",
+                                          "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        opened = json.load(r)
+    if opened.get("id") != "client-check":
+        fail(f"session {opened}")
+    try:
+        client.chat.completions.create(model=model, messages=question, max_tokens=4,
+                                       extra_headers={"X-Session-ID": "never-opened"})
+        fail("a session that was never opened answered")
+    except openai.NotFoundError as e:
+        if e.code != "session_not_found":
+            fail(f"unknown session error: {e} (code {e.code!r})")
     headers = {"X-Session-ID": "client-check"}
     t1 = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "My name is Ada."}],
                                         max_tokens=8, temperature=0, extra_headers=headers)

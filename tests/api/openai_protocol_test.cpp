@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+
 #include "deltaserve/api/openai_protocol.h"
 
 namespace deltaserve::api {
@@ -80,6 +82,139 @@ TEST(OpenAiProtocol, RefusesWhatItCannotDoNamingTheField) {
     EXPECT_NE(error_of(R"({"messages": [{"role": "user", "content": "\xff"}]})").find("JSON"),
               std::string::npos);
     EXPECT_EQ(error_of("{" + user + "}"), "accepted");
+}
+
+// Every field the parser reads, given every JSON type: an answer (accepted or a 400 naming
+// the field), never an exception. A field of the wrong type once aborted the process.
+TEST(OpenAiProtocol, EveryFieldOfEveryJsonTypeGetsAnAnswer) {
+    const std::vector<json> values = {nullptr,
+                                      true,
+                                      -1,
+                                      0,
+                                      3,
+                                      1.5,
+                                      1e300,
+                                      "x",
+                                      "",
+                                      json::array(),
+                                      json::object(),
+                                      json::array({nullptr, 2}),
+                                      {{"a", 1}},
+                                      json::array({json::object()})};
+    const json base = {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}};
+    // Paths into the request: top-level fields, a message's fields, a content part's fields.
+    const std::vector<std::vector<std::string>> paths = {{"model"},
+                                                         {"messages"},
+                                                         {"temperature"},
+                                                         {"top_p"},
+                                                         {"min_p"},
+                                                         {"top_k"},
+                                                         {"repetition_penalty"},
+                                                         {"seed"},
+                                                         {"max_tokens"},
+                                                         {"max_completion_tokens"},
+                                                         {"n"},
+                                                         {"stop"},
+                                                         {"stream"},
+                                                         {"stream_options"},
+                                                         {"stream_options", "include_usage"},
+                                                         {"session_id"},
+                                                         {"messages", "0"},
+                                                         {"messages", "0", "role"},
+                                                         {"messages", "0", "content"},
+                                                         {"messages", "0", "content", "0"},
+                                                         {"messages", "0", "content", "0", "type"},
+                                                         {"messages", "0", "content", "0", "text"}};
+    int refused = 0;
+    for (const auto& path : paths) {
+        for (const json& v : values) {
+            json body = base;
+            if (path.size() >= 4) {
+                body["messages"][0]["content"] = json::array({{{"type", "text"}, {"text", "a"}}});
+            }
+            if (path.size() == 2 && path[0] == "stream_options") body["stream_options"] = {};
+            json* at = &body;
+            for (size_t i = 0; i + 1 < path.size(); ++i) {
+                at = at->is_array() ? &(*at)[std::stoul(path[i])] : &(*at)[path[i]];
+            }
+            if (at->is_array()) {
+                (*at)[std::stoul(path.back())] = v;
+            } else {
+                (*at)[path.back()] = v;
+            }
+            Result<ChatRequest> r = unavailable("not run");
+            ASSERT_NO_THROW(r = parse_chat_request(body.dump(), server_defaults())) << body.dump();
+            if (!r.ok()) {
+                ++refused;
+                EXPECT_EQ(r.error().code(), StatusCode::kInvalidArgument) << body.dump();
+                // The message names the field, or its first part.
+                EXPECT_NE(r.error().message().find(path[0]), std::string::npos)
+                    << body.dump() << " -> " << r.error().message();
+            }
+        }
+    }
+    EXPECT_GT(refused, 150);  // most of these are wrong
+}
+
+TEST(OpenAiProtocol, BoundsNestingAndSizeBeforeParsing) {
+    const std::string user = R"("messages": [{"role": "user", "content": "hi"}])";
+    auto deep =
+        "{" + user + R"(, "x": )" + std::string(200000, '[') + std::string(200000, ']') + "}";
+    auto r = parse_chat_request(deep, server_defaults());
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message().find("nests deeper"), std::string::npos);
+    std::string wide = "{" + user + R"(, "x": [0)";
+    for (int i = 0; i < 70000; ++i) wide += ",0";
+    wide += "]}";
+    r = parse_chat_request(wide, server_defaults());
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message().find("JSON values"), std::string::npos);
+    // Brackets inside strings are text, not nesting.
+    r = parse_chat_request(
+        R"({"messages": [{"role": "user", "content": ")" + std::string(1000, '[') + R"("}]})",
+        server_defaults());
+    EXPECT_TRUE(r.ok()) << r.error().message();
+    json many = {{"messages", json::array()}};
+    for (size_t i = 0; i <= kMaxMessages; ++i) many["messages"].push_back({{"role", "user"}});
+    r = parse_chat_request(many.dump(), server_defaults());
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message().find("'messages'"), std::string::npos);
+}
+
+TEST(OpenAiProtocol, SessionIdsHaveOneAlphabet) {
+    for (const char* ok : {"a", "chat-42", "user_7:thread.3", "ABCxyz-09"}) {
+        EXPECT_TRUE(check_session_id(ok, "session_id").ok()) << ok;
+    }
+    for (const std::string& no : {std::string(), std::string("a\r\nSet-Cookie: x=1"),
+                                  std::string("a b"), std::string("a/b"), std::string("\xc3\xa9"),
+                                  std::string(129, 'a'), std::string("a\0b", 3)}) {
+        const Status st = check_session_id(no, "session_id");
+        EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << no;
+        EXPECT_NE(st.message().find("'session_id'"), std::string::npos);
+    }
+    EXPECT_TRUE(check_session_id(std::string(128, 'a'), "session_id").ok());
+    const json body = {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})},
+                       {"session_id", "x\r\nX-Injected: 1"}};
+    auto r = parse_chat_request(body.dump(), server_defaults());
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message().find("'session_id'"), std::string::npos);
+}
+
+TEST(OpenAiProtocol, SamplingValuesThatMakeNoSenseAreRefused) {
+    const std::string user = R"({"messages": [{"role": "user", "content": "hi"}], )";
+    for (const char* field : {R"("repetition_penalty": 0)", R"("repetition_penalty": -1)",
+                              R"("temperature": 2.5)", R"("top_p": 1.5)", R"("min_p": -0.1)",
+                              R"("top_k": 2000000)", R"("temperature": 1e300)"}) {
+        auto r = parse_chat_request(user + field + "}", server_defaults());
+        EXPECT_FALSE(r.ok()) << field;
+    }
+    // Defaults a server was started with are checked by the same validator.
+    model::SamplingParams nan_defaults = server_defaults();
+    nan_defaults.temperature = std::nanf("");
+    EXPECT_FALSE(model::validate_sampling(nan_defaults).ok());
+    auto r = parse_chat_request(user + R"("top_k": -1})", server_defaults());
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    EXPECT_EQ(r->sampling.top_k, 0) << "-1 means off, as vLLM";
 }
 
 TEST(OpenAiProtocol, AnswersAndChunksHaveTheShapesClientsRead) {

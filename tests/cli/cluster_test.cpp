@@ -13,22 +13,11 @@
 #include <fstream>
 #include <future>
 
+#include "local_cluster.h"
 #include "serving.h"
 
 namespace deltaserve::testing {
 namespace {
-
-uint16_t free_port() {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    socklen_t len = sizeof a;
-    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    close(fd);
-    return ntohs(a.sin_port);
-}
 
 // Sends raw bytes to a TCP port and closes.
 void send_garbage(uint16_t port, const std::string& bytes) {
@@ -43,137 +32,6 @@ void send_garbage(uint16_t port, const std::string& bytes) {
     }
     close(fd);
 }
-
-// Runs a shell command; true when it exits 0.
-bool sh(const std::string& command) {
-    return std::system((command + " >/dev/null 2>&1").c_str()) == 0;
-}
-
-// Two network namespaces ("hosts") on a bridge in this one, for the decode and the prefill
-// node; made only where this process may (root with iproute2), else available() is false.
-class Namespaces {
-  public:
-    Namespaces() {
-        const std::string p = std::to_string(getpid() % 100000);
-        subnet_ = "10.213." + std::to_string(getpid() % 250) + ".";
-        bridge_ = "dsb" + p;
-        for (const char* path : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
-            if (file_exists(path)) ip_binary_ = path;
-        }
-        if (geteuid() != 0 || ip_binary_.empty()) return;
-        ok_ = sh("ip link add " + bridge_ + " type bridge") &&
-              sh("ip addr add " + subnet_ + "1/24 dev " + bridge_) &&
-              sh("ip link set " + bridge_ + " up");
-        for (const char* role : {"d", "p"}) {
-            const std::string ns = std::string("ds") + role + p,
-                              host = "dsv" + std::string(role) + p,
-                              inner = "dsn" + std::string(role) + p;
-            const std::string ip = subnet_ + (role[0] == 'd' ? "2" : "3");
-            ok_ = ok_ && sh("ip netns add " + ns) &&
-                  sh("ip link add " + host + " type veth peer name " + inner) &&
-                  sh("ip link set " + inner + " netns " + ns) &&
-                  sh("ip link set " + host + " master " + bridge_) &&
-                  sh("ip link set " + host + " up") &&
-                  sh("ip netns exec " + ns + " ip addr add " + ip + "/24 dev " + inner) &&
-                  sh("ip netns exec " + ns + " ip link set " + inner + " up") &&
-                  sh("ip netns exec " + ns + " ip link set lo up");
-            namespaces_.push_back(ns);
-        }
-    }
-    ~Namespaces() {
-        for (const std::string& ns : namespaces_) sh("ip netns del " + ns);
-        sh("ip link del " + bridge_);
-    }
-    bool available() const { return ok_; }
-    std::string ns(char role) const { return namespaces_[role == 'd' ? 0 : 1]; }
-    std::string ip(char role) const { return subnet_ + (role == 'd' ? "2" : "3"); }
-    const std::string& ip_binary() const { return ip_binary_; }
-
-  private:
-    bool ok_ = false;
-    std::string ip_binary_;
-    std::string subnet_, bridge_;
-    std::vector<std::string> namespaces_;
-};
-
-// A cluster config in a temporary folder and its three processes, on loopback or with the
-// decode and prefill nodes in network namespaces of their own (the gateway stays here). KV
-// goes over UCX's tcp unless tls says otherwise ("": UCX's choice, and on one host the
-// transport's shared pool, as deploy/cluster.yaml has it).
-class Cluster {
-  public:
-    explicit Cluster(const Namespaces* hosts = nullptr, int n_prefill = 1,
-                     const std::string& tls = "tcp") {
-        dir_ =
-            std::filesystem::temp_directory_path() /
-            ("deltaserve-cluster-" + std::to_string(getpid()) + "-" + std::to_string(counter_++));
-        std::filesystem::create_directories(dir_);
-        const std::string d_ip = hosts ? hosts->ip('d') : "127.0.0.1",
-                          p_ip = hosts ? hosts->ip('p') : "127.0.0.1";
-        decode_rpc_ = hosts ? 7201 : free_port();
-        decode_data_ = hosts ? 7202 : free_port();
-        std::ofstream yaml(config());
-        yaml << "model: " << default_gguf_model() << "\n"
-             << "threads: 1\nctx_size: 2048\nlocal_prefill_max: 0\n"
-             << "transport: {tls: \"" << tls << "\"}\nprefill:\n";
-        for (int i = 0; i < n_prefill; ++i) {
-            yaml << "  - {name: p" << i << ", rpc: \"" << p_ip << ":"
-                 << (hosts ? 7101 + i : free_port()) << "\"}\n";
-        }
-        yaml << "decode:\n  - {name: d0, rpc: \"" << d_ip << ":" << decode_rpc_ << "\", data: \""
-             << d_ip << ":" << decode_data_ << "\"}\n";
-        yaml.close();
-        const auto node = [&](const char* role, const char* name) {
-            std::vector<std::string> args = {role, "--config", config(), "--name", name};
-            if (!hosts) return std::make_unique<ServingProcess>(args, "serving RPC on");
-            args.insert(args.begin(), {"netns", "exec", hosts->ns(role[0]), deltaserve_binary()});
-            return std::make_unique<ServingProcess>(args, "serving RPC on", hosts->ip_binary());
-        };
-        decode_ = node("decode", "d0");
-        for (int i = 0; i < n_prefill; ++i)
-            prefill_.push_back(node("prefill", ("p" + std::to_string(i)).c_str()));
-        gateway_ = std::make_unique<ServingProcess>(
-            std::vector<std::string>{"gateway", "--config", config(), "--port", "0"});
-    }
-    ~Cluster() {
-        gateway_.reset();
-        prefill_.clear();
-        decode_.reset();
-        std::filesystem::remove_all(dir_);
-    }
-    bool up() const {
-        for (const auto& p : prefill_) {
-            if (!p->ready()) return false;
-        }
-        return decode_->ready() && gateway_->port() != 0;
-    }
-    std::string logs() const {
-        std::string all = decode_->log();
-        for (const auto& p : prefill_) all += p->log();
-        return all + gateway_->log();
-    }
-    std::string config() const { return (dir_ / "cluster.yaml").string(); }
-    uint16_t port() const { return gateway_->port(); }
-    ServingProcess& decode() { return *decode_; }
-    ServingProcess& prefill(size_t i = 0) { return *prefill_[i]; }
-    ServingProcess& gateway() { return *gateway_; }
-    uint16_t decode_rpc() const { return decode_rpc_; }
-    uint16_t decode_data() const { return decode_data_; }
-
-    // A metric's value from /metrics.
-    double metric(const std::string& name) {
-        const HttpResponse r = http_request(port(), "GET", "/metrics");
-        const size_t at = r.body.find("\n" + name + " ");
-        return at == std::string::npos ? -1 : std::atof(r.body.c_str() + at + name.size() + 2);
-    }
-
-  private:
-    static inline int counter_ = 0;
-    std::filesystem::path dir_;
-    uint16_t decode_rpc_ = 0, decode_data_ = 0;
-    std::unique_ptr<ServingProcess> decode_, gateway_;
-    std::vector<std::unique_ptr<ServingProcess>> prefill_;
-};
 
 class ClusterTest : public ::testing::Test {
   protected:
@@ -238,13 +96,14 @@ TEST_P(ClusterLinkTest, APrefillNodeKilledMidTransferEndsTheRequestClearly) {
     ASSERT_EQ(pending.wait_for(std::chrono::seconds(60)), std::future_status::ready)
         << "the request hangs";
     const HttpResponse r = pending.get();
-    EXPECT_EQ(r.status, 500) << r.body;
+    EXPECT_EQ(r.status, 503) << r.body;
+    EXPECT_EQ(r.headers.count("retry-after"), 1u);
     EXPECT_NE(r.body.find("prefill node"), std::string::npos) << r.body;
     // The gateway stays up; with no prefill node, turns that need one fail clearly; the decode
     // node holds nothing for the failed turn.
     EXPECT_EQ(http_request(port, "GET", "/health").status, 200);
     const HttpResponse again = post_chat(port, chat_body("Hi", 2));
-    EXPECT_EQ(again.status, 500);
+    EXPECT_EQ(again.status, 503);
     EXPECT_NE(again.body.find("prefill"), std::string::npos) << again.body;
     EXPECT_EQ(cluster.metric("deltaserve_queue_length"), 0);
     EXPECT_EQ(cluster.metric("deltaserve_kv_bytes"), 0);
@@ -288,17 +147,41 @@ TEST_F(ClusterTest, ADecodeNodeKilledMidStreamEndsTheStreamClearly) {
     json body = chat_body("Tell me a long story.", 400, true);
     body["temperature"] = 1.5;
     body["seed"] = 7;
-    auto pending = std::async(std::launch::async, [&] { return post_chat(port, body); });
-    std::this_thread::sleep_for(std::chrono::milliseconds(700));
-    kill(cluster.decode().pid(), SIGKILL);
-    ASSERT_EQ(pending.wait_for(std::chrono::seconds(60)), std::future_status::ready)
-        << "the stream hangs";
-    const HttpResponse r = pending.get();
+    // Killed once the stream has begun (its first piece arrived).
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(port);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    const std::string b = body.dump();
+    const std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                            std::to_string(b.size()) + "\r\n\r\n" + b;
+    ASSERT_EQ(write(fd, req.data(), req.size()), static_cast<ssize_t>(req.size()));
+    std::string raw;
+    char buf[4096];
+    bool killed = false;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < until) {
+        pollfd p{fd, POLLIN, 0};
+        if (poll(&p, 1, 1000) <= 0) continue;
+        const ssize_t n = read(fd, buf, sizeof buf);
+        if (n <= 0) break;
+        raw.append(buf, static_cast<size_t>(n));
+        if (!killed && raw.find("data: ") != std::string::npos) {
+            kill(cluster.decode().pid(), SIGKILL);
+            killed = true;
+        }
+    }
+    close(fd);
+    ASSERT_TRUE(killed) << "the stream never began: " << raw;
+    const HttpResponse r = parse_http_response(raw);
+    EXPECT_EQ(r.status, 200) << raw;
     EXPECT_NE(r.body.find("\"error\""), std::string::npos) << r.body;
     EXPECT_NE(r.body.find("[DONE]"), std::string::npos) << r.body;
     EXPECT_EQ(http_request(port, "GET", "/health").status, 200);
     const HttpResponse again = post_chat(port, chat_body("Hi", 2));
-    EXPECT_EQ(again.status, 500);
+    EXPECT_EQ(again.status, 503);
     EXPECT_NE(again.body.find("decode"), std::string::npos) << again.body;
 }
 
@@ -311,6 +194,42 @@ TEST_F(ClusterTest, GarbageOnRpcAndDataPortsHarmsNothing) {
         post_chat(cluster.port(), chat_body("What is the capital of France?", 8));
     EXPECT_EQ(r.status, 200) << r.body;
     EXPECT_EQ(cluster.decode().stop(), 0) << "the decode node survived";
+}
+
+// Nodes ask for the cluster token: a gateway with another one is refused on RPC (and says
+// so), a KV peer that does not prove it is dropped and logged, and without a token a node
+// does not serve a non-loopback address.
+TEST_F(ClusterTest, PeersWithoutTheClusterTokenAreRefused) {
+    Cluster cluster;
+    ASSERT_TRUE(cluster.up()) << cluster.logs();
+    std::string yaml;
+    {
+        std::ifstream in(cluster.config());
+        yaml.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    const auto other = std::filesystem::path(cluster.config()).parent_path() / "other.yaml";
+    const std::string mark = "cluster_token: cluster-test-secret";
+    ASSERT_NE(yaml.find(mark), std::string::npos);
+    std::ofstream(other) << yaml.replace(yaml.find(mark), mark.size(), "cluster_token: guessed");
+    CliResult r =
+        run_binary(deltaserve_binary(), {"gateway", "--config", other.string(), "--port", "0"}, "",
+                   std::chrono::seconds(60));
+    EXPECT_EQ(r.exit_code, 1) << r.describe();
+    EXPECT_NE(r.err.find("cluster token"), std::string::npos) << r.describe();
+    EXPECT_NE(cluster.decode().read_log().find("did not prove the cluster token"),
+              std::string::npos)
+        << cluster.decode().log();
+
+    send_garbage(cluster.decode_data(), "not a proof");
+    const HttpResponse ok = post_chat(cluster.port(), chat_body("Hello", 4));
+    EXPECT_EQ(ok.status, 200) << ok.body;
+
+    std::ofstream(other) << "model: m\ndecode:\n  - {name: d0, rpc: \"0.0.0.0:1\", data: "
+                            "\"0.0.0.0:2\"}\n";
+    r = run_binary(deltaserve_binary(), {"decode", "--config", other.string(), "--name", "d0"}, "",
+                   std::chrono::seconds(30));
+    EXPECT_EQ(r.exit_code, 2) << r.describe();
+    EXPECT_NE(r.err.find("without a cluster token"), std::string::npos) << r.describe();
 }
 
 // The same answers when the decode and prefill nodes are separate hosts (network namespaces
@@ -329,6 +248,7 @@ TEST_F(ClusterTest, NodesInSeparateNetworkNamespacesAnswerTheSame) {
     ASSERT_EQ(a.status, 200) << a.body;
     EXPECT_EQ(json::parse(a.body)["choices"][0]["message"]["content"],
               json::parse(b.body)["choices"][0]["message"]["content"]);
+    ASSERT_EQ(open_session(cluster.port(), "ada"), 200);
     HttpResponse r =
         post_chat(cluster.port(), chat_body("My name is Ada.", 8), "X-Session-ID: ada\r\n");
     ASSERT_EQ(r.status, 200) << r.body;

@@ -47,5 +47,8 @@ sanitizer_env() {
     export ASAN_OPTIONS="detect_leaks=1:check_initialization_order=1:strict_init_order=1:detect_stack_use_after_return=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
     export LSAN_OPTIONS="suppressions=$here/lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
     export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$here/ubsan.supp${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
+    # Sanitized code runs 2-5x slower: tests that bound a time (a turn cancelled within a
+    # second) scale their bounds by this (tests/support/test_paths.h, time_scale()).
+    export DELTASERVE_TEST_TIME_SCALE=${DELTASERVE_TEST_TIME_SCALE:-5}
     export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$here/tsan.supp${TSAN_OPTIONS:+:$TSAN_OPTIONS}"
 }

@@ -62,6 +62,18 @@ class ServingProcess {
     pid_t pid() const { return pid_; }
     // What it wrote to stderr until it was ready.
     const std::string& log() const { return log_; }
+    // The same, with what it wrote since (waiting up to wait_ms for the first new bytes).
+    const std::string& read_log(int wait_ms = 500) {
+        char buf[4096];
+        for (int wait = wait_ms;; wait = 0) {
+            pollfd p{err_.fd[0], POLLIN, 0};
+            if (poll(&p, 1, wait) <= 0) break;
+            const ssize_t n = read(err_.fd[0], buf, sizeof buf);
+            if (n <= 0) break;
+            log_.append(buf, static_cast<size_t>(n));
+        }
+        return log_;
+    }
 
     // SIGTERM, then the exit status (-1 if it had to be killed after 30 s).
     int stop() {
@@ -133,11 +145,17 @@ inline Streamed parse_sse(const std::string& body) {
     return s;
 }
 
-// A session over two turns: the first through the X-Session-ID header, the second (only the
-// new message) through the body's session_id. The second turn's prompt holds the history,
-// whose KV was not computed again, and it answers as the whole conversation sent without a
-// session does.
+// Opens a session named id (POST /v1/sessions); the answer's status.
+inline int open_session(uint16_t port, const std::string& id, const std::string& headers = "") {
+    return http_request(port, "POST", "/v1/sessions", json{{"id", id}}.dump(), headers).status;
+}
+
+// A session over two turns: opened with POST /v1/sessions, the first turn through the
+// X-Session-ID header, the second (only the new message) through the body's session_id. The
+// second turn's prompt holds the history, whose KV was not computed again, and it answers as
+// the whole conversation sent without a session does.
 inline void expect_session_continues(uint16_t port) {
+    ASSERT_EQ(open_session(port, "ada"), 200);
     HttpResponse r =
         post_chat(port, chat_body("My name is Ada. Say hello to me.", 12), "X-Session-ID: ada\r\n");
     ASSERT_EQ(r.status, 200) << r.body;

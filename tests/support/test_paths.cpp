@@ -16,6 +16,10 @@ std::string shared_dir() { return env_or("DELTASERVE_SHARED_DIR", DELTASERVE_DEF
 std::string models_dir() {
     return env_or("DELTASERVE_MODELS_DIR", std::string(DELTASERVE_SOURCE_DIR) + "/models");
 }
+int time_scale() {
+    const int s = std::atoi(env_or("DELTASERVE_TEST_TIME_SCALE", "1").c_str());
+    return s > 0 ? s : 1;
+}
 std::string test_data_dir() { return std::string(DELTASERVE_SOURCE_DIR) + "/tests/data"; }
 std::string source_dir() { return DELTASERVE_SOURCE_DIR; }
 std::string deltaserve_binary() { return DELTASERVE_BINARY_PATH; }

@@ -24,6 +24,10 @@ std::string deltactl_binary();
 
 bool file_exists(const std::string& path);
 
+// How much longer than a Release build's a time bound may be: $DELTASERVE_TEST_TIME_SCALE
+// (the sanitizer runs set 5), else 1.
+int time_scale();
+
 // Paths of the two test models; empty string when absent.
 std::string stories_model();
 std::string stories_tokenizer();

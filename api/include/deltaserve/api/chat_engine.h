@@ -28,25 +28,43 @@ struct EngineStats {
     int64_t prefill_retries = 0;   // prefills tried again on another node after one was lost
 };
 
-struct SessionSummary {
-    std::string id;
-    int32_t messages = 0;  // in its history
+// A chat session as its owner sees it.
+struct SessionInfo {
+    std::string id;      // the name its owner gave it, or the one the server made
+    std::string tenant;  // the key's tag (AccessControl::tenant); "" without keys
+    int32_t turns = 0;
+    int32_t messages = 0;       // in its history
+    int64_t tokens = 0;         // in its KV after the last turn (prompt and answer)
+    int64_t cached_tokens = 0;  // of the last turn's prompt, found in its KV
     int64_t idle_seconds = 0;
+    bool running = false;  // a turn is running
 };
 
 class ChatEngine {
   public:
     virtual ~ChatEngine() = default;
     virtual std::string model_id() const = 0;
-    // Runs one turn: the messages are the conversation's new ones when session_id names a
-    // known session, else the whole conversation. on_piece gets each piece of text (whole
-    // UTF-8 characters, stop strings held back) and returns false to cancel the turn.
+    // Runs one turn: with a session_id, the messages are the session's new ones (the
+    // session must be open and belong to request.tenant: else kNotFound); without, the whole
+    // conversation. on_piece gets each piece of text (whole UTF-8 characters, stop strings
+    // held back) and returns false to cancel the turn.
     virtual Result<TurnResult> run_turn(const ChatRequest& request,
                                         const std::function<bool(std::string_view)>& on_piece) = 0;
     virtual EngineStats stats() const = 0;
-    virtual std::vector<SessionSummary> sessions() const = 0;
-    // Forgets a session: its history, and its KV wherever it is held. Unknown ids are ignored.
-    virtual void forget_session(const std::string& id) = 0;
+
+    // Sessions are opened explicitly and belong to the tenant that opened them: to another
+    // tenant they do not exist (kNotFound), and two tenants may use the same name.
+    // open_session: id "" makes an unguessable id. Errors: kInvalidArgument (the id breaks
+    // check_session_id's rules), kAlreadyExists, kResourceExhausted (the session table is
+    // full of running sessions; idle ones are forgotten, least recently used first).
+    virtual Result<SessionInfo> open_session(const std::string& tenant, const std::string& id) = 0;
+    virtual Result<SessionInfo> session_info(const std::string& tenant,
+                                             const std::string& id) const = 0;
+    // Forgets a session: its history, and its KV wherever it is held; a running turn ends.
+    // Errors: kNotFound.
+    virtual Status close_session(const std::string& tenant, const std::string& id) = 0;
+    // Every tenant's sessions (the admin service).
+    virtual std::vector<SessionInfo> sessions() const = 0;
 };
 
 }  // namespace deltaserve::api

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "deltaserve/api/access.h"
 #include "deltaserve/api/chat_engine.h"
 #include "deltaserve/common/status.h"
 #include "deltaserve/model/sampler.h"
@@ -16,6 +17,9 @@ namespace deltaserve::api {
 struct ChatRpcOptions {
     model::SamplingParams sampling;   // fields a send leaves at their defaults take these
     int32_t default_max_tokens = -1;  // for a send without maxTokens
+    AccessOptions access;             // keys for Gateway.chat and Gateway.admin
+    int max_running_sends = 64;       // sends running at once (a thread each). Default 64
+    int max_queued_sends = 256;       // beyond them: RESOURCE_EXHAUSTED. Default 256
 };
 
 class ChatRpcServer {

@@ -23,7 +23,7 @@
 namespace deltaserve::api {
 
 struct ClusterEngineOptions {
-    int32_t max_sessions = 64;           // least recently used sessions are forgotten beyond this
+    int32_t max_sessions = 64;  // idle sessions are forgotten beyond this, least recent first
     int64_t session_ttl_seconds = 3600;  // idle sessions are forgotten after this
 };
 
@@ -34,33 +34,48 @@ class ClusterChatEngine : public ChatEngine {
                       std::vector<DecodeNode*> decode, std::vector<PrefillNode*> prefill,
                       ClusterEngineOptions options);
     std::string model_id() const override { return model_id_; }
-    // Errors besides the workers': kFailedPrecondition when the session has a turn running.
+    // Errors besides the workers': kNotFound for a session that is not open,
+    // kFailedPrecondition when the session has a turn running.
     Result<TurnResult> run_turn(const ChatRequest& request,
                                 const std::function<bool(std::string_view)>& on_piece) override;
     EngineStats stats() const override;
-    std::vector<SessionSummary> sessions() const override;
-    void forget_session(const std::string& id) override;
+    Result<SessionInfo> open_session(const std::string& tenant, const std::string& id) override;
+    Result<SessionInfo> session_info(const std::string& tenant,
+                                     const std::string& id) const override;
+    Status close_session(const std::string& tenant, const std::string& id) override;
+    std::vector<SessionInfo> sessions() const override;
 
   private:
     struct Session {
+        std::string tenant, id;
         std::vector<model::ChatMessage> history;
         int64_t last_used = 0;
         DecodeNode* node = nullptr;  // where its KV is
+        int32_t turns = 0;
+        int64_t tokens = 0, cached_tokens = 0;
+        uint64_t running_turn = 0;  // 0: none
     };
+    // The map's key (and the decode nodes' session id): tenant and id, which cannot clash.
+    static std::string key_of(const std::string& tenant, const std::string& id) {
+        return tenant + "/" + id;
+    }
+    SessionInfo info_of(const Session& s, int64_t now) const;
     DecodeNode* least_loaded_decode(const DecodeNode* except) const;
     PrefillNode* least_loaded_prefill(const std::vector<PrefillNode*>& except) const;
     // Has the least-loaded prefill node compute the turn's KV for `node`; when a prefill
     // node is lost on the way (kUnavailable), the next one, each node once. The decode node
     // takes the KV stream of the last try.
     Status prefill_turn(const decode::TurnSpec& spec, DecodeNode& node, int32_t pull_tokens);
-    void forget_stale(int64_t now);
+    // Forgets idle sessions past the TTL or beyond max_sessions (least recent first); their
+    // KV is dropped from their nodes after the lock (dropped is filled under it).
+    void forget_stale(int64_t now, std::vector<std::pair<DecodeNode*, std::string>>& dropped);
+    void drop(const std::vector<std::pair<DecodeNode*, std::string>>& dropped);
 
     const model::Model& model_;
     const std::string model_id_;
     const std::vector<DecodeNode*> decode_;
     const std::vector<PrefillNode*> prefill_;
     const ClusterEngineOptions options_;
-    std::atomic<uint64_t> next_turn_{1};
     std::atomic<int64_t> prefill_retries_{0};
     mutable std::mutex mu_;
     std::map<std::string, Session> sessions_;

@@ -43,6 +43,14 @@ struct ClusterConfig {
     int32_t max_batch = 32;
     int32_t max_sessions = 64;
     int32_t session_ttl = 3600;  // seconds
+    // Access (api/access.h): the gateway's API keys and admin keys, comma-separated
+    // (DELTASERVE_API_KEY, DELTASERVE_ADMIN_KEY); "" = none (then loopback only, unless
+    // insecure). cluster_token: the secret nodes and gateways prove to each other on RPC and
+    // the KV data plane (DELTASERVE_CLUSTER_TOKEN); "" = none (loopback only, unless insecure).
+    std::string api_key;
+    std::string admin_key;
+    std::string cluster_token;
+    bool insecure = false;
     std::string log_level = "warn";
     std::vector<NodeEntry> prefill;
     std::vector<NodeEntry> decode;

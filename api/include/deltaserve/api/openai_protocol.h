@@ -14,6 +14,19 @@
 
 namespace deltaserve::api {
 
+// Limits of a request (each a 400 naming what is over it).
+inline constexpr int kMaxJsonDepth = 32;           // nesting of objects and arrays
+inline constexpr size_t kMaxJsonElements = 65536;  // values in objects and arrays, in all
+inline constexpr size_t kMaxMessages = 4096;       // messages in one request
+inline constexpr size_t kMaxStopStrings = 4;       // as OpenAI
+inline constexpr size_t kMaxStopBytes = 1024;      // bytes of one stop string
+inline constexpr size_t kMaxModelNameBytes = 256;  // bytes of the model field
+inline constexpr size_t kMaxSessionIdBytes = 128;  // bytes of a session id
+
+// A session id: 1 to 128 characters of [A-Za-z0-9._:-], so it can go into a header, a log
+// line or a URL path as it is. kInvalidArgument naming `field` otherwise.
+Status check_session_id(std::string_view id, std::string_view field);
+
 struct ChatRequest {
     std::string model;  // as the client named it ("" = the served one)
     std::vector<model::ChatMessage> messages;
@@ -24,11 +37,14 @@ struct ChatRequest {
     bool stream = false;
     bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
     std::string session_id;      // the session_id field (the X-Session-ID header also works)
+    std::string tenant;          // who asks (from the API key, never from the body)
 };
 
 // Parses a POST /v1/chat/completions body. Errors (kInvalidArgument) name the field:
-// malformed JSON, no messages, an unknown role, non-text content, values out of range,
-// n != 1. Unknown fields are ignored, as the peers do. Sampling fields not given keep the
+// malformed JSON, a body over the limits above, no messages, an unknown role, non-text
+// content, a field of the wrong JSON type, values out of range (model::validate_sampling),
+// n != 1, a session_id outside check_session_id's rules. Unknown fields are ignored, as the
+// peers do. Never throws. Sampling fields not given keep the
 // server's defaults (its --temperature etc. flags, as llama.cpp's server does).
 Result<ChatRequest> parse_chat_request(std::string_view body,
                                        const model::SamplingParams& defaults);
@@ -51,7 +67,9 @@ std::string chunk_json(const std::string& id, int64_t created, const std::string
                        const std::string& finish_reason, const std::optional<Usage>& usage);
 
 // {"error": {"message", "type", "param", "code"}}: type invalid_request_error (400),
-// not_found_error (404), server_error (500).
-std::string error_json(const std::string& message, const std::string& type, int code);
+// not_found_error (404), server_error (500), ...; code is `code` when given (OpenAI's
+// strings, e.g. "session_not_found"), else the HTTP status (as vLLM).
+std::string error_json(const std::string& message, const std::string& type, int status,
+                       const std::string& code = "");
 
 }  // namespace deltaserve::api

@@ -24,8 +24,11 @@ class RpcClient {
   public:
     // Connects to a node's RPC address and asks what it is, retrying until `wait` has passed
     // (nodes of a cluster start in any order). Errors: kUnavailable.
+    // cluster_token: proved to the node (a node with another refuses: kUnauthenticated,
+    // without waiting further).
     static Result<std::unique_ptr<RpcClient>> connect(const std::string& address,
-                                                      std::chrono::milliseconds wait);
+                                                      std::chrono::milliseconds wait,
+                                                      const std::string& cluster_token = "");
     virtual ~RpcClient() = default;
     virtual const NodeInfo& info() const = 0;
     // The node's roles; kFailedPrecondition when it does not have that role. The nodes live

@@ -26,7 +26,10 @@ class RpcServer {
   public:
     // Listens on "host:port" (port 0 picks one). The workers must outlive the server.
     // Errors: kUnavailable when the address cannot be bound.
-    static Result<std::unique_ptr<RpcServer>> start(const std::string& address, NodeRoles roles);
+    // cluster_token: the secret a caller proves before it reaches the node ("" = none: any
+    // caller proves the empty secret; nodes then belong on the loopback address).
+    static Result<std::unique_ptr<RpcServer>> start(const std::string& address, NodeRoles roles,
+                                                    const std::string& cluster_token = "");
     virtual ~RpcServer() = default;  // stops serving; running prefills finish first
     virtual uint16_t port() const = 0;
 };

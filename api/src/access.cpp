@@ -1,0 +1,135 @@
+#include "deltaserve/api/access.h"
+
+#include <arpa/inet.h>
+#include <openssl/sha.h>
+
+#include <algorithm>
+#include <cstdio>
+
+namespace deltaserve::api {
+
+namespace {
+
+// The first 8 bytes of SHA-256(key) in hex: names a tenant in session ids and logs without
+// revealing the key.
+std::string tenant_tag(std::string_view key) {
+    unsigned char digest[SHA256_DIGEST_LENGTH];
+    SHA256(reinterpret_cast<const unsigned char*>(key.data()), key.size(), digest);
+    std::string tag = "t";
+    char hex[3];
+    for (int i = 0; i < 8; ++i) {
+        std::snprintf(hex, sizeof hex, "%02x", digest[i]);
+        tag += hex;
+    }
+    return tag;
+}
+
+}  // namespace
+
+bool constant_time_equal(std::string_view a, std::string_view b) {
+    if (a.size() != b.size()) return false;
+    unsigned char diff = 0;
+    for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+    return diff == 0;
+}
+
+Status check_key(std::string_view key) {
+    const bool printable = std::all_of(key.begin(), key.end(), [](char c) {
+        return static_cast<unsigned char>(c) > 0x20 && static_cast<unsigned char>(c) < 0x7f;
+    });
+    if (key.empty() || !printable) {
+        return invalid_argument("an API key must be non-empty printable ASCII without spaces");
+    }
+    return Status();
+}
+
+std::vector<std::string> split_keys(std::string_view list) {
+    std::vector<std::string> keys;
+    while (!list.empty()) {
+        const size_t comma = list.find(',');
+        std::string_view k = list.substr(0, comma);
+        while (!k.empty() && k.front() == ' ') k.remove_prefix(1);
+        while (!k.empty() && k.back() == ' ') k.remove_suffix(1);
+        if (!k.empty()) keys.emplace_back(k);
+        if (comma == std::string_view::npos) break;
+        list.remove_prefix(comma + 1);
+    }
+    return keys;
+}
+
+AccessControl::AccessControl(AccessOptions options) : options_(std::move(options)) {
+    for (const std::string& k : options_.api_keys) tags_.push_back(tenant_tag(k));
+}
+
+Result<std::string> AccessControl::tenant(std::string_view key) const {
+    if (!enabled()) return std::string();
+    // Every key is compared, so the time says nothing about which one nearly matched.
+    int found = -1;
+    for (size_t i = 0; i < options_.api_keys.size(); ++i) {
+        if (constant_time_equal(key, options_.api_keys[i]) && found < 0) {
+            found = static_cast<int>(i);
+        }
+    }
+    if (found < 0) {
+        return Status(StatusCode::kUnauthenticated,
+                      key.empty() ? "an API key is required (Authorization: Bearer KEY)"
+                                  : "the API key is not valid");
+    }
+    return tags_[static_cast<size_t>(found)];
+}
+
+Result<std::string> AccessControl::tenant_of_header(std::string_view authorization) const {
+    if (!enabled()) return std::string();
+    constexpr std::string_view kBearer = "Bearer ";
+    std::string_view key;
+    if (authorization.size() > kBearer.size() &&
+        std::equal(kBearer.begin(), kBearer.end(), authorization.begin(),
+                   [](char a, char b) { return std::tolower(a) == std::tolower(b); })) {
+        key = authorization.substr(kBearer.size());
+        while (!key.empty() && key.front() == ' ') key.remove_prefix(1);
+    }
+    return tenant(key);
+}
+
+bool AccessControl::admin(std::string_view key) const {
+    if (options_.admin_keys.empty()) return !enabled();
+    bool ok = false;
+    for (const std::string& k : options_.admin_keys) ok |= constant_time_equal(key, k);
+    return ok;
+}
+
+namespace {
+
+bool is_loopback(const std::string& host) {
+    in_addr v4{};
+    in6_addr v6{};
+    return (inet_pton(AF_INET, host.c_str(), &v4) == 1 && (ntohl(v4.s_addr) >> 24) == 127) ||
+           (inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6)) ||
+           host == "localhost";
+}
+
+}  // namespace
+
+Status check_cluster_bind(const std::string& address, const std::string& cluster_token,
+                          bool insecure) {
+    if (!cluster_token.empty() || insecure) return Status();
+    std::string host = address.substr(0, address.rfind(':'));
+    if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+    if (is_loopback(host)) return Status();
+    return failed_precondition(
+        "refusing to serve " + address +
+        " without a cluster token: any peer that reaches it could start, replace or pull "
+        "turns. Set cluster_token (or DELTASERVE_CLUSTER_TOKEN) in every node's and gateway's "
+        "config, or insecure: true to serve it open anyway");
+}
+
+Status check_bind(const std::string& host, const AccessOptions& options) {
+    if (!options.api_keys.empty() || options.insecure) return Status();
+    if (is_loopback(host)) return Status();
+    return failed_precondition(
+        "refusing to serve " + host +
+        " without an API key: anyone who reaches it could read every conversation. Set "
+        "--api-key (or DELTASERVE_API_KEY), or pass --insecure to serve it open anyway");
+}
+
+}  // namespace deltaserve::api

@@ -1,0 +1,85 @@
+// One client connection of the HTTP gateway: reads requests under deadlines, answers them,
+// and streams a chat turn's pieces while watching for the client going away. Every member
+// is touched on the connection's strand only, except those marked for the turn thread.
+#pragma once
+
+#include <atomic>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "deltaserve/api/chat_engine.h"
+#include "http_response.h"
+
+namespace deltaserve::api {
+
+class GatewayCore;
+
+class Connection : public std::enable_shared_from_this<Connection> {
+  public:
+    using Socket = boost::asio::ip::tcp::socket;
+    Connection(GatewayCore& gateway, Socket socket);
+    ~Connection();
+    Connection(const Connection&) = delete;
+    Connection& operator=(const Connection&) = delete;
+
+    // Any thread. start: begins reading requests. drain: the gateway stops; close when idle.
+    // close: close now.
+    void start();
+    void drain();
+    void close();
+
+  private:
+    using Parser = boost::beast::http::request_parser<boost::beast::http::string_body>;
+    enum class Then { kRead, kClose };
+
+    void read_request();
+    void on_header(boost::beast::error_code ec);
+    void on_body(boost::beast::error_code ec);
+    void route();
+    void chat();
+    void sessions(std::string_view path);  // /v1/sessions and /v1/sessions/{id}
+    void answer(const HttpAnswer& a);      // a whole response, then the next request or close
+    void watch_peer();                     // a read pending during a turn: notices the client leave
+    void send(std::string bytes, std::optional<Then> then = std::nullopt);
+    void write_next();
+    void arm(boost::asio::steady_timer& timer, int64_t ms, bool counted = true);
+    void linger();  // after the last answer: discard what the client sends, briefly
+    void abort();   // closes the socket; pending operations end with errors
+    void end_turn(Result<TurnResult> result);
+
+    // The turn thread's side.
+    bool on_piece(std::string_view piece);
+
+    GatewayCore& g_;
+    Socket socket_;
+    boost::asio::steady_timer read_timer_, write_timer_;
+    boost::beast::flat_buffer buffer_;
+    std::optional<Parser> parser_;
+    std::deque<std::string> outbox_;
+    std::optional<Then> then_;  // once the outbox is written
+    bool writing_ = false, reading_ = false, in_turn_ = false, draining_ = false;
+    bool keep_alive_ = true, first_request_ = true, closed_ = false, lingering_ = false;
+    static constexpr int64_t kLingerMs = 2000;
+
+    // The request being answered (set before its turn starts, read-only during it).
+    std::string tenant_;  // whose key it carries
+    ChatRequest request_;
+    std::string id_;
+    int64_t created_ = 0;
+    std::chrono::steady_clock::time_point started_;
+
+    // Shared with the turn thread.
+    std::atomic<bool> alive_{true};
+    std::atomic<size_t> unread_{0};  // bytes queued for the client, not yet written
+    bool head_sent_ = false;         // turn thread until the turn ends
+};
+
+}  // namespace deltaserve::api

@@ -1,0 +1,41 @@
+// The bytes of the gateway's HTTP answers, and how a Status becomes one. Every header value
+// written here is the gateway's own or validated (a session id passes check_session_id).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "deltaserve/common/status.h"
+
+namespace deltaserve::api {
+
+struct HttpAnswer {
+    int status = 200;
+    std::string body;
+    std::string content_type = "application/json";
+    int retry_after_seconds = 0;    // > 0: a Retry-After header (429, 503)
+    std::string session_id;         // non-empty: an X-Session-ID header
+    bool bearer_challenge = false;  // WWW-Authenticate: Bearer (401)
+};
+
+// An OpenAI-shaped error answer: 400 invalid_request_error, 401 authentication_error,
+// 404 not_found_error, 409 conflict_error, 413, 429 rate_limit_error, 431, 503 / 504
+// server_error; `code` (e.g. "session_not_found") goes in error.code, else the status.
+HttpAnswer error_answer(int status, const std::string& message, const std::string& code = "");
+
+// What a Status from the engine or the parser is to a client: kInvalidArgument and
+// kOutOfRange 400, kNotFound 404, kAlreadyExists and kFailedPrecondition 409,
+// kResourceExhausted 429 (a full KV cache or session table; Retry-After), kUnavailable 503
+// (Retry-After), kDeadlineExceeded 504, kUnauthenticated 401 ("invalid_api_key", with a
+// Bearer challenge), kPermissionDenied 403, anything else 500. `code` as error_answer's.
+HttpAnswer status_answer(const Status& status, const std::string& code = "");
+
+// A whole HTTP/1.1 response with Content-Length.
+std::string format_response(const HttpAnswer& a, bool keep_alive);
+
+// The head of a server-sent-events response (chunked, closed at its end), and one chunk.
+std::string format_sse_head(const std::string& session_id);
+std::string format_chunk(std::string_view data);  // "" gives the last chunk
+
+}  // namespace deltaserve::api

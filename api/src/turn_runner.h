@@ -1,0 +1,87 @@
+// Runs blocking work (a chat turn: ChatEngine::run_turn waits for its pieces) on a bounded
+// set of threads with a bounded queue, so that no number of requests grows the threads.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace deltaserve::api {
+
+class TurnRunner {
+  public:
+    TurnRunner(int threads, int max_queued) : max_queued_(max_queued) {
+        for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { work(); });
+    }
+    TurnRunner(const TurnRunner&) = delete;
+    TurnRunner& operator=(const TurnRunner&) = delete;
+    ~TurnRunner() {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            stopping_ = true;
+        }
+        cv_.notify_all();
+        for (auto& t : threads_) t.join();
+    }
+
+    // Queues fn; false (fn dropped) when the queue is full.
+    bool try_submit(std::function<void()> fn) {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (stopping_ || static_cast<int>(queue_.size()) >= max_queued_ + idle_) return false;
+            queue_.push_back(std::move(fn));
+        }
+        cv_.notify_one();
+        return true;
+    }
+
+    // Waits until nothing is queued or running.
+    void wait_idle() {
+        std::unique_lock<std::mutex> lock(mu_);
+        done_.wait(lock, [&] { return queue_.empty() && busy_ == 0; });
+    }
+
+    // The same, for at most `timeout`; false if work remains.
+    template <typename Duration>
+    bool wait_idle_for(Duration timeout) {
+        std::unique_lock<std::mutex> lock(mu_);
+        return done_.wait_for(lock, timeout, [&] { return queue_.empty() && busy_ == 0; });
+    }
+
+    int busy() const {
+        std::lock_guard<std::mutex> lock(mu_);
+        return busy_;
+    }
+
+  private:
+    void work() {
+        std::unique_lock<std::mutex> lock(mu_);
+        for (;;) {
+            ++idle_;
+            cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+            --idle_;
+            if (queue_.empty()) return;  // stopping
+            auto fn = std::move(queue_.front());
+            queue_.pop_front();
+            ++busy_;
+            lock.unlock();
+            fn();
+            lock.lock();
+            --busy_;
+            if (queue_.empty() && busy_ == 0) done_.notify_all();
+        }
+    }
+
+    const int max_queued_;
+    mutable std::mutex mu_;
+    std::condition_variable cv_, done_;
+    std::deque<std::function<void()>> queue_;
+    std::vector<std::thread> threads_;
+    int idle_ = 0, busy_ = 0;
+    bool stopping_ = false;
+};
+
+}  // namespace deltaserve::api
