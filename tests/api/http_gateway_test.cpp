@@ -261,7 +261,11 @@ TEST_F(HttpGatewayTest, AFullTurnQueueAnswers503WithRetryAfter) {
     o.max_queued_turns = 0;
     const uint16_t port = start(o);
     RawClient busy(port, post(chat("Tell me a very long story about a dragon.", 400)));
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    // Once the one turn thread holds it, the next request finds no room.
+    const auto until = Clock::now() + std::chrono::seconds(10 * time_scale());
+    while (Clock::now() < until && decode_->stats().running + decode_->stats().waiting == 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     const HttpResponse r = parse_http_response(http_raw(port, post(chat("Hi", 2)), 5000));
     EXPECT_EQ(r.status, 503) << r.body;
     EXPECT_EQ(r.headers.count("retry-after"), 1u);
