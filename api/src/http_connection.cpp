@@ -129,6 +129,18 @@ void Connection::read_request() {
                             });
 }
 
+bool Connection::read_failed(beast::error_code ec) {
+    if (!ec) return false;
+    if (ec == http::error::end_of_stream || ec == asio::error::eof ||
+        ec == asio::error::operation_aborted || ec == asio::error::connection_reset) {
+        abort();  // gone, or cut at a deadline
+    } else {
+        keep_alive_ = false;
+        answer(error_answer(400, "malformed HTTP request: " + ec.message()));
+    }
+    return true;
+}
+
 void Connection::on_header(beast::error_code ec) {
     if (closed_) return;
     if (ec == http::error::header_limit) {
@@ -137,14 +149,7 @@ void Connection::on_header(beast::error_code ec) {
                                             std::to_string(g_.options.max_header_bytes) +
                                             " bytes"));
     }
-    if (ec == http::error::end_of_stream || ec == asio::error::eof ||
-        ec == asio::error::operation_aborted || ec == asio::error::connection_reset) {
-        return abort();
-    }
-    if (ec) {
-        keep_alive_ = false;
-        return answer(error_answer(400, "malformed HTTP request: " + ec.message()));
-    }
+    if (read_failed(ec)) return;
     const auto& req = parser_->get();
     if (req.find(http::field::expect) != req.end() &&
         beast::iequals(req[http::field::expect], "100-continue")) {
@@ -167,14 +172,7 @@ void Connection::on_body(beast::error_code ec) {
         return answer(error_answer(413, "the request body is larger than " +
                                             std::to_string(g_.options.max_body_bytes) + " bytes"));
     }
-    if (ec == http::error::end_of_stream || ec == asio::error::eof ||
-        ec == asio::error::operation_aborted || ec == asio::error::connection_reset) {
-        return abort();
-    }
-    if (ec) {
-        keep_alive_ = false;
-        return answer(error_answer(400, "malformed HTTP request: " + ec.message()));
-    }
+    if (read_failed(ec)) return;
     keep_alive_ = keep_alive_ && parser_->get().keep_alive();
     try {  // nothing below throws by design; an exception must still not end the process
         route();
@@ -287,13 +285,7 @@ void Connection::chat() {
             return answer(status_answer(st));
         }
     }
-    request_.tenant = tenant_;
-    if (!request_.session_id.empty()) {  // not open (or another key's): 404, never a new one
-        if (auto info = g_.engine.session_info(tenant_, request_.session_id); !info.ok()) {
-            g_.metrics.request_failed();
-            return answer(session_error(info.status(), true));
-        }
-    }
+    request_.tenant = tenant_;  // a session not open (or another key's) ends the turn: 404
     if (request_.max_tokens < 0) request_.max_tokens = g_.options.default_max_tokens;
     if (!request_.seed_given) request_.sampling.seed = std::random_device{}();
     id_ = random_id("chatcmpl-", 12);

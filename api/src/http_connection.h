@@ -43,6 +43,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     void read_request();
     void on_header(boost::beast::error_code ec);
     void on_body(boost::beast::error_code ec);
+    // A read's error: the client gone (close) or bytes that are not HTTP (400). False: none.
+    bool read_failed(boost::beast::error_code ec);
     void route();
     void chat();
     void sessions(std::string_view path);  // /v1/sessions and /v1/sessions/{id}
