@@ -131,8 +131,19 @@ class Gateway final : public HttpGateway {
     void admit(tcp::socket socket) {
         boost::system::error_code ec;
         socket.set_option(tcp::no_delay(true), ec);
-        std::lock_guard<std::mutex> lock(core_.mu);
-        if (static_cast<int>(core_.connections.size()) >= core_.options.max_connections) {
+        std::shared_ptr<Connection> c;
+        {
+            std::lock_guard<std::mutex> lock(core_.mu);
+            if (static_cast<int>(core_.connections.size()) < core_.options.max_connections) {
+                c = std::make_shared<Connection>(core_, std::move(socket));
+                core_.connections.emplace(c.get(), c);
+            }
+        }
+        // Started, and released, outside the lock: a connection that ends at once (its peer
+        // gone) is destroyed here, and its destructor takes the lock.
+        if (c) {
+            c->start();
+        } else {
             core_.metrics.connection_refused();
             static const std::string over_limit =
                 format_response(error_answer(503, "too many connections; try again"), false);
@@ -140,11 +151,7 @@ class Gateway final : public HttpGateway {
             socket.write_some(asio::buffer(over_limit), ec);
             socket.shutdown(tcp::socket::shutdown_both, ec);
             socket.close(ec);
-            return;
         }
-        auto c = std::make_shared<Connection>(core_, std::move(socket));
-        core_.connections.emplace(c.get(), c);
-        c->start();
     }
 
     // Declared in the order they must be destroyed last to first.

@@ -193,6 +193,45 @@ TEST_F(HttpGatewayTest, TheConnectionLimitAnswers503WithRetryAfter) {
         200);
 }
 
+// Connections reset by their clients the moment they open (a port scan, a flood) end on
+// whichever I/O thread sees them first; the gateway keeps answering.
+TEST_F(HttpGatewayTest, ConnectionsResetAtOnceLeaveTheGatewayServing) {
+    const uint16_t port = start({});
+    std::vector<std::thread> floods;
+    for (int t = 0; t < 4; ++t) {
+        floods.emplace_back([port, t] {
+            for (int i = 0; i < 3000; ++i) {
+                const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                sockaddr_in a{};
+                a.sin_family = AF_INET;
+                a.sin_port = htons(port);
+                a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+                if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && (i + t) % 2) {
+                    (void)!send(fd, "GET /", 5, MSG_NOSIGNAL);
+                }
+                const linger reset{1, 0};  // close with RST, not FIN
+                setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+                close(fd);
+            }
+        });
+    }
+    for (auto& f : floods) f.join();
+    const HttpResponse r = parse_http_response(
+        http_raw(port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 5000));
+    EXPECT_EQ(r.status, 200) << "the gateway stopped answering";
+    const auto until = Clock::now() + std::chrono::seconds(5);
+    std::string metrics;
+    while (Clock::now() < until) {
+        metrics = http_raw(
+            port, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 5000);
+        if (metrics.find("deltaserve_http_connections 1\n") != std::string::npos) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_NE(metrics.find("deltaserve_http_connections 1\n"), std::string::npos)
+        << "only the metrics request is open:\n"
+        << metrics;
+}
+
 TEST_F(HttpGatewayTest, HeadersAndSessionIdsThatBreakTheRulesGetClearErrors) {
     const uint16_t port = start({});
     HttpResponse r = parse_http_response(http_raw(
