@@ -148,6 +148,36 @@ TEST_P(PeerFailure, ReceiverKilledMidTransferFailsTheSender) {
     EXPECT_EQ((*t)->stats().pool_bytes_in_use, 0u) << "buffers of failed sends leaked";
 }
 
+// A node stopped (or killed) while its peers were connected leaves its side of those
+// connections in TIME_WAIT for a minute; started again on the same address it listens at
+// once. A second listener on a port in use is still refused.
+TEST_P(PeerFailure, AListenerStartedAgainOnItsAddressBindsAtOnce) {
+    std::string address;
+    {
+        auto t = make_transport("ucx", options());
+        ASSERT_TRUE(t.ok()) << t.error().to_string();
+        auto listener = (*t)->listen("127.0.0.1:0");
+        ASSERT_TRUE(listener.ok()) << listener.error().to_string();
+        address = (*listener)->address();
+        PeerProcess peer({"idle", address});
+        ASSERT_TRUE(peer.started());
+        auto conn = (*listener)->accept(deadline_in(20s));
+        ASSERT_TRUE(conn.ok()) << conn.error().to_string();
+        // This side closes first: its end of the connection waits out TIME_WAIT.
+    }
+    auto t = make_transport("ucx", options());
+    ASSERT_TRUE(t.ok()) << t.error().to_string();
+    auto again = (*t)->listen(address);
+    ASSERT_TRUE(again.ok()) << again.error().to_string();
+    PeerProcess peer({"idle", address});
+    ASSERT_TRUE(peer.started());
+    auto conn = (*again)->accept(deadline_in(20s));
+    ASSERT_TRUE(conn.ok()) << conn.error().to_string();
+    auto other = make_transport("ucx", options());
+    ASSERT_TRUE(other.ok());
+    EXPECT_FALSE((*other)->listen(address).ok()) << "two listeners on one port";
+}
+
 INSTANTIATE_TEST_SUITE_P(Tls, PeerFailure, ::testing::Values("tcp", ""), [](const auto& info) {
     return std::string(*info.param ? info.param : "default");
 });

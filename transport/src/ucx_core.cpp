@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <mutex>
 
 #include "deltaserve/common/logging.h"
 #include "ucx_status.h"
@@ -58,6 +59,15 @@ std::string sockaddr_name(const sockaddr_storage& ss) {
     return "?";
 }
 
+// A node started again on its address must not wait out its old connections' TIME_WAIT
+// (a minute on Linux): UCX's TCP connection manager binds its listener with SO_REUSEADDR
+// only when told, and reads that from the environment alone (ucp_config_modify does not
+// reach connection managers in UCX 1.13). The operator's own setting wins.
+void allow_listen_address_reuse() {
+    static std::once_flag once;
+    std::call_once(once, [] { setenv("UCX_TCP_CM_REUSEADDR", "y", 0); });
+}
+
 }  // namespace
 
 struct UcxCore::Handles {
@@ -96,6 +106,7 @@ Result<std::shared_ptr<UcxCore>> UcxCore::start(const TransportOptions& options)
     core->options_ = options;
     core->handles_ = std::make_shared<Handles>();
 
+    allow_listen_address_reuse();
     ucp_config_t* config = nullptr;
     ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
     if (s != UCS_OK) return ucx_status(s, "reading UCX configuration");
