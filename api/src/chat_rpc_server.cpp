@@ -110,7 +110,7 @@ class ChatSessionImpl final : public rpc::ChatSession::Server {
             state->out = engine.run_turn(req, [&](std::string_view piece) {
                 if (state->cancelled) return false;
                 try {
-                    rpc.executor().executeSync([&] {
+                    execute_sync(rpc.executor(), [&] {
                         auto r = sink_holder->own->pieceRequest();
                         r.setText(std::string(piece));
                         state->pieces.add(r.send().ignoreResult().catch_([state](kj::Exception&&) {
@@ -123,9 +123,10 @@ class ChatSessionImpl final : public rpc::ChatSession::Server {
                 return !state->cancelled.load();
             });
             try {  // the capability goes on the RPC thread, where it lives
-                rpc.executor().executeSync([&] { sink_holder->own = nullptr; });
+                execute_sync(rpc.executor(), [&] { sink_holder->own = nullptr; });
             } catch (const kj::Exception&) {
             }
+            handoff_release(state.get());
             done->own->fulfill();
         });
         if (!queued) {
@@ -136,7 +137,10 @@ class ChatSessionImpl final : public rpc::ChatSession::Server {
             return kj::READY_NOW;
         }
         return paf.promise
-            .then([state]() { return kj::joinPromises(state->pieces.releaseAsArray()); })
+            .then([state]() {
+                handoff_acquire(state.get());
+                return kj::joinPromises(state->pieces.releaseAsArray());
+            })
             .then([this, state, context]() mutable {
                 if (running_ == state) running_.reset();
                 auto r = context.getResults();

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "deltaserve/transport/peer_auth.h"
+#include "kj_handoff.h"
 #include "rpc_convert.h"
 
 namespace deltaserve::api {
@@ -84,7 +85,7 @@ class RpcClientImpl final : public RpcClient, public kj::TaskSet::ErrorHandler {
     ~RpcClientImpl() noexcept override {
         if (executor_) {
             try {
-                executor_->executeSync([this] {
+                execute_sync(*executor_, [this] {
                     turns_.clear();
                     conn_ = nullptr;
                     tasks_ = nullptr;
@@ -164,12 +165,19 @@ class RpcClientImpl final : public RpcClient, public kj::TaskSet::ErrorHandler {
     template <typename T, typename F>
     T call(F&& f, kj::Duration timeout = kCallTimeout) {
         try {
-            return executor_->executeSync([&]() -> kj::Promise<T> {
+            return execute_sync(*executor_, [&]() -> kj::Promise<T> {
                 return io_->provider->getTimer().timeoutAfter(timeout,
                                                               ensure().then([&]() { return f(); }));
             });
         } catch (const kj::Exception& e) {
-            executor_->executeSync([this] { conn_ = nullptr; });  // reconnect next time
+            // A lost connection, or a call with no answer in time (a peer that went silent),
+            // is dropped and made again by the next call. Any other error leaves it, and the
+            // turns running over it, alone.
+            const auto type = e.getType();
+            if (type == kj::Exception::Type::DISCONNECTED ||
+                type == kj::Exception::Type::OVERLOADED) {
+                execute_sync(*executor_, [this] { conn_ = nullptr; });
+            }
             return rpc::from_exception(e, label());
         }
     }

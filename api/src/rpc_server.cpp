@@ -76,7 +76,7 @@ class RemoteSink final : public decode::TurnSink {
             return true;
         }
         try {
-            executor_->executeSync(f);
+            execute_sync(*executor_, f);
             return true;
         } catch (const kj::Exception&) {
             return false;  // the RPC thread stopped: the turn ends
@@ -91,8 +91,16 @@ class TurnImpl final : public rpc::Turn::Server {
   public:
     TurnImpl(decode::DecodeWorker& w, uint64_t id, std::shared_ptr<RemoteSink::State> state)
         : w_(w), id_(id), state_(std::move(state)) {}
-    kj::Promise<void> wait(WaitContext) override {
+    // The gateway let go of a turn that has not ended (its connection was lost, or it
+    // stopped): nobody is left to read it, so it ends now and frees its session.
+    ~TurnImpl() noexcept {
+        if (!state_->delivered) w_.cancel(id_, Status());
+    }
+    kj::Promise<void> wait(WaitContext context) override {
         if (state_->delivered) return kj::READY_NOW;
+        // A lost gateway cancels the call (Cap'n Proto 0.9 lets a call run on otherwise),
+        // which lets go of this turn.
+        context.allowCancellation();
         auto paf = kj::newPromiseAndFulfiller<void>();
         state_->waiting = kj::mv(paf.fulfiller);
         return kj::mv(paf.promise);
@@ -167,6 +175,7 @@ class PrefillNodeImpl final : public rpc::PrefillNode::Server {
             kj::mv(paf.fulfiller));
         if (!rpc_.spawn([this, req = std::move(req), out, done] {
                 *out = w_.prefill(req);
+                handoff_release(out.get());
                 done->own->fulfill();
             })) {
             rpc::to_capnp(resource_exhausted("the prefill node is busy; try again"),
@@ -174,6 +183,7 @@ class PrefillNodeImpl final : public rpc::PrefillNode::Server {
             return kj::READY_NOW;
         }
         return paf.promise.then([context, out]() mutable {
+            handoff_acquire(out.get());
             auto r = context.getResults();
             if (!out->ok()) return rpc::to_capnp(out->status(), r.initError());
             rpc::to_capnp(**out, r.initResult());

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "deltaserve/common/status.h"
+#include "kj_handoff.h"
 #include "turn_runner.h"
 
 namespace deltaserve::api {
@@ -69,7 +70,7 @@ class RpcThread {
     void stop() noexcept {
         if (executor_) {
             try {
-                executor_->executeSync([this] {
+                execute_sync(*executor_, [this] {
                     if (stop_) stop_->fulfill();
                 });
             } catch (const kj::Exception&) {

@@ -222,8 +222,8 @@ TEST_F(HttpGatewayTest, ConnectionsResetAtOnceLeaveTheGatewayServing) {
     const auto until = Clock::now() + std::chrono::seconds(5);
     std::string metrics;
     while (Clock::now() < until) {
-        metrics = http_raw(
-            port, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 5000);
+        metrics =
+            http_raw(port, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 5000);
         if (metrics.find("deltaserve_http_connections 1\n") != std::string::npos) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }

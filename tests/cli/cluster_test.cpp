@@ -109,10 +109,9 @@ TEST_P(ClusterLinkTest, APrefillNodeKilledMidTransferEndsTheRequestClearly) {
     EXPECT_EQ(cluster.metric("deltaserve_kv_bytes"), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Tls, ClusterLinkTest, ::testing::Values("tcp", ""),
-                         [](const auto& info) {
-                             return std::string(*info.param ? info.param : "default");
-                         });
+INSTANTIATE_TEST_SUITE_P(Tls, ClusterLinkTest, ::testing::Values("tcp", ""), [](const auto& info) {
+    return std::string(*info.param ? info.param : "default");
+});
 
 // With a second prefill node, the gateway retries the turn there: the decode node drops the
 // dead node's partial stream and takes the second one's; the answer is the one a healthy
@@ -183,6 +182,49 @@ TEST_F(ClusterTest, ADecodeNodeKilledMidStreamEndsTheStreamClearly) {
     const HttpResponse again = post_chat(port, chat_body("Hi", 2));
     EXPECT_EQ(again.status, 503);
     EXPECT_NE(again.body.find("decode"), std::string::npos) << again.body;
+}
+
+// A gateway killed mid-turn: the decode node ends the turn nobody will read (and frees its
+// KV) at once, rather than generating to the end; another gateway takes over the nodes.
+TEST_F(ClusterTest, AGatewayKilledMidTurnEndsItsTurnOnTheDecodeNode) {
+    Cluster cluster;
+    ASSERT_TRUE(cluster.up()) << cluster.logs();
+    // Greedy, this answer runs to its 1500 tokens: half a minute on one thread.
+    const json body = chat_body("Write the numbers from 1 to 500 separated by commas.", 1500, true);
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(cluster.port());
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    const std::string b = body.dump();
+    const std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                            std::to_string(b.size()) + "\r\n\r\n" + b;
+    ASSERT_EQ(write(fd, req.data(), req.size()), static_cast<ssize_t>(req.size()));
+    std::string raw;
+    char buf[4096];
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (raw.find("data: ") == std::string::npos && std::chrono::steady_clock::now() < until) {
+        pollfd p{fd, POLLIN, 0};
+        if (poll(&p, 1, 1000) <= 0) continue;
+        const ssize_t n = read(fd, buf, sizeof buf);
+        if (n <= 0) break;
+        raw.append(buf, static_cast<size_t>(n));
+    }
+    ASSERT_NE(raw.find("data: "), std::string::npos) << "the stream never began: " << raw;
+    kill(cluster.gateway().pid(), SIGKILL);
+    const auto killed_at = std::chrono::steady_clock::now();
+    close(fd);
+    ASSERT_TRUE(cluster.restart_gateway()) << cluster.logs();
+    double kv = -1;
+    while (std::chrono::steady_clock::now() - killed_at < std::chrono::seconds(4)) {
+        kv = cluster.metric("deltaserve_kv_bytes");
+        if (kv == 0) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_EQ(kv, 0) << "the decode node still runs the dead gateway's turn";
+    const HttpResponse r = post_chat(cluster.port(), chat_body("Hello", 4));
+    EXPECT_EQ(r.status, 200) << r.body;
 }
 
 TEST_F(ClusterTest, GarbageOnRpcAndDataPortsHarmsNothing) {
