@@ -134,10 +134,15 @@ class Cluster {
         }
         return decode_->ready() && gateway_->port() != 0;
     }
-    std::string logs() const {
-        std::string all = decode_->log();
-        for (const auto& p : prefill_) all += p->log();
-        return all + gateway_->log();
+    // What each process wrote to stderr: its last `tail` bytes.
+    std::string logs(size_t tail = 1 << 20) const {
+        const auto last = [tail](const std::string& name, const std::string& log) {
+            return "--- " + name + " ---\n" +
+                   (log.size() > tail ? log.substr(log.size() - tail) : log);
+        };
+        std::string all = last("decode", decode_->log());
+        for (const auto& p : prefill_) all += last("prefill", p->log());
+        return all + last("gateway", gateway_->log());
     }
     std::string config() const { return (dir_ / "cluster.yaml").string(); }
     uint16_t port() const { return gateway_->port(); }
@@ -149,7 +154,8 @@ class Cluster {
     // does not come up.
     bool restart_decode() {
         decode_.reset();
-        // The dead node's data port may be held a while by its connections: try again.
+        // Its addresses are free at once (the transport binds with SO_REUSEADDR), but the
+        // kernel may take a moment to release them from the dead process: try again.
         for (int attempt = 0; attempt < 60; ++attempt) {
             decode_ = std::make_unique<ServingProcess>(
                 std::vector<std::string>{"decode", "--config", config(), "--name", "d0"},
@@ -163,6 +169,14 @@ class Cluster {
         return false;
     }
     int restarts_tried() const { return restarts_tried_; }
+    // Starts another gateway on the same config (after this one was killed); false if it
+    // does not come up.
+    bool restart_gateway() {
+        gateway_.reset();
+        gateway_ = std::make_unique<ServingProcess>(
+            std::vector<std::string>{"gateway", "--config", config(), "--port", "0"});
+        return gateway_->port() != 0;
+    }
     uint16_t decode_data() const { return decode_data_; }
 
     // A metric's value from /metrics.

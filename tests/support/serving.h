@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 #include <nlohmann/json.hpp>
 
+#include <atomic>
+#include <mutex>
 #include <thread>
 
 #include "cli_runner.h"
@@ -54,25 +56,32 @@ class ServingProcess {
                 port_ = static_cast<uint16_t>(std::atoi(log_.c_str() + at + ready.size()));
             }
         }
+        // From here a thread drains stderr: a process that logs much never blocks on a full
+        // pipe (in a soak, say).
+        drainer_ = std::thread([this] { drain(); });
     }
-    ~ServingProcess() { stop(); }
+    ~ServingProcess() {
+        stop();
+        draining_ = false;
+        if (drainer_.joinable()) drainer_.join();
+    }
 
     uint16_t port() const { return port_; }
     bool ready() const { return ready_; }
     pid_t pid() const { return pid_; }
-    // What it wrote to stderr until it was ready.
-    const std::string& log() const { return log_; }
-    // The same, with what it wrote since (waiting up to wait_ms for the first new bytes).
-    const std::string& read_log(int wait_ms = 500) {
-        char buf[4096];
-        for (int wait = wait_ms;; wait = 0) {
-            pollfd p{err_.fd[0], POLLIN, 0};
-            if (poll(&p, 1, wait) <= 0) break;
-            const ssize_t n = read(err_.fd[0], buf, sizeof buf);
-            if (n <= 0) break;
-            log_.append(buf, static_cast<size_t>(n));
-        }
+    // What it wrote to stderr so far (its last MiB).
+    std::string log() const {
+        std::lock_guard<std::mutex> lock(log_mu_);
         return log_;
+    }
+    // The same, after waiting up to wait_ms for something new.
+    std::string read_log(int wait_ms = 500) {
+        const size_t before = log().size();
+        const auto until = d::Clock::now() + std::chrono::milliseconds(wait_ms);
+        while (log().size() == before && d::Clock::now() < until) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        return log();
     }
 
     // SIGTERM, then the exit status (-1 if it had to be killed after 30 s).
@@ -95,13 +104,29 @@ class ServingProcess {
     }
 
   private:
+    void drain() {
+        char buf[4096];
+        while (draining_) {
+            pollfd p{err_.fd[0], POLLIN, 0};
+            if (poll(&p, 1, 100) <= 0) continue;
+            const ssize_t n = read(err_.fd[0], buf, sizeof buf);
+            if (n <= 0) return;
+            std::lock_guard<std::mutex> lock(log_mu_);
+            log_.append(buf, static_cast<size_t>(n));
+            if (log_.size() > (size_t{2} << 20)) log_.erase(0, log_.size() - (size_t{1} << 20));
+        }
+    }
+
     d::Pipe in_, out_, err_;
     CliResult r_;
     pid_t pid_ = -1;
     uint16_t port_ = 0;
     bool ready_ = false;
     int exit_code_ = -1;
+    mutable std::mutex log_mu_;
     std::string log_;
+    std::atomic<bool> draining_{true};
+    std::thread drainer_;
 };
 
 inline json chat_body(const std::string& user, int max_tokens, bool stream = false) {
@@ -118,6 +143,7 @@ inline HttpResponse post_chat(uint16_t port, const json& body, const std::string
 // The content pieces of an SSE answer, the finish reason and the usage chunk.
 struct Streamed {
     std::string text, finish_reason;
+    std::string error;  // the data of an event that is not a chunk (an error), if any
     json usage;
     bool done = false;
     int chunks = 0;
@@ -134,8 +160,12 @@ inline Streamed parse_sse(const std::string& body) {
             s.done = true;
             break;
         }
-        const json j = json::parse(data);
+        const json j = json::parse(data, nullptr, false);
         ++s.chunks;
+        if (!j.is_object() || !j.contains("choices")) {  // an error event, or garbage
+            s.error = data;
+            continue;
+        }
         if (j.contains("usage") && !j["usage"].is_null()) s.usage = j["usage"];
         for (const json& c : j["choices"]) {
             if (c["delta"].contains("content")) s.text += c["delta"]["content"].get<std::string>();
