@@ -27,11 +27,21 @@ ensure_clang() {
 configure_sanitizer_build() {
     local dir=$1 sanitize=$2
     shift 2
+    # A cache made with another compiler is dropped first: CMake would drop it itself on
+    # seeing the compiler change, and configure again without the options below.
+    if [ -f "$dir/CMakeCache.txt" ] &&
+        ! grep -qx "CMAKE_CXX_COMPILER:[A-Z]*=/usr/bin/clang++-14" "$dir/CMakeCache.txt"; then
+        rm -rf "$dir/CMakeCache.txt" "$dir/CMakeFiles"
+    fi
     cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-        -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
+        -DCMAKE_C_COMPILER=/usr/bin/clang-14 -DCMAKE_CXX_COMPILER=/usr/bin/clang++-14 \
         "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -gline-tables-only" \
         "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -gline-tables-only" \
         -DDELTASERVE_CUDA=OFF "-DDELTASERVE_SANITIZE=$sanitize" "$@" >/dev/null
+    if ! grep -qx "DELTASERVE_SANITIZE:STRING=$sanitize" "$dir/CMakeCache.txt"; then
+        echo "[sanitizers] $dir is not configured with $sanitize" >&2
+        return 1
+    fi
 }
 
 # The ASan+UBSan build is also the fuzz build: one set of objects serves both.
