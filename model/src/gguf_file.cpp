@@ -13,7 +13,7 @@ constexpr uint32_t kMaxDims = 4;
 
 // Bounds-checked little-endian reader over the mapping.
 class Reader {
-public:
+  public:
     Reader(const uint8_t* data, size_t size) : data_(data), size_(size) {}
 
     size_t offset() const { return pos_; }
@@ -39,7 +39,7 @@ public:
         return true;
     }
 
-private:
+  private:
     const uint8_t* data_;
     size_t size_;
     size_t pos_ = 0;
@@ -47,36 +47,109 @@ private:
 
 int scalar_size(GgufType t) {
     switch (t) {
-        case GgufType::kU8: case GgufType::kI8: case GgufType::kBool: return 1;
-        case GgufType::kU16: case GgufType::kI16: return 2;
-        case GgufType::kU32: case GgufType::kI32: case GgufType::kF32: return 4;
-        case GgufType::kU64: case GgufType::kI64: case GgufType::kF64: return 8;
-        default: return 0;
+        case GgufType::kU8:
+        case GgufType::kI8:
+        case GgufType::kBool:
+            return 1;
+        case GgufType::kU16:
+        case GgufType::kI16:
+            return 2;
+        case GgufType::kU32:
+        case GgufType::kI32:
+        case GgufType::kF32:
+            return 4;
+        case GgufType::kU64:
+        case GgufType::kI64:
+        case GgufType::kF64:
+            return 8;
+        default:
+            return 0;
     }
 }
 
 // Decodes a scalar at p into v (type already set).
 void decode_scalar(const uint8_t* p, GgufValue* v) {
     switch (v->type) {
-        case GgufType::kU8: v->u = p[0]; v->i = p[0]; v->f = p[0]; break;
-        case GgufType::kBool: v->u = p[0] != 0; break;
-        case GgufType::kI8: { int8_t x; std::memcpy(&x, p, 1); v->i = x; v->f = x; break; }
-        case GgufType::kU16: { uint16_t x; std::memcpy(&x, p, 2); v->u = x; v->i = x; v->f = x; break; }
-        case GgufType::kI16: { int16_t x; std::memcpy(&x, p, 2); v->i = x; v->f = x; break; }
-        case GgufType::kU32: { uint32_t x; std::memcpy(&x, p, 4); v->u = x; v->i = x; v->f = x; break; }
-        case GgufType::kI32: { int32_t x; std::memcpy(&x, p, 4); v->i = x; v->f = x; break; }
-        case GgufType::kF32: { float x; std::memcpy(&x, p, 4); v->f = x; break; }
-        case GgufType::kU64: { uint64_t x; std::memcpy(&x, p, 8); v->u = x; v->i = static_cast<int64_t>(x); v->f = static_cast<double>(x); break; }
-        case GgufType::kI64: { int64_t x; std::memcpy(&x, p, 8); v->i = x; v->f = static_cast<double>(x); break; }
-        case GgufType::kF64: { double x; std::memcpy(&x, p, 8); v->f = x; break; }
-        default: break;
+        case GgufType::kU8:
+            v->u = p[0];
+            v->i = p[0];
+            v->f = p[0];
+            break;
+        case GgufType::kBool:
+            v->u = p[0] != 0;
+            break;
+        case GgufType::kI8: {
+            int8_t x;
+            std::memcpy(&x, p, 1);
+            v->i = x;
+            v->f = x;
+            break;
+        }
+        case GgufType::kU16: {
+            uint16_t x;
+            std::memcpy(&x, p, 2);
+            v->u = x;
+            v->i = x;
+            v->f = x;
+            break;
+        }
+        case GgufType::kI16: {
+            int16_t x;
+            std::memcpy(&x, p, 2);
+            v->i = x;
+            v->f = x;
+            break;
+        }
+        case GgufType::kU32: {
+            uint32_t x;
+            std::memcpy(&x, p, 4);
+            v->u = x;
+            v->i = x;
+            v->f = x;
+            break;
+        }
+        case GgufType::kI32: {
+            int32_t x;
+            std::memcpy(&x, p, 4);
+            v->i = x;
+            v->f = x;
+            break;
+        }
+        case GgufType::kF32: {
+            float x;
+            std::memcpy(&x, p, 4);
+            v->f = x;
+            break;
+        }
+        case GgufType::kU64: {
+            uint64_t x;
+            std::memcpy(&x, p, 8);
+            v->u = x;
+            v->i = static_cast<int64_t>(x);
+            v->f = static_cast<double>(x);
+            break;
+        }
+        case GgufType::kI64: {
+            int64_t x;
+            std::memcpy(&x, p, 8);
+            v->i = x;
+            v->f = static_cast<double>(x);
+            break;
+        }
+        case GgufType::kF64: {
+            double x;
+            std::memcpy(&x, p, 8);
+            v->f = x;
+            break;
+        }
+        default:
+            break;
     }
 }
 
 bool is_integer(GgufType t) {
-    return t == GgufType::kU8 || t == GgufType::kI8 || t == GgufType::kU16 ||
-           t == GgufType::kI16 || t == GgufType::kU32 || t == GgufType::kI32 ||
-           t == GgufType::kU64 || t == GgufType::kI64;
+    return t == GgufType::kU8 || t == GgufType::kI8 || t == GgufType::kU16 || t == GgufType::kI16 ||
+           t == GgufType::kU32 || t == GgufType::kI32 || t == GgufType::kU64 || t == GgufType::kI64;
 }
 
 // Reads one value (type tag already consumed). Arrays of strings are walked to validate.
@@ -155,13 +228,15 @@ Result<GgufFile> GgufFile::open(const std::string& path) {
         std::string_view name;
         uint32_t n_dims;
         if (!r.read_string(&name) || !r.read(&n_dims)) return corrupt("tensor info");
-        if (n_dims == 0 || n_dims > kMaxDims) return corrupt("tensor '" + std::string(name) + "' dims");
+        if (n_dims == 0 || n_dims > kMaxDims)
+            return corrupt("tensor '" + std::string(name) + "' dims");
         GgufTensorInfo info;
         info.name = std::string(name);
         uint64_t n_elems = 1;
         for (uint32_t d = 0; d < n_dims; ++d) {
             int64_t ne;
-            if (!r.read(&ne) || ne <= 0 || ne > (1ll << 40)) return corrupt("tensor '" + info.name + "' shape");
+            if (!r.read(&ne) || ne <= 0 || ne > (1ll << 40))
+                return corrupt("tensor '" + info.name + "' shape");
             info.ne.push_back(ne);
             n_elems *= static_cast<uint64_t>(ne);
             if (n_elems > (1ull << 40)) return corrupt("tensor '" + info.name + "' size");
@@ -188,8 +263,10 @@ Result<GgufFile> GgufFile::open(const std::string& path) {
     for (size_t t = 0; t < g.tensors_.size(); ++t) {
         GgufTensorInfo& info = g.tensors_[t];
         const uint64_t off = offsets[t];
-        if (off % alignment != 0 || data_start + off > g.file_.size() ||
-            info.bytes > g.file_.size() - data_start - off) {
+        // Compared in an order where no sum can wrap around (a huge offset did).
+        const uint64_t size = g.file_.size();
+        if (off % alignment != 0 || data_start > size || off > size - data_start ||
+            info.bytes > size - data_start - off) {
             return data_loss(path + ": tensor '" + info.name +
                              "' lies outside the file (truncated download?)");
         }

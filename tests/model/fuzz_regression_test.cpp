@@ -54,6 +54,13 @@ TEST(FuzzRegression, GgufClaimingAHugeBlockCountIsRefusedWithoutAllocatingForIt)
                    StatusCode::kNotFound, "blk.1.");
 }
 
+TEST(FuzzRegression, GgufTensorOffsetThatWrapsAroundIsRefused) {
+    // Used to pass the bounds check (data start + offset wrapped past 2^64) and point the
+    // tensor's data before the mapping (UBSan: pointer overflow).
+    expect_refused(load_gguf_model(input("gguf/tensor-offset-wraps.gguf"), quiet()),
+                   StatusCode::kDataLoss, "lies outside the file");
+}
+
 TEST(FuzzRegression, ModelsWithHeadsTheKernelsCannotRunAreRefused) {
     expect_context_refused(load_gguf_model(input("gguf/head-dim-4.gguf"), quiet()));
     expect_context_refused(load_llama2c_model(input("llama2c/head-dim-4.bin"), quiet()));
