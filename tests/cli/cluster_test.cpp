@@ -33,6 +33,25 @@ void send_garbage(uint16_t port, const std::string& bytes) {
     close(fd);
 }
 
+// Sends a chat request on a new connection; the socket, to read the answer from (-1 if the
+// request could not be sent).
+int send_chat(uint16_t port, const json& body) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(port);
+    const std::string b = body.dump();
+    const std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                            std::to_string(b.size()) + "\r\n\r\n" + b;
+    if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 class ClusterTest : public ::testing::Test {
   protected:
     void SetUp() override { DS_REQUIRE_FILE(default_gguf_model(), "default GGUF model"); }
@@ -147,16 +166,8 @@ TEST_F(ClusterTest, ADecodeNodeKilledMidStreamEndsTheStreamClearly) {
     body["temperature"] = 1.5;
     body["seed"] = 7;
     // Killed once the stream has begun (its first piece arrived).
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(port);
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-    const std::string b = body.dump();
-    const std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
-                            std::to_string(b.size()) + "\r\n\r\n" + b;
-    ASSERT_EQ(write(fd, req.data(), req.size()), static_cast<ssize_t>(req.size()));
+    const int fd = send_chat(port, body);
+    ASSERT_GE(fd, 0) << "could not send the request";
     std::string raw;
     char buf[4096];
     bool killed = false;
@@ -191,16 +202,8 @@ TEST_F(ClusterTest, AGatewayKilledMidTurnEndsItsTurnOnTheDecodeNode) {
     ASSERT_TRUE(cluster.up()) << cluster.logs();
     // Greedy, this answer runs to its 1500 tokens: half a minute on one thread.
     const json body = chat_body("Write the numbers from 1 to 500 separated by commas.", 1500, true);
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(cluster.port());
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-    const std::string b = body.dump();
-    const std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
-                            std::to_string(b.size()) + "\r\n\r\n" + b;
-    ASSERT_EQ(write(fd, req.data(), req.size()), static_cast<ssize_t>(req.size()));
+    const int fd = send_chat(cluster.port(), body);
+    ASSERT_GE(fd, 0) << "could not send the request";
     std::string raw;
     char buf[4096];
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);

@@ -643,8 +643,10 @@ std::unique_ptr<PeerPool> map_offered(const void* header, size_t length) {
         spdlog::debug("transport: payloads go through UCX: {}", mapped.error().message());
         return nullptr;
     }
-    spdlog::debug("transport: mapped the pool of process {} (same host): its payloads come "
-                  "through it", offer->pid);
+    spdlog::debug(
+        "transport: mapped the pool of process {} (same host): its payloads come "
+        "through it",
+        offer->pid);
     return std::move(*mapped);
 }
 
@@ -652,16 +654,16 @@ std::unique_ptr<PeerPool> map_offered(const void* header, size_t length) {
 
 // The hello may offer the client's pool; the answer says whether the server mapped it and
 // offers the server's.
-ucs_status_t UcxCore::on_hello(void* arg, const void* header, size_t header_length, void*,
-                               size_t, const ucp_am_recv_param_t* param) {
+ucs_status_t UcxCore::on_hello(void* arg, const void* header, size_t header_length, void*, size_t,
+                               const ucp_am_recv_param_t* param) {
     auto* core = static_cast<UcxCore*>(arg);
     auto conn = core->conn_of(param->reply_ep);
     if (!conn || conn->listener == nullptr) return UCS_OK;
     UcxListenerState* listener = std::exchange(conn->listener, nullptr);
     if (core->offer_) conn->peer_pool = map_offered(header, header_length);
-    core->send_control(conn, kAmHelloAnswer,
-                       std::string(conn->peer_pool ? "answer mapped" : "answer") +
-                           core->hello_offer());
+    core->send_control(
+        conn, kAmHelloAnswer,
+        std::string(conn->peer_pool ? "answer mapped" : "answer") + core->hello_offer());
     {
         std::lock_guard lock(conn->mu);
         conn->connected = true;
@@ -677,8 +679,8 @@ ucs_status_t UcxCore::on_hello(void* arg, const void* header, size_t header_leng
     return UCS_OK;
 }
 
-ucs_status_t UcxCore::on_hello_answer(void* arg, const void* header, size_t header_length,
-                                      void*, size_t, const ucp_am_recv_param_t* param) {
+ucs_status_t UcxCore::on_hello_answer(void* arg, const void* header, size_t header_length, void*,
+                                      size_t, const ucp_am_recv_param_t* param) {
     auto* core = static_cast<UcxCore*>(arg);
     auto conn = core->conn_of(param->reply_ep);
     if (!conn) return UCS_OK;
