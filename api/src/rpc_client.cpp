@@ -88,6 +88,7 @@ class RpcClientImpl final : public RpcClient, public kj::TaskSet::ErrorHandler {
                 execute_sync(*executor_, [this] {
                     turns_.clear();
                     conn_ = nullptr;
+                    waiting_.clear();  // their calls end: the client is going away
                     tasks_ = nullptr;
                     stop_->fulfill();
                 });
@@ -164,19 +165,25 @@ class RpcClientImpl final : public RpcClient, public kj::TaskSet::ErrorHandler {
     // Cap'n Proto failure (the node is gone) becomes kUnavailable. T is a Status or Result.
     template <typename T, typename F>
     T call(F&& f, kj::Duration timeout = kCallTimeout) {
+        uint64_t used = 0;  // the connection the call went over (0: none)
         try {
             return execute_sync(*executor_, [&]() -> kj::Promise<T> {
-                return io_->provider->getTimer().timeoutAfter(timeout,
-                                                              ensure().then([&]() { return f(); }));
+                return io_->provider->getTimer().timeoutAfter(timeout, ensure().then([&]() {
+                    used = generation_;
+                    return f();
+                }));
             });
         } catch (const kj::Exception& e) {
             // A lost connection, or a call with no answer in time (a peer that went silent),
-            // is dropped and made again by the next call. Any other error leaves it, and the
+            // is dropped and made again by the next call; a newer connection, made since by
+            // another call, is left alone. Any other error leaves the connection, and the
             // turns running over it, alone.
             const auto type = e.getType();
-            if (type == kj::Exception::Type::DISCONNECTED ||
-                type == kj::Exception::Type::OVERLOADED) {
-                execute_sync(*executor_, [this] { conn_ = nullptr; });
+            if (used != 0 && (type == kj::Exception::Type::DISCONNECTED ||
+                              type == kj::Exception::Type::OVERLOADED)) {
+                execute_sync(*executor_, [this, used] {
+                    if (generation_ == used) conn_ = nullptr;
+                });
             }
             return rpc::from_exception(e, label());
         }
@@ -201,8 +208,33 @@ class RpcClientImpl final : public RpcClient, public kj::TaskSet::ErrorHandler {
         kj::Own<capnp::TwoPartyClient> client;
         rpc::Node::Client node;
     };
+    // Resolves once there is a connection. Calls that find none while one is being made wait
+    // for it: a second connection made at the same time would replace the first and break
+    // every call and turn already on it.
     kj::Promise<void> ensure() {
         if (conn_.get() != nullptr) return kj::READY_NOW;
+        auto paf = kj::newPromiseAndFulfiller<void>();
+        waiting_.add(kj::mv(paf.fulfiller));
+        if (!connecting_) {
+            connecting_ = true;
+            tasks_->add(connect().then([this] { settle(nullptr); },
+                                       [this](kj::Exception&& e) { settle(&e); }));
+        }
+        return kj::mv(paf.promise);
+    }
+    void settle(const kj::Exception* failed) {
+        connecting_ = false;
+        auto waiting = kj::mv(waiting_);
+        waiting_ = kj::Vector<kj::Own<kj::PromiseFulfiller<void>>>();
+        for (auto& w : waiting) {
+            if (failed != nullptr) {
+                w->reject(kj::cp(*failed));
+            } else {
+                w->fulfill();
+            }
+        }
+    }
+    kj::Promise<void> connect() {
         return io_->provider->getNetwork()
             .parseAddress(address_.c_str())
             .then([](kj::Own<kj::NetworkAddress>&& a) { return a->connect(); })
@@ -225,11 +257,11 @@ class RpcClientImpl final : public RpcClient, public kj::TaskSet::ErrorHandler {
     void connected(kj::Own<kj::AsyncIoStream> stream, kj::Own<capnp::TwoPartyClient> client,
                    rpc::Node::Client node) {
         conn_ = kj::heap<Conn>(Conn{kj::mv(stream), kj::mv(client), kj::mv(node)});
+        ++generation_;
         // A lost connection is dropped (the next call reconnects); the turns on it end
         // through their failing wait() calls.
-        const Conn* mine = conn_.get();
-        tasks_->add(conn_->client->onDisconnect().then([this, mine] {
-            if (conn_.get() == mine) conn_ = nullptr;
+        tasks_->add(conn_->client->onDisconnect().then([this, mine = generation_] {
+            if (generation_ == mine) conn_ = nullptr;
         }));
     }
 
@@ -246,6 +278,9 @@ class RpcClientImpl final : public RpcClient, public kj::TaskSet::ErrorHandler {
     kj::Own<kj::PromiseFulfiller<void>> stop_;
     kj::Own<kj::TaskSet> tasks_;
     kj::Own<Conn> conn_;
+    uint64_t generation_ = 0;  // counts connections made; names conn_
+    bool connecting_ = false;  // a connection is being made; calls wait in waiting_
+    kj::Vector<kj::Own<kj::PromiseFulfiller<void>>> waiting_;
     std::map<uint64_t, rpc::Turn::Client> turns_;
     std::unique_ptr<RemoteDecode> decode_;
     std::unique_ptr<RemotePrefill> prefill_;
