@@ -1,8 +1,46 @@
 #include "metrics.h"
 
+#include <dirent.h>
+#include <malloc.h>
+#include <unistd.h>
+
 #include <cstdio>
 
 namespace deltaserve::api {
+
+namespace {
+
+// The process's resident bytes (/proc/self/statm), -1 where unknown.
+double resident_bytes() {
+    long pages = -1, resident = -1;
+    if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+        if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = -1;
+        std::fclose(f);
+    }
+    return resident < 0
+               ? -1
+               : static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE));
+}
+
+// File descriptors open (/proc/self/fd, less the one reading it), -1 where unknown.
+double open_fds() {
+    DIR* d = opendir("/proc/self/fd");
+    if (d == nullptr) return -1;
+    int n = 0;
+    while (const dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+    return n - 1;
+}
+
+// Bytes malloc has handed out and not taken back (its arenas' blocks in use and its mmapped
+// blocks): what the process allocated, where the resident set also counts what the allocator
+// keeps for later.
+double heap_bytes() {
+    const struct mallinfo2 m = mallinfo2();
+    return static_cast<double>(m.uordblks + m.hblkhd);
+}
+
+}  // namespace
 
 void Metrics::request_done(const TurnResult& t, double seconds) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -76,6 +114,12 @@ std::string Metrics::render(const EngineStats& e) const {
            static_cast<double>(e.prefill_retries));
     metric("deltaserve_kv_keep_ratio", "gauge",
            "KV bytes held over the same tokens in fp16 full KV.", e.keep_ratio);
+    metric("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.",
+           resident_bytes());
+    metric("process_open_fds", "gauge", "Number of open file descriptors.", open_fds());
+    metric("deltaserve_heap_bytes", "gauge",
+           "Bytes allocated and not freed (malloc's blocks in use, mmapped ones included).",
+           heap_bytes());
     return out;
 }
 

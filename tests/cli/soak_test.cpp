@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <fstream>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -39,20 +40,34 @@ std::pair<int64_t, int64_t> rss_and_threads(pid_t pid) {
     return {rss, threads};
 }
 
-double metric(uint16_t port, const std::string& name) {
+// The gauges of one /metrics answer (-1 where absent). One request per sample: the
+// connection of the previous sample may still be closing when the next one is counted.
+std::map<std::string, double> gauges(uint16_t port, const std::vector<std::string>& names) {
     const HttpResponse r = http_request(port, "GET", "/metrics");
-    const size_t at = r.body.find("\n" + name + " ");
-    return at == std::string::npos ? -1 : std::atof(r.body.c_str() + at + name.size() + 2);
+    std::map<std::string, double> out;
+    for (const std::string& name : names) {
+        const size_t at = r.body.find("\n" + name + " ");
+        out[name] = at == std::string::npos ? -1 : std::atof(r.body.c_str() + at + name.size() + 2);
+    }
+    return out;
+}
+
+// Seconds since the soak began, for messages.
+double since(Clock::time_point start, Clock::time_point t = Clock::now()) {
+    return std::chrono::duration<double>(t - start).count();
 }
 
 struct Tally {
+    const Clock::time_point start = Clock::now();
     std::atomic<int> good{0}, good_failed{0}, bad{0}, bad_wrong{0}, abusive{0}, outage{0};
-    std::string first_failure;
+    std::string failures;  // the first few, each with when it was sent
     std::mutex mu;
-    void fail(const std::string& what) {
-        ++good_failed;
+    void fail(const std::string& what, Clock::time_point sent = Clock::now()) {
+        if (++good_failed > 5) return;
+        char at[32];
+        std::snprintf(at, sizeof at, "[sent at %.1f s] ", since(start, sent));
         std::lock_guard<std::mutex> lock(mu);
-        if (first_failure.empty()) first_failure = what;
+        failures += at + what + "\n";
     }
 };
 
@@ -60,14 +75,26 @@ struct Tally {
 // that ends in an error); one sent after the node is back may not.
 struct Outage {
     std::atomic<bool> on{false};
-    std::atomic<Clock::rep> ended{0};  // when it ended (0: not yet)
-    void start() { on = true; }
+    std::atomic<Clock::rep> began{0}, ended{0};  // when it began and ended (0: not yet)
+    void start() {
+        began = Clock::now().time_since_epoch().count();
+        on = true;
+    }
     void end() {
         ended = Clock::now().time_since_epoch().count();
         on = false;
     }
     bool overlaps(Clock::time_point sent) const {
         return on || sent.time_since_epoch().count() < ended.load();
+    }
+    // "the outage: 30.1 s to 31.4 s" on the soak's clock.
+    std::string describe(Clock::time_point start) const {
+        const auto at = [&](Clock::rep r) {
+            return since(start, Clock::time_point(Clock::duration(r)));
+        };
+        char s[64];
+        std::snprintf(s, sizeof s, "the outage: %.1f s to %.1f s", at(began), at(ended));
+        return s;
     }
 };
 
@@ -84,7 +111,8 @@ void client(uint16_t port, int index, Clock::time_point until, Tally& t, const O
             ++t.outage;
             return false;
         }
-        t.fail(std::string(what) + ": " + std::to_string(r.status) + " " + r.body.substr(0, 200));
+        t.fail(std::string(what) + ": " + std::to_string(r.status) + " " + r.body.substr(0, 200),
+               sent);
         return false;
     };
     while (Clock::now() < until) {
@@ -96,7 +124,7 @@ void client(uint16_t port, int index, Clock::time_point until, Tally& t, const O
             open = status == 200;
             tokens = 0;
             if (!open && !outage.overlaps(sent))
-                t.fail("opening " + session + ": " + std::to_string(status));
+                t.fail("opening " + session + ": " + std::to_string(status), sent);
             if (!open) std::this_thread::sleep_for(std::chrono::milliseconds(200));
             continue;
         }
@@ -117,7 +145,7 @@ void client(uint16_t port, int index, Clock::time_point until, Tally& t, const O
                 if (outage.overlaps(sent) && !s.error.empty()) {
                     ++t.outage;  // the node went down mid-stream: the stream says so
                 } else if (!s.done || s.finish_reason.empty()) {
-                    t.fail("stream without its end: " + r.body.substr(0, 300));
+                    t.fail("stream without its end: " + r.body.substr(0, 300), sent);
                 }
             } else {
                 const json j = json::parse(r.body, nullptr, false);
@@ -127,7 +155,7 @@ void client(uint16_t port, int index, Clock::time_point until, Tally& t, const O
                                    j.at(content).is_string() && j.contains(total) &&
                                    j.at(total).is_number_integer();
                 if (!whole) {
-                    t.fail("not an answer: " + r.body.substr(0, 300));
+                    t.fail("not an answer: " + r.body.substr(0, 300), sent);
                 } else {
                     tokens = j.at(total);
                 }
@@ -194,14 +222,28 @@ void client(uint16_t port, int index, Clock::time_point until, Tally& t, const O
 }
 
 struct Peak {
-    int64_t rss_start = 0, rss_max = 0, threads_start = 0, threads_max = 0;
+    int64_t rss_start = 0, rss_max = 0, threads_start = 0, threads_max = 0;  // KiB
+    int64_t kv_max = 0;     // the most KV the server reported holding, KiB
+    int64_t beyond_kv = 0;  // the most RSS beyond the KV held at the time, KiB (a gateway of a
+                            // cluster holds none: there it is its RSS)
+    // What the server allocated (deltaserve_heap_bytes) and its open files, before.
+    double heap_start = 0, heap_max = 0, fds_start = 0;
 };
 
-// Runs 32 clients against port until `seconds` pass, sampling pid's RSS and threads.
-Peak soak(uint16_t port, pid_t pid, int seconds, Tally& t, const Outage& outage,
+constexpr const char* kHeap = "deltaserve_heap_bytes";
+constexpr const char* kFds = "process_open_fds";
+
+// Runs 32 clients against port until `seconds` pass, sampling pid's RSS and threads, the KV
+// the server holds (sessions grow: the RSS that is not KV is what must stay flat) and what
+// it allocated.
+// kv_here: the KV is in pid (serve), not in other processes (a cluster's gateway).
+Peak soak(uint16_t port, pid_t pid, bool kv_here, int seconds, Tally& t, const Outage& outage,
           const std::function<void()>& halfway = {}) {
     Peak p;
     std::tie(p.rss_start, p.threads_start) = rss_and_threads(pid);
+    auto g = gauges(port, {kHeap, kFds});
+    p.heap_start = p.heap_max = g[kHeap];
+    p.fds_start = g[kFds];
     const auto until = Clock::now() + std::chrono::seconds(seconds);
     std::vector<std::thread> clients;
     for (int i = 0; i < 32; ++i) {
@@ -210,8 +252,13 @@ Peak soak(uint16_t port, pid_t pid, int seconds, Tally& t, const Outage& outage,
     bool half_done = !halfway;
     while (Clock::now() < until) {
         auto [rss, threads] = rss_and_threads(pid);
+        g = gauges(port, {"deltaserve_kv_bytes", kHeap});
+        const int64_t kv = static_cast<int64_t>(std::max(0.0, g["deltaserve_kv_bytes"]) / 1024);
+        p.heap_max = std::max(p.heap_max, g[kHeap]);
         p.rss_max = std::max(p.rss_max, rss);
         p.threads_max = std::max(p.threads_max, threads);
+        p.kv_max = std::max(p.kv_max, kv);
+        p.beyond_kv = std::max(p.beyond_kv, kv_here ? rss - kv : rss);
         if (!half_done && Clock::now() > until - std::chrono::seconds(seconds / 2)) {
             half_done = true;
             halfway();
@@ -221,10 +268,13 @@ Peak soak(uint16_t port, pid_t pid, int seconds, Tally& t, const Outage& outage,
     for (auto& c : clients) c.join();
     std::printf(
         "soak %d s: %d good requests (%d failed, %d 503 in an outage), %d malformed (%d not "
-        "400), %d abusive; RSS %lld -> max %lld MiB, threads %lld -> max %lld\n",
+        "400), %d abusive; RSS %lld -> max %lld MiB (KV held, all nodes: max %lld MiB; RSS beyond "
+        "the KV: max %lld MiB), allocated %.0f -> max %.0f MiB, threads %lld -> max %lld\n",
         seconds, t.good.load(), t.good_failed.load(), t.outage.load(), t.bad.load(),
         t.bad_wrong.load(), t.abusive.load(), static_cast<long long>(p.rss_start / 1024),
-        static_cast<long long>(p.rss_max / 1024), static_cast<long long>(p.threads_start),
+        static_cast<long long>(p.rss_max / 1024), static_cast<long long>(p.kv_max / 1024),
+        static_cast<long long>(p.beyond_kv / 1024), p.heap_start / (1 << 20),
+        p.heap_max / (1 << 20), static_cast<long long>(p.threads_start),
         static_cast<long long>(p.threads_max));
     return p;
 }
@@ -240,24 +290,41 @@ TEST_F(SoakTest, ThirtyTwoClientsGoodAndBadLeaveNothingBehind) {
     const uint16_t port = server.port();
     Tally t;
     const Outage none;
-    const Peak p = soak(port, server.pid(), soak_seconds(), t, none);
-    EXPECT_EQ(t.good_failed.load(), 0) << t.first_failure;
+    const Peak p = soak(port, server.pid(), true, soak_seconds(), t, none);
+    EXPECT_EQ(t.good_failed.load(), 0) << t.failures;
     EXPECT_GT(t.good.load(), 32);
     EXPECT_GT(t.bad.load(), 0);
-    // Bounded: a fixed set of threads (I/O, turns, workers), memory within what the model, the
-    // KV of 32 sessions and buffers take.
+    // Bounded: a fixed set of threads (I/O, turns, workers); memory is the model, the KV the
+    // sessions hold (it grows with their conversations), buffers that grow to their largest
+    // batch and what malloc keeps of freed blocks (the leak check is the heap, below).
     EXPECT_LE(p.threads_max, p.threads_start + 4);
-    EXPECT_LT(p.rss_max, p.rss_start + 512 * 1024) << "RSS grew by more than 512 MiB";
-    // Nothing left: the clients closed their sessions; the abusive connections are gone.
+    EXPECT_LT(p.beyond_kv, p.rss_start + 512 * 1024) << "RSS beyond the KV grew by 512 MiB";
+    // Nothing left: the clients closed their sessions; the abusive connections are gone
+    // (closing ones may take a moment to be reaped, hence the wait).
+    const std::vector<std::string> names = {"deltaserve_sessions",
+                                            "deltaserve_kv_bytes",
+                                            "deltaserve_queue_length",
+                                            "deltaserve_http_connections",
+                                            kHeap,
+                                            kFds};
     const auto until = Clock::now() + std::chrono::seconds(15);
-    while (Clock::now() < until && (metric(port, "deltaserve_kv_bytes") != 0 ||
-                                    metric(port, "deltaserve_http_connections") > 1)) {
+    std::map<std::string, double> g = gauges(port, names);
+    while (Clock::now() < until &&
+           (g["deltaserve_sessions"] != 0 || g["deltaserve_kv_bytes"] != 0 ||
+            g["deltaserve_queue_length"] != 0 || g["deltaserve_http_connections"] > 1)) {
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        g = gauges(port, names);
     }
-    EXPECT_EQ(metric(port, "deltaserve_sessions"), 0);
-    EXPECT_EQ(metric(port, "deltaserve_kv_bytes"), 0);
-    EXPECT_EQ(metric(port, "deltaserve_queue_length"), 0);
-    EXPECT_LE(metric(port, "deltaserve_http_connections"), 1) << "only the metrics request";
+    EXPECT_EQ(g["deltaserve_sessions"], 0);
+    EXPECT_EQ(g["deltaserve_kv_bytes"], 0);
+    EXPECT_EQ(g["deltaserve_queue_length"], 0);
+    EXPECT_LE(g["deltaserve_http_connections"], 1) << "only the metrics request";
+    // Nothing leaked: what is still allocated is what was before, with the buffers that grew
+    // to the largest batch; the files open are the same (the metrics request aside).
+    std::printf("after: allocated %.0f MiB, %.0f files open (before: %.0f MiB, %.0f files)\n",
+                g[kHeap] / (1 << 20), g[kFds], p.heap_start / (1 << 20), p.fds_start);
+    EXPECT_LT(g[kHeap], p.heap_start + 64 * (1 << 20)) << "allocated bytes not freed";
+    EXPECT_LE(g[kFds], p.fds_start + 1) << "files left open";
     EXPECT_EQ(server.stop(), 0) << server.log();
 }
 
@@ -272,7 +339,7 @@ TEST_F(SoakTest, AClusterWhoseDecodeNodeIsKilledAndRestartedRecovers) {
     Tally t;
     Outage outage;
     std::thread restarter;
-    const Peak p = soak(port, cluster.gateway().pid(), soak_seconds(), t, outage, [&] {
+    const Peak p = soak(port, cluster.gateway().pid(), false, soak_seconds(), t, outage, [&] {
         outage.start();
         kill(cluster.decode().pid(), SIGKILL);
         restarter = std::thread([&] {
@@ -284,12 +351,25 @@ TEST_F(SoakTest, AClusterWhoseDecodeNodeIsKilledAndRestartedRecovers) {
         });
     });
     if (restarter.joinable()) restarter.join();
-    EXPECT_EQ(t.good_failed.load(), 0) << t.first_failure << "\n" << cluster.logs(3000);
+    EXPECT_EQ(t.good_failed.load(), 0) << t.failures << outage.describe(t.start) << "\n"
+                                       << cluster.logs(3000);
     EXPECT_GT(t.outage.load(), 0) << "the outage was seen";
     EXPECT_LE(p.threads_max, p.threads_start + 4) << "the gateway's threads";
     // Answered again after the restart.
     const HttpResponse r = post_chat(port, chat_body("Hello", 4));
     EXPECT_EQ(r.status, 200) << r.body;
+    // The gateway leaked nothing either: its allocations and open files are back where they
+    // were (closing connections may take a moment to be reaped).
+    const auto until = Clock::now() + std::chrono::seconds(15);
+    auto g = gauges(port, {kHeap, kFds});
+    while (Clock::now() < until && g[kFds] > p.fds_start + 1) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        g = gauges(port, {kHeap, kFds});
+    }
+    std::printf("after: allocated %.0f MiB, %.0f files open (before: %.0f MiB, %.0f files)\n",
+                g[kHeap] / (1 << 20), g[kFds], p.heap_start / (1 << 20), p.fds_start);
+    EXPECT_LT(g[kHeap], p.heap_start + 64 * (1 << 20)) << "allocated bytes not freed";
+    EXPECT_LE(g[kFds], p.fds_start + 1) << "files left open";
     EXPECT_EQ(cluster.gateway().stop(), 0) << cluster.gateway().log();
 }
 
