@@ -140,7 +140,7 @@ TEST_F(ClusterTest, APrefillNodeKilledMidTransferIsRetriedOnAnother) {
     ASSERT_TRUE(cluster.up()) << cluster.logs();
     const uint16_t port = cluster.port();
     const HttpResponse healthy = post_chat(port, long_prompt(8));
-    ASSERT_EQ(healthy.status, 200) << healthy.body;
+    ASSERT_EQ(healthy.status, 200) << healthy.body << cluster.logs();
     // Both nodes idle: the first in the config (p0) takes the next turn.
     auto pending = std::async(std::launch::async, [&] { return post_chat(port, long_prompt(8)); });
     std::this_thread::sleep_for(std::chrono::milliseconds(400));
@@ -275,33 +275,6 @@ TEST_F(ClusterTest, PeersWithoutTheClusterTokenAreRefused) {
                    std::chrono::seconds(30));
     EXPECT_EQ(r.exit_code, 2) << r.describe();
     EXPECT_NE(r.err.find("without a cluster token"), std::string::npos) << r.describe();
-}
-
-// The same answers when the decode and prefill nodes are separate hosts (network namespaces
-// joined by veth pairs on a bridge): RPC and UCX over real interfaces, not loopback.
-TEST_F(ClusterTest, NodesInSeparateNetworkNamespacesAnswerTheSame) {
-    Namespaces hosts;
-    if (!hosts.available())
-        GTEST_SKIP() << "cannot make network namespaces here (needs root and iproute2)";
-    Cluster cluster(&hosts);
-    ASSERT_TRUE(cluster.up()) << cluster.logs();
-    ServingProcess serve(serve_args({"--ctx-size", "2048"}));
-    ASSERT_NE(serve.port(), 0) << serve.log();
-    const char* q = "What is the capital of France?";
-    const HttpResponse a = post_chat(cluster.port(), chat_body(q, 16));
-    const HttpResponse b = post_chat(serve.port(), chat_body(q, 16));
-    ASSERT_EQ(a.status, 200) << a.body;
-    EXPECT_EQ(json::parse(a.body)["choices"][0]["message"]["content"],
-              json::parse(b.body)["choices"][0]["message"]["content"]);
-    ASSERT_EQ(open_session(cluster.port(), "ada"), 200);
-    HttpResponse r =
-        post_chat(cluster.port(), chat_body("My name is Ada.", 8), "X-Session-ID: ada\r\n");
-    ASSERT_EQ(r.status, 200) << r.body;
-    r = post_chat(cluster.port(), chat_body("What is my name?", 8), "X-Session-ID: ada\r\n");
-    ASSERT_EQ(r.status, 200) << r.body;
-    EXPECT_GT(json::parse(r.body)["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(),
-              10);
-    EXPECT_GT(cluster.metric("deltaserve_kv_bytes_shipped_total"), 0);
 }
 
 TEST_F(ClusterTest, BadConfigsAreClearErrors) {
