@@ -9,6 +9,7 @@
 
 #include <kj/async.h>
 
+#include <optional>
 #include <type_traits>
 #include <utility>
 
@@ -44,23 +45,63 @@ template <typename T>
 struct IsKjPromise : std::false_type {};
 template <typename T>
 struct IsKjPromise<kj::Promise<T>> : std::true_type {};
+template <typename T>
+struct PromiseValue {
+    using type = T;
+};
+template <typename T>
+struct PromiseValue<kj::Promise<T>> {
+    using type = T;
+};
 
 // executor.executeSync(f): f runs on the executor's loop after what the caller did before,
-// and the caller goes on after f (and the promise it returns, if any) finished.
+// and the caller goes on after f (and the promise it returns, if any) finished, with its
+// value or its exception. Both are left where the caller reads them only after the hand-off
+// back: KJ would copy them out on the caller's thread before a TSan annotation after
+// executeSync could run.
 template <typename F>
 auto execute_sync(const kj::Executor& executor, F&& f) {
+    using R = decltype(f());
+    using T = typename PromiseValue<R>::type;
+    constexpr bool kVoid = std::is_void_v<T>;
+    std::optional<std::conditional_t<kVoid, char, T>> out;
+    kj::Maybe<kj::Exception> failed;
     char token = 0;
     handoff_release(&token);
-    KJ_DEFER(handoff_acquire(&token));
-    return executor.executeSync([&]() {
-        handoff_acquire(&token);
-        if constexpr (IsKjPromise<decltype(f())>::value) {
-            return f().attach(kj::defer([&token] { handoff_release(&token); }));
-        } else {
-            KJ_DEFER(handoff_release(&token));
-            return f();
-        }
-    });
+    const auto done = [&] { handoff_release(&token); };
+    if constexpr (IsKjPromise<R>::value) {
+        executor.executeSync([&]() -> kj::Promise<void> {
+            handoff_acquire(&token);
+            auto p = kj::evalNow([&] { return f(); });
+            if constexpr (kVoid) {
+                return p.then([&]() { out.emplace(0), done(); },
+                              [&](kj::Exception&& e) { failed = kj::mv(e), done(); });
+            } else {
+                return p.then([&](T&& v) { out.emplace(kj::mv(v)), done(); },
+                              [&](kj::Exception&& e) { failed = kj::mv(e), done(); });
+            }
+        });
+    } else {
+        // Not a promise: answered at once (f may stop the loop, as a client's shutdown does).
+        executor.executeSync([&]() {
+            handoff_acquire(&token);
+            KJ_IF_MAYBE (e, kj::runCatchingExceptions([&] {
+                             if constexpr (kVoid) {
+                                 f();
+                             } else {
+                                 out.emplace(f());
+                             }
+                         })) {
+                failed = kj::mv(*e);
+            }
+            done();
+        });
+    }
+    handoff_acquire(&token);
+    KJ_IF_MAYBE (e, failed) {
+        kj::throwFatalException(kj::mv(*e));
+    }
+    if constexpr (!kVoid) return std::move(*out);
 }
 
 }  // namespace deltaserve::api
