@@ -20,7 +20,8 @@ Workloads:
 Each run warms up until every client has finished one request (and at least --warmup
 seconds), then counts for --seconds: tokens by the time they arrive (output tokens: content
 chunks; input tokens: a request's prompt tokens when its first token arrives), time to first
-token and inter-token latency (p50/p90/p99) of the requests that started in the window.
+token of the requests whose first token arrived in the window and the inter-token gaps that
+ended in it (p50/p90/p99).
 Prints one table per workload with deltaserve / llama-server ratios; writes a JSON summary.
 
     bench/build_llama_server.sh                       # once (about 10 minutes)
@@ -106,7 +107,7 @@ def stream(port, body, rec, client):
                     if first is None:
                         first = now
                     else:
-                        gaps.append(now - last)
+                        gaps.append((now, now - last))
                     last = now
     except (OSError, RuntimeError, ValueError) as e:
         with rec.mu:
@@ -117,8 +118,8 @@ def stream(port, body, rec, client):
         rec.out.extend(outs)
         if first is not None:
             rec.inp.append((first, prompt_tokens or 0))
-            rec.ttft.append((t0, first - t0))
-            rec.gaps.extend((t0, g) for g in gaps)
+            rec.ttft.append((first, first - t0))
+            rec.gaps.extend(gaps)
         rec.done_once.add(client)
     return text
 

@@ -3,7 +3,8 @@
 // stateless turns, malformed requests, slow readers, clients that leave mid-stream and
 // half-sent requests. Asserts: the server never dies, every good request is answered
 // rightly, its RSS and thread count stay bounded (printed), and once the clients closed
-// their sessions no session, KV byte or connection is left. The same against a local
+// their sessions no session, KV byte or connection is left, and what it allocated
+// (deltaserve_heap_bytes) and its open files are back where they were. The same against a local
 // cluster whose decode node is killed and restarted halfway: turns that overlap the outage
 // may fail with 503 (a stream with an error event), turns sent once the node is back up are
 // answered (sessions recompute their history there).
