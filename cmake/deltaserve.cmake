@@ -25,7 +25,7 @@ function(deltaserve_add_library name)
   target_link_libraries(deltaserve_${name} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
 endfunction()
 
-# deltaserve_add_test(<name> SOURCES ... DEPS ... [LABELS ...] [COST N])
+# deltaserve_add_test(<name> SOURCES ... DEPS ... [LABELS ...] [COST N] [SERIAL])
 function(deltaserve_add_test name)
   cmake_parse_arguments(ARG "SERIAL" "COST" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
