@@ -42,10 +42,36 @@ class RpcClientTest : public ::testing::Test {
     Result<std::unique_ptr<RpcServer>> serve(uint16_t port) {
         return RpcServer::start("127.0.0.1:" + std::to_string(port), roles_);
     }
+    // Serves the node on a free port (port_) and connects a client to it (node_).
+    void start_and_connect() {
+        auto server = serve(0);
+        ASSERT_TRUE(server.ok()) << server.status().to_string();
+        server_ = std::move(*server);
+        port_ = server_->port();
+        auto client = RpcClient::connect("127.0.0.1:" + std::to_string(port_),
+                                         std::chrono::milliseconds(5000));
+        ASSERT_TRUE(client.ok()) << client.status().to_string();
+        client_ = std::move(*client);
+        auto node = client_->decode_node();
+        ASSERT_TRUE(node.ok()) << node.status().to_string();
+        node_ = *node;
+    }
+    // Stops the node, and with restart, serves it again on its address.
+    void restart(bool again = true) {
+        server_.reset();
+        if (!again) return;
+        auto server = serve(port_);
+        ASSERT_TRUE(server.ok()) << server.status().to_string();
+        server_ = std::move(*server);
+    }
 
     static inline model::Model* model_ = nullptr;
     std::unique_ptr<decode::DecodeWorker> worker_;
     NodeRoles roles_;
+    std::unique_ptr<RpcServer> server_;
+    uint16_t port_ = 0;
+    std::unique_ptr<RpcClient> client_;
+    DecodeNode* node_ = nullptr;
 };
 
 // Threads that call at the same moment; how many calls failed, with the first error.
@@ -71,45 +97,27 @@ std::pair<int, std::string> calls_at_once(DecodeNode& node, int threads) {
 }
 
 TEST_F(RpcClientTest, CallsAtOnceAfterTheNodeRestartedAllGoThrough) {
-    auto server = serve(0);
-    ASSERT_TRUE(server.ok()) << server.status().to_string();
-    const uint16_t port = (*server)->port();
-    auto client = RpcClient::connect("127.0.0.1:" + std::to_string(port),
-                                     std::chrono::milliseconds(5000));
-    ASSERT_TRUE(client.ok()) << client.status().to_string();
-    auto node = (*client)->decode_node();
-    ASSERT_TRUE(node.ok()) << node.status().to_string();
-    EXPECT_EQ(calls_at_once(**node, 16).first, 0);
-
+    ASSERT_NO_FATAL_FAILURE(start_and_connect());
+    EXPECT_EQ(calls_at_once(*node_, 16).first, 0);
     for (int round = 0; round < 5; ++round) {
-        server->reset();  // the node restarts on its address
-        server = serve(port);
-        ASSERT_TRUE(server.ok()) << server.status().to_string();
+        ASSERT_NO_FATAL_FAILURE(restart());  // the node restarts on its address
         // The client notices the lost connection on its own; calls then connect again.
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
-        auto [failed, first] = calls_at_once(**node, 16);
+        auto [failed, first] = calls_at_once(*node_, 16);
         EXPECT_EQ(failed, 0) << "round " << round << ": " << first;
     }
 }
 
 // A node that is down fails calls at once (kUnavailable), and serves them again when back.
 TEST_F(RpcClientTest, ANodeDownFailsCallsAndServesThemOnceBack) {
-    auto server = serve(0);
-    ASSERT_TRUE(server.ok()) << server.status().to_string();
-    const uint16_t port = (*server)->port();
-    auto client = RpcClient::connect("127.0.0.1:" + std::to_string(port),
-                                     std::chrono::milliseconds(5000));
-    ASSERT_TRUE(client.ok()) << client.status().to_string();
-    auto node = (*client)->decode_node();
-    ASSERT_TRUE(node.ok()) << node.status().to_string();
-    server->reset();
+    ASSERT_NO_FATAL_FAILURE(start_and_connect());
+    restart(/*again=*/false);
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    auto [failed, first] = calls_at_once(**node, 8);
+    auto [failed, first] = calls_at_once(*node_, 8);
     EXPECT_EQ(failed, 8);
     EXPECT_NE(first.find("UNAVAILABLE"), std::string::npos) << first;
-    server = serve(port);
-    ASSERT_TRUE(server.ok()) << server.status().to_string();
-    EXPECT_EQ(calls_at_once(**node, 8).first, 0);
+    ASSERT_NO_FATAL_FAILURE(restart());
+    EXPECT_EQ(calls_at_once(*node_, 8).first, 0);
 }
 
 }  // namespace
