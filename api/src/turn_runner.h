@@ -13,7 +13,7 @@ namespace deltaserve::api {
 
 class TurnRunner {
   public:
-    TurnRunner(int threads, int max_queued) : max_queued_(max_queued) {
+    TurnRunner(int threads, int max_queued) : capacity_(threads + max_queued) {
         for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { work(); });
     }
     TurnRunner(const TurnRunner&) = delete;
@@ -27,11 +27,13 @@ class TurnRunner {
         for (auto& t : threads_) t.join();
     }
 
-    // Queues fn; false (fn dropped) when the queue is full.
+    // Queues fn; false (fn dropped) when every thread is taken and the queue is full. A thread
+    // counts as free from its start, not from when it first waits: a request that comes before
+    // the threads have started is queued, not refused.
     bool try_submit(std::function<void()> fn) {
         {
             std::lock_guard<std::mutex> lock(mu_);
-            if (stopping_ || static_cast<int>(queue_.size()) >= max_queued_ + idle_) return false;
+            if (stopping_ || static_cast<int>(queue_.size()) + busy_ >= capacity_) return false;
             queue_.push_back(std::move(fn));
         }
         cv_.notify_one();
@@ -60,9 +62,7 @@ class TurnRunner {
     void work() {
         std::unique_lock<std::mutex> lock(mu_);
         for (;;) {
-            ++idle_;
             cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-            --idle_;
             if (queue_.empty()) return;  // stopping
             auto fn = std::move(queue_.front());
             queue_.pop_front();
@@ -75,12 +75,12 @@ class TurnRunner {
         }
     }
 
-    const int max_queued_;
+    const int capacity_;  // threads + queue
     mutable std::mutex mu_;
     std::condition_variable cv_, done_;
     std::deque<std::function<void()>> queue_;
     std::vector<std::thread> threads_;
-    int idle_ = 0, busy_ = 0;
+    int busy_ = 0;
     bool stopping_ = false;
 };
 
