@@ -23,6 +23,7 @@ int serve_main(int argc, char** argv) {
     int32_t ttl = static_cast<int32_t>(eo.session_ttl_seconds);
     api::GatewayOptions go;
     int32_t max_connections = go.max_connections;
+    int32_t prefix_cache_mib = static_cast<int32_t>(dopt.prefix_cache_bytes >> 20);
     int32_t drain_seconds = static_cast<int32_t>(go.drain_timeout_ms / 1000);
     ArgParser p(
         "deltaserve serve",
@@ -48,6 +49,9 @@ int serve_main(int argc, char** argv) {
     p.add("local-prefill-max", &dopt.local_prefill_max,
           "uncached prompt tokens the decode worker prefills itself; longer prompts go to the "
           "prefill worker");
+    p.add("prefix-cache-mib", &prefix_cache_mib,
+          "MiB of KV blocks kept for later prompts that start the same way (a conversation "
+          "sent whole again, a shared system prompt; full KV only); 0 = off");
     p.add("max-connections", &max_connections,
           "HTTP connections open at once; more get 503 and are closed");
     p.add("drain-timeout", &drain_seconds,
@@ -56,11 +60,12 @@ int serve_main(int argc, char** argv) {
     if (auto exit_code = parse_flags(p, argc, argv)) return *exit_code;
     if (port < 0 || port > 65535 || rpc_port < -1 || rpc_port > 65535 || eo.max_sessions < 1 ||
         ttl < 1 || dopt.max_batch < 1 || dopt.local_prefill_max < 0 || max_connections < 1 ||
-        drain_seconds < 0) {
+        drain_seconds < 0 || prefix_cache_mib < 0) {
         print_error(
             invalid_argument("--port must be in [0, 65535], --rpc-port in [-1, 65535], "
                              "--max-sessions, --session-ttl, --max-batch and --max-connections "
-                             ">= 1, --local-prefill-max and --drain-timeout >= 0"));
+                             ">= 1, --local-prefill-max, --drain-timeout and --prefix-cache-mib "
+                             ">= 0"));
         return 2;
     }
     eo.session_ttl_seconds = ttl;
@@ -91,6 +96,7 @@ int serve_main(int argc, char** argv) {
     dopt.threads = o.threads;
     dopt.max_sessions = eo.max_sessions;
     dopt.session_ttl_ms = static_cast<int64_t>(ttl) * 1000;
+    dopt.prefix_cache_bytes = static_cast<size_t>(prefix_cache_mib) << 20;
     dopt.model_id = model_id;
     auto decode = decode::DecodeWorker::create(**model, dopt);
     prefill::PrefillOptions popt;

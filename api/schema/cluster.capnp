@@ -28,6 +28,7 @@ struct TurnSpec {
   sampling @3 :Sampling;
   maxTokens @4 :Int32;
   stop @5 :List(Text);
+  cacheScope @6 :Text;
 }
 
 struct TurnPlan {
@@ -70,6 +71,9 @@ struct DecodeStats {
   keepRatio @4 :Float64;
   kvBytesReceived @5 :Int64;
   turns @6 :Int64;
+  prefixCacheBytes @7 :Int64;
+  prefixCacheBlocks @8 :Int64;
+  prefixCacheHitTokens @9 :Int64;
 }
 
 interface DecodeNode {

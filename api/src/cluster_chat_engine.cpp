@@ -80,6 +80,7 @@ EngineStats ClusterChatEngine::stats() const {
         if (!ds.ok()) continue;
         s.queued += ds->waiting;
         s.kv_bytes += ds->kv_bytes;
+        s.prefix_cache_bytes += ds->prefix_cache_bytes;
         held += static_cast<double>(ds->kv_bytes);
         full += ds->keep_ratio > 0 ? static_cast<double>(ds->kv_bytes) / ds->keep_ratio : 0;
     }
@@ -191,7 +192,8 @@ DecodeNode* ClusterChatEngine::least_loaded_decode(const DecodeNode* except) con
     return best;
 }
 
-PrefillNode* ClusterChatEngine::least_loaded_prefill(const std::vector<PrefillNode*>& except) const {
+PrefillNode* ClusterChatEngine::least_loaded_prefill(
+    const std::vector<PrefillNode*>& except) const {
     PrefillNode* best = nullptr;
     int64_t load = std::numeric_limits<int64_t>::max();
     for (auto* p : prefill_) {
@@ -309,6 +311,7 @@ Result<TurnResult> ClusterChatEngine::run_turn(
     spec.sampling = request.sampling;
     spec.max_tokens = request.max_tokens;
     spec.stop = request.stop;
+    spec.cache_scope = request.tenant;  // tenants never meet in the prefix cache
     auto sink = std::make_shared<QueueSink>();
     if (node == nullptr) node = least_loaded_decode(nullptr);
     if (node == nullptr) {

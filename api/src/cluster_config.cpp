@@ -71,6 +71,7 @@ const std::map<std::string, Setter>& setters() {
         integer("max_batch", &ClusterConfig::max_batch, 1, 4096);
         integer("max_sessions", &ClusterConfig::max_sessions, 1, 1 << 20);
         integer("session_ttl", &ClusterConfig::session_ttl, 1, 1 << 30);
+        integer("prefix_cache_mib", &ClusterConfig::prefix_cache_mib, 0, 1 << 24);
         m["kv_keep"] = [](ClusterConfig& c, const std::string& v) {
             try {
                 size_t used = 0;

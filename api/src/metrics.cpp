@@ -83,7 +83,8 @@ std::string Metrics::render(const EngineStats& e) const {
     metric("deltaserve_prompt_tokens_total", "counter", "Prompt tokens of answered requests.",
            static_cast<double>(prompt_tokens_));
     metric("deltaserve_prompt_tokens_cached_total", "counter",
-           "Prompt tokens found in a session's KV cache.", static_cast<double>(cached_tokens_));
+           "Prompt tokens whose KV was held (a session's, or the prefix cache's).",
+           static_cast<double>(cached_tokens_));
     metric("deltaserve_generation_tokens_total", "counter", "Tokens generated.",
            static_cast<double>(generated_));
     summary("deltaserve_time_to_first_token_seconds", "Request start to the first token.",
@@ -106,6 +107,9 @@ std::string Metrics::render(const EngineStats& e) const {
            static_cast<double>(e.queued));
     metric("deltaserve_kv_bytes", "gauge", "Bytes the KV cache holds.",
            static_cast<double>(e.kv_bytes));
+    metric("deltaserve_prefix_cache_bytes", "gauge",
+           "Bytes of KV blocks kept for later prompts that start the same way.",
+           static_cast<double>(e.prefix_cache_bytes));
     metric("deltaserve_kv_bytes_shipped_total", "counter",
            "KV bytes prefill workers shipped to decode workers (headers included).",
            static_cast<double>(e.kv_bytes_shipped));

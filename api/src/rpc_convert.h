@@ -43,6 +43,7 @@ inline void to_capnp(const decode::TurnSpec& s, TurnSpec::Builder b) {
     b.setMaxTokens(s.max_tokens);
     auto stop = b.initStop(static_cast<unsigned>(s.stop.size()));
     for (unsigned i = 0; i < s.stop.size(); ++i) stop.set(i, s.stop[i]);
+    b.setCacheScope(s.cache_scope);
 }
 inline decode::TurnSpec from_capnp(TurnSpec::Reader r) {
     decode::TurnSpec s;
@@ -59,6 +60,7 @@ inline decode::TurnSpec from_capnp(TurnSpec::Reader r) {
     s.sampling.seed = m.getSeed();
     s.max_tokens = r.getMaxTokens();
     for (auto t : r.getStop()) s.stop.emplace_back(t.cStr());
+    s.cache_scope = r.getCacheScope();
     return s;
 }
 
@@ -92,6 +94,9 @@ inline void to_capnp(const decode::DecodeStats& s, DecodeStats::Builder b) {
     b.setKeepRatio(s.keep_ratio);
     b.setKvBytesReceived(s.kv_bytes_received);
     b.setTurns(s.turns);
+    b.setPrefixCacheBytes(s.prefix_cache_bytes);
+    b.setPrefixCacheBlocks(s.prefix_cache_blocks);
+    b.setPrefixCacheHitTokens(s.prefix_cache_hit_tokens);
 }
 inline decode::DecodeStats from_capnp(DecodeStats::Reader r) {
     decode::DecodeStats s;
@@ -102,6 +107,9 @@ inline decode::DecodeStats from_capnp(DecodeStats::Reader r) {
     s.keep_ratio = r.getKeepRatio();
     s.kv_bytes_received = r.getKvBytesReceived();
     s.turns = r.getTurns();
+    s.prefix_cache_bytes = r.getPrefixCacheBytes();
+    s.prefix_cache_blocks = r.getPrefixCacheBlocks();
+    s.prefix_cache_hit_tokens = r.getPrefixCacheHitTokens();
     return s;
 }
 

@@ -16,6 +16,7 @@
 #include "deltaserve/model/trimkv_profile.h"
 #include "deltaserve/transport/kv_stream.h"
 #include "deltaserve/transport/wire_format.h"
+#include "prefix_cache.h"
 #include "running_turn.h"
 
 namespace deltaserve::decode {
@@ -41,13 +42,19 @@ struct Session {
 class DecodeWorkerImpl final : public DecodeWorker {
   public:
     DecodeWorkerImpl(const model::Model& model, DecodeOptions options, int32_t n_ctx,
-                     bool shippable, std::shared_ptr<ThreadPool> threads)
+                     bool shippable, bool prefix_exact, std::shared_ptr<ThreadPool> threads)
         : model_(model),
           options_(std::move(options)),
           n_ctx_(n_ctx),
           shippable_(shippable),
           threads_(std::move(threads)),
           ids_{options_.model_id, options_.profile_id, kv_codec(options_.context)} {
+        if (prefix_exact && options_.prefix_cache_bytes > 0) {
+            const std::string fingerprint[] = {ids_.model_id, ids_.profile_id,
+                                               std::to_string(static_cast<int>(ids_.codec))};
+            prefix_ = std::make_unique<PrefixCache>(prefix_cache_root(fingerprint),
+                                                    options_.prefix_cache_bytes);
+        }
         loop_ = std::thread([this] { run_loop(); });
     }
 
@@ -120,6 +127,7 @@ class DecodeWorkerImpl final : public DecodeWorker {
             s.keep_ratio = full == 0 ? 1.0 : static_cast<double>(held) / static_cast<double>(full);
         }
         s.kv_bytes_received = kv_bytes_received_.load();
+        add_prefix_stats(s);
         return s;
     }
 
@@ -134,6 +142,23 @@ class DecodeWorkerImpl final : public DecodeWorker {
         model::ContextOptions o = options_.context;
         o.threads = threads_;
         return model::InferenceContext::create(model_, o);
+    }
+    // A new context holding what the prefix cache has of the prompt, or null when it has
+    // nothing of it (or is off).
+    std::unique_ptr<model::InferenceContext> from_prefix_cache(const TurnSpec& spec);
+    // Offers the blocks of a turn's KV to the prefix cache (a failed copy only loses reuse).
+    void cache_prefix(const Turn& t) {
+        if (!prefix_ || !t.ctx) return;
+        Status st = prefix_->store(t.cached, t.spec.cache_scope, *t.ctx);
+        if (!st.ok())
+            spdlog::warn("decode: not caching turn {}'s KV: {}", t.spec.turn_id, st.message());
+    }
+    void add_prefix_stats(DecodeStats& s) const {
+        if (!prefix_) return;
+        const auto p = prefix_->stats();
+        s.prefix_cache_bytes = p.bytes;
+        s.prefix_cache_blocks = p.blocks;
+        s.prefix_cache_hit_tokens = p.hit_tokens;
     }
 
     void run_loop();
@@ -168,6 +193,7 @@ class DecodeWorkerImpl final : public DecodeWorker {
     const bool shippable_;
     std::shared_ptr<ThreadPool> threads_;
     const KvStreamIds ids_;
+    std::unique_ptr<PrefixCache> prefix_;  // null: off, or the policy's prefixes are not exact
 
     mutable std::mutex mu_;
     std::condition_variable wake_;
@@ -199,12 +225,26 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
     // gateway's own requests are.
     DS_RETURN_IF_ERROR(model::validate_sampling(spec.sampling));
     if (spec.stop.size() > 16) return invalid_argument("a turn has at most 16 stop strings");
+    if (spec.cache_scope.size() > 256)
+        return invalid_argument("a cache scope has at most 256 bytes");
     for (const std::string& stop : spec.stop) {
         if (stop.empty() || stop.size() > 1024) {
             return invalid_argument("a stop string must have 1 to 1024 bytes");
         }
     }
     auto t = std::make_shared<Turn>(std::move(spec), std::move(sink), model_);
+    // A turn with no KV of its own here (stateless, or a session this worker holds nothing
+    // of) starts from what the prefix cache has of its prompt; only this turn sees the copy.
+    std::unique_ptr<model::InferenceContext> from_cache;
+    if (prefix_) {
+        bool own = false;
+        if (!t->spec.session_id.empty()) {
+            std::lock_guard<std::mutex> lock(mu_);
+            auto it = sessions_.find(t->spec.session_id);
+            own = it != sessions_.end() && it->second.ctx != nullptr;
+        }
+        if (!own) from_cache = from_prefix_cache(t->spec);
+    }
     std::unique_lock<std::mutex> lock(mu_);
     if (stopping_) return unavailable("the decode worker is stopping");
     if (turns_.count(t->spec.turn_id) != 0) {
@@ -222,6 +262,11 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
         s.last_used = now_ms();
         held = std::move(s.ctx);
         held_tokens = std::move(s.tokens);
+    }
+    if (!held && from_cache) {
+        const int32_t cached = from_cache->n_past();
+        held = std::move(from_cache);
+        held_tokens.assign(t->spec.tokens.begin(), t->spec.tokens.begin() + cached);
     }
     const auto& tokens = t->spec.tokens;
     const size_t common =
@@ -267,6 +312,18 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
     return plan;
 }
 
+std::unique_ptr<model::InferenceContext> DecodeWorkerImpl::from_prefix_cache(const TurnSpec& spec) {
+    if (!prefix_->holds_any(spec.tokens, spec.cache_scope)) return nullptr;
+    auto ctx = make_context();
+    if (!ctx.ok()) return nullptr;
+    auto n = prefix_->load(spec.tokens, spec.cache_scope, **ctx);
+    if (!n.ok()) {
+        spdlog::warn("decode: the prefix cache's blocks did not load: {}", n.status().message());
+        return nullptr;
+    }
+    return *n > 0 ? std::move(*ctx) : nullptr;
+}
+
 void DecodeWorkerImpl::cancel(uint64_t turn_id, Status why) {
     if (auto t = find_turn(turn_id)) fail(t, why, why.ok());
 }
@@ -292,6 +349,8 @@ void DecodeWorkerImpl::end_turn(const std::shared_ptr<Turn>& t, Result<TurnEnd> 
         std::lock_guard<std::mutex> tl(t->mu);
         t->stage = Turn::Stage::kEnded;
     }
+    // The answer's blocks too: the conversation's next request starts with them.
+    if (end.ok() && !t->reported) cache_prefix(*t);
     {
         std::lock_guard<std::mutex> lock(mu_);
         if (t->reported) return;
@@ -390,6 +449,7 @@ void DecodeWorkerImpl::run_loop() {
                 t->history.reset();
             }
             t->admit_remote();
+            cache_prefix(*t);  // before it generates: requests sharing the prompt come now
             carry_on(t, running);
         }
         // One forward pass: up to max_batch turns, the running ones first (round robin when
@@ -461,6 +521,7 @@ void DecodeWorkerImpl::step(const std::vector<std::shared_ptr<Turn>>& batch,
             if (t.prefilled < static_cast<int32_t>(t.spec.tokens.size())) continue;
             t.cached = t.spec.tokens;
             t.stage = Turn::Stage::kRunning;
+            cache_prefix(t);
             t.admit_local(row);
         } else {
             t.cached.push_back(t.next_token);
@@ -492,6 +553,7 @@ void DecodeWorkerImpl::update_stats() {
     s.kv_bytes = static_cast<int64_t>(held);
     s.keep_ratio = full == 0 ? 1.0 : static_cast<double>(held) / static_cast<double>(full);
     s.turns = stats_.turns;
+    add_prefix_stats(s);
     stats_ = s;
 }
 
@@ -700,8 +762,11 @@ Result<std::unique_ptr<DecodeWorker>> DecodeWorker::create(const model::Model& m
     const bool shippable = probe->export_kv_state().ok();
     const int32_t n_ctx = probe->n_ctx();
     probe.reset();
-    return std::unique_ptr<DecodeWorker>(
-        new DecodeWorkerImpl(model, std::move(options), n_ctx, shippable, std::move(threads)));
+    // A prefix of a full-KV sequence holds what the prefix alone would: every row is final
+    // once stored. Compressing and evicting caches decide by what came after.
+    const bool prefix_exact = c.kv.policy == "full";
+    return std::unique_ptr<DecodeWorker>(new DecodeWorkerImpl(
+        model, std::move(options), n_ctx, shippable, prefix_exact, std::move(threads)));
 }
 
 }  // namespace deltaserve::decode

@@ -83,6 +83,7 @@ TEST_P(ClusterLinkTest, AnswersLikeServeAndSessionsContinue) {
     // A session: turn 2 sends only its new message; the history's KV is pulled from the decode
     // node to the prefill node, not computed again.
     expect_session_continues(port);
+    expect_resent_conversation_is_cached(port);
 
     // The real openai Python client against the gateway.
     if (file_exists(tools_python())) {

@@ -112,6 +112,7 @@ TEST_P(ServeSessions, ASessionContinuesWithOnlyItsNewMessages) {
     ServingProcess server(serve_args(GetParam()));
     ASSERT_NE(server.port(), 0) << server.log();
     expect_session_continues(server.port());
+    if (GetParam() == kPrefillWorker) expect_resent_conversation_is_cached(server.port());
 }
 
 INSTANTIATE_TEST_SUITE_P(Serve, ServeSessions,

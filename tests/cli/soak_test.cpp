@@ -233,6 +233,7 @@ struct Peak {
 
 constexpr const char* kHeap = "deltaserve_heap_bytes";
 constexpr const char* kFds = "process_open_fds";
+constexpr const char* kPrefix = "deltaserve_prefix_cache_bytes";
 
 // Runs 32 clients against port until `seconds` pass, sampling pid's RSS and threads, the KV
 // the server holds (sessions grow: the RSS that is not KV is what must stay flat) and what
@@ -253,8 +254,10 @@ Peak soak(uint16_t port, pid_t pid, bool kv_here, int seconds, Tally& t, const O
     bool half_done = !halfway;
     while (Clock::now() < until) {
         auto [rss, threads] = rss_and_threads(pid);
-        g = gauges(port, {"deltaserve_kv_bytes", kHeap});
-        const int64_t kv = static_cast<int64_t>(std::max(0.0, g["deltaserve_kv_bytes"]) / 1024);
+        g = gauges(port, {"deltaserve_kv_bytes", kPrefix, kHeap});
+        // KV: what sessions and turns hold, and the prefix cache's blocks.
+        const int64_t kv =
+            static_cast<int64_t>(std::max(0.0, g["deltaserve_kv_bytes"] + g[kPrefix]) / 1024);
         p.heap_max = std::max(p.heap_max, g[kHeap]);
         p.rss_max = std::max(p.rss_max, rss);
         p.threads_max = std::max(p.threads_max, threads);
@@ -307,7 +310,8 @@ TEST_F(SoakTest, ThirtyTwoClientsGoodAndBadLeaveNothingBehind) {
                                             "deltaserve_queue_length",
                                             "deltaserve_http_connections",
                                             kHeap,
-                                            kFds};
+                                            kFds,
+                                            kPrefix};
     const auto until = Clock::now() + std::chrono::seconds(15);
     std::map<std::string, double> g = gauges(port, names);
     while (Clock::now() < until &&
@@ -321,10 +325,15 @@ TEST_F(SoakTest, ThirtyTwoClientsGoodAndBadLeaveNothingBehind) {
     EXPECT_EQ(g["deltaserve_queue_length"], 0);
     EXPECT_LE(g["deltaserve_http_connections"], 1) << "only the metrics request";
     // Nothing leaked: what is still allocated is what was before, with the buffers that grew
-    // to the largest batch; the files open are the same (the metrics request aside).
-    std::printf("after: allocated %.0f MiB, %.0f files open (before: %.0f MiB, %.0f files)\n",
-                g[kHeap] / (1 << 20), g[kFds], p.heap_start / (1 << 20), p.fds_start);
-    EXPECT_LT(g[kHeap], p.heap_start + 64 * (1 << 20)) << "allocated bytes not freed";
+    // to the largest batch and the prefix cache's blocks (kept for later prompts, within
+    // its budget); the files open are the same (the metrics request aside).
+    std::printf(
+        "after: allocated %.0f MiB (%.0f MiB of it the prefix cache), %.0f files open (before: "
+        "%.0f MiB, %.0f files)\n",
+        g[kHeap] / (1 << 20), g[kPrefix] / (1 << 20), g[kFds], p.heap_start / (1 << 20),
+        p.fds_start);
+    EXPECT_LE(g[kPrefix], 1 << 30) << "the prefix cache's default budget";
+    EXPECT_LT(g[kHeap] - g[kPrefix], p.heap_start + 64 * (1 << 20)) << "allocated bytes not freed";
     EXPECT_LE(g[kFds], p.fds_start + 1) << "files left open";
     EXPECT_EQ(server.stop(), 0) << server.log();
 }

@@ -6,6 +6,7 @@
 
 #include <future>
 
+#include "collecting_sink.h"
 #include "default_model.h"
 #include "deltaserve/decode/decode_worker.h"
 #include "deltaserve/decode/kv_stream_io.h"
@@ -20,30 +21,7 @@ namespace {
 using decode::TurnEnd;
 using decode::TurnSpec;
 
-// Collects a turn's text and end.
-class CollectingSink : public decode::TurnSink {
-  public:
-    explicit CollectingSink(int cancel_after = -1) : cancel_after_(cancel_after) {}
-    bool on_piece(std::string_view piece) override {
-        text_ += piece;
-        return ++pieces_ != cancel_after_;
-    }
-    void on_end(Result<TurnEnd> end) override { done_.set_value(std::move(end)); }
-    Result<TurnEnd> wait() {
-        auto f = done_.get_future();
-        if (f.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
-            return deadline_exceeded("the turn did not end");
-        }
-        return f.get();
-    }
-    const std::string& text() const { return text_; }
-
-  private:
-    int cancel_after_;
-    int pieces_ = 0;
-    std::string text_;
-    std::promise<Result<TurnEnd>> done_;
-};
+using testing::CollectingSink;
 
 class Disaggregated : public testing::DefaultModelTest {
   protected:
@@ -57,7 +35,9 @@ class Disaggregated : public testing::DefaultModelTest {
         co.kv_profile = policy == "deltakv" ? testing::default_deltakv_profile() : "";
         return co;
     }
-    static std::vector<int32_t> prompt(size_t n, size_t skip = 0) { return text_tokens(n, skip, true); }
+    static std::vector<int32_t> prompt(size_t n, size_t skip = 0) {
+        return text_tokens(n, skip, true);
+    }
     static TurnSpec turn(uint64_t id, std::vector<int32_t> tokens, std::string session = "",
                          int32_t max_tokens = 24) {
         TurnSpec t;
@@ -354,6 +334,7 @@ TEST_F(Disaggregated, SessionsBeyondCapacityAreRecomputed) {
     d.context = context("full");
     d.threads = 2;
     d.max_sessions = 1;
+    d.prefix_cache_bytes = 0;  // a session's own KV only (the same prompt would be found)
     auto dw = decode::DecodeWorker::create(*model_, d);
     ASSERT_TRUE(dw.ok());
     auto& w = **dw;

@@ -219,4 +219,31 @@ inline void expect_session_continues(uint16_t port) {
     EXPECT_EQ(json::parse(r.body)["usage"]["prompt_tokens"], second["usage"]["prompt_tokens"]);
 }
 
+// An OpenAI client sends the whole conversation every turn: the second request finds the
+// first's KV (its prompt and answer) in the prefix cache, reports it as cached, and answers as
+// it did before the cache held it.
+inline void expect_resent_conversation_is_cached(uint16_t port) {
+    json body = chat_body("Tell me a short story about a fox who finds a lantern.", 24);
+    HttpResponse r = post_chat(port, body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json first = json::parse(r.body);
+    const int prompt1 = first["usage"]["prompt_tokens"];
+    body["messages"].push_back(
+        {{"role", "assistant"}, {"content", first["choices"][0]["message"]["content"]}});
+    body["messages"].push_back({{"role", "user"}, {"content", "And then what happened?"}});
+    r = post_chat(port, body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json second = json::parse(r.body);
+    const int cached = second["usage"]["prompt_tokens_details"]["cached_tokens"];
+    EXPECT_GE(cached, prompt1 / 16 * 16) << "the first prompt's whole blocks, at least";
+    EXPECT_LT(cached, second["usage"]["prompt_tokens"].get<int>());
+    // Sent again, now with all of its whole blocks cached: the same answer.
+    r = post_chat(port, body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json third = json::parse(r.body);
+    EXPECT_GE(third["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), cached);
+    EXPECT_EQ(third["choices"][0]["message"]["content"],
+              second["choices"][0]["message"]["content"]);
+}
+
 }  // namespace deltaserve::testing

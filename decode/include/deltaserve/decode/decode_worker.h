@@ -27,14 +27,18 @@ namespace deltaserve::decode {
 struct DecodeOptions {
     // How each session's context is made (its threads are the worker's pool).
     model::ContextOptions context;
-    int threads = 0;                     // the worker's pool; 0 = one per hardware thread
-    int32_t max_sessions = 64;           // sessions kept between turns (least recent dropped)
-    int64_t session_ttl_ms = 3600'000;   // idle sessions are dropped after this
-    int32_t max_batch = 32;              // turns per forward pass
-    int32_t local_prefill_max = 512;     // uncached prompt tokens prefilled here, at most
-    int32_t prefill_chunk = 0;           // prompt tokens per forward pass next to running turns;
-                                         // 0 = context.n_batch (as a prefill node chunks)
-    int64_t kv_wait_ms = 120'000;        // a turn whose KV has not arrived by then fails
+    int threads = 0;                    // the worker's pool; 0 = one per hardware thread
+    int32_t max_sessions = 64;          // sessions kept between turns (least recent dropped)
+    int64_t session_ttl_ms = 3600'000;  // idle sessions are dropped after this
+    int32_t max_batch = 32;             // turns per forward pass
+    int32_t local_prefill_max = 512;    // uncached prompt tokens prefilled here, at most
+    int32_t prefill_chunk = 0;          // prompt tokens per forward pass next to running turns;
+                                        // 0 = context.n_batch (as a prefill node chunks)
+    int64_t kv_wait_ms = 120'000;       // a turn whose KV has not arrived by then fails
+    // Automatic prefix caching (decode/src/prefix_cache.h): bytes of KV blocks kept for any
+    // later prompt that starts the same way; 0 = off. Only for caches whose prefixes are exact
+    // (full KV); other policies reuse a session's own KV only.
+    size_t prefix_cache_bytes = size_t{1} << 30;
     int32_t max_data_connections = 256;  // prefill nodes' connections at once; more are closed
     // The cluster secret a data connection's peer must prove first (decode/kv_stream_io.h's
     // handshake); "" = none (every peer proves the empty secret).
@@ -59,7 +63,10 @@ struct DecodeStats {
     int64_t kv_bytes = 0;     // held by sessions and turns
     double keep_ratio = 1.0;  // kv_bytes over the same tokens in fp16 full KV
     int64_t kv_bytes_received = 0;
-    int64_t turns = 0;  // ended, in any way
+    int64_t turns = 0;               // ended, in any way
+    int64_t prefix_cache_bytes = 0;  // the prefix cache's blocks (not in kv_bytes)
+    int64_t prefix_cache_blocks = 0;
+    int64_t prefix_cache_hit_tokens = 0;  // prompt tokens taken from it, in all
 };
 
 class DecodeWorker {

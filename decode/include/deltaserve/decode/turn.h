@@ -19,6 +19,9 @@ struct TurnSpec {
     model::SamplingParams sampling;  // seed already chosen
     int32_t max_tokens = -1;         // -1 = up to the context size
     std::vector<std::string> stop;   // stop strings (not part of the answer)
+    // Whose cached prefixes the turn may use and add to (the tenant): KV computed for one
+    // scope is never found by another's prompts. "" = the scope of all turns without one.
+    std::string cache_scope;
 };
 
 struct TurnEnd {
