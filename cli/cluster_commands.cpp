@@ -120,6 +120,7 @@ int node_main(bool decode_role, int argc, char** argv) {
         d.context = o.context();
         d.threads = c.threads;
         d.max_batch = c.max_batch;
+        d.prefill_chunk = c.prefill_chunk;
         d.max_sessions = c.max_sessions;
         d.session_ttl_ms = static_cast<int64_t>(c.session_ttl) * 1000;
         d.local_prefill_max = c.local_prefill_max;

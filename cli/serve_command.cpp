@@ -46,6 +46,10 @@ int serve_main(int argc, char** argv) {
           "sessions remembered at most (least recently used go first)");
     p.add("session-ttl", &ttl, "seconds an idle session is remembered");
     p.add("max-batch", &dopt.max_batch, "turns the decode worker runs per forward pass");
+    p.add("prefill-chunk", &dopt.prefill_chunk,
+          "prompt tokens the decode worker prefills per forward pass beside the turns "
+          "generating (the step's token budget: a prompt stalls their next token by one such "
+          "chunk at most); 0 = --batch-size");
     p.add("local-prefill-max", &dopt.local_prefill_max,
           "uncached prompt tokens the decode worker prefills itself; longer prompts go to the "
           "prefill worker");
@@ -60,12 +64,12 @@ int serve_main(int argc, char** argv) {
     if (auto exit_code = parse_flags(p, argc, argv)) return *exit_code;
     if (port < 0 || port > 65535 || rpc_port < -1 || rpc_port > 65535 || eo.max_sessions < 1 ||
         ttl < 1 || dopt.max_batch < 1 || dopt.local_prefill_max < 0 || max_connections < 1 ||
-        drain_seconds < 0 || prefix_cache_mib < 0) {
+        drain_seconds < 0 || prefix_cache_mib < 0 || dopt.prefill_chunk < 0) {
         print_error(
             invalid_argument("--port must be in [0, 65535], --rpc-port in [-1, 65535], "
                              "--max-sessions, --session-ttl, --max-batch and --max-connections "
-                             ">= 1, --local-prefill-max, --drain-timeout and --prefix-cache-mib "
-                             ">= 0"));
+                             ">= 1, --local-prefill-max, --drain-timeout, --prefix-cache-mib and "
+                             "--prefill-chunk >= 0"));
         return 2;
     }
     eo.session_ttl_seconds = ttl;

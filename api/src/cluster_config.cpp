@@ -69,6 +69,7 @@ const std::map<std::string, Setter>& setters() {
         integer("gateway_port", &ClusterConfig::gateway_port, 0, 65535);
         integer("local_prefill_max", &ClusterConfig::local_prefill_max, 0, 1 << 20);
         integer("max_batch", &ClusterConfig::max_batch, 1, 4096);
+        integer("prefill_chunk", &ClusterConfig::prefill_chunk, 0, 1 << 16);
         integer("max_sessions", &ClusterConfig::max_sessions, 1, 1 << 20);
         integer("session_ttl", &ClusterConfig::session_ttl, 1, 1 << 30);
         integer("prefix_cache_mib", &ClusterConfig::prefix_cache_mib, 0, 1 << 24);
