@@ -2,6 +2,7 @@
 // a prefill worker and a decode worker in one process, over the in-process transport;
 // listening on 127.0.0.1:8000 unless told otherwise; stops on SIGINT or SIGTERM.
 #include <cstdio>
+#include <limits>
 #include <filesystem>
 
 #include "access_flags.h"
@@ -20,6 +21,10 @@ int serve_main(int argc, char** argv) {
     int32_t port = 8000, max_tokens = -1, rpc_port = -1;
     api::ClusterEngineOptions eo;
     decode::DecodeOptions dopt;
+    // One process, one set of cores: every prompt is prefilled in the decode worker's steps,
+    // beside the turns generating, unless --local-prefill-max sends longer ones to the
+    // prefill worker (whose own threads would compete with the decode worker's).
+    dopt.local_prefill_max = -1;
     int32_t ttl = static_cast<int32_t>(eo.session_ttl_seconds);
     api::GatewayOptions go;
     int32_t max_connections = go.max_connections;
@@ -52,7 +57,8 @@ int serve_main(int argc, char** argv) {
           "chunk at most); 0 = --batch-size");
     p.add("local-prefill-max", &dopt.local_prefill_max,
           "uncached prompt tokens the decode worker prefills itself; longer prompts go to the "
-          "prefill worker");
+          "prefill worker; -1 = every prompt (its threads would compete with the decode "
+          "worker's)");
     p.add("prefix-cache-mib", &prefix_cache_mib,
           "MiB of KV blocks kept for later prompts that start the same way (a conversation "
           "sent whole again, a shared system prompt; full KV only); 0 = off");
@@ -63,7 +69,7 @@ int serve_main(int argc, char** argv) {
           "(finish_reason \"shutdown\")");
     if (auto exit_code = parse_flags(p, argc, argv)) return *exit_code;
     if (port < 0 || port > 65535 || rpc_port < -1 || rpc_port > 65535 || eo.max_sessions < 1 ||
-        ttl < 1 || dopt.max_batch < 1 || dopt.local_prefill_max < 0 || max_connections < 1 ||
+        ttl < 1 || dopt.max_batch < 1 || dopt.local_prefill_max < -1 || max_connections < 1 ||
         drain_seconds < 0 || prefix_cache_mib < 0 || dopt.prefill_chunk < 0) {
         print_error(
             invalid_argument("--port must be in [0, 65535], --rpc-port in [-1, 65535], "
@@ -101,6 +107,7 @@ int serve_main(int argc, char** argv) {
     dopt.max_sessions = eo.max_sessions;
     dopt.session_ttl_ms = static_cast<int64_t>(ttl) * 1000;
     dopt.prefix_cache_bytes = static_cast<size_t>(prefix_cache_mib) << 20;
+    if (dopt.local_prefill_max < 0) dopt.local_prefill_max = std::numeric_limits<int32_t>::max();
     dopt.model_id = model_id;
     auto decode = decode::DecodeWorker::create(**model, dopt);
     prefill::PrefillOptions popt;

@@ -153,6 +153,10 @@ class DecodeWorkerImpl final : public DecodeWorker {
         if (!st.ok())
             spdlog::warn("decode: not caching turn {}'s KV: {}", t.spec.turn_id, st.message());
     }
+    // A turn about to prefill its first chunk: what the prefix cache holds of its prompt now,
+    // if more than it started with (turns that came together behind one system prompt: the
+    // first computes it, the others find it here).
+    void take_late_prefix(Turn& t);
     void add_prefix_stats(DecodeStats& s) const {
         if (!prefix_) return;
         const auto p = prefix_->stats();
@@ -263,6 +267,7 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
         held = std::move(s.ctx);
         held_tokens = std::move(s.tokens);
     }
+    const bool own_kv = held != nullptr;  // the session's
     if (!held && from_cache) {
         const int32_t cached = from_cache->n_past();
         held = std::move(from_cache);
@@ -304,6 +309,7 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
         held->truncate(keep);
         t->ctx = std::move(held);
         t->stage = Turn::Stage::kPrefillHere;
+        t->look_again = prefix_ != nullptr && !own_kv;
     }
     t->prefilled = keep;
     turns_[t->spec.turn_id] = t;
@@ -313,7 +319,7 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
 }
 
 std::unique_ptr<model::InferenceContext> DecodeWorkerImpl::from_prefix_cache(const TurnSpec& spec) {
-    if (!prefix_->holds_any(spec.tokens, spec.cache_scope)) return nullptr;
+    if (prefix_->held(spec.tokens, spec.cache_scope) == 0) return nullptr;
     auto ctx = make_context();
     if (!ctx.ok()) return nullptr;
     auto n = prefix_->load(spec.tokens, spec.cache_scope, **ctx);
@@ -322,6 +328,19 @@ std::unique_ptr<model::InferenceContext> DecodeWorkerImpl::from_prefix_cache(con
         return nullptr;
     }
     return *n > 0 ? std::move(*ctx) : nullptr;
+}
+
+void DecodeWorkerImpl::take_late_prefix(Turn& t) {
+    t.look_again = false;
+    if (prefix_->held(t.spec.tokens, t.spec.cache_scope) <= t.prefilled) return;
+    auto ctx = make_context();
+    if (!ctx.ok()) return;
+    auto n = prefix_->load(t.spec.tokens, t.spec.cache_scope, **ctx);
+    if (!n.ok() || *n <= t.prefilled) return;
+    std::lock_guard<std::mutex> tl(t.mu);
+    t.ctx = std::move(*ctx);
+    t.prefilled = *n;
+    t.end.cached_tokens = *n;
 }
 
 void DecodeWorkerImpl::cancel(uint64_t turn_id, Status why) {
@@ -465,6 +484,7 @@ void DecodeWorkerImpl::run_loop() {
         int32_t budget = options_.prefill_chunk;
         for (auto& t : prefilling) {
             if (batch.size() >= max_batch || budget <= 0) break;
+            if (t->look_again) take_late_prefix(*t);
             const int32_t n =
                 std::min(budget, static_cast<int32_t>(t->spec.tokens.size()) - t->prefilled);
             batch.push_back(t);

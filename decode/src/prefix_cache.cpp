@@ -63,15 +63,24 @@ std::vector<std::shared_ptr<PrefixCache::Block>> PrefixCache::match_locked(
 
 void PrefixCache::touch_locked(Block& b) { lru_.splice(lru_.begin(), lru_, b.lru); }
 
-bool PrefixCache::holds_any(std::span<const int32_t> tokens, const std::string& scope) const {
-    if (tokens.size() <= static_cast<size_t>(kBlockTokens)) return false;
-    const auto first = tokens.first(kBlockTokens);
-    const uint64_t root = root_of(scope);
+int32_t PrefixCache::held(std::span<const int32_t> tokens, const std::string& scope) const {
+    if (tokens.size() < 2) return 0;
+    const auto usable = tokens.first(tokens.size() - 1);  // as load() matches
+    uint64_t parent = root_of(scope);
+    int32_t n = 0;
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = blocks_.find(block_hash(root, first));
-    return it != blocks_.end() && it->second->parent == root &&
-           std::equal(first.begin(), first.end(), it->second->tokens.begin(),
-                      it->second->tokens.end());
+    for (size_t i = 0; i + kBlockTokens <= usable.size(); i += kBlockTokens) {
+        const auto part = usable.subspan(i, kBlockTokens);
+        auto it = blocks_.find(block_hash(parent, part));
+        if (it == blocks_.end() || it->second->parent != parent ||
+            !std::equal(part.begin(), part.end(), it->second->tokens.begin(),
+                        it->second->tokens.end())) {
+            break;
+        }
+        parent = it->first;
+        n += kBlockTokens;
+    }
+    return n;
 }
 
 Result<int32_t> PrefixCache::load(std::span<const int32_t> tokens, const std::string& scope,

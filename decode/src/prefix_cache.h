@@ -50,8 +50,9 @@ class PrefixCache {
     Result<int32_t> load(std::span<const int32_t> tokens, const std::string& scope,
                          model::InferenceContext& ctx);
 
-    // Whether the cache holds the first block of `tokens` (so that load() is worth a context).
-    bool holds_any(std::span<const int32_t> tokens, const std::string& scope) const;
+    // How many tokens load() would give now (a multiple of kBlockTokens): whether a context
+    // for it is worth making.
+    int32_t held(std::span<const int32_t> tokens, const std::string& scope) const;
 
     // Caches the whole blocks of ctx's tokens (its first tokens.size() positions) that are
     // not cached yet, evicting the least recently used beyond max_bytes. Errors: what the

@@ -97,6 +97,9 @@ struct Turn {
     std::vector<int32_t> cached;  // the tokens in ctx
     int32_t prefilled = 0;  // prompt tokens in ctx (while prefilling here)
     bool in_loop = false;   // the loop took it up
+    // Its prompt may be found in the prefix cache when its first chunk comes (another turn
+    // may have computed it meanwhile): a turn with no KV of its own.
+    bool look_again = false;
     model::Sampler sampler;
     StopScanner scan;
     int32_t prev = -1;

@@ -165,6 +165,30 @@ TEST_F(PrefixCacheTest, ASharedSystemPromptIsComputedOnce) {
     }
 }
 
+// Requests that come together behind one system prompt: the first computes it, the later
+// ones find it when their first chunk comes, not only when they arrived.
+TEST_F(PrefixCacheTest, RequestsThatComeTogetherComputeTheirSharedPrefixOnce) {
+    const auto system = text_tokens(256, 0, true);
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < 4; ++i) prompts.push_back(concat(system, text_tokens(40, 400 + 60 * i)));
+    start(size_t{64} << 20);
+    std::vector<std::shared_ptr<CollectingSink>> sinks;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        sinks.push_back(std::make_shared<CollectingSink>());
+        ASSERT_TRUE(decode_->start_turn(turn(1 + i, prompts[i]), sinks.back()).ok());
+    }
+    int found = 0;
+    for (auto& s : sinks) {
+        auto end = s->wait();
+        ASSERT_TRUE(end.ok()) << end.status().to_string();
+        EXPECT_TRUE(end->cached_tokens == 0 || end->cached_tokens == 256) << end->cached_tokens;
+        found += end->cached_tokens == 256;
+    }
+    // A step's budget is 256 prompt tokens, first come first: the first prompt's 296 tokens
+    // take two steps, and the second starts in the second; the last two find its blocks.
+    EXPECT_GE(found, 2);
+}
+
 // A prompt longer than the decode node prefills itself goes to a prefill node, which pulls
 // the cached prefix from the decode node and prefills only the rest.
 TEST_F(PrefixCacheTest, APrefillNodePullsTheCachedPrefix) {
