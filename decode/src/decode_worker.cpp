@@ -369,7 +369,8 @@ void DecodeWorkerImpl::end_turn(const std::shared_ptr<Turn>& t, Result<TurnEnd> 
         t->stage = Turn::Stage::kEnded;
     }
     // The answer's blocks too: the conversation's next request starts with them.
-    if (end.ok() && !t->reported) cache_prefix(*t);
+    // (A turn ended from another thread waits for its KV: it has no context.)
+    if (end.ok()) cache_prefix(*t);
     {
         std::lock_guard<std::mutex> lock(mu_);
         if (t->reported) return;

@@ -154,7 +154,12 @@ Status PrefixCache::store(std::span<const int32_t> tokens, const std::string& sc
     for (auto& b : made) {
         // The parent may have gone meanwhile (evicted), or another turn added the block.
         if (b->depth > 0 && blocks_.count(b->parent) == 0) break;
-        if (blocks_.count(b->hash) != 0) continue;
+        if (auto it = blocks_.find(b->hash); it != blocks_.end()) {
+            // The same block, or another prefix with the same hash: then neither it nor what
+            // follows it is added, so that every block's parent is its own prefix.
+            if (it->second->parent != b->parent || it->second->tokens != b->tokens) break;
+            continue;
+        }
         if (b->depth > 0) blocks_[b->parent]->children.push_back(b->hash);
         lru_.push_front(b->hash);
         b->lru = lru_.begin();
