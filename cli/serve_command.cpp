@@ -2,8 +2,8 @@
 // a prefill worker and a decode worker in one process, over the in-process transport;
 // listening on 127.0.0.1:8000 unless told otherwise; stops on SIGINT or SIGTERM.
 #include <cstdio>
-#include <limits>
 #include <filesystem>
+#include <limits>
 
 #include "access_flags.h"
 #include "commands.h"

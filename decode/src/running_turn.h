@@ -95,8 +95,8 @@ struct Turn {
     // Owned by the worker's loop once the turn runs.
     std::unique_ptr<model::InferenceContext> ctx;
     std::vector<int32_t> cached;  // the tokens in ctx
-    int32_t prefilled = 0;  // prompt tokens in ctx (while prefilling here)
-    bool in_loop = false;   // the loop took it up
+    int32_t prefilled = 0;        // prompt tokens in ctx (while prefilling here)
+    bool in_loop = false;         // the loop took it up
     // Its prompt may be found in the prefix cache when its first chunk comes (another turn
     // may have computed it meanwhile): a turn with no KV of its own.
     bool look_again = false;

@@ -16,7 +16,6 @@
 namespace deltaserve::testing {
 namespace {
 
-
 class ServeTest : public ::testing::Test {
   protected:
     void SetUp() override { DS_REQUIRE_FILE(default_gguf_model(), "default GGUF model"); }
@@ -24,7 +23,8 @@ class ServeTest : public ::testing::Test {
 
 // Extra server flags: the defaults (short prompts are prefilled on the decode worker), or
 // every prompt computed by the prefill worker and shipped to the decode worker.
-class ServeModes : public ServeTest, public ::testing::WithParamInterface<std::vector<std::string>> {};
+class ServeModes : public ServeTest,
+                   public ::testing::WithParamInterface<std::vector<std::string>> {};
 const auto kPrefillWorker = std::vector<std::string>{"--local-prefill-max", "0"};
 
 TEST_P(ServeModes, AnswersLikeGenerateStreamsTheSameAndStopsCleanly) {
@@ -101,8 +101,11 @@ TEST_P(ServeModes, AnswersLikeGenerateStreamsTheSameAndStopsCleanly) {
     EXPECT_EQ(server.stop(), 0) << "SIGTERM stops the server cleanly\n" << server.log();
 }
 
-INSTANTIATE_TEST_SUITE_P(Serve, ServeModes, ::testing::Values(std::vector<std::string>{}, kPrefillWorker),
-                         [](const auto& info) { return info.param.empty() ? "local" : "prefill_worker"; });
+INSTANTIATE_TEST_SUITE_P(Serve, ServeModes,
+                         ::testing::Values(std::vector<std::string>{}, kPrefillWorker),
+                         [](const auto& info) {
+                             return info.param.empty() ? "local" : "prefill_worker";
+                         });
 
 // An eviction policy (its KV stays on the decode worker), and full KV whose later turns pull
 // the session's history to the prefill worker.
@@ -115,10 +118,11 @@ TEST_P(ServeSessions, ASessionContinuesWithOnlyItsNewMessages) {
     if (GetParam() == kPrefillWorker) expect_resent_conversation_is_cached(server.port());
 }
 
-INSTANTIATE_TEST_SUITE_P(Serve, ServeSessions,
-                         ::testing::Values(std::vector<std::string>{"--kv-policy", "h2o", "--kv-keep", "0.8"},
-                                           kPrefillWorker),
-                         [](const auto& info) { return info.param.size() == 4 ? "h2o" : "prefill_worker"; });
+INSTANTIATE_TEST_SUITE_P(
+    Serve, ServeSessions,
+    ::testing::Values(std::vector<std::string>{"--kv-policy", "h2o", "--kv-keep", "0.8"},
+                      kPrefillWorker),
+    [](const auto& info) { return info.param.size() == 4 ? "h2o" : "prefill_worker"; });
 
 TEST_F(ServeTest, BadInputGetsClearErrorsAndTheServerStaysUp) {
     ServingProcess server(serve_args({}));
