@@ -442,7 +442,7 @@ void DecodeWorkerImpl::run_loop() {
                 } else if (t->stage == Turn::Stage::kAwaitKv) {
                     if (t->admissible) {
                         arrived.push_back(t);
-                    } else if (now > t->kv_deadline) {
+                    } else if (now > t->kv_deadline.load()) {
                         expired.push_back(t);
                     }
                 }
@@ -450,7 +450,7 @@ void DecodeWorkerImpl::run_loop() {
             forget_stale(now_ms());
         }
         for (auto& t : expired) {
-            fail(t, deadline_exceeded("the turn's KV did not arrive from the prefill node within " +
+            fail(t, deadline_exceeded("nothing of the turn's KV arrived from the prefill node for " +
                                       std::to_string(options_.kv_wait_ms) + " ms"));
         }
         // Turns that failed or were cancelled in the loop end here.
@@ -699,6 +699,7 @@ Status DecodeWorkerImpl::on_stream_message(transport::Connection& conn, const St
             t->covered.assign(static_cast<size_t>(model_.config.n_layers), 0);
             t->kv_from = &conn;
             receiving[h.turn] = t;
+            t->kv_deadline = Clock::now() + std::chrono::milliseconds(options_.kv_wait_ms);
             return {};
         }
         case StreamKind::kPart: {
@@ -710,6 +711,7 @@ Status DecodeWorkerImpl::on_stream_message(transport::Connection& conn, const St
             std::lock_guard<std::mutex> tl(t.mu);
             // It ended meanwhile, or another node's stream replaced this one.
             if (t.stage != Turn::Stage::kAwaitKv || !t.incoming || t.kv_from != &conn) return {};
+            t.kv_deadline = Clock::now() + std::chrono::milliseconds(options_.kv_wait_ms);
             return import_part(*t.incoming, s, t.spec.session_id, t.covered);
         }
         case StreamKind::kEnd: {

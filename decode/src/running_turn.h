@@ -90,7 +90,9 @@ struct Turn {
     const transport::Connection* kv_from = nullptr;
     std::atomic<bool> admissible{false};
     int32_t first_token = -1;
-    std::chrono::steady_clock::time_point kv_deadline;
+    // Waiting for its KV, it fails past this: kv_wait_ms from its start, then from each
+    // message of its stream (a long prompt streaming its rows stays alive).
+    std::atomic<std::chrono::steady_clock::time_point> kv_deadline{};
 
     // Owned by the worker's loop once the turn runs.
     std::unique_ptr<model::InferenceContext> ctx;

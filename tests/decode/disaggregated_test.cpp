@@ -75,8 +75,12 @@ class Disaggregated : public testing::DefaultModelTest {
             return end;
         }
     };
+    // kv_wait_ms: the decode worker's; prefill_batch: the prefill worker's chunk (0: as the
+    // decode worker's).
     static std::unique_ptr<Cluster> cluster(const std::string& backend, const std::string& policy,
-                                            int32_t local_prefill_max, int32_t prefill_chunk = 0) {
+                                            int32_t local_prefill_max, int32_t prefill_chunk = 0,
+                                            int64_t kv_wait_ms = 120'000,
+                                            int32_t prefill_batch = 0) {
         auto c = std::make_unique<Cluster>();
         transport::TransportOptions to;
         to.ucx_tls = "tcp";
@@ -89,12 +93,14 @@ class Disaggregated : public testing::DefaultModelTest {
         d.threads = 2;
         d.local_prefill_max = local_prefill_max;
         d.prefill_chunk = prefill_chunk;
+        d.kv_wait_ms = kv_wait_ms;
         d.model_id = "smollm2";
         auto dw = decode::DecodeWorker::create(*model_, d);
         EXPECT_TRUE(dw.ok()) << dw.error().to_string();
         c->decode = std::move(*dw);
         prefill::PrefillOptions p;
         p.context = context(policy);
+        if (prefill_batch > 0) p.context.n_batch = prefill_batch;
         p.model_id = "smollm2";
         auto pw = prefill::PrefillWorker::create(*model_, p, *c->transport);
         EXPECT_TRUE(pw.ok()) << pw.error().to_string();
@@ -218,6 +224,27 @@ TEST_F(Disaggregated, ALongLocalPrefillDoesNotStallGeneratingTurns) {
                                       [&](auto t) { return t < reader->at.front(); });
     EXPECT_GE(during, 10)
         << "pieces of the generating turn while the 800-token prompt prefilled (25 passes)";
+}
+
+// The KV wait is a wait for a sign of the KV, not for all of it: a prompt whose prefill takes
+// longer than the wait but streams its rows (a chunk at a time) is admitted; a turn whose KV
+// never starts fails once the wait ran out, with a clear error.
+TEST_F(Disaggregated, TheKvWaitRunsFromTheStreamsLastMessage) {
+    constexpr int64_t kWaitMs = 1500;
+    auto c = cluster("inproc", "full", 0, 0, kWaitMs, 64);
+    ASSERT_TRUE(c);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = c->run(turn(1, prompt(1000), "", 4));
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::steady_clock::now() - t0)
+                          .count();
+    ASSERT_TRUE(r.ok()) << r.status().to_string() << " after " << took << " ms";
+    EXPECT_GT(took, kWaitMs) << "the prefill took less than the wait: this tested nothing";
+    auto silent = std::make_shared<CollectingSink>();
+    ASSERT_TRUE(c->decode->start_turn(turn(2, prompt(600)), silent).ok());
+    auto end = silent->wait();
+    EXPECT_EQ(end.status().code(), StatusCode::kDeadlineExceeded);
+    EXPECT_NE(end.status().message().find("1500 ms"), std::string::npos) << end.status().message();
 }
 
 TEST_F(Disaggregated, CancelAndFailuresEndTurnsClearly) {

@@ -34,7 +34,9 @@ struct DecodeOptions {
     int32_t local_prefill_max = 512;    // uncached prompt tokens prefilled here, at most
     int32_t prefill_chunk = 0;          // prompt tokens per forward pass next to running turns;
                                         // 0 = context.n_batch (as a prefill node chunks)
-    int64_t kv_wait_ms = 120'000;       // a turn whose KV has not arrived by then fails
+    // A turn waiting for its KV fails when none of it came for this long: from the turn's
+    // start (the prefill's queue and its first chunk), then from each message of its stream.
+    int64_t kv_wait_ms = 120'000;
     // Automatic prefix caching (decode/src/prefix_cache.h): bytes of KV blocks kept for any
     // later prompt that starts the same way; 0 = off. Only for caches whose prefixes are exact
     // (full KV); other policies reuse a session's own KV only.
