@@ -450,8 +450,9 @@ void DecodeWorkerImpl::run_loop() {
             forget_stale(now_ms());
         }
         for (auto& t : expired) {
-            fail(t, deadline_exceeded("nothing of the turn's KV arrived from the prefill node for " +
-                                      std::to_string(options_.kv_wait_ms) + " ms"));
+            fail(t,
+                 deadline_exceeded("nothing of the turn's KV arrived from the prefill node for " +
+                                   std::to_string(options_.kv_wait_ms) + " ms"));
         }
         // Turns that failed or were cancelled in the loop end here.
         for (auto* list : {&running, &prefilling}) {

@@ -38,8 +38,8 @@ uint64_t PrefixCache::root_of(const std::string& scope) const {
     return h;
 }
 
-std::vector<std::shared_ptr<PrefixCache::Block>> PrefixCache::match_locked(
-    uint64_t root, std::span<const int32_t> tokens, size_t max_blocks) {
+std::vector<std::shared_ptr<PrefixCache::Block>> PrefixCache::chain_locked(
+    uint64_t root, std::span<const int32_t> tokens, size_t max_blocks) const {
     std::vector<std::shared_ptr<Block>> chain;
     uint64_t parent = root;
     const size_t whole = std::min(max_blocks, tokens.size() / kBlockTokens);
@@ -55,32 +55,25 @@ std::vector<std::shared_ptr<PrefixCache::Block>> PrefixCache::match_locked(
         chain.push_back(it->second);
         parent = b.hash;
     }
-    // Most recently used, the deepest nearest the old end: of blocks used together, the
-    // leaves go first.
-    for (auto b = chain.rbegin(); b != chain.rend(); ++b) touch_locked(**b);
     return chain;
 }
 
-void PrefixCache::touch_locked(Block& b) { lru_.splice(lru_.begin(), lru_, b.lru); }
+void PrefixCache::touch_locked(const std::vector<std::shared_ptr<Block>>& chain) {
+    // Most recently used, the deepest nearest the old end: of blocks used together, the
+    // leaves go first.
+    for (auto b = chain.rbegin(); b != chain.rend(); ++b) {
+        lru_.splice(lru_.begin(), lru_, (*b)->lru);
+    }
+}
 
 int32_t PrefixCache::held(std::span<const int32_t> tokens, const std::string& scope) const {
     if (tokens.size() < 2) return 0;
-    const auto usable = tokens.first(tokens.size() - 1);  // as load() matches
-    uint64_t parent = root_of(scope);
-    int32_t n = 0;
+    const uint64_t root = root_of(scope);
     std::lock_guard<std::mutex> lock(mu_);
-    for (size_t i = 0; i + kBlockTokens <= usable.size(); i += kBlockTokens) {
-        const auto part = usable.subspan(i, kBlockTokens);
-        auto it = blocks_.find(block_hash(parent, part));
-        if (it == blocks_.end() || it->second->parent != parent ||
-            !std::equal(part.begin(), part.end(), it->second->tokens.begin(),
-                        it->second->tokens.end())) {
-            break;
-        }
-        parent = it->first;
-        n += kBlockTokens;
-    }
-    return n;
+    // As load() matches: leaving the last token.
+    return static_cast<int32_t>(
+               chain_locked(root, tokens.first(tokens.size() - 1), tokens.size()).size()) *
+           kBlockTokens;
 }
 
 Result<int32_t> PrefixCache::load(std::span<const int32_t> tokens, const std::string& scope,
@@ -90,7 +83,8 @@ Result<int32_t> PrefixCache::load(std::span<const int32_t> tokens, const std::st
     std::vector<std::shared_ptr<Block>> chain;
     {
         std::lock_guard<std::mutex> lock(mu_);
-        chain = match_locked(root, tokens.first(tokens.size() - 1), tokens.size());
+        chain = chain_locked(root, tokens.first(tokens.size() - 1), tokens.size());
+        touch_locked(chain);
     }
     if (chain.empty()) return 0;
     // The copies run without the lock: the chain's references keep its blocks.
@@ -128,7 +122,7 @@ Status PrefixCache::store(std::span<const int32_t> tokens, const std::string& sc
     size_t first_new = 0;
     {
         std::lock_guard<std::mutex> lock(mu_);
-        first_new = match_locked(root, tokens, whole).size();
+        first_new = chain_locked(root, tokens, whole).size();
     }
     if (first_new == whole) return {};
     // Exported without the lock (the context is the caller's); the blocks are made whole
@@ -164,23 +158,20 @@ Status PrefixCache::store(std::span<const int32_t> tokens, const std::string& sc
         lru_.push_front(b->hash);
         b->lru = lru_.begin();
         bytes_ += b->bytes;
-        ++stored_blocks_;
         blocks_.emplace(b->hash, b);
     }
     // The new chain is the most recently used, its deepest block first.
-    match_locked(root, tokens, whole);
+    touch_locked(chain_locked(root, tokens, whole));
     evict_locked();
     return {};
 }
 
-void PrefixCache::erase_locked(uint64_t hash) {
+void PrefixCache::erase_leaf_locked(uint64_t hash) {
     auto it = blocks_.find(hash);
-    if (it == blocks_.end()) return;
     std::shared_ptr<Block> b = it->second;
     blocks_.erase(it);
     lru_.erase(b->lru);
     bytes_ -= b->bytes;
-    for (uint64_t child : b->children) erase_locked(child);
     if (b->depth > 0) {
         auto p = blocks_.find(b->parent);
         if (p != blocks_.end()) std::erase(p->second->children, hash);
@@ -188,8 +179,8 @@ void PrefixCache::erase_locked(uint64_t hash) {
 }
 
 void PrefixCache::evict_locked() {
-    // From the least recently used end; blocks a load is copying (referenced beyond the
-    // map) stay.
+    // From the least recently used end, leaves only (a prompt reaches a block through its
+    // parents); blocks a load is copying (referenced beyond the map) stay.
     auto it = lru_.end();
     while (bytes_ > max_bytes_ && it != lru_.begin()) {
         --it;
@@ -197,14 +188,13 @@ void PrefixCache::evict_locked() {
         if (b->second.use_count() > 1 || !b->second->children.empty()) continue;
         const uint64_t hash = *it;
         it = std::next(it);  // erase invalidates *it only
-        erase_locked(hash);
+        erase_leaf_locked(hash);
     }
 }
 
 PrefixCache::Stats PrefixCache::stats() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return Stats{static_cast<int64_t>(blocks_.size()), static_cast<int64_t>(bytes_), hit_tokens_,
-                 stored_blocks_};
+    return Stats{static_cast<int64_t>(blocks_.size()), static_cast<int64_t>(bytes_), hit_tokens_};
 }
 
 }  // namespace deltaserve::decode

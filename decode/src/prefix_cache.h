@@ -63,8 +63,7 @@ class PrefixCache {
     struct Stats {
         int64_t blocks = 0;
         int64_t bytes = 0;
-        int64_t hit_tokens = 0;     // prompt tokens loaded from the cache, in all
-        int64_t stored_blocks = 0;  // in all
+        int64_t hit_tokens = 0;  // prompt tokens loaded from the cache, in all
     };
     Stats stats() const;
 
@@ -80,13 +79,14 @@ class PrefixCache {
     };
 
     // The chain of blocks cached for `tokens`' leading whole blocks (at most max_blocks),
-    // each checked against its tokens; touched as most recently used. Under mu_.
-    std::vector<std::shared_ptr<Block>> match_locked(uint64_t root, std::span<const int32_t> tokens,
-                                                     size_t max_blocks);
+    // each checked against its parent and its tokens. Under mu_.
+    std::vector<std::shared_ptr<Block>> chain_locked(uint64_t root, std::span<const int32_t> tokens,
+                                                     size_t max_blocks) const;
     uint64_t root_of(const std::string& scope) const;
-    void touch_locked(Block& b);
-    // Drops a block and its descendants (no prompt reaches them without it).
-    void erase_locked(uint64_t hash);
+    // Makes a chain the most recently used.
+    void touch_locked(const std::vector<std::shared_ptr<Block>>& chain);
+    // Drops a block no other block follows.
+    void erase_leaf_locked(uint64_t hash);
     void evict_locked();
 
     const uint64_t root_;
@@ -95,7 +95,7 @@ class PrefixCache {
     std::unordered_map<uint64_t, std::shared_ptr<Block>> blocks_;
     std::list<uint64_t> lru_;
     size_t bytes_ = 0;
-    int64_t hit_tokens_ = 0, stored_blocks_ = 0;
+    int64_t hit_tokens_ = 0;
 };
 
 // The root of a worker's chained hashes: what its KV depends on besides the tokens.

@@ -6,7 +6,7 @@
 
 #include <future>
 
-#include "collecting_sink.h"
+#include "decode_turns.h"
 #include "default_model.h"
 #include "deltaserve/decode/decode_worker.h"
 #include "deltaserve/decode/kv_stream_io.h"
@@ -22,6 +22,7 @@ using decode::TurnEnd;
 using decode::TurnSpec;
 
 using testing::CollectingSink;
+using testing::greedy_turn;
 
 class Disaggregated : public testing::DefaultModelTest {
   protected:
@@ -37,16 +38,6 @@ class Disaggregated : public testing::DefaultModelTest {
     }
     static std::vector<int32_t> prompt(size_t n, size_t skip = 0) {
         return text_tokens(n, skip, true);
-    }
-    static TurnSpec turn(uint64_t id, std::vector<int32_t> tokens, std::string session = "",
-                         int32_t max_tokens = 24) {
-        TurnSpec t;
-        t.turn_id = id;
-        t.session_id = std::move(session);
-        t.tokens = std::move(tokens);
-        t.sampling.temperature = 0;  // greedy
-        t.max_tokens = max_tokens;
-        return t;
     }
 
     // A decode worker listening on `transport` and a prefill worker that connects to it.
@@ -126,8 +117,8 @@ TEST_P(DisaggregatedTest, RemotePrefillGivesTheLocalAnswer) {
     ASSERT_TRUE(local && remote);
     const auto tokens = prompt(700);
     decode::TurnPlan lp, rp;
-    auto a = local->run(turn(1, tokens), &lp);
-    auto b = remote->run(turn(1, tokens), &rp);
+    auto a = local->run(greedy_turn(1, tokens), &lp);
+    auto b = remote->run(greedy_turn(1, tokens), &rp);
     ASSERT_TRUE(a.ok()) << a.error().to_string();
     ASSERT_TRUE(b.ok()) << b.error().to_string();
     EXPECT_FALSE(lp.remote_prefill);
@@ -153,10 +144,10 @@ TEST_P(DisaggregatedTest, LaterTurnPullsTheHistory) {
     std::string texts[2];
     for (auto* c : {remote.get(), local.get()}) {
         decode::TurnPlan plan;
-        auto a = c->run(turn(1, first, "s"), &plan);
+        auto a = c->run(greedy_turn(1, first, "s"), &plan);
         ASSERT_TRUE(a.ok()) << a.error().to_string();
         EXPECT_EQ(plan.pull_tokens, 0);
-        auto b = c->run(turn(2, second, "s"), &plan);
+        auto b = c->run(greedy_turn(2, second, "s"), &plan);
         ASSERT_TRUE(b.ok()) << b.error().to_string();
         EXPECT_EQ(plan.remote_prefill, c == remote.get());
         EXPECT_GE(b->cached_tokens, 400 - 1);
@@ -181,7 +172,7 @@ TEST_F(Disaggregated, TurnsRunBatchedGiveTheirAloneAnswers) {
     ASSERT_TRUE(c);
     std::vector<std::string> alone;
     for (int i = 0; i < 4; ++i) {
-        auto r = c->run(turn(10 + i, prompt(60 + 20 * i, 50 * i)));
+        auto r = c->run(greedy_turn(10 + i, prompt(60 + 20 * i, 50 * i)));
         ASSERT_TRUE(r.ok()) << r.error().to_string();
         alone.push_back(r->text);
     }
@@ -189,7 +180,8 @@ TEST_F(Disaggregated, TurnsRunBatchedGiveTheirAloneAnswers) {
     for (int i = 0; i < 4; ++i) {
         sinks.push_back(std::make_shared<CollectingSink>());
         ASSERT_TRUE(
-            c->decode->start_turn(turn(20 + i, prompt(60 + 20 * i, 50 * i)), sinks.back()).ok());
+            c->decode->start_turn(greedy_turn(20 + i, prompt(60 + 20 * i, 50 * i)), sinks.back())
+                .ok());
     }
     for (int i = 0; i < 4; ++i) {
         auto r = sinks[i]->wait();
@@ -212,9 +204,9 @@ TEST_F(Disaggregated, ALongLocalPrefillDoesNotStallGeneratingTurns) {
     };
     auto talker = std::make_shared<Timed>();
     auto reader = std::make_shared<Timed>();
-    ASSERT_TRUE(c->decode->start_turn(turn(1, prompt(20), "", 48), talker).ok());
+    ASSERT_TRUE(c->decode->start_turn(greedy_turn(1, prompt(20), "", 48), talker).ok());
     while (talker->at.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    ASSERT_TRUE(c->decode->start_turn(turn(2, prompt(800, 100), "", 8), reader).ok());
+    ASSERT_TRUE(c->decode->start_turn(greedy_turn(2, prompt(800, 100), "", 8), reader).ok());
     ASSERT_TRUE(talker->wait().ok());
     auto r = reader->wait();
     ASSERT_TRUE(r.ok()) << r.error().to_string();
@@ -234,14 +226,14 @@ TEST_F(Disaggregated, TheKvWaitRunsFromTheStreamsLastMessage) {
     auto c = cluster("inproc", "full", 0, 0, kWaitMs, 64);
     ASSERT_TRUE(c);
     const auto t0 = std::chrono::steady_clock::now();
-    auto r = c->run(turn(1, prompt(1000), "", 4));
-    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          std::chrono::steady_clock::now() - t0)
-                          .count();
+    auto r = c->run(greedy_turn(1, prompt(1000), "", 4));
+    const auto took =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
     ASSERT_TRUE(r.ok()) << r.status().to_string() << " after " << took << " ms";
     EXPECT_GT(took, kWaitMs) << "the prefill took less than the wait: this tested nothing";
     auto silent = std::make_shared<CollectingSink>();
-    ASSERT_TRUE(c->decode->start_turn(turn(2, prompt(600)), silent).ok());
+    ASSERT_TRUE(c->decode->start_turn(greedy_turn(2, prompt(600)), silent).ok());
     auto end = silent->wait();
     EXPECT_EQ(end.status().code(), StatusCode::kDeadlineExceeded);
     EXPECT_NE(end.status().message().find("1500 ms"), std::string::npos) << end.status().message();
@@ -252,7 +244,7 @@ TEST_F(Disaggregated, CancelAndFailuresEndTurnsClearly) {
     ASSERT_TRUE(c);
     // The client goes away after two pieces.
     auto quitter = std::make_shared<CollectingSink>(2);
-    auto spec = turn(1, prompt(50), "s", 100);
+    auto spec = greedy_turn(1, prompt(50), "s", 100);
     auto plan = c->decode->start_turn(spec, quitter);
     ASSERT_TRUE(plan.ok());
     ASSERT_TRUE(c->prefill->prefill({spec, c->address, 0}).ok());
@@ -261,9 +253,9 @@ TEST_F(Disaggregated, CancelAndFailuresEndTurnsClearly) {
     EXPECT_EQ(end->finish_reason, "cancelled");
     // A second turn of a session whose turn still runs is refused.
     auto slow = std::make_shared<CollectingSink>();
-    ASSERT_TRUE(c->decode->start_turn(turn(2, prompt(50), "t"), slow).ok());
+    ASSERT_TRUE(c->decode->start_turn(greedy_turn(2, prompt(50), "t"), slow).ok());
     auto again =
-        c->decode->start_turn(turn(3, prompt(50), "t"), std::make_shared<CollectingSink>());
+        c->decode->start_turn(greedy_turn(3, prompt(50), "t"), std::make_shared<CollectingSink>());
     EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
     c->decode->cancel(2, Status());
     auto e2 = slow->wait();
@@ -271,16 +263,16 @@ TEST_F(Disaggregated, CancelAndFailuresEndTurnsClearly) {
     EXPECT_EQ(e2->finish_reason, "cancelled");
     // A prefill node that cannot reach the decode node: the error reaches the turn.
     auto lost = std::make_shared<CollectingSink>();
-    auto s4 = turn(4, prompt(50));
+    auto s4 = greedy_turn(4, prompt(50));
     ASSERT_TRUE(c->decode->start_turn(s4, lost).ok());
     auto r = c->prefill->prefill({s4, "nowhere", 0});
     EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
     c->decode->cancel(4, r.status());
     EXPECT_EQ(lost->wait().status().code(), StatusCode::kUnavailable);
     // Oversized prompts and bad tokens are refused up front.
-    EXPECT_EQ(c->decode->start_turn(turn(5, prompt(5000)), lost).status().code(),
+    EXPECT_EQ(c->decode->start_turn(greedy_turn(5, prompt(5000)), lost).status().code(),
               StatusCode::kOutOfRange);
-    EXPECT_EQ(c->decode->start_turn(turn(6, {1, -3}), lost).status().code(),
+    EXPECT_EQ(c->decode->start_turn(greedy_turn(6, {1, -3}), lost).status().code(),
               StatusCode::kInvalidArgument);
     EXPECT_EQ(c->decode->stats().running + c->decode->stats().waiting, 0);
 }
@@ -289,7 +281,7 @@ TEST_F(Disaggregated, GarbageOnTheDataConnectionFailsOnlyItsStream) {
     auto c = cluster("inproc", "full", 0);
     ASSERT_TRUE(c);
     auto sink = std::make_shared<CollectingSink>();
-    auto spec = turn(1, prompt(40));
+    auto spec = greedy_turn(1, prompt(40));
     ASSERT_TRUE(c->decode->start_turn(spec, sink).ok());
     auto conn = c->transport->connect(c->address, transport::deadline_in(std::chrono::seconds(5)));
     ASSERT_TRUE(conn.ok());
@@ -312,7 +304,7 @@ TEST_F(Disaggregated, GarbageOnTheDataConnectionFailsOnlyItsStream) {
     ASSERT_TRUE(
         (*conn)->send(std::move(junk), transport::deadline_in(std::chrono::seconds(5))).ok());
     // The worker still serves turns over other connections.
-    auto ok = c->run(turn(2, prompt(40)));
+    auto ok = c->run(greedy_turn(2, prompt(40)));
     EXPECT_TRUE(ok.ok()) << ok.status().to_string();
 }
 
@@ -367,7 +359,7 @@ TEST_F(Disaggregated, SessionsBeyondCapacityAreRecomputed) {
     auto& w = **dw;
     const auto run = [&](uint64_t id, const std::string& s) {
         auto sink = std::make_shared<CollectingSink>();
-        auto plan = w.start_turn(turn(id, prompt(80), s, 4), sink);
+        auto plan = w.start_turn(greedy_turn(id, prompt(80), s, 4), sink);
         EXPECT_TRUE(plan.ok());
         EXPECT_TRUE(sink->wait().ok());
         return plan.ok() ? plan->cached_tokens : -1;

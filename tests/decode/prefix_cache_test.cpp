@@ -6,7 +6,7 @@
 // not exact never use it.
 #include <gtest/gtest.h>
 
-#include "collecting_sink.h"
+#include "decode_turns.h"
 #include "default_model.h"
 #include "deltaserve/decode/decode_worker.h"
 #include "deltaserve/prefill/prefill_worker.h"
@@ -24,15 +24,9 @@ constexpr int32_t kBlock = 16;  // decode::PrefixCache::kBlockTokens
 
 class PrefixCacheTest : public testing::DefaultModelTest {
   protected:
-    static TurnSpec turn(uint64_t id, std::vector<int32_t> tokens, int32_t max_tokens = 16,
-                         std::string session = "") {
-        TurnSpec t;
-        t.turn_id = id;
-        t.session_id = std::move(session);
-        t.tokens = std::move(tokens);
-        t.sampling.temperature = 0;  // greedy
-        t.max_tokens = max_tokens;
-        return t;
+    // A stateless greedy turn of max_tokens.
+    static TurnSpec turn(uint64_t id, std::vector<int32_t> tokens, int32_t max_tokens = 16) {
+        return testing::greedy_turn(id, std::move(tokens), "", max_tokens);
     }
     static std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
         a.insert(a.end(), b.begin(), b.end());
@@ -258,7 +252,7 @@ TEST_F(PrefixCacheTest, ANewSessionStartsFromTheCache) {
     const auto system = text_tokens(200, 0, true);
     start(size_t{64} << 20);
     ASSERT_TRUE(run(turn(1, concat(system, text_tokens(20, 300)))).ok());
-    auto r = run(turn(2, concat(system, text_tokens(20, 400)), 8, "s"));
+    auto r = run(testing::greedy_turn(2, concat(system, text_tokens(20, 400)), "s", 8));
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     EXPECT_EQ(r->end.cached_tokens, 192);
     EXPECT_EQ(decode_->stats().sessions, 1);

@@ -1,14 +1,28 @@
-// A decode::TurnSink that keeps a turn's text and end, for tests that run the decode worker.
+// What tests that run the decode worker share: a greedy turn, and a decode::TurnSink that keeps
+// a turn's text and end.
 #pragma once
 
 #include <chrono>
 #include <future>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "deltaserve/decode/turn.h"
 
 namespace deltaserve::testing {
+
+// Turn `id` of `session` ("" = stateless): `tokens`, greedy, at most max_tokens answered.
+inline decode::TurnSpec greedy_turn(uint64_t id, std::vector<int32_t> tokens,
+                                    std::string session = "", int32_t max_tokens = 24) {
+    decode::TurnSpec t;
+    t.turn_id = id;
+    t.session_id = std::move(session);
+    t.tokens = std::move(tokens);
+    t.sampling.temperature = 0;
+    t.max_tokens = max_tokens;
+    return t;
+}
 
 class CollectingSink : public decode::TurnSink {
   public:
