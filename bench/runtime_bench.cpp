@@ -18,7 +18,10 @@
 //
 // Usage: deltaserve-bench-runtime --model M.gguf [--threads 2] [--json]
 //        [--prefill-lens 512,2048,8000] [--decode-ctx 128,2048,8000] [--decode-tokens 64]
-//        [--n-batch 512] [--reps 1]
+//        [--n-batch 512] [--reps 1] [--decode-batch 1,8,32 --batch-ctx 200]
+// --decode-batch B,...: also B sequences of --batch-ctx tokens each decoding together
+// (model::eval_batch, one thread pool, as the decode worker runs them): B x --decode-tokens
+// tokens / seconds, after 2 untimed steps.
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -38,6 +41,7 @@
 #include <nlohmann/json.hpp>
 
 #include "deltaserve/common/status.h"
+#include "deltaserve/common/thread_pool.h"
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/model.h"
 
@@ -56,19 +60,21 @@ constexpr uint32_t kSeed = 1234;
 
 struct BenchOptions {
     std::string model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-    int threads = 2;                               // Default: 2.
-    bool json = false;                             // Default: a table instead of JSON.
+    int threads = 2;    // Default: 2.
+    bool json = false;  // Default: a table instead of JSON.
     std::vector<int32_t> prefill_lens{512, 2048, 8000};
     std::vector<int32_t> decode_ctx{128, 2048, 8000};
-    int32_t decode_tokens = 64;                    // timed decode steps per depth
-    int32_t n_batch = 512;                         // prompt tokens per forward call
-    int reps = 1;                                  // repeat each measurement, keep the best
+    int32_t decode_tokens = 64;         // timed decode steps per depth
+    int32_t n_batch = 512;              // prompt tokens per forward call
+    int reps = 1;                       // repeat each measurement, keep the best
+    std::vector<int32_t> decode_batch;  // batch sizes for eval_batch; none by default
+    int32_t batch_ctx = 200;            // context of each batched sequence
 };
 
 // Python's random.Random(seed) for a small int seed: MT19937 seeded by init_by_array({seed}),
 // randrange(lo, hi) by rejection sampling on getrandbits(bit_length(hi - lo)).
 class PyRandom {
-public:
+  public:
     explicit PyRandom(uint32_t seed) { init_by_array(seed); }
 
     int32_t randrange(int32_t lo, int32_t hi) {
@@ -80,7 +86,7 @@ public:
         return lo + static_cast<int32_t>(r);
     }
 
-private:
+  private:
     static constexpr int kN = 624;
     static constexpr int kM = 397;
 
@@ -178,7 +184,7 @@ Result<Engine> load_engine(const BenchOptions& opts, int32_t n_ctx) {
 
 // Draws ids and times eval() calls on one context, in the order the llama.cpp script does.
 class Runner {
-public:
+  public:
     explicit Runner(InferenceContext& ctx)
         : ctx_(ctx), n_vocab_(ctx.model().config.n_vocab), rng_(kSeed) {}
 
@@ -206,7 +212,7 @@ public:
 
     void clear() { ctx_.reset(); }
 
-private:
+  private:
     std::vector<int32_t> random_tokens(int32_t n) {
         std::vector<int32_t> toks(static_cast<size_t>(n));
         for (int32_t& t : toks) t = rng_.randrange(kFirstTokenId, n_vocab_);
@@ -225,8 +231,8 @@ std::string fmt_rate(double tps) {
 }
 
 struct Measurements {
-    std::map<int32_t, double> prefill_s;   // best seconds per prefill length
-    std::map<int32_t, double> decode_ms;   // best ms per token per decode depth
+    std::map<int32_t, double> prefill_s;  // best seconds per prefill length
+    std::map<int32_t, double> decode_ms;  // best ms per token per decode depth
 };
 
 Result<Measurements> measure(const BenchOptions& opts, Runner& runner) {
@@ -263,6 +269,49 @@ Result<Measurements> measure(const BenchOptions& opts, Runner& runner) {
     return m;
 }
 
+// B sequences of opts.batch_ctx random tokens decode opts.decode_tokens steps together, each
+// step one eval_batch; returns tokens/s. The best of opts.reps.
+Result<double> measure_batch(const BenchOptions& opts, const Model& model, int32_t batch) {
+    auto pool = std::make_shared<deltaserve::ThreadPool>(opts.threads);
+    const int32_t n_ctx = (opts.batch_ctx + opts.decode_tokens + 2 + 255) / 256 * 256;
+    std::vector<std::unique_ptr<InferenceContext>> owned;
+    std::vector<InferenceContext*> ctxs;
+    PyRandom rng(kSeed);
+    const int32_t n_vocab = model.config.n_vocab;
+    for (int32_t b = 0; b < batch; ++b) {
+        auto ctx = InferenceContext::create(
+            model,
+            {.n_ctx = n_ctx, .n_threads = opts.threads, .n_batch = opts.n_batch, .threads = pool});
+        if (!ctx) return ctx.error();
+        std::vector<int32_t> prompt(static_cast<size_t>(opts.batch_ctx));
+        for (int32_t& t : prompt) t = rng.randrange(kFirstTokenId, n_vocab);
+        if (auto r = (*ctx)->eval(prompt); !r) return r.error();
+        ctxs.push_back(ctx->get());
+        owned.push_back(std::move(*ctx));
+    }
+    std::vector<int32_t> next(static_cast<size_t>(batch));
+    std::vector<std::span<const int32_t>> spans(static_cast<size_t>(batch));
+    std::vector<float> logits;
+    double best = 0.0;
+    for (int rep = 0; rep < opts.reps; ++rep) {
+        for (InferenceContext* c : ctxs) c->truncate(opts.batch_ctx);
+        double seconds = 0.0;
+        for (int32_t step = 0; step < opts.decode_tokens + 2; ++step) {
+            for (int32_t b = 0; b < batch; ++b) {
+                next[b] = rng.randrange(kFirstTokenId, n_vocab);
+                spans[b] = std::span<const int32_t>(&next[b], 1);
+            }
+            const double t0 = now_s();
+            DS_RETURN_IF_ERROR(deltaserve::model::eval_batch(ctxs, spans, logits));
+            if (step >= 2) seconds += now_s() - t0;
+        }
+        best = std::max(best, batch * opts.decode_tokens / seconds);
+    }
+    std::fprintf(stderr, "[deltaserve] batch %d at context %d: decode %s tok/s\n", batch,
+                 opts.batch_ctx, fmt_rate(best).c_str());
+    return best;
+}
+
 Result<Json> run(const BenchOptions& opts) {
     int32_t need = kWarmupTokens + kWarmupDecodes;
     for (const int32_t l : opts.prefill_lens) need = std::max(need, l);
@@ -275,12 +324,20 @@ Result<Json> run(const BenchOptions& opts) {
     double load_s = engine.load_s;
     Runner runner(*engine.ctx);
     DS_ASSIGN_OR_RETURN(const Measurements m, measure(opts, runner));
+    Json batch_tps = Json::object();
+    for (const int32_t b : opts.decode_batch) {
+        DS_ASSIGN_OR_RETURN(const double tps, measure_batch(opts, *engine.model, b));
+        batch_tps[std::to_string(b)] = round_to(tps, 2);
+    }
     const double rss_after_runs = rss_mb();
     const auto& config = engine.model->config;
     Json out = {{"engine", "deltaserve"}, {"model", opts.model}, {"threads", opts.threads}};
-    Json settings = {{"n_ctx", engine.ctx->n_ctx()}, {"n_batch", opts.n_batch},
-                     {"n_threads", opts.threads}, {"kv_type", "f16"},
-                     {"n_vocab", config.n_vocab}, {"decode_tokens", opts.decode_tokens},
+    Json settings = {{"n_ctx", engine.ctx->n_ctx()},
+                     {"n_batch", opts.n_batch},
+                     {"n_threads", opts.threads},
+                     {"kv_type", "f16"},
+                     {"n_vocab", config.n_vocab},
+                     {"decode_tokens", opts.decode_tokens},
                      {"reps", opts.reps},
                      {"tokens", "random ids in [256, n_vocab), Python random.Random(1234)"}};
     engine = Engine{};
@@ -309,6 +366,10 @@ Result<Json> run(const BenchOptions& opts) {
     out["decode_tps"] = decode_tps;
     out["prefill_s"] = prefill_s;
     out["decode_ms_per_token"] = decode_ms;
+    if (!opts.decode_batch.empty()) {
+        out["decode_batch_tps"] = batch_tps;
+        settings["batch_ctx"] = opts.batch_ctx;
+    }
     out["settings"] = settings;
     out["loadavg_start_end"] = {load_avg_start, load_avg_1min()};
     return out;
@@ -325,6 +386,15 @@ void print_table(const Json& r) {
     }
     for (const auto& [len, tps] : r["decode_tps"].items()) {
         std::printf("%-28s %12.1f\n", ("decode @" + len + " (tok/s)").c_str(), tps.get<double>());
+    }
+    if (r.contains("decode_batch_tps")) {
+        const double one = r["decode_batch_tps"].value("1", 0.0);
+        for (const auto& [b, tps] : r["decode_batch_tps"].items()) {
+            std::printf("%-28s %12.1f", ("decode batch " + b + " (tok/s)").c_str(),
+                        tps.get<double>());
+            if (one > 0) std::printf("  (%.2fx batch 1)", tps.get<double>() / one);
+            std::printf("\n");
+        }
     }
 }
 
@@ -350,7 +420,8 @@ Result<std::vector<int32_t>> parse_lens(const std::string& s) {
 constexpr const char* kUsage =
     "usage: deltaserve-bench-runtime [--model M.gguf] [--threads 2] [--json]\n"
     "       [--prefill-lens 512,2048,8000] [--decode-ctx 128,2048,8000]\n"
-    "       [--decode-tokens 64] [--n-batch 512] [--reps 1]\n";
+    "       [--decode-tokens 64] [--n-batch 512] [--reps 1]\n"
+    "       [--decode-batch 1,8,32] [--batch-ctx 200]\n";
 
 Result<int> parse_int(const std::string& flag, const std::string& v, int min) {
     char* end = nullptr;
@@ -390,6 +461,10 @@ Status parse_args(int argc, char** argv, BenchOptions& o) {
             DS_ASSIGN_OR_RETURN(o.decode_tokens, parse_int(flag, value, 1));
         } else if (flag == "--n-batch") {
             DS_ASSIGN_OR_RETURN(o.n_batch, parse_int(flag, value, 1));
+        } else if (flag == "--decode-batch") {
+            DS_ASSIGN_OR_RETURN(o.decode_batch, parse_lens(value));
+        } else if (flag == "--batch-ctx") {
+            DS_ASSIGN_OR_RETURN(o.batch_ctx, parse_int(flag, value, 1));
         } else if (flag == "--reps") {
             DS_ASSIGN_OR_RETURN(o.reps, parse_int(flag, value, 1));
         } else {

@@ -4,9 +4,10 @@
 #include <vector>
 
 #include "blocks.h"
-#include "deltaserve/common/status.h"
 #include "cpu_features.h"
+#include "deltaserve/common/status.h"
 #include "deltaserve/kernels/quant.h"
+#include "deltaserve/kernels/repack.h"
 #include "matmul_table.h"
 
 namespace deltaserve::kernels {
@@ -23,16 +24,35 @@ bool uses_int8_activations(DType t) {
     return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ8_0;
 }
 
-RowsFn rows_fn(DType t) {
+RowsFn rows_fn(const WeightMatrix& w) {
     const MatmulTable& k = table();
-    switch (t) {
-        case DType::kQ4_0: return k.q4_0;
-        case DType::kQ4_1: return k.q4_1;
-        case DType::kQ8_0: return k.q8_0;
-        case DType::kF32: return k.f32;
-        case DType::kF16: return k.f16;
-        case DType::kBF16: return k.bf16;
-        default: return nullptr;
+    if (w.interleave == kRowInterleave) {
+        switch (w.type) {
+            case DType::kQ4_0:
+                return k.q4_0x8;
+            case DType::kQ4_1:
+                return k.q4_1x8;
+            case DType::kQ8_0:
+                return k.q8_0x8;
+            default:
+                return nullptr;
+        }
+    }
+    switch (w.type) {
+        case DType::kQ4_0:
+            return k.q4_0;
+        case DType::kQ4_1:
+            return k.q4_1;
+        case DType::kQ8_0:
+            return k.q8_0;
+        case DType::kF32:
+            return k.f32;
+        case DType::kF16:
+            return k.f16;
+        case DType::kBF16:
+            return k.bf16;
+        default:
+            return nullptr;
     }
 }
 
@@ -42,7 +62,7 @@ void rows_dequantized(const WeightMatrix& w, const Activations& a, float* y, int
     std::vector<float> row(static_cast<size_t>(w.cols));
     WeightMatrix f{DType::kF32, 1, w.cols, row.data()};
     for (int64_t r = r0; r < r1; ++r) {
-        dequantize_row(w.type, w.row(r), row.data(), w.cols);
+        dequantize_weight_row(w, r, row.data());
         table().f32(f, a, y + r, ldy, 0, 1);
     }
 }
@@ -59,7 +79,8 @@ Activations prepare(const WeightMatrix& w, const float* x, int64_t ldx, int64_t 
     if (!uses_int8_activations(w.type)) return a;
     const int64_t nb = w.cols / kQK;
     auto& buf = activation_scratch();
-    if (buf.size() < static_cast<size_t>(nb * n_tokens)) buf.resize(static_cast<size_t>(nb * n_tokens));
+    if (buf.size() < static_cast<size_t>(nb * n_tokens))
+        buf.resize(static_cast<size_t>(nb * n_tokens));
     BlockQ8A* q = buf.data();
     auto quantize = [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t) quantize_activations(x + t * ldx, q + t * nb, w.cols);
@@ -75,7 +96,7 @@ Activations prepare(const WeightMatrix& w, const float* x, int64_t ldx, int64_t 
 
 void compute_rows(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy, int64_t r0,
                   int64_t r1) {
-    RowsFn fn = rows_fn(w.type);
+    RowsFn fn = rows_fn(w);
     if (fn != nullptr) {
         fn(w, a, y, ldy, r0, r1);
     } else {
@@ -87,9 +108,11 @@ void compute_rows(const WeightMatrix& w, const Activations& a, float* y, int64_t
 // two long contiguous runs per thread let the prefetchers stream (measured 95 -> ~115
 // tok/s over 32-row chunks); prefill reuses each chunk across many tokens and balances
 // with small chunks.
+// Interleaved rows come in whole groups.
 int64_t rows_per_chunk(int64_t rows, int64_t n_tokens, const ThreadPool& pool) {
     if (n_tokens > 1) return 16;
-    return std::max<int64_t>(32, rows / (2 * pool.size()));
+    const int64_t n = std::max<int64_t>(32, rows / (2 * pool.size()));
+    return (n + kRowInterleave - 1) / kRowInterleave * kRowInterleave;
 }
 
 }  // namespace
@@ -100,7 +123,8 @@ void matmul(const WeightMatrix& w, const float* x, int64_t ldx, int64_t n_tokens
             int64_t ldy, ThreadPool& pool) {
     const Activations a = prepare(w, x, ldx, n_tokens, &pool);
     const int64_t grain = rows_per_chunk(w.rows, n_tokens, pool);
-    pool.parallel_for(w.rows, grain, [&](int64_t r0, int64_t r1) { compute_rows(w, a, y, ldy, r0, r1); });
+    pool.parallel_for(w.rows, grain,
+                      [&](int64_t r0, int64_t r1) { compute_rows(w, a, y, ldy, r0, r1); });
 }
 
 void matmul_shared_input(std::span<const MatmulOutput> outputs, const float* x, int64_t ldx,
@@ -109,8 +133,10 @@ void matmul_shared_input(std::span<const MatmulOutput> outputs, const float* x, 
     const WeightMatrix& first = *outputs[0].w;
     for (const auto& o : outputs) {
         // Different activation formats cannot share one quantization: do them one by one.
-        if (o.w->cols != first.cols || uses_int8_activations(o.w->type) != uses_int8_activations(first.type)) {
-            for (const auto& each : outputs) matmul(*each.w, x, ldx, n_tokens, each.y, each.ldy, pool);
+        if (o.w->cols != first.cols ||
+            uses_int8_activations(o.w->type) != uses_int8_activations(first.type)) {
+            for (const auto& each : outputs)
+                matmul(*each.w, x, ldx, n_tokens, each.y, each.ldy, pool);
             return;
         }
     }

@@ -8,6 +8,8 @@ struct Avx2 {
     static constexpr const char* kName = "avx2";
     static constexpr int kRows = 4;
     static constexpr int kCols = 2;  // 16 ymm registers: 8 accumulators + 4 weight blocks
+    static constexpr int kInterleavedCols =
+        2;  // 16 accumulators: spills, but each weight load serves two tokens
     static __m256i dot_u8s8(__m256i u, __m256i s) {
         return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
     }

@@ -24,6 +24,8 @@ using RowsFn = void (*)(const WeightMatrix& w, const Activations& a, float* y, i
 struct MatmulTable {
     const char* isa;
     RowsFn q4_0, q4_1, q8_0, f32, f16, bf16;
+    // The same over rows interleaved by repack_rows; r0 and r1 multiples of kRowInterleave.
+    RowsFn q4_0x8, q4_1x8, q8_0x8;
 };
 
 const MatmulTable& avx2_matmul_table();

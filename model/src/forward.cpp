@@ -7,6 +7,7 @@
 #include "deltaserve/kernels/matmul.h"
 #include "deltaserve/kernels/ops.h"
 #include "deltaserve/kernels/quant.h"
+#include "deltaserve/kernels/repack.h"
 
 namespace deltaserve::model {
 
@@ -34,17 +35,20 @@ void Forward::norm_rows(const std::vector<float>& weight, const float* in, float
                         int64_t n_rows) {
     const int64_t d = cfg_.d_model;
     pool_.parallel_for(n_rows, 16, [&](int64_t b, int64_t e) {
-        for (int64_t t = b; t < e; ++t) k::rms_norm(out + t * d, in + t * d, weight.data(), d, cfg_.rms_eps);
+        for (int64_t t = b; t < e; ++t)
+            k::rms_norm(out + t * d, in + t * d, weight.data(), d, cfg_.rms_eps);
     });
 }
 
 Status Forward::run(std::span<const SequenceInput> batch, std::vector<float>& logits) {
     int64_t n_tokens = 0;
     for (const auto& s : batch) {
-        if (s.tokens.empty() || s.cache == nullptr) return invalid_argument("forward: empty sequence");
+        if (s.tokens.empty() || s.cache == nullptr)
+            return invalid_argument("forward: empty sequence");
         for (int32_t t : s.tokens) {
             if (t < 0 || t >= cfg_.n_vocab) {
-                return invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary (" +
+                return invalid_argument("token id " + std::to_string(t) +
+                                        " is outside the vocabulary (" +
                                         std::to_string(cfg_.n_vocab) + ")");
             }
         }
@@ -66,8 +70,7 @@ Status Forward::run(std::span<const SequenceInput> batch, std::vector<float>& lo
     for (const auto& s : batch) {
         for (size_t i = 0; i < s.tokens.size(); ++i, ++row) {
             positions_.push_back(s.cache->n_tokens() + static_cast<int32_t>(i));
-            const k::WeightMatrix& emb = model_.weights.token_embd;
-            k::dequantize_row(emb.type, emb.row(s.tokens[i]), x_.data() + row * d, d);
+            k::dequantize_weight_row(model_.weights.token_embd, s.tokens[i], x_.data() + row * d);
         }
     }
 
@@ -100,7 +103,8 @@ void Forward::attention_layer(int32_t layer, std::span<const SequenceInput> batc
     const int64_t n = static_cast<int64_t>(positions_.size());
     const int64_t d = cfg_.d_model, qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
     norm_rows(w.attn_norm, x_.data(), xn_.data(), n);
-    const k::MatmulOutput qkv[] = {{&w.wq, q_.data(), qd}, {&w.wk, k_.data(), kvd}, {&w.wv, v_.data(), kvd}};
+    const k::MatmulOutput qkv[] = {
+        {&w.wq, q_.data(), qd}, {&w.wk, k_.data(), kvd}, {&w.wv, v_.data(), kvd}};
     k::matmul_shared_input(qkv, xn_.data(), d, n, pool_);
     if (!w.bq.empty()) {
         for (int64_t t = 0; t < n; ++t) {
@@ -114,33 +118,63 @@ void Forward::attention_layer(int32_t layer, std::span<const SequenceInput> batc
         for (int64_t t = b; t < e; ++t) {
             float* q = q_.data() + t * qd;
             float* kk = k_.data() + t * kvd;
-            k::rope(q, cfg_.n_heads, cfg_.head_dim, positions_[t], cfg_.rope_theta, cfg_.rope_style);
-            k::rope(kk, cfg_.n_kv_heads, cfg_.head_dim, positions_[t], cfg_.rope_theta, cfg_.rope_style);
+            k::rope(q, cfg_.n_heads, cfg_.head_dim, positions_[t], cfg_.rope_theta,
+                    cfg_.rope_style);
+            k::rope(kk, cfg_.n_kv_heads, cfg_.head_dim, positions_[t], cfg_.rope_theta,
+                    cfg_.rope_style);
         }
     });
     if (attention_tap_) attention_tap_(layer, xn_.data(), d, q_.data(), qd, k_.data(), kvd, n);
     k::AttentionShape shape{cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim,
                             1.0f / std::sqrt(static_cast<float>(cfg_.head_dim))};
+    // Caches that attend themselves (DeltaKV's decode steps) do it here; the others'
+    // attention over their views runs after: a prefill chunk over the whole pool, and the
+    // one-token steps of a batch together, one sequence per thread (alone, a short one would
+    // keep the other threads idle).
+    views_.clear();
+    decoding_.clear();
     int64_t row = 0;
     for (const auto& s : batch) {
         const int32_t ns = static_cast<int32_t>(s.tokens.size());
         s.cache->store(layer, 0, ns, k_.data() + row * kvd, v_.data() + row * kvd, kvd);
         const float* q = q_.data() + row * qd;
         float* out = attn_.data() + row * qd;
-        // A cache may attend itself (DeltaKV's decode steps); otherwise attend its view.
         if (!s.cache->attend(layer, shape, q, qd, ns, out, qd)) {
-            const k::KvView view = s.cache->view(layer, ns);
-            if (numerics_ == AttentionNumerics::kGgml) {
-                k::attention_ggml(shape, view, q, qd, ns, s.cache->n_tokens(), out, qd, pool_.size(), pool_);
-            } else {
-                k::attention(shape, view, q, qd, ns, out, qd, pool_);
-            }
+            const ViewAttention job{s.cache->view(layer, ns), q, out, ns, s.cache->n_tokens()};
+            (ns == 1 ? decoding_ : views_).push_back(job);
         }
-        s.cache->observe(layer, shape, q, qd, xn_.data() + row * d, d, ns);
+        row += ns;
+    }
+    for (const ViewAttention& job : views_) attend_view(job, pool_);
+    if (decoding_.size() == 1) {
+        attend_view(decoding_[0], pool_);
+    } else {
+        pool_.parallel_for(static_cast<int64_t>(decoding_.size()), 1, [&](int64_t b, int64_t e) {
+            for (int64_t i = b; i < e; ++i)
+                attend_view(decoding_[static_cast<size_t>(i)], one_thread_);
+        });
+    }
+    row = 0;
+    for (const auto& s : batch) {
+        const int32_t ns = static_cast<int32_t>(s.tokens.size());
+        s.cache->observe(layer, shape, q_.data() + row * qd, qd, xn_.data() + row * d, d, ns);
         row += ns;
     }
     k::matmul(w.wo, attn_.data(), qd, n, tmp_.data(), d, pool_);
     k::add_inplace(x_.data(), tmp_.data(), n * d);
+}
+
+void Forward::attend_view(const ViewAttention& job, ThreadPool& pool) {
+    const k::AttentionShape shape{cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim,
+                                  1.0f / std::sqrt(static_cast<float>(cfg_.head_dim))};
+    const int64_t qd = cfg_.q_dim();
+    if (numerics_ == AttentionNumerics::kGgml) {
+        // ggml's cell split follows the thread count, not the pool that runs it.
+        k::attention_ggml(shape, job.view, job.q, qd, job.n, job.n_past, job.out, qd, pool_.size(),
+                          pool);
+    } else {
+        k::attention(shape, job.view, job.q, qd, job.n, job.out, qd, pool);
+    }
 }
 
 void Forward::ffn_layer(int32_t layer, int64_t n) {
@@ -150,7 +184,8 @@ void Forward::ffn_layer(int32_t layer, int64_t n) {
     const k::MatmulOutput gate_up[] = {{&w.w_gate, gate_.data(), ff}, {&w.w_up, up_.data(), ff}};
     k::matmul_shared_input(gate_up, xn_.data(), d, n, pool_);
     pool_.parallel_for(n, 16, [&](int64_t b, int64_t e) {
-        k::silu_mul(gate_.data() + b * ff, gate_.data() + b * ff, up_.data() + b * ff, (e - b) * ff);
+        k::silu_mul(gate_.data() + b * ff, gate_.data() + b * ff, up_.data() + b * ff,
+                    (e - b) * ff);
     });
     k::matmul(w.w_down, gate_.data(), ff, n, tmp_.data(), d, pool_);
     k::add_inplace(x_.data(), tmp_.data(), n * d);

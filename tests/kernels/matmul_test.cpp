@@ -8,6 +8,7 @@
 
 #include "deltaserve/kernels/matmul.h"
 #include "deltaserve/kernels/quant.h"
+#include "deltaserve/kernels/repack.h"
 
 namespace deltaserve::kernels {
 namespace {
@@ -28,7 +29,8 @@ TEST_P(MatmulTest, MatchesDequantizedReference) {
     for (auto& v : x) v = nd(rng);
     const size_t rb = row_bytes(c.type, c.cols);
     std::vector<uint8_t> wq(rb * c.rows);
-    for (int64_t r = 0; r < c.rows; ++r) quantize_row(c.type, wf.data() + r * c.cols, wq.data() + r * rb, c.cols);
+    for (int64_t r = 0; r < c.rows; ++r)
+        quantize_row(c.type, wf.data() + r * c.cols, wq.data() + r * rb, c.cols);
     WeightMatrix w{c.type, c.rows, c.cols, wq.data()};
 
     ThreadPool pool(2);
@@ -139,12 +141,71 @@ TEST(MatmulBatchInvariance, EachTokenAsWhenAlone) {
                     matmul(w, x.data() + t * cols, cols, 1, one.data(), rows, pool);
                     EXPECT_EQ(one, std::vector<float>(all.begin() + t * rows,
                                                       all.begin() + (t + 1) * rows))
-                        << dtype_traits(type).name << " " << rows << "x" << cols << " token "
-                        << t << ", " << threads << " threads";
+                        << dtype_traits(type).name << " " << rows << "x" << cols << " token " << t
+                        << ", " << threads << " threads";
                 }
             }
         }
     }
+}
+
+}  // namespace
+}  // namespace deltaserve::kernels
+
+namespace deltaserve::kernels {
+namespace {
+
+// Weights repacked at load (repack.h) give the bits of the row-major kernels for any number
+// of tokens and either thread count, and every row reads back as it was.
+TEST(MatmulRepacked, SameBitsAsRowMajor) {
+    std::mt19937 rng(9);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const std::pair<int64_t, int64_t> shapes[] = {{64, 576}, {192, 96}, {8, 1536}};
+    for (const auto& [rows, cols] : shapes) {
+        for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0}) {
+            std::vector<float> wf(rows * cols);
+            for (auto& v : wf) v = nd(rng);
+            const size_t rb = row_bytes(type, cols);
+            std::vector<uint8_t> wq(rb * rows), packed(rb * rows);
+            for (int64_t r = 0; r < rows; ++r)
+                quantize_row(type, wf.data() + r * cols, wq.data() + r * rb, cols);
+            const WeightMatrix w{type, rows, cols, wq.data()};
+            ASSERT_TRUE(repackable(w));
+            const WeightMatrix p = repack_rows(w, packed.data());
+            EXPECT_EQ(p.interleave, kRowInterleave);
+            EXPECT_NE(packed, wq);
+            std::vector<float> a(cols), b(cols);
+            for (int64_t r = 0; r < rows; ++r) {
+                dequantize_weight_row(w, r, a.data());
+                dequantize_weight_row(p, r, b.data());
+                ASSERT_EQ(a, b) << dtype_traits(type).name << " row " << r;
+            }
+            for (int64_t tokens : {1, 2, 3, 8, 17}) {
+                std::vector<float> x(tokens * cols);
+                for (auto& v : x) v = nd(rng);
+                for (int threads : {1, 2}) {
+                    ThreadPool pool(threads);
+                    std::vector<float> ya(tokens * rows), yb(tokens * rows, -1.0f);
+                    matmul(w, x.data(), cols, tokens, ya.data(), rows, pool);
+                    matmul(p, x.data(), cols, tokens, yb.data(), rows, pool);
+                    EXPECT_EQ(ya, yb)
+                        << dtype_traits(type).name << " " << rows << "x" << cols << ", " << tokens
+                        << " tokens, " << threads << " threads, isa " << cpu_kernel_isa();
+                }
+            }
+        }
+    }
+}
+
+TEST(MatmulRepacked, TakesOnlyWholeGroupsOfQuantizedRows) {
+    std::vector<uint8_t> buf(row_bytes(DType::kQ4_1, 64) * 16);
+    EXPECT_TRUE(repackable({DType::kQ4_1, 16, 64, buf.data()}));
+    EXPECT_FALSE(repackable({DType::kQ4_1, 12, 64, buf.data()}));   // not whole groups of 8
+    EXPECT_FALSE(repackable({DType::kF16, 16, 64, buf.data()}));    // float kernels read rows
+    EXPECT_FALSE(repackable({DType::kQ6_K, 16, 256, buf.data()}));  // no kernel of its own
+    std::vector<uint8_t> out(buf.size());
+    const WeightMatrix once = repack_rows({DType::kQ4_1, 16, 64, buf.data()}, out.data());
+    EXPECT_FALSE(repackable(once));  // already interleaved
 }
 
 }  // namespace

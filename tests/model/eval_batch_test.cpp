@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "default_model.h"
+#include "deltaserve/kernels/repack.h"
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/sampler.h"
 #include "test_paths.h"
@@ -69,6 +70,82 @@ TEST_P(EvalBatch, SessionsInOnePassGiveTheirAloneLogits) {
 
 INSTANTIATE_TEST_SUITE_P(Policies, EvalBatch, ::testing::Values("full", "deltakv"),
                          [](const auto& info) { return std::string(info.param); });
+
+// The matmul kernels read weights repacked at load (interleaved rows); a model loaded
+// without repacking gives the same logits to the bit, alone and batched (a batch's
+// one-token steps attend together, one sequence per thread), with either attention's
+// numerics.
+class Repacked : public testing::DefaultModelTest,
+                 public ::testing::WithParamInterface<AttentionNumerics> {};
+
+TEST_P(Repacked, SameLogitsAsRowMajorWeights) {
+    LoadOptions lo;
+    lo.show_progress = false;
+    lo.repack = false;
+    auto rows = load_model(testing::default_gguf_model(), lo);
+    ASSERT_TRUE(rows.ok()) << rows.error().to_string();
+    const ModelWeights& packed = model_->weights;
+    EXPECT_EQ(packed.layers[0].w_gate.interleave, kernels::kRowInterleave);
+    EXPECT_EQ((*rows)->weights.layers[0].w_gate.interleave, 1);
+    if (model_->config.tied_output) EXPECT_EQ(packed.output.data, packed.token_embd.data);
+
+    auto threads = std::make_shared<ThreadPool>(2);
+    auto contexts = [&](const Model& m) {
+        std::vector<std::unique_ptr<InferenceContext>> out;
+        for (int s = 0; s < 3; ++s) {
+            ContextOptions co;
+            co.n_ctx = 1024;
+            co.threads = threads;
+            co.attention = GetParam();
+            auto c = InferenceContext::create(m, co);
+            EXPECT_TRUE(c.ok()) << c.error().to_string();
+            if (c.ok()) out.push_back(std::move(*c));
+        }
+        return out;
+    };
+    auto a = contexts(*model_), b = contexts(**rows);
+    ASSERT_EQ(a.size(), 3u);
+    ASSERT_EQ(b.size(), 3u);
+    std::vector<int32_t> next(3);
+    for (int s = 0; s < 3; ++s) {
+        const auto prompt = text_tokens(40 + 70 * s, 50 * s);
+        auto la = a[s]->eval(prompt);
+        ASSERT_TRUE(la.ok());
+        const std::vector<float> first(la->begin(), la->end());
+        auto lb = b[s]->eval(prompt);
+        ASSERT_TRUE(lb.ok());
+        ASSERT_EQ(first, std::vector<float>(lb->begin(), lb->end())) << "prompt " << s;
+        next[s] = greedy(first);
+    }
+    std::vector<InferenceContext*> pa, pb;
+    for (int s = 0; s < 3; ++s) {
+        pa.push_back(a[s].get());
+        pb.push_back(b[s].get());
+    }
+    for (int step = 0; step < 4; ++step) {
+        std::vector<std::span<const int32_t>> in;
+        for (int s = 0; s < 3; ++s) in.emplace_back(&next[s], 1);
+        std::vector<float> batched, alone;
+        ASSERT_TRUE(eval_batch(pa, in, batched).ok());
+        const size_t v = static_cast<size_t>(model_->config.n_vocab);
+        for (int s = 0; s < 3; ++s) {
+            auto own = pb[s]->eval(in[s]);
+            ASSERT_TRUE(own.ok());
+            alone.insert(alone.end(), own->begin(), own->end());
+        }
+        ASSERT_EQ(batched, alone) << "step " << step;
+        for (int s = 0; s < 3; ++s) {
+            next[s] = greedy(std::span<const float>(batched).subspan(s * v, v));
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Numerics, Repacked,
+                         ::testing::Values(AttentionNumerics::kNative, AttentionNumerics::kGgml),
+                         [](const auto& info) {
+                             return std::string(info.param == AttentionNumerics::kGgml ? "ggml"
+                                                                                       : "native");
+                         });
 
 }  // namespace
 }  // namespace deltaserve::model

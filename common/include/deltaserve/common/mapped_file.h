@@ -11,7 +11,7 @@
 namespace deltaserve {
 
 class MappedFile {
-public:
+  public:
     // Maps the whole file read-only. Errors: kNotFound (missing), kInvalidArgument (a
     // directory or an empty file), kInternal (mmap failure).
     static Result<MappedFile> open(const std::string& path);
@@ -27,8 +27,13 @@ public:
     size_t size() const { return size_; }
     std::span<const uint8_t> bytes() const { return {data_, size_}; }
     const std::string& path() const { return path_; }
+    // Whether [p, p + n) lies in the mapping.
+    bool contains(const void* p, size_t n) const;
+    // Gives the pages wholly inside [p, p + n) back to the kernel (madvise DONTNEED): bytes
+    // copied elsewhere stop counting as resident. Reading them again maps them in again.
+    void release(const void* p, size_t n) const;
 
-private:
+  private:
     const uint8_t* data_ = nullptr;
     size_t size_ = 0;
     std::string path_;

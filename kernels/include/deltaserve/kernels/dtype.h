@@ -40,13 +40,17 @@ const DTypeTraits& dtype_traits(DType t);
 // Bytes of a row of n elements (n must be a multiple of the block size).
 size_t row_bytes(DType t, int64_t n);
 
-// A 2-D weight matrix used as y = W x: `rows` outputs, `cols` inputs, row-major, each row
-// row_bytes(type, cols) bytes. Does not own `data`.
+// A 2-D weight matrix used as y = W x: `rows` outputs, `cols` inputs, each row
+// row_bytes(type, cols) bytes. Does not own `data`. With `interleave` 1 the rows follow one
+// another (row-major); with kRowInterleave (repack.h) each group of that many rows is stored
+// block by block, the rows' blocks interleaved, and row() does not apply
+// (dequantize_weight_row does).
 struct WeightMatrix {
     DType type = DType::kF32;
     int64_t rows = 0;
     int64_t cols = 0;
     const void* data = nullptr;
+    int32_t interleave = 1;
 
     size_t row_stride() const { return row_bytes(type, cols); }
     const uint8_t* row(int64_t r) const {

@@ -10,6 +10,7 @@
 
 #include "deltaserve/common/status.h"
 #include "deltaserve/common/thread_pool.h"
+#include "deltaserve/kernels/attention.h"
 #include "deltaserve/kvstore/kv_cache.h"
 #include "deltaserve/model/model.h"
 
@@ -30,15 +31,17 @@ using LayerObserver = std::function<void(int32_t layer)>;
 
 // Sees each layer's new K (before RoPE) and V: n rows of kv_dim floats, ld floats apart
 // (calibration records DeltaKV's training data from here).
-using KvTap = std::function<void(int32_t layer, const float* k, const float* v, int64_t n, int64_t ld)>;
+using KvTap =
+    std::function<void(int32_t layer, const float* k, const float* v, int64_t n, int64_t ld)>;
 
 // Sees what each layer's attention starts from: the normed hidden states (ldh floats apart),
 // Q and K after RoPE (ldq / ldk apart), for n new tokens (calibration of TRIM-KV's gates).
-using AttentionTap = std::function<void(int32_t layer, const float* hidden, int64_t ldh, const float* q, int64_t ldq,
-                                        const float* k, int64_t ldk, int64_t n)>;
+using AttentionTap =
+    std::function<void(int32_t layer, const float* hidden, int64_t ldh, const float* q, int64_t ldq,
+                       const float* k, int64_t ldk, int64_t n)>;
 
 class Forward {
-public:
+  public:
     Forward(const Model& model, ThreadPool& pool);
 
     // Runs the batch through every layer and appends the new tokens to their caches.
@@ -53,11 +56,21 @@ public:
     void set_attention_tap(AttentionTap tap) { attention_tap_ = std::move(tap); }
     void set_attention_numerics(AttentionNumerics numerics) { numerics_ = numerics; }
 
-private:
+  private:
     void ensure_scratch(int64_t n_tokens);
     void attention_layer(int32_t layer, std::span<const SequenceInput> batch);
     void ffn_layer(int32_t layer, int64_t n_tokens);
     void norm_rows(const std::vector<float>& weight, const float* in, float* out, int64_t n_rows);
+    // One sequence's attention over its cache's view (the caches that do not attend
+    // themselves), on `pool`.
+    struct ViewAttention {
+        kernels::KvView view;
+        const float* q = nullptr;
+        float* out = nullptr;
+        int32_t n = 0;       // new tokens
+        int32_t n_past = 0;  // tokens before them
+    };
+    void attend_view(const ViewAttention& job, ThreadPool& pool);
 
     const Model& model_;
     const ModelConfig& cfg_;
@@ -67,6 +80,8 @@ private:
     AttentionTap attention_tap_;
     AttentionNumerics numerics_ = AttentionNumerics::kNative;
     std::vector<int32_t> positions_;  // absolute position of every new token
+    std::vector<ViewAttention> views_, decoding_;
+    ThreadPool one_thread_{1};  // a decode step's sequences share pool_, each on one thread
     // Scratch, [n_tokens][width] each.
     std::vector<float> x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_;
     int64_t capacity_ = 0;

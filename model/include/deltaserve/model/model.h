@@ -26,6 +26,9 @@ struct LoadOptions {
     std::string tokenizer_path;
     // Draw a progress bar on stderr when it is a terminal. Default: true.
     bool show_progress = true;
+    // Repack quantized matrices for the matmul kernels (ModelWeights::repack): the same
+    // results, faster. Default: true.
+    bool repack = true;
 };
 
 // Loads a model, choosing the format from the path: a directory is a Hugging Face model

@@ -13,11 +13,11 @@ namespace deltaserve::model {
 using kernels::WeightMatrix;
 
 struct LayerWeights {
-    std::vector<float> attn_norm;  // d_model
-    WeightMatrix wq;               // q_dim x d_model
-    WeightMatrix wk;               // kv_dim x d_model
-    WeightMatrix wv;               // kv_dim x d_model
-    WeightMatrix wo;               // d_model x q_dim
+    std::vector<float> attn_norm;   // d_model
+    WeightMatrix wq;                // q_dim x d_model
+    WeightMatrix wk;                // kv_dim x d_model
+    WeightMatrix wv;                // kv_dim x d_model
+    WeightMatrix wo;                // d_model x q_dim
     std::vector<float> bq, bk, bv;  // Qwen2 biases; empty otherwise
     std::vector<float> ffn_norm;    // d_model
     WeightMatrix w_gate;            // d_ff x d_model
@@ -40,6 +40,11 @@ struct ModelWeights {
 
     // Allocates a zeroed 64-byte aligned buffer that lives as long as the weights.
     uint8_t* allocate(size_t bytes);
+
+    // Repacks every matrix the matmul kernels take interleaved (kernels::repackable) into
+    // buffers of its own, as ggml's CPU repack does; a tied output stays tied. The mapped
+    // pages the matrices came from are given back.
+    void repack();
 };
 
 }  // namespace deltaserve::model
