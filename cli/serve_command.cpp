@@ -102,7 +102,11 @@ int serve_main(int argc, char** argv) {
         print_error(transport.error());
         return 1;
     }
+    // One pool for the process: the decode worker's steps and the prefill worker's chunks take
+    // turns on it instead of two pools' threads contending for the same cores.
+    auto threads = std::make_shared<ThreadPool>(o.threads);
     dopt.context = o.context();
+    dopt.context.threads = threads;
     dopt.threads = o.threads;
     dopt.max_sessions = eo.max_sessions;
     dopt.session_ttl_ms = static_cast<int64_t>(ttl) * 1000;
@@ -112,6 +116,7 @@ int serve_main(int argc, char** argv) {
     auto decode = decode::DecodeWorker::create(**model, dopt);
     prefill::PrefillOptions popt;
     popt.context = o.context();
+    popt.context.threads = threads;
     popt.model_id = model_id;
     auto prefill = decode ? prefill::PrefillWorker::create(**model, popt, **transport)
                           : Result<std::unique_ptr<prefill::PrefillWorker>>(decode.status());

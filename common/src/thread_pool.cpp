@@ -35,6 +35,7 @@ void ThreadPool::dispatch(Thunk thunk, void* ctx, bool elastic) {
         thunk(ctx, 0, 1);
         return;
     }
+    std::lock_guard<std::mutex> one_region_at_a_time(regions_);
     uint32_t id32 = generation_.load(std::memory_order_relaxed) + 1u;
     if (id32 == 0) id32 = 1;  // 0 means "no region yet" to the workers
     const uint64_t id = id32;
@@ -52,7 +53,8 @@ void ThreadPool::dispatch(Thunk thunk, void* ctx, bool elastic) {
     int joined;
     if (elastic) {
         // Whoever has not joined by now is not needed: every chunk is taken.
-        joined = static_cast<int>(state_.fetch_and(~kOpen, std::memory_order_acq_rel) & kJoinedMask);
+        joined =
+            static_cast<int>(state_.fetch_and(~kOpen, std::memory_order_acq_rel) & kJoinedMask);
     } else {
         joined = n_threads_ - 1;
     }

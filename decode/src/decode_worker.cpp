@@ -198,6 +198,9 @@ class DecodeWorkerImpl final : public DecodeWorker {
     std::shared_ptr<ThreadPool> threads_;
     const KvStreamIds ids_;
     std::unique_ptr<PrefixCache> prefix_;  // null: off, or the policy's prefixes are not exact
+    // The loop's step buffers, kept across steps (a batch's logits are n_vocab floats a turn).
+    std::vector<model::InferenceContext*> step_contexts_;
+    std::vector<float> step_logits_;
 
     mutable std::mutex mu_;
     std::condition_variable wake_;
@@ -524,10 +527,10 @@ void DecodeWorkerImpl::carry_on(const std::shared_ptr<Turn>& t,
 
 void DecodeWorkerImpl::step(const std::vector<std::shared_ptr<Turn>>& batch,
                             const std::vector<std::span<const int32_t>>& tokens) {
-    std::vector<model::InferenceContext*> ctxs;
-    for (auto& t : batch) ctxs.push_back(t->ctx.get());
-    std::vector<float> logits;
-    Status st = model::eval_batch(ctxs, tokens, logits);
+    step_contexts_.clear();
+    for (auto& t : batch) step_contexts_.push_back(t->ctx.get());
+    std::vector<float>& logits = step_logits_;
+    Status st = model::eval_batch(step_contexts_, tokens, logits);
     const size_t nv = static_cast<size_t>(model_.config.n_vocab);
     for (size_t i = 0; i < batch.size(); ++i) {
         Turn& t = *batch[i];
@@ -780,7 +783,8 @@ Result<std::unique_ptr<DecodeWorker>> DecodeWorker::create(const model::Model& m
     if (c.kv.policy == "trimkv" && !c.kv.gates && !c.kv_profile.empty()) {
         DS_ASSIGN_OR_RETURN(c.kv.gates, model::load_trimkv_gates(c.kv_profile, model.config));
     }
-    auto threads = std::make_shared<ThreadPool>(options.threads);
+    // The process's pool when the caller gives one (serve shares it with its prefill worker).
+    auto threads = c.threads ? c.threads : std::make_shared<ThreadPool>(options.threads);
     c.threads = threads;
     DS_ASSIGN_OR_RETURN(auto probe, model::InferenceContext::create(model, c));
     const bool shippable = probe->export_kv_state().ok();

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 namespace deltaserve {
@@ -104,6 +106,44 @@ TEST(ThreadPool, CorrectWhenTheMachineIsOversubscribed) {
     stop.store(true);
     for (auto& t : hogs) t.join();
     EXPECT_EQ(total, 300);
+}
+
+}  // namespace
+}  // namespace deltaserve
+
+namespace deltaserve {
+namespace {
+
+// A process's workers share one pool (serve's decode and prefill workers): regions opened
+// from several threads at once each run whole, one after another.
+TEST(ThreadPool, RegionsFromSeveralThreadsEachRunWhole) {
+    ThreadPool pool(2);
+    std::atomic<int> inside{0};
+    std::atomic<bool> overlapped{false};
+    auto caller = [&](int64_t* covered) {
+        for (int rep = 0; rep < 2000; ++rep) {
+            std::vector<int> seen(32, 0);
+            pool.parallel_for(32, 4, [&](int64_t b, int64_t e) {
+                for (int64_t i = b; i < e; ++i) seen[static_cast<size_t>(i)]++;
+            });
+            *covered += std::count(seen.begin(), seen.end(), 1);
+            pool.run([&](int t, int) {
+                if (t != 0) return;
+                if (inside.fetch_add(1) != 0) overlapped = true;
+                const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
+                while (std::chrono::steady_clock::now() < until) {
+                }
+                inside.fetch_sub(1);
+            });
+        }
+    };
+    int64_t a = 0, b = 0;
+    std::thread other(caller, &b);
+    caller(&a);
+    other.join();
+    EXPECT_EQ(a, 2000 * 32);
+    EXPECT_EQ(b, 2000 * 32);
+    EXPECT_FALSE(overlapped.load());
 }
 
 }  // namespace

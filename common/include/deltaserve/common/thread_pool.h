@@ -2,19 +2,21 @@
 //
 // run() executes a function on every thread (the caller is thread 0) and returns when all
 // are done. Workers spin briefly between regions before sleeping on an atomic wait, so the
-// hundreds of regions a decoded token needs cost microseconds, not syscalls. Not
-// reentrant: run() must not be called from inside a region or from two threads at once.
+// hundreds of regions a decoded token needs cost microseconds, not syscalls. Regions opened
+// from several threads (the workers of one process sharing its pool) run one after another.
+// Not reentrant: run() must not be called from inside a region.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <thread>
 #include <vector>
 
 namespace deltaserve {
 
 class ThreadPool {
-public:
+  public:
     // n_threads counts the caller; <= 0 means one per hardware thread.
     explicit ThreadPool(int n_threads);
     ~ThreadPool();
@@ -93,7 +95,7 @@ public:
         dispatch(thunk, &body, /*elastic=*/true);
     }
 
-private:
+  private:
     using Thunk = void (*)(void*, int, int);
     // Opens a region, runs the caller's part, then closes it. Elastic regions wait only for
     // the workers that joined before the caller finished; others wait for every worker.
@@ -106,6 +108,7 @@ private:
     static constexpr uint64_t kJoinedMask = kOpen - 1;
 
     int n_threads_;
+    std::mutex regions_;  // held by the thread whose region is open
     std::vector<std::thread> workers_;
     Thunk thunk_ = nullptr;
     void* ctx_ = nullptr;
