@@ -18,7 +18,7 @@
 //
 // Usage: deltaserve-bench-runtime --model M.gguf [--threads 2] [--json]
 //        [--prefill-lens 512,2048,8000] [--decode-ctx 128,2048,8000] [--decode-tokens 64]
-//        [--n-batch 512] [--reps 1] [--decode-batch 1,8,32 --batch-ctx 200]
+//        [--n-batch 512] [--reps 1] [--decode-batch 1,8,32 --batch-ctx 200] [--no-repack]
 // --decode-batch B,...: also B sequences of --batch-ctx tokens each decoding together
 // (model::eval_batch, one thread pool, as the decode worker runs them): B x --decode-tokens
 // tokens / seconds, after 2 untimed steps.
@@ -69,6 +69,7 @@ struct BenchOptions {
     int reps = 1;                       // repeat each measurement, keep the best
     std::vector<int32_t> decode_batch;  // batch sizes for eval_batch; none by default
     int32_t batch_ctx = 200;            // context of each batched sequence
+    bool repack = true;                 // --no-repack: the file's row-major layout
 };
 
 // Python's random.Random(seed) for a small int seed: MT19937 seeded by init_by_array({seed}),
@@ -171,7 +172,8 @@ struct Engine {
 Result<Engine> load_engine(const BenchOptions& opts, int32_t n_ctx) {
     Engine e;
     const double t0 = now_s();
-    auto model = deltaserve::model::load_model(opts.model, {.show_progress = false});
+    auto model =
+        deltaserve::model::load_model(opts.model, {.show_progress = false, .repack = opts.repack});
     if (!model) return model.error();
     e.model = std::move(*model);
     auto ctx = InferenceContext::create(
@@ -334,6 +336,7 @@ Result<Json> run(const BenchOptions& opts) {
     Json out = {{"engine", "deltaserve"}, {"model", opts.model}, {"threads", opts.threads}};
     Json settings = {{"n_ctx", engine.ctx->n_ctx()},
                      {"n_batch", opts.n_batch},
+                     {"repack", opts.repack},
                      {"n_threads", opts.threads},
                      {"kv_type", "f16"},
                      {"n_vocab", config.n_vocab},
@@ -421,7 +424,7 @@ constexpr const char* kUsage =
     "usage: deltaserve-bench-runtime [--model M.gguf] [--threads 2] [--json]\n"
     "       [--prefill-lens 512,2048,8000] [--decode-ctx 128,2048,8000]\n"
     "       [--decode-tokens 64] [--n-batch 512] [--reps 1]\n"
-    "       [--decode-batch 1,8,32] [--batch-ctx 200]\n";
+    "       [--decode-batch 1,8,32] [--batch-ctx 200] [--no-repack]\n";
 
 Result<int> parse_int(const std::string& flag, const std::string& v, int min) {
     char* end = nullptr;
@@ -439,6 +442,10 @@ Status parse_args(int argc, char** argv, BenchOptions& o) {
         if (flag == "--help" || flag == "-h") return deltaserve::not_found("help");
         if (flag == "--json") {
             o.json = true;
+            continue;
+        }
+        if (flag == "--no-repack") {
+            o.repack = false;
             continue;
         }
         if (const size_t eq = flag.find('='); eq != std::string::npos) {

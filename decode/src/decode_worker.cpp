@@ -48,7 +48,8 @@ class DecodeWorkerImpl final : public DecodeWorker {
           n_ctx_(n_ctx),
           shippable_(shippable),
           threads_(std::move(threads)),
-          ids_{options_.model_id, options_.profile_id, kv_codec(options_.context)} {
+          ids_{options_.model_id, options_.profile_id, kv_codec(options_.context)},
+          runner_(model, threads_, options_.context.attention) {
         if (prefix_exact && options_.prefix_cache_bytes > 0) {
             const std::string fingerprint[] = {ids_.model_id, ids_.profile_id,
                                                std::to_string(static_cast<int>(ids_.codec))};
@@ -198,7 +199,9 @@ class DecodeWorkerImpl final : public DecodeWorker {
     std::shared_ptr<ThreadPool> threads_;
     const KvStreamIds ids_;
     std::unique_ptr<PrefixCache> prefix_;  // null: off, or the policy's prefixes are not exact
-    // The loop's step buffers, kept across steps (a batch's logits are n_vocab floats a turn).
+    // The loop's step buffers, kept across steps (a batch's logits are n_vocab floats a turn),
+    // and the batch's activations.
+    model::BatchRunner runner_;
     std::vector<model::InferenceContext*> step_contexts_;
     std::vector<float> step_logits_;
 
@@ -530,7 +533,7 @@ void DecodeWorkerImpl::step(const std::vector<std::shared_ptr<Turn>>& batch,
     step_contexts_.clear();
     for (auto& t : batch) step_contexts_.push_back(t->ctx.get());
     std::vector<float>& logits = step_logits_;
-    Status st = model::eval_batch(step_contexts_, tokens, logits);
+    Status st = runner_.run(step_contexts_, tokens, logits);
     const size_t nv = static_cast<size_t>(model_.config.n_vocab);
     for (size_t i = 0; i < batch.size(); ++i) {
         Turn& t = *batch[i];

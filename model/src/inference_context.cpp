@@ -31,11 +31,12 @@ struct CacheParts {
 };
 
 class InferenceContextImpl final : public InferenceContext {
-public:
+  public:
     InferenceContextImpl(const Model& model, const ContextOptions& options, CacheParts parts)
         : model_(model),
           options_(options),
-          threads_(options.threads ? options.threads : std::make_shared<ThreadPool>(options.n_threads)),
+          threads_(options.threads ? options.threads
+                                   : std::make_shared<ThreadPool>(options.n_threads)),
           parts_(std::move(parts)),
           forward_(model, *threads_) {
         forward_.set_attention_numerics(options.attention);
@@ -44,10 +45,11 @@ public:
     // Builds the cache over the parts (it may need the thread pool).
     Status init() {
         if (parts_.profile) {
-            DS_ASSIGN_OR_RETURN(cache_, kvstore::DeltaKvSequenceCache::create(*parts_.profile, parts_.deltakv, *threads_));
+            DS_ASSIGN_OR_RETURN(cache_, kvstore::DeltaKvSequenceCache::create(
+                                            *parts_.profile, parts_.deltakv, *threads_));
         } else if (parts_.policy) {
-            cache_ = std::make_unique<kvstore::EvictingSequenceCache>(*parts_.head_slots, std::move(parts_.policy),
-                                                                      options_.kv, *threads_);
+            cache_ = std::make_unique<kvstore::EvictingSequenceCache>(
+                *parts_.head_slots, std::move(parts_.policy), options_.kv, *threads_);
         } else {
             cache_ = std::make_unique<kvstore::FullSequenceCache>(*parts_.slots);
         }
@@ -84,52 +86,75 @@ public:
         return cache_->import_layer(layer, part);
     }
     std::vector<uint8_t> export_kv_hints() const override { return cache_->export_hints(); }
-    Status import_kv_hints(std::span<const uint8_t> hints) override { return cache_->import_hints(hints); }
+    Status import_kv_hints(std::span<const uint8_t> hints) override {
+        return cache_->import_hints(hints);
+    }
     bool kv_ships_rows() const override { return cache_->ships_rows(); }
-    int32_t kv_rows_final_end(int32_t layer, bool last) const override { return cache_->rows_final_end(layer, last); }
+    int32_t kv_rows_final_end(int32_t layer, bool last) const override {
+        return cache_->rows_final_end(layer, last);
+    }
     Result<std::vector<uint8_t>> export_kv_rows_state(int32_t n_tokens) const override {
         return cache_->export_rows_state(n_tokens);
     }
-    Result<std::vector<uint8_t>> export_kv_rows(int32_t layer, int32_t begin, int32_t end) const override {
+    Result<std::vector<uint8_t>> export_kv_rows(int32_t layer, int32_t begin,
+                                                int32_t end) const override {
         return cache_->export_rows(layer, begin, end);
     }
-    Status import_kv_rows(int32_t layer, int32_t begin, int32_t end, std::span<const uint8_t> part) override {
+    Status import_kv_rows(int32_t layer, int32_t begin, int32_t end,
+                          std::span<const uint8_t> part) override {
         return cache_->import_rows(layer, begin, end, part);
     }
-    void set_layer_observer(LayerObserver observer) override { forward_.set_layer_observer(std::move(observer)); }
+    void set_layer_observer(LayerObserver observer) override {
+        forward_.set_layer_observer(std::move(observer));
+    }
     void set_kv_tap(KvTap tap) override { forward_.set_kv_tap(std::move(tap)); }
-    void set_attention_tap(AttentionTap tap) override { forward_.set_attention_tap(std::move(tap)); }
+    void set_attention_tap(AttentionTap tap) override {
+        forward_.set_attention_tap(std::move(tap));
+    }
     double keep_ratio() const override {
-        const size_t full = kvstore::full_fp16_bytes(n_past(), model_.config.n_layers, model_.config.kv_dim());
+        const size_t full =
+            kvstore::full_fp16_bytes(n_past(), model_.config.n_layers, model_.config.kv_dim());
         return full == 0 ? 1.0 : static_cast<double>(cache_->bytes()) / static_cast<double>(full);
     }
 
-    // One forward pass over several contexts (eval_batch), run by the first one's Forward.
+    // One forward pass over several contexts (eval_batch), run by `runner` when given (its
+    // model, pool and numerics must be the contexts'), else by the first context's Forward.
     static Status step(std::span<InferenceContext* const> contexts,
-                       std::span<const std::span<const int32_t>> tokens, std::vector<float>& logits) {
+                       std::span<const std::span<const int32_t>> tokens, std::vector<float>& logits,
+                       const BatchRunner* runner = nullptr, Forward* runner_forward = nullptr) {
         if (contexts.empty() || contexts.size() != tokens.size()) {
-            return invalid_argument("eval_batch: " + std::to_string(contexts.size()) + " contexts and " +
-                                    std::to_string(tokens.size()) + " token lists");
+            return invalid_argument("eval_batch: " + std::to_string(contexts.size()) +
+                                    " contexts and " + std::to_string(tokens.size()) +
+                                    " token lists");
         }
         std::vector<SequenceInput> batch(contexts.size());
         auto* first = static_cast<InferenceContextImpl*>(contexts[0]);
+        if (runner != nullptr &&
+            (&runner->model() != &first->model_ || runner->threads() != first->threads_.get() ||
+             runner->numerics() != first->options_.attention)) {
+            return invalid_argument(
+                "eval_batch: the contexts differ from the runner in model, thread pool or "
+                "numerics");
+        }
         for (size_t i = 0; i < contexts.size(); ++i) {
             auto* c = static_cast<InferenceContextImpl*>(contexts[i]);
             if (&c->model_ != &first->model_ || c->threads_ != first->threads_ ||
                 c->options_.attention != first->options_.attention) {
-                return invalid_argument("eval_batch: the contexts differ in model, thread pool or numerics");
+                return invalid_argument(
+                    "eval_batch: the contexts differ in model, thread pool or numerics");
             }
             for (size_t j = 0; j < i; ++j) {
-                if (contexts[j] == c) return invalid_argument("eval_batch: a context appears twice");
+                if (contexts[j] == c)
+                    return invalid_argument("eval_batch: a context appears twice");
             }
             if (tokens[i].empty()) return invalid_argument("eval_batch: a context without tokens");
             DS_RETURN_IF_ERROR(c->check(tokens[i].size()));
             batch[i] = SequenceInput{c->cache_.get(), tokens[i], false};
         }
-        return first->forward_.run(batch, logits);
+        return (runner_forward != nullptr ? *runner_forward : first->forward_).run(batch, logits);
     }
 
-private:
+  private:
     Status check(size_t n_new) const {
         if (static_cast<int64_t>(n_past()) + static_cast<int64_t>(n_new) > options_.n_ctx) {
             return out_of_range("the sequence would hold " + std::to_string(n_past() + n_new) +
@@ -141,7 +166,8 @@ private:
 
     // Appends tokens in chunks of n_batch; only the last chunk's last logits are kept.
     // With `all`, every token's logits are appended to *all.
-    Status run(std::span<const int32_t> tokens, bool all_logits, std::vector<float>* all = nullptr) {
+    Status run(std::span<const int32_t> tokens, bool all_logits,
+               std::vector<float>* all = nullptr) {
         if (tokens.empty()) return invalid_argument("eval: no tokens");
         DS_RETURN_IF_ERROR(check(tokens.size()));
         const int32_t before = n_past();
@@ -174,9 +200,11 @@ void warn_below_floor(const kvstore::DeltaKvProfile& profile, const kvstore::Del
     if (o.keep >= floor) return;
     static std::atomic<float> warned{0.0f};
     if (warned.exchange(o.keep) == o.keep) return;
-    spdlog::warn("deltakv: keep {:.2f} is below what this profile holds (about {:.3f} at 2k tokens: {}-bit latents "
-                 "of m = {}, a reference every {} tokens, one full layer); the session holds about that",
-                 o.keep, floor, o.latent_bits, profile.m, o.stride);
+    spdlog::warn(
+        "deltakv: keep {:.2f} is below what this profile holds (about {:.3f} at 2k tokens: {}-bit "
+        "latents "
+        "of m = {}, a reference every {} tokens, one full layer); the session holds about that",
+        o.keep, floor, o.latent_bits, profile.m, o.stride);
 }
 
 }  // namespace
@@ -196,18 +224,24 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
     if (opts.attention == AttentionNumerics::kGgml && opts.kv_type != KvType::kF16) {
         return invalid_argument("llama.cpp-compatible attention needs an f16 KV cache");
     }
-    const kernels::DType dtype = opts.kv_type == KvType::kF16 ? kernels::DType::kF16 : kernels::DType::kF32;
+    const kernels::DType dtype =
+        opts.kv_type == KvType::kF16 ? kernels::DType::kF16 : kernels::DType::kF32;
     if (opts.kv.policy != "full" && opts.attention == AttentionNumerics::kGgml) {
-        return invalid_argument("llama.cpp-compatible attention works only with the full KV policy");
+        return invalid_argument(
+            "llama.cpp-compatible attention works only with the full KV policy");
     }
     CacheParts parts;
     const ModelConfig& c = model.config;
     if (opts.kv.policy == "deltakv") {
         if (opts.kv_profile.empty() && !opts.deltakv_profile) {
-            return invalid_argument("the deltakv policy needs a profile (--kv-profile; make one with deltactl calibrate)");
+            return invalid_argument(
+                "the deltakv policy needs a profile (--kv-profile; make one with deltactl "
+                "calibrate)");
         }
-        if (!(opts.kv.keep > 0.0f && opts.kv.keep <= 1.0f)) return invalid_argument("keep ratio must be in (0, 1]");
-        if (opts.kv_type != KvType::kF16) return invalid_argument("the deltakv policy keeps an f16 cache");
+        if (!(opts.kv.keep > 0.0f && opts.kv.keep <= 1.0f))
+            return invalid_argument("keep ratio must be in (0, 1]");
+        if (opts.kv_type != KvType::kF16)
+            return invalid_argument("the deltakv policy keeps an f16 cache");
         if (opts.deltakv_profile) {
             parts.profile = opts.deltakv_profile;
         } else {
@@ -231,11 +265,13 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
         }
         o.score_dims = opts.deltakv_score_dims;
         if (!(opts.deltakv_pin >= 0.0f && opts.deltakv_pin < 1.0f)) {
-            return invalid_argument("deltakv pin ratio must be in [0, 1), got " + std::to_string(opts.deltakv_pin));
+            return invalid_argument("deltakv pin ratio must be in [0, 1), got " +
+                                    std::to_string(opts.deltakv_pin));
         }
         o.pin_ratio = opts.deltakv_pin;
         if (opts.deltakv_follow < 0) {
-            return invalid_argument("deltakv follow must be >= 0, got " + std::to_string(opts.deltakv_follow));
+            return invalid_argument("deltakv follow must be >= 0, got " +
+                                    std::to_string(opts.deltakv_follow));
         }
         o.follow = opts.deltakv_follow;
         if (!(opts.deltakv_exact >= 0.0f && opts.deltakv_exact < 1.0f)) {
@@ -254,7 +290,9 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
     } else if (opts.kv.policy != "full") {
         if (opts.kv.policy == "trimkv" && !opts.kv.gates) {
             if (opts.kv_profile.empty()) {
-                return invalid_argument("the trimkv policy needs its gates (--kv-profile trimkv.json; deltactl calibrate)");
+                return invalid_argument(
+                    "the trimkv policy needs its gates (--kv-profile trimkv.json; deltactl "
+                    "calibrate)");
             }
             DS_ASSIGN_OR_RETURN(opts.kv.gates, load_trimkv_gates(opts.kv_profile, c));
         }
@@ -262,7 +300,8 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
         kvstore::HeadSlotPoolOptions ho{c.n_layers, c.n_kv_heads, c.head_dim, opts.n_ctx, dtype};
         DS_ASSIGN_OR_RETURN(parts.head_slots, kvstore::HeadSlotPool::create(ho));
     } else {
-        if (opts.kv.keep != 1.0f) return invalid_argument("a keep ratio below 1 needs a KV policy other than full");
+        if (opts.kv.keep != 1.0f)
+            return invalid_argument("a keep ratio below 1 needs a KV policy other than full");
         kvstore::SlotPoolOptions po{c.n_layers, c.kv_dim(), opts.n_ctx, dtype, c.n_kv_heads};
         DS_ASSIGN_OR_RETURN(parts.slots, kvstore::SlotPool::create(po));
     }
@@ -274,6 +313,23 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
 Status eval_batch(std::span<InferenceContext* const> contexts,
                   std::span<const std::span<const int32_t>> tokens, std::vector<float>& logits) {
     return InferenceContextImpl::step(contexts, tokens, logits);
+}
+
+BatchRunner::BatchRunner(const Model& model, std::shared_ptr<ThreadPool> threads,
+                         AttentionNumerics numerics)
+    : model_(model),
+      threads_(std::move(threads)),
+      numerics_(numerics),
+      forward_(std::make_unique<Forward>(model, *threads_)) {
+    forward_->set_attention_numerics(numerics);
+}
+
+BatchRunner::~BatchRunner() = default;
+
+Status BatchRunner::run(std::span<InferenceContext* const> contexts,
+                        std::span<const std::span<const int32_t>> tokens,
+                        std::vector<float>& logits) {
+    return InferenceContextImpl::step(contexts, tokens, logits, this, forward_.get());
 }
 
 }  // namespace deltaserve::model

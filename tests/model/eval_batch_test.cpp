@@ -149,3 +149,46 @@ INSTANTIATE_TEST_SUITE_P(Numerics, Repacked,
 
 }  // namespace
 }  // namespace deltaserve::model
+
+namespace deltaserve::model {
+namespace {
+
+// A worker's BatchRunner gives the logits eval_batch gives (and each context alone), and
+// takes only contexts of its own model, pool and numerics.
+class Runner : public testing::DefaultModelTest {};
+
+TEST_F(Runner, SameLogitsAsEvalBatchAndOnlyItsOwnContexts) {
+    auto threads = std::make_shared<ThreadPool>(2);
+    auto make = [&](std::shared_ptr<ThreadPool> pool) {
+        ContextOptions co;
+        co.n_ctx = 512;
+        co.threads = std::move(pool);
+        auto c = InferenceContext::create(*model_, co);
+        EXPECT_TRUE(c.ok()) << c.error().to_string();
+        return c.ok() ? std::move(*c) : nullptr;
+    };
+    std::unique_ptr<InferenceContext> a[2] = {make(threads), make(threads)};
+    std::unique_ptr<InferenceContext> b[2] = {make(threads), make(threads)};
+    std::vector<std::vector<int32_t>> prompts = {text_tokens(30), text_tokens(50, 200)};
+    BatchRunner runner(*model_, threads, AttentionNumerics::kNative);
+    std::vector<float> by_runner, by_first;
+    InferenceContext* pa[] = {a[0].get(), a[1].get()};
+    InferenceContext* pb[] = {b[0].get(), b[1].get()};
+    std::vector<std::span<const int32_t>> in(prompts.begin(), prompts.end());
+    ASSERT_TRUE(runner.run(pa, in, by_runner).ok());
+    ASSERT_TRUE(eval_batch(pb, in, by_first).ok());
+    EXPECT_EQ(by_runner, by_first);
+    EXPECT_EQ(a[1]->n_past(), 50);
+
+    auto other = make(std::make_shared<ThreadPool>(1));
+    InferenceContext* po[] = {other.get()};
+    std::vector<std::span<const int32_t>> one = {in[0]};
+    EXPECT_EQ(runner.run(po, one, by_runner).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(other->n_past(), 0);
+    BatchRunner ggml(*model_, threads, AttentionNumerics::kGgml);
+    EXPECT_EQ(ggml.run(pa, in, by_runner).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(a[0]->n_past(), 30);
+}
+
+}  // namespace
+}  // namespace deltaserve::model

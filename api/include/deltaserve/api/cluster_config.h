@@ -41,7 +41,7 @@ struct ClusterConfig {
         gateway_rpc;  // host:port of the gateway's Cap'n Proto chat and admin service; "" = none
     int32_t local_prefill_max = 512;
     int32_t max_batch = 32;
-    int32_t prefill_chunk = 0;  // a decode node's prompt tokens per pass (0 = batch_size)
+    int32_t prefill_chunk = 128;  // a decode node's prompt tokens per pass (0 = batch_size)
     int32_t max_sessions = 64;
     int32_t session_ttl = 3600;       // seconds
     int32_t prefix_cache_mib = 1024;  // a decode node's prefix cache (0 = off)

@@ -32,8 +32,11 @@ struct DecodeOptions {
     int64_t session_ttl_ms = 3600'000;  // idle sessions are dropped after this
     int32_t max_batch = 32;             // turns per forward pass
     int32_t local_prefill_max = 512;    // uncached prompt tokens prefilled here, at most
-    int32_t prefill_chunk = 0;          // prompt tokens per forward pass next to running turns;
-                                        // 0 = context.n_batch (as a prefill node chunks)
+    // Prompt tokens per forward pass next to the running turns (a step's token budget for
+    // prefill; a prompt delays the others' next token by one such chunk at most). 128 by
+    // measurement (bench/README.md, "Choosing the prefill chunk": 512 doubled the
+    // inter-token p99 for the same throughput); 0 = context.n_batch (as a prefill node).
+    int32_t prefill_chunk = 128;
     // A turn waiting for its KV fails when none of it came for this long: from the turn's
     // start (the prefill's queue and its first chunk), then from each message of its stream.
     int64_t kv_wait_ms = 120'000;

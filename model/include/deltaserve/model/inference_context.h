@@ -76,7 +76,7 @@ struct ContextOptions {
 };
 
 class InferenceContext {
-public:
+  public:
     // Errors: kInvalidArgument for options the model cannot take.
     static Result<std::unique_ptr<InferenceContext>> create(const Model& model,
                                                             const ContextOptions& options);
@@ -118,14 +118,16 @@ public:
     // Layer-wise shipping (kvstore::SequenceCache::export_rows): whether the cache ships
     // rows while the forward pass runs; how far a layer's rows are final (from the layer
     // observer, or at rest) while more tokens may come, or, with `last`, in the call whose
-    // tokens are the last (kvstore::SequenceCache::rows_final_end); the state an importer takes before
-    // the rows of n_tokens positions; the rows of positions [begin, end), and taking such
+    // tokens are the last (kvstore::SequenceCache::rows_final_end); the state an importer takes
+    // before the rows of n_tokens positions; the rows of positions [begin, end), and taking such
     // ranges back after import_kv_state.
     virtual bool kv_ships_rows() const = 0;
     virtual int32_t kv_rows_final_end(int32_t layer, bool last = false) const = 0;
     virtual Result<std::vector<uint8_t>> export_kv_rows_state(int32_t n_tokens) const = 0;
-    virtual Result<std::vector<uint8_t>> export_kv_rows(int32_t layer, int32_t begin, int32_t end) const = 0;
-    virtual Status import_kv_rows(int32_t layer, int32_t begin, int32_t end, std::span<const uint8_t> part) = 0;
+    virtual Result<std::vector<uint8_t>> export_kv_rows(int32_t layer, int32_t begin,
+                                                        int32_t end) const = 0;
+    virtual Status import_kv_rows(int32_t layer, int32_t begin, int32_t end,
+                                  std::span<const uint8_t> part) = 0;
     // Called after each layer of every forward pass with the layer index, while the chunk's
     // positions [n_past(), n_past() + chunk) are stored but not yet committed.
     virtual void set_layer_observer(LayerObserver observer) = 0;
@@ -144,5 +146,32 @@ public:
 // empty inputs, kResourceExhausted.
 Status eval_batch(std::span<InferenceContext* const> contexts,
                   std::span<const std::span<const int32_t>> tokens, std::vector<float>& logits);
+
+class Forward;
+
+// eval_batch through scratch of its own: a worker that batches whichever sessions are running
+// makes one, so the batch's activations (tokens x the model's widths) live once in the
+// worker, not in every context that once came first in a batch. Layer observers and taps of
+// the contexts are not called.
+class BatchRunner {
+  public:
+    BatchRunner(const Model& model, std::shared_ptr<ThreadPool> threads,
+                AttentionNumerics numerics);
+    ~BatchRunner();
+
+    // As eval_batch; the contexts must also share this runner's model, pool and numerics.
+    Status run(std::span<InferenceContext* const> contexts,
+               std::span<const std::span<const int32_t>> tokens, std::vector<float>& logits);
+
+    const Model& model() const { return model_; }
+    const ThreadPool* threads() const { return threads_.get(); }
+    AttentionNumerics numerics() const { return numerics_; }
+
+  private:
+    const Model& model_;
+    std::shared_ptr<ThreadPool> threads_;
+    AttentionNumerics numerics_;
+    std::unique_ptr<Forward> forward_;
+};
 
 }  // namespace deltaserve::model
