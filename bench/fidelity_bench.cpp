@@ -33,6 +33,7 @@
 #include "deltaserve/common/args.h"
 #include "deltaserve/common/logging.h"
 #include "deltaserve/common/thread_pool.h"
+#include "deltaserve/kvstore/kv_policy.h"
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/model.h"
 #include "deltaserve/model/sampler.h"
@@ -115,8 +116,10 @@ Result<std::vector<Arm>> make_arms(const model::Model& m, const Options& o, cons
         co.deltakv_follow = o.follow;
         co.deltakv_exact = o.exact;
         co.deltakv_exact_depth = o.exact_depth;
-        if (policy == "trimkv") {
-            co.kv_profile = (std::filesystem::path(o.profile).parent_path() / "trimkv.json").string();
+        // A policy with a profile of its own (trimkv's gates) finds it beside DeltaKV's.
+        DS_ASSIGN_OR_RETURN(const kvstore::KvPolicyInfo* info, kvstore::find_kv_policy(policy));
+        if (info->kind == kvstore::KvCacheKind::kEvicting && !info->profile_file.empty()) {
+            co.kv_profile = (std::filesystem::path(o.profile).parent_path() / info->profile_file).string();
         }
         DS_ASSIGN_OR_RETURN(auto ctx, InferenceContext::create(m, co));
         arms.push_back(Arm{policy, keep, std::move(ctx)});

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "deltaserve/common/logging.h"
+#include "deltaserve/kvstore/kv_policy.h"
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/transport/wire_format.h"
 
@@ -40,10 +41,12 @@ Result<Shipped> ship(const model::Model& m, const std::string& policy, float kee
     DS_ASSIGN_OR_RETURN(auto ctx, model::InferenceContext::create(m, co));
     const int32_t n = static_cast<int32_t>(tokens.size()), n_layers = m.config.n_layers;
     transport::ShipmentHeader h;
-    h.codec = policy == "full" ? transport::KvCodec::kRawF16 : transport::KvCodec::kDeltaKv;
+    DS_ASSIGN_OR_RETURN(const kvstore::KvPolicyInfo* info, kvstore::find_kv_policy(policy));
+    const bool rows = info->codec == kvstore::KvCodecId::kRows;
+    h.codec = rows ? transport::KvCodec::kRawF16 : transport::KvCodec::kDeltaKv;
     h.n_layers = n_layers;
     h.model_id = "SmolLM2-135M-Instruct.Q4_1";
-    h.profile_id = policy == "full" ? "" : "deltakv-default";
+    h.profile_id = rows ? "" : "deltakv-default";
     h.session_id = "bench-session-0001";
     Shipped out;
     DS_ASSIGN_OR_RETURN(auto state, ctx->export_kv_rows_state(n));
@@ -52,7 +55,7 @@ Result<Shipped> ship(const model::Model& m, const std::string& policy, float kee
     // As the prefill worker ships: from the layer observer, each layer's rows once final.
     std::vector<int32_t> shipped(static_cast<size_t>(n_layers), 0);
     int32_t e = 0;
-    bool done = false;    // after the last chunk: every row left
+    bool done = false;     // after the last chunk: every row left
     int32_t at_layer = 0;  // the layer whose observer ships
     Status failed;
     const auto ship = [&](int32_t layer) {
@@ -81,7 +84,8 @@ Result<Shipped> ship(const model::Model& m, const std::string& policy, float kee
     });
     for (int32_t b = 0; b < n; b = e) {
         e = std::min(n, b + 512);
-        DS_RETURN_IF_ERROR(ctx->eval(tokens.subspan(static_cast<size_t>(b), static_cast<size_t>(e - b))).status());
+        DS_RETURN_IF_ERROR(
+            ctx->eval(tokens.subspan(static_cast<size_t>(b), static_cast<size_t>(e - b))).status());
         DS_RETURN_IF_ERROR(failed);
     }
     ctx->set_layer_observer(nullptr);

@@ -125,6 +125,7 @@ int node_main(bool decode_role, int argc, char** argv) {
         d.session_ttl_ms = static_cast<int64_t>(c.session_ttl) * 1000;
         d.local_prefill_max = c.local_prefill_max;
         d.prefix_cache_bytes = static_cast<size_t>(c.prefix_cache_mib) << 20;
+        d.kv_memory = c.kv_memory;
         d.model_id = roles.model_id;
         d.cluster_token = c.cluster_token;
         auto w = decode::DecodeWorker::create(**model, d);

@@ -6,6 +6,7 @@
 
 #include "deltaserve/common/logging.h"
 #include "deltaserve/kernels/matmul.h"
+#include "deltaserve/kvstore/kv_policy.h"
 
 namespace deltaserve::cli {
 
@@ -20,7 +21,7 @@ void RunOptions::register_flags(ArgParser& p) {
           "attention arithmetic: native, or ggml to round as llama.cpp's CPU flash attention "
           "does (same output token for token with the same --threads; slower)");
     p.add("kv-policy", &kv_policy,
-          std::string("KV cache policy: ") + kvstore::eviction_policy_names() + " (full keeps every token)");
+          "KV cache policy: " + kvstore::kv_policy_names() + " (full keeps every token)");
     p.add("kv-keep", &kv_keep, "target keep ratio of the KV cache in (0, 1]: bytes held / fp16 full-cache bytes");
     p.add("kv-profile", &kv_profile,
           "deltakv.json or trimkv.json from deltactl calibrate (default: "
@@ -83,9 +84,10 @@ model::ContextOptions RunOptions::context() const {
     c.deltakv_follow = kv_follow;
     c.deltakv_exact = kv_exact;
     // deltakv / trimkv without --kv-profile: what setup calibrates in profiles/<model file>/.
-    if ((kv_policy == "deltakv" || kv_policy == "trimkv") && kv_profile.empty()) {
-        const std::string guess =
-            "profiles/" + std::filesystem::path(model_path).filename().string() + "/" + kv_policy + ".json";
+    auto policy = kvstore::find_kv_policy(kv_policy);
+    if (policy.ok() && !(*policy)->profile_file.empty() && kv_profile.empty()) {
+        const std::string guess = "profiles/" + std::filesystem::path(model_path).filename().string() + "/" +
+                                  std::string((*policy)->profile_file);
         if (std::filesystem::exists(guess)) c.kv_profile = guess;
     }
     c.attention = attention == "ggml" ? model::AttentionNumerics::kGgml : model::AttentionNumerics::kNative;
@@ -110,8 +112,11 @@ Result<std::unique_ptr<model::Model>> load_model_for_run(const RunOptions& o) {
     if (!(o.kv_score_dims > 0.0f && o.kv_score_dims <= 1.0f)) {
         return invalid_argument("--kv-score-dims must be in (0, 1]");
     }
-    if (o.kv_policy == "full" && o.kv_keep < 1.0f) {
-        return invalid_argument("--kv-keep below 1 needs a --kv-policy (" + std::string(kvstore::eviction_policy_names()) + ")");
+    {
+        kvstore::EvictionConfig kv;
+        kv.policy = o.kv_policy;
+        kv.keep = o.kv_keep;
+        DS_RETURN_IF_ERROR(kv.validate().with_context("--kv-policy / --kv-keep"));
     }
     {  // The same check as a request's sampling fields get; the message names the field.
         model::SamplingParams s;

@@ -8,6 +8,7 @@
 #include "access_flags.h"
 #include "commands.h"
 #include "deltaserve/api/cluster_chat_engine.h"
+#include "deltaserve/common/byte_size.h"
 #include "deltaserve/transport/transport_factory.h"
 #include "gateway_loop.h"
 #include "run_options.h"
@@ -30,6 +31,7 @@ int serve_main(int argc, char** argv) {
     int32_t max_connections = go.max_connections;
     int32_t prefix_cache_mib = static_cast<int32_t>(dopt.prefix_cache_bytes >> 20);
     int32_t drain_seconds = static_cast<int32_t>(go.drain_timeout_ms / 1000);
+    std::string kv_memory;
     ArgParser p(
         "deltaserve serve",
         "Serves --model over an OpenAI-compatible HTTP API (POST /v1/chat/completions, GET "
@@ -59,6 +61,10 @@ int serve_main(int argc, char** argv) {
           "uncached prompt tokens the decode worker prefills itself; longer prompts go to the "
           "prefill worker; -1 = every prompt (its threads would compete with the decode "
           "worker's)");
+    p.add("kv-memory", &kv_memory,
+          "KV memory for sessions, running turns and the prefix cache, e.g. 4GiB; a turn is "
+          "booked the most its KV can grow to (prompt and max_tokens) and gets 429 when "
+          "running turns have booked it all; default: a quarter of physical memory");
     p.add("prefix-cache-mib", &prefix_cache_mib,
           "MiB of KV blocks kept for later prompts that start the same way (a conversation "
           "sent whole again, a shared system prompt; full KV only); 0 = off");
@@ -77,6 +83,14 @@ int serve_main(int argc, char** argv) {
                              ">= 1, --local-prefill-max, --drain-timeout, --prefix-cache-mib and "
                              "--prefill-chunk >= 0"));
         return 2;
+    }
+    if (!kv_memory.empty()) {
+        auto bytes = parse_byte_size(kv_memory);
+        if (!bytes) {
+            print_error(bytes.status().with_context("--kv-memory"));
+            return 2;
+        }
+        dopt.kv_memory = *bytes;
     }
     eo.session_ttl_seconds = ttl;
     auto access_options = access.resolve(p);

@@ -74,6 +74,10 @@ struct DecodeStats {
   prefixCacheBytes @7 :Int64;
   prefixCacheBlocks @8 :Int64;
   prefixCacheHitTokens @9 :Int64;
+  kvMemory @10 :Int64;
+  kvBooked @11 :Int64;
+  kvPoolUsed @12 :Int64;
+  kvPoolPeak @13 :Int64;
 }
 
 interface DecodeNode {

@@ -81,6 +81,10 @@ EngineStats ClusterChatEngine::stats() const {
         s.queued += ds->waiting;
         s.kv_bytes += ds->kv_bytes;
         s.prefix_cache_bytes += ds->prefix_cache_bytes;
+        s.kv_sessions += ds->sessions;
+        s.kv_memory += ds->kv_memory;
+        s.kv_booked += ds->kv_booked;
+        s.kv_pool_used += ds->kv_pool_used;
         held += static_cast<double>(ds->kv_bytes);
         full += ds->keep_ratio > 0 ? static_cast<double>(ds->kv_bytes) / ds->keep_ratio : 0;
     }

@@ -8,6 +8,9 @@
 #include <map>
 #include <set>
 
+#include "deltaserve/common/byte_size.h"
+#include "deltaserve/kvstore/kv_policy.h"
+
 namespace deltaserve::api {
 
 namespace {
@@ -46,7 +49,11 @@ const std::map<std::string, Setter>& setters() {
         };
         text("model", &ClusterConfig::model);
         text("tokenizer", &ClusterConfig::tokenizer);
-        text("kv_policy", &ClusterConfig::kv_policy);
+        m["kv_policy"] = [](ClusterConfig& c, const std::string& v) {
+            DS_RETURN_IF_ERROR(kvstore::find_kv_policy(v).status().with_context("kv_policy"));
+            c.kv_policy = v;
+            return Status();
+        };
         text("kv_profile", &ClusterConfig::kv_profile);
         text("transport_tls", &ClusterConfig::transport_tls);
         text("transport_rndv_scheme", &ClusterConfig::transport_rndv_scheme);
@@ -73,6 +80,12 @@ const std::map<std::string, Setter>& setters() {
         integer("max_sessions", &ClusterConfig::max_sessions, 1, 1 << 20);
         integer("session_ttl", &ClusterConfig::session_ttl, 1, 1 << 30);
         integer("prefix_cache_mib", &ClusterConfig::prefix_cache_mib, 0, 1 << 24);
+        m["kv_memory"] = [](ClusterConfig& c, const std::string& v) {
+            auto bytes = parse_byte_size(v);
+            if (!bytes) return bytes.status().with_context("kv_memory");
+            c.kv_memory = *bytes;
+            return Status();
+        };
         m["kv_keep"] = [](ClusterConfig& c, const std::string& v) {
             try {
                 size_t used = 0;

@@ -107,6 +107,16 @@ std::string Metrics::render(const EngineStats& e) const {
            static_cast<double>(e.queued));
     metric("deltaserve_kv_bytes", "gauge", "Bytes the KV cache holds.",
            static_cast<double>(e.kv_bytes));
+    metric("deltaserve_kv_sessions", "gauge", "Sessions whose KV the decode workers hold.",
+           static_cast<double>(e.kv_sessions));
+    metric("deltaserve_kv_memory_bytes", "gauge", "The decode workers' KV memory (--kv-memory).",
+           static_cast<double>(e.kv_memory));
+    metric("deltaserve_kv_booked_bytes", "gauge",
+           "KV memory booked by running turns (the most their KV can grow to).",
+           static_cast<double>(e.kv_booked));
+    metric("deltaserve_kv_pool_used_bytes", "gauge",
+           "Bytes of the full-KV block pools in use (a shared block counts once).",
+           static_cast<double>(e.kv_pool_used));
     metric("deltaserve_prefix_cache_bytes", "gauge",
            "Bytes of KV blocks kept for later prompts that start the same way.",
            static_cast<double>(e.prefix_cache_bytes));

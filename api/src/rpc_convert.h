@@ -97,6 +97,10 @@ inline void to_capnp(const decode::DecodeStats& s, DecodeStats::Builder b) {
     b.setPrefixCacheBytes(s.prefix_cache_bytes);
     b.setPrefixCacheBlocks(s.prefix_cache_blocks);
     b.setPrefixCacheHitTokens(s.prefix_cache_hit_tokens);
+    b.setKvMemory(s.kv_memory);
+    b.setKvBooked(s.kv_booked);
+    b.setKvPoolUsed(s.kv_pool_used);
+    b.setKvPoolPeak(s.kv_pool_peak);
 }
 inline decode::DecodeStats from_capnp(DecodeStats::Reader r) {
     decode::DecodeStats s;
@@ -110,6 +114,10 @@ inline decode::DecodeStats from_capnp(DecodeStats::Reader r) {
     s.prefix_cache_bytes = r.getPrefixCacheBytes();
     s.prefix_cache_blocks = r.getPrefixCacheBlocks();
     s.prefix_cache_hit_tokens = r.getPrefixCacheHitTokens();
+    s.kv_memory = r.getKvMemory();
+    s.kv_booked = r.getKvBooked();
+    s.kv_pool_used = r.getKvPoolUsed();
+    s.kv_pool_peak = r.getKvPoolPeak();
     return s;
 }
 

@@ -8,10 +8,14 @@
 #include <map>
 #include <mutex>
 #include <thread>
+
+#include <unistd.h>
 #include <vector>
 
+#include "deltaserve/common/byte_size.h"
 #include "deltaserve/common/logging.h"
 #include "deltaserve/decode/kv_stream_io.h"
+#include "deltaserve/kvstore/kv_policy.h"
 #include "deltaserve/model/deltakv_profile.h"
 #include "deltaserve/model/trimkv_profile.h"
 #include "deltaserve/transport/kv_stream.h"
@@ -27,6 +31,13 @@ using Clock = std::chrono::steady_clock;
 using transport::StreamHeader;
 using transport::StreamKind;
 
+// DecodeOptions::kv_memory's default: a quarter of the machine's physical memory.
+size_t default_kv_memory() {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0) return size_t{1} << 30;
+    return static_cast<size_t>(pages) * static_cast<size_t>(page) / 4;
+}
+
 int64_t now_ms() {
     return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch())
         .count();
@@ -41,20 +52,25 @@ struct Session {
 
 class DecodeWorkerImpl final : public DecodeWorker {
   public:
-    DecodeWorkerImpl(const model::Model& model, DecodeOptions options, int32_t n_ctx,
-                     bool shippable, bool prefix_exact, std::shared_ptr<ThreadPool> threads)
+    DecodeWorkerImpl(const model::Model& model, DecodeOptions options,
+                     std::unique_ptr<model::InferenceContext> probe, bool shippable,
+                     bool prefix_exact, std::shared_ptr<ThreadPool> threads)
         : model_(model),
           options_(std::move(options)),
-          n_ctx_(n_ctx),
+          n_ctx_(probe->n_ctx()),
           shippable_(shippable),
           threads_(std::move(threads)),
           ids_{options_.model_id, options_.profile_id, kv_codec(options_.context)},
+          probe_(std::move(probe)),
           runner_(model, threads_, options_.context.attention) {
-        if (prefix_exact && options_.prefix_cache_bytes > 0) {
+        const auto& pool = options_.context.kv_blocks;
+        if (prefix_exact && pool && options_.prefix_cache_bytes > 0) {
             const std::string fingerprint[] = {ids_.model_id, ids_.profile_id,
                                                std::to_string(static_cast<int>(ids_.codec))};
             prefix_ = std::make_unique<PrefixCache>(prefix_cache_root(fingerprint),
-                                                    options_.prefix_cache_bytes);
+                                                    options_.prefix_cache_bytes, pool);
+            // Blocks only the prefix cache holds are the first to go when the pool runs short.
+            pool->set_reclaimer([this](int32_t missing) { prefix_->reclaim(missing); });
         }
         loop_ = std::thread([this] { run_loop(); });
     }
@@ -81,6 +97,7 @@ class DecodeWorkerImpl final : public DecodeWorker {
             left = turns_;
         }
         for (auto& [id, t] : left) end_turn(t, unavailable("the decode worker stopped"));
+        if (prefix_) options_.context.kv_blocks->set_reclaimer(nullptr);
     }
 
     Result<TurnPlan> start_turn(TurnSpec spec, std::shared_ptr<TurnSink> sink) override;
@@ -117,17 +134,25 @@ class DecodeWorkerImpl final : public DecodeWorker {
         for (const auto& [id, t] : turns_)
             ++(t->stage == Turn::Stage::kRunning ? s.running : s.waiting);
         if (turns_.empty()) {  // nothing runs: what the sessions hold is all there is
-            size_t held = 0, full = 0;
+            size_t held = 0, kept = 0, full = 0;
             for (const auto& [id, sess] : sessions_) {
                 if (!sess.ctx) continue;
-                held += sess.ctx->kv_bytes();
+                held += sess.ctx->kv_held_bytes();
+                kept += sess.ctx->kv_bytes();
                 full += kvstore::full_fp16_bytes(sess.ctx->n_past(), model_.config.n_layers,
                                                  model_.config.kv_dim());
             }
             s.kv_bytes = static_cast<int64_t>(held);
-            s.keep_ratio = full == 0 ? 1.0 : static_cast<double>(held) / static_cast<double>(full);
+            s.keep_ratio = full == 0 ? 1.0 : static_cast<double>(kept) / static_cast<double>(full);
         }
         s.kv_bytes_received = kv_bytes_received_.load();
+        s.kv_memory = static_cast<int64_t>(options_.kv_memory);
+        s.kv_booked = static_cast<int64_t>(booked_);
+        if (const auto& pool = options_.context.kv_blocks) {
+            const auto block = static_cast<int64_t>(pool->block_bytes());
+            s.kv_pool_used = (pool->capacity() - pool->free_blocks()) * block;
+            s.kv_pool_peak = pool->peak_blocks() * block;
+        }
         add_prefix_stats(s);
         return s;
     }
@@ -149,11 +174,13 @@ class DecodeWorkerImpl final : public DecodeWorker {
     std::unique_ptr<model::InferenceContext> from_prefix_cache(const TurnSpec& spec);
     // Offers the blocks of a turn's KV to the prefix cache (a failed copy only loses reuse).
     void cache_prefix(const Turn& t) {
-        if (!prefix_ || !t.ctx) return;
-        Status st = prefix_->store(t.cached, t.spec.cache_scope, *t.ctx);
-        if (!st.ok())
-            spdlog::warn("decode: not caching turn {}'s KV: {}", t.spec.turn_id, st.message());
+        if (prefix_ && t.ctx) prefix_->store(t.cached, t.spec.cache_scope, *t.ctx);
     }
+    // Books the most KV a new turn can hold (DecodeOptions::kv_memory), dropping idle
+    // sessions other than its own for it, least recently used first. Under mu_.
+    Status book_locked(Turn& t);
+    // KV bytes of the sessions no turn runs for, but `except`'s. Under mu_.
+    size_t idle_bytes_locked(const std::string& except) const;
     // A turn about to prefill its first chunk: what the prefix cache holds of its prompt now,
     // if more than it started with (turns that came together behind one system prompt: the
     // first computes it, the others find it here).
@@ -198,6 +225,8 @@ class DecodeWorkerImpl final : public DecodeWorker {
     const bool shippable_;
     std::shared_ptr<ThreadPool> threads_;
     const KvStreamIds ids_;
+    // An empty context made like the sessions': what a turn's KV can grow to (kv_bytes_bound).
+    const std::unique_ptr<model::InferenceContext> probe_;
     std::unique_ptr<PrefixCache> prefix_;  // null: off, or the policy's prefixes are not exact
     // The loop's step buffers, kept across steps (a batch's logits are n_vocab floats a turn),
     // and the batch's activations.
@@ -210,6 +239,7 @@ class DecodeWorkerImpl final : public DecodeWorker {
     bool stopping_ = false;
     std::map<uint64_t, std::shared_ptr<Turn>> turns_;
     std::map<std::string, Session> sessions_;
+    size_t booked_ = 0;  // KV bytes booked by the turns not ended
     std::list<Reader> readers_;
     DecodeStats stats_;
     std::atomic<int64_t> kv_bytes_received_{0};
@@ -260,14 +290,18 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
     if (turns_.count(t->spec.turn_id) != 0) {
         return invalid_argument("turn " + std::to_string(t->spec.turn_id) + " is already running");
     }
+    if (!t->spec.session_id.empty()) {
+        auto it = sessions_.find(t->spec.session_id);
+        if (it != sessions_.end() && it->second.busy) {
+            return failed_precondition("session " + t->spec.session_id +
+                                       " already has a turn running");
+        }
+    }
+    DS_RETURN_IF_ERROR(book_locked(*t));
     std::unique_ptr<model::InferenceContext> held;
     std::vector<int32_t> held_tokens;
     if (!t->spec.session_id.empty()) {
         Session& s = sessions_[t->spec.session_id];
-        if (s.busy) {
-            return failed_precondition("session " + t->spec.session_id +
-                                       " already has a turn running");
-        }
         s.busy = true;
         s.last_used = now_ms();
         held = std::move(s.ctx);
@@ -300,6 +334,10 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
             held->truncate(keep);
             t->history = std::move(held);
             plan.pull_tokens = keep;
+            // The history stays until the prefill node pulled it, beside the KV coming back.
+            const size_t history = probe_->kv_bytes_bound(keep);
+            t->booked += history;
+            booked_ += history;
         }
     } else {
         if (!held) {
@@ -308,6 +346,7 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
             lock.lock();
             if (!ctx.ok()) {
                 if (!t->spec.session_id.empty()) sessions_.erase(t->spec.session_id);
+                booked_ -= t->booked;
                 return ctx.status();
             }
             held = std::move(*ctx);
@@ -322,6 +361,51 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
     lock.unlock();
     wake_.notify_all();
     return plan;
+}
+
+size_t DecodeWorkerImpl::idle_bytes_locked(const std::string& except) const {
+    size_t bytes = 0;
+    for (const auto& [id, sess] : sessions_) {
+        if (sess.ctx && !sess.busy && id != except) bytes += sess.ctx->kv_held_bytes();
+    }
+    return bytes;
+}
+
+Status DecodeWorkerImpl::book_locked(Turn& t) {
+    const int32_t n = static_cast<int32_t>(t.spec.tokens.size());
+    const int32_t answer =
+        t.spec.max_tokens < 0 ? n_ctx_ - n : std::min(t.spec.max_tokens, n_ctx_ - n);
+    const int32_t total = n + answer;
+    const size_t need = probe_->kv_bytes_bound(total);
+    const size_t budget = options_.kv_memory;
+    const auto mib = [](size_t b) { return format_byte_size(b); };
+    if (need > budget) {
+        return resource_exhausted(
+            "the turn's KV can grow to " + mib(need) + " (" + std::to_string(total) +
+            " tokens with max_tokens); the node's KV memory is " + mib(budget) + " (--kv-memory)");
+    }
+    const std::string& own = t.spec.session_id;
+    size_t idle = idle_bytes_locked(own);
+    while (booked_ + idle + need > budget && idle > 0) {
+        auto oldest = sessions_.end();
+        for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
+            if (it->second.busy || !it->second.ctx || it->first == own) continue;
+            if (oldest == sessions_.end() || it->second.last_used < oldest->second.last_used)
+                oldest = it;
+        }
+        if (oldest == sessions_.end()) break;
+        idle -= oldest->second.ctx->kv_held_bytes();
+        sessions_.erase(oldest);  // recomputed on its next turn
+    }
+    if (booked_ + idle + need > budget) {
+        return resource_exhausted("KV memory is full: the running turns have booked " +
+                                  mib(booked_) + " of " + mib(budget) +
+                                  " (--kv-memory), this turn needs " + mib(need) +
+                                  "; try again when one ends");
+    }
+    t.booked = need;
+    booked_ += need;
+    return {};
 }
 
 std::unique_ptr<model::InferenceContext> DecodeWorkerImpl::from_prefix_cache(const TurnSpec& spec) {
@@ -382,6 +466,8 @@ void DecodeWorkerImpl::end_turn(const std::shared_ptr<Turn>& t, Result<TurnEnd> 
         if (t->reported) return;
         t->reported = true;
         turns_.erase(t->spec.turn_id);
+        booked_ -= t->booked;
+        t->booked = 0;
         ++stats_.turns;
         if (!t->spec.session_id.empty()) {
             auto it = sessions_.find(t->spec.session_id);
@@ -561,10 +647,11 @@ void DecodeWorkerImpl::step(const std::vector<std::shared_ptr<Turn>>& batch,
 void DecodeWorkerImpl::update_stats() {
     std::lock_guard<std::mutex> lock(mu_);
     DecodeStats s;
-    size_t held = 0, full = 0;
+    size_t held = 0, kept = 0, full = 0;
     const auto add = [&](const model::InferenceContext* c) {
         if (c == nullptr) return;
-        held += c->kv_bytes();
+        held += c->kv_held_bytes();
+        kept += c->kv_bytes();
         full +=
             kvstore::full_fp16_bytes(c->n_past(), model_.config.n_layers, model_.config.kv_dim());
     };
@@ -579,7 +666,7 @@ void DecodeWorkerImpl::update_stats() {
         }
     }
     s.kv_bytes = static_cast<int64_t>(held);
-    s.keep_ratio = full == 0 ? 1.0 : static_cast<double>(held) / static_cast<double>(full);
+    s.keep_ratio = full == 0 ? 1.0 : static_cast<double>(kept) / static_cast<double>(full);
     s.turns = stats_.turns;
     add_prefix_stats(s);
     stats_ = s;
@@ -777,27 +864,36 @@ Result<std::unique_ptr<DecodeWorker>> DecodeWorker::create(const model::Model& m
     if (options.prefill_chunk <= 0) options.prefill_chunk = std::max(1, options.context.n_batch);
     if (options.max_sessions < 0) return invalid_argument("max_sessions must not be negative");
     model::ContextOptions& c = options.context;
-    if (c.kv.policy == "deltakv" && !c.deltakv_profile) {
+    DS_RETURN_IF_ERROR(c.kv.validate());
+    const kvstore::KvPolicyInfo& policy = **kvstore::find_kv_policy(c.kv.policy);
+    if (policy.kind == kvstore::KvCacheKind::kDeltaKv && !c.deltakv_profile) {
         if (c.kv_profile.empty())
             return invalid_argument("the deltakv policy needs a profile (--kv-profile)");
         DS_ASSIGN_OR_RETURN(c.deltakv_profile,
                             model::load_deltakv_profile(c.kv_profile, model.config));
     }
-    if (c.kv.policy == "trimkv" && !c.kv.gates && !c.kv_profile.empty()) {
+    if (policy.kind == kvstore::KvCacheKind::kEvicting && !policy.profile_file.empty() &&
+        !c.kv.gates && !c.kv_profile.empty()) {
         DS_ASSIGN_OR_RETURN(c.kv.gates, model::load_trimkv_gates(c.kv_profile, model.config));
     }
     // The process's pool when the caller gives one (serve shares it with its prefill worker).
     auto threads = c.threads ? c.threads : std::make_shared<ThreadPool>(options.threads);
     c.threads = threads;
+    if (options.kv_memory == 0) options.kv_memory = default_kv_memory();
+    // Only a policy whose prefix state is the prefix's alone shares blocks across prompts.
+    const bool prefix_exact = policy.shareable;
+    if (policy.paged && !c.kv_blocks) {  // one pool of blocks for every session's KV
+        const model::ModelConfig& mc = model.config;
+        kvstore::BlockPoolOptions po{
+            mc.n_layers, mc.kv_dim(), mc.n_kv_heads,
+            c.kv_type == model::KvType::kF16 ? kernels::DType::kF16 : kernels::DType::kF32, 0};
+        po.n_blocks = kvstore::BlockPool::blocks_in(po, options.kv_memory);
+        DS_ASSIGN_OR_RETURN(c.kv_blocks, kvstore::BlockPool::create(po));
+    }
     DS_ASSIGN_OR_RETURN(auto probe, model::InferenceContext::create(model, c));
-    const bool shippable = probe->export_kv_state().ok();
-    const int32_t n_ctx = probe->n_ctx();
-    probe.reset();
-    // A prefix of a full-KV sequence holds what the prefix alone would: every row is final
-    // once stored. Compressing and evicting caches decide by what came after.
-    const bool prefix_exact = c.kv.policy == "full";
+    const bool shippable = policy.shippable;
     return std::unique_ptr<DecodeWorker>(new DecodeWorkerImpl(
-        model, std::move(options), n_ctx, shippable, prefix_exact, std::move(threads)));
+        model, std::move(options), std::move(probe), shippable, prefix_exact, std::move(threads)));
 }
 
 }  // namespace deltaserve::decode

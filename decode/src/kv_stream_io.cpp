@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "deltaserve/common/logging.h"
+#include "deltaserve/kvstore/kv_policy.h"
 #include "deltaserve/transport/peer_auth.h"
 
 namespace deltaserve::decode {
@@ -13,7 +14,9 @@ using transport::StreamKind;
 }  // namespace
 
 transport::KvCodec kv_codec(const model::ContextOptions& options) {
-    if (options.kv.policy == "deltakv") return transport::KvCodec::kDeltaKv;
+    auto policy = kvstore::find_kv_policy(options.kv.policy);
+    if (policy.ok() && (*policy)->codec == kvstore::KvCodecId::kDeltaKv)
+        return transport::KvCodec::kDeltaKv;
     return options.kv_type == model::KvType::kF32 ? transport::KvCodec::kRawF32
                                                   : transport::KvCodec::kRawF16;
 }

@@ -38,27 +38,32 @@ uint64_t PrefixCache::root_of(const std::string& scope) const {
     return h;
 }
 
-std::vector<std::shared_ptr<PrefixCache::Block>> PrefixCache::chain_locked(
-    uint64_t root, std::span<const int32_t> tokens, size_t max_blocks) const {
-    std::vector<std::shared_ptr<Block>> chain;
+PrefixCache::~PrefixCache() {
+    for (const auto& [hash, b] : blocks_) pool_->release(std::span<const int32_t>(&b.block, 1));
+}
+
+std::vector<const PrefixCache::Block*> PrefixCache::chain_locked(uint64_t root,
+                                                                 std::span<const int32_t> tokens,
+                                                                 size_t max_blocks) const {
+    std::vector<const Block*> chain;
     uint64_t parent = root;
     const size_t whole = std::min(max_blocks, tokens.size() / kBlockTokens);
     for (size_t i = 0; i < whole; ++i) {
         const auto part = tokens.subspan(i * kBlockTokens, kBlockTokens);
         auto it = blocks_.find(block_hash(parent, part));
         if (it == blocks_.end()) break;
-        Block& b = *it->second;
+        const Block& b = it->second;
         if (b.parent != parent ||
             !std::equal(part.begin(), part.end(), b.tokens.begin(), b.tokens.end())) {
             break;  // another prefix with the same hash: not ours
         }
-        chain.push_back(it->second);
+        chain.push_back(&b);
         parent = b.hash;
     }
     return chain;
 }
 
-void PrefixCache::touch_locked(const std::vector<std::shared_ptr<Block>>& chain) {
+void PrefixCache::touch_locked(const std::vector<const Block*>& chain) {
     // Most recently used, the deepest nearest the old end: of blocks used together, the
     // leaves go first.
     for (auto b = chain.rbegin(); b != chain.rend(); ++b) {
@@ -79,122 +84,104 @@ int32_t PrefixCache::held(std::span<const int32_t> tokens, const std::string& sc
 Result<int32_t> PrefixCache::load(std::span<const int32_t> tokens, const std::string& scope,
                                   model::InferenceContext& ctx) {
     if (tokens.size() < 2) return 0;
+    if (ctx.kv_block_pool() != pool_.get())
+        return failed_precondition("the context's KV is not in the prefix cache's block pool");
     const uint64_t root = root_of(scope);
-    std::vector<std::shared_ptr<Block>> chain;
-    {
-        std::lock_guard<std::mutex> lock(mu_);
-        chain = chain_locked(root, tokens.first(tokens.size() - 1), tokens.size());
-        touch_locked(chain);
-    }
-    if (chain.empty()) return 0;
-    // The copies run without the lock: the chain's references keep its blocks.
-    const int32_t n = static_cast<int32_t>(chain.size()) * kBlockTokens;
-    auto state = ctx.export_kv_rows_state(n);
-    Status st = state.ok() ? ctx.import_kv_state(*state) : state.status();
-    const int32_t n_layers = ctx.model().config.n_layers;
-    for (int32_t l = 0; st.ok() && l < n_layers; ++l) {
-        for (const auto& b : chain) {
-            const int32_t begin = b->depth * kBlockTokens;
-            st = ctx.import_kv_rows(l, begin, begin + kBlockTokens, b->layers[l]);
-            if (!st.ok()) break;
-        }
-    }
-    if (!st.ok()) {
-        ctx.reset();
-        return st;
-    }
     std::lock_guard<std::mutex> lock(mu_);
+    const auto chain = chain_locked(root, tokens.first(tokens.size() - 1), tokens.size());
+    if (chain.empty()) return 0;
+    touch_locked(chain);
+    // Adopted under the lock: the cache's references keep the blocks until ctx holds its own.
+    std::vector<int32_t> ids;
+    for (const Block* b : chain) ids.push_back(b->block);
+    DS_RETURN_IF_ERROR(ctx.adopt_kv_blocks(ids));
+    const int32_t n = static_cast<int32_t>(chain.size()) * kBlockTokens;
     hit_tokens_ += n;
     return n;
 }
 
-Status PrefixCache::store(std::span<const int32_t> tokens, const std::string& scope,
-                          const model::InferenceContext& ctx) {
+void PrefixCache::store(std::span<const int32_t> tokens, const std::string& scope,
+                        const model::InferenceContext& ctx) {
     const size_t whole = std::min(tokens.size(), static_cast<size_t>(ctx.n_past())) / kBlockTokens;
-    if (whole == 0 || max_bytes_ == 0) return {};
+    if (whole == 0 || max_bytes_ == 0 || ctx.kv_block_pool() != pool_.get()) return;
     const uint64_t root = root_of(scope);
-    std::vector<uint64_t> hashes(whole);
-    uint64_t parent = root;
-    for (size_t i = 0; i < whole; ++i) {
-        parent = block_hash(parent, tokens.subspan(i * kBlockTokens, kBlockTokens));
-        hashes[i] = parent;
-    }
-    size_t first_new = 0;
-    {
-        std::lock_guard<std::mutex> lock(mu_);
-        first_new = chain_locked(root, tokens, whole).size();
-    }
-    if (first_new == whole) return {};
-    // Exported without the lock (the context is the caller's); the blocks are made whole
-    // before any is added.
-    const int32_t n_layers = ctx.model().config.n_layers;
-    std::vector<std::shared_ptr<Block>> made;
-    for (size_t i = first_new; i < whole; ++i) {
-        auto b = std::make_shared<Block>();
-        b->hash = hashes[i];
-        b->parent = i == 0 ? root : hashes[i - 1];
-        b->depth = static_cast<int32_t>(i);
-        const auto part = tokens.subspan(i * kBlockTokens, kBlockTokens);
-        b->tokens.assign(part.begin(), part.end());
-        const int32_t begin = static_cast<int32_t>(i) * kBlockTokens;
-        for (int32_t l = 0; l < n_layers; ++l) {
-            DS_ASSIGN_OR_RETURN(auto rows, ctx.export_kv_rows(l, begin, begin + kBlockTokens));
-            b->bytes += rows.size();
-            b->layers.push_back(std::move(rows));
-        }
-        made.push_back(std::move(b));
-    }
+    const std::vector<int32_t> ids = ctx.kv_blocks(static_cast<int32_t>(whole));
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& b : made) {
-        // The parent may have gone meanwhile (evicted), or another turn added the block.
-        if (b->depth > 0 && blocks_.count(b->parent) == 0) break;
-        if (auto it = blocks_.find(b->hash); it != blocks_.end()) {
+    uint64_t parent = root;
+    std::vector<const Block*> chain;
+    for (size_t i = 0; i < whole; ++i) {
+        const auto part = tokens.subspan(i * kBlockTokens, kBlockTokens);
+        const uint64_t hash = block_hash(parent, part);
+        if (auto it = blocks_.find(hash); it != blocks_.end()) {
             // The same block, or another prefix with the same hash: then neither it nor what
             // follows it is added, so that every block's parent is its own prefix.
-            if (it->second->parent != b->parent || it->second->tokens != b->tokens) break;
-            continue;
+            if (it->second.parent != parent ||
+                !std::equal(part.begin(), part.end(), it->second.tokens.begin(),
+                            it->second.tokens.end())) {
+                break;
+            }
+        } else {
+            Block& b = blocks_[hash];
+            b.hash = hash;
+            b.parent = parent;
+            b.depth = static_cast<int32_t>(i);
+            b.tokens.assign(part.begin(), part.end());
+            b.block = ids[i];
+            pool_->retain(std::span<const int32_t>(&b.block, 1));
+            if (i > 0) blocks_.at(parent).children.push_back(hash);
+            lru_.push_front(hash);
+            b.lru = lru_.begin();
         }
-        if (b->depth > 0) blocks_[b->parent]->children.push_back(b->hash);
-        lru_.push_front(b->hash);
-        b->lru = lru_.begin();
-        bytes_ += b->bytes;
-        blocks_.emplace(b->hash, b);
+        chain.push_back(&blocks_.at(hash));
+        parent = hash;
     }
     // The new chain is the most recently used, its deepest block first.
-    touch_locked(chain_locked(root, tokens, whole));
-    evict_locked();
-    return {};
+    touch_locked(chain);
+    const size_t block_bytes = pool_->block_bytes();
+    evict_locked([&] { return blocks_.size() * block_bytes > max_bytes_; }, false);
+}
+
+int32_t PrefixCache::reclaim(int32_t blocks) {
+    std::lock_guard<std::mutex> lock(mu_);
+    int32_t freed = 0;
+    return evict_locked([&] { return freed++ < blocks; }, true);
 }
 
 void PrefixCache::erase_leaf_locked(uint64_t hash) {
     auto it = blocks_.find(hash);
-    std::shared_ptr<Block> b = it->second;
-    blocks_.erase(it);
-    lru_.erase(b->lru);
-    bytes_ -= b->bytes;
-    if (b->depth > 0) {
-        auto p = blocks_.find(b->parent);
-        if (p != blocks_.end()) std::erase(p->second->children, hash);
+    const Block& b = it->second;
+    lru_.erase(b.lru);
+    pool_->release(std::span<const int32_t>(&b.block, 1));
+    if (b.depth > 0) {
+        auto p = blocks_.find(b.parent);
+        if (p != blocks_.end()) std::erase(p->second.children, hash);
     }
+    blocks_.erase(it);
 }
 
-void PrefixCache::evict_locked() {
+template <class More>
+int32_t PrefixCache::evict_locked(More&& more, bool only_ours) {
     // From the least recently used end, leaves only (a prompt reaches a block through its
-    // parents); blocks a load is copying (referenced beyond the map) stay.
+    // parents; a leaf's parent is more recent, so one pass can take both).
+    int32_t evicted = 0;
     auto it = lru_.end();
-    while (bytes_ > max_bytes_ && it != lru_.begin()) {
+    while (it != lru_.begin()) {
         --it;
-        auto b = blocks_.find(*it);
-        if (b->second.use_count() > 1 || !b->second->children.empty()) continue;
+        const Block& b = blocks_.at(*it);
+        if (!b.children.empty() || (only_ours && pool_->refs(b.block) > 1)) continue;
+        if (!more()) break;
         const uint64_t hash = *it;
         it = std::next(it);  // erase invalidates *it only
         erase_leaf_locked(hash);
+        ++evicted;
     }
+    return evicted;
 }
 
 PrefixCache::Stats PrefixCache::stats() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return Stats{static_cast<int64_t>(blocks_.size()), static_cast<int64_t>(bytes_), hit_tokens_};
+    return Stats{static_cast<int64_t>(blocks_.size()),
+                 static_cast<int64_t>(blocks_.size() * pool_->block_bytes()), hit_tokens_};
 }
 
 }  // namespace deltaserve::decode

@@ -6,10 +6,12 @@
 // A block is keyed by a chained hash: of its parent's hash (for the first block, the root: the
 // model, profile and KV codec of the worker) and its token ids, so equal hashes mean equal
 // prefixes, and each block keeps its tokens, checked on every match (a collision is a miss,
-// never another prompt's KV). Blocks are copies (a context's rows, as
-// kvstore::SequenceCache::export_rows gives them), stored once however many prompts share
-// them; a match holds references to its blocks while it copies them into a new context, and
-// eviction (least recently used first, deepest first) takes only blocks no copy holds.
+// never another prompt's KV). A block is a block of the worker's kvstore::BlockPool, the very
+// one the turn that computed it holds: the cache keeps a reference to it, a later prompt's
+// context adopts it (one more reference, no copy), and however many sessions share a system
+// prompt, its blocks are in memory once. Eviction takes the least recently used first,
+// deepest first: beyond max_bytes any such block leaves the index (its holders keep it), and
+// when the pool runs short (reclaim) those only the cache holds are given back.
 //
 // Only caches whose state at a prefix is the state of that prefix computed alone can be
 // matched this way (full KV: every token's row is final once stored); the decode worker asks
@@ -26,27 +28,31 @@
 #include <vector>
 
 #include "deltaserve/common/status.h"
+#include "deltaserve/kvstore/block_pool.h"
 #include "deltaserve/model/inference_context.h"
 
 namespace deltaserve::decode {
 
 class PrefixCache {
   public:
-    static constexpr int32_t kBlockTokens = 16;
+    static constexpr int32_t kBlockTokens = kvstore::BlockPool::kBlockTokens;
 
     // root: what the KV depends on besides the tokens (model, profile, codec); max_bytes:
-    // the blocks' bytes at most.
-    PrefixCache(uint64_t root, size_t max_bytes) : root_(root), max_bytes_(max_bytes) {}
+    // the blocks' bytes at most; pool: the blocks' pool, the contexts' (ContextOptions::
+    // kv_blocks).
+    PrefixCache(uint64_t root, size_t max_bytes, std::shared_ptr<kvstore::BlockPool> pool)
+        : root_(root), max_bytes_(max_bytes), pool_(std::move(pool)) {}
+    ~PrefixCache();
     PrefixCache(const PrefixCache&) = delete;
     PrefixCache& operator=(const PrefixCache&) = delete;
 
     // Each call names a scope (decode::TurnSpec::cache_scope): blocks stored in one are found
     // only in it.
     //
-    // Into ctx (empty, made like the contexts the blocks came from): the KV of the longest
-    // run of whole blocks that starts `tokens` and leaves at least one token after it (the
-    // turn needs the last token's logits). Returns how many tokens it holds now (0: none
-    // cached). Errors (ctx is left empty): what the context's import said.
+    // Into ctx (empty, on the cache's pool): the blocks of the longest run of whole blocks
+    // that starts `tokens` and leaves at least one token after it (the turn needs the last
+    // token's logits). Returns how many tokens it holds now (0: none cached). Errors (ctx is
+    // left empty): what the context's adopt said.
     Result<int32_t> load(std::span<const int32_t> tokens, const std::string& scope,
                          model::InferenceContext& ctx);
 
@@ -54,11 +60,14 @@ class PrefixCache {
     // for it is worth making.
     int32_t held(std::span<const int32_t> tokens, const std::string& scope) const;
 
-    // Caches the whole blocks of ctx's tokens (its first tokens.size() positions) that are
-    // not cached yet, evicting the least recently used beyond max_bytes. Errors: what the
-    // context's export said (nothing is added).
-    Status store(std::span<const int32_t> tokens, const std::string& scope,
-                 const model::InferenceContext& ctx);
+    // Keeps the whole blocks of ctx's tokens (its first tokens.size() positions) that are not
+    // cached yet, evicting the least recently used beyond max_bytes.
+    void store(std::span<const int32_t> tokens, const std::string& scope,
+               const model::InferenceContext& ctx);
+
+    // Gives back up to `blocks` pool blocks that only the cache holds, least recently used
+    // first (the pool's reclaimer). Returns how many.
+    int32_t reclaim(int32_t blocks);
 
     struct Stats {
         int64_t blocks = 0;
@@ -72,29 +81,31 @@ class PrefixCache {
         uint64_t hash = 0, parent = 0;
         int32_t depth = 0;  // its first token is at depth * kBlockTokens
         std::vector<int32_t> tokens;
-        std::vector<std::vector<uint8_t>> layers;  // per layer: K rows then V rows
-        size_t bytes = 0;
+        int32_t block = -1;  // in pool_: one reference is the cache's
         std::vector<uint64_t> children;
         std::list<uint64_t>::iterator lru;  // in lru_, most recent at the front
     };
 
     // The chain of blocks cached for `tokens`' leading whole blocks (at most max_blocks),
     // each checked against its parent and its tokens. Under mu_.
-    std::vector<std::shared_ptr<Block>> chain_locked(uint64_t root, std::span<const int32_t> tokens,
-                                                     size_t max_blocks) const;
+    std::vector<const Block*> chain_locked(uint64_t root, std::span<const int32_t> tokens,
+                                           size_t max_blocks) const;
     uint64_t root_of(const std::string& scope) const;
     // Makes a chain the most recently used.
-    void touch_locked(const std::vector<std::shared_ptr<Block>>& chain);
-    // Drops a block no other block follows.
+    void touch_locked(const std::vector<const Block*>& chain);
+    // Drops a block no other block follows, and the cache's reference to its pool block.
     void erase_leaf_locked(uint64_t hash);
-    void evict_locked();
+    // Drops least recently used leaves while `more` says so; only_ours: those only the cache
+    // holds. Returns how many.
+    template <class More>
+    int32_t evict_locked(More&& more, bool only_ours);
 
     const uint64_t root_;
     const size_t max_bytes_;
+    const std::shared_ptr<kvstore::BlockPool> pool_;
     mutable std::mutex mu_;
-    std::unordered_map<uint64_t, std::shared_ptr<Block>> blocks_;
+    std::unordered_map<uint64_t, Block> blocks_;
     std::list<uint64_t> lru_;
-    size_t bytes_ = 0;
     int64_t hit_tokens_ = 0;
 };
 

@@ -151,7 +151,11 @@ Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(
 
 DeltaKvSequenceCache::DeltaKvSequenceCache(const DeltaKvProfile& profile,
                                            const DeltaKvOptions& options, ThreadPool& threads)
-    : profile_(profile), options_(options), threads_(threads) {
+    : profile_(profile),
+      options_(options),
+      threads_(threads),
+      hints_(DeltaKvHints::Options{options.pin_ratio, options.pin_after, options.pin_before,
+                                   options.follow, options.follow_ahead}) {
     layer_index_.resize(static_cast<size_t>(options.n_layers));
     group_of_.assign(static_cast<size_t>(options.n_layers), -1);
     int32_t observation = -1;
@@ -346,8 +350,8 @@ void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape&
     if (n == 1 && want < region) {
         // Besides the step's pick: the last chunk's pins, and what the previous step read most
         // with the tokens after it.
-        add_region_positions(idx, pins_, r0, r1);
-        add_region_positions(idx, follow_, r0, r1);
+        add_region_positions(idx, hints_.pins(), r0, r1);
+        add_region_positions(idx, hints_.follow(), r0, r1);
     }
     if (n == 1 && layer == first_observation_) {
         last_select_ = idx;
@@ -770,7 +774,6 @@ void DeltaKvSequenceCache::score_pins(int32_t layer, const kernels::AttentionSha
     const int32_t w = std::min(n, std::max(1, options_.pin_window));
     const int nh = shape.n_heads;
     const size_t end = static_cast<size_t>(n_tokens_ + n_reserved_);
-    if (pin_score_.size() < end) pin_score_.resize(end, 0.0f);
     // A logit's share of its row's attention: less the row's log-sum-exp over every token
     // (lse_a_, merged), plus, for reconstructed tokens, the correction attention added to
     // their logits (lse_b_ after it less before it). References have none.
@@ -793,10 +796,7 @@ void DeltaKvSequenceCache::score_pins(int32_t layer, const kernels::AttentionSha
         mass.assign(static_cast<size_t>(nh) * nb, 0.0f);
         k::attention_mass(q + static_cast<int64_t>(n - w) * ldq, ldq, w, shift.data(), nh, shape.n_kv_heads,
                           shape.head_dim, shape.scale, rows.data(), nb, mass.data(), threads_);
-        for (int h = 0; h < nh; ++h) {
-            const float* mh = mass.data() + static_cast<size_t>(h) * nb;
-            for (int64_t j = 0; j < nb; ++j) pin_score_[pos[j]] = std::max(pin_score_[pos[j]], mh[j]);
-        }
+        hints_.add_pin_mass(pos, mass.data(), nh, end);
     };
     score(slots_b_, pos_b_, shift_b);
     // A reference is attended only when a step's pick or the pins name it, as a latent token is.
@@ -806,7 +806,6 @@ void DeltaKvSequenceCache::score_pins(int32_t layer, const kernels::AttentionSha
 void DeltaKvSequenceCache::score_follow(int n_heads, const std::vector<int32_t>& positions) {
     const size_t nt = positions.size();
     const size_t end = static_cast<size_t>(n_tokens_ + n_reserved_);
-    if (follow_score_.size() < end) follow_score_.resize(end, kNotFollowed);
     // A score's share of the head's attention, with the logit correction it was given, as
     // its log: the order is the weights' order, without an exp per score.
     follow_best_.resize(nt);
@@ -820,56 +819,7 @@ void DeltaKvSequenceCache::score_follow(int n_heads, const std::vector<int32_t>&
             for (size_t j = 0; j < nt; ++j) best[j] = std::max(best[j], sh[j] + shift);
         }
     }
-    for (size_t j = 0; j < nt; ++j) {
-        float& best = follow_score_[positions[j]];
-        if (follow_best_[j] <= best) continue;
-        if (best == kNotFollowed) follow_touched_.push_back(positions[j]);
-        best = follow_best_[j];
-    }
-}
-
-void DeltaKvSequenceCache::choose_follow() {
-    follow_.clear();
-    auto& c = follow_touched_;
-    const size_t want = std::min(c.size(), static_cast<size_t>(std::max(0, options_.follow)));
-    std::nth_element(c.begin(), c.begin() + want, c.end(), [&](int32_t a, int32_t b) {
-        return follow_score_[a] != follow_score_[b] ? follow_score_[a] > follow_score_[b] : a > b;
-    });
-    for (size_t i = 0; i < want; ++i) {
-        for (int32_t d = 0; d <= options_.follow_ahead; ++d) follow_.push_back(c[i] + d);
-    }
-    std::sort(follow_.begin(), follow_.end());
-    follow_.erase(std::unique(follow_.begin(), follow_.end()), follow_.end());
-    for (int32_t p : c) follow_score_[p] = kNotFollowed;
-    c.clear();
-}
-
-void DeltaKvSequenceCache::choose_pins() {
-    pins_.clear();
-    const int32_t r0 = options_.sinks, r1 = std::min<int32_t>(comp_end_, static_cast<int32_t>(pin_score_.size()));
-    // A token's score is the best of the tokens up to pin_after before it and pin_before
-    // after it (SnapKV pools its scores, symmetrically), 1% less per position between them:
-    // generation reads on from where the prompt pointed, as a head that matched token j at
-    // one step reads j + 1 at the next; nearer tokens first.
-    std::vector<float> pooled(static_cast<size_t>(std::max(0, r1 - r0)), 0.0f);
-    std::vector<int32_t> cand;
-    for (int32_t p = r0; p < r1; ++p) {
-        float best = 0.0f;
-        for (int32_t d = std::max(r0, p - options_.pin_after); d <= std::min(r1 - 1, p + options_.pin_before); ++d)
-            best = std::max(best, pin_score_[d] * (1.0f - 0.01f * static_cast<float>(std::abs(p - d))));
-        pooled[p - r0] = best;
-        if (best > 0.0f) cand.push_back(p);
-    }
-    const size_t want =
-        std::min(cand.size(), static_cast<size_t>(std::ceil(options_.pin_ratio * std::max(0, comp_end_ - r0))));
-    std::nth_element(cand.begin(), cand.begin() + want, cand.end(), [&](int32_t a, int32_t b) {
-        const float sa = pooled[a - r0], sb = pooled[b - r0];
-        return sa != sb ? sa > sb : a > b;
-    });
-    cand.resize(want);
-    std::sort(cand.begin(), cand.end());
-    pins_ = std::move(cand);
-    pin_score_.clear();
+    hints_.add_follow(positions, follow_best_.data(), end);
 }
 
 void DeltaKvSequenceCache::release_temp() {
@@ -891,8 +841,10 @@ void DeltaKvSequenceCache::commit(int32_t n) {
     n_reserved_ -= n;
     n_tokens_ += n;
     release_temp();
-    if (n > 1) choose_pins();  // a chunk replaces the pins (none where it scored none)
-    choose_follow();  // for the next single-token call, if this was one
+    // A chunk replaces the pins (none where it scored none); a single-token call chooses
+    // what the next one follows.
+    if (n > 1) hints_.choose_pins(options_.sinks, comp_end_);
+    hints_.choose_follow();
     scored_.clear();
     lead_selected_ = false;
     std::fill(reconstructed_.begin(), reconstructed_.end(), 0);
@@ -1062,11 +1014,7 @@ void DeltaKvSequenceCache::truncate(int32_t n_keep) {
     scored_.clear();
     lead_selected_ = false;
     last_select_end_ = 0;
-    pins_.clear();
-    pin_score_.clear();
-    follow_.clear();
-    for (int32_t p : follow_touched_) follow_score_[p] = kNotFollowed;
-    follow_touched_.clear();
+    hints_.clear();
     exact_carry_ = plan_carry_ = 0.0;
     const int32_t end = n_tokens_ + n_reserved_;
     std::vector<int32_t> full_freed, sparse_freed;
@@ -1092,6 +1040,26 @@ void DeltaKvSequenceCache::truncate(int32_t n_keep) {
     n_tokens_ = n_keep;
     n_reserved_ = 0;
     comp_end_ = std::max(options_.sinks, std::min(comp_end_, n_keep));
+}
+
+size_t DeltaKvSequenceCache::bytes_bound(int32_t n_tokens) const {
+    const size_t n = static_cast<size_t>(std::max(n_tokens, 0));
+    const size_t row = static_cast<size_t>(options_.n_kv_heads) * options_.head_dim * 2 * 2;
+    // Without a keep target the sparse layers keep the sinks, every stride-th token, the
+    // tokens kept exact and a buffer of less than twice the window in full precision.
+    const size_t exact = std::min(
+        n, static_cast<size_t>(options_.sinks + 2 * options_.window) + n / options_.stride + 1 +
+               static_cast<size_t>(std::ceil(options_.exact_share * static_cast<double>(n))));
+    const size_t meta = 3 * sizeof(int32_t) + 1 + sizeof(int32_t);
+    const size_t compressed =
+        n * full_layers_.size() * row + exact * sparse_layers_.size() * row +
+        (n - exact) * sparse_layers_.size() * (latent_bytes() + sizeof(uint16_t) * options_.k);
+    // A keep target lets the buffer grow while the session stays under it.
+    const auto target = static_cast<size_t>(
+        std::ceil(options_.keep * static_cast<double>(full_fp16_bytes(
+                                      static_cast<int32_t>(n), options_.n_layers,
+                                      options_.n_kv_heads * options_.head_dim))));
+    return std::max(compressed, target) + n * meta;
 }
 
 size_t DeltaKvSequenceCache::bytes_upto(int32_t n) const {

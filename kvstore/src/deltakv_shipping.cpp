@@ -44,37 +44,10 @@ Result<std::vector<uint8_t>> DeltaKvSequenceCache::export_state() const {
     return out;
 }
 
-std::vector<uint8_t> DeltaKvSequenceCache::export_hints() const {
-    std::vector<uint8_t> out;
-    if (pins_.empty()) return out;
-    ByteWriter w(out);
-    w.i32(static_cast<int32_t>(pins_.size()));
-    for (int32_t p : pins_) w.i32(p);
-    return out;
-}
+std::vector<uint8_t> DeltaKvSequenceCache::export_hints() const { return hints_.export_pins(); }
 
 Status DeltaKvSequenceCache::import_hints(std::span<const uint8_t> hints) {
-    if (hints.empty()) {
-        pins_.clear();
-        return {};
-    }
-    ByteReader r(hints);
-    int32_t n = 0;
-    if (!r.i32(n) || n < 0 || static_cast<size_t>(n) * 4 != r.remaining()) {
-        return data_loss("DeltaKV hints: malformed pin list");
-    }
-    std::vector<int32_t> pins(static_cast<size_t>(n));
-    for (int32_t i = 0; i < n; ++i) {
-        r.i32(pins[i]);
-        const int32_t p = pins[i];
-        // Tokens of the compressed region (latents and references), in increasing order.
-        if (p < options_.sinks || p >= comp_end_ || (i > 0 && p <= pins[i - 1])) {
-            return data_loss("DeltaKV hints: pin " + std::to_string(p) +
-                             " is not a token of the compressed region in order");
-        }
-    }
-    pins_ = std::move(pins);
-    return {};
+    return hints_.import_pins(hints, options_.sinks, comp_end_);
 }
 
 Status DeltaKvSequenceCache::import_state(std::span<const uint8_t> state) {

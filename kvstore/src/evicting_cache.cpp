@@ -251,6 +251,11 @@ size_t EvictingSequenceCache::bytes() const {
     return entries * entry_bytes() + units_.size() * sizeof(float);  // + each unit's policy state
 }
 
+size_t EvictingSequenceCache::bytes_bound(int32_t n_tokens) const {
+    const size_t entries = static_cast<size_t>(std::min(std::max(n_tokens, 0), budget(n_tokens)));
+    return units_.size() * (entries * entry_bytes() + sizeof(float));
+}
+
 std::span<const int32_t> EvictingSequenceCache::positions(int32_t layer, int32_t head) const {
     const Unit& u = units_[pool_.unit(layer, head)];
     return std::span<const int32_t>(u.pos.data(), static_cast<size_t>(committed(u)));

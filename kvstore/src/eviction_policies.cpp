@@ -333,15 +333,8 @@ private:
 
 }  // namespace
 
-const char* eviction_policy_names() {
-    return "full, deltakv, streaming, h2o, snapkv, keydiff, kvcompress, d2o, trimkv";
-}
-
 Result<std::unique_ptr<EvictionPolicy>> make_eviction_policy(const EvictionConfig& c) {
-    if (!(c.keep > 0.0f && c.keep <= 1.0f)) {
-        return invalid_argument("keep ratio must be in (0, 1], not " + std::to_string(c.keep));
-    }
-    if (c.sinks < 0 || c.window < 1) return invalid_argument("sinks must be >= 0 and window >= 1");
+    DS_RETURN_IF_ERROR(c.validate());
     if (c.policy == "streaming") return std::unique_ptr<EvictionPolicy>(new Streaming(c.sinks));
     if (c.policy == "h2o") return std::unique_ptr<EvictionPolicy>(new H2O());
     if (c.policy == "snapkv") return std::unique_ptr<EvictionPolicy>(new SnapKV(c.window));
@@ -352,7 +345,7 @@ Result<std::unique_ptr<EvictionPolicy>> make_eviction_policy(const EvictionConfi
         if (!c.gates) return invalid_argument("the trimkv policy needs trained gates (--kv-profile trimkv.json)");
         return std::unique_ptr<EvictionPolicy>(new TrimKV(c.gates));
     }
-    return invalid_argument("unknown KV policy '" + c.policy + "' (known: " + eviction_policy_names() + ")");
+    return invalid_argument("the " + c.policy + " policy does not evict");
 }
 
 }  // namespace deltaserve::kvstore

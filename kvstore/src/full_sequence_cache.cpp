@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -7,36 +8,69 @@
 
 namespace deltaserve::kvstore {
 
-FullSequenceCache::~FullSequenceCache() { pool_.release(slots_); }
+namespace {
+constexpr int32_t kB = BlockPool::kBlockTokens;
+int32_t blocks_for(int32_t n_tokens) { return (n_tokens + kB - 1) / kB; }
+}  // namespace
+
+FullSequenceCache::~FullSequenceCache() { pool_->release(table_); }
+
+Status FullSequenceCache::own_partial_block() {
+    if (n_committed_ % kB == 0 || n_committed_ / kB >= static_cast<int32_t>(table_.size()))
+        return {};
+    const int32_t old = table_[n_committed_ / kB];
+    if (pool_->refs(old) <= 1) return {};
+    DS_ASSIGN_OR_RETURN(std::vector<int32_t> fresh, pool_->allocate(1));
+    const size_t rows = static_cast<size_t>(n_committed_ % kB) * pool_->row_bytes();
+    for (int32_t l = 0; l < pool_->options().n_layers; ++l) {
+        std::memcpy(pool_->k_row(l, BlockPool::slot(fresh[0], 0)),
+                    pool_->k_row(l, BlockPool::slot(old, 0)), rows);
+        std::memcpy(pool_->v_row(l, BlockPool::slot(fresh[0], 0)),
+                    pool_->v_row(l, BlockPool::slot(old, 0)), rows);
+    }
+    table_[n_committed_ / kB] = fresh[0];
+    const int32_t first = n_committed_ / kB * kB;
+    for (int32_t p = first; p < static_cast<int32_t>(slots_.size()); ++p)
+        slots_[p] = BlockPool::slot(fresh[0], p - first);
+    pool_->release(std::span<const int32_t>(&old, 1));
+    return {};
+}
 
 Status FullSequenceCache::reserve(int32_t n_new) {
-    // Slots reserved earlier but never committed are reused.
-    const int32_t have = static_cast<int32_t>(slots_.size()) - n_committed_;
-    if (n_new <= have) return Status();
-    DS_ASSIGN_OR_RETURN(std::vector<int32_t> more, pool_.allocate(n_new - have));
-    slots_.insert(slots_.end(), more.begin(), more.end());
+    if (n_new < 0) return invalid_argument("a negative reserve");
+    DS_RETURN_IF_ERROR(own_partial_block());
+    // Positions reserved earlier but never committed are reused.
+    const int32_t total = n_committed_ + n_new;
+    if (total <= static_cast<int32_t>(slots_.size())) return Status();
+    const int32_t more = blocks_for(total) - static_cast<int32_t>(table_.size());
+    if (more > 0) {
+        DS_ASSIGN_OR_RETURN(std::vector<int32_t> got, pool_->allocate(more));
+        table_.insert(table_.end(), got.begin(), got.end());
+    }
+    for (int32_t p = static_cast<int32_t>(slots_.size()); p < total; ++p)
+        slots_.push_back(BlockPool::slot(table_[p / kB], p % kB));
     return Status();
 }
 
 void FullSequenceCache::store(int32_t layer, int32_t first, int32_t n, const float* k,
                               const float* v, int64_t ld) {
-    const int32_t kv_dim = pool_.options().kv_dim;
+    const int32_t kv_dim = pool_->options().kv_dim;
     DS_CHECK(n_committed_ + first + n <= static_cast<int32_t>(slots_.size()), "store past reserve");
+    const kernels::DType dtype = pool_->options().dtype;
     for (int32_t i = 0; i < n; ++i) {
         const int32_t slot = slots_[n_committed_ + first + i];
-        const kernels::DType dtype = pool_.options().dtype;
-        write_row(dtype, pool_.k_row(layer, slot), k + i * ld, kv_dim);
-        write_row(dtype, pool_.v_row(layer, slot), v + i * ld, kv_dim);
+        write_row(dtype, pool_->k_row(layer, slot), k + i * ld, kv_dim);
+        write_row(dtype, pool_->v_row(layer, slot), v + i * ld, kv_dim);
     }
 }
 
 kernels::KvView FullSequenceCache::view(int32_t layer, int32_t n_visible_new) const {
     kernels::KvView v;
-    v.dtype = pool_.options().dtype;
-    v.k = pool_.k_base(layer);
-    v.v = pool_.v_base(layer);
-    v.row_stride = pool_.row_bytes();
-    v.head_stride = pool_.head_bytes();
+    v.dtype = pool_->options().dtype;
+    v.k = pool_->k_base(layer);
+    v.v = pool_->v_base(layer);
+    v.row_stride = pool_->row_bytes();
+    v.head_stride = pool_->head_bytes();
     v.slots = slots_.data();
     v.n = n_committed_ + n_visible_new;
     return v;
@@ -49,13 +83,41 @@ void FullSequenceCache::commit(int32_t n) {
 
 void FullSequenceCache::truncate(int32_t n_keep) {
     DS_CHECK(n_keep >= 0 && n_keep <= n_committed_, "truncate past the end");
-    pool_.release(std::span<const int32_t>(slots_).subspan(static_cast<size_t>(n_keep)));
+    const size_t keep_blocks = static_cast<size_t>(blocks_for(n_keep));
+    pool_->release(std::span<const int32_t>(table_).subspan(keep_blocks));
+    table_.resize(keep_blocks);
     slots_.resize(static_cast<size_t>(n_keep));
     n_committed_ = n_keep;
 }
 
 size_t FullSequenceCache::bytes() const {
-    return slots_.size() * pool_.row_bytes() * 2 * static_cast<size_t>(pool_.options().n_layers);
+    return slots_.size() * pool_->row_bytes() * 2 * static_cast<size_t>(pool_->options().n_layers);
+}
+
+size_t FullSequenceCache::held_bytes() const { return table_.size() * pool_->block_bytes(); }
+
+size_t FullSequenceCache::bytes_bound(int32_t n_tokens) const {
+    // One block more: the copy of a shared block a truncated sequence writes into.
+    return static_cast<size_t>(blocks_for(std::max(n_tokens, 0)) + 1) * pool_->block_bytes();
+}
+
+std::vector<int32_t> FullSequenceCache::blocks(int32_t n_blocks) const {
+    DS_CHECK(n_blocks >= 0 && n_blocks <= n_committed_ / kB, "blocks past the committed ones");
+    return std::vector<int32_t>(table_.begin(), table_.begin() + n_blocks);
+}
+
+Status FullSequenceCache::adopt_blocks(std::span<const int32_t> blocks) {
+    if (!slots_.empty())
+        return failed_precondition("adopting blocks into a cache that is not empty");
+    for (int32_t b : blocks) {
+        if (pool_->refs(b) <= 0) return invalid_argument("adopting a block not in use");
+    }
+    pool_->retain(blocks);
+    table_.assign(blocks.begin(), blocks.end());
+    for (int32_t p = 0; p < static_cast<int32_t>(blocks.size()) * kB; ++p)
+        slots_.push_back(BlockPool::slot(table_[p / kB], p % kB));
+    n_committed_ = static_cast<int32_t>(slots_.size());
+    return {};
 }
 
 // ---- shipping ----
@@ -72,7 +134,7 @@ Result<std::vector<uint8_t>> FullSequenceCache::export_rows_state(int32_t n_toke
     std::vector<uint8_t> out;
     ByteWriter w(out);
     w.i32(n_tokens);
-    w.i32(static_cast<int32_t>(pool_.row_bytes()));
+    w.i32(static_cast<int32_t>(pool_->row_bytes()));
     return out;
 }
 
@@ -82,18 +144,18 @@ Result<std::vector<uint8_t>> FullSequenceCache::export_layer(int32_t layer) cons
 
 Result<std::vector<uint8_t>> FullSequenceCache::export_rows(int32_t layer, int32_t begin,
                                                             int32_t end) const {
-    if (layer < 0 || layer >= pool_.options().n_layers) return invalid_argument("no such layer");
+    if (layer < 0 || layer >= pool_->options().n_layers) return invalid_argument("no such layer");
     if (begin < 0 || begin > end || end > static_cast<int32_t>(slots_.size())) {
         return invalid_argument("rows [" + std::to_string(begin) + ", " + std::to_string(end) +
                                 ") are not in the cache (" + std::to_string(slots_.size()) + ")");
     }
-    const size_t row = pool_.row_bytes();
+    const size_t row = pool_->row_bytes();
     const size_t n = static_cast<size_t>(end - begin);
     std::vector<uint8_t> out(2 * row * n);
     for (size_t i = 0; i < n; ++i) {
         const size_t slot = static_cast<size_t>(slots_[begin + i]);
-        std::memcpy(out.data() + i * row, pool_.k_base(layer) + slot * row, row);
-        std::memcpy(out.data() + (n + i) * row, pool_.v_base(layer) + slot * row, row);
+        std::memcpy(out.data() + i * row, pool_->k_base(layer) + slot * row, row);
+        std::memcpy(out.data() + (n + i) * row, pool_->v_base(layer) + slot * row, row);
     }
     return out;
 }
@@ -105,17 +167,17 @@ Status FullSequenceCache::import_state(std::span<const uint8_t> state) {
     if (!r.i32(n) || !r.i32(row) || r.remaining() != 0 || n < 0) {
         return data_loss("full-KV state: malformed (" + std::to_string(state.size()) + " bytes)");
     }
-    if (static_cast<size_t>(row) != pool_.row_bytes()) {
+    if (static_cast<size_t>(row) != pool_->row_bytes()) {
         return failed_precondition("full-KV state: rows of " + std::to_string(row) +
                                    " bytes, this cache holds " +
-                                   std::to_string(pool_.row_bytes()));
+                                   std::to_string(pool_->row_bytes()));
     }
     DS_RETURN_IF_ERROR(reserve(n));
     commit(n);
-    for (int32_t l = 0; l < pool_.options().n_layers; ++l) {  // zeros until a layer comes
+    for (int32_t l = 0; l < pool_->options().n_layers; ++l) {  // zeros until a layer comes
         for (int32_t slot : slots_) {
-            std::memset(pool_.k_row(l, slot), 0, row);
-            std::memset(pool_.v_row(l, slot), 0, row);
+            std::memset(pool_->k_row(l, slot), 0, row);
+            std::memset(pool_->v_row(l, slot), 0, row);
         }
     }
     return {};
@@ -127,24 +189,24 @@ Status FullSequenceCache::import_layer(int32_t layer, std::span<const uint8_t> p
 
 Status FullSequenceCache::import_rows(int32_t layer, int32_t begin, int32_t end,
                                       std::span<const uint8_t> part) {
-    if (layer < 0 || layer >= pool_.options().n_layers) return invalid_argument("no such layer");
+    if (layer < 0 || layer >= pool_->options().n_layers) return invalid_argument("no such layer");
     if (begin < 0 || begin > end || end > n_committed_) {
         return invalid_argument("rows [" + std::to_string(begin) + ", " + std::to_string(end) +
-                                ") are not in the imported state (" +
-                                std::to_string(n_committed_) + " tokens)");
+                                ") are not in the imported state (" + std::to_string(n_committed_) +
+                                " tokens)");
     }
-    const size_t row = pool_.row_bytes();
+    const size_t row = pool_->row_bytes();
     const size_t n = static_cast<size_t>(end - begin);
     if (part.size() != 2 * row * n) {
         return data_loss("full-KV layer " + std::to_string(layer) + " rows [" +
-                         std::to_string(begin) + ", " + std::to_string(end) + "): " +
-                         std::to_string(part.size()) + " bytes, expected " +
+                         std::to_string(begin) + ", " + std::to_string(end) +
+                         "): " + std::to_string(part.size()) + " bytes, expected " +
                          std::to_string(2 * row * n));
     }
     for (size_t i = 0; i < n; ++i) {
         const size_t slot = static_cast<size_t>(slots_[begin + i]);
-        std::memcpy(pool_.k_row(layer, slot), part.data() + i * row, row);
-        std::memcpy(pool_.v_row(layer, slot), part.data() + (n + i) * row, row);
+        std::memcpy(pool_->k_row(layer, slot), part.data() + i * row, row);
+        std::memcpy(pool_->v_row(layer, slot), part.data() + (n + i) * row, row);
     }
     return {};
 }

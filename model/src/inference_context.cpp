@@ -10,6 +10,7 @@
 #include "deltaserve/kvstore/deltakv_cache.h"
 #include "deltaserve/kvstore/evicting_cache.h"
 #include "deltaserve/kvstore/kv_cache.h"
+#include "deltaserve/kvstore/kv_policy.h"
 #include "deltaserve/model/deltakv_profile.h"
 #include "deltaserve/model/forward.h"
 #include "deltaserve/model/trimkv_profile.h"
@@ -20,10 +21,10 @@ namespace {
 
 constexpr int32_t kDefaultMaxContext = 8192;
 
-// What a context's cache is made of: a slot pool (full), a head pool and a policy
-// (eviction), or a profile and its options (DeltaKV).
+// What a context's cache is made of: a block pool (full; the node's, or its own), a head pool
+// and a policy (eviction), or a profile and its options (DeltaKV).
 struct CacheParts {
-    std::unique_ptr<kvstore::SlotPool> slots;
+    std::shared_ptr<kvstore::BlockPool> blocks;
     std::unique_ptr<kvstore::HeadSlotPool> head_slots;
     std::unique_ptr<kvstore::EvictionPolicy> policy;
     std::shared_ptr<const kvstore::DeltaKvProfile> profile;
@@ -51,7 +52,7 @@ class InferenceContextImpl final : public InferenceContext {
             cache_ = std::make_unique<kvstore::EvictingSequenceCache>(
                 *parts_.head_slots, std::move(parts_.policy), options_.kv, *threads_);
         } else {
-            cache_ = std::make_unique<kvstore::FullSequenceCache>(*parts_.slots);
+            cache_ = std::make_unique<kvstore::FullSequenceCache>(parts_.blocks);
         }
         return Status();
     }
@@ -75,34 +76,66 @@ class InferenceContextImpl final : public InferenceContext {
     void truncate(int32_t n_keep) override { cache_->truncate(n_keep); }
     const Model& model() const override { return model_; }
     size_t kv_bytes() const override { return cache_->bytes(); }
-    Result<std::vector<uint8_t>> export_kv_state() const override { return cache_->export_state(); }
+    size_t kv_held_bytes() const override { return cache_->held_bytes(); }
+    size_t kv_bytes_bound(int32_t n_tokens) const override {
+        return cache_->bytes_bound(std::min(n_tokens, options_.n_ctx));
+    }
+    const kvstore::BlockPool* kv_block_pool() const override { return cache_->block_pool(); }
+    std::vector<int32_t> kv_blocks(int32_t n_blocks) const override {
+        return cache_->blocks(n_blocks);
+    }
+    Status adopt_kv_blocks(std::span<const int32_t> blocks) override {
+        if (static_cast<int64_t>(blocks.size()) * kvstore::BlockPool::kBlockTokens >
+            options_.n_ctx) {
+            return out_of_range("more blocks than the context holds");
+        }
+        return cache_->adopt_blocks(blocks);
+    }
+    Result<std::vector<uint8_t>> export_kv_state() const override {
+        DS_ASSIGN_OR_RETURN(const kvstore::SequenceCodec* c, codec());
+        return c->export_state();
+    }
     Result<std::vector<uint8_t>> export_kv_layer(int32_t layer) const override {
-        return cache_->export_layer(layer);
+        DS_ASSIGN_OR_RETURN(const kvstore::SequenceCodec* c, codec());
+        return c->export_layer(layer);
     }
     Status import_kv_state(std::span<const uint8_t> state) override {
-        return cache_->import_state(state);
+        DS_ASSIGN_OR_RETURN(kvstore::SequenceCodec * c, codec());
+        return c->import_state(state);
     }
     Status import_kv_layer(int32_t layer, std::span<const uint8_t> part) override {
-        return cache_->import_layer(layer, part);
+        DS_ASSIGN_OR_RETURN(kvstore::SequenceCodec * c, codec());
+        return c->import_layer(layer, part);
     }
-    std::vector<uint8_t> export_kv_hints() const override { return cache_->export_hints(); }
+    std::vector<uint8_t> export_kv_hints() const override {
+        const kvstore::SequenceCodec* c = cache_->codec();
+        return c != nullptr ? c->export_hints() : std::vector<uint8_t>();
+    }
     Status import_kv_hints(std::span<const uint8_t> hints) override {
-        return cache_->import_hints(hints);
+        DS_ASSIGN_OR_RETURN(kvstore::SequenceCodec * c, codec());
+        return c->import_hints(hints);
     }
-    bool kv_ships_rows() const override { return cache_->ships_rows(); }
+    bool kv_ships_rows() const override {
+        const kvstore::SequenceCodec* c = cache_->codec();
+        return c != nullptr && c->ships_rows();
+    }
     int32_t kv_rows_final_end(int32_t layer, bool last) const override {
-        return cache_->rows_final_end(layer, last);
+        const kvstore::SequenceCodec* c = cache_->codec();
+        return c != nullptr ? c->rows_final_end(layer, last) : 0;
     }
     Result<std::vector<uint8_t>> export_kv_rows_state(int32_t n_tokens) const override {
-        return cache_->export_rows_state(n_tokens);
+        DS_ASSIGN_OR_RETURN(const kvstore::SequenceCodec* c, codec());
+        return c->export_rows_state(n_tokens);
     }
     Result<std::vector<uint8_t>> export_kv_rows(int32_t layer, int32_t begin,
                                                 int32_t end) const override {
-        return cache_->export_rows(layer, begin, end);
+        DS_ASSIGN_OR_RETURN(const kvstore::SequenceCodec* c, codec());
+        return c->export_rows(layer, begin, end);
     }
     Status import_kv_rows(int32_t layer, int32_t begin, int32_t end,
                           std::span<const uint8_t> part) override {
-        return cache_->import_rows(layer, begin, end, part);
+        DS_ASSIGN_OR_RETURN(kvstore::SequenceCodec * c, codec());
+        return c->import_rows(layer, begin, end, part);
     }
     void set_layer_observer(LayerObserver observer) override {
         forward_.set_layer_observer(std::move(observer));
@@ -155,6 +188,15 @@ class InferenceContextImpl final : public InferenceContext {
     }
 
   private:
+    // The cache's codec; kUnimplemented for a policy whose tokens cannot leave its cache.
+    Result<kvstore::SequenceCodec*> codec() const {
+        kvstore::SequenceCodec* c = cache_->codec();
+        if (c == nullptr) {
+            return unimplemented("the " + options_.kv.policy +
+                                 " policy's cache cannot be shipped between nodes");
+        }
+        return c;
+    }
     Status check(size_t n_new) const {
         if (static_cast<int64_t>(n_past()) + static_cast<int64_t>(n_new) > options_.n_ctx) {
             return out_of_range("the sequence would hold " + std::to_string(n_past() + n_new) +
@@ -226,13 +268,15 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
     }
     const kernels::DType dtype =
         opts.kv_type == KvType::kF16 ? kernels::DType::kF16 : kernels::DType::kF32;
-    if (opts.kv.policy != "full" && opts.attention == AttentionNumerics::kGgml) {
-        return invalid_argument(
-            "llama.cpp-compatible attention works only with the full KV policy");
+    DS_RETURN_IF_ERROR(opts.kv.validate());
+    const kvstore::KvPolicyInfo& policy = **kvstore::find_kv_policy(opts.kv.policy);
+    if (!policy.ggml_attention && opts.attention == AttentionNumerics::kGgml) {
+        return invalid_argument("llama.cpp-compatible attention does not run over the " +
+                                opts.kv.policy + " policy's cache");
     }
     CacheParts parts;
     const ModelConfig& c = model.config;
-    if (opts.kv.policy == "deltakv") {
+    if (policy.kind == kvstore::KvCacheKind::kDeltaKv) {
         if (opts.kv_profile.empty() && !opts.deltakv_profile) {
             return invalid_argument(
                 "the deltakv policy needs a profile (--kv-profile; make one with deltactl "
@@ -287,12 +331,12 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
         parts.deltakv = kvstore::deltakv_options_for_keep(*parts.profile, opts.kv.keep, o);
         if (!opts.deltakv_full_layers.empty()) parts.deltakv.full_layer = opts.deltakv_full_layers;
         warn_below_floor(*parts.profile, parts.deltakv);
-    } else if (opts.kv.policy != "full") {
-        if (opts.kv.policy == "trimkv" && !opts.kv.gates) {
+    } else if (policy.kind == kvstore::KvCacheKind::kEvicting) {
+        if (!policy.profile_file.empty() && !opts.kv.gates) {
             if (opts.kv_profile.empty()) {
-                return invalid_argument(
-                    "the trimkv policy needs its gates (--kv-profile trimkv.json; deltactl "
-                    "calibrate)");
+                return invalid_argument("the " + opts.kv.policy +
+                                        " policy needs its gates (--kv-profile " +
+                                        std::string(policy.profile_file) + "; deltactl calibrate)");
             }
             DS_ASSIGN_OR_RETURN(opts.kv.gates, load_trimkv_gates(opts.kv_profile, c));
         }
@@ -300,10 +344,19 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
         kvstore::HeadSlotPoolOptions ho{c.n_layers, c.n_kv_heads, c.head_dim, opts.n_ctx, dtype};
         DS_ASSIGN_OR_RETURN(parts.head_slots, kvstore::HeadSlotPool::create(ho));
     } else {
-        if (opts.kv.keep != 1.0f)
-            return invalid_argument("a keep ratio below 1 needs a KV policy other than full");
-        kvstore::SlotPoolOptions po{c.n_layers, c.kv_dim(), opts.n_ctx, dtype, c.n_kv_heads};
-        DS_ASSIGN_OR_RETURN(parts.slots, kvstore::SlotPool::create(po));
+        kvstore::BlockPoolOptions po{c.n_layers, c.kv_dim(), c.n_kv_heads, dtype, 0};
+        if (opts.kv_blocks) {
+            const kvstore::BlockPoolOptions& have = opts.kv_blocks->options();
+            if (have.n_layers != po.n_layers || have.kv_dim != po.kv_dim ||
+                have.n_kv_heads != po.n_kv_heads || have.dtype != po.dtype) {
+                return invalid_argument("the KV block pool was made for another model or KV type");
+            }
+            parts.blocks = opts.kv_blocks;
+        } else {
+            po.n_blocks = (opts.n_ctx + kvstore::BlockPool::kBlockTokens - 1) /
+                          kvstore::BlockPool::kBlockTokens;
+            DS_ASSIGN_OR_RETURN(parts.blocks, kvstore::BlockPool::create(po));
+        }
     }
     auto ctx = std::make_unique<InferenceContextImpl>(model, opts, std::move(parts));
     DS_RETURN_IF_ERROR(ctx->init());

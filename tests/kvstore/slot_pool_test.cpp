@@ -4,8 +4,6 @@
 
 #include <vector>
 
-#include "deltaserve/kvstore/kv_cache.h"
-
 namespace deltaserve::kvstore {
 namespace {
 
@@ -28,37 +26,6 @@ TEST(SlotPool, AllocatesContiguouslyAndRefusesOverflow) {
 TEST(SlotPool, RejectsBadOptions) {
     EXPECT_FALSE(SlotPool::create({0, 8, 10, kernels::DType::kF32}).ok());
     EXPECT_FALSE(SlotPool::create({2, 8, 10, kernels::DType::kQ4_0}).ok());
-}
-
-TEST(FullSequenceCache, StoresViewsTruncatesAndReturnsSlots) {
-    auto pool = SlotPool::create(small(16));
-    ASSERT_TRUE(pool.ok());
-    {
-        FullSequenceCache a(**pool), b(**pool);
-        ASSERT_TRUE(a.reserve(3).ok());
-        ASSERT_TRUE(b.reserve(2).ok());
-        std::vector<float> k(3 * 8), v(3 * 8);
-        for (size_t i = 0; i < k.size(); ++i) {
-            k[i] = float(i);
-            v[i] = -float(i);
-        }
-        a.store(1, 0, 3, k.data(), v.data(), 8);
-        const kernels::KvView view = a.view(1, 3);
-        EXPECT_EQ(view.n, 3);
-        const auto* row2 = reinterpret_cast<const float*>(view.k + view.slots[2] * view.row_stride);
-        EXPECT_EQ(row2[5], 21.0f);
-        a.commit(3);
-        b.commit(2);
-        EXPECT_EQ(a.n_tokens(), 3);
-        EXPECT_EQ((*pool)->free_slots(), 11);
-        a.truncate(1);
-        EXPECT_EQ(a.n_tokens(), 1);
-        EXPECT_EQ((*pool)->free_slots(), 13);
-        // More than the pool holds: an error, and the cache is unchanged.
-        EXPECT_EQ(a.reserve(100).code(), StatusCode::kResourceExhausted);
-        EXPECT_EQ(a.n_tokens(), 1);
-    }
-    EXPECT_EQ((*pool)->free_slots(), 16);  // destroyed caches give every slot back
 }
 
 }  // namespace

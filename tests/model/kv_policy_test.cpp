@@ -6,9 +6,10 @@
 
 #include <cmath>
 
+#include "default_model.h"
+#include "deltaserve/kvstore/kv_policy.h"
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/sampler.h"
-#include "default_model.h"
 #include "test_paths.h"
 
 namespace deltaserve::model {
@@ -22,7 +23,7 @@ constexpr const char* kText =
     "storm came in from the sea and the light flickered. He worked until morning to keep it";
 
 class KvPolicyTest : public ::testing::TestWithParam<std::string> {
-protected:
+  protected:
     static void SetUpTestSuite() { model_ = testing::load_default_model(); }
     static void TearDownTestSuite() { delete model_; }
     void SetUp() override { DS_REQUIRE_FILE(testing::default_gguf_model(), "default model"); }
@@ -43,7 +44,8 @@ protected:
 Model* KvPolicyTest::model_ = nullptr;
 
 TEST_P(KvPolicyTest, PromptLogitsExactThenKeepRatioHeld) {
-    if (GetParam() == "trimkv") DS_REQUIRE_FILE(testing::default_trimkv_gates(), "TRIM-KV gates (setup trains them)");
+    if (GetParam() == "trimkv")
+        DS_REQUIRE_FILE(testing::default_trimkv_gates(), "TRIM-KV gates (setup trains them)");
     auto tokens = model_->tokenizer->encode(kText, false, false);
     ASSERT_TRUE(tokens.ok());
     ASSERT_GT(tokens->size(), 64u);
@@ -75,7 +77,9 @@ TEST_P(KvPolicyTest, PromptLogitsExactThenKeepRatioHeld) {
     EXPECT_LT(pol->kv_bytes(), full->kv_bytes());
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, KvPolicyTest, ::testing::Values("streaming", "h2o", "snapkv", "keydiff", "kvcompress", "d2o", "trimkv"));
+INSTANTIATE_TEST_SUITE_P(Policies, KvPolicyTest,
+                         ::testing::Values("streaming", "h2o", "snapkv", "keydiff", "kvcompress",
+                                           "d2o", "trimkv"));
 
 TEST_F(KvPolicyTest, BadPolicyOptionsAreRejected) {
     ContextOptions co;
@@ -87,6 +91,31 @@ TEST_F(KvPolicyTest, BadPolicyOptionsAreRejected) {
     co.kv.policy = "h2o";
     co.attention = AttentionNumerics::kGgml;
     EXPECT_EQ(InferenceContext::create(*model_, co).status().code(), StatusCode::kInvalidArgument);
+}
+
+// What the registry (kvstore/kv_policy.h) declares is what each policy's cache does: the
+// decode worker ships, pages and shares by it.
+TEST_F(KvPolicyTest, EveryPolicyDoesWhatTheRegistryDeclares) {
+    const auto tokens = testing::license_tokens(*model_, 200, 0, true);
+    for (const kvstore::KvPolicyInfo& p : kvstore::kv_policies()) {
+        ContextOptions co;
+        co.n_ctx = 512;
+        co.n_threads = 2;
+        co.kv.policy = std::string(p.name);
+        co.kv.keep = p.compresses ? 0.3f : 1.0f;
+        if (p.name == "deltakv") co.kv_profile = testing::default_deltakv_profile();
+        if (p.name == "trimkv") co.kv_profile = testing::default_trimkv_gates();
+        auto ctx = InferenceContext::create(*model_, co);
+        ASSERT_TRUE(ctx.ok()) << p.name << ": " << ctx.error().to_string();
+        ASSERT_TRUE((*ctx)->eval(tokens).ok()) << p.name;
+        EXPECT_EQ((*ctx)->export_kv_state().ok(), p.shippable) << p.name;
+        EXPECT_EQ((*ctx)->kv_block_pool() != nullptr, p.paged) << p.name;
+        EXPECT_EQ(!(*ctx)->kv_blocks(200 / 16).empty(), p.paged) << p.name;
+        EXPECT_EQ((*ctx)->keep_ratio() < 0.9, p.compresses) << p.name;
+        EXPECT_GE((*ctx)->kv_bytes_bound(200), (*ctx)->kv_bytes()) << p.name;
+        co.attention = AttentionNumerics::kGgml;
+        EXPECT_EQ(InferenceContext::create(*model_, co).ok(), p.ggml_attention) << p.name;
+    }
 }
 
 }  // namespace

@@ -24,6 +24,10 @@ struct EngineStats {
     int64_t queued = 0;              // turns waiting for the model
     int64_t kv_bytes = 0;            // held by the KV cache
     int64_t prefix_cache_bytes = 0;  // held for later prompts that start the same way
+    int64_t kv_sessions = 0;         // sessions whose KV the decode workers hold
+    int64_t kv_memory = 0;           // the decode workers' KV budgets (--kv-memory)
+    int64_t kv_booked = 0;           // ... booked by their turns
+    int64_t kv_pool_used = 0;        // their block pools' bytes in use (full KV)
     int64_t kv_bytes_shipped = 0;    // sent from prefill to decode workers
     double keep_ratio = 1.0;         // kv_bytes over the same tokens in fp16 full KV
     int64_t prefill_retries = 0;     // prefills tried again on another node after one was lost

@@ -45,6 +45,9 @@ struct ClusterConfig {
     int32_t max_sessions = 64;
     int32_t session_ttl = 3600;       // seconds
     int32_t prefix_cache_mib = 1024;  // a decode node's prefix cache (0 = off)
+    // A decode node's KV memory in bytes ("kv_memory: 4GiB"; decode::DecodeOptions::kv_memory);
+    // 0 = a quarter of the node's physical memory.
+    uint64_t kv_memory = 0;
     // Access (api/access.h): the gateway's API keys and admin keys, comma-separated
     // (DELTASERVE_API_KEY, DELTASERVE_ADMIN_KEY); "" = none (then loopback only, unless
     // insecure). cluster_token: the secret nodes and gateways prove to each other on RPC and

@@ -27,8 +27,16 @@ namespace deltaserve::decode {
 struct DecodeOptions {
     // How each session's context is made (its threads are the worker's pool).
     model::ContextOptions context;
-    int threads = 0;                    // the worker's pool; 0 = one per hardware thread
-    int32_t max_sessions = 64;          // sessions kept between turns (least recent dropped)
+    int threads = 0;  // the worker's pool; 0 = one per hardware thread
+    // KV memory of the node in bytes: the sessions kept between turns, the running turns and
+    // the prefix cache share it. Full KV's blocks come from one kvstore::BlockPool of this
+    // size (address space until used); other policies' caches are counted by their bytes. A
+    // turn is booked the most its KV can grow to (its prompt and max_tokens, or the context)
+    // before it starts: idle sessions are dropped for it, least recently used first, and
+    // when running turns have booked too much it is refused (kResourceExhausted: HTTP 429).
+    // 0 = a quarter of the machine's physical memory.
+    size_t kv_memory = 0;
+    int32_t max_sessions = 1024;        // sessions kept between turns (least recent dropped)
     int64_t session_ttl_ms = 3600'000;  // idle sessions are dropped after this
     int32_t max_batch = 32;             // turns per forward pass
     int32_t local_prefill_max = 512;    // uncached prompt tokens prefilled here, at most
@@ -62,11 +70,17 @@ struct TurnPlan {
 };
 
 struct DecodeStats {
-    int64_t sessions = 0;     // kept between turns
-    int64_t running = 0;      // turns generating
-    int64_t waiting = 0;      // turns waiting for their KV or a local prefill
-    int64_t kv_bytes = 0;     // held by sessions and turns
-    double keep_ratio = 1.0;  // kv_bytes over the same tokens in fp16 full KV
+    int64_t sessions = 0;   // kept between turns
+    int64_t running = 0;    // turns generating
+    int64_t waiting = 0;    // turns waiting for their KV or a local prefill
+    int64_t kv_bytes = 0;   // held by sessions and turns (whole blocks for paged KV)
+    int64_t kv_memory = 0;  // the budget (DecodeOptions::kv_memory)
+    int64_t kv_booked = 0;  // booked by the turns not ended
+    // Full KV: bytes of the block pool in use (sessions, turns and the prefix cache; a block
+    // that several hold counts once) and the most in use at once so far.
+    int64_t kv_pool_used = 0;
+    int64_t kv_pool_peak = 0;
+    double keep_ratio = 1.0;  // the KV bytes the caches keep over the same tokens in fp16 full KV
     int64_t kv_bytes_received = 0;
     int64_t turns = 0;               // ended, in any way
     int64_t prefix_cache_bytes = 0;  // the prefix cache's blocks (not in kv_bytes)
@@ -85,7 +99,8 @@ class DecodeWorker {
     // Registers a turn. The sink hears its pieces and its end, from the worker's threads.
     // Errors: kFailedPrecondition when the session already has a running turn,
     // kOutOfRange when the prompt does not fit in the context, kInvalidArgument for an
-    // empty prompt or a turn id in use.
+    // empty prompt or a turn id in use, kResourceExhausted when the node's KV memory cannot
+    // take the turn (now, or ever: the message says which).
     virtual Result<TurnPlan> start_turn(TurnSpec spec, std::shared_ptr<TurnSink> sink) = 0;
     // Ends a turn early: "cancelled" when it was generating, else the given error (a
     // prefill that failed). Unknown or ended turns are ignored.

@@ -14,6 +14,7 @@
 
 #include "deltaserve/common/thread_pool.h"
 #include "deltaserve/kernels/deltakv.h"
+#include "deltaserve/kvstore/deltakv_hints.h"
 #include "deltaserve/kvstore/kv_cache.h"
 #include "deltaserve/kvstore/slot_pool.h"
 
@@ -130,7 +131,7 @@ std::vector<float> deltakv_key_error_variance(const DeltaKvProfile& profile, int
                                               const float* x, int32_t n, const DeltaKvOptions& options,
                                               ThreadPool& threads);
 
-class DeltaKvSequenceCache final : public SequenceCache {
+class DeltaKvSequenceCache final : public SequenceCache, public SequenceCodec {
 public:
     // Errors: kInvalidArgument when the profile does not fit the options (or lacks its int4
     // decoders for int4 latents).
@@ -162,6 +163,8 @@ public:
     // ids, and the position maps; not the temporary reconstruction slots (freed after each
     // forward call).
     size_t bytes() const override { return bytes_upto(n_tokens_); }
+    size_t bytes_bound(int32_t n_tokens) const override;
+    SequenceCodec* codec() override { return this; }
     // State: the token count, the compressed region's end, the settings a receiver must
     // share, and which tokens of the region are references (a bitmap). A full layer: every
     // token's K rows then V rows (fp16). A sparse layer: the full-precision tokens' K then V
@@ -193,7 +196,7 @@ public:
     const std::vector<int32_t>& selected_latent_positions() const { return latent_sel_; }
     // The positions the last chunk pinned (DeltaKvOptions::pin_ratio), in order: latent
     // tokens and references of the compressed region.
-    const std::vector<int32_t>& pinned() const { return pins_; }
+    const std::vector<int32_t>& pinned() const { return hints_.pins(); }
     // The region's references (exact) the current single-token call's layer group attends.
     const std::vector<int32_t>& selected_exact_positions() const { return selected_; }
     // The latent tokens the last single-token attend() of a sparse layer attended.
@@ -251,17 +254,14 @@ private:
     // The current group's selection from offsets into the compressed region (sorted): the
     // latent tokens apart in a single-token call (n == 1), else temporary slots for them.
     void take_selection(const std::vector<int32_t>& idx, int32_t n);
-    // attend_chunk(): adds to pin_score_ the attention of the chunk's last queries (rows
-    // [n - w, n) of q) to the compressed region: its reconstructed tokens (pos_b_, slots_b_)
-    // and its references (pos_r_, slots_r_), given lse_a_ (the merged lse) and lse_b_.
-    // choose_pins(): the pins at a chunk's commit.
+    // attend_chunk(): gives hints_ the attention of the chunk's last queries (rows [n - w, n)
+    // of q) to the compressed region: its reconstructed tokens (pos_b_, slots_b_) and its
+    // references (pos_r_, slots_r_), given lse_a_ (the merged lse) and lse_b_.
     void score_pins(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq, int32_t n);
-    void choose_pins();
-    // attend() of a single token: adds to follow_score_ the logs of the attention weights its
-    // latent tokens (positions, scores_ [n_heads][positions.size()]) took, given lse_b_raw_,
-    // lse_b_ and the merged lse_a_. choose_follow(): follow_ at the token's commit.
+    // attend() of a single token: gives hints_ the logs of the attention weights its latent
+    // tokens (positions, scores_ [n_heads][positions.size()]) took, given lse_b_raw_, lse_b_
+    // and the merged lse_a_.
     void score_follow(int n_heads, const std::vector<int32_t>& positions);
-    void choose_follow();
     // The lead's selection for this call (offsets into the region, sorted): see last_select_.
     std::vector<int32_t> lead_selection();
     void reconstruct(int32_t layer);
@@ -356,21 +356,14 @@ private:
     bool lead_selected_ = false;
     int32_t first_observation_ = -1, last_select_end_ = 0;
     std::vector<int32_t> last_select_;
-    // Pins (DeltaKvOptions::pin_ratio): per position, the most attention a chunk's last
-    // queries gave it in one sparse layer and head (summed over those queries); the positions
-    // pinned at the last chunk's commit, sorted.
-    std::vector<float> pin_score_;
+    // Pins and following (DeltaKvOptions::pin_ratio, follow): scored here, chosen there.
+    DeltaKvHints hints_;
     // pos_b_ / pos_r_: the positions of a chunk's reconstructed tokens (slots_b_) and of the
     // region's references it attended exactly (slots_r_).
-    std::vector<int32_t> pins_, pos_b_, pos_r_;
+    std::vector<int32_t> pos_b_, pos_r_;
     std::vector<float> lse_b_raw_;  // attend_chunk(): lse_b_ before the logit correction
-    // Following (DeltaKvOptions::follow): per position, the log of the largest attention
-    // weight this single-token call's sparse layers gave it (follow_touched_: where not
-    // kNotFollowed); follow_best_: one layer's, per position it attended. follow_: what
-    // the next single-token call attends for it, sorted.
-    static constexpr float kNotFollowed = -std::numeric_limits<float>::infinity();
-    std::vector<float> follow_score_, follow_best_;
-    std::vector<int32_t> follow_touched_, follow_;
+    // score_follow's scratch: one layer's log weight per latent token it attended.
+    std::vector<float> follow_best_;
     // In a single-token call the selected latent tokens are apart: attend() takes them.
     std::vector<int32_t> latent_sel_;
     // Per layer: a scorer (score_every). scored_: the last scorer's pick this call.

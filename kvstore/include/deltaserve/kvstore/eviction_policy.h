@@ -24,14 +24,22 @@ struct RetentionGates {
     std::vector<Layer> layers;
 };
 
+// A context's KV policy and the settings the evicting ones share (DeltaKV's own are
+// kvstore::DeltaKvOptions). Defaults: full KV, keep 1.
 struct EvictionConfig {
-    std::string policy = "full";  // full, deltakv, streaming, h2o, snapkv, keydiff, kvcompress, d2o, trimkv
+    // A name from kv_policy.h's registry: full, deltakv, streaming, h2o, snapkv, keydiff,
+    // kvcompress, d2o, trimkv.
+    std::string policy = "full";
     // Target keep ratio: bytes held over the bytes of the same tokens in an fp16 full cache
     // (metadata counted), in (0, 1].
     float keep = 1.0f;
     int32_t sinks = 4;    // streaming: first tokens always kept
     int32_t window = 32;  // snapkv: observation window; h2o / streaming: at least this recent
     std::shared_ptr<const RetentionGates> gates;  // trimkv
+
+    // kInvalidArgument for an unknown policy, a keep ratio outside (0, 1] or below 1 for a
+    // policy that keeps every token, or bad sinks / window.
+    Status validate() const;
 };
 
 // What a policy sees of one (layer, KV head) when it must shrink it: the entries in
@@ -48,15 +56,15 @@ struct UnitView {
     // Key of entry j (after RoPE) as floats into out[head_dim].
     virtual void key(int32_t j, float* out) const = 0;
 
-protected:
+  protected:
     ~UnitView() = default;
 };
 
 // Which attention statistic the cache gathers for a policy in SequenceCache::observe.
 enum class AttentionStat {
     kNone,
-    kAllQueries,   // attention of every new query, accumulated (h2o)
-    kLastWindow,   // attention of the last `window` queries of a chunk, reset per chunk (snapkv)
+    kAllQueries,  // attention of every new query, accumulated (h2o)
+    kLastWindow,  // attention of the last `window` queries of a chunk, reset per chunk (snapkv)
     // Squared attention: of the last 8 queries of a chunk (reset per chunk), then added up
     // over decode steps (KV-Compress, continual mode).
     kSquaredWindowThenDecode,
@@ -66,7 +74,7 @@ enum class AttentionStat {
 };
 
 class EvictionPolicy {
-public:
+  public:
     virtual ~EvictionPolicy() = default;
     virtual const char* name() const = 0;
     virtual AttentionStat stat() const { return AttentionStat::kNone; }
@@ -78,7 +86,8 @@ public:
     // Policies that spread one budget over all (layer, head) units (KV-Compress): given every
     // unit and the total entries the sequence may keep, the entries each unit keeps. Empty
     // (the default): every unit gets the same budget.
-    virtual std::vector<int32_t> budgets(const std::vector<const UnitView*>& units, int64_t total) const {
+    virtual std::vector<int32_t> budgets(const std::vector<const UnitView*>& units,
+                                         int64_t total) const {
         (void)units, (void)total;
         return {};
     }
@@ -90,7 +99,8 @@ public:
     };
     // kTokenGate policies: the value of each of n new tokens for every KV head
     // (out[i * n_kv_heads + g]), from their hidden states (ldh floats apart).
-    virtual void token_gate(int32_t layer, const float* hidden, int64_t ldh, int32_t n, float* out) const {
+    virtual void token_gate(int32_t layer, const float* hidden, int64_t ldh, int32_t n,
+                            float* out) const {
         (void)layer, (void)hidden, (void)ldh, (void)n, (void)out;
     }
     // After select(): which evicted entries to merge, and how. Default: none.
@@ -100,10 +110,8 @@ public:
     }
 };
 
-// Errors: kInvalidArgument for an unknown policy name or bad numbers.
+// The EvictionPolicy of an evicting policy (kv_policy.h: KvCacheKind::kEvicting). Errors:
+// kInvalidArgument for another policy or bad numbers (EvictionConfig::validate).
 Result<std::unique_ptr<EvictionPolicy>> make_eviction_policy(const EvictionConfig& config);
-
-// The policy names make_eviction_policy knows, for help texts.
-const char* eviction_policy_names();
 
 }  // namespace deltaserve::kvstore

@@ -10,9 +10,11 @@
 
 #include "deltaserve/common/status.h"
 #include "deltaserve/kernels/attention.h"
-#include "deltaserve/kvstore/slot_pool.h"
+#include "deltaserve/kvstore/block_pool.h"
 
 namespace deltaserve::kvstore {
+
+class SequenceCodec;
 
 // One sequence's KV cache. The forward pass, per chunk of n new tokens:
 //   reserve(n)                              once, before the first layer
@@ -20,7 +22,7 @@ namespace deltaserve::kvstore {
 //   commit(n)                               after the last layer
 // Not thread-safe.
 class SequenceCache {
-public:
+  public:
     virtual ~SequenceCache() = default;
 
     // Positions cached and committed so far.
@@ -39,16 +41,16 @@ public:
     // (after RoPE; n rows ldq floats apart, all n stored and visible) and the hidden states
     // that entered the attention (after its norm; ldh floats apart): a policy that ranks
     // tokens by attention or by a learned gate gathers its statistics here. Default: nothing.
-    virtual void observe(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq,
-                         const float* hidden, int64_t ldh, int32_t n) {
+    virtual void observe(int32_t layer, const kernels::AttentionShape& shape, const float* q,
+                         int64_t ldq, const float* hidden, int64_t ldh, int32_t n) {
         (void)layer, (void)shape, (void)q, (void)ldq, (void)hidden, (void)ldh, (void)n;
     }
     // A cache that attends a layer itself (DeltaKV's decode steps attend compressed tokens
     // without making their values) does it here, after store(): out = attention of the n new
     // queries (q as attention() takes them) over what the layer holds, and returns true.
     // Default false: the caller attends view(layer, n).
-    virtual bool attend(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq,
-                        int32_t n, float* out, int64_t ldo) {
+    virtual bool attend(int32_t layer, const kernels::AttentionShape& shape, const float* q,
+                        int64_t ldq, int32_t n, float* out, int64_t ldo) {
         (void)layer, (void)shape, (void)q, (void)ldq, (void)n, (void)out, (void)ldo;
         return false;
     }
@@ -60,6 +62,40 @@ public:
     // Bytes this sequence holds: K and V of every layer, and what a compressing cache keeps
     // to find them (slot ids, positions, statistics).
     virtual size_t bytes() const = 0;
+    // Bytes of memory the sequence holds: bytes() and what its allocation leaves unused (a
+    // paged cache's last block). What a node's budget counts.
+    virtual size_t held_bytes() const { return bytes(); }
+    // The most held_bytes() can reach with n_tokens positions: what a node books for a turn that
+    // may grow to that length before it admits it.
+    virtual size_t bytes_bound(int32_t n_tokens) const = 0;
+
+    // Paged caches (blocks of a BlockPool: full KV) can share their prefixes. blocks(n): the
+    // blocks holding the first n * BlockPool::kBlockTokens committed positions (n at most
+    // n_tokens() / kBlockTokens). adopt_blocks: an empty cache on the same pool takes such
+    // blocks of another sequence (one more reference each) as its first positions; they stay
+    // read-only, a write into one copies it first. Default: no blocks; kUnimplemented.
+    virtual const BlockPool* block_pool() const { return nullptr; }
+    virtual std::vector<int32_t> blocks(int32_t n_blocks) const {
+        (void)n_blocks;
+        return {};
+    }
+    virtual Status adopt_blocks(std::span<const int32_t> blocks) {
+        (void)blocks;
+        return unimplemented("this KV policy's cache has no blocks to share");
+    }
+
+    // How the committed tokens leave this cache and come back (SequenceCodec); null for a
+    // cache whose tokens cannot leave it (the per-head eviction caches).
+    virtual SequenceCodec* codec() { return nullptr; }
+    const SequenceCodec* codec() const { return const_cast<SequenceCache*>(this)->codec(); }
+};
+
+// The codec half of a cache: its committed tokens in its own representation, what shipping
+// a session between nodes (DESIGN.md "One chat turn") and the tiered store's blocks use,
+// where SequenceCache is what the forward pass uses. A cache that has one implements both.
+class SequenceCodec {
+  public:
+    virtual ~SequenceCodec() = default;
 
     // Shipping a session to another node (DESIGN.md "One chat turn"): the committed tokens
     // as a small session-wide state (how many, which are kept how) and one part per layer,
@@ -67,23 +103,13 @@ public:
     // KV). An empty cache of the same kind and settings takes them back exactly:
     // import_state, then import_layer for every layer in any order; until every layer came
     // in, attention over the missing ones reads zeros (safe, but wrong: admit the session
-    // after the last one). Export needs no reserved positions. Errors: kUnimplemented for
-    // a cache that cannot be shipped; on import, kFailedPrecondition (the cache is not
-    // empty or its settings differ), kDataLoss (a part of the wrong size or contents),
-    // kResourceExhausted (no room).
-    virtual Result<std::vector<uint8_t>> export_state() const { return not_shippable(); }
-    virtual Result<std::vector<uint8_t>> export_layer(int32_t layer) const {
-        (void)layer;
-        return not_shippable();
-    }
-    virtual Status import_state(std::span<const uint8_t> state) {
-        (void)state;
-        return not_shippable();
-    }
-    virtual Status import_layer(int32_t layer, std::span<const uint8_t> part) {
-        (void)layer, (void)part;
-        return not_shippable();
-    }
+    // after the last one). Export needs no reserved positions. Errors on import:
+    // kFailedPrecondition (the cache is not empty or its settings differ), kDataLoss (a part
+    // of the wrong size or contents), kResourceExhausted (no room).
+    virtual Result<std::vector<uint8_t>> export_state() const = 0;
+    virtual Result<std::vector<uint8_t>> export_layer(int32_t layer) const = 0;
+    virtual Status import_state(std::span<const uint8_t> state) = 0;
+    virtual Status import_layer(int32_t layer, std::span<const uint8_t> part) = 0;
     // What the last chunk left for the decode steps after it (DeltaKV's pins), shipped
     // after the layers so that the importer decodes as the exporter would; empty for a
     // cache that keeps none. import_hints takes them into a cache holding every layer;
@@ -106,53 +132,48 @@ public:
     // layer has compressed them, only up to the region before the call. Errors as for
     // export_layer / import_layer, and kInvalidArgument for a range outside the cache.
     virtual bool ships_rows() const { return false; }
-    virtual int32_t rows_final_end(int32_t layer, bool last = false) const {
-        (void)layer;
-        (void)last;
-        return 0;
-    }
+    virtual int32_t rows_final_end(int32_t layer, bool last = false) const = 0;
     // The state an importer takes before rows of n_tokens positions (sent ahead of them).
-    virtual Result<std::vector<uint8_t>> export_rows_state(int32_t n_tokens) const {
-        (void)n_tokens;
-        return not_shippable();
-    }
-    virtual Result<std::vector<uint8_t>> export_rows(int32_t layer, int32_t begin, int32_t end) const {
-        (void)layer, (void)begin, (void)end;
-        return not_shippable();
-    }
-    virtual Status import_rows(int32_t layer, int32_t begin, int32_t end, std::span<const uint8_t> part) {
-        (void)layer, (void)begin, (void)end, (void)part;
-        return not_shippable();
-    }
-
-protected:
-    static Status not_shippable() {
-        return unimplemented("this KV policy's cache cannot be shipped between nodes yet");
-    }
+    virtual Result<std::vector<uint8_t>> export_rows_state(int32_t n_tokens) const = 0;
+    virtual Result<std::vector<uint8_t>> export_rows(int32_t layer, int32_t begin,
+                                                     int32_t end) const = 0;
+    virtual Status import_rows(int32_t layer, int32_t begin, int32_t end,
+                               std::span<const uint8_t> part) = 0;
 };
 
 // Bytes of n_tokens tokens in an fp16 cache that keeps everything: the denominator of the
 // keep ratio (bytes() / full_fp16_bytes()).
 inline size_t full_fp16_bytes(int32_t n_tokens, int32_t n_layers, int32_t kv_dim) {
-    return static_cast<size_t>(n_tokens) * static_cast<size_t>(n_layers) * static_cast<size_t>(kv_dim) * 2 * 2;
+    return static_cast<size_t>(n_tokens) * static_cast<size_t>(n_layers) *
+           static_cast<size_t>(kv_dim) * 2 * 2;
 }
 
-// Every token of every layer in a SlotPool at the pool's precision.
-class FullSequenceCache final : public SequenceCache {
-public:
-    explicit FullSequenceCache(SlotPool& pool) : pool_(pool) {}
+// Every token of every layer, in blocks of a BlockPool (kBlockTokens positions each, found
+// through the sequence's block table) at the pool's precision.
+class FullSequenceCache final : public SequenceCache, public SequenceCodec {
+  public:
+    explicit FullSequenceCache(std::shared_ptr<BlockPool> pool) : pool_(std::move(pool)) {}
     ~FullSequenceCache() override;
     FullSequenceCache(const FullSequenceCache&) = delete;
     FullSequenceCache& operator=(const FullSequenceCache&) = delete;
 
     int32_t n_tokens() const override { return n_committed_; }
+    // Also copies a shared block the next position falls in (after a truncate into it).
     Status reserve(int32_t n_new) override;
     void store(int32_t layer, int32_t first, int32_t n, const float* k, const float* v,
                int64_t ld) override;
     kernels::KvView view(int32_t layer, int32_t n_visible_new) const override;
     void commit(int32_t n) override;
     void truncate(int32_t n_keep) override;
+    // The rows of its positions (reserved ones too); held_bytes(): whole blocks, shared
+    // ones included.
     size_t bytes() const override;
+    size_t held_bytes() const override;
+    size_t bytes_bound(int32_t n_tokens) const override;
+    const BlockPool* block_pool() const override { return pool_.get(); }
+    std::vector<int32_t> blocks(int32_t n_blocks) const override;
+    Status adopt_blocks(std::span<const int32_t> blocks) override;
+    SequenceCodec* codec() override { return this; }
     // State: the token count and the row size. A layer (or a range of its rows): the K rows,
     // then the V rows, at the pool's precision.
     Result<std::vector<uint8_t>> export_state() const override;
@@ -164,11 +185,18 @@ public:
         return static_cast<int32_t>(slots_.size());
     }
     Result<std::vector<uint8_t>> export_rows_state(int32_t n_tokens) const override;
-    Result<std::vector<uint8_t>> export_rows(int32_t layer, int32_t begin, int32_t end) const override;
-    Status import_rows(int32_t layer, int32_t begin, int32_t end, std::span<const uint8_t> part) override;
+    Result<std::vector<uint8_t>> export_rows(int32_t layer, int32_t begin,
+                                             int32_t end) const override;
+    Status import_rows(int32_t layer, int32_t begin, int32_t end,
+                       std::span<const uint8_t> part) override;
 
-private:
-    SlotPool& pool_;
+  private:
+    // The block the next position falls in, when other sequences hold it too, becomes a copy
+    // of its own.
+    Status own_partial_block();
+
+    std::shared_ptr<BlockPool> pool_;
+    std::vector<int32_t> table_;  // the block table: block i holds positions [16 i, 16 i + 16)
     std::vector<int32_t> slots_;  // position -> slot, committed then reserved
     int32_t n_committed_ = 0;
 };

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "deltaserve/common/status.h"
+#include "deltaserve/kvstore/block_pool.h"
 #include "deltaserve/kvstore/deltakv_cache.h"
 #include "deltaserve/kvstore/eviction_policy.h"
 #include "deltaserve/model/forward.h"
@@ -70,6 +71,11 @@ struct ContextOptions {
     // A thread pool to share with other contexts (a decode worker batches many sequences
     // through one pool: eval_batch). Default: the context makes its own of n_threads.
     std::shared_ptr<ThreadPool> threads;
+    // The node's KV block pool (kvstore::BlockPool) for the full policy: a worker's contexts
+    // draw their blocks from one pool, whose capacity is the node's KV budget, and share a
+    // prefix's blocks. Default: the context makes its own of n_ctx tokens. Other policies
+    // keep their own pools.
+    std::shared_ptr<kvstore::BlockPool> kv_blocks;
     // The deltakv policy's profile, loaded once and shared by many contexts (a worker's
     // sessions). Default: loaded from kv_profile. (trimkv's gates share through kv.gates.)
     std::shared_ptr<const kvstore::DeltaKvProfile> deltakv_profile;
@@ -102,6 +108,19 @@ class InferenceContext {
     // tokens in an fp16 cache that keeps everything (1 for "full" with an fp16 cache).
     virtual size_t kv_bytes() const = 0;
     virtual double keep_ratio() const = 0;
+    // Bytes of memory the KV cache holds: kv_bytes() and what its allocation leaves unused
+    // (a paged cache's last block; kvstore::SequenceCache::held_bytes).
+    virtual size_t kv_held_bytes() const = 0;
+    // The most kv_held_bytes() can reach with n_tokens tokens (capped at n_ctx): what a
+    // worker books for a turn before admitting it (kvstore::SequenceCache::bytes_bound).
+    virtual size_t kv_bytes_bound(int32_t n_tokens) const = 0;
+    // Paged KV (the full policy): the block pool, the blocks of the first n_blocks *
+    // kBlockTokens tokens, and taking such blocks of another context on the same pool into an
+    // empty one (kvstore::SequenceCache::blocks / adopt_blocks). Null, empty and
+    // kUnimplemented for other policies.
+    virtual const kvstore::BlockPool* kv_block_pool() const = 0;
+    virtual std::vector<int32_t> kv_blocks(int32_t n_blocks) const = 0;
+    virtual Status adopt_kv_blocks(std::span<const int32_t> blocks) = 0;
 
     virtual const Model& model() const = 0;
     // The sequence's KV for shipping to another node, in the cache's own representation

@@ -1,0 +1,164 @@
+// The decode worker's KV memory (decode::DecodeOptions::kv_memory), on the default model with
+// full KV: one pool of blocks per node; a turn books the most its KV can grow to, idle
+// sessions are dropped for it least recently used first, and a turn that cannot be booked is
+// refused with kResourceExhausted (HTTP 429) saying why; sessions sharing a prompt's prefix
+// hold its blocks once; nothing stays held after turns end, are cancelled or fail.
+#include <gtest/gtest.h>
+
+#include "decode_turns.h"
+#include "default_model.h"
+#include "deltaserve/decode/decode_worker.h"
+#include "test_paths.h"
+
+namespace deltaserve {
+namespace {
+
+using testing::CollectingSink;
+
+constexpr int32_t kBlock = 16;  // kvstore::BlockPool::kBlockTokens
+
+class KvMemoryTest : public testing::DefaultModelTest {
+  protected:
+    // Bytes of one block: every layer's K and V rows of 16 tokens, fp16.
+    size_t block() const {
+        return static_cast<size_t>(kBlock) * model_->config.n_layers * model_->config.kv_dim() * 2 *
+               2;
+    }
+    void start(int32_t blocks, size_t prefix_cache_bytes = 0, int32_t local_prefill_max = 100000) {
+        decode::DecodeOptions d;
+        d.context.n_ctx = 1024;
+        d.context.n_threads = 2;
+        d.context.n_batch = 256;
+        d.threads = 2;
+        d.kv_memory = block() * static_cast<size_t>(blocks);
+        d.prefix_cache_bytes = prefix_cache_bytes;
+        d.local_prefill_max = local_prefill_max;
+        d.model_id = "m";
+        decode_.reset();
+        auto dw = decode::DecodeWorker::create(*model_, d);
+        ASSERT_TRUE(dw.ok()) << dw.error().to_string();
+        decode_ = std::move(*dw);
+    }
+    void TearDown() override { decode_.reset(); }
+    // Runs a local turn to its end.
+    Result<decode::TurnEnd> run(const decode::TurnSpec& spec) {
+        auto sink = std::make_shared<CollectingSink>();
+        auto plan = decode_->start_turn(spec, sink);
+        if (!plan.ok()) return plan.status();
+        return sink->wait();
+    }
+    std::unique_ptr<decode::DecodeWorker> decode_;
+};
+
+TEST_F(KvMemoryTest, ATurnThatCanNeverFitIsRefusedAndOneThatFitsRuns) {
+    start(20);  // 320 tokens
+    // No max_tokens: the answer may fill the 1024-token context.
+    auto open = decode_->start_turn(testing::greedy_turn(1, text_tokens(100, 0, true), "", -1),
+                                    std::make_shared<CollectingSink>());
+    ASSERT_FALSE(open.ok());
+    EXPECT_EQ(open.status().code(), StatusCode::kResourceExhausted);
+    EXPECT_NE(open.status().message().find("--kv-memory"), std::string::npos)
+        << open.status().message();
+    auto r = run(testing::greedy_turn(2, text_tokens(100, 0, true), "", 8));
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r->prompt_tokens, 100);
+    const auto st = decode_->stats();
+    EXPECT_EQ(st.kv_booked, 0);
+    EXPECT_EQ(st.kv_pool_used, 0) << "a stateless turn keeps nothing";
+    EXPECT_EQ(st.kv_memory, static_cast<int64_t>(20 * block()));
+}
+
+TEST_F(KvMemoryTest, IdleSessionsAreDroppedForANewTurnLeastRecentFirst) {
+    start(20);
+    // 100 + 8 tokens: 7 blocks held, 8 booked (one for a copy-on-write).
+    for (const char* s : {"a", "b"}) {
+        auto r = run(testing::greedy_turn(s[0], text_tokens(100, 0, true), s, 8));
+        ASSERT_TRUE(r.ok()) << r.status().to_string();
+    }
+    EXPECT_EQ(decode_->stats().sessions, 2);
+    EXPECT_EQ(decode_->stats().kv_pool_used, static_cast<int64_t>(14 * block()));
+    // c books 8 beside 14 idle: a, the least recently used, goes.
+    ASSERT_TRUE(run(testing::greedy_turn(3, text_tokens(100, 0, true), "c", 8)).ok());
+    EXPECT_EQ(decode_->stats().sessions, 2);
+    // b kept its KV: its next turn prefills only what is new; a's starts again.
+    auto b = run(testing::greedy_turn(4, text_tokens(120, 0, true), "b", 4));
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    EXPECT_EQ(b->cached_tokens, 100);
+    auto a = run(testing::greedy_turn(5, text_tokens(120, 0, true), "a", 4));
+    ASSERT_TRUE(a.ok()) << a.status().to_string();
+    EXPECT_EQ(a->cached_tokens, 0);
+}
+
+TEST_F(KvMemoryTest, RunningTurnsBookTheMemoryAndTheNextIsRefusedUntilOneEnds) {
+    start(20);
+    auto long_turn = std::make_shared<CollectingSink>();
+    // 100 + 200 tokens: 19 blocks booked, and one for a copy-on-write: all 20.
+    ASSERT_TRUE(
+        decode_->start_turn(testing::greedy_turn(1, text_tokens(100, 0, true), "", 200), long_turn)
+            .ok());
+    const auto next = testing::greedy_turn(2, text_tokens(60, 300, true), "", 8);
+    auto refused = decode_->start_turn(next, std::make_shared<CollectingSink>());
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+    EXPECT_NE(refused.status().message().find("KV memory is full"), std::string::npos)
+        << refused.status().message();
+    EXPECT_EQ(decode_->stats().kv_booked, static_cast<int64_t>(20 * block()));
+    ASSERT_TRUE(long_turn->wait().ok());
+    auto r = run(next);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(decode_->stats().kv_booked, 0);
+}
+
+TEST_F(KvMemoryTest, SessionsSharingASystemPromptHoldItsBlocksOnce) {
+    start(256, size_t{64} << 20);
+    const auto system = text_tokens(256, 0, true);
+    auto prompt = [&](size_t skip) {
+        auto p = system;
+        const auto q = text_tokens(20, skip);
+        p.insert(p.end(), q.begin(), q.end());
+        return p;
+    };
+    ASSERT_TRUE(run(testing::greedy_turn(1, prompt(400), "s1", 8)).ok());
+    auto second = run(testing::greedy_turn(2, prompt(500), "s2", 8));
+    ASSERT_TRUE(second.ok()) << second.status().to_string();
+    EXPECT_EQ(second->cached_tokens, 256);
+    const auto st = decode_->stats();
+    // The sessions' bytes count the 16 shared blocks twice; the pool holds them once (and the
+    // prefix cache's blocks are the sessions' own).
+    EXPECT_EQ(st.kv_pool_used, st.kv_bytes - static_cast<int64_t>(16 * block()));
+    EXPECT_EQ(st.prefix_cache_bytes, st.kv_pool_used - static_cast<int64_t>(2 * block()))
+        << "every whole block of both sessions is cached; each has one partial block";
+}
+
+TEST_F(KvMemoryTest, NothingStaysHeldAfterTurnsEndAreCancelledOrFail) {
+    start(64, 0, 0);  // every prompt goes to a prefill node (none here)
+    // A turn waiting for its KV fails (its prefill failed): its booking goes.
+    auto waiting = std::make_shared<CollectingSink>();
+    auto plan =
+        decode_->start_turn(testing::greedy_turn(1, text_tokens(100, 0, true), "w", 8), waiting);
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    EXPECT_TRUE(plan->remote_prefill);
+    EXPECT_GT(decode_->stats().kv_booked, 0);
+    decode_->cancel(1, unavailable("the prefill failed"));
+    EXPECT_EQ(waiting->wait().status().code(), StatusCode::kUnavailable);
+    EXPECT_EQ(decode_->stats().kv_booked, 0);
+    // A running turn cancelled by its client, and one that ends: no block left but the
+    // session's.
+    start(64);
+    auto quitter = std::make_shared<CollectingSink>(3);
+    ASSERT_TRUE(
+        decode_->start_turn(testing::greedy_turn(2, text_tokens(100, 0, true), "", 100), quitter)
+            .ok());
+    auto end = quitter->wait();
+    ASSERT_TRUE(end.ok()) << end.status().to_string();
+    EXPECT_EQ(end->finish_reason, "cancelled");
+    ASSERT_TRUE(run(testing::greedy_turn(3, text_tokens(40, 0, true), "kept", 4)).ok());
+    auto st = decode_->stats();
+    EXPECT_EQ(st.kv_booked, 0);
+    EXPECT_EQ(st.kv_pool_used, st.kv_bytes) << "only the session's blocks";
+    decode_->drop_session("kept");
+    EXPECT_EQ(decode_->stats().kv_pool_used, 0);
+}
+
+}  // namespace
+}  // namespace deltaserve
