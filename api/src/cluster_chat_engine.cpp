@@ -323,8 +323,10 @@ Result<TurnResult> ClusterChatEngine::run_turn(
         return unavailable("no decode node is reachable");
     }
     auto planned = node->start_turn(spec, sink);
-    if (!planned.ok() && planned.status().code() == StatusCode::kUnavailable) {
-        // The session's node is lost: its KV with it. Another node recomputes the history.
+    if (!planned.ok() && (planned.status().code() == StatusCode::kUnavailable ||
+                          planned.status().code() == StatusCode::kResourceExhausted)) {
+        // The session's node is lost (its KV with it), or its KV memory is full: another
+        // node recomputes the history.
         if (DecodeNode* other = least_loaded_decode(node)) {
             node = other;
             planned = node->start_turn(spec, sink);

@@ -8,9 +8,9 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include <unistd.h>
-#include <vector>
 
 #include "deltaserve/common/byte_size.h"
 #include "deltaserve/common/logging.h"

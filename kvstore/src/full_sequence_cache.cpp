@@ -10,7 +10,7 @@ namespace deltaserve::kvstore {
 
 namespace {
 constexpr int32_t kB = BlockPool::kBlockTokens;
-int32_t blocks_for(int32_t n_tokens) { return (n_tokens + kB - 1) / kB; }
+int32_t blocks_for(int64_t n_tokens) { return static_cast<int32_t>((n_tokens + kB - 1) / kB); }
 }  // namespace
 
 FullSequenceCache::~FullSequenceCache() { pool_->release(table_); }
@@ -40,14 +40,18 @@ Status FullSequenceCache::reserve(int32_t n_new) {
     if (n_new < 0) return invalid_argument("a negative reserve");
     DS_RETURN_IF_ERROR(own_partial_block());
     // Positions reserved earlier but never committed are reused.
-    const int32_t total = n_committed_ + n_new;
-    if (total <= static_cast<int32_t>(slots_.size())) return Status();
+    const int64_t total = static_cast<int64_t>(n_committed_) + n_new;
+    if (total > max_tokens_) {
+        return resource_exhausted("the sequence would hold " + std::to_string(total) +
+                                  " tokens, more than its " + std::to_string(max_tokens_));
+    }
+    if (total <= static_cast<int64_t>(slots_.size())) return Status();
     const int32_t more = blocks_for(total) - static_cast<int32_t>(table_.size());
     if (more > 0) {
         DS_ASSIGN_OR_RETURN(std::vector<int32_t> got, pool_->allocate(more));
         table_.insert(table_.end(), got.begin(), got.end());
     }
-    for (int32_t p = static_cast<int32_t>(slots_.size()); p < total; ++p)
+    for (auto p = static_cast<int32_t>(slots_.size()); p < total; ++p)
         slots_.push_back(BlockPool::slot(table_[p / kB], p % kB));
     return Status();
 }

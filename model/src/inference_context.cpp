@@ -52,7 +52,7 @@ class InferenceContextImpl final : public InferenceContext {
             cache_ = std::make_unique<kvstore::EvictingSequenceCache>(
                 *parts_.head_slots, std::move(parts_.policy), options_.kv, *threads_);
         } else {
-            cache_ = std::make_unique<kvstore::FullSequenceCache>(parts_.blocks);
+            cache_ = std::make_unique<kvstore::FullSequenceCache>(parts_.blocks, options_.n_ctx);
         }
         return Status();
     }

@@ -274,5 +274,29 @@ TEST_F(ServeTest, APortInUseIsAClearError) {
         << r.describe();
 }
 
+// --kv-memory is the budget of the node's KV: a request whose KV could outgrow it gets 429
+// with the reason, one that fits is answered, a bad size is a usage error.
+TEST_F(ServeTest, TheKvMemoryBoundsWhatARequestMayBook) {
+    const CliResult bad = run_binary(deltaserve_binary(), serve_args({"--kv-memory", "lots"}), "",
+                                     std::chrono::seconds(60));
+    EXPECT_EQ(bad.exit_code, 2) << bad.describe();
+    EXPECT_NE(bad.err.find("--kv-memory"), std::string::npos) << bad.describe();
+
+    // 8 MiB: 22 blocks of 16 tokens, less than the 1024-token context.
+    ServingProcess server(serve_args({"--kv-memory", "8MiB"}));
+    ASSERT_NE(server.port(), 0) << server.log();
+    json body = chat_body("What is the capital of France?", 16);
+    body.erase("max_tokens");  // the answer could fill the context
+    HttpResponse r = post_chat(server.port(), body);
+    EXPECT_EQ(r.status, 429) << r.body;
+    EXPECT_NE(r.body.find("--kv-memory"), std::string::npos) << r.body;
+    r = post_chat(server.port(), chat_body("What is the capital of France?", 16));
+    EXPECT_EQ(r.status, 200) << r.body;
+    r = http_request(server.port(), "GET", "/metrics");
+    EXPECT_NE(r.body.find("deltaserve_kv_memory_bytes 8388608"), std::string::npos) << r.body;
+    EXPECT_NE(r.body.find("deltaserve_kv_booked_bytes 0"), std::string::npos) << r.body;
+    EXPECT_EQ(server.stop(), 0) << server.log();
+}
+
 }  // namespace
 }  // namespace deltaserve::testing

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -191,6 +193,26 @@ TEST(FullSequenceCache, ShipsRowsAcrossBlocks) {
     for (int32_t pos : {0, kB - 1, kB, kB + 6}) EXPECT_EQ(k_at(b, 1, pos), k_at(a, 1, pos));
     std::vector<uint8_t> short_part(3);
     EXPECT_EQ(b.import_layer(0, short_part).code(), StatusCode::kDataLoss);
+}
+
+TEST(FullSequenceCache, AStateOfMoreTokensThanItsContextIsRefusedAndTakesNothing) {
+    auto pool = BlockPool::create(small(8));
+    ASSERT_TRUE(pool.ok());
+    FullSequenceCache a(*pool), b(*pool, /*max_tokens=*/kB * 2);
+    append(a, kB * 3, 0.0f);
+    auto state = a.export_state();
+    ASSERT_TRUE(state.ok());
+    const int32_t before = (*pool)->free_blocks();
+    EXPECT_EQ(b.import_state(*state).code(), StatusCode::kResourceExhausted);
+    // A token count near the largest int: no overflow, no block taken.
+    std::vector<uint8_t> huge = *state;
+    const int32_t n = std::numeric_limits<int32_t>::max();
+    std::memcpy(huge.data(), &n, sizeof(n));
+    FullSequenceCache c(*pool);
+    EXPECT_EQ(c.import_state(huge).code(), StatusCode::kResourceExhausted);
+    EXPECT_EQ((*pool)->free_blocks(), before);
+    EXPECT_EQ(b.n_tokens(), 0);
+    EXPECT_EQ(c.n_tokens(), 0);
 }
 
 }  // namespace

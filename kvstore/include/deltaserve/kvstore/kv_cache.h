@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -152,7 +153,11 @@ inline size_t full_fp16_bytes(int32_t n_tokens, int32_t n_layers, int32_t kv_dim
 // through the sequence's block table) at the pool's precision.
 class FullSequenceCache final : public SequenceCache, public SequenceCodec {
   public:
-    explicit FullSequenceCache(std::shared_ptr<BlockPool> pool) : pool_(std::move(pool)) {}
+    // max_tokens: positions the sequence may hold at most (its context; a reserve past it is
+    // refused, as is an import of more).
+    explicit FullSequenceCache(std::shared_ptr<BlockPool> pool,
+                               int32_t max_tokens = std::numeric_limits<int32_t>::max())
+        : pool_(std::move(pool)), max_tokens_(max_tokens) {}
     ~FullSequenceCache() override;
     FullSequenceCache(const FullSequenceCache&) = delete;
     FullSequenceCache& operator=(const FullSequenceCache&) = delete;
@@ -196,6 +201,7 @@ class FullSequenceCache final : public SequenceCache, public SequenceCodec {
     Status own_partial_block();
 
     std::shared_ptr<BlockPool> pool_;
+    const int32_t max_tokens_;
     std::vector<int32_t> table_;  // the block table: block i holds positions [16 i, 16 i + 16)
     std::vector<int32_t> slots_;  // position -> slot, committed then reserved
     int32_t n_committed_ = 0;
