@@ -33,7 +33,11 @@ def start_embedded(build, model, threads, ctx, extra=()):
 
     def stop():
         p.terminate()
-        p.wait(timeout=60)
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # prefills of clients that left still run
+            p.kill()
+            p.wait()
     return int(line.rsplit(":", 1)[1]), stop
 
 
