@@ -103,7 +103,6 @@ Result<std::unique_ptr<model::Model>> load_model_for_run(const RunOptions& o) {
     if (o.attention != "native" && o.attention != "ggml") {
         return invalid_argument("--attention must be native or ggml, not '" + o.attention + "'");
     }
-    if (!(o.kv_keep > 0.0f && o.kv_keep <= 1.0f)) return invalid_argument("--kv-keep must be in (0, 1]");
     if (!(o.kv_select > 0.0f && o.kv_select <= 1.0f)) return invalid_argument("--kv-select must be in (0, 1]");
     if (o.kv_score_every < 0) return invalid_argument("--kv-score-every must be >= 0");
     if (!(o.kv_pin >= 0.0f && o.kv_pin < 1.0f)) return invalid_argument("--kv-pin must be in [0, 1)");

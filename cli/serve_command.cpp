@@ -86,6 +86,7 @@ int serve_main(int argc, char** argv) {
     }
     if (!kv_memory.empty()) {
         auto bytes = parse_byte_size(kv_memory);
+        if (bytes && *bytes == 0) bytes = invalid_argument("a KV memory of 0 bytes holds nothing");
         if (!bytes) {
             print_error(bytes.status().with_context("--kv-memory"));
             return 2;

@@ -181,6 +181,9 @@ class DecodeWorkerImpl final : public DecodeWorker {
     Status book_locked(Turn& t);
     // KV bytes of the sessions no turn runs for, but `except`'s. Under mu_.
     size_t idle_bytes_locked(const std::string& except) const;
+    // The least recently used session no turn runs for, other than `except`; end() if none.
+    // Under mu_.
+    std::map<std::string, Session>::iterator oldest_idle_locked(const std::string& except = "");
     // A turn about to prefill its first chunk: what the prefix cache holds of its prompt now,
     // if more than it started with (turns that came together behind one system prompt: the
     // first computes it, the others find it here).
@@ -378,29 +381,24 @@ Status DecodeWorkerImpl::book_locked(Turn& t) {
     const int32_t total = n + answer;
     const size_t need = probe_->kv_bytes_bound(total);
     const size_t budget = options_.kv_memory;
-    const auto mib = [](size_t b) { return format_byte_size(b); };
     if (need > budget) {
-        return resource_exhausted(
-            "the turn's KV can grow to " + mib(need) + " (" + std::to_string(total) +
-            " tokens with max_tokens); the node's KV memory is " + mib(budget) + " (--kv-memory)");
+        return resource_exhausted("the turn's KV can grow to " + format_byte_size(need) + " (" +
+                                  std::to_string(total) +
+                                  " tokens with max_tokens); the node's KV memory is " +
+                                  format_byte_size(budget) + " (--kv-memory)");
     }
     const std::string& own = t.spec.session_id;
     size_t idle = idle_bytes_locked(own);
-    while (booked_ + idle + need > budget && idle > 0) {
-        auto oldest = sessions_.end();
-        for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
-            if (it->second.busy || !it->second.ctx || it->first == own) continue;
-            if (oldest == sessions_.end() || it->second.last_used < oldest->second.last_used)
-                oldest = it;
-        }
+    while (booked_ + idle + need > budget) {
+        auto oldest = oldest_idle_locked(own);
         if (oldest == sessions_.end()) break;
-        idle -= oldest->second.ctx->kv_held_bytes();
+        if (oldest->second.ctx) idle -= oldest->second.ctx->kv_held_bytes();
         sessions_.erase(oldest);  // recomputed on its next turn
     }
     if (booked_ + idle + need > budget) {
         return resource_exhausted("KV memory is full: the running turns have booked " +
-                                  mib(booked_) + " of " + mib(budget) +
-                                  " (--kv-memory), this turn needs " + mib(need) +
+                                  format_byte_size(booked_) + " of " + format_byte_size(budget) +
+                                  " (--kv-memory), this turn needs " + format_byte_size(need) +
                                   "; try again when one ends");
     }
     t.booked = need;
@@ -495,18 +493,22 @@ void DecodeWorkerImpl::forget_stale(int64_t now) {
         const bool stale = !it->second.busy && now - it->second.last_used > options_.session_ttl_ms;
         it = stale ? sessions_.erase(it) : std::next(it);
     }
-    for (;;) {
-        int32_t idle = 0;
-        auto oldest = sessions_.end();
-        for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
-            if (it->second.busy) continue;
-            ++idle;
-            if (oldest == sessions_.end() || it->second.last_used < oldest->second.last_used)
-                oldest = it;
-        }
-        if (static_cast<int32_t>(sessions_.size()) <= options_.max_sessions || idle == 0) break;
+    while (static_cast<int32_t>(sessions_.size()) > options_.max_sessions) {
+        auto oldest = oldest_idle_locked();
+        if (oldest == sessions_.end()) break;
         sessions_.erase(oldest);
     }
+}
+
+std::map<std::string, Session>::iterator DecodeWorkerImpl::oldest_idle_locked(
+    const std::string& except) {
+    auto oldest = sessions_.end();
+    for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
+        if (it->second.busy || (!except.empty() && it->first == except)) continue;
+        if (oldest == sessions_.end() || it->second.last_used < oldest->second.last_used)
+            oldest = it;
+    }
+    return oldest;
 }
 
 void DecodeWorkerImpl::run_loop() {

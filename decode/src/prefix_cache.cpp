@@ -143,8 +143,8 @@ void PrefixCache::store(std::span<const int32_t> tokens, const std::string& scop
 
 int32_t PrefixCache::reclaim(int32_t blocks) {
     std::lock_guard<std::mutex> lock(mu_);
-    int32_t freed = 0;
-    return evict_locked([&] { return freed++ < blocks; }, true);
+    int32_t taken = 0;
+    return evict_locked([&] { return taken++ < blocks; }, true);
 }
 
 void PrefixCache::erase_leaf_locked(uint64_t hash) {

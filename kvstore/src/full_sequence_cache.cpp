@@ -16,22 +16,30 @@ int32_t blocks_for(int64_t n_tokens) { return static_cast<int32_t>((n_tokens + k
 FullSequenceCache::~FullSequenceCache() { pool_->release(table_); }
 
 Status FullSequenceCache::own_partial_block() {
+    // Only a truncate leaves the next position inside a block another sequence may hold: the
+    // blocks others take are whole ones, and a block is written only past the committed end.
+    if (!partial_) return {};
+    partial_ = false;
     if (n_committed_ % kB == 0 || n_committed_ / kB >= static_cast<int32_t>(table_.size()))
         return {};
     const int32_t old = table_[n_committed_ / kB];
     if (pool_->refs(old) <= 1) return {};
-    DS_ASSIGN_OR_RETURN(std::vector<int32_t> fresh, pool_->allocate(1));
+    auto fresh = pool_->allocate(1);
+    if (!fresh.ok()) {
+        partial_ = true;  // looked at again by the next reserve
+        return fresh.status();
+    }
     const size_t rows = static_cast<size_t>(n_committed_ % kB) * pool_->row_bytes();
     for (int32_t l = 0; l < pool_->options().n_layers; ++l) {
-        std::memcpy(pool_->k_row(l, BlockPool::slot(fresh[0], 0)),
+        std::memcpy(pool_->k_row(l, BlockPool::slot((*fresh)[0], 0)),
                     pool_->k_row(l, BlockPool::slot(old, 0)), rows);
-        std::memcpy(pool_->v_row(l, BlockPool::slot(fresh[0], 0)),
+        std::memcpy(pool_->v_row(l, BlockPool::slot((*fresh)[0], 0)),
                     pool_->v_row(l, BlockPool::slot(old, 0)), rows);
     }
-    table_[n_committed_ / kB] = fresh[0];
+    table_[n_committed_ / kB] = (*fresh)[0];
     const int32_t first = n_committed_ / kB * kB;
     for (int32_t p = first; p < static_cast<int32_t>(slots_.size()); ++p)
-        slots_[p] = BlockPool::slot(fresh[0], p - first);
+        slots_[p] = BlockPool::slot((*fresh)[0], p - first);
     pool_->release(std::span<const int32_t>(&old, 1));
     return {};
 }
@@ -92,6 +100,7 @@ void FullSequenceCache::truncate(int32_t n_keep) {
     table_.resize(keep_blocks);
     slots_.resize(static_cast<size_t>(n_keep));
     n_committed_ = n_keep;
+    partial_ = n_keep % kB != 0;
 }
 
 size_t FullSequenceCache::bytes() const {

@@ -277,10 +277,12 @@ TEST_F(ServeTest, APortInUseIsAClearError) {
 // --kv-memory is the budget of the node's KV: a request whose KV could outgrow it gets 429
 // with the reason, one that fits is answered, a bad size is a usage error.
 TEST_F(ServeTest, TheKvMemoryBoundsWhatARequestMayBook) {
-    const CliResult bad = run_binary(deltaserve_binary(), serve_args({"--kv-memory", "lots"}), "",
-                                     std::chrono::seconds(60));
-    EXPECT_EQ(bad.exit_code, 2) << bad.describe();
-    EXPECT_NE(bad.err.find("--kv-memory"), std::string::npos) << bad.describe();
+    for (const char* size : {"lots", "0"}) {
+        const CliResult bad = run_binary(deltaserve_binary(), serve_args({"--kv-memory", size}),
+                                         "", std::chrono::seconds(60));
+        EXPECT_EQ(bad.exit_code, 2) << bad.describe();
+        EXPECT_NE(bad.err.find("--kv-memory"), std::string::npos) << bad.describe();
+    }
 
     // 8 MiB: 22 blocks of 16 tokens, less than the 1024-token context.
     ServingProcess server(serve_args({"--kv-memory", "8MiB"}));

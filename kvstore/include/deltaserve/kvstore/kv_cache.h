@@ -205,6 +205,8 @@ class FullSequenceCache final : public SequenceCache, public SequenceCodec {
     std::vector<int32_t> table_;  // the block table: block i holds positions [16 i, 16 i + 16)
     std::vector<int32_t> slots_;  // position -> slot, committed then reserved
     int32_t n_committed_ = 0;
+    // A truncate ended inside a block, which others may hold (the next reserve looks).
+    bool partial_ = false;
 };
 
 }  // namespace deltaserve::kvstore
