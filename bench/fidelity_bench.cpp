@@ -5,7 +5,8 @@
 //              but the last --decode-tail tokens one at a time, as generation feeds them:
 //              those are also reported alone (ppl_tail, kl_tail), since a policy may
 //              select or evict differently for single tokens than for chunks;
-//   decode     ms per single-token step after that text, at 2k and 8k (median of --decode-steps, 16;
+//   decode     ms per single-token step after that text, at 2k and 8k (median of --decode-steps,
+//   16;
 //              every step's ms, in order, under decode_step_ms);
 //   retrieval  passkey in filler, one of three needles, key-value lookup with random keys:
 //              exact match (every answer token the argmax) and the answer's log-likelihood,
@@ -47,20 +48,22 @@ using Json = nlohmann::ordered_json;
 
 struct Options {
     std::string model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-    std::string profile = "profiles/SmolLM2-135M-Instruct.Q4_1.gguf/deltakv.json";  // trimkv.json beside it
+    std::string profile =
+        "profiles/SmolLM2-135M-Instruct.Q4_1.gguf/deltakv.json";  // trimkv.json beside it
     std::string text, out = "fidelity.json";
     std::string lengths = "2048,4096,8192", keeps = "0.5,0.3,0.2", retrieval_keeps = "0.3";
     std::string policies = "deltakv,kvcompress,d2o,trimkv,snapkv,h2o,keydiff,streaming";
     std::string tasks = "ppl,decode,retrieval,multiturn";
     int32_t chunk = 256, threads = 2, decode_tail = 128, decode_steps = 16;
     int32_t probes = 1;  // retrieval probes per task and length (means reported)
-    bool chunked_answer = false;  // retrieval, multi-turn: the answer in one chunk, not step by step
-    float select = 0.1f;  // deltakv: share of compressed tokens per decode step (besides pins)
-    int score_every = 0;  // deltakv: scorer layers (0: the paper's observation-layer pick)
+    bool chunked_answer =
+        false;                 // retrieval, multi-turn: the answer in one chunk, not step by step
+    float select = 0.1f;       // deltakv: share of compressed tokens per decode step (besides pins)
+    int score_every = 0;       // deltakv: scorer layers (0: the paper's observation-layer pick)
     float score_dims = 0.25f;  // deltakv: a scorer's first pass, share of key dimensions
-    float pin = 0.1f;  // deltakv: share of the region a chunk pins for the decode steps after it
+    float pin = 0.1f;     // deltakv: share of the region a chunk pins for the decode steps after it
     int32_t follow = 16;  // deltakv: tokens a decode step read most that the next reads again
-    float exact = 0.0f;  // deltakv: share of compressed tokens kept exact, the worst reconstructed
+    float exact = 0.0f;   // deltakv: share of compressed tokens kept exact, the worst reconstructed
     float exact_depth = 0.5f;  // deltakv: share of the sparse layers (the first) that choose them
 };
 
@@ -94,8 +97,8 @@ struct Arm {
     }
 };
 
-Result<std::vector<Arm>> make_arms(const model::Model& m, const Options& o, const std::vector<float>& keeps,
-                                   int32_t n_ctx) {
+Result<std::vector<Arm>> make_arms(const model::Model& m, const Options& o,
+                                   const std::vector<float>& keeps, int32_t n_ctx) {
     std::vector<Arm> arms;
     // One pool for every arm, as one serving process has: each arm with its own would leave
     // the idle arms' workers spinning on the cores the timed arm needs.
@@ -119,7 +122,8 @@ Result<std::vector<Arm>> make_arms(const model::Model& m, const Options& o, cons
         // A policy with a profile of its own (trimkv's gates) finds it beside DeltaKV's.
         DS_ASSIGN_OR_RETURN(const kvstore::KvPolicyInfo* info, kvstore::find_kv_policy(policy));
         if (info->kind == kvstore::KvCacheKind::kEvicting && !info->profile_file.empty()) {
-            co.kv_profile = (std::filesystem::path(o.profile).parent_path() / info->profile_file).string();
+            co.kv_profile =
+                (std::filesystem::path(o.profile).parent_path() / info->profile_file).string();
         }
         DS_ASSIGN_OR_RETURN(auto ctx, InferenceContext::create(m, co));
         arms.push_back(Arm{policy, keep, std::move(ctx)});
@@ -134,10 +138,11 @@ Result<std::vector<Arm>> make_arms(const model::Model& m, const Options& o, cons
 
 // Feeds tokens in chunks to every arm (in lockstep), the last `tail` one at a time,
 // accumulating NLL and KL to arm 0, over all tokens and over the tail alone.
-Json perplexity(std::vector<Arm>& arms, const std::vector<int32_t>& tokens, int32_t chunk, int32_t tail,
-                int32_t n_vocab) {
+Json perplexity(std::vector<Arm>& arms, const std::vector<int32_t>& tokens, int32_t chunk,
+                int32_t tail, int32_t n_vocab) {
     const size_t n_arms = arms.size();
-    std::vector<double> nll(n_arms, 0.0), kl(n_arms, 0.0), nll_tail(n_arms, 0.0), kl_tail(n_arms, 0.0);
+    std::vector<double> nll(n_arms, 0.0), kl(n_arms, 0.0), nll_tail(n_arms, 0.0),
+        kl_tail(n_arms, 0.0);
     // Per 1024 positions (by the predicted token's position): where in the context a policy loses.
     constexpr size_t kBlock = 1024;
     const size_t n_blocks = (tokens.size() + kBlock - 2) / kBlock;
@@ -146,7 +151,8 @@ Json perplexity(std::vector<Arm>& arms, const std::vector<int32_t>& tokens, int3
     std::vector<double> lp;
     std::vector<std::vector<double>> lf;  // full KV's log-probabilities for the chunk, once
     for (auto& a : arms) a.ctx->reset();
-    const size_t tail_start = tokens.size() - std::min(tokens.size() - 1, static_cast<size_t>(std::max(tail, 0)));
+    const size_t tail_start =
+        tokens.size() - std::min(tokens.size() - 1, static_cast<size_t>(std::max(tail, 0)));
     const auto t0 = std::chrono::steady_clock::now();
     for (size_t at = 0, n = 0; at < tokens.size(); at += n) {
         const bool in_tail = at >= tail_start;
@@ -223,7 +229,9 @@ Json decode_times(std::vector<Arm>& arms, int32_t steps, Json& each) {
             if (!ok[a]) continue;
             const auto t0 = std::chrono::steady_clock::now();
             auto l = arms[a].ctx->eval(std::span<const int32_t>(&next[a], 1));
-            ms[a].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+            ms[a].push_back(
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                    .count());
             ok[a] = l.ok();
             if (ok[a]) next[a] = model::greedy(*l);
         }
@@ -248,7 +256,8 @@ struct Probe {
 // time, as generation feeds them (a decode step may attend differently from a chunk), or
 // in one chunk with `chunked_answer`.
 std::pair<double, bool> score_answer(InferenceContext& ctx, const std::vector<int32_t>& question,
-                                     const std::vector<int32_t>& answer, int32_t n_vocab, bool chunked_answer) {
+                                     const std::vector<int32_t>& answer, int32_t n_vocab,
+                                     bool chunked_answer) {
     auto l = ctx.eval(question);
     if (!l.ok() || answer.empty()) return {NAN, false};
     std::vector<double> lp;
@@ -263,7 +272,8 @@ std::pair<double, bool> score_answer(InferenceContext& ctx, const std::vector<in
     if (chunked_answer && answer.size() > 1) {
         auto rest = ctx.eval_all(std::span<const int32_t>(answer.data(), answer.size() - 1));
         if (!rest.ok()) return {NAN, false};
-        for (size_t i = 1; i < answer.size(); ++i) take(rest->data() + (i - 1) * n_vocab, answer[i]);
+        for (size_t i = 1; i < answer.size(); ++i)
+            take(rest->data() + (i - 1) * n_vocab, answer[i]);
         return {ll, exact};
     }
     for (size_t i = 1; i < answer.size(); ++i) {
@@ -280,13 +290,16 @@ Status feed(InferenceContext& ctx, const std::vector<int32_t>& tokens) {
 }
 
 class Tasks {
-public:
+  public:
     Tasks(const model::Model& m, const std::vector<int32_t>& filler) : m_(m), filler_(filler) {}
 
-    std::vector<int32_t> tok(const std::string& s) const { return *m_.tokenizer->encode(s, false, false); }
+    std::vector<int32_t> tok(const std::string& s) const {
+        return *m_.tokenizer->encode(s, false, false);
+    }
 
     // Filler of n tokens with pieces inserted at fractional depths.
-    std::vector<int32_t> haystack(int32_t n, const std::vector<std::pair<double, std::string>>& needles,
+    std::vector<int32_t> haystack(int32_t n,
+                                  const std::vector<std::pair<double, std::string>>& needles,
                                   size_t offset) const {
         std::vector<std::vector<int32_t>> ins;
         int32_t extra = 0;
@@ -304,7 +317,8 @@ public:
             }
             out.push_back(filler_[(offset + static_cast<size_t>(i)) % filler_.size()]);
         }
-        for (; next < needles.size(); ++next) out.insert(out.end(), ins[next].begin(), ins[next].end());
+        for (; next < needles.size(); ++next)
+            out.insert(out.end(), ins[next].begin(), ins[next].end());
         return out;
     }
 
@@ -313,9 +327,10 @@ public:
         Probe p;
         p.question = tok("\nWhat is the pass key? The pass key is");
         p.answer = tok(" " + key);
-        p.context = haystack(n - static_cast<int32_t>(p.question.size() + p.answer.size()),
-                             {{0.5, " The pass key is " + key + ". Remember it. " + key + " is the pass key. "}},
-                             rng() % filler_.size());
+        p.context = haystack(
+            n - static_cast<int32_t>(p.question.size() + p.answer.size()),
+            {{0.5, " The pass key is " + key + ". Remember it. " + key + " is the pass key. "}},
+            rng() % filler_.size());
         return p;
     }
 
@@ -325,8 +340,8 @@ public:
         std::vector<std::string> nums;
         for (int i = 0; i < 3; ++i) {
             nums.push_back(std::to_string(100000 + rng() % 900000));
-            ins.push_back({0.25 * (i + 1), std::string(" The special magic number for ") + cities[i] + " is " +
-                                               nums.back() + ". "});
+            ins.push_back({0.25 * (i + 1), std::string(" The special magic number for ") +
+                                               cities[i] + " is " + nums.back() + ". "});
         }
         const int ask = static_cast<int>(rng() % 3);
         Probe p;
@@ -362,7 +377,7 @@ public:
         return p;
     }
 
-private:
+  private:
     const model::Model& m_;
     const std::vector<int32_t>& filler_;
 };
@@ -388,9 +403,10 @@ Json retrieval(std::vector<Arm>& arms, const Tasks& t, int32_t n, int32_t n_voca
     for (const auto& [task, p] : probes) {
         for (auto& a : arms) {
             auto& s = sums[task][a.name()];
-            const auto [ll, exact] = feed(*a.ctx, p.context).ok()
-                                         ? score_answer(*a.ctx, p.question, p.answer, n_vocab, chunked_answer)
-                                         : std::pair<double, bool>{NAN, false};
+            const auto [ll, exact] =
+                feed(*a.ctx, p.context).ok()
+                    ? score_answer(*a.ctx, p.question, p.answer, n_vocab, chunked_answer)
+                    : std::pair<double, bool>{NAN, false};
             if (std::isnan(ll)) {  // the arm failed this probe: left out of its means
                 s.each.push_back(nullptr);
                 continue;
@@ -404,7 +420,8 @@ Json retrieval(std::vector<Arm>& arms, const Tasks& t, int32_t n, int32_t n_voca
     for (const auto& [task, by_arm] : sums) {
         for (const auto& [arm, s] : by_arm) {
             if (s.n == 0) continue;  // failed every probe: no means
-            // Means over the probes scored; exact = the share whose every answer token was the argmax.
+            // Means over the probes scored; exact = the share whose every answer token was the
+            // argmax.
             out[task][arm] = {{"loglik", s.ll / s.n},
                               {"exact", static_cast<double>(s.exact) / s.n},
                               {"probes", s.n},
@@ -414,7 +431,8 @@ Json retrieval(std::vector<Arm>& arms, const Tasks& t, int32_t n, int32_t n_voca
     return out;
 }
 
-Json multiturn(std::vector<Arm>& arms, const Tasks& t, int32_t n, int32_t n_vocab, bool chunked_answer) {
+Json multiturn(std::vector<Arm>& arms, const Tasks& t, int32_t n, int32_t n_vocab,
+               bool chunked_answer) {
     const char* names[] = {"Ada", "Boris", "Chiara", "Dmitri"};
     const char* colours[] = {"green", "orange", "violet", "yellow"};
     std::mt19937 rng(99);
@@ -422,8 +440,9 @@ Json multiturn(std::vector<Arm>& arms, const Tasks& t, int32_t n, int32_t n_voca
     std::vector<std::string> numbers;
     for (int i = 0; i < 4; ++i) {
         numbers.push_back(std::to_string(10 + rng() % 90));
-        ins.push_back({0.2 * (i + 1), std::string(" Note: ") + names[i] + "'s favourite colour is " + colours[i] +
-                                          " and " + names[i] + "'s lucky number is " + numbers.back() + ". "});
+        ins.push_back({0.2 * (i + 1),
+                       std::string(" Note: ") + names[i] + "'s favourite colour is " + colours[i] +
+                           " and " + names[i] + "'s lucky number is " + numbers.back() + ". "});
     }
     const auto context = t.haystack(n, ins, 777);
     Json out = Json::object();
@@ -434,8 +453,8 @@ Json multiturn(std::vector<Arm>& arms, const Tasks& t, int32_t n, int32_t n_voca
         int later_exact = 0;
         for (int turn = 0; turn < 4; ++turn) {
             const int who = (turn * 3 + 1) % 4;  // asks 1, 0, 3, 2: depth order shuffled
-            const auto q = t.tok(std::string("\nQuestion: What is ") + names[who] + "'s lucky number?\nAnswer: " +
-                                 names[who] + "'s lucky number is");
+            const auto q = t.tok(std::string("\nQuestion: What is ") + names[who] +
+                                 "'s lucky number?\nAnswer: " + names[who] + "'s lucky number is");
             const auto ans = t.tok(" " + numbers[who]);
             const auto [ll, exact] = score_answer(*a.ctx, q, ans, n_vocab, chunked_answer);
             // The answer's last token joins the history too, before the next turn.
@@ -446,7 +465,8 @@ Json multiturn(std::vector<Arm>& arms, const Tasks& t, int32_t n, int32_t n_voca
                 later_exact += exact;
             }
         }
-        out[a.name()] = {{"turns", turns}, {"later_loglik_mean", later_ll / 3}, {"later_exact", later_exact}};
+        out[a.name()] = {
+            {"turns", turns}, {"later_loglik_mean", later_ll / 3}, {"later_exact", later_exact}};
     }
     return out;
 }
@@ -470,10 +490,14 @@ int run(const Options& o) {
     }
     const int32_t n_vocab = (*m)->config.n_vocab;
     const auto lengths = list<int32_t>(o.lengths);
-    const int32_t n_ctx = (*std::max_element(lengths.begin(), lengths.end()) + 512 + 255) / 256 * 256;
-    Json result = {{"model", o.model}, {"profile", o.profile}, {"text", o.text}, {"text_tokens", text->size()},
+    const int32_t n_ctx =
+        (*std::max_element(lengths.begin(), lengths.end()) + 512 + 255) / 256 * 256;
+    Json result = {{"model", o.model}, {"profile", o.profile},
+                   {"text", o.text},   {"text_tokens", text->size()},
                    {"chunk", o.chunk}, {"threads", o.threads}};
-    auto log = [&](const char* what, int32_t n) { std::fprintf(stderr, "[fidelity] %s at %d tokens\n", what, n); };
+    auto log = [&](const char* what, int32_t n) {
+        std::fprintf(stderr, "[fidelity] %s at %d tokens\n", what, n);
+    };
     if (has(o.tasks, "ppl") || has(o.tasks, "decode")) {
         auto arms = make_arms(**m, o, list<float>(o.keeps), n_ctx);
         if (!arms.ok()) {
@@ -484,11 +508,12 @@ int run(const Options& o) {
             if (n > static_cast<int32_t>(text->size())) continue;
             log("perplexity", n);
             std::vector<int32_t> tokens(text->begin(), text->begin() + n);
-            result["ppl"][std::to_string(n)] = perplexity(*arms, tokens, o.chunk, o.decode_tail, n_vocab);
+            result["ppl"][std::to_string(n)] =
+                perplexity(*arms, tokens, o.chunk, o.decode_tail, n_vocab);
             if (has(o.tasks, "decode") && (n == 2048 || n == 8192)) {
                 log("decode timing", n);
-                result["decode_ms"][std::to_string(n)] =
-                    decode_times(*arms, o.decode_steps, result["decode_step_ms"][std::to_string(n)]);
+                result["decode_ms"][std::to_string(n)] = decode_times(
+                    *arms, o.decode_steps, result["decode_step_ms"][std::to_string(n)]);
             }
             std::ofstream(o.out) << result.dump(1) << "\n";
         }
@@ -503,11 +528,13 @@ int run(const Options& o) {
         for (int32_t n : lengths) {
             if (!has(o.tasks, "retrieval")) break;
             log("retrieval", n);
-            result["retrieval"][std::to_string(n)] = retrieval(*arms, tasks, n, n_vocab, o.probes, o.chunked_answer);
+            result["retrieval"][std::to_string(n)] =
+                retrieval(*arms, tasks, n, n_vocab, o.probes, o.chunked_answer);
             std::ofstream(o.out) << result.dump(1) << "\n";
         }
         if (has(o.tasks, "multiturn")) {
-            const int32_t n = std::min<int32_t>(4096, *std::max_element(lengths.begin(), lengths.end()));
+            const int32_t n =
+                std::min<int32_t>(4096, *std::max_element(lengths.begin(), lengths.end()));
             log("multi-turn", n);
             result["multiturn"] = multiturn(*arms, tasks, n, n_vocab, o.chunked_answer);
         }
@@ -521,7 +548,8 @@ int run(const Options& o) {
 
 int main(int argc, char** argv) {
     Options o;
-    ArgParser p("deltaserve-bench-fidelity", "KV policies against full KV: perplexity, KL, retrieval, multi-turn, decode time.");
+    ArgParser p("deltaserve-bench-fidelity",
+                "KV policies against full KV: perplexity, KL, retrieval, multi-turn, decode time.");
     p.add("model", &o.model, "GGUF model");
     p.add("profile", &o.profile, "DeltaKV profile (deltakv.json)");
     p.add("text", &o.text, "natural English text (and retrieval filler)");
@@ -531,24 +559,36 @@ int main(int argc, char** argv) {
     p.add("retrieval-keeps", &o.retrieval_keeps, "keep ratios for retrieval and multi-turn");
     p.add("policies", &o.policies, "policies besides full");
     p.add("tasks", &o.tasks, "ppl, decode, retrieval, multiturn");
-    p.add("select", &o.select, "deltakv: share of the compressed tokens each decode step attends to");
+    p.add("select", &o.select,
+          "deltakv: share of the compressed tokens each decode step attends to");
     p.add("score-every", &o.score_every,
           "deltakv: every this many sparse layers a scorer picks that share with its own keys; 0 = "
           "the paper's pick by the observation layer");
     p.add("score-dims", &o.score_dims,
-          "deltakv: share of key dimensions a scorer's first pass scores every token with; 1 = whole keys");
-    p.add("pin", &o.pin, "deltakv: share of the compressed tokens a chunk pins for the decode steps after it; 0 = off");
+          "deltakv: share of key dimensions a scorer's first pass scores every token with; 1 = "
+          "whole keys");
+    p.add("pin", &o.pin,
+          "deltakv: share of the compressed tokens a chunk pins for the decode steps after it; 0 = "
+          "off");
     p.add("follow", &o.follow,
-          "deltakv: latent tokens a decode step attended most that the next attends again (and the 3 after each); 0 = off");
+          "deltakv: latent tokens a decode step attended most that the next attends again (and the "
+          "3 after each); 0 = off");
     p.add("exact", &o.exact,
-          "deltakv: share of the tokens compression takes that stay exact, those their latents reconstruct worst; 0 = off");
+          "deltakv: share of the tokens compression takes that stay exact, those their latents "
+          "reconstruct worst; 0 = off");
     p.add("exact-depth", &o.exact_depth,
-          "deltakv: share of the sparse layers, the first ones, whose reconstruction errors choose the exact tokens");
-    p.add("probes", &o.probes, "retrieval: probes per task and length (each its own random answer and filler; means reported)");
+          "deltakv: share of the sparse layers, the first ones, whose reconstruction errors choose "
+          "the exact tokens");
+    p.add("probes", &o.probes,
+          "retrieval: probes per task and length (each its own random answer and filler; means "
+          "reported)");
     p.add_switch("chunked-answer", &o.chunked_answer,
-          "retrieval, multi-turn: score the answer in one chunk instead of one token at a time as generation does");
-    p.add("decode-tail", &o.decode_tail, "last tokens of each text fed one at a time (scored apart too)");
-    p.add("decode-steps", &o.decode_steps, "single-token steps timed per arm (the median is reported)");
+                 "retrieval, multi-turn: score the answer in one chunk instead of one token at a "
+                 "time as generation does");
+    p.add("decode-tail", &o.decode_tail,
+          "last tokens of each text fed one at a time (scored apart too)");
+    p.add("decode-steps", &o.decode_steps,
+          "single-token steps timed per arm (the median is reported)");
     p.add("chunk", &o.chunk, "tokens per forward call (policies compress after each)");
     p.add("threads", &o.threads, "threads");
     if (auto code = parse_flags(p, argc - 1, argv + 1)) return *code;

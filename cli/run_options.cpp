@@ -12,7 +12,8 @@ namespace deltaserve::cli {
 
 void RunOptions::register_flags(ArgParser& p) {
     p.add("model", &model_path, "GGUF file, Hugging Face directory or llama2.c checkpoint");
-    p.add("tokenizer", &tokenizer_path, "tokenizer file overriding the model's (tokenizer.bin, tokenizer.json, GGUF)");
+    p.add("tokenizer", &tokenizer_path,
+          "tokenizer file overriding the model's (tokenizer.bin, tokenizer.json, GGUF)");
     p.add("threads", &threads, "threads; 0 = one per core");
     p.add("ctx-size", &ctx_size, "context size in tokens; 0 = the model's, at most 8192");
     p.add("batch-size", &batch_size, "prompt tokens per forward pass");
@@ -22,22 +23,26 @@ void RunOptions::register_flags(ArgParser& p) {
           "does (same output token for token with the same --threads; slower)");
     p.add("kv-policy", &kv_policy,
           "KV cache policy: " + kvstore::kv_policy_names() + " (full keeps every token)");
-    p.add("kv-keep", &kv_keep, "target keep ratio of the KV cache in (0, 1]: bytes held / fp16 full-cache bytes");
+    p.add("kv-keep", &kv_keep,
+          "target keep ratio of the KV cache in (0, 1]: bytes held / fp16 full-cache bytes");
     p.add("kv-profile", &kv_profile,
           "deltakv.json or trimkv.json from deltactl calibrate (default: "
           "profiles/<model file name>/<policy>.json when present)");
-    p.add("kv-select", &kv_select,
-          "deltakv: share of the compressed tokens each generated token attends to (reconstructed on "
-          "the fly), in (0, 1]; more is closer to full KV and slower, memory is the same");
-    p.add("kv-score-every", &kv_score_every,
-          "deltakv: every this many compressed layers, one scores all compressed tokens with its own "
-          "keys and picks the --kv-select share for the layers up to the next; 0 = the paper's pick "
-          "by the full layer before them (cheaper, further from full KV)");
+    p.add(
+        "kv-select", &kv_select,
+        "deltakv: share of the compressed tokens each generated token attends to (reconstructed on "
+        "the fly), in (0, 1]; more is closer to full KV and slower, memory is the same");
+    p.add(
+        "kv-score-every", &kv_score_every,
+        "deltakv: every this many compressed layers, one scores all compressed tokens with its own "
+        "keys and picks the --kv-select share for the layers up to the next; 0 = the paper's pick "
+        "by the full layer before them (cheaper, further from full KV)");
     p.add("kv-score-dims", &kv_score_dims,
           "deltakv, with --kv-score-every: the share of key dimensions a scorer first scores every "
           "compressed token with (those where the query is largest), in (0, 1]; 1 = whole keys");
     p.add("kv-pin", &kv_pin,
-          "deltakv: share of the compressed tokens the prompt's last tokens attended most, which every "
+          "deltakv: share of the compressed tokens the prompt's last tokens attended most, which "
+          "every "
           "generated token attends besides its --kv-select share, in [0, 1); 0 = off");
     p.add("kv-follow", &kv_follow,
           "deltakv: the compressed tokens a generated token attended most, which the next attends "
@@ -86,11 +91,13 @@ model::ContextOptions RunOptions::context() const {
     // deltakv / trimkv without --kv-profile: what setup calibrates in profiles/<model file>/.
     auto policy = kvstore::find_kv_policy(kv_policy);
     if (policy.ok() && !(*policy)->profile_file.empty() && kv_profile.empty()) {
-        const std::string guess = "profiles/" + std::filesystem::path(model_path).filename().string() + "/" +
+        const std::string guess = "profiles/" +
+                                  std::filesystem::path(model_path).filename().string() + "/" +
                                   std::string((*policy)->profile_file);
         if (std::filesystem::exists(guess)) c.kv_profile = guess;
     }
-    c.attention = attention == "ggml" ? model::AttentionNumerics::kGgml : model::AttentionNumerics::kNative;
+    c.attention =
+        attention == "ggml" ? model::AttentionNumerics::kGgml : model::AttentionNumerics::kNative;
     return c;
 }
 
@@ -103,11 +110,14 @@ Result<std::unique_ptr<model::Model>> load_model_for_run(const RunOptions& o) {
     if (o.attention != "native" && o.attention != "ggml") {
         return invalid_argument("--attention must be native or ggml, not '" + o.attention + "'");
     }
-    if (!(o.kv_select > 0.0f && o.kv_select <= 1.0f)) return invalid_argument("--kv-select must be in (0, 1]");
+    if (!(o.kv_select > 0.0f && o.kv_select <= 1.0f))
+        return invalid_argument("--kv-select must be in (0, 1]");
     if (o.kv_score_every < 0) return invalid_argument("--kv-score-every must be >= 0");
-    if (!(o.kv_pin >= 0.0f && o.kv_pin < 1.0f)) return invalid_argument("--kv-pin must be in [0, 1)");
+    if (!(o.kv_pin >= 0.0f && o.kv_pin < 1.0f))
+        return invalid_argument("--kv-pin must be in [0, 1)");
     if (o.kv_follow < 0) return invalid_argument("--kv-follow must be >= 0");
-    if (!(o.kv_exact >= 0.0f && o.kv_exact < 1.0f)) return invalid_argument("--kv-exact must be in [0, 1)");
+    if (!(o.kv_exact >= 0.0f && o.kv_exact < 1.0f))
+        return invalid_argument("--kv-exact must be in [0, 1)");
     if (!(o.kv_score_dims > 0.0f && o.kv_score_dims <= 1.0f)) {
         return invalid_argument("--kv-score-dims must be in (0, 1]");
     }

@@ -22,14 +22,15 @@ void grow(std::vector<T>& v, size_t n) {
 
 // A latent token's bytes in one sparse layer: its latent and its references' ordinals.
 double latent_token_bytes(const DeltaKvProfile& profile, const DeltaKvOptions& o) {
-    const size_t latent = o.latent_bits == 4 ? k::int4_bytes(profile.m) : 2 * static_cast<size_t>(profile.m);
+    const size_t latent =
+        o.latent_bits == 4 ? k::int4_bytes(profile.m) : 2 * static_cast<size_t>(profile.m);
     return static_cast<double>(latent + sizeof(uint16_t) * o.k);
 }
 
 // idx (sorted offsets into the region [r0, r1)) joined with those of the sorted positions
 // that fall in it.
-void add_region_positions(std::vector<int32_t>& idx, const std::vector<int32_t>& positions, int32_t r0,
-                          int32_t r1) {
+void add_region_positions(std::vector<int32_t>& idx, const std::vector<int32_t>& positions,
+                          int32_t r0, int32_t r1) {
     std::vector<int32_t> in, both;
     for (int32_t p : positions) {
         if (p >= r0 && p < r1) in.push_back(p - r0);
@@ -80,7 +81,8 @@ DeltaKvOptions deltakv_options_for_keep(const DeltaKvProfile& profile, float kee
     return o;
 }
 
-double deltakv_keep_floor(const DeltaKvProfile& profile, const DeltaKvOptions& o, int32_t n_tokens) {
+double deltakv_keep_floor(const DeltaKvProfile& profile, const DeltaKvOptions& o,
+                          int32_t n_tokens) {
     const double n = std::max(1, n_tokens);
     const double row = 2.0 * 2.0 * o.n_kv_heads * o.head_dim;  // fp16 K and V
     const double latent = latent_token_bytes(profile, o);
@@ -115,17 +117,21 @@ Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(
     }
     if (o.sinks < 1 || o.stride < 1 || o.k < 1 || o.k > 16 || o.window < 1 ||
         (o.latent_bits != 4 && o.latent_bits != 16) || o.score_every < 0 ||
-        !(o.score_dims > 0.0f && o.score_dims <= 1.0f) || !(o.pin_ratio >= 0.0f && o.pin_ratio < 1.0f) ||
-        o.pin_window < 1 || o.pin_after < 0 || o.pin_before < 0) {
+        !(o.score_dims > 0.0f && o.score_dims <= 1.0f) ||
+        !(o.pin_ratio >= 0.0f && o.pin_ratio < 1.0f) || o.pin_window < 1 || o.pin_after < 0 ||
+        o.pin_before < 0) {
         return invalid_argument(
-            "DeltaKV: bad sinks / stride / k / window / latent bits / score_every / score_dims / pins");
+            "DeltaKV: bad sinks / stride / k / window / latent bits / score_every / score_dims / "
+            "pins");
     }
     // A latent names its references by 16-bit ordinals.
-    if (!(o.exact_share >= 0.0f && o.exact_share < 1.0f) || !(o.exact_depth > 0.0f && o.exact_depth <= 1.0f)) {
+    if (!(o.exact_share >= 0.0f && o.exact_share < 1.0f) ||
+        !(o.exact_depth > 0.0f && o.exact_depth <= 1.0f)) {
         return invalid_argument("DeltaKV: exact_share must be in [0, 1), exact_depth in (0, 1]");
     }
     if (static_cast<int64_t>(o.sinks) + o.n_ctx / o.stride +
-            static_cast<int64_t>(std::ceil(o.exact_share * static_cast<double>(o.n_ctx))) + 1 >= kNoRef) {
+            static_cast<int64_t>(std::ceil(o.exact_share * static_cast<double>(o.n_ctx))) + 1 >=
+        kNoRef) {
         return invalid_argument("DeltaKV: " + std::to_string(o.n_ctx) +
                                 " tokens at reference stride " + std::to_string(o.stride) +
                                 " take more than 65534 references");
@@ -317,9 +323,10 @@ void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape&
     if (r1 <= r0) return;
     const int32_t region = r1 - r0;
     // With scorer layers a single token's group takes the whole region: they choose.
-    const int32_t want = n == 1 ? options_.score_every > 0
-                                      ? region
-                                      : static_cast<int32_t>(std::ceil(options_.select_ratio * region))
+    const int32_t want = n == 1
+                             ? options_.score_every > 0
+                                   ? region
+                                   : static_cast<int32_t>(std::ceil(options_.select_ratio * region))
                          : options_.prefill_select > 0 ? std::min(options_.prefill_select, region)
                                                        : region;
     std::vector<int32_t> idx(static_cast<size_t>(region));
@@ -449,7 +456,9 @@ void DeltaKvSequenceCache::gather_refs(int32_t sl, const std::vector<int32_t>& p
             // The rows lie far apart in the pool: ask for a later one while this one is read.
             if (i + 4 < e) {
                 prefetch_row(sparse_pool_->k_row(sl, sparse_slot_[ref_pos_[i + 4]]), 2 * kv_dim);
-                if (dims == d) prefetch_row(sparse_pool_->v_row(sl, sparse_slot_[ref_pos_[i + 4]]), 2 * kv_dim);
+                if (dims == d)
+                    prefetch_row(sparse_pool_->v_row(sl, sparse_slot_[ref_pos_[i + 4]]),
+                                 2 * kv_dim);
             }
             float* xi = ref_x_.data() + i * dims;
             read_row(k::DType::kF16, sparse_pool_->k_row(sl, sparse_slot_[ref_pos_[i]]), xi,
@@ -579,11 +588,13 @@ void DeltaKvSequenceCache::latent_scores(int32_t layer, const kernels::Attention
                 const float* angle[kBlock];
                 for (int64_t i = b; i < e; ++i) {
                     const int32_t pos = positions[i];
-                    const uint16_t* refs = refs_[sl].data() + static_cast<size_t>(latent_of_[pos]) * kk;
+                    const uint16_t* refs =
+                        refs_[sl].data() + static_cast<size_t>(latent_of_[pos]) * kk;
                     for (int32_t r = 0; r < kk; ++r) {
                         const bool has = refs[r] != kNoRef;
                         lat_refs_[i * kk + r] = has ? refs[r] : -1;
-                        ref_rows[(i - b) * kk + r] = has ? ref_x_.data() + static_cast<size_t>(refs[r]) * kv_dim : nullptr;
+                        ref_rows[(i - b) * kk + r] =
+                            has ? ref_x_.data() + static_cast<size_t>(refs[r]) * kv_dim : nullptr;
                     }
                     angle[i - b] = angle_table_.data() + angle_of_[pos];
                 }
@@ -607,7 +618,8 @@ void DeltaKvSequenceCache::latent_scores(int32_t layer, const kernels::Attention
     });
     ref_v_.resize(ref_pos_.size());
     for (size_t r = 0; r < ref_pos_.size(); ++r) {
-        ref_v_[r] = reinterpret_cast<const uint16_t*>(sparse_pool_->v_row(sl, sparse_slot_[ref_pos_[r]]));
+        ref_v_[r] =
+            reinterpret_cast<const uint16_t*>(sparse_pool_->v_row(sl, sparse_slot_[ref_pos_[r]]));
     }
 }
 
@@ -624,8 +636,10 @@ bool DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& 
     // A scorer scores every latent token of the region, then attends its pick as the layers
     // after it do.
     const bool picks = options_.score_every > 0 && scorer_[layer];
-    DS_CHECK(options_.score_every == 0 || picks || !scored_.empty(), "a sparse layer before its scorer");
-    const std::vector<int32_t>& positions = options_.score_every == 0 || picks ? latent_sel_ : scored_;
+    DS_CHECK(options_.score_every == 0 || picks || !scored_.empty(),
+             "a sparse layer before its scorer");
+    const std::vector<int32_t>& positions =
+        options_.score_every == 0 || picks ? latent_sel_ : scored_;
     if (picks && options_.score_dims < 1.0f && options_.latent_bits == 4) {
         sketch_pick(layer, shape, q);
         latent_scores(layer, shape, q, scored_);
@@ -650,7 +664,8 @@ bool DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& 
     k::latent_attention(shape, t, out_b_.data(), lse_b_.data(), threads_);
     if (options_.follow > 0) lse_b_raw_ = lse_b_;
     add_logit_correction(layer, shape, q, ldq, 1, lse_b_.data());
-    k::merge_attention(out, lse_a_.data(), out_b_.data(), lse_b_.data(), shape.n_heads, shape.head_dim);
+    k::merge_attention(out, lse_a_.data(), out_b_.data(), lse_b_.data(), shape.n_heads,
+                       shape.head_dim);
     // With scorers a step's layers attend different picks: not followed.
     if (options_.follow > 0 && options_.score_every == 0) score_follow(shape.n_heads, positions);
     return true;
@@ -658,7 +673,8 @@ bool DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& 
 
 void DeltaKvSequenceCache::pick_top() {
     const int64_t n = static_cast<int64_t>(latent_sel_.size());
-    const int64_t want = std::min<int64_t>(n, static_cast<int64_t>(std::ceil(options_.select_ratio * n)));
+    const int64_t want =
+        std::min<int64_t>(n, static_cast<int64_t>(std::ceil(options_.select_ratio * n)));
     top_.resize(static_cast<size_t>(n));
     std::iota(top_.begin(), top_.end(), 0);
     std::nth_element(top_.begin(), top_.begin() + want, top_.end(), [&](int32_t a, int32_t b) {
@@ -688,7 +704,8 @@ void DeltaKvSequenceCache::keep_top_scored(int n_heads) {
     const int32_t stride = k::int4_code_stride(profile_.m);
     for (int64_t j = 0; j < want; ++j) {
         latent_ptrs_[j] = latent_ptrs_[top_[j]];
-        std::copy_n(lat_refs_.begin() + static_cast<int64_t>(top_[j]) * kk, kk, lat_refs_.begin() + j * kk);
+        std::copy_n(lat_refs_.begin() + static_cast<int64_t>(top_[j]) * kk, kk,
+                    lat_refs_.begin() + j * kk);
         if (options_.latent_bits == 4 && top_[j] != j) {
             std::copy_n(codes_.begin() + static_cast<int64_t>(top_[j]) * stride, stride,
                         codes_.begin() + j * stride);
@@ -712,7 +729,8 @@ void DeltaKvSequenceCache::add_logit_correction(int32_t layer, const kernels::At
     for (int32_t i = 0; i < n; ++i) {
         for (int h = 0; h < shape.n_heads; ++h) {
             const float* qh = q + i * ldq + static_cast<int64_t>(h) * hd;
-            const float* var = profile_.key_error_var[layer].data() + static_cast<size_t>(h / group) * half;
+            const float* var =
+                profile_.key_error_var[layer].data() + static_cast<size_t>(h / group) * half;
             float b = 0.0f;
             for (int32_t t = 0; t < half; ++t) {
                 // The two dimensions RoPE turns together share the pair's variance.
@@ -730,8 +748,10 @@ bool DeltaKvSequenceCache::attend_chunk(int32_t layer, const kernels::AttentionS
                                         const float* q, int64_t ldq, int32_t n, float* out,
                                         int64_t ldo) {
     // A full layer attends its view; a sparse one apart only to correct logits or score pins.
-    if (options_.full_layer[layer] || (!corrects(layer) && options_.pin_ratio <= 0.0f)) return false;
-    DS_CHECK(ldo == static_cast<int64_t>(shape.n_heads) * shape.head_dim, "chunk output rows must be packed");
+    if (options_.full_layer[layer] || (!corrects(layer) && options_.pin_ratio <= 0.0f))
+        return false;
+    DS_CHECK(ldo == static_cast<int64_t>(shape.n_heads) * shape.head_dim,
+             "chunk output rows must be packed");
     // view(): sinks, the selection, the buffer and new tokens. A keeps all but the
     // selection's reconstructed tokens, B holds those.
     k::KvView a = view(layer, n);
@@ -748,7 +768,8 @@ bool DeltaKvSequenceCache::attend_chunk(int32_t layer, const kernels::AttentionS
         if (!latent) slots_r_.push_back(selected_slot_[j]);
     }
     if (slots_b_.empty()) return false;
-    slots_a_.insert(slots_a_.end(), view_slots_.begin() + n_sinks + selected_.size(), view_slots_.end());
+    slots_a_.insert(slots_a_.end(), view_slots_.begin() + n_sinks + selected_.size(),
+                    view_slots_.end());
     k::KvView b = a;
     a.slots = slots_a_.data();
     a.n = static_cast<int32_t>(slots_a_.size());
@@ -759,7 +780,8 @@ bool DeltaKvSequenceCache::attend_chunk(int32_t layer, const kernels::AttentionS
     lse_b_.resize(rows);
     out_b_.resize(rows * shape.head_dim);
     k::attention(shape, a, q, ldq, n, out, ldo, threads_, lse_a_.data());
-    k::attention(shape, b, q, ldq, n, out_b_.data(), ldo, threads_, lse_b_.data(), /*causal=*/false);
+    k::attention(shape, b, q, ldq, n, out_b_.data(), ldo, threads_, lse_b_.data(),
+                 /*causal=*/false);
     if (options_.pin_ratio > 0.0f) lse_b_raw_ = lse_b_;
     add_logit_correction(layer, shape, q, ldq, n, lse_b_.data());
     k::merge_attention(out, lse_a_.data(), out_b_.data(), lse_b_.data(), static_cast<int>(rows),
@@ -768,8 +790,8 @@ bool DeltaKvSequenceCache::attend_chunk(int32_t layer, const kernels::AttentionS
     return true;
 }
 
-void DeltaKvSequenceCache::score_pins(int32_t layer, const kernels::AttentionShape& shape, const float* q,
-                                      int64_t ldq, int32_t n) {
+void DeltaKvSequenceCache::score_pins(int32_t layer, const kernels::AttentionShape& shape,
+                                      const float* q, int64_t ldq, int32_t n) {
     const int32_t sl = layer_index_[layer];
     const int32_t w = std::min(n, std::max(1, options_.pin_window));
     const int nh = shape.n_heads;
@@ -794,8 +816,9 @@ void DeltaKvSequenceCache::score_pins(int32_t layer, const kernels::AttentionSha
         for (int64_t j = 0; j < nb; ++j)
             rows[j] = reinterpret_cast<const uint16_t*>(sparse_pool_->k_row(sl, slots[j]));
         mass.assign(static_cast<size_t>(nh) * nb, 0.0f);
-        k::attention_mass(q + static_cast<int64_t>(n - w) * ldq, ldq, w, shift.data(), nh, shape.n_kv_heads,
-                          shape.head_dim, shape.scale, rows.data(), nb, mass.data(), threads_);
+        k::attention_mass(q + static_cast<int64_t>(n - w) * ldq, ldq, w, shift.data(), nh,
+                          shape.n_kv_heads, shape.head_dim, shape.scale, rows.data(), nb,
+                          mass.data(), threads_);
         hints_.add_pin_mass(pos, mass.data(), nh, end);
     };
     score(slots_b_, pos_b_, shift_b);
@@ -875,18 +898,23 @@ void DeltaKvSequenceCache::plan_compression(int32_t n_total) {
     for (auto& p : pending_err_) p.clear();
     if (sparse_layers_.empty()) return;
     const size_t row = static_cast<size_t>(options_.n_kv_heads) * options_.head_dim * 2 * 2;
-    const size_t saved = sparse_layers_.size() * (row - latent_bytes() - sizeof(uint16_t) * options_.k);
-    const double target = options_.keep * static_cast<double>(full_fp16_bytes(
-                                              n_total, options_.n_layers, options_.n_kv_heads * options_.head_dim));
+    const size_t saved =
+        sparse_layers_.size() * (row - latent_bytes() - sizeof(uint16_t) * options_.k);
+    const double target =
+        options_.keep * static_cast<double>(full_fp16_bytes(
+                            n_total, options_.n_layers, options_.n_kv_heads * options_.head_dim));
     // The session's bytes before this plan (planning moves no slots): one pass, not one per block.
-    const size_t held = options_.keep > 0.0f && n_total - plan_end_ >= 2 * options_.window ? bytes_upto(n_total) : 0;
+    const size_t held = options_.keep > 0.0f && n_total - plan_end_ >= 2 * options_.window
+                            ? bytes_upto(n_total)
+                            : 0;
     while (n_total - plan_end_ >= 2 * options_.window) {
         // Under a keep target the buffer grows while the session fits: the room goes to the
         // most recent tokens, which draw most of the attention.
         // What the plan saves: each latent's row, less a reference position for each token
         // it keeps exact (exact_share).
         const size_t n = plan_tokens_.size(), e = exact_count(n);
-        const double saves = static_cast<double>((n - e) * saved) - static_cast<double>(e * sizeof(int32_t));
+        const double saves =
+            static_cast<double>((n - e) * saved) - static_cast<double>(e * sizeof(int32_t));
         if (options_.keep > 0.0f && static_cast<double>(held) - saves <= target) break;
         const int32_t c0 = plan_end_, c1 = plan_end_ + options_.window;
         choose_refs(c0, c1);
@@ -986,7 +1014,8 @@ void DeltaKvSequenceCache::finish_compression() {
     }
     for (size_t sl = 0; sl < sparse_layers_.size(); ++sl) {
         if (!plan_done_[sl]) compress_layer(static_cast<int32_t>(sl));
-        latents_[sl].insert(latents_[sl].end(), pending_latents_[sl].begin(), pending_latents_[sl].end());
+        latents_[sl].insert(latents_[sl].end(), pending_latents_[sl].begin(),
+                            pending_latents_[sl].end());
         refs_[sl].insert(refs_[sl].end(), pending_refs_[sl].begin(), pending_refs_[sl].end());
         pending_latents_[sl].clear();
         pending_refs_[sl].clear();
@@ -1056,9 +1085,9 @@ size_t DeltaKvSequenceCache::bytes_bound(int32_t n_tokens) const {
         (n - exact) * sparse_layers_.size() * (latent_bytes() + sizeof(uint16_t) * options_.k);
     // A keep target lets the buffer grow while the session stays under it.
     const auto target = static_cast<size_t>(
-        std::ceil(options_.keep * static_cast<double>(full_fp16_bytes(
-                                      static_cast<int32_t>(n), options_.n_layers,
-                                      options_.n_kv_heads * options_.head_dim))));
+        std::ceil(options_.keep *
+                  static_cast<double>(full_fp16_bytes(static_cast<int32_t>(n), options_.n_layers,
+                                                      options_.n_kv_heads * options_.head_dim))));
     return std::max(compressed, target) + n * meta;
 }
 

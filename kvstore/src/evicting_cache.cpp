@@ -12,16 +12,16 @@ namespace deltaserve::kvstore {
 namespace {
 
 class PoolUnitView final : public UnitView {
-public:
+  public:
     PoolUnitView(const HeadSlotPool& pool, int32_t unit, const int32_t* slots)
         : pool_(pool), unit_(unit), slots_(slots) {}
     void key(int32_t j, float* out) const override {
         const size_t hb = pool_.head_bytes();
-        read_row(pool_.options().dtype, pool_.k_base(unit_) + static_cast<size_t>(slots_[j]) * hb, out,
-                 pool_.options().head_dim);
+        read_row(pool_.options().dtype, pool_.k_base(unit_) + static_cast<size_t>(slots_[j]) * hb,
+                 out, pool_.options().head_dim);
     }
 
-private:
+  private:
     const HeadSlotPool& pool_;
     int32_t unit_;
     const int32_t* slots_;
@@ -29,7 +29,8 @@ private:
 
 }  // namespace
 
-EvictingSequenceCache::EvictingSequenceCache(HeadSlotPool& pool, std::unique_ptr<EvictionPolicy> policy,
+EvictingSequenceCache::EvictingSequenceCache(HeadSlotPool& pool,
+                                             std::unique_ptr<EvictionPolicy> policy,
                                              const EvictionConfig& config, ThreadPool& threads)
     : pool_(pool), policy_(std::move(policy)), config_(config), threads_(threads) {
     units_.resize(static_cast<size_t>(pool_.n_units()));
@@ -48,7 +49,8 @@ size_t EvictingSequenceCache::entry_bytes() const {
 
 int32_t EvictingSequenceCache::budget(int32_t n_tokens) const {
     const double full_entry = 2.0 * 2.0 * pool_.options().head_dim;  // fp16 K and V
-    const double entries = std::floor(config_.keep * n_tokens * full_entry / static_cast<double>(entry_bytes()));
+    const double entries =
+        std::floor(config_.keep * n_tokens * full_entry / static_cast<double>(entry_bytes()));
     return std::max<int32_t>(1, static_cast<int32_t>(entries));
 }
 
@@ -60,7 +62,8 @@ Status EvictingSequenceCache::reserve(int32_t n_new) {
         if (!slots.ok()) {
             for (int32_t w = 0; w < u; ++w) {  // give back what this call took
                 Unit& unit = units_[w];
-                pool_.release(w, std::span<const int32_t>(unit.slot).last(static_cast<size_t>(more)));
+                pool_.release(w,
+                              std::span<const int32_t>(unit.slot).last(static_cast<size_t>(more)));
                 unit.slot.resize(unit.slot.size() - static_cast<size_t>(more));
                 unit.pos.resize(unit.slot.size());
                 unit.stat.resize(unit.slot.size());
@@ -76,8 +79,8 @@ Status EvictingSequenceCache::reserve(int32_t n_new) {
     return Status();
 }
 
-void EvictingSequenceCache::store(int32_t layer, int32_t first, int32_t n, const float* k, const float* v,
-                                  int64_t ld) {
+void EvictingSequenceCache::store(int32_t layer, int32_t first, int32_t n, const float* k,
+                                  const float* v, int64_t ld) {
     DS_CHECK(first + n <= n_reserved_, "store past reserve");
     const auto& o = pool_.options();
     for (int32_t g = 0; g < o.n_kv_heads; ++g) {
@@ -105,18 +108,20 @@ kernels::KvView EvictingSequenceCache::view(int32_t layer, int32_t n_visible_new
     v.v = pool_.v_base(u0);
     v.row_stride = pool_.head_bytes();
     // Unit (layer, g) is g units after (layer, 0); each unit holds a K and a V arena.
-    v.head_stride = static_cast<size_t>(pool_.k_base(u0 + std::min<int32_t>(1, pool_.options().n_kv_heads - 1)) -
-                                        pool_.k_base(u0));
+    v.head_stride = static_cast<size_t>(
+        pool_.k_base(u0 + std::min<int32_t>(1, pool_.options().n_kv_heads - 1)) - pool_.k_base(u0));
     v.head_slots = lists_.data();
     v.head_n = counts_.data();
     return v;
 }
 
-void EvictingSequenceCache::observe(int32_t layer, const kernels::AttentionShape& shape, const float* q,
-                                    int64_t ldq, const float* hidden, int64_t ldh, int32_t n) {
+void EvictingSequenceCache::observe(int32_t layer, const kernels::AttentionShape& shape,
+                                    const float* q, int64_t ldq, const float* hidden, int64_t ldh,
+                                    int32_t n) {
     const AttentionStat stat = policy_->stat();
     if (stat == AttentionStat::kNone) return;
-    if (!policy_->continual() && n == 1) return;  // it shrinks after prompts only: nothing to gather
+    if (!policy_->continual() && n == 1)
+        return;  // it shrinks after prompts only: nothing to gather
     if (stat == AttentionStat::kTokenGate) {
         const int32_t heads = pool_.options().n_kv_heads;
         std::vector<float> gate(static_cast<size_t>(n) * heads);
@@ -124,7 +129,8 @@ void EvictingSequenceCache::observe(int32_t layer, const kernels::AttentionShape
         for (int32_t g = 0; g < heads; ++g) {
             Unit& unit = units_[pool_.unit(layer, g)];
             const int32_t first = committed(unit);  // the new entries follow the committed ones
-            for (int32_t i = 0; i < n; ++i) unit.stat[first + i] = gate[static_cast<size_t>(i) * heads + g];
+            for (int32_t i = 0; i < n; ++i)
+                unit.stat[first + i] = gate[static_cast<size_t>(i) * heads + g];
         }
         return;
     }
@@ -141,7 +147,8 @@ void EvictingSequenceCache::observe(int32_t layer, const kernels::AttentionShape
         sums[g] = unit.stat.data();
     }
     const int32_t first = stat == AttentionStat::kAllQueries ? 0 : std::max(0, n - window);
-    kernels::attention_column_sums(shape, v, q, ldq, n, first, squared ? 2 : 1, sums.data(), threads_);
+    kernels::attention_column_sums(shape, v, q, ldq, n, first, squared ? 2 : 1, sums.data(),
+                                   threads_);
 }
 
 void EvictingSequenceCache::commit(int32_t n) {
@@ -206,7 +213,8 @@ void EvictingSequenceCache::drop(int32_t u, Drop&& dropped) {
     pool_.release(u, freed);
 }
 
-void EvictingSequenceCache::apply_merges(int32_t u, const std::vector<EvictionPolicy::Merge>& merges) {
+void EvictingSequenceCache::apply_merges(int32_t u,
+                                         const std::vector<EvictionPolicy::Merge>& merges) {
     if (merges.empty()) return;
     const auto& o = pool_.options();
     const Unit& unit = units_[u];
@@ -214,7 +222,8 @@ void EvictingSequenceCache::apply_merges(int32_t u, const std::vector<EvictionPo
     // Merges grouped by target: the target's weight is the same in each of its merges.
     std::vector<size_t> order(merges.size());
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return merges[a].to < merges[b].to; });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return merges[a].to < merges[b].to; });
     for (size_t i = 0; i < order.size();) {
         const int32_t to = merges[order[i]].to;
         uint8_t* kt = pool_.k_row(u, unit.slot[to]);

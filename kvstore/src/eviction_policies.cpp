@@ -41,7 +41,7 @@ void keep_best(const std::vector<float>& score, int32_t begin, int32_t end, int3
 }
 
 class Streaming final : public EvictionPolicy {
-public:
+  public:
     explicit Streaming(int32_t sinks) : sinks_(sinks) {}
     const char* name() const override { return "streaming"; }
     void select(const UnitView& u, int32_t budget, std::vector<uint8_t>& keep) const override {
@@ -50,12 +50,12 @@ public:
         for (int32_t j = u.n - (budget - sinks); j < u.n; ++j) keep[j] = 1;
     }
 
-private:
+  private:
     int32_t sinks_;
 };
 
 class H2O final : public EvictionPolicy {
-public:
+  public:
     const char* name() const override { return "h2o"; }
     AttentionStat stat() const override { return AttentionStat::kAllQueries; }
     void select(const UnitView& u, int32_t budget, std::vector<uint8_t>& keep) const override {
@@ -67,7 +67,7 @@ public:
 };
 
 class SnapKV final : public EvictionPolicy {
-public:
+  public:
     explicit SnapKV(int32_t window) : window_(window) {}
     const char* name() const override { return "snapkv"; }
     AttentionStat stat() const override { return AttentionStat::kLastWindow; }
@@ -80,18 +80,20 @@ public:
         std::vector<float> pooled(static_cast<size_t>(prefix));
         for (int32_t j = 0; j < prefix; ++j) {
             float sum = 0;
-            for (int32_t t = std::max(0, j - kPool / 2); t <= std::min(prefix - 1, j + kPool / 2); ++t) sum += u.stat[t];
+            for (int32_t t = std::max(0, j - kPool / 2); t <= std::min(prefix - 1, j + kPool / 2);
+                 ++t)
+                sum += u.stat[t];
             pooled[j] = sum / kPool;
         }
         keep_best(pooled, 0, prefix, budget - w, keep);
     }
 
-private:
+  private:
     int32_t window_;
 };
 
 class KeyDiff final : public EvictionPolicy {
-public:
+  public:
     const char* name() const override { return "keydiff"; }
     void select(const UnitView& u, int32_t budget, std::vector<uint8_t>& keep) const override {
         const int d = u.head_dim;
@@ -119,7 +121,7 @@ public:
 };
 
 class KVCompress final : public EvictionPolicy {
-public:
+  public:
     static constexpr int32_t kProtected = 32, kBlock = 16, kPool = 7;
     const char* name() const override { return "kvcompress"; }
     AttentionStat stat() const override { return AttentionStat::kSquaredWindowThenDecode; }
@@ -129,7 +131,8 @@ public:
         std::vector<float> m(static_cast<size_t>(u.n));
         for (int32_t j = 0; j < u.n; ++j) {
             float best = 0.0f;
-            for (int32_t t = std::max(0, j - kPool / 2); t <= std::min(u.n - 1, j + kPool / 2); ++t) {
+            for (int32_t t = std::max(0, j - kPool / 2); t <= std::min(u.n - 1, j + kPool / 2);
+                 ++t) {
                 best = std::max(best, u.stat[t]);
             }
             m[j] = best;
@@ -137,7 +140,8 @@ public:
         return m;
     }
 
-    std::vector<int32_t> budgets(const std::vector<const UnitView*>& units, int64_t total) const override {
+    std::vector<int32_t> budgets(const std::vector<const UnitView*>& units,
+                                 int64_t total) const override {
         // Blocks of kBlock entries per unit, in metric order; a block costs its largest metric.
         struct Block {
             float cost;
@@ -156,14 +160,16 @@ public:
             m.resize(static_cast<size_t>(u.n - prot));  // protected entries are the newest
             std::sort(m.begin(), m.end(), std::greater<>());
             for (size_t b = 0; b < m.size(); b += kBlock) {
-                blocks.push_back({m[b], static_cast<int32_t>(i), static_cast<int32_t>(std::min<size_t>(kBlock, m.size() - b))});
+                blocks.push_back({m[b], static_cast<int32_t>(i),
+                                  static_cast<int32_t>(std::min<size_t>(kBlock, m.size() - b))});
             }
             keep[i] = u.n;
             kept += u.n;
         }
         // Evict the cheapest blocks until the total fits; within a unit the cheapest blocks
         // are its last ones in metric order, which select() then drops.
-        std::sort(blocks.begin(), blocks.end(), [](const Block& a, const Block& b) { return a.cost < b.cost; });
+        std::sort(blocks.begin(), blocks.end(),
+                  [](const Block& a, const Block& b) { return a.cost < b.cost; });
         for (const Block& b : blocks) {
             if (kept <= total) break;
             keep[b.unit] -= b.size;
@@ -180,13 +186,14 @@ public:
 };
 
 class D2O final : public EvictionPolicy {
-public:
+  public:
     static constexpr int32_t kSinks = 4;
     static constexpr float kBeta = 0.7f;
     const char* name() const override { return "d2o"; }
     AttentionStat stat() const override { return AttentionStat::kAllQueries; }
 
-    std::vector<int32_t> budgets(const std::vector<const UnitView*>& units, int64_t total) const override {
+    std::vector<int32_t> budgets(const std::vector<const UnitView*>& units,
+                                 int64_t total) const override {
         if (units.empty()) return {};
         const int32_t n_layers = units[0]->n_layers;
         const size_t heads = units.size() / static_cast<size_t>(n_layers);
@@ -204,13 +211,15 @@ public:
         const auto [lo, hi] = std::minmax_element(var.begin(), var.end());
         const double span = *hi - *lo > 0 ? *hi - *lo : 1.0;
         std::vector<double> v(static_cast<size_t>(n_layers), 0.0);
-        for (size_t i = 0; i < units.size(); ++i) v[i / heads] += (var[i] - *lo) / span / static_cast<double>(heads);
+        for (size_t i = 0; i < units.size(); ++i)
+            v[i / heads] += (var[i] - *lo) / span / static_cast<double>(heads);
         std::vector<int32_t> keep(units.size());
         const int32_t n = units[0]->n_tokens;
         auto whole = [&](int32_t l) { return l == 0 || l == 1 || l == n_layers - 1; };
         // Layers 0, 1 and the last stay whole when the budget leaves the others 1% each.
         const int64_t floor_each = std::max<int64_t>(1, n / 100) * static_cast<int64_t>(heads);
-        const bool protect = n_layers > 3 && total >= 3 * static_cast<int64_t>(heads) * n + (n_layers - 3) * floor_each;
+        const bool protect = n_layers > 3 && total >= 3 * static_cast<int64_t>(heads) * n +
+                                                          (n_layers - 3) * floor_each;
         const int64_t rest = protect ? total - 3 * static_cast<int64_t>(heads) * n : total;
         // Softmax(-v) weights over the compressed layers, water-filled into [1% of n, n].
         std::vector<double> w(static_cast<size_t>(n_layers), 0.0);
@@ -233,7 +242,8 @@ public:
         }
         for (size_t i = 0; i < units.size(); ++i) {
             const int32_t l = static_cast<int32_t>(i / heads);
-            keep[i] = protect && whole(l) ? n : static_cast<int32_t>(std::floor(per_layer(lo_c, l)));
+            keep[i] =
+                protect && whole(l) ? n : static_cast<int32_t>(std::floor(per_layer(lo_c, l)));
         }
         return keep;
     }
@@ -275,7 +285,8 @@ public:
         }
         // EMA threshold over eviction rounds (the first round starts it at its own mean).
         float& tau = *u.state;
-        tau = tau == 0.0f ? static_cast<float>(mean_best) : kBeta * static_cast<float>(mean_best) + (1 - kBeta) * tau;
+        tau = tau == 0.0f ? static_cast<float>(mean_best)
+                          : kBeta * static_cast<float>(mean_best) + (1 - kBeta) * tau;
         // w_e = exp(u_e) / (sum exp(u) + e), w_c = e / (sum exp(u) + e), per target.
         std::vector<double> denom(kept.size(), std::exp(1.0));
         for (size_t i = 0; i < evicted.size(); ++i) {
@@ -285,7 +296,8 @@ public:
         for (size_t i = 0; i < evicted.size(); ++i) {
             if (best[i].second < tau) continue;
             const int32_t c = best[i].first;
-            out.push_back({evicted[i], kept[c], static_cast<float>(std::exp(best[i].second) / denom[c]),
+            out.push_back({evicted[i], kept[c],
+                           static_cast<float>(std::exp(best[i].second) / denom[c]),
                            static_cast<float>(std::exp(1.0) / denom[c])});
         }
         return out;
@@ -293,12 +305,13 @@ public:
 };
 
 class TrimKV final : public EvictionPolicy {
-public:
+  public:
     explicit TrimKV(std::shared_ptr<const RetentionGates> gates) : gates_(std::move(gates)) {}
     const char* name() const override { return "trimkv"; }
     AttentionStat stat() const override { return AttentionStat::kTokenGate; }
 
-    void token_gate(int32_t layer, const float* hidden, int64_t ldh, int32_t n, float* out) const override {
+    void token_gate(int32_t layer, const float* hidden, int64_t ldh, int32_t n,
+                    float* out) const override {
         const RetentionGates& g = *gates_;
         const RetentionGates::Layer& w = g.layers[layer];
         std::vector<float> u(static_cast<size_t>(g.hidden));
@@ -323,11 +336,12 @@ public:
 
     void select(const UnitView& u, int32_t budget, std::vector<uint8_t>& keep) const override {
         std::vector<float> score(static_cast<size_t>(u.n));
-        for (int32_t j = 0; j < u.n; ++j) score[j] = static_cast<float>(u.n_tokens - u.pos[j]) * u.stat[j];
+        for (int32_t j = 0; j < u.n; ++j)
+            score[j] = static_cast<float>(u.n_tokens - u.pos[j]) * u.stat[j];
         keep_best(score, 0, u.n, budget, keep);
     }
 
-private:
+  private:
     std::shared_ptr<const RetentionGates> gates_;
 };
 
@@ -342,7 +356,9 @@ Result<std::unique_ptr<EvictionPolicy>> make_eviction_policy(const EvictionConfi
     if (c.policy == "kvcompress") return std::unique_ptr<EvictionPolicy>(new KVCompress());
     if (c.policy == "d2o") return std::unique_ptr<EvictionPolicy>(new D2O());
     if (c.policy == "trimkv") {
-        if (!c.gates) return invalid_argument("the trimkv policy needs trained gates (--kv-profile trimkv.json)");
+        if (!c.gates)
+            return invalid_argument(
+                "the trimkv policy needs trained gates (--kv-profile trimkv.json)");
         return std::unique_ptr<EvictionPolicy>(new TrimKV(c.gates));
     }
     return invalid_argument("the " + c.policy + " policy does not evict");

@@ -278,8 +278,8 @@ TEST_F(ServeTest, APortInUseIsAClearError) {
 // with the reason, one that fits is answered, a bad size is a usage error.
 TEST_F(ServeTest, TheKvMemoryBoundsWhatARequestMayBook) {
     for (const char* size : {"lots", "0"}) {
-        const CliResult bad = run_binary(deltaserve_binary(), serve_args({"--kv-memory", size}),
-                                         "", std::chrono::seconds(60));
+        const CliResult bad = run_binary(deltaserve_binary(), serve_args({"--kv-memory", size}), "",
+                                         std::chrono::seconds(60));
         EXPECT_EQ(bad.exit_code, 2) << bad.describe();
         EXPECT_NE(bad.err.find("--kv-memory"), std::string::npos) << bad.describe();
     }

@@ -34,15 +34,15 @@ struct DeltaKvProfile {
     int32_t observation_layer = -1;
     std::vector<std::vector<float>> storage;  // what the WeightMatrix pointers point into
     std::vector<kernels::Int4Decoder> int4;   // per layer, for int4 latents (prepare_int4_decoders)
-    std::vector<kernels::Int4Decoder> int4_k; // the same, K rows only (decode steps)
+    std::vector<kernels::Int4Decoder> int4_k;  // the same, K rows only (decode steps)
     // Per layer, empty when unknown: the variance of the reconstructed keys' error (before
     // RoPE) per KV head and RoPE pair, the mean of the pair's two dimensions
     // ([n_kv_heads][head_dim / 2]; deltakv_key_error_variance, measured by calibration).
     std::vector<std::vector<float>> key_error_var;
 };
 
-// Makes profile.int4 and int4_k from the layers' decoders. Loaders call it once; every session using
-// the profile shares the result.
+// Makes profile.int4 and int4_k from the layers' decoders. Loaders call it once; every session
+// using the profile shares the result.
 void prepare_int4_decoders(DeltaKvProfile& profile);
 
 struct DeltaKvOptions {
@@ -54,9 +54,10 @@ struct DeltaKvOptions {
     // decode step the previous step's selection (see last_select_).
     std::vector<uint8_t> full_layer;
     int32_t sinks = 16, stride = 10, k = 4;
-    int32_t window = 64;         // the buffer; its oldest `window` tokens are compressed when it reaches 2x (see keep)
-    int latent_bits = 4;         // 4 (int4, per-token min/max) or 16 (fp16)
-    float select_ratio = 0.1f;   // decode: share of the compressed region attended (and pins)
+    int32_t window =
+        64;  // the buffer; its oldest `window` tokens are compressed when it reaches 2x (see keep)
+    int latent_bits = 4;        // 4 (int4, per-token min/max) or 16 (fp16)
+    float select_ratio = 0.1f;  // decode: share of the compressed region attended (and pins)
     // Decode: after a chunk (a prompt or a user's turn), this share of the compressed region
     // is attended at every decode step besides the step's own pick, until the next chunk
     // (ours: SnapKV's observation window, used to select instead of to evict). The pins: the
@@ -115,35 +116,39 @@ struct DeltaKvOptions {
 // most sensitive first, estimated for a 2k-token context), a coarser stride and smaller buffer
 // below 0.25, and the target itself (a longer buffer where it leaves room). The measured
 // ratio is bytes() / full_fp16_bytes().
-DeltaKvOptions deltakv_options_for_keep(const DeltaKvProfile& profile, float keep, DeltaKvOptions base);
+DeltaKvOptions deltakv_options_for_keep(const DeltaKvProfile& profile, float keep,
+                                        DeltaKvOptions base);
 
 // The least keep ratio a session with options o (from deltakv_options_for_keep) holds at
 // n_tokens: one full layer, and in every sparse layer the references, sinks and a buffer of
 // 1.5 windows exact, every other token a latent; metadata counted as bytes() counts it. A
 // target below it is held at about it.
-double deltakv_keep_floor(const DeltaKvProfile& profile, const DeltaKvOptions& o, int32_t n_tokens = 2048);
+double deltakv_keep_floor(const DeltaKvProfile& profile, const DeltaKvOptions& o,
+                          int32_t n_tokens = 2048);
 
 // A profile's key_error_var for one layer, measured on x: n rows [K; V] (before RoPE) of one
 // sequence, compressed as the cache compresses it (sinks and every stride-th token kept, every
 // other token's latent against the mean of its k nearest earlier references, int4 latents
 // decoded as a decode step decodes them).
 std::vector<float> deltakv_key_error_variance(const DeltaKvProfile& profile, int32_t layer,
-                                              const float* x, int32_t n, const DeltaKvOptions& options,
-                                              ThreadPool& threads);
+                                              const float* x, int32_t n,
+                                              const DeltaKvOptions& options, ThreadPool& threads);
 
 class DeltaKvSequenceCache final : public SequenceCache, public SequenceCodec {
-public:
+  public:
     // Errors: kInvalidArgument when the profile does not fit the options (or lacks its int4
     // decoders for int4 latents).
     static Result<std::unique_ptr<DeltaKvSequenceCache>> create(const DeltaKvProfile& profile,
-                                                                const DeltaKvOptions& options, ThreadPool& threads);
+                                                                const DeltaKvOptions& options,
+                                                                ThreadPool& threads);
     ~DeltaKvSequenceCache() override;
 
     int32_t n_tokens() const override { return n_tokens_; }
     Status reserve(int32_t n_new) override;
     // Also reconstructs, for a sparse layer, the tokens its group selected (into temporary
     // slots) before the layer's view is asked for.
-    void store(int32_t layer, int32_t first, int32_t n, const float* k, const float* v, int64_t ld) override;
+    void store(int32_t layer, int32_t first, int32_t n, const float* k, const float* v,
+               int64_t ld) override;
     // In a single-token call a sparse layer's view holds its full-precision tokens only (sinks,
     // selected references, the buffer); attend() adds the selected latent tokens.
     kernels::KvView view(int32_t layer, int32_t n_visible_new) const override;
@@ -185,10 +190,14 @@ public:
     bool ships_rows() const override { return true; }
     int32_t rows_final_end(int32_t layer, bool last) const override;
     Result<std::vector<uint8_t>> export_rows_state(int32_t n_tokens) const override;
-    Result<std::vector<uint8_t>> export_rows(int32_t layer, int32_t begin, int32_t end) const override;
-    Status import_rows(int32_t layer, int32_t begin, int32_t end, std::span<const uint8_t> part) override;
+    Result<std::vector<uint8_t>> export_rows(int32_t layer, int32_t begin,
+                                             int32_t end) const override;
+    Status import_rows(int32_t layer, int32_t begin, int32_t end,
+                       std::span<const uint8_t> part) override;
 
-    int32_t compressed_tokens() const { return comp_end_ - std::min(comp_end_, options_.sinks) - n_refs_in_region(); }
+    int32_t compressed_tokens() const {
+        return comp_end_ - std::min(comp_end_, options_.sinks) - n_refs_in_region();
+    }
     int32_t n_full_layers() const { return static_cast<int32_t>(full_layers_.size()); }
     // The latent tokens the current single-token call's layer group attends (after its store).
     int32_t selected_latent_tokens() const { return static_cast<int32_t>(latent_sel_.size()); }
@@ -202,8 +211,9 @@ public:
     // The latent tokens the last single-token attend() of a sparse layer attended.
     int32_t attended_latent_tokens() const { return attended_latents_; }
 
-private:
-    DeltaKvSequenceCache(const DeltaKvProfile& profile, const DeltaKvOptions& options, ThreadPool& threads);
+  private:
+    DeltaKvSequenceCache(const DeltaKvProfile& profile, const DeltaKvOptions& options,
+                         ThreadPool& threads);
     bool is_ref(int32_t pos) const { return pos < options_.sinks || ref_flag_[pos]; }
     // Marks which tokens of [c0, c1) stay references: every stride-th after the sinks.
     void choose_refs(int32_t c0, int32_t c1);
@@ -212,7 +222,7 @@ private:
     void sync_ref_list();
     static constexpr uint16_t kNoRef = 0xffff;
     int32_t ref_position(uint16_t ordinal) const {
-        return ordinal == kNoRef ? -1
+        return ordinal == kNoRef          ? -1
                : ordinal < options_.sinks ? ordinal
                                           : ref_list_[ordinal - options_.sinks];
     }
@@ -238,8 +248,8 @@ private:
     size_t exact_count(size_t n) const;
     // Into pending_err_[s]: the K and V squared errors of nb tokens' latents (packed, or z
     // for fp16), x = Dec + rm against the tokens' x (rows of D).
-    void add_errors(int32_t s, const float* x, const float* rm, const float* z, const uint8_t* packed,
-                    int64_t nb);
+    void add_errors(int32_t s, const float* x, const float* rm, const float* z,
+                    const uint8_t* packed, int64_t nb);
     void finish_compression();
     void drop_plan();
     // The region end a rows state carries instead of one (no region yet).
@@ -257,7 +267,8 @@ private:
     // attend_chunk(): gives hints_ the attention of the chunk's last queries (rows [n - w, n)
     // of q) to the compressed region: its reconstructed tokens (pos_b_, slots_b_) and its
     // references (pos_r_, slots_r_), given lse_a_ (the merged lse) and lse_b_.
-    void score_pins(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq, int32_t n);
+    void score_pins(int32_t layer, const kernels::AttentionShape& shape, const float* q,
+                    int64_t ldq, int32_t n);
     // attend() of a single token: gives hints_ the logs of the attention weights its latent
     // tokens (positions, scores_ [n_heads][positions.size()]) took, given lse_b_raw_, lse_b_
     // and the merged lse_a_.
@@ -318,7 +329,7 @@ private:
     std::vector<int32_t> full_slot_;    // position -> slot in the full-layer pool
     std::vector<int32_t> sparse_slot_;  // position -> slot in the sparse pool, -1 if compressed
     std::vector<int32_t> latent_of_;    // position -> latent index, -1 if full precision
-    std::vector<uint8_t> ref_flag_;     // position -> a reference (set when its block is compressed)
+    std::vector<uint8_t> ref_flag_;  // position -> a reference (set when its block is compressed)
     std::vector<std::vector<uint8_t>> latents_;  // per sparse layer: packed latents
     // Per sparse layer: k references per latent, as ordinals (ref_position), kNoRef for none.
     std::vector<std::vector<uint16_t>> refs_;
