@@ -56,7 +56,8 @@ int serve_main(int argc, char** argv) {
     p.add("prefill-chunk", &dopt.prefill_chunk,
           "prompt tokens the decode worker prefills per forward pass beside the turns "
           "generating (the step's token budget: a prompt stalls their next token by one such "
-          "chunk at most); 0 = --batch-size");
+          "chunk at most; with none generating a pass takes up to --batch-size); 0 = "
+          "--batch-size");
     p.add("local-prefill-max", &dopt.local_prefill_max,
           "uncached prompt tokens the decode worker prefills itself; longer prompts go to the "
           "prefill worker; -1 = every prompt (its threads would compete with the decode "

@@ -115,6 +115,9 @@ struct PrefillStats {
 interface PrefillNode {
   prefill @0 (request :PrefillRequest) -> (result :PrefillResult, error :Error);
   stats @1 () -> (stats :PrefillStats);
+  cancel @2 (turn :UInt64) -> ();
+  # The turn's prefill stops, queued or running (PrefillWorker::cancel); an unknown turn is
+  # ignored.
 }
 
 interface NodeDoor {

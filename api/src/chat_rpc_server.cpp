@@ -107,7 +107,9 @@ class ChatSessionImpl final : public rpc::ChatSession::Server {
         RpcThread& rpc = rpc_;
         const bool queued = rpc_.spawn([&engine, &rpc, req = std::move(req), state, done,
                                         sink_holder] {
-            state->out = engine.run_turn(req, [&](std::string_view piece) {
+            TurnCallbacks callbacks;
+            callbacks.wanted = [&] { return !state->cancelled.load(); };
+            callbacks.on_piece = [&](std::string_view piece) {
                 if (state->cancelled) return false;
                 try {
                     execute_sync(rpc.executor(), [&] {
@@ -121,7 +123,8 @@ class ChatSessionImpl final : public rpc::ChatSession::Server {
                     state->cancelled = true;
                 }
                 return !state->cancelled.load();
-            });
+            };
+            state->out = engine.run_turn(req, callbacks);
             try {  // the capability goes on the RPC thread, where it lives
                 execute_sync(rpc.executor(), [&] { sink_holder->own = nullptr; });
             } catch (const kj::Exception&) {

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "deltaserve/common/logging.h"
+#include "prefill_watch.h"
 #include "random_id.h"
 
 namespace deltaserve::api {
@@ -35,14 +36,18 @@ class QueueSink : public decode::TurnSink {
         end_.emplace(std::move(end));
         cv_.notify_one();
     }
-    // The next piece, or nullopt once the turn ended and every piece was taken.
-    std::optional<std::string> next() {
+    enum class Next { kPiece, kEnded, kNothingYet };
+    // Waits up to `wait` for the next piece (into piece). kEnded once the turn ended and
+    // every piece was taken.
+    Next next(std::chrono::milliseconds wait, std::string& piece) {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return !pieces_.empty() || end_.has_value(); });
-        if (pieces_.empty()) return std::nullopt;
-        std::string p = std::move(pieces_.front());
+        if (!cv_.wait_for(lock, wait, [&] { return !pieces_.empty() || end_.has_value(); })) {
+            return Next::kNothingYet;
+        }
+        if (pieces_.empty()) return Next::kEnded;
+        piece = std::move(pieces_.front());
         pieces_.pop_front();
-        return p;
+        return Next::kPiece;
     }
     Result<decode::TurnEnd> end() {
         std::lock_guard<std::mutex> lock(mu_);
@@ -66,7 +71,10 @@ ClusterChatEngine::ClusterChatEngine(const model::Model& model, std::string mode
       model_id_(std::move(model_id)),
       decode_(std::move(decode)),
       prefill_(std::move(prefill)),
-      options_(options) {}
+      options_(options),
+      watch_(std::make_unique<PrefillWatch>()) {}
+
+ClusterChatEngine::~ClusterChatEngine() = default;
 
 EngineStats ClusterChatEngine::stats() const {
     EngineStats s;
@@ -95,6 +103,7 @@ EngineStats ClusterChatEngine::stats() const {
         if (!ps.ok()) continue;
         s.queued += ps->queued;
         s.kv_bytes_shipped += ps->bytes_shipped;
+        s.prefill_tokens += ps->tokens;
     }
     return s;
 }
@@ -252,9 +261,14 @@ void ClusterChatEngine::forget_stale(int64_t now,
     }
 }
 
-Result<TurnResult> ClusterChatEngine::run_turn(
-    const ChatRequest& request, const std::function<bool(std::string_view)>& on_piece) {
+Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
+                                               const TurnCallbacks& callbacks) {
     const auto t0 = std::chrono::steady_clock::now();
+    if (callbacks.wanted && !callbacks.wanted()) {  // left while it queued for a thread
+        TurnResult gone;
+        gone.finish_reason = "cancelled";
+        return gone;
+    }
     std::vector<model::ChatMessage> conversation;
     DecodeNode* node = nullptr;
     const bool in_session = !request.session_id.empty();
@@ -337,22 +351,41 @@ Result<TurnResult> ClusterChatEngine::run_turn(
         return planned.status();
     }
     const decode::TurnPlan plan = *planned;
+    bool cancelled = false;
     if (plan.remote_prefill) {
+        // This thread waits on the prefill node; the watch asks the caller meanwhile, and a
+        // turn no longer wanted ends on the decode node and leaves the prefill node's queue
+        // (or stops after its chunk there).
+        const uint64_t id = spec.turn_id;
+        watch_->add(id, &callbacks.wanted, [this, node, id] {
+            node->cancel(id, Status());
+            for (auto* p : prefill_) p->cancel(id);
+        });
         Status st = prefill_turn(spec, *node, plan.pull_tokens);
-        if (!st.ok()) node->cancel(spec.turn_id, st);
+        cancelled = watch_->remove(id);
+        if (!st.ok() && !cancelled) node->cancel(id, st);
     }
     TurnResult result;
-    bool first = true, cancelled = false;
-    while (auto piece = sink->next()) {
+    bool first = true;
+    const auto cancel = [&] {
+        cancelled = true;
+        node->cancel(spec.turn_id, Status());
+    };
+    std::string piece;
+    for (;;) {
+        const auto next =
+            sink->next(std::chrono::milliseconds(TurnCallbacks::kWantedPollMs), piece);
+        if (next == QueueSink::Next::kEnded) break;
+        if (next == QueueSink::Next::kNothingYet) {
+            if (!cancelled && callbacks.wanted && !callbacks.wanted()) cancel();
+            continue;
+        }
         if (first) {
             result.ttft_seconds =
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             first = false;
         }
-        if (!cancelled && !on_piece(*piece)) {
-            cancelled = true;
-            node->cancel(spec.turn_id, Status());
-        }
+        if (!cancelled && !callbacks.on_piece(piece)) cancel();
     }
     Result<decode::TurnEnd> ended = sink->end();
     if (!ended.ok()) {

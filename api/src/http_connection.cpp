@@ -194,7 +194,7 @@ void Connection::watch_peer() {
                 self->buffer_.consume(self->buffer_.size());
                 return self->linger();
             }
-            if (ec) {  // gone: the turn stops at its next piece
+            if (ec) {  // gone: the turn stops (TurnCallbacks::wanted)
                 self->alive_ = false;
                 if (!self->in_turn_ && !self->writing_) self->abort();
                 return;
@@ -294,8 +294,10 @@ void Connection::chat() {
     in_turn_ = true;
     auto self = shared_from_this();
     const bool queued = g_.runner.try_submit([self] {
-        Result<TurnResult> r = self->g_.engine.run_turn(
-            self->request_, [&](std::string_view piece) { return self->on_piece(piece); });
+        TurnCallbacks callbacks;
+        callbacks.on_piece = [&](std::string_view piece) { return self->on_piece(piece); };
+        callbacks.wanted = [&] { return self->alive_ && !self->g_.cut; };
+        Result<TurnResult> r = self->g_.engine.run_turn(self->request_, callbacks);
         asio::post(self->socket_.get_executor(),
                    [self, r = std::move(r)]() mutable { self->end_turn(std::move(r)); });
     });

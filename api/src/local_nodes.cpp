@@ -31,6 +31,7 @@ class LocalPrefillNode final : public PrefillNode {
     Result<prefill::PrefillResult> prefill(const prefill::PrefillRequest& request) override {
         return w_.prefill(request);
     }
+    void cancel(uint64_t turn_id) override { w_.cancel(turn_id); }
     Result<prefill::PrefillStats> stats() override { return w_.stats(); }
 
   private:

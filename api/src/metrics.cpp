@@ -123,6 +123,9 @@ std::string Metrics::render(const EngineStats& e) const {
     metric("deltaserve_kv_bytes_shipped_total", "counter",
            "KV bytes prefill workers shipped to decode workers (headers included).",
            static_cast<double>(e.kv_bytes_shipped));
+    metric("deltaserve_prefill_tokens_total", "counter",
+           "Prompt tokens prefill workers computed, counted when a prefill ends well.",
+           static_cast<double>(e.prefill_tokens));
     metric("deltaserve_prefill_retries_total", "counter",
            "Prefills tried again on another prefill node after one was lost.",
            static_cast<double>(e.prefill_retries));

@@ -71,6 +71,7 @@ class RemotePrefill final : public PrefillNode {
     RemotePrefill(RpcClientImpl& c, std::string name) : c_(c), name_(std::move(name)) {}
     std::string name() const override { return name_; }
     Result<prefill::PrefillResult> prefill(const prefill::PrefillRequest& request) override;
+    void cancel(uint64_t turn_id) override;
     Result<prefill::PrefillStats> stats() override;
 
   private:
@@ -354,6 +355,14 @@ Result<prefill::PrefillResult> RemotePrefill::prefill(const prefill::PrefillRequ
             });
         },
         kPrefillTimeout);
+}
+
+void RemotePrefill::cancel(uint64_t turn_id) {
+    (void)c_.call<Status>([&]() -> kj::Promise<Status> {
+        auto req = c_.prefill_cap().cancelRequest();
+        req.setTurn(turn_id);
+        return req.send().then([](auto&&) { return Status(); });
+    });
 }
 
 Result<prefill::PrefillStats> RemotePrefill::stats() {

@@ -193,6 +193,10 @@ class PrefillNodeImpl final : public rpc::PrefillNode::Server {
         rpc::to_capnp(w_.stats(), context.getResults().initStats());
         return kj::READY_NOW;
     }
+    kj::Promise<void> cancel(CancelContext context) override {
+        w_.cancel(context.getParams().getTurn());
+        return kj::READY_NOW;
+    }
 
   private:
     prefill::PrefillWorker& w_;

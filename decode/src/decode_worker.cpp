@@ -242,7 +242,8 @@ class DecodeWorkerImpl final : public DecodeWorker {
     bool stopping_ = false;
     std::map<uint64_t, std::shared_ptr<Turn>> turns_;
     std::map<std::string, Session> sessions_;
-    size_t booked_ = 0;  // KV bytes booked by the turns not ended
+    size_t booked_ = 0;      // KV bytes booked by the turns not ended
+    uint64_t arrivals_ = 0;  // turns started (Turn::arrival)
     std::list<Reader> readers_;
     DecodeStats stats_;
     std::atomic<int64_t> kv_bytes_received_{0};
@@ -360,6 +361,7 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
         t->look_again = prefix_ != nullptr && !own_kv;
     }
     t->prefilled = keep;
+    t->arrival = arrivals_++;
     turns_[t->spec.turn_id] = t;
     lock.unlock();
     wake_.notify_all();
@@ -543,6 +545,10 @@ void DecodeWorkerImpl::run_loop() {
             }
             forget_stale(now_ms());
         }
+        // First come, first served (turns_ is keyed by turn id): the earliest prompt takes
+        // the step's budget, so prompts finish one after another, not all late together.
+        std::sort(prefilling.begin(), prefilling.end(),
+                  [](const auto& a, const auto& b) { return a->arrival < b->arrival; });
         for (auto& t : expired) {
             fail(t,
                  deadline_exceeded("nothing of the turn's KV arrived from the prefill node for " +
@@ -569,7 +575,8 @@ void DecodeWorkerImpl::run_loop() {
         }
         // One forward pass: up to max_batch turns, the running ones first (round robin when
         // there are more), then chunks of the prompts prefilled here (chunked prefill: at most
-        // prefill_chunk prompt tokens per pass, so that a long prompt does not stall the rest).
+        // prefill_chunk prompt tokens per pass, so that a long prompt does not stall the rest;
+        // with no turn generating there is nothing to stall, and a pass takes up to n_batch).
         const size_t max_batch = static_cast<size_t>(options_.max_batch);
         std::vector<std::shared_ptr<Turn>> batch(
             running.begin(),
@@ -577,7 +584,8 @@ void DecodeWorkerImpl::run_loop() {
         running.erase(running.begin(), running.begin() + static_cast<std::ptrdiff_t>(batch.size()));
         std::vector<std::span<const int32_t>> spans;
         for (auto& t : batch) spans.emplace_back(&t->next_token, 1);
-        int32_t budget = options_.prefill_chunk;
+        int32_t budget = batch.empty() ? std::max(options_.prefill_chunk, options_.context.n_batch)
+                                       : options_.prefill_chunk;
         for (auto& t : prefilling) {
             if (batch.size() >= max_batch || budget <= 0) break;
             if (t->look_again) take_late_prefix(*t);

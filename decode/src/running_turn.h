@@ -101,6 +101,7 @@ struct Turn {
     std::vector<int32_t> cached;  // the tokens in ctx
     int32_t prefilled = 0;        // prompt tokens in ctx (while prefilling here)
     bool in_loop = false;         // the loop took it up
+    uint64_t arrival = 0;         // start_turn's count: prompts prefill here in this order
     // Its prompt may be found in the prefix cache when its first chunk comes (another turn
     // may have computed it meanwhile): a turn with no KV of its own.
     bool look_again = false;

@@ -1,10 +1,12 @@
 #include "deltaserve/prefill/prefill_worker.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "deltaserve/decode/kv_stream_io.h"
 #include "deltaserve/model/sampler.h"
@@ -34,16 +36,16 @@ class PrefillWorkerImpl final : public PrefillWorker {
 
     Result<PrefillResult> prefill(const PrefillRequest& request) override {
         DS_RETURN_IF_ERROR(model::validate_sampling(request.turn.sampling));
-        ++queued_;
-        std::lock_guard<std::mutex> lock(mu_);
-        --queued_;
+        const uint64_t id = request.turn.turn_id;
+        const bool admitted = enter(id);
         const auto t0 = std::chrono::steady_clock::now();
-        auto r = run(request);
-        ctx_->reset();
+        auto r = admitted ? run(request) : Result<PrefillResult>(cancelled_status());
+        if (admitted) ctx_->reset();
+        const bool was_cancelled = leave(id, admitted);
         std::lock_guard<std::mutex> sl(stats_mu_);
         ++stats_.requests;
         if (!r.ok()) {
-            ++stats_.failures;
+            if (!was_cancelled) ++stats_.failures;
             return r;
         }
         r->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -52,14 +54,59 @@ class PrefillWorkerImpl final : public PrefillWorker {
         return r;
     }
 
+    void cancel(uint64_t turn_id) override {
+        std::lock_guard<std::mutex> ql(queue_mu_);
+        if (active_.count(turn_id) == 0) return;
+        cancelled_.insert(turn_id);
+        queue_cv_.notify_all();
+    }
+
     PrefillStats stats() const override {
         std::lock_guard<std::mutex> sl(stats_mu_);
         PrefillStats s = stats_;
-        s.queued = queued_.load();
+        {
+            std::lock_guard<std::mutex> ql(queue_mu_);
+            s.queued = static_cast<int64_t>(waiting_.size()) + (busy_ ? 1 : 0);
+        }
         return s;
     }
 
   private:
+    bool cancelled(uint64_t turn_id) const {
+        std::lock_guard<std::mutex> ql(queue_mu_);
+        return cancelled_.count(turn_id) != 0;
+    }
+    // Queues a prefill of the turn and waits for its go: true when it may run (its caller
+    // holds the worker until leave()), false when it was cancelled while it waited.
+    bool enter(uint64_t turn_id) {
+        std::unique_lock<std::mutex> ql(queue_mu_);
+        ++active_[turn_id];
+        const uint64_t ticket = next_ticket_++;
+        waiting_.push_back(ticket);
+        queue_cv_.wait(ql, [&] {
+            return (!busy_ && waiting_.front() == ticket) || cancelled_.count(turn_id) != 0;
+        });
+        std::erase(waiting_, ticket);
+        if (cancelled_.count(turn_id) != 0) {
+            queue_cv_.notify_all();  // the next in line may be first now
+            return false;
+        }
+        busy_ = true;
+        return true;
+    }
+    // Ends what enter() began; whether the turn was cancelled.
+    bool leave(uint64_t turn_id, bool admitted) {
+        std::lock_guard<std::mutex> ql(queue_mu_);
+        const bool was = cancelled_.count(turn_id) != 0;
+        if (--active_[turn_id] == 0) {
+            active_.erase(turn_id);
+            cancelled_.erase(turn_id);
+        }
+        if (admitted) busy_ = false;
+        queue_cv_.notify_all();
+        return was;
+    }
+    static Status cancelled_status() { return failed_precondition("the turn was cancelled"); }
     transport::Deadline transfer_deadline() const {
         return transport::deadline_in(std::chrono::milliseconds(options_.transfer_timeout_ms));
     }
@@ -81,11 +128,19 @@ class PrefillWorkerImpl final : public PrefillWorker {
     const model::Model& model_;
     const PrefillOptions options_;
     transport::Transport& transport_;
-    std::mutex mu_;  // one request at a time
     std::unique_ptr<model::InferenceContext> ctx_;
     const decode::KvStreamIds ids_;
     std::map<std::string, std::shared_ptr<transport::Connection>> connections_;
-    std::atomic<int64_t> queued_{0};
+    // One request at a time, in the order they came (enter, leave): the waiting tickets,
+    // whether one runs, the turns of prefill() calls under way (a count per id: a retried
+    // turn may come twice) and those of them cancel() named.
+    mutable std::mutex queue_mu_;
+    std::condition_variable queue_cv_;
+    std::deque<uint64_t> waiting_;
+    uint64_t next_ticket_ = 0;
+    bool busy_ = false;
+    std::map<uint64_t, int32_t> active_;
+    std::set<uint64_t> cancelled_;
     mutable std::mutex stats_mu_;
     PrefillStats stats_;
 };
@@ -149,7 +204,8 @@ Result<PrefillResult> PrefillWorkerImpl::run(const PrefillRequest& request) {
             h.kind = StreamKind::kEnd;
             h.turn = turn.turn_id;
             h.token = result.first_token;
-            st = decode::send_stream_message(*conn, h, ctx_->export_kv_hints(), transfer_deadline());
+            st =
+                decode::send_stream_message(*conn, h, ctx_->export_kv_hints(), transfer_deadline());
         } else {
             st = decode::send_kv(*conn, *ctx_, turn.turn_id, turn.session_id, ids_,
                                  result.first_token, transfer_deadline());
@@ -251,6 +307,10 @@ Result<std::vector<float>> PrefillWorkerImpl::prefill_shipping_rows(transport::C
     std::vector<float> logits;
     Status st;
     for (; b < n && st.ok() && shipping.ok(); b = e) {
+        if (cancelled(turn.turn_id)) {
+            st = cancelled_status();
+            break;
+        }
         e = std::min(n, b + chunk);
         auto r = ctx_->eval(
             std::span<const int32_t>(turn.tokens.data() + b, static_cast<size_t>(e - b)));

@@ -106,6 +106,7 @@ class HttpGatewayTest : public ::testing::Test {
         decode_ = std::move(*decode::DecodeWorker::create(*model_, d));
         prefill::PrefillOptions p;
         p.context = d.context;
+        p.context.n_batch = 64;  // a cancelled prefill stops within 64 tokens
         p.model_id = "m";
         prefill_ = std::move(*prefill::PrefillWorker::create(*model_, p, *transport_));
         const std::string address = *decode_->listen(*transport_, "decode-0");
@@ -125,6 +126,17 @@ class HttpGatewayTest : public ::testing::Test {
         EXPECT_TRUE(g.ok()) << g.error().message();
         gateway_ = std::move(*g);
         return gateway_->port();
+    }
+
+    // Waits for the prefill worker to have `n` prefills queued or running; false after
+    // timeout_ms.
+    bool prefills_within(int64_t n, int timeout_ms) {
+        const auto until = Clock::now() + std::chrono::milliseconds(timeout_ms);
+        while (Clock::now() < until) {
+            if (prefill_->stats().queued == n) return true;
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        return false;
     }
 
     // Waits for the decode worker to have no turn running; false after timeout_ms.
@@ -293,6 +305,61 @@ TEST_F(HttpGatewayTest, AClientThatLeavesStopsItsTurn) {
     }
     const HttpResponse r = parse_http_response(http_raw(port, post(chat("Hello", 2)), 60000));
     EXPECT_EQ(r.status, 200) << r.body;
+}
+
+// About 800 tokens: prefilled by the prefill worker (more than local_prefill_max), in
+// a dozen chunks.
+std::string long_prompt(int variant) {
+    std::string s;
+    for (int i = 0; i < 70; ++i) {
+        s += "Sentence " + std::to_string(i + 100 * variant) + " of the long prompt goes here. ";
+    }
+    return s + "Summarize it.";
+}
+
+// A client that leaves while its prompt is prefilled, or waits to be, stops that prefill
+// there: nothing computes for it afterwards (a prefill counts its tokens only once done).
+TEST_F(HttpGatewayTest, AClientThatLeavesStopsItsPrefillQueuedOrRunning) {
+    const uint16_t port = start({});
+    const int64_t tokens = prefill_->stats().tokens;
+    {
+        RawClient running(port, post(chat(long_prompt(1), 4, true)));
+        ASSERT_TRUE(prefills_within(1, 10000 * time_scale()));
+        {
+            RawClient queued(port, post(chat(long_prompt(2), 4)));
+            ASSERT_TRUE(prefills_within(2, 10000 * time_scale()));
+        }  // the second leaves the queue; the first still runs
+        EXPECT_TRUE(prefills_within(1, 5000 * time_scale()));
+    }
+    EXPECT_TRUE(prefills_within(0, 30000 * time_scale()));
+    EXPECT_TRUE(turns_end_within(5000 * time_scale()));
+    const auto st = prefill_->stats();
+    EXPECT_EQ(st.tokens, tokens) << "a prefill went on for a client that left";
+    EXPECT_EQ(st.failures, 0) << "a cancelled prefill is no failure";
+    // Serving still: a long prompt prefills to its end.
+    const HttpResponse r =
+        parse_http_response(http_raw(port, post(chat(long_prompt(3), 2)), 120000));
+    EXPECT_EQ(r.status, 200) << r.body;
+    EXPECT_GT(prefill_->stats().tokens, tokens);
+}
+
+// stop() ends a turn whose prompt is still being prefilled once the drain runs out, not when
+// its first token would come.
+TEST_F(HttpGatewayTest, StopEndsATurnStillPrefilling) {
+    api::GatewayOptions o;
+    o.drain_timeout_ms = 300;
+    const uint16_t port = start(o);
+    const int64_t tokens = prefill_->stats().tokens;
+    auto answer = std::async(std::launch::async, [&] {
+        return parse_http_response(http_raw(port, post(chat(long_prompt(4), 4)), 120000));
+    });
+    ASSERT_TRUE(prefills_within(1, 10000 * time_scale()));
+    gateway_->stop();
+    const HttpResponse r = answer.get();
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(json::parse(r.body)["choices"][0]["finish_reason"], "shutdown") << r.body;
+    EXPECT_TRUE(prefills_within(0, 30000 * time_scale()));
+    EXPECT_EQ(prefill_->stats().tokens, tokens) << "the prefill ran on after the shutdown";
 }
 
 TEST_F(HttpGatewayTest, AFullTurnQueueAnswers503WithRetryAfter) {

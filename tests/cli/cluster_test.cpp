@@ -158,6 +158,36 @@ TEST_F(ClusterTest, APrefillNodeKilledMidTransferIsRetriedOnAnother) {
     EXPECT_EQ(cluster.metric("deltaserve_kv_bytes"), 0);
 }
 
+// A client that leaves while the prefill node computes its prompt stops that prefill there
+// (the gateway tells the node over RPC): nothing runs on for it, and nothing stays held.
+TEST_F(ClusterTest, AClientThatLeavesMidPrefillStopsThePrefillNode) {
+    Cluster cluster;
+    ASSERT_TRUE(cluster.up()) << cluster.logs();
+    const uint16_t port = cluster.port();
+    const double tokens = cluster.metric("deltaserve_prefill_tokens_total");
+    const int fd = send_chat(port, long_prompt(8, true));
+    ASSERT_GE(fd, 0) << "could not send the request";
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (cluster.metric("deltaserve_queue_length") == 0 &&
+           std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_GT(cluster.metric("deltaserve_queue_length"), 0) << "the prefill never began";
+    close(fd);
+    double queued = -1;
+    for (int i = 0; i < 600 && queued != 0; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        queued = cluster.metric("deltaserve_queue_length");
+    }
+    EXPECT_EQ(queued, 0) << cluster.logs();
+    EXPECT_EQ(cluster.metric("deltaserve_prefill_tokens_total"), tokens)
+        << "the prefill node went on for a client that left";
+    EXPECT_EQ(cluster.metric("deltaserve_kv_bytes"), 0);
+    const HttpResponse r = post_chat(port, long_prompt(2));
+    EXPECT_EQ(r.status, 200) << r.body;
+    EXPECT_GT(cluster.metric("deltaserve_prefill_tokens_total"), tokens);
+}
+
 TEST_F(ClusterTest, ADecodeNodeKilledMidStreamEndsTheStreamClearly) {
     Cluster cluster;
     ASSERT_TRUE(cluster.up()) << cluster.logs();

@@ -4,6 +4,7 @@
 // pull the session's history; turns run batched; failures end turns with clear errors.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <future>
 
 #include "decode_turns.h"
@@ -216,6 +217,38 @@ TEST_F(Disaggregated, ALongLocalPrefillDoesNotStallGeneratingTurns) {
                                       [&](auto t) { return t < reader->at.front(); });
     EXPECT_GE(during, 10)
         << "pieces of the generating turn while the 800-token prompt prefilled (25 passes)";
+}
+
+// Prompts prefilled on the decode node go first come, first served: the earliest takes each
+// pass's budget until it is done, so the first answers begin one after another instead of
+// every prompt finishing late together (the turn ids, which order the worker's table, run
+// the other way here).
+TEST_F(Disaggregated, LocalPromptsPrefillInTheOrderTheyCame) {
+    auto c = cluster("inproc", "full", 100000, 64);
+    ASSERT_TRUE(c);
+    std::atomic<int> order{0};
+    struct Ordered : CollectingSink {
+        std::atomic<int>* order = nullptr;
+        int first = -1;
+        bool on_piece(std::string_view p) override {
+            if (first < 0) first = (*order)++;
+            return CollectingSink::on_piece(p);
+        }
+    };
+    std::vector<std::shared_ptr<Ordered>> sinks;
+    for (int i = 0; i < 3; ++i) {
+        sinks.push_back(std::make_shared<Ordered>());
+        sinks.back()->order = &order;
+        ASSERT_TRUE(
+            c->decode
+                ->start_turn(greedy_turn(30 - 10 * i, prompt(600, 100 * i), "", 2), sinks.back())
+                .ok());
+    }
+    for (int i = 0; i < 3; ++i) {
+        auto r = sinks[i]->wait();
+        ASSERT_TRUE(r.ok()) << r.error().to_string();
+        EXPECT_EQ(sinks[i]->first, i) << "prompt " << i << " in the order they came";
+    }
 }
 
 // The KV wait is a wait for a sign of the KV, not for all of it: a prompt whose prefill takes

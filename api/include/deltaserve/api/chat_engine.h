@@ -29,6 +29,7 @@ struct EngineStats {
     int64_t kv_booked = 0;           // ... booked by their turns
     int64_t kv_pool_used = 0;        // their block pools' bytes in use (full KV)
     int64_t kv_bytes_shipped = 0;    // sent from prefill to decode workers
+    int64_t prefill_tokens = 0;      // prompt tokens the prefill workers computed to the end
     double keep_ratio = 1.0;         // kv_bytes over the same tokens in fp16 full KV
     int64_t prefill_retries = 0;     // prefills tried again on another node after one was lost
 };
@@ -45,16 +46,27 @@ struct SessionInfo {
     bool running = false;  // a turn is running
 };
 
+// What a turn's caller gives it. on_piece gets each piece of text (whole UTF-8 characters,
+// stop strings held back) and returns false to cancel the turn. wanted (empty: always) is
+// asked while the turn waits for its next piece, every kWantedPollMs at most apart: a prompt
+// that queues or prefills for minutes is cancelled as soon as it returns false (a client
+// that left, a server whose drain ran out), its KV freed then, not at its first piece.
+struct TurnCallbacks {
+    static constexpr int kWantedPollMs = 100;
+    std::function<bool(std::string_view)> on_piece;
+    std::function<bool()> wanted;
+};
+
 class ChatEngine {
   public:
     virtual ~ChatEngine() = default;
     virtual std::string model_id() const = 0;
     // Runs one turn: with a session_id, the messages are the session's new ones (the
     // session must be open and belong to request.tenant: else kNotFound); without, the whole
-    // conversation. on_piece gets each piece of text (whole UTF-8 characters, stop strings
-    // held back) and returns false to cancel the turn.
+    // conversation. A turn the caller cancels (TurnCallbacks) ends with finish_reason
+    // "cancelled".
     virtual Result<TurnResult> run_turn(const ChatRequest& request,
-                                        const std::function<bool(std::string_view)>& on_piece) = 0;
+                                        const TurnCallbacks& callbacks) = 0;
     virtual EngineStats stats() const = 0;
 
     // Sessions are opened explicitly and belong to the tenant that opened them: to another

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -21,6 +22,8 @@
 #include "deltaserve/model/model.h"
 
 namespace deltaserve::api {
+
+class PrefillWatch;
 
 struct ClusterEngineOptions {
     int32_t max_sessions = 64;  // idle sessions are forgotten beyond this, least recent first
@@ -33,11 +36,12 @@ class ClusterChatEngine : public ChatEngine {
     ClusterChatEngine(const model::Model& model, std::string model_id,
                       std::vector<DecodeNode*> decode, std::vector<PrefillNode*> prefill,
                       ClusterEngineOptions options);
+    ~ClusterChatEngine() override;
     std::string model_id() const override { return model_id_; }
     // Errors besides the workers': kNotFound for a session that is not open,
     // kFailedPrecondition when the session has a turn running.
     Result<TurnResult> run_turn(const ChatRequest& request,
-                                const std::function<bool(std::string_view)>& on_piece) override;
+                                const TurnCallbacks& callbacks) override;
     EngineStats stats() const override;
     Result<SessionInfo> open_session(const std::string& tenant, const std::string& id) override;
     Result<SessionInfo> session_info(const std::string& tenant,
@@ -77,6 +81,8 @@ class ClusterChatEngine : public ChatEngine {
     const std::vector<PrefillNode*> prefill_;
     const ClusterEngineOptions options_;
     std::atomic<int64_t> prefill_retries_{0};
+    // The turns waiting on a prefill node (prefill_watch.h).
+    std::unique_ptr<PrefillWatch> watch_;
     mutable std::mutex mu_;
     std::map<std::string, Session> sessions_;
 };

@@ -30,6 +30,8 @@ class PrefillNode {
     virtual ~PrefillNode() = default;
     virtual std::string name() const = 0;
     virtual Result<prefill::PrefillResult> prefill(const prefill::PrefillRequest& request) = 0;
+    // Stops the turn's prefill, queued or running (PrefillWorker::cancel); best effort.
+    virtual void cancel(uint64_t turn_id) = 0;
     virtual Result<prefill::PrefillStats> stats() = 0;
 };
 

@@ -7,7 +7,8 @@
 // KV), each layer's rows of each chunk are shipped from the layer observer while the next
 // layers compute; a compressing cache (DeltaKV) compresses at the end of a chunk, across
 // layers, so its layers are shipped one after another once the last chunk is done. One
-// request runs at a time; others queue.
+// request runs at a time; others queue in the order they came, and a cancelled one leaves
+// the queue at once.
 #pragma once
 
 #include <cstdint>
@@ -49,8 +50,8 @@ struct PrefillResult {
 struct PrefillStats {
     int64_t queued = 0;  // requests waiting or running
     int64_t requests = 0;
-    int64_t failures = 0;
-    int64_t tokens = 0;  // prefilled
+    int64_t failures = 0;  // not counting the cancelled
+    int64_t tokens = 0;    // prefilled
     int64_t bytes_shipped = 0;
 };
 
@@ -68,6 +69,10 @@ class PrefillWorker {
     // kUnavailable (the decode node is unreachable or died), kDeadlineExceeded, kOutOfRange
     // (the prompt does not fit), kInvalidArgument.
     virtual Result<PrefillResult> prefill(const PrefillRequest& request) = 0;
+    // The prefill of this turn, queued or running, stops: a queued one before it starts, a
+    // running one after its current chunk; the decode node is told (kAbort) and prefill()
+    // returns kFailedPrecondition. A turn not here (done, or never sent) is ignored.
+    virtual void cancel(uint64_t turn_id) = 0;
     virtual PrefillStats stats() const = 0;
 };
 
