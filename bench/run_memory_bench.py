@@ -110,6 +110,7 @@ class Recorder:
         self.read = set()
         self.refused = self.errors = 0
         self.first_error = None
+        self.error_kinds = {}  # the errors by their first words (HTTP status, "timed out")
 
 
 def client(i, port, sessions, doc, a, rec, stop):
@@ -130,7 +131,7 @@ def client(i, port, sessions, doc, a, rec, stop):
             body["session_id"] = session
         t0, first, text = time.time(), None, ""
         try:
-            for _, chunk in stream_chat(port, body):
+            for _, chunk in stream_chat(port, body, a.timeout):
                 for c in chunk.get("choices", []):
                     piece = c.get("delta", {}).get("content")
                     if not piece:
@@ -149,6 +150,8 @@ def client(i, port, sessions, doc, a, rec, stop):
                 else:
                     rec.errors += 1
                     rec.first_error = rec.first_error or str(e)
+                    kind = " ".join(str(e).split()[:2])
+                    rec.error_kinds[kind] = rec.error_kinds.get(kind, 0) + 1
             time.sleep(a.retry)
             continue
         history.append({"role": "assistant", "content": text})
@@ -183,13 +186,14 @@ def measure(port, a, doc, sessions):
     stop.set()
     with rec.mu:
         out = sum(1 for t in rec.out if w0 <= t < w1)
+        error_kinds = dict(rec.error_kinds)
         ttft = [v for t, v in rec.ttft if w0 <= t < w1]
         refused = rec.refused - refused0
         errors, first_error = rec.errors, rec.first_error
     resident = [r for r in resident if r is not None]
     return {"read_before_window": read, "warmup_s": round(w0 - t0, 1), "output_tps": out / (w1 - w0),
             "ttft_p50": pct(ttft, 0.5), "ttft_p90": pct(ttft, 0.9), "questions": len(ttft),
-            "refused_429": refused, "errors": errors, "first_error": first_error,
+            "refused_429": refused, "errors": errors, "first_error": first_error, "error_kinds": error_kinds,
             "sessions_resident": max(resident) if resident else None, "peak_rss_mib": peak_rss_mib(port)}
 
 
@@ -207,6 +211,9 @@ def main():
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--warmup-limit", type=float, default=900)
     ap.add_argument("--retry", type=float, default=0.5)
+    ap.add_argument("--timeout", type=float, default=600,
+                    help="seconds a request waits for a byte before the client gives up (and the "
+                         "server cancels it), as the openai client's default")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--arms", default="full,deltakv,llama-server")
     ap.add_argument("--out", default="bench/out/memory.json")

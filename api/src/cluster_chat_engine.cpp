@@ -301,10 +301,15 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
                 Session& s = it->second;
                 s.running_turn = 0;
                 s.last_used = now_seconds();
-                if (done != nullptr) {
+                // A turn cancelled before it said anything leaves the conversation as it
+                // was: its client saw no answer, and sends the same messages again (an SDK
+                // retrying after its timeout) or none.
+                const bool said = done != nullptr && (done->finish_reason != "cancelled" ||
+                                                      done->usage.completion_tokens > 0);
+                if (done != nullptr) s.node = on;
+                if (said) {
                     s.history = conversation;
                     s.history.push_back({"assistant", done->text});
-                    s.node = on;
                     ++s.turns;
                     s.tokens = done->usage.prompt_tokens + done->usage.completion_tokens;
                     s.cached_tokens = done->usage.cached_tokens;

@@ -343,6 +343,47 @@ TEST_F(HttpGatewayTest, AClientThatLeavesStopsItsPrefillQueuedOrRunning) {
     EXPECT_GT(prefill_->stats().tokens, tokens);
 }
 
+// A session's turn cancelled before it answered anything leaves the session as it was: the
+// client that timed out sends the same message again and gets the answer of one turn.
+TEST_F(HttpGatewayTest, ASessionTurnCancelledBeforeItsAnswerLeavesTheSessionAsItWas) {
+    const uint16_t port = start({});
+    const auto session = [&](const std::string& method, const std::string& path) {
+        return parse_http_response(http_raw(port,
+                                            method + " " + path +
+                                                " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" +
+                                                "Content-Length: 0\r\n\r\n",
+                                            10000));
+    };
+    const HttpResponse opened = session("POST", "/v1/sessions");
+    ASSERT_EQ(opened.status, 200) << opened.body;
+    const std::string id = json::parse(opened.body)["id"];
+    json body = chat(long_prompt(5), 4);
+    body["session_id"] = id;
+    {
+        RawClient leaving(port, post(body));
+        ASSERT_TRUE(prefills_within(1, 10000 * time_scale()));
+    }
+    EXPECT_TRUE(prefills_within(0, 30000 * time_scale()));
+    EXPECT_TRUE(turns_end_within(5000 * time_scale()));
+    json info;
+    for (int i = 0; i < 100; ++i) {  // the turn's thread lets the session go right after
+        info = json::parse(session("GET", "/v1/sessions/" + id).body);
+        if (!info.value("running", true)) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_EQ(info["turns"], 0) << info;
+    EXPECT_EQ(info["messages"], 0) << info;
+    const HttpResponse again = parse_http_response(http_raw(port, post(body), 120000));
+    ASSERT_EQ(again.status, 200) << again.body;
+    EXPECT_EQ(json::parse(again.body)["usage"]["prompt_tokens"],
+              json::parse(parse_http_response(http_raw(port, post(chat(long_prompt(5), 4)), 120000))
+                              .body)["usage"]["prompt_tokens"])
+        << "the message came once, as in a stateless request";
+    info = json::parse(session("GET", "/v1/sessions/" + id).body);
+    EXPECT_EQ(info["turns"], 1) << info;
+    EXPECT_EQ(info["messages"], 2) << info;
+}
+
 // stop() ends a turn whose prompt is still being prefilled once the drain runs out, not when
 // its first token would come.
 TEST_F(HttpGatewayTest, StopEndsATurnStillPrefilling) {
