@@ -389,6 +389,13 @@ Status DecodeWorkerImpl::book_locked(Turn& t) {
                                   " tokens with max_tokens); the node's KV memory is " +
                                   format_byte_size(budget) + " (--kv-memory)");
     }
+    // Refused before any idle session is dropped: dropping them all would not make room.
+    if (booked_ + need > budget) {
+        return resource_exhausted("KV memory is full: the running turns have booked " +
+                                  format_byte_size(booked_) + " of " + format_byte_size(budget) +
+                                  " (--kv-memory), this turn needs " + format_byte_size(need) +
+                                  "; try again when one ends");
+    }
     const std::string& own = t.spec.session_id;
     size_t idle = idle_bytes_locked(own);
     while (booked_ + idle + need > budget) {
@@ -396,12 +403,6 @@ Status DecodeWorkerImpl::book_locked(Turn& t) {
         if (oldest == sessions_.end()) break;
         if (oldest->second.ctx) idle -= oldest->second.ctx->kv_held_bytes();
         sessions_.erase(oldest);  // recomputed on its next turn
-    }
-    if (booked_ + idle + need > budget) {
-        return resource_exhausted("KV memory is full: the running turns have booked " +
-                                  format_byte_size(booked_) + " of " + format_byte_size(budget) +
-                                  " (--kv-memory), this turn needs " + format_byte_size(need) +
-                                  "; try again when one ends");
     }
     t.booked = need;
     booked_ += need;

@@ -109,6 +109,31 @@ TEST_F(KvMemoryTest, RunningTurnsBookTheMemoryAndTheNextIsRefusedUntilOneEnds) {
     EXPECT_EQ(decode_->stats().kv_booked, 0);
 }
 
+// A turn refused because the running turns booked the memory drops no idle session first:
+// dropping them all would not have made room, and their next turns would prefill again.
+TEST_F(KvMemoryTest, ATurnRefusedForMemoryDropsNoIdleSession) {
+    start(30);
+    ASSERT_TRUE(run(testing::greedy_turn(1, text_tokens(60, 0, true), "idle", 4)).ok());
+    const int64_t idle_bytes = decode_->stats().kv_pool_used;
+    EXPECT_GT(idle_bytes, 0);
+    // 100 + 200 tokens: 20 blocks booked beside the idle session's 4.
+    auto long_turn = std::make_shared<CollectingSink>();
+    ASSERT_TRUE(
+        decode_
+            ->start_turn(testing::greedy_turn(2, text_tokens(100, 500, true), "", 200), long_turn)
+            .ok());
+    // 180 + 8 tokens: 12 blocks or more, more than the 10 the running turn left.
+    auto refused = decode_->start_turn(testing::greedy_turn(3, text_tokens(180, 300, true), "", 8),
+                                       std::make_shared<CollectingSink>());
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+    EXPECT_EQ(decode_->stats().sessions, 1) << "the idle session was dropped for nothing";
+    ASSERT_TRUE(long_turn->wait().ok());
+    auto again = run(testing::greedy_turn(4, text_tokens(70, 0, true), "idle", 4));
+    ASSERT_TRUE(again.ok()) << again.status().to_string();
+    EXPECT_EQ(again->cached_tokens, 60) << "the idle session kept its KV";
+}
+
 TEST_F(KvMemoryTest, SessionsSharingASystemPromptHoldItsBlocksOnce) {
     start(256, size_t{64} << 20);
     const auto system = text_tokens(256, 0, true);
