@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
@@ -178,7 +179,9 @@ class DecodeWorkerImpl final : public DecodeWorker {
     }
     // Books the most KV a new turn can hold (DecodeOptions::kv_memory), dropping idle
     // sessions other than its own for it, least recently used first. Under mu_.
-    Status book_locked(Turn& t);
+    // Books the KV the turn can grow to, and what prefilling prefill_here of its tokens here
+    // holds until the prompt is in (Turn::prefill_booked).
+    Status book_locked(Turn& t, int32_t prefill_here);
     // KV bytes of the sessions no turn runs for, but `except`'s. Under mu_.
     size_t idle_bytes_locked(const std::string& except) const;
     // The least recently used session no turn runs for, other than `except`; end() if none.
@@ -301,7 +304,23 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
                                        " already has a turn running");
         }
     }
-    DS_RETURN_IF_ERROR(book_locked(*t));
+    // What the prompt shares with the KV it starts from (the session's, or the prefix
+    // cache's copy), and so what is prefilled, and where.
+    size_t reuse = from_cache ? static_cast<size_t>(from_cache->n_past()) : 0;
+    if (!t->spec.session_id.empty()) {
+        auto it = sessions_.find(t->spec.session_id);
+        if (it != sessions_.end() && it->second.ctx) {
+            const auto& had = it->second.tokens;
+            reuse = static_cast<size_t>(
+                std::mismatch(had.begin(), had.end(), t->spec.tokens.begin(), t->spec.tokens.end())
+                    .first -
+                had.begin());
+        }
+    }
+    // Evaluate at least one token to get logits.
+    const int32_t keep = static_cast<int32_t>(std::min(reuse, t->spec.tokens.size() - 1));
+    const bool remote = shippable_ && n - keep > options_.local_prefill_max;
+    DS_RETURN_IF_ERROR(book_locked(*t, remote ? 0 : n - keep));
     std::unique_ptr<model::InferenceContext> held;
     std::vector<int32_t> held_tokens;
     if (!t->spec.session_id.empty()) {
@@ -317,18 +336,9 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
         held = std::move(from_cache);
         held_tokens.assign(t->spec.tokens.begin(), t->spec.tokens.begin() + cached);
     }
-    const auto& tokens = t->spec.tokens;
-    const size_t common =
-        held ? static_cast<size_t>(std::mismatch(held_tokens.begin(), held_tokens.end(),
-                                                 tokens.begin(), tokens.end())
-                                       .first -
-                                   held_tokens.begin())
-             : 0;
-    // Evaluate at least one token to get logits.
-    const int32_t keep = static_cast<int32_t>(std::min(common, tokens.size() - 1));
     TurnPlan plan;
     plan.cached_tokens = keep;
-    plan.remote_prefill = shippable_ && n - keep > options_.local_prefill_max;
+    plan.remote_prefill = remote;
     t->end.prompt_tokens = n;
     t->end.cached_tokens = keep;
     if (plan.remote_prefill) {
@@ -376,12 +386,15 @@ size_t DecodeWorkerImpl::idle_bytes_locked(const std::string& except) const {
     return bytes;
 }
 
-Status DecodeWorkerImpl::book_locked(Turn& t) {
+Status DecodeWorkerImpl::book_locked(Turn& t, int32_t prefill_here) {
     const int32_t n = static_cast<int32_t>(t.spec.tokens.size());
     const int32_t answer =
         t.spec.max_tokens < 0 ? n_ctx_ - n : std::min(t.spec.max_tokens, n_ctx_ - n);
     const int32_t total = n + answer;
-    const size_t need = probe_->kv_bytes_bound(total);
+    // A prompt prefilled here may hold more until its last chunk (a compressing cache's
+    // prompt waits exact): booked too, and given back when the prompt is in.
+    const size_t prefill = prefill_here > 0 ? probe_->kv_prefill_bytes_bound(n, prefill_here) : 0;
+    const size_t need = probe_->kv_bytes_bound(total) + prefill;
     const size_t budget = options_.kv_memory;
     if (need > budget) {
         return resource_exhausted("the turn's KV can grow to " + format_byte_size(need) + " (" +
@@ -405,6 +418,7 @@ Status DecodeWorkerImpl::book_locked(Turn& t) {
         sessions_.erase(oldest);  // recomputed on its next turn
     }
     t.booked = need;
+    t.prefill_booked = prefill;
     booked_ += need;
     return {};
 }
@@ -590,8 +604,9 @@ void DecodeWorkerImpl::run_loop() {
         for (auto& t : prefilling) {
             if (batch.size() >= max_batch || budget <= 0) break;
             if (t->look_again) take_late_prefix(*t);
-            const int32_t n =
-                std::min(budget, static_cast<int32_t>(t->spec.tokens.size()) - t->prefilled);
+            const int32_t left = static_cast<int32_t>(t->spec.tokens.size()) - t->prefilled;
+            const int32_t n = std::min(budget, left);
+            t->ctx->expect_more(left - n);  // a compressing cache compresses at the prompt's end
             batch.push_back(t);
             spans.push_back(std::span<const int32_t>(t->spec.tokens).subspan(t->prefilled, n));
             budget -= n;
@@ -646,6 +661,11 @@ void DecodeWorkerImpl::step(const std::vector<std::shared_ptr<Turn>>& batch,
             if (t.prefilled < static_cast<int32_t>(t.spec.tokens.size())) continue;
             t.cached = t.spec.tokens;
             t.stage = Turn::Stage::kRunning;
+            {
+                std::lock_guard<std::mutex> lock(mu_);
+                booked_ -= t.prefill_booked;
+                t.booked -= std::exchange(t.prefill_booked, 0);
+            }
             cache_prefix(t);
             t.admit_local(row);
         } else {

@@ -78,8 +78,9 @@ struct Turn {
     std::atomic<bool> failed{false};            // ends at the loop's next look
     std::atomic<bool> cancel_requested{false};  // ... as "cancelled"
     bool reported = false;                      // the sink heard the end (under the worker's lock)
-    size_t booked =
-        0;  // KV bytes booked for it (under the worker's lock; DecodeOptions::kv_memory)
+    // KV bytes booked for it (under the worker's lock; DecodeOptions::kv_memory), and the part
+    // of them only its prefill holds (given back when the prompt is in).
+    size_t booked = 0, prefill_booked = 0;
 
     // Guarded by mu: the KV arriving for it (and the session's history a prefill node pulls).
     std::mutex mu;

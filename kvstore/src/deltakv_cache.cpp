@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <iterator>
 #include <numeric>
+#include <utility>
 
 #include "deltaserve/kernels/matmul.h"
 #include "row_io.h"
@@ -147,8 +149,9 @@ Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(
                        k::DType::kF16, o.n_kv_heads};
     DS_ASSIGN_OR_RETURN(c->full_pool_, SlotPool::create(po));
     if (!c->sparse_layers_.empty()) {
-        // Room for every token in full precision plus as many temporary reconstructions.
-        SlotPoolOptions so{static_cast<int32_t>(c->sparse_layers_.size()), kv_dim, 2 * o.n_ctx,
+        // Room for every token in full precision (a prompt waits exact for its end:
+        // expect_more); a chunk's reconstructions go to recon_k_ / recon_v_.
+        SlotPoolOptions so{static_cast<int32_t>(c->sparse_layers_.size()), kv_dim, o.n_ctx,
                            k::DType::kF16, o.n_kv_heads};
         DS_ASSIGN_OR_RETURN(c->sparse_pool_, SlotPool::create(so));
     }
@@ -302,13 +305,41 @@ kernels::KvView DeltaKvSequenceCache::view(int32_t layer, int32_t n_visible_new)
     return v;
 }
 
+std::vector<int32_t> DeltaKvSequenceCache::view_positions(int32_t layer,
+                                                          int32_t n_visible_new) const {
+    std::vector<int32_t> pos;
+    const int32_t end = n_tokens_ + n_visible_new;
+    if (options_.full_layer[layer]) {
+        for (int32_t p = 0; p < end; ++p) pos.push_back(p);
+        return pos;
+    }
+    for (int32_t p = 0; p < std::min(options_.sinks, n_tokens_); ++p) pos.push_back(p);
+    pos.insert(pos.end(), selected_.begin(), selected_.end());
+    for (int32_t p = n_tokens_ < options_.sinks ? n_tokens_ : comp_end_; p < end; ++p)
+        pos.push_back(p);
+    return pos;
+}
+
+kernels::KvView DeltaKvSequenceCache::reconstructed_view() const {
+    k::KvView b;
+    b.dtype = k::DType::kF16;
+    b.k = recon_k_.data();
+    b.v = recon_v_.data();
+    b.row_stride = sparse_pool_ ? sparse_pool_->row_bytes() : 0;
+    b.head_stride = sparse_pool_ ? sparse_pool_->head_bytes() : 0;
+    b.slots = recon_slots_.data();
+    b.n = static_cast<int32_t>(recon_pos_.size());
+    return b;
+}
+
 void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape& shape,
                                    const float* q, int64_t ldq, const float* /*hidden*/,
                                    int64_t /*ldh*/, int32_t n) {
     // What this call's commit compresses is known from positions alone: each sparse layer
     // compresses its share here, once its rows are stored and attended, so a prefill node
     // can ship the layer while later layers compute.
-    if (!planned_ && !sparse_layers_.empty()) plan_compression(n_tokens_ + n_reserved_);
+    if (!planned_ && !sparse_layers_.empty() && more_ == 0)
+        plan_compression(n_tokens_ + n_reserved_);
     if (!options_.full_layer[layer]) {
         const int32_t sl = layer_index_[layer];
         if (!plan_blocks_.empty() && !plan_done_[sl]) compress_layer(sl);
@@ -386,24 +417,15 @@ std::vector<int32_t> DeltaKvSequenceCache::lead_selection() {
 void DeltaKvSequenceCache::take_selection(const std::vector<int32_t>& idx, int32_t n) {
     const int32_t r0 = options_.sinks;
     // A single token attends the latent ones through attend(); a chunk, whose many queries
-    // would each weigh every latent, gets them reconstructed into temporary slots.
-    const bool latent = n == 1;
-    int32_t n_temp = 0;
-    if (!latent) {
-        for (int32_t t : idx) n_temp += sparse_slot_[r0 + t] < 0;
-    }
-    auto temp = sparse_pool_->allocate(n_temp);
-    if (!temp.ok()) return;  // no room to reconstruct: attend sinks and buffer only
-    temp_slots_ = std::move(*temp);
-    int32_t next = 0;
+    // would each weigh every latent, gets them reconstructed, a layer at a time (reconstruct).
     for (int32_t t : idx) {
         const int32_t pos = r0 + t;
-        if (latent && sparse_slot_[pos] < 0) {
-            latent_sel_.push_back(pos);
+        if (sparse_slot_[pos] < 0) {
+            (n == 1 ? latent_sel_ : recon_pos_).push_back(pos);
             continue;
         }
         selected_.push_back(pos);
-        selected_slot_.push_back(sparse_slot_[pos] >= 0 ? sparse_slot_[pos] : temp_slots_[next++]);
+        selected_slot_.push_back(sparse_slot_[pos]);
     }
 }
 
@@ -476,21 +498,20 @@ void DeltaKvSequenceCache::gather_refs(int32_t sl, const std::vector<int32_t>& p
 
 void DeltaKvSequenceCache::reconstruct(int32_t layer) {
     reconstructed_[layer] = 1;
-    if (selected_.empty()) return;
+    if (recon_pos_.empty()) return;
     const int32_t sl = layer_index_[layer];
     const int32_t d = profile_.d, m = profile_.m, kv_dim = d / 2, half = options_.head_dim / 2;
-    // The compressed tokens of the selection, their references' x (de-RoPEd once), and the
-    // RoPE angles of every position involved (shared by the group's layers).
-    comp_.clear();
-    z_pos_.clear();
-    for (size_t j = 0; j < selected_.size(); ++j) {
-        if (latent_of_[selected_[j]] < 0) continue;  // a reference: attended from its own slot
-        comp_.push_back(static_cast<int32_t>(j));
-        z_pos_.push_back(selected_[j]);
+    // The references' x (de-RoPEd once) and the RoPE angles of every position involved
+    // (shared by the group's layers).
+    gather_refs(sl, recon_pos_, d);
+    const int64_t n = static_cast<int64_t>(recon_pos_.size());
+    const size_t row = static_cast<size_t>(kv_dim) * sizeof(uint16_t);
+    grow(recon_k_, static_cast<size_t>(n) * row);
+    grow(recon_v_, static_cast<size_t>(n) * row);
+    if (recon_slots_.size() < static_cast<size_t>(n)) {
+        recon_slots_.resize(static_cast<size_t>(n));
+        std::iota(recon_slots_.begin(), recon_slots_.end(), 0);
     }
-    if (z_pos_.empty()) return;
-    gather_refs(sl, z_pos_, d);
-    const int64_t n = static_cast<int64_t>(comp_.size());
     if (options_.latent_bits != 4) {  // fp16 latents: Dec(z) for every token at once
         grow(x_, static_cast<size_t>(n) * d);
         grow(z_, static_cast<size_t>(n) * m);
@@ -498,8 +519,9 @@ void DeltaKvSequenceCache::reconstruct(int32_t layer) {
             read_row(k::DType::kF16, latent_ptrs_[i], z_.data() + i * m, m);
         k::matmul(profile_.layers[layer].wd, z_.data(), m, n, x_.data(), d, threads_);
     }
-    // x = Dec(z) + mean of the references, RoPE on K, into the token's temporary slot; int4
-    // latents are decoded a block at a time so the rows stay in cache until written.
+    // x = Dec(z) + mean of the references, RoPE on K, into the token's row of this layer's
+    // reconstructions; int4 latents are decoded a block at a time so the rows stay in cache
+    // until written.
     constexpr int64_t kBlock = 16;
     // A single-threaded pool hands over the whole range in one call: blocks are cut here.
     threads_.parallel_for(n, kBlock, [&](int64_t b_all, int64_t e_all) {
@@ -513,15 +535,14 @@ void DeltaKvSequenceCache::reconstruct(int32_t layer) {
                                        block.data(), d);
             }
             for (int64_t i = b; i < e; ++i) {
-                const int32_t j = comp_[i], pos = selected_[j];
+                const int32_t pos = recon_pos_[i];
                 float* xi = int4 ? block.data() + (i - b) * d : x_.data() + i * d;
                 add_ref_mean(sl, pos, d, xi, nullptr);
                 const float* a = angle_table_.data() + angle_of_[pos];
                 k::rope_apply(xi, options_.n_kv_heads, options_.head_dim, a, a + half,
                               options_.rope_style, false);
-                write_row(k::DType::kF16, sparse_pool_->k_row(sl, selected_slot_[j]), xi, kv_dim);
-                write_row(k::DType::kF16, sparse_pool_->v_row(sl, selected_slot_[j]), xi + kv_dim,
-                          kv_dim);
+                write_row(k::DType::kF16, recon_k_.data() + i * row, xi, kv_dim);
+                write_row(k::DType::kF16, recon_v_.data() + i * row, xi + kv_dim, kv_dim);
             }
         }
     });
@@ -747,46 +768,31 @@ void DeltaKvSequenceCache::add_logit_correction(int32_t layer, const kernels::At
 bool DeltaKvSequenceCache::attend_chunk(int32_t layer, const kernels::AttentionShape& shape,
                                         const float* q, int64_t ldq, int32_t n, float* out,
                                         int64_t ldo) {
-    // A full layer attends its view; a sparse one apart only to correct logits or score pins.
-    if (options_.full_layer[layer] || (!corrects(layer) && options_.pin_ratio <= 0.0f))
-        return false;
+    if (options_.full_layer[layer]) return false;
+    // What the commit compresses is known from positions alone; the last chunk of a prompt
+    // scores its tokens for the pins while they are still exact.
+    if (!planned_ && more_ == 0) plan_compression(n_tokens_ + n_reserved_);
+    const bool pins = options_.pin_ratio > 0.0f && more_ == 0;
+    if (recon_pos_.empty() && !pins) return false;
     DS_CHECK(ldo == static_cast<int64_t>(shape.n_heads) * shape.head_dim,
              "chunk output rows must be packed");
-    // view(): sinks, the selection, the buffer and new tokens. A keeps all but the
-    // selection's reconstructed tokens, B holds those.
-    k::KvView a = view(layer, n);
-    const size_t n_sinks = static_cast<size_t>(std::min(options_.sinks, n_tokens_));
-    slots_a_.assign(view_slots_.begin(), view_slots_.begin() + n_sinks);
-    slots_b_.clear();
-    pos_b_.clear();
-    slots_r_.clear();
-    pos_r_.clear();
-    for (size_t j = 0; j < selected_.size(); ++j) {
-        const bool latent = latent_of_[selected_[j]] >= 0;
-        (latent ? slots_b_ : slots_a_).push_back(selected_slot_[j]);
-        (latent ? pos_b_ : pos_r_).push_back(selected_[j]);
-        if (!latent) slots_r_.push_back(selected_slot_[j]);
-    }
-    if (slots_b_.empty()) return false;
-    slots_a_.insert(slots_a_.end(), view_slots_.begin() + n_sinks + selected_.size(),
-                    view_slots_.end());
-    k::KvView b = a;
-    a.slots = slots_a_.data();
-    a.n = static_cast<int32_t>(slots_a_.size());
-    b.slots = slots_b_.data();
-    b.n = static_cast<int32_t>(slots_b_.size());
     const size_t rows = static_cast<size_t>(n) * shape.n_heads;
     lse_a_.resize(rows);
-    lse_b_.resize(rows);
-    out_b_.resize(rows * shape.head_dim);
-    k::attention(shape, a, q, ldq, n, out, ldo, threads_, lse_a_.data());
-    k::attention(shape, b, q, ldq, n, out_b_.data(), ldo, threads_, lse_b_.data(),
-                 /*causal=*/false);
-    if (options_.pin_ratio > 0.0f) lse_b_raw_ = lse_b_;
-    add_logit_correction(layer, shape, q, ldq, n, lse_b_.data());
-    k::merge_attention(out, lse_a_.data(), out_b_.data(), lse_b_.data(), static_cast<int>(rows),
-                       shape.head_dim);
-    if (options_.pin_ratio > 0.0f) score_pins(layer, shape, q, ldq, n);
+    // view(): the sinks, the selection's references, the buffer and the new tokens; the
+    // selection's reconstructed tokens are attended apart (every query sees all of them),
+    // their lse corrected, and merged.
+    k::attention(shape, view(layer, n), q, ldq, n, out, ldo, threads_, lse_a_.data());
+    if (!recon_pos_.empty()) {
+        lse_b_.resize(rows);
+        out_b_.resize(rows * shape.head_dim);
+        k::attention(shape, reconstructed_view(), q, ldq, n, out_b_.data(), ldo, threads_,
+                     lse_b_.data(), /*causal=*/false);
+        if (pins) lse_b_raw_ = lse_b_;
+        add_logit_correction(layer, shape, q, ldq, n, lse_b_.data());
+        k::merge_attention(out, lse_a_.data(), out_b_.data(), lse_b_.data(), static_cast<int>(rows),
+                           shape.head_dim);
+    }
+    if (pins) score_pins(layer, shape, q, ldq, n);
     return true;
 }
 
@@ -798,32 +804,44 @@ void DeltaKvSequenceCache::score_pins(int32_t layer, const kernels::AttentionSha
     const size_t end = static_cast<size_t>(n_tokens_ + n_reserved_);
     // A logit's share of its row's attention: less the row's log-sum-exp over every token
     // (lse_a_, merged), plus, for reconstructed tokens, the correction attention added to
-    // their logits (lse_b_ after it less before it). References have none.
-    std::vector<float> shift_b(static_cast<size_t>(w) * nh), shift_r(shift_b.size());
+    // their logits (lse_b_ after it less before it). Exact tokens have none.
+    std::vector<float> shift_b(static_cast<size_t>(w) * nh), shift_x(shift_b.size());
     for (int32_t i = 0; i < w; ++i) {
         for (int h = 0; h < nh; ++h) {
             const size_t r = static_cast<size_t>(n - w + i) * nh + h;
-            shift_b[static_cast<size_t>(i) * nh + h] = lse_b_[r] - lse_b_raw_[r] - lse_a_[r];
-            shift_r[static_cast<size_t>(i) * nh + h] = -lse_a_[r];
+            const size_t o = static_cast<size_t>(i) * nh + h;
+            shift_x[o] = -lse_a_[r];
+            if (!recon_pos_.empty()) shift_b[o] = lse_b_[r] - lse_b_raw_[r] - lse_a_[r];
         }
     }
     std::vector<const uint16_t*> rows;
     std::vector<float> mass;
-    const auto score = [&](const std::vector<int32_t>& slots, const std::vector<int32_t>& pos,
-                           const std::vector<float>& shift) {
-        const int64_t nb = static_cast<int64_t>(slots.size());
-        rows.resize(slots.size());
-        for (int64_t j = 0; j < nb; ++j)
-            rows[j] = reinterpret_cast<const uint16_t*>(sparse_pool_->k_row(sl, slots[j]));
+    const auto score = [&](const std::vector<int32_t>& pos, const std::vector<float>& shift) {
+        const int64_t nb = static_cast<int64_t>(pos.size());
+        if (nb == 0) return;
         mass.assign(static_cast<size_t>(nh) * nb, 0.0f);
         k::attention_mass(q + static_cast<int64_t>(n - w) * ldq, ldq, w, shift.data(), nh,
                           shape.n_kv_heads, shape.head_dim, shape.scale, rows.data(), nb,
                           mass.data(), threads_);
         hints_.add_pin_mass(pos, mass.data(), nh, end);
     };
-    score(slots_b_, pos_b_, shift_b);
-    // A reference is attended only when a step's pick or the pins name it, as a latent token is.
-    if (!slots_r_.empty()) score(slots_r_, pos_r_, shift_r);
+    // The region's reconstructed tokens.
+    const size_t row = sparse_pool_->row_bytes();
+    rows.resize(recon_pos_.size());
+    for (size_t j = 0; j < recon_pos_.size(); ++j)
+        rows[j] = reinterpret_cast<const uint16_t*>(recon_k_.data() + j * row);
+    score(recon_pos_, shift_b);
+    // Exact ones: the region's references a chunk attends (a reference is attended only when
+    // a step's pick or the pins name it, as a latent token is) and the tokens this commit
+    // compresses, still in the buffer.
+    pin_pos_.assign(selected_.begin(), selected_.end());
+    for (int32_t p = comp_end_; planned_ && p < plan_end_; ++p) pin_pos_.push_back(p);
+    rows.resize(pin_pos_.size());
+    for (size_t j = 0; j < pin_pos_.size(); ++j) {
+        rows[j] =
+            reinterpret_cast<const uint16_t*>(sparse_pool_->k_row(sl, sparse_slot_[pin_pos_[j]]));
+    }
+    score(pin_pos_, shift_x);
 }
 
 void DeltaKvSequenceCache::score_follow(int n_heads, const std::vector<int32_t>& positions) {
@@ -846,8 +864,7 @@ void DeltaKvSequenceCache::score_follow(int n_heads, const std::vector<int32_t>&
 }
 
 void DeltaKvSequenceCache::release_temp() {
-    if (sparse_pool_ && !temp_slots_.empty()) sparse_pool_->release(temp_slots_);
-    temp_slots_.clear();
+    recon_pos_.clear();
     selected_.clear();
     selected_slot_.clear();
     latent_sel_.clear();
@@ -864,18 +881,55 @@ void DeltaKvSequenceCache::commit(int32_t n) {
     n_reserved_ -= n;
     n_tokens_ += n;
     release_temp();
-    // A chunk replaces the pins (none where it scored none); a single-token call chooses
-    // what the next one follows.
-    if (n > 1) hints_.choose_pins(options_.sinks, comp_end_);
-    hints_.choose_follow();
+    const bool more = std::exchange(more_, 0) > 0;
+    hints_.choose_follow();  // a single-token call chooses what the next one follows
     scored_.clear();
     lead_selected_ = false;
     std::fill(reconstructed_.begin(), reconstructed_.end(), 0);
-    if (sparse_layers_.empty()) return;
-    // A plan made for positions this commit does not take (a partial commit) is redone.
-    if (planned_ && plan_n_ != n_tokens_) drop_plan();
-    if (!planned_) plan_compression(n_tokens_);
-    finish_compression();
+    if (n > 1) {  // a chunk's reconstructions are not kept for the decode steps
+        std::vector<uint8_t>().swap(recon_k_);
+        std::vector<uint8_t>().swap(recon_v_);
+    }
+    if (!sparse_layers_.empty()) {
+        if (planned_ && (more || plan_n_ != n_tokens_)) drop_plan();  // a partial commit
+        if (!more) {
+            if (!planned_) plan_compression(n_tokens_);
+            finish_compression();
+        }
+    }
+    // The last chunk of a prompt replaces the pins (none where it scored none).
+    if (n > 1 && !more) hints_.choose_pins(options_.sinks, comp_end_);
+}
+
+void DeltaKvSequenceCache::compact() {
+    // Every position's row in the lowest slots, so that trim() gives back the rest: after a
+    // prompt compressed at its end its latents' slots are holes below its buffer.
+    const int32_t end = n_tokens_ + n_reserved_;
+    int32_t live = 0;
+    for (int32_t p = 0; p < end; ++p) live += sparse_slot_[p] >= 0;
+    std::vector<int32_t> movers;
+    for (int32_t p = 0; p < end; ++p) {
+        if (sparse_slot_[p] >= live) movers.push_back(p);
+    }
+    if (!movers.empty()) {
+        // As many slots below `live` are free as there are rows above it: the lowest ones.
+        auto to = sparse_pool_->allocate(static_cast<int32_t>(movers.size()));
+        DS_CHECK(to.ok(), "compacting needs no more slots than it frees");
+        std::vector<int32_t> from(movers.size());
+        const size_t row = sparse_pool_->row_bytes();
+        for (size_t i = 0; i < movers.size(); ++i) {
+            from[i] = sparse_slot_[movers[i]];
+            for (int32_t sl = 0; sl < static_cast<int32_t>(sparse_layers_.size()); ++sl) {
+                std::memcpy(sparse_pool_->k_row(sl, (*to)[i]), sparse_pool_->k_row(sl, from[i]),
+                            row);
+                std::memcpy(sparse_pool_->v_row(sl, (*to)[i]), sparse_pool_->v_row(sl, from[i]),
+                            row);
+            }
+            sparse_slot_[movers[i]] = (*to)[i];
+        }
+        sparse_pool_->release(from);
+    }
+    sparse_pool_->trim();
 }
 
 void DeltaKvSequenceCache::choose_refs(int32_t c0, int32_t c1) {
@@ -1033,6 +1087,7 @@ void DeltaKvSequenceCache::finish_compression() {
     planned_ = false;
     plan_blocks_.clear();
     plan_tokens_.clear();
+    compact();
 }
 
 void DeltaKvSequenceCache::truncate(int32_t n_keep) {
@@ -1054,7 +1109,7 @@ void DeltaKvSequenceCache::truncate(int32_t n_keep) {
         if (latent_of_[p] >= 0 && first_latent < 0) first_latent = latent_of_[p];
     }
     full_pool_->release(full_freed);
-    if (sparse_pool_) sparse_pool_->release(sparse_freed);
+    full_pool_->trim();
     if (first_latent >= 0) {
         for (size_t sl = 0; sl < latents_.size(); ++sl) {
             latents_[sl].resize(static_cast<size_t>(first_latent) * latent_bytes());
@@ -1068,7 +1123,12 @@ void DeltaKvSequenceCache::truncate(int32_t n_keep) {
     sync_ref_list();
     n_tokens_ = n_keep;
     n_reserved_ = 0;
+    more_ = 0;
     comp_end_ = std::max(options_.sinks, std::min(comp_end_, n_keep));
+    if (sparse_pool_) {
+        sparse_pool_->release(sparse_freed);
+        compact();
+    }
 }
 
 size_t DeltaKvSequenceCache::bytes_bound(int32_t n_tokens) const {
@@ -1089,6 +1149,18 @@ size_t DeltaKvSequenceCache::bytes_bound(int32_t n_tokens) const {
                   static_cast<double>(full_fp16_bytes(static_cast<int32_t>(n), options_.n_layers,
                                                       options_.n_kv_heads * options_.head_dim))));
     return std::max(compressed, target) + n * meta;
+}
+
+size_t DeltaKvSequenceCache::prefill_bytes_bound(int32_t n_tokens, int32_t n_new) const {
+    const size_t row = static_cast<size_t>(options_.n_kv_heads) * options_.head_dim * 2 * 2;
+    const size_t n = static_cast<size_t>(std::max(n_tokens, 0));
+    const size_t fresh = std::min(n, static_cast<size_t>(std::max(n_new, 0)));
+    if (sparse_layers_.empty()) return 0;
+    return fresh * sparse_layers_.size() * row + n * row;
+}
+
+size_t DeltaKvSequenceCache::resident_bytes() const {
+    return full_pool_->resident_bytes() + (sparse_pool_ ? sparse_pool_->resident_bytes() : 0);
 }
 
 size_t DeltaKvSequenceCache::bytes_upto(int32_t n) const {

@@ -1,26 +1,60 @@
 #include "deltaserve/kvstore/slot_pool.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
-#include <new>
+#include <cstdint>
 #include <string>
 
 namespace deltaserve::kvstore {
 
 Result<std::unique_ptr<SlotPool>> SlotPool::create(const SlotPoolOptions& options) {
-    if (options.n_layers <= 0 || options.kv_dim <= 0 || options.n_slots <= 0 || options.n_kv_heads <= 0 ||
-        options.kv_dim % options.n_kv_heads != 0) {
-        return invalid_argument("slot pool: layers, kv_dim, heads and slots must be positive, kv_dim a multiple of heads");
+    if (options.n_layers <= 0 || options.kv_dim <= 0 || options.n_slots <= 0 ||
+        options.n_kv_heads <= 0 || options.kv_dim % options.n_kv_heads != 0) {
+        return invalid_argument(
+            "slot pool: layers, kv_dim, heads and slots must be positive, kv_dim a multiple of "
+            "heads");
     }
     if (options.dtype != kernels::DType::kF16 && options.dtype != kernels::DType::kF32) {
         return invalid_argument("slot pool: KV type must be f16 or f32");
     }
     std::unique_ptr<SlotPool> pool(new SlotPool(options));
-    pool->arena_.reset(new (std::nothrow) uint8_t[pool->bytes_]);
-    if (!pool->arena_) {
-        return resource_exhausted("slot pool: cannot allocate " + std::to_string(pool->bytes_) +
+    void* arena = mmap(nullptr, pool->bytes_, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (arena == MAP_FAILED) {
+        return resource_exhausted("slot pool: cannot map " + std::to_string(pool->bytes_) +
                                   " bytes of KV cache");
     }
+    pool->arena_ = static_cast<uint8_t*>(arena);
     return pool;
+}
+
+SlotPool::~SlotPool() {
+    if (arena_ != nullptr) munmap(arena_, bytes_);
+}
+
+void SlotPool::trim() {
+    int32_t top = options_.n_slots;  // one past the highest slot in use
+    while (top > 0 && !in_use_[top - 1]) --top;
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    for (int32_t layer = 0; layer < options_.n_layers; ++layer) {
+        for (int kv = 0; kv < 2; ++kv) {
+            const auto begin = reinterpret_cast<uintptr_t>(base(layer, kv) + top * row_bytes_);
+            const auto end = reinterpret_cast<uintptr_t>(base(layer, kv) + layer_bytes_);
+            const uintptr_t b = (begin + page - 1) / page * page, e = end / page * page;
+            if (e > b) madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
+        }
+    }
+}
+
+size_t SlotPool::resident_bytes() const {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    std::vector<unsigned char> in((bytes_ + page - 1) / page);
+    if (mincore(arena_, bytes_, in.data()) != 0) return bytes_;
+    size_t pages = 0;
+    for (unsigned char c : in) pages += c & 1;
+    return pages * page;
 }
 
 SlotPool::SlotPool(const SlotPoolOptions& options) : options_(options) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <string>
+#include <utility>
 
 #include "deltaserve/common/logging.h"
 #include "deltaserve/common/thread_pool.h"
@@ -72,11 +73,22 @@ class InferenceContextImpl final : public InferenceContext {
 
     int32_t n_past() const override { return cache_->n_tokens(); }
     int32_t n_ctx() const override { return options_.n_ctx; }
-    void reset() override { cache_->truncate(0); }
-    void truncate(int32_t n_keep) override { cache_->truncate(n_keep); }
+    void expect_more(int32_t n_more) override {
+        more_ = n_more;
+        cache_->expect_more(n_more);
+    }
+    void reset() override { truncate(0); }
+    void truncate(int32_t n_keep) override {
+        more_ = 0;
+        cache_->truncate(n_keep);
+    }
     const Model& model() const override { return model_; }
     size_t kv_bytes() const override { return cache_->bytes(); }
     size_t kv_held_bytes() const override { return cache_->held_bytes(); }
+    size_t kv_prefill_bytes_bound(int32_t n_tokens, int32_t n_new) const override {
+        const int32_t n = std::min(n_tokens, options_.n_ctx);
+        return cache_->prefill_bytes_bound(n, std::min(n_new, n));
+    }
     size_t kv_bytes_bound(int32_t n_tokens) const override {
         return cache_->bytes_bound(std::min(n_tokens, options_.n_ctx));
     }
@@ -213,8 +225,13 @@ class InferenceContextImpl final : public InferenceContext {
         if (tokens.empty()) return invalid_argument("eval: no tokens");
         DS_RETURN_IF_ERROR(check(tokens.size()));
         const int32_t before = n_past();
+        // A prompt's chunks tell the cache what follows; scoring's (all_logits) do not, so that
+        // each chunk is scored against the history as compressed after the chunks before it.
+        const int32_t more = std::exchange(more_, 0);
         for (size_t i = 0; i < tokens.size(); i += static_cast<size_t>(options_.n_batch)) {
             const size_t n = std::min(tokens.size() - i, static_cast<size_t>(options_.n_batch));
+            cache_->expect_more(all_logits ? 0
+                                           : static_cast<int32_t>(tokens.size() - i - n) + more);
             SequenceInput in{cache_.get(), tokens.subspan(i, n), all_logits};
             Status st = forward_.run(std::span<const SequenceInput>(&in, 1), logits_);
             if (!st.ok()) {
@@ -233,6 +250,7 @@ class InferenceContextImpl final : public InferenceContext {
     std::unique_ptr<kvstore::SequenceCache> cache_;
     Forward forward_;
     std::vector<float> logits_;
+    int32_t more_ = 0;  // expect_more: tokens after the next eval's
 };
 
 // A keep target below what the profile's latents can hold is held at about their floor: said

@@ -312,6 +312,7 @@ Result<std::vector<float>> PrefillWorkerImpl::prefill_shipping_rows(transport::C
             break;
         }
         e = std::min(n, b + chunk);
+        ctx_->expect_more(n - e);  // a compressing cache compresses the prompt at its end
         auto r = ctx_->eval(
             std::span<const int32_t>(turn.tokens.data() + b, static_cast<size_t>(e - b)));
         if (r.ok() && e == n) logits.assign(r->begin(), r->end());

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <random>
 
+#include <unistd.h>
+
 #include "deltaserve/common/fp16.h"
 #include "deltaserve/kvstore/deltakv_cache.h"
 
@@ -71,13 +73,15 @@ struct Data {
     std::vector<std::vector<float>> x;  // [pos] -> [layer][D] pre-RoPE [K; V]
 
     std::vector<float> q;  // the last chunk's queries (all layers share them here)
-    bool same_layers = false;  // layer 2 gets layer 1's K and V (and compressors: after_first_chunk)
+    bool same_layers =
+        false;  // layer 2 gets layer 1's K and V (and compressors: after_first_chunk)
     std::vector<int32_t> loud;  // positions whose keys are 4x as long (in every layer)
 
     void chunk(DeltaKvSequenceCache& c, int32_t n) {
         ASSERT_TRUE(c.reserve(n).ok());
         const int32_t p0 = c.n_tokens();
         for (int32_t i = 0; i < n; ++i) {
+            if (static_cast<int32_t>(x.size()) > p0 + i) continue;  // given beforehand
             x.emplace_back(kLayers * kD);
             for (auto& v : x.back()) v = nd(rng);
             if (std::find(loud.begin(), loud.end(), p0 + i) != loud.end()) {
@@ -171,8 +175,8 @@ TEST(DeltaKvCache, AKeepTargetFillsTheRoomWithRecentTokensAndIsNeverExceeded) {
         }
         // The fixed stride alone leaves room at this length; the target fills it with a
         // longer buffer (the same references, fewer tokens compressed).
-        std::printf("keep ratio at 400 tokens: %.3f fixed stride, %.3f with the target %.2f\n", ratio_a,
-                    ratio_b, keep);
+        std::printf("keep ratio at 400 tokens: %.3f fixed stride, %.3f with the target %.2f\n",
+                    ratio_a, ratio_b, keep);
         EXPECT_LT(ratio_a, keep - 0.05);
         EXPECT_GT(ratio_b, keep - 0.02);
         EXPECT_LT((*b)->compressed_tokens(), (*a)->compressed_tokens());
@@ -185,14 +189,16 @@ float logit_correction(const DeltaKvProfile& p, int32_t layer, const float* q, i
     if (p.key_error_var.empty()) return 0.0f;
     const float* var = p.key_error_var[layer].data() + (h / (kHeads / kKvHeads)) * (kHeadDim / 2);
     double b = 0;
-    for (int t = 0; t < kHeadDim; ++t) b += double(q[h * kHeadDim + t]) * q[h * kHeadDim + t] * var[t / 2];
+    for (int t = 0; t < kHeadDim; ++t)
+        b += double(q[h * kHeadDim + t]) * q[h * kHeadDim + t] * var[t / 2];
     return static_cast<float>(0.5 * kShape.scale * kShape.scale * b);
 }
 
 void set_key_errors(DeltaKvProfile& p) {
     p.key_error_var.assign(kLayers, {});
     for (int l = 1; l < kLayers; ++l) {
-        for (int i = 0; i < kKvHeads * kHeadDim / 2; ++i) p.key_error_var[l].push_back(0.5f + 0.25f * (i % 5) + l);
+        for (int i = 0; i < kKvHeads * kHeadDim / 2; ++i)
+            p.key_error_var[l].push_back(0.5f + 0.25f * (i % 5) + l);
     }
 }
 
@@ -202,7 +208,8 @@ TEST(DeltaKvCache, DecodeStepAttendsSelectedTokensReconstructedFromTheirNearestR
         // correction for the profile's key errors; then int4 with a share kept exact, judged
         // by both sparse layers, then by the first alone.
         const int bits = run == 1 ? 16 : 4;
-        SCOPED_TRACE("latent bits " + std::to_string(bits) + (run == 2 ? ", logits corrected" : "") +
+        SCOPED_TRACE("latent bits " + std::to_string(bits) +
+                     (run == 2 ? ", logits corrected" : "") +
                      (run == 3 ? ", the worst reconstructed kept exact" : "") +
                      (run == 4 ? ", the worst reconstructed in layer 1 kept exact" : ""));
         std::mt19937 rng(1);
@@ -257,7 +264,8 @@ TEST(DeltaKvCache, DecodeStepAttendsSelectedTokensReconstructedFromTheirNearestR
         for (int i = 0; i < 12; ++i) chosen.push_back(score[i].second);  // ceil(0.5 x 24)
         std::sort(chosen.begin(), chosen.end());
         if (run >= 3) {
-            ASSERT_TRUE(std::binary_search(chosen.begin(), chosen.end(), kept)) << "the step attends it";
+            ASSERT_TRUE(std::binary_search(chosen.begin(), chosen.end(), kept))
+                << "the step attends it";
         }
 
         // What a decode step at position 40 attends to in a sparse layer: the sinks, the chosen
@@ -338,7 +346,8 @@ TEST(DeltaKvCache, DecodeStepAttendsSelectedTokensReconstructedFromTheirNearestR
                     for (size_t j = 0; j < rows.size(); ++j) {
                         const double p = std::exp(sc[j] - mx);
                         sum += p;
-                        for (int d = 0; d < kHeadDim; ++d) o[d] += p * rows[j][kKvDim + g * kHeadDim + d];
+                        for (int d = 0; d < kHeadDim; ++d)
+                            o[d] += p * rows[j][kKvDim + g * kHeadDim + d];
                     }
                     for (int d = 0; d < kHeadDim; ++d) {
                         ASSERT_NEAR(got[h * kHeadDim + d], o[d] / sum, 5e-3)
@@ -395,7 +404,8 @@ TEST(DeltaKvCache, AChunkAttendsTheWholeCompressedRegionUnlessCapped) {
         DeltaKvOptions o = options();
         o.prefill_select = cap;
         // A second chunk of 4 at positions 40..43: its sparse layers see the sinks, the
-        // region's tokens (all of them, or the 10 best scored), the buffer and the chunk.
+        // region's tokens (all of them, or the 10 best scored), the buffer and the chunk: the
+        // region's latent tokens reconstructed apart from the view.
         constexpr int32_t kNew = 4;
         AfterFirstChunk s;
         ASSERT_NO_FATAL_FAILURE(after_first_chunk(s, 3, false, o, kNew));
@@ -405,7 +415,13 @@ TEST(DeltaKvCache, AChunkAttendsTheWholeCompressedRegionUnlessCapped) {
             c.store(l, 0, kNew, kk.data(), vv.data(), kKvDim);
             const k::KvView v = c.view(l, kNew);
             const int32_t want = l == 0 || cap == 0 ? 44 : 4 + cap + 12 + kNew;
-            EXPECT_EQ(v.n, want) << "layer " << l;
+            const auto& rebuilt = c.reconstructed_positions();
+            EXPECT_EQ(v.n + (l == 0 ? 0 : static_cast<int32_t>(rebuilt.size())), want)
+                << "layer " << l;
+            if (l > 0) {
+                EXPECT_EQ(c.reconstructed_view().n, static_cast<int32_t>(rebuilt.size()));
+                for (int32_t p : rebuilt) EXPECT_TRUE(p >= 4 && p < 28 && (p - 4) % 5 != 0) << p;
+            }
             c.observe(l, kShape, q.data(), kHeads * kHeadDim, nullptr, 0, kNew);
         }
         c.commit(kNew);
@@ -428,7 +444,8 @@ TEST(DeltaKvCache, SparseLayersBeforeTheFirstFullLayerAttendTheWholeRegion) {
     for (int32_t l = 0; l < kLayers; ++l) {
         c.store(l, 0, kNew, s.kk.data(), s.vv.data(), kKvDim);
         const int32_t want = l < 2 ? 44 : 4 + 10 + 12 + kNew;
-        EXPECT_EQ(c.view(l, kNew).n, want) << "layer " << l;
+        const int32_t rebuilt = static_cast<int32_t>(c.reconstructed_positions().size());
+        EXPECT_EQ(c.view(l, kNew).n + (l == 1 ? 0 : rebuilt), want) << "layer " << l;
         c.observe(l, kShape, s.q.data(), kHeads * kHeadDim, nullptr, 0, kNew);
     }
     c.commit(kNew);
@@ -526,7 +543,8 @@ TEST(DeltaKvCache, AScorerPicksWhatItAndTheLayersAfterItAttend) {
             ASSERT_FLOAT_EQ(out[2][0][j], out[2][1][j]) << "the same layers, " << j;
             to_whole = std::max(to_whole, std::abs(out[0][0][j] - out[2][0][j]));
             for (int l = 0; l < 2; ++l) {
-                ASSERT_FLOAT_EQ(out[1][l][j], out[2][l][j]) << "picking everything, layer " << l + 1;
+                ASSERT_FLOAT_EQ(out[1][l][j], out[2][l][j])
+                    << "picking everything, layer " << l + 1;
             }
         }
         EXPECT_GT(to_whole, 0.0f) << "half the region is not the whole";
@@ -582,7 +600,8 @@ TEST(DeltaKvCache, AScorersSketchKeepsThePairsWhereTheQueryIs) {
     std::vector<float> whole, sketch;
     ASSERT_NO_FATAL_FAILURE(scorer_output(1.0f, true, whole));
     ASSERT_NO_FATAL_FAILURE(scorer_output(0.25f, true, sketch));
-    for (int j = 0; j < kLd; ++j) ASSERT_NEAR(sketch[j], whole[j], 1e-5f * (1.0f + std::abs(whole[j]))) << j;
+    for (int j = 0; j < kLd; ++j)
+        ASSERT_NEAR(sketch[j], whole[j], 1e-5f * (1.0f + std::abs(whole[j]))) << j;
     ASSERT_NO_FATAL_FAILURE(scorer_output(1.0f, false, whole));
     ASSERT_NO_FATAL_FAILURE(scorer_output(0.25f, false, sketch));
     float diff = 0.0f;
@@ -590,8 +609,9 @@ TEST(DeltaKvCache, AScorersSketchKeepsThePairsWhereTheQueryIs) {
     EXPECT_GT(diff, 1e-3f) << "one pair of four is not the whole key here";
 }
 
-// A chunk with the profile's key errors: attention over its view in which the reconstructed
-// tokens' logits carry the correction, computed here from the view's own rows.
+// A chunk with the profile's key errors: attention over its view and the region's latent
+// tokens reconstructed apart, their logits carrying the correction, computed here from the
+// cache's own rows.
 TEST(DeltaKvCache, AChunkCorrectsTheLogitsOfReconstructedTokens) {
     constexpr int32_t kNew = 5;
     AfterFirstChunk s;
@@ -604,29 +624,46 @@ TEST(DeltaKvCache, AChunkCorrectsTheLogitsOfReconstructedTokens) {
         c.store(l, 0, kNew, kk.data(), vv.data(), kKvDim);
         std::vector<float> got(kNew * kLd);
         const bool attended = c.attend(l, kShape, q.data(), kLd, kNew, got.data(), kLd);
-        const k::KvView v = c.view(l, kNew);
         if (l == 0) {
             EXPECT_FALSE(attended) << "a full layer: the caller attends its view";
         } else {
             ASSERT_TRUE(attended);
-            // The view: 4 sinks, the region [4, 28) in order, the buffer [28, 40), the chunk.
-            ASSERT_EQ(v.n, 4 + 24 + 12 + kNew);
-            const auto row = [&](const uint8_t* base, int32_t e, int g, int d) {
-                const auto* r = reinterpret_cast<const uint16_t*>(base + v.slots[e] * v.row_stride);
-                return fp16_to_fp32(r[g * kHeadDim + d]);
+            // Every token: 4 sinks, the region [4, 28) (references in the view, latent
+            // tokens reconstructed), the buffer [28, 40), the chunk.
+            struct Entry {
+                int32_t pos;
+                k::KvView view;
+                int32_t e;
+            };
+            std::vector<Entry> all;
+            const k::KvView v = c.view(l, kNew);
+            const std::vector<int32_t> vp = c.view_positions(l, kNew);
+            ASSERT_EQ(static_cast<int32_t>(vp.size()), v.n);
+            for (int32_t e = 0; e < v.n; ++e) all.push_back({vp[e], v, e});
+            const k::KvView r = c.reconstructed_view();
+            for (int32_t e = 0; e < r.n; ++e) all.push_back({c.reconstructed_positions()[e], r, e});
+            std::sort(all.begin(), all.end(),
+                      [](const Entry& x, const Entry& y) { return x.pos < y.pos; });
+            ASSERT_EQ(all.size(), 40u + kNew);
+            for (int32_t e = 0; e < 40 + kNew; ++e) ASSERT_EQ(all[e].pos, e);
+            const auto row = [&](const Entry& x, bool key, int g, int d) {
+                const uint8_t* base = key ? x.view.k : x.view.v;
+                const auto* rw =
+                    reinterpret_cast<const uint16_t*>(base + x.view.slots[x.e] * x.view.row_stride);
+                return fp16_to_fp32(rw[g * kHeadDim + d]);
             };
             for (int32_t i = 0; i < kNew; ++i) {
                 for (int h = 0; h < kHeads; ++h) {
                     const int g = h / (kHeads / kKvHeads);
-                    const int32_t visible = v.n - kNew + i + 1;
+                    const int32_t visible = 40 + i + 1;
                     std::vector<double> sc(visible);
                     double mx = -1e30, sum = 0;
                     for (int32_t e = 0; e < visible; ++e) {
                         double s = 0;
-                        for (int d = 0; d < kHeadDim; ++d) s += double(q[i * kLd + h * kHeadDim + d]) * row(v.k, e, g, d);
+                        for (int d = 0; d < kHeadDim; ++d)
+                            s += double(q[i * kLd + h * kHeadDim + d]) * row(all[e], true, g, d);
                         sc[e] = s * kShape.scale;
-                        const int32_t pos = e;  // entries 0..27 are positions 0..27
-                        if (pos >= 4 && pos < 28 && (pos - 4) % 5 != 0)
+                        if (e >= 4 && e < 28 && (e - 4) % 5 != 0)
                             sc[e] += logit_correction(p, l, q.data() + i * kLd, h);
                         mx = std::max(mx, sc[e]);
                     }
@@ -634,7 +671,7 @@ TEST(DeltaKvCache, AChunkCorrectsTheLogitsOfReconstructedTokens) {
                     for (int32_t e = 0; e < visible; ++e) {
                         const double w = std::exp(sc[e] - mx);
                         sum += w;
-                        for (int d = 0; d < kHeadDim; ++d) o[d] += w * row(v.v, e, g, d);
+                        for (int d = 0; d < kHeadDim; ++d) o[d] += w * row(all[e], false, g, d);
                     }
                     for (int d = 0; d < kHeadDim; ++d) {
                         ASSERT_NEAR(got[i * kLd + h * kHeadDim + d], o[d] / sum, 2e-3)
@@ -651,24 +688,36 @@ TEST(DeltaKvCache, AChunkCorrectsTheLogitsOfReconstructedTokens) {
 // Decode-step helpers (pins, following): chunks of 5 tokens after after_first_chunk.
 constexpr int32_t kAimNew = 5, kAimLd = kHeads * kHeadDim;
 
+// In a chunk, after a sparse layer's store: the K row of position pos, exact (in its view)
+// or reconstructed.
+const uint16_t* key_row(const DeltaKvSequenceCache& c, int32_t layer, int32_t n_new, int32_t pos) {
+    const auto& rebuilt = c.reconstructed_positions();
+    const auto it = std::find(rebuilt.begin(), rebuilt.end(), pos);
+    const k::KvView v = it != rebuilt.end() ? c.reconstructed_view() : c.view(layer, n_new);
+    const std::vector<int32_t> at = it != rebuilt.end() ? rebuilt : c.view_positions(layer, n_new);
+    const auto e = std::find(at.begin(), at.end(), pos) - at.begin();
+    EXPECT_LT(e, static_cast<std::ptrdiff_t>(at.size()))
+        << "position " << pos << " is not attended";
+    return reinterpret_cast<const uint16_t*>(v.k + v.slots[e] * v.row_stride);
+}
+
 // A chunk whose every query in every head points at position `target`'s keys as the first
-// sparse layer reconstructed them (entry `target` of its view: sinks, then the region
-// [4, 28) in order). The aimed query row goes to *aimed when given.
+// sparse layer reconstructed them. The aimed query row goes to *aimed when given.
 void aimed_chunk(AfterFirstChunk& s, int32_t target, std::vector<float>* aimed = nullptr) {
     DeltaKvSequenceCache& c = *s.cache;
     for (int32_t l = 0; l < kLayers; ++l) {
         c.store(l, 0, kAimNew, s.kk.data(), s.vv.data(), kKvDim);
         if (l == 1) {
-            const k::KvView v = c.view(l, kAimNew);
-            const auto* kr = reinterpret_cast<const uint16_t*>(v.k + v.slots[target] * v.row_stride);
+            const auto* kr = key_row(c, l, kAimNew, target);
             for (int h = 0; h < kHeads; ++h) {
                 const int g = h / (kHeads / kKvHeads);
                 double norm2 = 0;
-                for (int d = 0; d < kHeadDim; ++d) norm2 += std::pow(fp16_to_fp32(kr[g * kHeadDim + d]), 2);
+                for (int d = 0; d < kHeadDim; ++d)
+                    norm2 += std::pow(fp16_to_fp32(kr[g * kHeadDim + d]), 2);
                 for (int32_t i = 0; i < kAimNew; ++i) {
                     for (int d = 0; d < kHeadDim; ++d)  // logit 40 for the target
-                        s.q[i * kAimLd + h * kHeadDim + d] =
-                            static_cast<float>(40.0 * fp16_to_fp32(kr[g * kHeadDim + d]) / (norm2 * kShape.scale));
+                        s.q[i * kAimLd + h * kHeadDim + d] = static_cast<float>(
+                            40.0 * fp16_to_fp32(kr[g * kHeadDim + d]) / (norm2 * kShape.scale));
                 }
             }
             if (aimed != nullptr) aimed->assign(s.q.begin(), s.q.begin() + kAimLd);
@@ -686,7 +735,8 @@ std::vector<float> away_from(const AfterFirstChunk& s, int32_t target) {
     k::rope(key.data(), kKvHeads, kHeadDim, target, 10000.0f, k::RopeStyle::kInterleaved);
     std::vector<float> q(kAimLd);
     for (int h = 0; h < kHeads; ++h) {
-        for (int d = 0; d < kHeadDim; ++d) q[h * kHeadDim + d] = -key[(h / (kHeads / kKvHeads)) * kHeadDim + d];
+        for (int d = 0; d < kHeadDim; ++d)
+            q[h * kHeadDim + d] = -key[(h / (kHeads / kKvHeads)) * kHeadDim + d];
     }
     return q;
 }
@@ -719,7 +769,9 @@ std::vector<int32_t> step_away_from(AfterFirstChunk& s, int32_t target) {
     return decode_step(s, std::vector<std::vector<float>>(kLayers, q));
 }
 
-bool has(const std::vector<int32_t>& v, int32_t p) { return std::find(v.begin(), v.end(), p) != v.end(); }
+bool has(const std::vector<int32_t>& v, int32_t p) {
+    return std::find(v.begin(), v.end(), p) != v.end();
+}
 
 // Pins (pin_ratio): a chunk's last queries, here all aimed at one token of the compressed
 // region (a latent token's reconstructed keys, or a reference's exact ones), pin it, and
@@ -793,7 +845,7 @@ TEST(DeltaKvCache, AChunkPinsWhatItsLastQueriesAttendForTheDecodeStepsAfterIt) {
 // step's own pick and the pins; with follow 0 the next step attends only its pick and the
 // pins.
 TEST(DeltaKvCache, ADecodeStepAttendsWhatTheStepBeforeItReadMostAndWhatFollowsIt) {
-    constexpr int32_t kTarget = 12;  // a latent token; 14 is a reference
+    constexpr int32_t kTarget = 12;              // a latent token; 14 is a reference
     std::vector<std::vector<int32_t>> attended;  // the second step's, by follow
     for (int32_t follow : {0, 1}) {
         SCOPED_TRACE("follow " + std::to_string(follow));
@@ -851,12 +903,14 @@ TEST(DeltaKvCache, KeyErrorVarianceIsTheReconstructedKeysSquaredError) {
             for (int32_t r = 0; r <= t; ++r) {
                 if (r >= 4 && (r - 4) % 5 != 0) continue;
                 double s = 0;
-                for (int i = 0; i < kD; ++i) s += double(x[t * kD + i] - x[r * kD + i]) * (x[t * kD + i] - x[r * kD + i]);
+                for (int i = 0; i < kD; ++i)
+                    s += double(x[t * kD + i] - x[r * kD + i]) * (x[t * kD + i] - x[r * kD + i]);
                 dist.emplace_back(s, r);
             }
             std::sort(dist.begin(), dist.end());
             for (int i = 0; i < kKvDim; ++i) {
-                const double mean = (double(x[dist[0].second * kD + i]) + x[dist[1].second * kD + i]) / 2.0;
+                const double mean =
+                    (double(x[dist[0].second * kD + i]) + x[dist[1].second * kD + i]) / 2.0;
                 const double e = mean - x[t * kD + i];
                 want[(i / kHeadDim) * (kHeadDim / 2) + (i % kHeadDim) / 2] += e * e;
             }
@@ -865,6 +919,76 @@ TEST(DeltaKvCache, KeyErrorVarianceIsTheReconstructedKeysSquaredError) {
             EXPECT_NEAR(got[i], want[i] / (2.0 * n_latent), 1e-4 * (1.0 + want[i])) << "pair " << i;
         }
     }
+}
+
+// A prompt fed in chunks, told that more follows (expect_more), stays exact until its last
+// chunk, which compresses it as one call would: the same cache, byte for byte. While it
+// waits it holds no more than bytes_bound and prefill_bytes_bound allow.
+TEST(DeltaKvCache, APromptInChunksIsCompressedAtItsLastChunk) {
+    std::mt19937 rng(1);
+    const DeltaKvProfile p = zero_decoder_profile(rng);
+    ThreadPool threads(2);
+    auto one = DeltaKvSequenceCache::create(p, options(), threads);
+    auto chunked = DeltaKvSequenceCache::create(p, options(), threads);
+    ASSERT_TRUE(one.ok() && chunked.ok());
+    constexpr int32_t kPrompt = 120, kChunk = 20;
+    Data a;
+    a.chunk(**one, kPrompt);
+    Data b;
+    b.x = a.x;
+    const size_t bound =
+        (*chunked)->bytes_bound(kPrompt) + (*chunked)->prefill_bytes_bound(kPrompt, kPrompt);
+    for (int32_t at = 0; at < kPrompt; at += kChunk) {
+        (*chunked)->expect_more(kPrompt - at - kChunk);
+        b.chunk(**chunked, kChunk);
+        EXPECT_LE((*chunked)->held_bytes(), bound) << "after the chunk at " << at;
+        if (at + kChunk < kPrompt)
+            EXPECT_EQ((*chunked)->compressed_tokens(), 0) << "after the chunk at " << at;
+    }
+    EXPECT_GT((*one)->compressed_tokens(), 60);
+    EXPECT_EQ((*chunked)->compressed_tokens(), (*one)->compressed_tokens());
+    auto sa = (*one)->export_state();
+    auto sb = (*chunked)->export_state();
+    ASSERT_TRUE(sa.ok() && sb.ok());
+    EXPECT_EQ(*sa, *sb);
+    // A prompt cut short (a cancelled turn) forgets it: the next call compresses as usual.
+    (*chunked)->truncate(90);
+    const int32_t kept = (*chunked)->compressed_tokens();
+    (*chunked)->expect_more(100);
+    (*chunked)->truncate(90);
+    b.x.resize(90);
+    b.chunk(**chunked, 3 * options().window);
+    EXPECT_GT((*chunked)->compressed_tokens(), kept);
+}
+
+// After a prompt compressed at its end, the slots its latents left are given back: the pools'
+// memory is the exact tokens' rows, not the prompt's; so after a truncation.
+TEST(DeltaKvCache, ThePagesOfCompressedTokensAreGivenBack) {
+    std::mt19937 rng(1);
+    const DeltaKvProfile p = zero_decoder_profile(rng);
+    ThreadPool threads(2);
+    DeltaKvOptions o = options();
+    o.n_ctx = 8192;
+    auto c = DeltaKvSequenceCache::create(p, o, threads);
+    ASSERT_TRUE(c.ok());
+    Data data;
+    constexpr int32_t kPrompt = 4000, kChunk = 500;
+    for (int32_t at = 0; at < kPrompt; at += kChunk) {
+        (*c)->expect_more(kPrompt - at - kChunk);
+        data.chunk(**c, kChunk);
+    }
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t row = kKvDim * 2;  // fp16 K or V of one token in one layer
+    const auto pages = [&](size_t rows) { return (rows * row + page - 1) / page + 1; };
+    // K and V of one full layer for every token, of two sparse layers for the exact ones.
+    const auto most = [&](int32_t n, int32_t exact) {
+        return (2 * pages(static_cast<size_t>(n)) + 4 * pages(static_cast<size_t>(exact))) * page;
+    };
+    const int32_t exact = (*c)->n_tokens() - (*c)->compressed_tokens();
+    EXPECT_LT(exact, kPrompt / 4);
+    EXPECT_LE((*c)->resident_bytes(), most(kPrompt, exact));
+    (*c)->truncate(1000);
+    EXPECT_LE((*c)->resident_bytes(), most(1000, (*c)->n_tokens() - (*c)->compressed_tokens()));
 }
 
 TEST(DeltaKvCache, TruncateIntoTheCompressedRegionAndGoOn) {
@@ -943,10 +1067,12 @@ TEST(DeltaKvCache, TheMeasuredObservationLayerIsTheFirstFullLayer) {
         const DeltaKvOptions o = deltakv_options_for_keep(p, keep, options());
         p.observation_layer = -1;
         EXPECT_EQ(o.full_layer[2], 1);
-        EXPECT_EQ(std::count(o.full_layer.begin(), o.full_layer.end(), 1),
-                  std::count(by_sensitivity.full_layer.begin(), by_sensitivity.full_layer.end(), 1));
+        EXPECT_EQ(
+            std::count(o.full_layer.begin(), o.full_layer.end(), 1),
+            std::count(by_sensitivity.full_layer.begin(), by_sensitivity.full_layer.end(), 1));
         if (keep < 0.5f) {
-            EXPECT_EQ(o.full_layer, (std::vector<uint8_t>{0, 0, 1})) << "one full layer: the observer";
+            EXPECT_EQ(o.full_layer, (std::vector<uint8_t>{0, 0, 1}))
+                << "one full layer: the observer";
         }
     }
 }
@@ -968,10 +1094,12 @@ TEST(DeltaKvCache, AKeepTargetBelowTheFloorHoldsAboutTheFloor) {
         d.chunk(**c, 16);
         if (HasFatalFailure()) return;
     }
-    const double ratio = (*c)->bytes() / static_cast<double>(full_fp16_bytes(1024, kLayers, kKvDim));
+    const double ratio =
+        (*c)->bytes() / static_cast<double>(full_fp16_bytes(1024, kLayers, kKvDim));
     std::printf("keep target 0.05: floor %.4f, held %.4f at 1024 tokens\n", floor, ratio);
     EXPECT_NEAR(ratio, floor, 0.01);
-    EXPECT_LT(deltakv_keep_floor(p, o, 4096), floor) << "the sinks and buffer weigh less in a longer context";
+    EXPECT_LT(deltakv_keep_floor(p, o, 4096), floor)
+        << "the sinks and buffer weigh less in a longer context";
 }
 
 // A latent names its references by 16-bit ordinals: a context with more references than

@@ -3,6 +3,7 @@
 // about the keep ratio and decoding stays close to full KV.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -12,22 +13,21 @@
 
 #include <nlohmann/json.hpp>
 
+#include "default_model.h"
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/sampler.h"
 #include "deltaserve/model/scoring.h"
-#include "default_model.h"
 #include "test_paths.h"
 
 namespace deltaserve::model {
 namespace {
 
 class DeltaKvModelTest : public testing::DefaultModelTest {
-protected:
-    static Result<std::unique_ptr<InferenceContext>> context(const std::string& policy, float keep,
-                                                             float select = ContextOptions{}.deltakv_select,
-                                                             int32_t score_every = 0,
-                                                             float score_dims = 0.25f,
-                                                             float pin = ContextOptions{}.deltakv_pin) {
+  protected:
+    static Result<std::unique_ptr<InferenceContext>> context(
+        const std::string& policy, float keep, float select = ContextOptions{}.deltakv_select,
+        int32_t score_every = 0, float score_dims = 0.25f,
+        float pin = ContextOptions{}.deltakv_pin) {
         ContextOptions co;
         co.deltakv_pin = pin;
         co.deltakv_select = select;
@@ -79,7 +79,8 @@ TEST_F(DeltaKvModelTest, FirstCallExactThenCompressedAndClose) {
         kl += kl_divergence(la, lb);
     }
     kl /= static_cast<double>(tokens.size() - 1200);
-    std::printf("decode steps: mean KL to full KV %.4f, greedy agreement %d/%d\n", kl, agree, steps);
+    std::printf("decode steps: mean KL to full KV %.4f, greedy agreement %d/%d\n", kl, agree,
+                steps);
     EXPECT_GE(agree, steps * 2 / 3) << agree << "/" << steps;
     // Setup's profile: 0.10 at the default selection (10% and the pins; 0.11 at 20% without
     // pins); with its decoders zeroed (the reference mean alone) 0.17, with their weights
@@ -140,10 +141,14 @@ TEST_F(DeltaKvModelTest, ALargerDecodeSelectionIsCloserToFullKv) {
     EXPECT_GE(paper, 0.0);
     EXPECT_GE(scored, 0.0);
     EXPECT_GE(whole, 0.0);
-    EXPECT_LT(scored, paper) << "KL to full: observation layer's pick " << paper << ", scorers' " << scored;
-    EXPECT_LT(whole, paper) << "KL to full: observation layer's pick " << paper << ", whole keys' " << whole;
-    std::printf("decode KL to full KV: observation layer's pick %.4f, scorers every 3 %.4f (whole keys %.4f)\n",
-                paper, scored, whole);
+    EXPECT_LT(scored, paper) << "KL to full: observation layer's pick " << paper << ", scorers' "
+                             << scored;
+    EXPECT_LT(whole, paper) << "KL to full: observation layer's pick " << paper << ", whole keys' "
+                            << whole;
+    std::printf(
+        "decode KL to full KV: observation layer's pick %.4f, scorers every 3 %.4f (whole keys "
+        "%.4f)\n",
+        paper, scored, whole);
     EXPECT_FALSE(context("deltakv", 0.3f, 0.2f, -1).ok());
     EXPECT_FALSE(context("deltakv", 0.3f, 0.2f, 3, 0.0f).ok());
 }
@@ -155,7 +160,9 @@ TEST_F(DeltaKvModelTest, ALargerDecodeSelectionIsCloserToFullKv) {
 // (pins off) it loses the key after the first digit (setup's profile: answer log-likelihood
 // -3.9 against full KV's -3.4, and -17.6 without pins).
 TEST_F(DeltaKvModelTest, DecodeStepsRecallAPassKeyFromTheCompressedHistory) {
-    const auto tok = [&](const std::string& s) { return *model_->tokenizer->encode(s, false, false); };
+    const auto tok = [&](const std::string& s) {
+        return *model_->tokenizer->encode(s, false, false);
+    };
     std::vector<int32_t> prompt = text_tokens(900);
     const auto needle = tok(" The pass key is 73914. Remember it. 73914 is the pass key. ");
     prompt.insert(prompt.end(), needle.begin(), needle.end());
@@ -189,15 +196,44 @@ TEST_F(DeltaKvModelTest, DecodeStepsRecallAPassKeyFromTheCompressedHistory) {
     const double ll_full = recall(**full, &exact_full);
     const double ll_pinned = recall(**pinned, &exact_pinned);
     const double ll_unpinned = recall(**unpinned, &exact_unpinned);
-    std::printf("pass key log-likelihood: full KV %.2f, DeltaKV %.2f, without pins %.2f\n", ll_full, ll_pinned,
-                ll_unpinned);
+    std::printf("pass key log-likelihood: full KV %.2f, DeltaKV %.2f, without pins %.2f\n", ll_full,
+                ll_pinned, ll_unpinned);
     // Full KV gets every digit (the model may start the answer otherwise than with a space).
     ASSERT_GE(exact_full, static_cast<int>(answer.size()) - 1) << "full KV recalls the key";
     EXPECT_GE(exact_pinned, exact_full) << "DeltaKV recalls it as full KV does";
     EXPECT_GT(ll_pinned, ll_full - 1.0);
     EXPECT_GT(ll_pinned, ll_unpinned + 5.0);
     EXPECT_LE((*pinned)->keep_ratio(), 0.33);
-    EXPECT_FALSE(context("deltakv", 0.3f, 0.2f, 0, 0.25f, 1.0f).ok()) << "pin ratio must be below 1";
+    EXPECT_FALSE(context("deltakv", 0.3f, 0.2f, 0, 0.25f, 1.0f).ok())
+        << "pin ratio must be below 1";
+}
+
+// A server feeds a long prompt in chunks between other sessions' steps. Told that more of
+// the prompt follows (expect_more), DeltaKV keeps it exact and compresses it at its last
+// chunk, as it does a prompt given in one call: every chunk's logits are full KV's, bit for
+// bit, and no chunk reconstructs what an earlier one compressed.
+TEST_F(DeltaKvModelTest, APromptFedInChunksIsCompressedAtItsLastChunk) {
+    const auto prompt = text_tokens(1200);
+    auto full = context("full", 1.0f);
+    auto one = context("deltakv", 0.3f);
+    auto chunked = context("deltakv", 0.3f);
+    ASSERT_TRUE(full.ok() && one.ok() && chunked.ok());
+    ASSERT_TRUE((*one)->eval(prompt).ok());
+    constexpr size_t kChunk = 100;
+    for (size_t at = 0; at < prompt.size(); at += kChunk) {
+        const std::span<const int32_t> piece(prompt.data() + at, kChunk);
+        (*chunked)->expect_more(static_cast<int32_t>(prompt.size() - at - kChunk));
+        auto a = (*full)->eval(piece);
+        auto b = (*chunked)->eval(piece);
+        ASSERT_TRUE(a.ok() && b.ok());
+        ASSERT_EQ(std::vector<float>(a->begin(), a->end()),
+                  std::vector<float>(b->begin(), b->end()))
+            << "the chunk at " << at << " attends the prompt exact";
+        if (at + kChunk < prompt.size())
+            EXPECT_GE((*chunked)->keep_ratio(), 1.0) << "chunk at " << at;
+    }
+    EXPECT_LE((*chunked)->keep_ratio(), 0.33);
+    EXPECT_EQ((*chunked)->kv_bytes(), (*one)->kv_bytes()) << "compressed as the one-call prompt";
 }
 
 TEST_F(DeltaKvModelTest, MissingOrForeignProfileIsAClearError) {
@@ -216,9 +252,11 @@ TEST_F(DeltaKvModelTest, MissingOrForeignProfileIsAClearError) {
 TEST_F(DeltaKvModelTest, ProfileWithNonFiniteWeightsIsAClearError) {
     // A copy of the default profile whose last weight is NaN (little-endian fp32).
     const std::filesystem::path src(testing::default_deltakv_profile());
-    const auto dir = std::filesystem::temp_directory_path() / ("deltakv_nan_" + std::to_string(::getpid()));
+    const auto dir =
+        std::filesystem::temp_directory_path() / ("deltakv_nan_" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir);
-    std::filesystem::copy_file(src, dir / "deltakv.json", std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::copy_file(src, dir / "deltakv.json",
+                               std::filesystem::copy_options::overwrite_existing);
     const auto weights = dir / "deltakv.safetensors";
     std::filesystem::copy_file(src.parent_path() / "deltakv.safetensors", weights,
                                std::filesystem::copy_options::overwrite_existing);
@@ -245,7 +283,8 @@ struct ScratchProfile {
         : dir(std::filesystem::temp_directory_path() / (tag + "_" + std::to_string(::getpid()))) {
         const std::filesystem::path src(testing::default_deltakv_profile());
         std::filesystem::create_directories(dir);
-        std::filesystem::copy_file(src.parent_path() / "deltakv.safetensors", dir / "deltakv.safetensors",
+        std::filesystem::copy_file(src.parent_path() / "deltakv.safetensors",
+                                   dir / "deltakv.safetensors",
                                    std::filesystem::copy_options::overwrite_existing);
         std::ifstream in(src);
         good = nlohmann::json::parse(in);
@@ -266,7 +305,8 @@ TEST_F(DeltaKvModelTest, ProfileWithMalformedKeyErrorsIsAClearError) {
     const ScratchProfile scratch("deltakv_kerr");
     const int32_t n_layers = model_->config.n_layers, per = model_->config.kv_dim() / 2;
     nlohmann::json layers = nlohmann::json::array();
-    for (int32_t l = 0; l < n_layers; ++l) layers.push_back(std::vector<float>(l == 0 ? 0 : per, 0.01f));
+    for (int32_t l = 0; l < n_layers; ++l)
+        layers.push_back(std::vector<float>(l == 0 ? 0 : per, 0.01f));
     auto wrong_count = layers;
     wrong_count.erase(wrong_count.begin());
     auto wrong_size = layers;
@@ -279,8 +319,10 @@ TEST_F(DeltaKvModelTest, ProfileWithMalformedKeyErrorsIsAClearError) {
     co.kv.policy = "deltakv";
     co.kv.keep = 0.3f;
     co.kv_profile = scratch.json_path();
-    for (const auto& [name, value] : {std::pair{"valid", layers}, {"a list missing", wrong_count},
-                                      {"a short list", wrong_size}, {"negative", negative},
+    for (const auto& [name, value] : {std::pair{"valid", layers},
+                                      {"a list missing", wrong_count},
+                                      {"a short list", wrong_size},
+                                      {"negative", negative},
                                       {"not numbers", not_numbers}}) {
         SCOPED_TRACE(name);
         auto j = scratch.good;
@@ -293,7 +335,8 @@ TEST_F(DeltaKvModelTest, ProfileWithMalformedKeyErrorsIsAClearError) {
         }
         ASSERT_FALSE(r.ok());
         EXPECT_EQ(r.error().code(), StatusCode::kInvalidArgument);
-        EXPECT_NE(r.error().message().find("key_error_var"), std::string::npos) << r.error().message();
+        EXPECT_NE(r.error().message().find("key_error_var"), std::string::npos)
+            << r.error().message();
     }
 }
 
@@ -304,8 +347,14 @@ TEST_F(DeltaKvModelTest, ProfileWithSettingsOutOfRangeIsAClearError) {
     co.kv.policy = "deltakv";
     co.kv.keep = 0.3f;
     co.kv_profile = scratch.json_path();
-    for (const auto& [field, value] : {std::pair{"stride", 0}, {"k", 0}, {"m", 0}, {"m", 100000},
-                                       {"D", 100}, {"window", 0}, {"sinks", -1}, {"latent_bits", 3}}) {
+    for (const auto& [field, value] : {std::pair{"stride", 0},
+                                       {"k", 0},
+                                       {"m", 0},
+                                       {"m", 100000},
+                                       {"D", 100},
+                                       {"window", 0},
+                                       {"sinks", -1},
+                                       {"latent_bits", 3}}) {
         SCOPED_TRACE(std::string(field) + " = " + std::to_string(value));
         auto j = scratch.good;
         j[field] = value;
@@ -313,10 +362,12 @@ TEST_F(DeltaKvModelTest, ProfileWithSettingsOutOfRangeIsAClearError) {
         auto r = InferenceContext::create(*model_, co);
         ASSERT_FALSE(r.ok());
         EXPECT_EQ(r.error().code(), StatusCode::kInvalidArgument);
-        EXPECT_NE(r.error().message().find("out of range"), std::string::npos) << r.error().message();
+        EXPECT_NE(r.error().message().find("out of range"), std::string::npos)
+            << r.error().message();
     }
     // The observation layer calibration measured must be a layer of the model.
-    for (const nlohmann::json& value : {nlohmann::json(30), nlohmann::json(-2), nlohmann::json("3")}) {
+    for (const nlohmann::json& value :
+         {nlohmann::json(30), nlohmann::json(-2), nlohmann::json("3")}) {
         SCOPED_TRACE("observation_layer = " + value.dump());
         auto j = scratch.good;
         j["observation_layer"] = value;

@@ -5,6 +5,7 @@
 // tokens an observation layer selected, reconstructing only those.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -162,13 +163,22 @@ class DeltaKvSequenceCache final : public SequenceCache, public SequenceCodec {
                 int32_t n, float* out, int64_t ldo) override;
     void observe(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq,
                  const float* hidden, int64_t ldh, int32_t n) override;
+    // Compresses what the session's size calls for (plan_compression), unless more of the
+    // prompt follows (expect_more): then the chunk stays exact and the prompt is compressed
+    // at its last chunk, as one call's prompt is, whatever the chunking.
     void commit(int32_t n) override;
+    void expect_more(int32_t n_more) override { more_ = std::max(0, n_more); }
     void truncate(int32_t n_keep) override;
     // Full layers, full-precision tokens of the sparse layers, latents with their reference
-    // ids, and the position maps; not the temporary reconstruction slots (freed after each
-    // forward call).
+    // ids, and the position maps; not a chunk's reconstructions (freed at its commit).
     size_t bytes() const override { return bytes_upto(n_tokens_); }
     size_t bytes_bound(int32_t n_tokens) const override;
+    // The prompt's rows of the sparse layers, exact until its last chunk, and one layer's
+    // reconstructions of the region a chunk attends.
+    size_t prefill_bytes_bound(int32_t n_tokens, int32_t n_new) const override;
+    // Bytes of this cache's slot pools in memory now (SlotPool::resident_bytes): what the
+    // system gives it, which bytes() and prefill_bytes_bound() are to bound.
+    size_t resident_bytes() const;
     SequenceCodec* codec() override { return this; }
     // State: the token count, the compressed region's end, the settings a receiver must
     // share, and which tokens of the region are references (a bitmap). A full layer: every
@@ -208,6 +218,12 @@ class DeltaKvSequenceCache final : public SequenceCache, public SequenceCodec {
     const std::vector<int32_t>& pinned() const { return hints_.pins(); }
     // The region's references (exact) the current single-token call's layer group attends.
     const std::vector<int32_t>& selected_exact_positions() const { return selected_; }
+    // The position of each entry of view(layer, n_visible_new).
+    std::vector<int32_t> view_positions(int32_t layer, int32_t n_visible_new) const;
+    // In a chunk, after a sparse layer's store: the region's latent tokens it attends besides
+    // its view, and their rows as reconstructed for that layer (slots 0..n-1).
+    const std::vector<int32_t>& reconstructed_positions() const { return recon_pos_; }
+    kernels::KvView reconstructed_view() const;
     // The latent tokens the last single-token attend() of a sparse layer attended.
     int32_t attended_latent_tokens() const { return attended_latents_; }
 
@@ -250,7 +266,10 @@ class DeltaKvSequenceCache final : public SequenceCache, public SequenceCodec {
     // for fp16), x = Dec + rm against the tokens' x (rows of D).
     void add_errors(int32_t s, const float* x, const float* rm, const float* z,
                     const uint8_t* packed, int64_t nb);
+    // Moves the rows of the sparse pool's highest slots into the holes below and gives the
+    // pages above back (SlotPool::trim), after a compression or truncation freed slots.
     void finish_compression();
+    void compact();
     void drop_plan();
     // The region end a rows state carries instead of one (no region yet).
     static constexpr int32_t kRowsState = -1;
@@ -261,12 +280,13 @@ class DeltaKvSequenceCache final : public SequenceCache, public SequenceCodec {
     // Zeros in every held row: what attention over a layer not yet imported reads.
     void zero_rows();
     Status begin_rows_import(int32_t n);
-    // The current group's selection from offsets into the compressed region (sorted): the
-    // latent tokens apart in a single-token call (n == 1), else temporary slots for them.
+    // The current group's selection from offsets into the compressed region (sorted): its
+    // references (selected_), its latent tokens apart (latent_sel_ in a single-token call,
+    // else recon_pos_, reconstructed a layer at a time).
     void take_selection(const std::vector<int32_t>& idx, int32_t n);
     // attend_chunk(): gives hints_ the attention of the chunk's last queries (rows [n - w, n)
-    // of q) to the compressed region: its reconstructed tokens (pos_b_, slots_b_) and its
-    // references (pos_r_, slots_r_), given lse_a_ (the merged lse) and lse_b_.
+    // of q) to the compressed region (its reconstructed tokens and selected references) and
+    // to the tokens this commit compresses, given lse_a_ (the merged lse) and lse_b_.
     void score_pins(int32_t layer, const kernels::AttentionShape& shape, const float* q,
                     int64_t ldq, int32_t n);
     // attend() of a single token: gives hints_ the logs of the attention weights its latent
@@ -312,8 +332,9 @@ class DeltaKvSequenceCache final : public SequenceCache, public SequenceCodec {
     // lse[i * n_heads + h] += the correction for query i's head h (lse of reconstructed tokens).
     void add_logit_correction(int32_t layer, const kernels::AttentionShape& shape, const float* q,
                               int64_t ldq, int32_t n, float* lse) const;
-    // A chunk over a sparse layer with the correction: the reconstructed tokens attended apart
-    // (every query sees all of them), their lse corrected, merged with the rest of the view.
+    // A chunk over a sparse layer: the reconstructed tokens attended apart (every query sees
+    // all of them), their lse corrected, merged with the view; false when there are none
+    // and no pins to score (the caller attends the view).
     bool attend_chunk(int32_t layer, const kernels::AttentionShape& shape, const float* q,
                       int64_t ldq, int32_t n, float* out, int64_t ldo);
     // x = [K before RoPE; V] of a full-precision token of sparse layer `sl`.
@@ -356,10 +377,14 @@ class DeltaKvSequenceCache final : public SequenceCache, public SequenceCodec {
     int32_t kinds_end_ = 0, rows_latents_ = 0;
     std::vector<int32_t> buffer_from_;
     int32_t n_tokens_ = 0, n_reserved_ = 0;
+    int32_t more_ = 0;      // expect_more: prompt tokens after this call's
     int32_t comp_end_ = 0;  // positions [sinks, comp_end_) are the compressed region
-    // The current group's selection: positions of the region to attend, and the temporary
-    // slot of each (its own sparse slot when it is full precision).
-    std::vector<int32_t> selected_, selected_slot_, temp_slots_;
+    // The current group's selection: the region's references to attend and their slots.
+    std::vector<int32_t> selected_, selected_slot_;
+    // A chunk's selected latent tokens, and their K and V rows (fp16, one sparse layer's at a
+    // time: reconstruct() overwrites them for the next layer) as a KvView's slots 0..n-1.
+    std::vector<int32_t> recon_pos_, recon_slots_;
+    std::vector<uint8_t> recon_k_, recon_v_;
     // The sparse layers before the first full layer (the lead) have no observation layer. A
     // decode step gives them the selection the first observation layer (first_observation_,
     // -1 when there is no lead) made at the previous single-token step, as offsets into the
@@ -369,9 +394,7 @@ class DeltaKvSequenceCache final : public SequenceCache, public SequenceCodec {
     std::vector<int32_t> last_select_;
     // Pins and following (DeltaKvOptions::pin_ratio, follow): scored here, chosen there.
     DeltaKvHints hints_;
-    // pos_b_ / pos_r_: the positions of a chunk's reconstructed tokens (slots_b_) and of the
-    // region's references it attended exactly (slots_r_).
-    std::vector<int32_t> pos_b_, pos_r_;
+    std::vector<int32_t> pin_pos_;  // score_pins: the exact tokens scored
     std::vector<float> lse_b_raw_;  // attend_chunk(): lse_b_ before the logit correction
     // score_follow's scratch: one layer's log weight per latent token it attended.
     std::vector<float> follow_best_;
@@ -391,9 +414,9 @@ class DeltaKvSequenceCache final : public SequenceCache, public SequenceCodec {
     std::vector<int32_t> angle_of_;       // position -> offset in angle_table_, -1 if none
     std::vector<int32_t> angle_pos_;      // the positions that have one
     std::vector<float> angle_table_;
-    // Reconstruction scratch, kept between calls so steps do not allocate: the selection's
-    // compressed tokens, the references' positions (by ordinal), and rows of x.
-    std::vector<int32_t> comp_, z_pos_, ref_pos_;
+    // Reconstruction scratch, kept between calls so steps do not allocate: the references'
+    // positions (by ordinal), and rows of x.
+    std::vector<int32_t> ref_pos_;
     std::vector<const uint8_t*> latent_ptrs_;
     std::vector<float> ref_x_, z_, x_;
     // attend(): the latent tokens' reference rows, V rows of the references, and the two
@@ -403,7 +426,6 @@ class DeltaKvSequenceCache final : public SequenceCache, public SequenceCodec {
     std::vector<const uint16_t*> ref_v_;
     std::vector<float> scores_, out_b_, lse_a_, lse_b_;
     mutable std::vector<int32_t> view_slots_;
-    std::vector<int32_t> slots_a_, slots_b_, slots_r_;
 };
 
 }  // namespace deltaserve::kvstore

@@ -57,6 +57,12 @@ class SequenceCache {
     }
     // Makes n reserved positions part of the sequence (a compressing cache shrinks here).
     virtual void commit(int32_t n) = 0;
+    // Chunked prefill: the caller will append n_more positions of the same prompt right after
+    // the next forward call's, before any token is sampled. A compressing cache may wait for
+    // them and compress the prompt once at its end (DeltaKV: every chunk then attends the
+    // prompt exact, and no chunk reconstructs what an earlier one compressed). Holds for the
+    // next commit only; truncate forgets it. Default: ignored.
+    virtual void expect_more(int32_t n_more) { (void)n_more; }
     // Keeps the first n_keep committed positions (n_keep <= n_tokens()) and gives back every
     // slot past them, reserved ones included: truncate(n_tokens()) undoes a reserve.
     virtual void truncate(int32_t n_keep) = 0;
@@ -69,6 +75,13 @@ class SequenceCache {
     // The most held_bytes() can reach with n_tokens positions: what a node books for a turn that
     // may grow to that length before it admits it.
     virtual size_t bytes_bound(int32_t n_tokens) const = 0;
+    // What held_bytes() may reach beyond bytes_bound(n_tokens) while the last n_new of those
+    // positions are prefilled in chunks (expect_more), until the prompt's last chunk commits:
+    // a node books it for the prefill and gives it back after. Default 0.
+    virtual size_t prefill_bytes_bound(int32_t n_tokens, int32_t n_new) const {
+        (void)n_tokens, (void)n_new;
+        return 0;
+    }
 
     // Paged caches (blocks of a BlockPool: full KV) can share their prefixes. blocks(n): the
     // blocks holding the first n * BlockPool::kBlockTokens committed positions (n at most

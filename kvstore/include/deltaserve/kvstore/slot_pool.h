@@ -26,7 +26,7 @@ struct SlotPoolOptions {
 };
 
 class SlotPool {
-public:
+  public:
     // Errors: kInvalidArgument for bad sizes, kResourceExhausted when the arena cannot be
     // allocated.
     static Result<std::unique_ptr<SlotPool>> create(const SlotPoolOptions& options);
@@ -47,20 +47,30 @@ public:
     uint8_t* v_row(int32_t layer, int32_t slot) { return base(layer, 1) + slot * row_bytes_; }
     const uint8_t* k_base(int32_t layer) const { return base(layer, 0); }
     const uint8_t* v_base(int32_t layer) const { return base(layer, 1); }
-    // Bytes of the arena.
+    // Bytes of the arena: address space, paged in as rows are first written.
     size_t bytes() const { return bytes_; }
+    // Gives the memory of the slots past the highest one in use back to the system, in whole
+    // pages of each layer's K and V (their rows read as zeros until written again). An owner
+    // that frees slots in the middle moves its rows down first (DeltaKvSequenceCache::compact).
+    void trim();
+    // Bytes of the arena in memory now (mincore): what trim() gave back is not counted.
+    size_t resident_bytes() const;
 
-private:
+    ~SlotPool();
+    SlotPool(const SlotPool&) = delete;
+    SlotPool& operator=(const SlotPool&) = delete;
+
+  private:
     explicit SlotPool(const SlotPoolOptions& options);
     uint8_t* base(int32_t layer, int kv) const {
-        return arena_.get() + (static_cast<size_t>(layer) * 2 + kv) * layer_bytes_;
+        return arena_ + (static_cast<size_t>(layer) * 2 + kv) * layer_bytes_;
     }
 
     SlotPoolOptions options_;
     size_t row_bytes_ = 0;
     size_t layer_bytes_ = 0;
     size_t bytes_ = 0;
-    std::unique_ptr<uint8_t[]> arena_;
+    uint8_t* arena_ = nullptr;   // mapped: pages come and go (trim)
     std::vector<int32_t> free_;  // kept sorted descending: back() is the lowest free slot
     std::vector<uint8_t> in_use_;
 };

@@ -94,8 +94,15 @@ class InferenceContext {
     // token id outside the vocabulary.
     virtual Result<std::span<const float>> eval(std::span<const int32_t> tokens) = 0;
 
-    // As eval, but returns the logits of every appended token (tokens.size() x n_vocab).
+    // As eval, but returns the logits of every appended token (tokens.size() x n_vocab):
+    // scoring (perplexity, calibration), so each chunk of n_batch is scored against the history
+    // as a compressing cache holds it after the chunks before it (no expect_more).
     virtual Result<std::vector<float>> eval_all(std::span<const int32_t> tokens) = 0;
+    // A prompt fed in several calls: the next forward call on this context (eval, eval_batch,
+    // a BatchRunner's run) will be followed by n_more tokens of the same prompt before any is
+    // sampled (kvstore::SequenceCache::expect_more). One eval's own chunks of n_batch tell the
+    // cache themselves; eval_all ignores it.
+    virtual void expect_more(int32_t n_more) = 0;
 
     // Tokens in the sequence so far.
     virtual int32_t n_past() const = 0;
@@ -114,6 +121,9 @@ class InferenceContext {
     // The most kv_held_bytes() can reach with n_tokens tokens (capped at n_ctx): what a
     // worker books for a turn before admitting it (kvstore::SequenceCache::bytes_bound).
     virtual size_t kv_bytes_bound(int32_t n_tokens) const = 0;
+    // What kv_held_bytes() may reach beyond that while the last n_new of the n_tokens are
+    // prefilled (kvstore::SequenceCache::prefill_bytes_bound): booked for the prefill only.
+    virtual size_t kv_prefill_bytes_bound(int32_t n_tokens, int32_t n_new) const = 0;
     // Paged KV (the full policy): the block pool, the blocks of the first n_blocks *
     // kBlockTokens tokens, and taking such blocks of another context on the same pool into an
     // empty one (kvstore::SequenceCache::blocks / adopt_blocks). Null, empty and
