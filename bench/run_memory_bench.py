@@ -5,7 +5,8 @@ the decode tokens/s they get together.
 Three servers in turn, on the same GGUF and threads: deltaserve with full KV and with DeltaKV
 (--kv-keep, default 0.3) at the same --kv-memory, and llama-server with as many slots of
 --ctx tokens as that memory holds in fp16 (one slot per session; -np slots -c slots*ctx).
-Each of --clients clients reads a ~8k-token document (--doc-chars) into its own session and
+Each of --clients clients reads its own ~8k-token document (--doc-chars of the FAQ, each starting
+elsewhere, so no two share a prefix) into its own session and
 then asks short questions in it, one after another (--answer tokens each, greedy, streamed).
 deltaserve keeps each session's KV (session_id: only the new message is sent); llama-server
 gets the whole conversation every time and reuses what its slot still holds. A request
@@ -162,9 +163,9 @@ def client(i, port, sessions, doc, a, rec, stop):
         history.append({"role": "user", "content": QUESTIONS[q % len(QUESTIONS)]})
 
 
-def measure(port, a, doc, sessions):
+def measure(port, a, docs, sessions):
     rec, stop = Recorder(), threading.Event()
-    threads = [threading.Thread(target=client, args=(i, port, sessions, doc, a, rec, stop), daemon=True)
+    threads = [threading.Thread(target=client, args=(i, port, sessions, docs[i], a, rec, stop), daemon=True)
                for i in range(a.clients)]
     t0 = time.time()
     for t in threads:
@@ -220,7 +221,11 @@ def main():
     a = ap.parse_args()
 
     budget = parse_size(a.kv_memory)
-    doc = faq_text()[:a.doc_chars]
+    # Each client its own document: a stretch of the FAQ starting elsewhere, so that no two
+    # prompts share a prefix (a server's prefix cache would otherwise compute one for all).
+    text = faq_text()
+    step = max(1, (len(text) - a.doc_chars) // max(1, a.clients))
+    docs = [text[i * step:i * step + a.doc_chars] for i in range(a.clients)]
     per_slot = gguf_kv_bytes_per_token(a.model) * a.ctx
     slots = max(1, budget // per_slot)
     rows = {}
@@ -240,7 +245,7 @@ def main():
             port, stop = start_embedded(a.build, a.model, a.threads, a.ctx, extra)
             sessions = True
         try:
-            rows[arm] = measure(port, a, doc, sessions)
+            rows[arm] = measure(port, a, docs, sessions)
         finally:
             stop()
         print(arm, json.dumps(rows[arm]), flush=True)
