@@ -177,10 +177,9 @@ class DecodeWorkerImpl final : public DecodeWorker {
     void cache_prefix(const Turn& t) {
         if (prefix_ && t.ctx) prefix_->store(t.cached, t.spec.cache_scope, *t.ctx);
     }
-    // Books the most KV a new turn can hold (DecodeOptions::kv_memory), dropping idle
-    // sessions other than its own for it, least recently used first. Under mu_.
-    // Books the KV the turn can grow to, and what prefilling prefill_here of its tokens here
-    // holds until the prompt is in (Turn::prefill_booked).
+    // Books the most KV a new turn can hold (DecodeOptions::kv_memory), and what prefilling
+    // prefill_here of its tokens here holds until the prompt is in (Turn::prefill_booked),
+    // dropping idle sessions other than its own for it, least recently used first. Under mu_.
     Status book_locked(Turn& t, int32_t prefill_here);
     // KV bytes of the sessions no turn runs for, but `except`'s. Under mu_.
     size_t idle_bytes_locked(const std::string& except) const;
