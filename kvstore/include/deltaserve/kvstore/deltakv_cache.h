@@ -266,9 +266,9 @@ class DeltaKvSequenceCache final : public SequenceCache, public SequenceCodec {
     // for fp16), x = Dec + rm against the tokens' x (rows of D).
     void add_errors(int32_t s, const float* x, const float* rm, const float* z,
                     const uint8_t* packed, int64_t nb);
+    void finish_compression();
     // Moves the rows of the sparse pool's highest slots into the holes below and gives the
     // pages above back (SlotPool::trim), after a compression or truncation freed slots.
-    void finish_compression();
     void compact();
     void drop_plan();
     // The region end a rows state carries instead of one (no region yet).
