@@ -321,20 +321,15 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
     const bool remote = shippable_ && n - keep > options_.local_prefill_max;
     DS_RETURN_IF_ERROR(book_locked(*t, remote ? 0 : n - keep));
     std::unique_ptr<model::InferenceContext> held;
-    std::vector<int32_t> held_tokens;
     if (!t->spec.session_id.empty()) {
         Session& s = sessions_[t->spec.session_id];
         s.busy = true;
         s.last_used = now_ms();
         held = std::move(s.ctx);
-        held_tokens = std::move(s.tokens);
+        s.tokens.clear();  // the turn's now; the session gets them back when it ends
     }
     const bool own_kv = held != nullptr;  // the session's
-    if (!held && from_cache) {
-        const int32_t cached = from_cache->n_past();
-        held = std::move(from_cache);
-        held_tokens.assign(t->spec.tokens.begin(), t->spec.tokens.begin() + cached);
-    }
+    if (!held) held = std::move(from_cache);
     TurnPlan plan;
     plan.cached_tokens = keep;
     plan.remote_prefill = remote;

@@ -5,6 +5,7 @@
 // hold its blocks once; nothing stays held after turns end, are cancelled or fail.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <future>
 #include <string>
 #include <string_view>
@@ -151,7 +152,7 @@ class FirstPieceSink : public CollectingSink {
         if (!first_) {
             first_ = true;
             in_.set_value();
-            go_.get_future().wait();
+            go_.get_future().wait_for(std::chrono::seconds(120));  // a failed test lets go
         }
         return CollectingSink::on_piece(piece);
     }
@@ -182,7 +183,8 @@ TEST_F(KvMemoryTest, ADeltaKvPromptBooksItsExactRowsUntilItIsIn) {
     auto sink = std::make_shared<FirstPieceSink>();
     ASSERT_TRUE(decode_->start_turn(testing::greedy_turn(1, prompt, "d", 8), sink).ok());
     EXPECT_EQ(decode_->stats().kv_booked, grows_to + exact) << "while the prompt prefills";
-    sink->in_.get_future().wait();
+    ASSERT_EQ(sink->in_.get_future().wait_for(std::chrono::seconds(120)), std::future_status::ready)
+        << "no piece: the prompt never got in";
     EXPECT_EQ(decode_->stats().kv_booked, grows_to) << "once the prompt is in";
     sink->go_.set_value();
     ASSERT_TRUE(sink->wait().ok());
@@ -197,7 +199,8 @@ TEST_F(KvMemoryTest, ADeltaKvPromptBooksItsExactRowsUntilItIsIn) {
     EXPECT_EQ(decode_->stats().kv_booked,
               static_cast<int64_t>((*probe)->kv_bytes_bound(n2 + 8) +
                                    (*probe)->kv_prefill_bytes_bound(n2, 40)));
-    sink2->in_.get_future().wait();
+    ASSERT_EQ(sink2->in_.get_future().wait_for(std::chrono::seconds(120)),
+              std::future_status::ready);
     sink2->go_.set_value();
     ASSERT_TRUE(sink2->wait().ok());
 }
