@@ -7,7 +7,8 @@ Three servers in turn, on the same GGUF and threads: deltaserve with full KV and
 --ctx tokens as that memory holds in fp16 (one slot per session; -np slots -c slots*ctx).
 Each of --clients clients reads its own ~8k-token document (--doc-chars of the FAQ, each starting
 elsewhere, so no two share a prefix) into its own session and
-then asks short questions in it, one after another (--answer tokens each, greedy, streamed).
+then asks short questions in it, one after another (--answer tokens each, greedy, streamed); a
+conversation that outgrows the context (HTTP 400) starts again on the same document.
 deltaserve keeps each session's KV (session_id: only the new message is sent); llama-server
 gets the whole conversation every time and reuses what its slot still holds. A request
 refused with 429 (KV memory full) is sent again after --retry seconds.
@@ -109,20 +110,24 @@ class Recorder:
         self.mu = threading.Lock()
         self.out, self.ttft = [], []
         self.read = set()
-        self.refused = self.errors = 0
+        self.refused = self.errors = self.restarted = 0
         self.first_error = None
         self.error_kinds = {}  # the errors by their first words (HTTP status, "timed out")
 
 
+def new_session(port, i):
+    session = f"mem-{i}-{int(time.time() * 1000)}"
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request("POST", "/v1/sessions", json.dumps({"id": session}), {"Content-Type": "application/json"})
+    c.getresponse().read()
+    c.close()
+    return session
+
+
 def client(i, port, sessions, doc, a, rec, stop):
-    history = [{"role": "user", "content": doc + "\n\nRead this; I will ask about it."}]
-    session = None
-    if sessions:
-        session = f"mem-{i}-{int(time.time() * 1000)}"
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        c.request("POST", "/v1/sessions", json.dumps({"id": session}), {"Content-Type": "application/json"})
-        c.getresponse().read()
-        c.close()
+    first_message = {"role": "user", "content": doc + "\n\nRead this; I will ask about it."}
+    history = [first_message]
+    session = new_session(port, i) if sessions else None
     sent = 0  # messages deltaserve's session already holds
     q = i
     while not stop.is_set():
@@ -145,6 +150,14 @@ def client(i, port, sessions, doc, a, rec, stop):
                             rec.ttft.append((now, now - t0))
                     first = first or now
         except (OSError, RuntimeError, ValueError) as e:
+            if "HTTP 400" in str(e) and "context" in str(e) and len(history) > 1:
+                # The conversation outgrew the context: a new chat on the same document, as
+                # a user would start one (it is read again).
+                with rec.mu:
+                    rec.restarted += 1
+                history, sent = [first_message], 0
+                session = new_session(port, i) if sessions else None
+                continue
             with rec.mu:
                 if "HTTP 429" in str(e):
                     rec.refused += 1
@@ -190,11 +203,12 @@ def measure(port, a, docs, sessions):
         error_kinds = dict(rec.error_kinds)
         ttft = [v for t, v in rec.ttft if w0 <= t < w1]
         refused = rec.refused - refused0
-        errors, first_error = rec.errors, rec.first_error
+        errors, first_error, restarted = rec.errors, rec.first_error, rec.restarted
     resident = [r for r in resident if r is not None]
     return {"read_before_window": read, "warmup_s": round(w0 - t0, 1), "output_tps": out / (w1 - w0),
             "ttft_p50": pct(ttft, 0.5), "ttft_p90": pct(ttft, 0.9), "questions": len(ttft),
-            "refused_429": refused, "errors": errors, "first_error": first_error, "error_kinds": error_kinds,
+            "refused_429": refused, "errors": errors, "conversations_restarted": restarted,
+            "first_error": first_error, "error_kinds": error_kinds,
             "sessions_resident": max(resident) if resident else None, "peak_rss_mib": peak_rss_mib(port)}
 
 
@@ -255,7 +269,7 @@ def main():
     print("|---|" + "---|" * len(rows))
     for key, fmt in (("output_tps", "{:.1f}"), ("ttft_p50", "{:.2f}"), ("ttft_p90", "{:.2f}"),
                      ("questions", "{}"), ("refused_429", "{}"), ("sessions_resident", "{}"),
-                     ("peak_rss_mib", "{:.0f}"), ("errors", "{}")):
+                     ("peak_rss_mib", "{:.0f}"), ("errors", "{}"), ("conversations_restarted", "{}")):
         cells = [fmt.format(r[key]) if r.get(key) is not None else "--" for r in rows.values()]
         print(f"| {key} | " + " | ".join(cells) + " |")
     if "full" in rows and "deltakv" in rows and rows["full"]["output_tps"] > 0:

@@ -5,61 +5,15 @@
 // hold its blocks once; nothing stays held after turns end, are cancelled or fail.
 #include <gtest/gtest.h>
 
-#include <chrono>
-#include <future>
 #include <string>
-#include <string_view>
 
-#include "decode_turns.h"
-#include "default_model.h"
-#include "deltaserve/decode/decode_worker.h"
-#include "test_paths.h"
+#include "kv_memory_fixture.h"
 
 namespace deltaserve {
 namespace {
 
 using testing::CollectingSink;
-
-constexpr int32_t kBlock = 16;  // kvstore::BlockPool::kBlockTokens
-
-class KvMemoryTest : public testing::DefaultModelTest {
-  protected:
-    // Bytes of one block: every layer's K and V rows of 16 tokens, fp16.
-    size_t block() const {
-        return static_cast<size_t>(kBlock) * model_->config.n_layers * model_->config.kv_dim() * 2 *
-               2;
-    }
-    void start(int32_t blocks, size_t prefix_cache_bytes = 0, int32_t local_prefill_max = 100000,
-               const std::string& policy = "full") {
-        decode::DecodeOptions d;
-        d.context.kv.policy = policy;
-        if (policy == "deltakv") {
-            d.context.kv.keep = 0.3f;
-            d.context.kv_profile = testing::default_deltakv_profile();
-        }
-        d.context.n_ctx = 1024;
-        d.context.n_threads = 2;
-        d.context.n_batch = 256;
-        d.threads = 2;
-        d.kv_memory = block() * static_cast<size_t>(blocks);
-        d.prefix_cache_bytes = prefix_cache_bytes;
-        d.local_prefill_max = local_prefill_max;
-        d.model_id = "m";
-        decode_.reset();
-        auto dw = decode::DecodeWorker::create(*model_, d);
-        ASSERT_TRUE(dw.ok()) << dw.error().to_string();
-        decode_ = std::move(*dw);
-    }
-    void TearDown() override { decode_.reset(); }
-    // Runs a local turn to its end.
-    Result<decode::TurnEnd> run(const decode::TurnSpec& spec) {
-        auto sink = std::make_shared<CollectingSink>();
-        auto plan = decode_->start_turn(spec, sink);
-        if (!plan.ok()) return plan.status();
-        return sink->wait();
-    }
-    std::unique_ptr<decode::DecodeWorker> decode_;
-};
+using testing::KvMemoryTest;
 
 TEST_F(KvMemoryTest, ATurnThatCanNeverFitIsRefusedAndOneThatFitsRuns) {
     start(20);  // 320 tokens
@@ -143,66 +97,6 @@ TEST_F(KvMemoryTest, ATurnRefusedForMemoryDropsNoIdleSession) {
     auto again = run(testing::greedy_turn(4, text_tokens(70, 0, true), "idle", 4));
     ASSERT_TRUE(again.ok()) << again.status().to_string();
     EXPECT_EQ(again->cached_tokens, 60) << "the idle session kept its KV";
-}
-
-// Blocks in its first piece until released: what the worker has booked once the prompt is in.
-class FirstPieceSink : public CollectingSink {
-  public:
-    bool on_piece(std::string_view piece) override {
-        if (!first_) {
-            first_ = true;
-            in_.set_value();
-            go_.get_future().wait_for(std::chrono::seconds(120));  // a failed test lets go
-        }
-        return CollectingSink::on_piece(piece);
-    }
-    std::promise<void> in_, go_;
-
-  private:
-    bool first_ = false;
-};
-
-// A DeltaKV prompt prefilled here stays exact until its last chunk (expect_more): its turn
-// books that beside what its KV can grow to and gives it back once the prompt is in. The
-// session's next turn books the prefill of its new tokens only.
-TEST_F(KvMemoryTest, ADeltaKvPromptBooksItsExactRowsUntilItIsIn) {
-    DS_REQUIRE_FILE(testing::default_deltakv_profile(), "the default model's DeltaKV profile");
-    start(4096, 0, 100000, "deltakv");
-    model::ContextOptions co;
-    co.n_ctx = 1024;
-    co.kv.policy = "deltakv";
-    co.kv.keep = 0.3f;
-    co.kv_profile = testing::default_deltakv_profile();
-    auto probe = model::InferenceContext::create(*model_, co);
-    ASSERT_TRUE(probe.ok()) << probe.error().to_string();
-    const auto prompt = text_tokens(800, 0, true);
-    const int32_t n = static_cast<int32_t>(prompt.size());
-    const auto grows_to = static_cast<int64_t>((*probe)->kv_bytes_bound(n + 8));
-    const auto exact = static_cast<int64_t>((*probe)->kv_prefill_bytes_bound(n, n));
-    EXPECT_GT(exact, grows_to) << "800 tokens exact in 29 of 30 layers";
-    auto sink = std::make_shared<FirstPieceSink>();
-    ASSERT_TRUE(decode_->start_turn(testing::greedy_turn(1, prompt, "d", 8), sink).ok());
-    EXPECT_EQ(decode_->stats().kv_booked, grows_to + exact) << "while the prompt prefills";
-    ASSERT_EQ(sink->in_.get_future().wait_for(std::chrono::seconds(120)), std::future_status::ready)
-        << "no piece: the prompt never got in";
-    EXPECT_EQ(decode_->stats().kv_booked, grows_to) << "once the prompt is in";
-    sink->go_.set_value();
-    ASSERT_TRUE(sink->wait().ok());
-    EXPECT_EQ(decode_->stats().kv_booked, 0);
-    // The next turn of the session: its new tokens only.
-    auto next = prompt;
-    const auto question = text_tokens(40, 2000, true);
-    next.insert(next.end(), question.begin(), question.end());
-    auto sink2 = std::make_shared<FirstPieceSink>();
-    ASSERT_TRUE(decode_->start_turn(testing::greedy_turn(2, next, "d", 8), sink2).ok());
-    const int32_t n2 = static_cast<int32_t>(next.size());
-    EXPECT_EQ(decode_->stats().kv_booked,
-              static_cast<int64_t>((*probe)->kv_bytes_bound(n2 + 8) +
-                                   (*probe)->kv_prefill_bytes_bound(n2, 40)));
-    ASSERT_EQ(sink2->in_.get_future().wait_for(std::chrono::seconds(120)),
-              std::future_status::ready);
-    sink2->go_.set_value();
-    ASSERT_TRUE(sink2->wait().ok());
 }
 
 TEST_F(KvMemoryTest, SessionsSharingASystemPromptHoldItsBlocksOnce) {
