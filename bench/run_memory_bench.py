@@ -4,7 +4,9 @@ the decode tokens/s they get together.
 
 Three servers in turn, on the same GGUF and threads: deltaserve with full KV and with DeltaKV
 (--kv-keep, default 0.3) at the same --kv-memory, and llama-server with as many slots of
---ctx tokens as that memory holds in fp16 (one slot per session; -np slots -c slots*ctx).
+--ctx tokens as that memory holds in fp16 (one slot per session; -np slots -c slots*ctx) and
+no prompt cache in host memory (--cache-ram 0; the arm llama-server-cache-ram keeps its
+default, 8 GiB, which holds idle conversations outside the budget).
 Each of --clients clients reads its own ~8k-token document (--doc-chars of the FAQ, each starting
 elsewhere, so no two share a prefix) into its own session and
 then asks short questions in it, one after another (--answer tokens each, greedy, streamed); a
@@ -230,7 +232,8 @@ def main():
                     help="seconds a request waits for a byte before the client gives up (and the "
                          "server cancels it), as the openai client's default")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--arms", default="full,deltakv,llama-server")
+    ap.add_argument("--arms", default="full,deltakv,llama-server",
+                    help="of full, deltakv, llama-server, llama-server-cache-ram")
     ap.add_argument("--out", default="bench/out/memory.json")
     a = ap.parse_args()
 
@@ -244,13 +247,17 @@ def main():
     slots = max(1, budget // per_slot)
     rows = {}
     for arm in a.arms.split(","):
-        if arm == "llama-server":
+        if arm.startswith("llama-server"):
             server = a.llama_server
             if server is None:
                 bin_dir = subprocess.run([os.path.join(os.path.dirname(__file__), "build_llama_server.sh")],
                                          check=True, capture_output=True, text=True).stdout.strip()
                 server = os.path.join(bin_dir, "llama-server")
-            port, stop = start_llama_server(server, a.model, a.threads, a.ctx, slots)
+            # llama-server keeps prompts of idle slots in host memory besides its slots
+            # (--cache-ram, 8 GiB by default): "llama-server" is held to the budget without
+            # it, "llama-server-cache-ram" runs as it comes.
+            extra = [] if arm == "llama-server-cache-ram" else ["--cache-ram", "0"]
+            port, stop = start_llama_server(server, a.model, a.threads, a.ctx, slots, extra)
             sessions = False
         else:
             extra = ["--kv-memory", a.kv_memory, "--max-sessions", str(4 * a.clients)]

@@ -48,11 +48,12 @@ TOPICS = ["a lighthouse", "a lost key", "the first snow", "a robot gardener", "a
           "a night train", "a quiet library", "a stubborn goat", "a broken clock", "a paper boat"]
 
 
-def start_llama_server(binary, model, threads, ctx, clients):
+def start_llama_server(binary, model, threads, ctx, clients, extra=()):
     port = _free_port()
     p = subprocess.Popen([binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
                           "-tb", str(threads), "-np", str(clients), "-c", str(ctx * clients), "--cont-batching",
-                          "--no-webui", "--log-disable"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                          "--no-webui", "--log-disable", *extra], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while time.time() < deadline:
         if p.poll() is not None:

@@ -556,8 +556,15 @@ void DecodeWorkerImpl::run_loop() {
         }
         // First come, first served (turns_ is keyed by turn id): the earliest prompt takes
         // the step's budget, so prompts finish one after another, not all late together.
+        // Except that a prompt whose rest fits in one pass's chunk (a session's new message,
+        // a resent conversation past its cached prefix) goes before the longer ones: it waits
+        // one pass, not a document's whole prefill, and delays that by its few tokens.
         std::sort(prefilling.begin(), prefilling.end(),
                   [](const auto& a, const auto& b) { return a->arrival < b->arrival; });
+        std::stable_partition(prefilling.begin(), prefilling.end(), [&](const auto& t) {
+            return static_cast<int32_t>(t->spec.tokens.size()) - t->prefilled <=
+                   options_.prefill_chunk;
+        });
         for (auto& t : expired) {
             fail(t,
                  deadline_exceeded("nothing of the turn's KV arrived from the prefill node for " +

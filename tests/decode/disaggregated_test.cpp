@@ -251,6 +251,33 @@ TEST_F(Disaggregated, LocalPromptsPrefillInTheOrderTheyCame) {
     }
 }
 
+// A prompt that fits in one pass's chunk (a question, a session's new message) goes before
+// the longer ones that came first: it does not wait for a document's whole prefill.
+TEST_F(Disaggregated, AShortPromptDoesNotWaitBehindALongOne) {
+    auto c = cluster("inproc", "full", 100000, 64);
+    ASSERT_TRUE(c);
+    std::atomic<int> order{0};
+    struct Ordered : CollectingSink {
+        std::atomic<int>* order = nullptr;
+        int first = -1;
+        bool on_piece(std::string_view p) override {
+            if (first < 0) first = (*order)++;
+            return CollectingSink::on_piece(p);
+        }
+    };
+    auto reader = std::make_shared<Ordered>(), asker = std::make_shared<Ordered>();
+    reader->order = asker->order = &order;
+    // 1200 tokens: 5 passes of 256 at least, 64 a pass once the question generates.
+    ASSERT_TRUE(c->decode->start_turn(greedy_turn(1, prompt(1200), "", 2), reader).ok());
+    ASSERT_TRUE(c->decode->start_turn(greedy_turn(2, prompt(40, 2000), "", 2), asker).ok());
+    for (auto* s : {&asker, &reader}) {
+        auto r = (*s)->wait();
+        ASSERT_TRUE(r.ok()) << r.error().to_string();
+    }
+    EXPECT_EQ(asker->first, 0) << "the 40-token prompt answered first";
+    EXPECT_EQ(reader->first, 1);
+}
+
 // The KV wait is a wait for a sign of the KV, not for all of it: a prompt whose prefill takes
 // longer than the wait but streams its rows (a chunk at a time) is admitted; a turn whose KV
 // never starts fails once the wait ran out, with a clear error.
