@@ -21,7 +21,8 @@
 //        [--n-batch 512] [--reps 1] [--decode-batch 1,8,32 --batch-ctx 200] [--no-repack]
 // --decode-batch B,...: also B sequences of --batch-ctx tokens each decoding together
 // (model::eval_batch, one thread pool, as the decode worker runs them): B x --decode-tokens
-// tokens / seconds, after 2 untimed steps.
+// tokens / seconds, after 2 untimed steps; their KV policy --batch-kv-policy (with
+// --batch-kv-keep and --batch-kv-profile), full KV by default.
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -69,7 +70,12 @@ struct BenchOptions {
     int reps = 1;                       // repeat each measurement, keep the best
     std::vector<int32_t> decode_batch;  // batch sizes for eval_batch; none by default
     int32_t batch_ctx = 200;            // context of each batched sequence
-    bool repack = true;                 // --no-repack: the file's row-major layout
+    // The batched sequences' KV policy (--batch-kv-policy; the single-stream runs stay full KV,
+    // as llama.cpp's): what a node's sessions decode at together with DeltaKV.
+    std::string batch_kv_policy = "full";
+    float batch_kv_keep = 1.0f;
+    std::string batch_kv_profile;
+    bool repack = true;  // --no-repack: the file's row-major layout
 };
 
 // Python's random.Random(seed) for a small int seed: MT19937 seeded by init_by_array({seed}),
@@ -281,9 +287,12 @@ Result<double> measure_batch(const BenchOptions& opts, const Model& model, int32
     PyRandom rng(kSeed);
     const int32_t n_vocab = model.config.n_vocab;
     for (int32_t b = 0; b < batch; ++b) {
-        auto ctx = InferenceContext::create(
-            model,
-            {.n_ctx = n_ctx, .n_threads = opts.threads, .n_batch = opts.n_batch, .threads = pool});
+        deltaserve::model::ContextOptions co{
+            .n_ctx = n_ctx, .n_threads = opts.threads, .n_batch = opts.n_batch, .threads = pool};
+        co.kv.policy = opts.batch_kv_policy;
+        co.kv.keep = opts.batch_kv_keep;
+        co.kv_profile = opts.batch_kv_profile;
+        auto ctx = InferenceContext::create(model, co);
         if (!ctx) return ctx.error();
         std::vector<int32_t> prompt(static_cast<size_t>(opts.batch_ctx));
         for (int32_t& t : prompt) t = rng.randrange(kFirstTokenId, n_vocab);
@@ -309,8 +318,8 @@ Result<double> measure_batch(const BenchOptions& opts, const Model& model, int32
         }
         best = std::max(best, batch * opts.decode_tokens / seconds);
     }
-    std::fprintf(stderr, "[deltaserve] batch %d at context %d: decode %s tok/s\n", batch,
-                 opts.batch_ctx, fmt_rate(best).c_str());
+    std::fprintf(stderr, "[deltaserve] batch %d at context %d (%s): decode %s tok/s\n", batch,
+                 opts.batch_ctx, opts.batch_kv_policy.c_str(), fmt_rate(best).c_str());
     return best;
 }
 
@@ -372,6 +381,8 @@ Result<Json> run(const BenchOptions& opts) {
     if (!opts.decode_batch.empty()) {
         out["decode_batch_tps"] = batch_tps;
         settings["batch_ctx"] = opts.batch_ctx;
+        settings["batch_kv_policy"] = opts.batch_kv_policy;
+        settings["batch_kv_keep"] = opts.batch_kv_keep;
     }
     out["settings"] = settings;
     out["loadavg_start_end"] = {load_avg_start, load_avg_1min()};
@@ -424,7 +435,8 @@ constexpr const char* kUsage =
     "usage: deltaserve-bench-runtime [--model M.gguf] [--threads 2] [--json]\n"
     "       [--prefill-lens 512,2048,8000] [--decode-ctx 128,2048,8000]\n"
     "       [--decode-tokens 64] [--n-batch 512] [--reps 1]\n"
-    "       [--decode-batch 1,8,32] [--batch-ctx 200] [--no-repack]\n";
+    "       [--decode-batch 1,8,32] [--batch-ctx 200] [--no-repack]\n"
+    "       [--batch-kv-policy full] [--batch-kv-keep 1] [--batch-kv-profile deltakv.json]\n";
 
 Result<int> parse_int(const std::string& flag, const std::string& v, int min) {
     char* end = nullptr;
@@ -472,6 +484,16 @@ Status parse_args(int argc, char** argv, BenchOptions& o) {
             DS_ASSIGN_OR_RETURN(o.decode_batch, parse_lens(value));
         } else if (flag == "--batch-ctx") {
             DS_ASSIGN_OR_RETURN(o.batch_ctx, parse_int(flag, value, 1));
+        } else if (flag == "--batch-kv-policy") {
+            o.batch_kv_policy = value;
+        } else if (flag == "--batch-kv-keep") {
+            char* end = nullptr;
+            o.batch_kv_keep = std::strtof(value.c_str(), &end);
+            if (value.empty() || *end != '\0') {
+                return deltaserve::invalid_argument(flag + ": bad value '" + value + "'");
+            }
+        } else if (flag == "--batch-kv-profile") {
+            o.batch_kv_profile = value;
         } else if (flag == "--reps") {
             DS_ASSIGN_OR_RETURN(o.reps, parse_int(flag, value, 1));
         } else {
