@@ -99,9 +99,11 @@ TEST_P(ClusterLinkTest, AnswersLikeServeAndSessionsContinue) {
 }
 
 // A prompt the prefill node needs a while for (1 thread).
-json long_prompt(int max_tokens, bool stream = false) {
+// ~1500 tokens; another subject, another prompt (no prefix the cluster cached before).
+json long_prompt(int max_tokens, bool stream = false, const std::string& subject = "fox") {
     std::string text = "Summarise this: ";
-    for (int i = 0; i < 150; ++i) text += "the quick brown fox jumps over the lazy dog. ";
+    for (int i = 0; i < 150; ++i)
+        text += "the quick brown " + subject + " jumps over the lazy dog. ";
     return chat_body(text, max_tokens, stream);
 }
 
@@ -137,23 +139,34 @@ INSTANTIATE_TEST_SUITE_P(Tls, ClusterLinkTest, ::testing::Values("tcp", ""), [](
 // dead node's partial stream and takes the second one's; the answer is the one a healthy
 // prefill gives.
 TEST_F(ClusterTest, APrefillNodeKilledMidTransferIsRetriedOnAnother) {
+    // The answer a healthy cluster gives, from one of its own: in the cluster below, the
+    // retried turn's blocks are cached, and a second request would reuse them.
+    json expected;
+    {
+        Cluster healthy_cluster;
+        ASSERT_TRUE(healthy_cluster.up()) << healthy_cluster.logs();
+        const HttpResponse healthy =
+            post_chat(healthy_cluster.port(), long_prompt(8, false, "cat"));
+        ASSERT_EQ(healthy.status, 200) << healthy.body << healthy_cluster.logs();
+        expected = json::parse(healthy.body)["choices"][0]["message"]["content"];
+    }
     Cluster cluster(nullptr, 2);
     ASSERT_TRUE(cluster.up()) << cluster.logs();
     const uint16_t port = cluster.port();
-    const HttpResponse healthy = post_chat(port, long_prompt(8));
-    ASSERT_EQ(healthy.status, 200) << healthy.body << cluster.logs();
-    // Both nodes idle: the first in the config (p0) takes the next turn.
-    auto pending = std::async(std::launch::async, [&] { return post_chat(port, long_prompt(8)); });
+    ASSERT_EQ(post_chat(port, long_prompt(8)).status, 200) << cluster.logs();
+    // Both nodes idle: the first in the config (p0) takes the next turn. Another prompt, so
+    // that no cached prefix makes its prefill too short to be killed in.
+    auto pending = std::async(std::launch::async,
+                              [&] { return post_chat(port, long_prompt(8, false, "cat")); });
     std::this_thread::sleep_for(std::chrono::milliseconds(400));
     kill(cluster.prefill(0).pid(), SIGKILL);
     ASSERT_EQ(pending.wait_for(std::chrono::seconds(120)), std::future_status::ready)
         << "the request hangs";
     const HttpResponse r = pending.get();
     ASSERT_EQ(r.status, 200) << r.body << cluster.logs();
-    EXPECT_EQ(json::parse(r.body)["choices"][0]["message"]["content"],
-              json::parse(healthy.body)["choices"][0]["message"]["content"]);
     EXPECT_EQ(cluster.metric("deltaserve_prefill_retries_total"), 1)
         << "p0 finished before it was killed";
+    EXPECT_EQ(json::parse(r.body)["choices"][0]["message"]["content"], expected);
     EXPECT_EQ(cluster.metric("deltaserve_queue_length"), 0);
     EXPECT_EQ(cluster.metric("deltaserve_kv_bytes"), 0);
 }
