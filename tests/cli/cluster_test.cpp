@@ -98,8 +98,8 @@ TEST_P(ClusterLinkTest, AnswersLikeServeAndSessionsContinue) {
     EXPECT_EQ(cluster.decode().stop(), 0);
 }
 
-// A prompt the prefill node needs a while for (1 thread).
-// ~1500 tokens; another subject, another prompt (no prefix the cluster cached before).
+// A prompt the prefill node needs a while for (1 thread): ~1500 tokens. Another subject makes
+// another prompt, which shares no cached block with the first.
 json long_prompt(int max_tokens, bool stream = false, const std::string& subject = "fox") {
     std::string text = "Summarise this: ";
     for (int i = 0; i < 150; ++i)

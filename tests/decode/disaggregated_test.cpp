@@ -219,6 +219,17 @@ TEST_F(Disaggregated, ALongLocalPrefillDoesNotStallGeneratingTurns) {
         << "pieces of the generating turn while the 800-token prompt prefilled (25 passes)";
 }
 
+// Notes where its turn's first piece came among the turns sharing `order`.
+struct Ordered : CollectingSink {
+    explicit Ordered(std::atomic<int>& o) : order(o) {}
+    std::atomic<int>& order;
+    int first = -1;
+    bool on_piece(std::string_view p) override {
+        if (first < 0) first = order++;
+        return CollectingSink::on_piece(p);
+    }
+};
+
 // Prompts prefilled on the decode node go first come, first served: the earliest takes each
 // pass's budget until it is done, so the first answers begin one after another instead of
 // every prompt finishing late together (the turn ids, which order the worker's table, run
@@ -227,18 +238,9 @@ TEST_F(Disaggregated, LocalPromptsPrefillInTheOrderTheyCame) {
     auto c = cluster("inproc", "full", 100000, 64);
     ASSERT_TRUE(c);
     std::atomic<int> order{0};
-    struct Ordered : CollectingSink {
-        std::atomic<int>* order = nullptr;
-        int first = -1;
-        bool on_piece(std::string_view p) override {
-            if (first < 0) first = (*order)++;
-            return CollectingSink::on_piece(p);
-        }
-    };
     std::vector<std::shared_ptr<Ordered>> sinks;
     for (int i = 0; i < 3; ++i) {
-        sinks.push_back(std::make_shared<Ordered>());
-        sinks.back()->order = &order;
+        sinks.push_back(std::make_shared<Ordered>(order));
         ASSERT_TRUE(
             c->decode
                 ->start_turn(greedy_turn(30 - 10 * i, prompt(600, 100 * i), "", 2), sinks.back())
@@ -257,16 +259,7 @@ TEST_F(Disaggregated, AShortPromptDoesNotWaitBehindALongOne) {
     auto c = cluster("inproc", "full", 100000, 64);
     ASSERT_TRUE(c);
     std::atomic<int> order{0};
-    struct Ordered : CollectingSink {
-        std::atomic<int>* order = nullptr;
-        int first = -1;
-        bool on_piece(std::string_view p) override {
-            if (first < 0) first = (*order)++;
-            return CollectingSink::on_piece(p);
-        }
-    };
-    auto reader = std::make_shared<Ordered>(), asker = std::make_shared<Ordered>();
-    reader->order = asker->order = &order;
+    auto reader = std::make_shared<Ordered>(order), asker = std::make_shared<Ordered>(order);
     // 1200 tokens: 5 passes of 256 at least, 64 a pass once the question generates.
     ASSERT_TRUE(c->decode->start_turn(greedy_turn(1, prompt(1200), "", 2), reader).ok());
     ASSERT_TRUE(c->decode->start_turn(greedy_turn(2, prompt(40, 2000), "", 2), asker).ok());
