@@ -16,6 +16,19 @@ namespace k = deltaserve::kernels;
 
 namespace {
 
+// Points a cache's threads at a call's pool for the call, and back after.
+class CallThreads {
+  public:
+    CallThreads(ThreadPool*& slot, ThreadPool& pool) : slot_(slot), saved_(slot) { slot = &pool; }
+    ~CallThreads() { slot_ = saved_; }
+    CallThreads(const CallThreads&) = delete;
+    CallThreads& operator=(const CallThreads&) = delete;
+
+  private:
+    ThreadPool*& slot_;
+    ThreadPool* const saved_;
+};
+
 // Scratch that only grows, so steps of varying sizes neither allocate nor clear it.
 template <class T>
 void grow(std::vector<T>& v, size_t n) {
@@ -162,7 +175,7 @@ DeltaKvSequenceCache::DeltaKvSequenceCache(const DeltaKvProfile& profile,
                                            const DeltaKvOptions& options, ThreadPool& threads)
     : profile_(profile),
       options_(options),
-      threads_(threads),
+      threads_(&threads),
       hints_(DeltaKvHints::Options{options.pin_ratio, options.pin_after, options.pin_before,
                                    options.follow, options.follow_ahead}) {
     layer_index_.resize(static_cast<size_t>(options.n_layers));
@@ -334,7 +347,8 @@ kernels::KvView DeltaKvSequenceCache::reconstructed_view() const {
 
 void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape& shape,
                                    const float* q, int64_t ldq, const float* /*hidden*/,
-                                   int64_t /*ldh*/, int32_t n) {
+                                   int64_t /*ldh*/, int32_t n, ThreadPool& pool) {
+    const CallThreads call(threads_, pool);
     // What this call's commit compresses is known from positions alone: each sparse layer
     // compresses its share here, once its rows are stored and attended, so a prefill node
     // can ship the layer while later layers compute.
@@ -378,7 +392,7 @@ void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape&
         }
         std::vector<float> score(rows.size());
         k::max_head_scores(qmean.data(), shape.n_heads, shape.n_kv_heads, dim, rows.data(), region,
-                           score.data(), threads_);
+                           score.data(), *threads_);
         std::nth_element(idx.begin(), idx.begin() + want, idx.end(), [&](int32_t a, int32_t b) {
             return score[a] != score[b] ? score[a] > score[b] : a > b;
         });
@@ -473,7 +487,7 @@ void DeltaKvSequenceCache::gather_refs(int32_t sl, const std::vector<int32_t>& p
     }
     for (int32_t p : ref_pos_) angles(p);
     grow(ref_x_, ref_pos_.size() * dims);
-    threads_.parallel_for(static_cast<int64_t>(ref_pos_.size()), 32, [&](int64_t b, int64_t e) {
+    threads_->parallel_for(static_cast<int64_t>(ref_pos_.size()), 32, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
             // The rows lie far apart in the pool: ask for a later one while this one is read.
             if (i + 4 < e) {
@@ -517,14 +531,14 @@ void DeltaKvSequenceCache::reconstruct(int32_t layer) {
         grow(z_, static_cast<size_t>(n) * m);
         for (int64_t i = 0; i < n; ++i)
             read_row(k::DType::kF16, latent_ptrs_[i], z_.data() + i * m, m);
-        k::matmul(profile_.layers[layer].wd, z_.data(), m, n, x_.data(), d, threads_);
+        k::matmul(profile_.layers[layer].wd, z_.data(), m, n, x_.data(), d, *threads_);
     }
     // x = Dec(z) + mean of the references, RoPE on K, into the token's row of this layer's
     // reconstructions; int4 latents are decoded a block at a time so the rows stay in cache
     // until written.
     constexpr int64_t kBlock = 16;
     // A single-threaded pool hands over the whole range in one call: blocks are cut here.
-    threads_.parallel_for(n, kBlock, [&](int64_t b_all, int64_t e_all) {
+    threads_->parallel_for(n, kBlock, [&](int64_t b_all, int64_t e_all) {
         thread_local std::vector<float> block;
         const bool int4 = options_.latent_bits == 4;
         for (int64_t b = b_all; b < e_all; b += kBlock) {
@@ -581,13 +595,13 @@ void DeltaKvSequenceCache::latent_scores(int32_t layer, const kernels::Attention
             read_row(k::DType::kF16, latent_ptrs_[i], z_.data() + i * m, m);
         k::WeightMatrix wk = profile_.layers[layer].wd;
         wk.rows = kv_dim;
-        k::matmul(wk, z_.data(), m, n, x_.data(), kv_dim, threads_);
+        k::matmul(wk, z_.data(), m, n, x_.data(), kv_dim, *threads_);
     }
     // A block at a time, while its rows are in cache: K = Dec_k(z) + the mean of the
     // references' K, RoPE, and every head's score.
     constexpr int64_t kBlock = 16;
     DS_CHECK(kk <= 16, "at most 16 references per latent");
-    threads_.parallel_for_affine(n, kBlock, [&](int64_t b_all, int64_t e_all) {
+    threads_->parallel_for_affine(n, kBlock, [&](int64_t b_all, int64_t e_all) {
         thread_local std::vector<float> block;
         for (int64_t b = b_all; b < e_all; b += kBlock) {
             const int64_t e = std::min(e_all, b + kBlock);
@@ -645,7 +659,9 @@ void DeltaKvSequenceCache::latent_scores(int32_t layer, const kernels::Attention
 }
 
 bool DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& shape,
-                                  const float* q, int64_t ldq, int32_t n, float* out, int64_t ldo) {
+                                  const float* q, int64_t ldq, int32_t n, float* out, int64_t ldo,
+                                  ThreadPool& pool) {
+    const CallThreads call(threads_, pool);
     if (n > 1) return attend_chunk(layer, shape, q, ldq, n, out, ldo);
     if (options_.full_layer[layer] || latent_sel_.empty()) return false;
     DS_CHECK(n == 1, "latent tokens are selected for single-token calls only");
@@ -653,7 +669,7 @@ bool DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& 
     lse_a_.resize(heads);
     lse_b_.resize(heads);
     out_b_.resize(heads * shape.head_dim);
-    k::attention(shape, view(layer, 1), q, ldq, 1, out, ldo, threads_, lse_a_.data());
+    k::attention(shape, view(layer, 1), q, ldq, 1, out, ldo, *threads_, lse_a_.data());
     // A scorer scores every latent token of the region, then attends its pick as the layers
     // after it do.
     const bool picks = options_.score_every > 0 && scorer_[layer];
@@ -682,7 +698,7 @@ bool DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& 
     t.ref_slots = options_.k;
     t.ref_v = ref_v_.data();
     t.n_refs = static_cast<int64_t>(ref_v_.size());
-    k::latent_attention(shape, t, out_b_.data(), lse_b_.data(), threads_);
+    k::latent_attention(shape, t, out_b_.data(), lse_b_.data(), *threads_);
     if (options_.follow > 0) lse_b_raw_ = lse_b_;
     add_logit_correction(layer, shape, q, ldq, 1, lse_b_.data());
     k::merge_attention(out, lse_a_.data(), out_b_.data(), lse_b_.data(), shape.n_heads,
@@ -781,11 +797,11 @@ bool DeltaKvSequenceCache::attend_chunk(int32_t layer, const kernels::AttentionS
     // view(): the sinks, the selection's references, the buffer and the new tokens; the
     // selection's reconstructed tokens are attended apart (every query sees all of them),
     // their lse corrected, and merged.
-    k::attention(shape, view(layer, n), q, ldq, n, out, ldo, threads_, lse_a_.data());
+    k::attention(shape, view(layer, n), q, ldq, n, out, ldo, *threads_, lse_a_.data());
     if (!recon_pos_.empty()) {
         lse_b_.resize(rows);
         out_b_.resize(rows * shape.head_dim);
-        k::attention(shape, reconstructed_view(), q, ldq, n, out_b_.data(), ldo, threads_,
+        k::attention(shape, reconstructed_view(), q, ldq, n, out_b_.data(), ldo, *threads_,
                      lse_b_.data(), /*causal=*/false);
         if (pins) lse_b_raw_ = lse_b_;
         add_logit_correction(layer, shape, q, ldq, n, lse_b_.data());
@@ -822,7 +838,7 @@ void DeltaKvSequenceCache::score_pins(int32_t layer, const kernels::AttentionSha
         mass.assign(static_cast<size_t>(nh) * nb, 0.0f);
         k::attention_mass(q + static_cast<int64_t>(n - w) * ldq, ldq, w, shift.data(), nh,
                           shape.n_kv_heads, shape.head_dim, shape.scale, rows.data(), nb,
-                          mass.data(), threads_);
+                          mass.data(), *threads_);
         hints_.add_pin_mass(pos, mass.data(), nh, end);
     };
     // The region's reconstructed tokens.
@@ -1013,10 +1029,10 @@ void DeltaKvSequenceCache::compress_layer(int32_t s) {
         std::vector<float> scratch(static_cast<size_t>(2 * nb * profile_.layers[0].w1.rows));
         // A reference's ordinal is its index in ref_pos: the sinks, then ref_list_.
         std::vector<uint16_t> chosen(static_cast<size_t>(nb) * kk);
-        threads_.parallel_for(static_cast<int64_t>(ref_pos.size()), 16, [&](int64_t b, int64_t e) {
+        threads_->parallel_for(static_cast<int64_t>(ref_pos.size()), 16, [&](int64_t b, int64_t e) {
             for (int64_t i = b; i < e; ++i) load_x(s, ref_pos[i], ref_x.data() + i * d);
         });
-        threads_.parallel_for(nb, 8, [&](int64_t b, int64_t e) {
+        threads_->parallel_for(nb, 8, [&](int64_t b, int64_t e) {
             std::vector<int32_t> near(static_cast<size_t>(kk));
             for (int64_t i = b; i < e; ++i) {
                 float* xi = x.data() + i * d;
@@ -1039,7 +1055,7 @@ void DeltaKvSequenceCache::compress_layer(int32_t s) {
         });
         if (nb > 0) {
             k::deltakv_encode_residual(profile_.layers[sparse_layers_[s]], x.data(), rm.data(), nb,
-                                       z.data(), scratch.data(), threads_);
+                                       z.data(), scratch.data(), *threads_);
         }
         const size_t at = lat.size();
         lat.resize(at + static_cast<size_t>(nb) * lb);

@@ -19,7 +19,7 @@ void DeltaKvSequenceCache::add_errors(int32_t s, const float* x, const float* rm
     const size_t at = err.size();
     err.resize(at + 2 * static_cast<size_t>(nb));
     const size_t lb = latent_bytes();
-    threads_.parallel_for(nb, 16, [&](int64_t b, int64_t e) {
+    threads_->parallel_for(nb, 16, [&](int64_t b, int64_t e) {
         std::vector<float> out(static_cast<size_t>(d));
         for (int64_t i = b; i < e; ++i) {
             // As a reconstruction gets it: int4 latents through the int8 decoder.
@@ -28,7 +28,8 @@ void DeltaKvSequenceCache::add_errors(int32_t s, const float* x, const float* rm
                 k::deltakv_decode_int4(profile_.int4[layer], &row, 1, out.data(), d);
                 for (int32_t t = 0; t < d; ++t) out[t] += rm[i * d + t];
             } else {
-                k::deltakv_decode(profile_.layers[layer], z + i * profile_.m, rm + i * d, out.data());
+                k::deltakv_decode(profile_.layers[layer], z + i * profile_.m, rm + i * d,
+                                  out.data());
             }
             double ek = 0.0, ev = 0.0;
             for (int32_t t = 0; t < d; ++t) {
@@ -43,12 +44,14 @@ void DeltaKvSequenceCache::add_errors(int32_t s, const float* x, const float* rm
 
 int32_t DeltaKvSequenceCache::exact_judges() const {
     const auto n = static_cast<int32_t>(sparse_layers_.size());
-    return std::clamp(static_cast<int32_t>(std::ceil(options_.exact_depth * static_cast<float>(n))), 1, n);
+    return std::clamp(static_cast<int32_t>(std::ceil(options_.exact_depth * static_cast<float>(n))),
+                      1, n);
 }
 
 bool DeltaKvSequenceCache::plan_decided() const {
     const int32_t judges = exact_judges();
-    return std::find(plan_done_.begin(), plan_done_.begin() + judges, uint8_t{0}) == plan_done_.begin() + judges;
+    return std::find(plan_done_.begin(), plan_done_.begin() + judges, uint8_t{0}) ==
+           plan_done_.begin() + judges;
 }
 
 bool DeltaKvSequenceCache::exact_pending() const {
@@ -56,7 +59,8 @@ bool DeltaKvSequenceCache::exact_pending() const {
 }
 
 size_t DeltaKvSequenceCache::exact_count(size_t n) const {
-    const double want = exact_carry_ + static_cast<double>(options_.exact_share) * static_cast<double>(n);
+    const double want =
+        exact_carry_ + static_cast<double>(options_.exact_share) * static_cast<double>(n);
     return std::min(n, static_cast<size_t>(want));
 }
 
@@ -64,7 +68,8 @@ void DeltaKvSequenceCache::keep_worst_exact() {
     const size_t n = plan_tokens_.size();
     if (options_.exact_share <= 0.0f || n == 0) return;
     const size_t n_exact = exact_count(n);
-    exact_carry_ += static_cast<double>(options_.exact_share) * static_cast<double>(n) - static_cast<double>(n_exact);
+    exact_carry_ += static_cast<double>(options_.exact_share) * static_cast<double>(n) -
+                    static_cast<double>(n_exact);
     if (n_exact == 0) return;
     // A token's badness: per judging layer, its K error over the plan's mean K error, plus the
     // same for V.
@@ -82,8 +87,9 @@ void DeltaKvSequenceCache::keep_worst_exact() {
     }
     std::vector<size_t> order(n);
     std::iota(order.begin(), order.end(), size_t{0});
-    std::partial_sort(order.begin(), order.begin() + static_cast<int64_t>(n_exact), order.end(),
-                      [&](size_t a, size_t b) { return bad[a] > bad[b] || (bad[a] == bad[b] && a < b); });
+    std::partial_sort(
+        order.begin(), order.begin() + static_cast<int64_t>(n_exact), order.end(),
+        [&](size_t a, size_t b) { return bad[a] > bad[b] || (bad[a] == bad[b] && a < b); });
     std::vector<uint8_t> exact(n, 0);
     for (size_t j = 0; j < n_exact; ++j) exact[order[j]] = 1;
     // The plan's latents name references by ordinal (the position order of every reference):
@@ -106,7 +112,8 @@ void DeltaKvSequenceCache::keep_worst_exact() {
         size_t w = 0;
         for (size_t j = 0; j < n; ++j) {
             if (exact[j]) continue;
-            std::copy_n(lat.begin() + static_cast<int64_t>(j * lb), lb, lat.begin() + static_cast<int64_t>(w * lb));
+            std::copy_n(lat.begin() + static_cast<int64_t>(j * lb), lb,
+                        lat.begin() + static_cast<int64_t>(w * lb));
             for (size_t r = 0; r < kk; ++r) {
                 const uint16_t o = refs[j * kk + r];
                 refs[w * kk + r] = o == kNoRef ? kNoRef : renumber[o];

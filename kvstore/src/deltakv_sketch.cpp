@@ -45,8 +45,10 @@ void DeltaKvSequenceCache::sketch_pick(int32_t layer, const kernels::AttentionSh
     }
     // Rows: every kept pair's first dimension (KV head by KV head), then every second one.
     const int32_t n_pairs = n_kv * pairs, rows = 2 * n_pairs;
-    for (int32_t p = 0; p < n_pairs; ++p) sketch_rows_.push_back(p / pairs * hd + dim_a(sketch_pair_[p]));
-    for (int32_t p = 0; p < n_pairs; ++p) sketch_rows_.push_back(p / pairs * hd + dim_b(sketch_pair_[p]));
+    for (int32_t p = 0; p < n_pairs; ++p)
+        sketch_rows_.push_back(p / pairs * hd + dim_a(sketch_pair_[p]));
+    for (int32_t p = 0; p < n_pairs; ++p)
+        sketch_rows_.push_back(p / pairs * hd + dim_b(sketch_pair_[p]));
     k::int4_decoder_rows(profile_.int4_k[layer], sketch_rows_.data(), rows, sketch_dec_);
 
     // The references' keys (de-RoPEd) in those dimensions.
@@ -94,7 +96,7 @@ void DeltaKvSequenceCache::sketch_pick(int32_t layer, const kernels::AttentionSh
     const int64_t n = static_cast<int64_t>(latent_sel_.size());
     top_score_.resize(static_cast<size_t>(n));
     constexpr int64_t kBlock = 16;
-    threads_.parallel_for(n, kBlock, [&](int64_t b_all, int64_t e_all) {
+    threads_->parallel_for(n, kBlock, [&](int64_t b_all, int64_t e_all) {
         thread_local std::vector<float> block, turn;
         block.resize(static_cast<size_t>(kBlock) * rows);
         turn.resize(static_cast<size_t>(4) * n_pairs);
@@ -124,7 +126,8 @@ void DeltaKvSequenceCache::sketch_pick(int32_t layer, const kernels::AttentionSh
                 }
                 k::add_mean_rows(xa, rx, nr, rows);
                 if (pos >= p0 && pos - p0 < kNear) {  // (p0 + d) theta, from the two angles
-                    const float* nc = sketch_near_.data() + static_cast<size_t>(pos - p0) * 2 * n_pairs;
+                    const float* nc =
+                        sketch_near_.data() + static_cast<size_t>(pos - p0) * 2 * n_pairs;
                     const float* ns = nc + n_pairs;
                     for (int32_t p = 0; p < n_pairs; ++p) {
                         cos[p] = first_c[p] * nc[p] - first_s[p] * ns[p];

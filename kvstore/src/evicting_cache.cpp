@@ -31,8 +31,8 @@ class PoolUnitView final : public UnitView {
 
 EvictingSequenceCache::EvictingSequenceCache(HeadSlotPool& pool,
                                              std::unique_ptr<EvictionPolicy> policy,
-                                             const EvictionConfig& config, ThreadPool& threads)
-    : pool_(pool), policy_(std::move(policy)), config_(config), threads_(threads) {
+                                             const EvictionConfig& config)
+    : pool_(pool), policy_(std::move(policy)), config_(config) {
     units_.resize(static_cast<size_t>(pool_.n_units()));
     lists_.resize(static_cast<size_t>(pool_.options().n_kv_heads));
     counts_.resize(lists_.size());
@@ -117,7 +117,7 @@ kernels::KvView EvictingSequenceCache::view(int32_t layer, int32_t n_visible_new
 
 void EvictingSequenceCache::observe(int32_t layer, const kernels::AttentionShape& shape,
                                     const float* q, int64_t ldq, const float* hidden, int64_t ldh,
-                                    int32_t n) {
+                                    int32_t n, ThreadPool& threads) {
     const AttentionStat stat = policy_->stat();
     if (stat == AttentionStat::kNone) return;
     if (!policy_->continual() && n == 1)
@@ -148,7 +148,7 @@ void EvictingSequenceCache::observe(int32_t layer, const kernels::AttentionShape
     }
     const int32_t first = stat == AttentionStat::kAllQueries ? 0 : std::max(0, n - window);
     kernels::attention_column_sums(shape, v, q, ldq, n, first, squared ? 2 : 1, sums.data(),
-                                   threads_);
+                                   threads);
 }
 
 void EvictingSequenceCache::commit(int32_t n) {

@@ -127,38 +127,39 @@ void Forward::attention_layer(int32_t layer, std::span<const SequenceInput> batc
     if (attention_tap_) attention_tap_(layer, xn_.data(), d, q_.data(), qd, k_.data(), kvd, n);
     k::AttentionShape shape{cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim,
                             1.0f / std::sqrt(static_cast<float>(cfg_.head_dim))};
-    // Caches that attend themselves (DeltaKV's decode steps) do it here; the others'
-    // attention over their views runs after: a prefill chunk over the whole pool, and the
-    // one-token steps of a batch together, one sequence per thread (alone, a short one would
-    // keep the other threads idle).
-    views_.clear();
-    decoding_.clear();
+    // Every sequence's new rows in, then its attention and observation. A chunk's run over
+    // the whole pool, one sequence after another. A batch's one-token steps run side by side,
+    // one sequence per thread, when there are at least as many as threads (alone, a short
+    // one would keep the other threads idle): the caches that attend themselves (DeltaKV's
+    // selection, reconstruction and latent attention) as well as the views of the others.
+    first_row_.clear();
+    steps_.clear();
     int64_t row = 0;
-    for (const auto& s : batch) {
-        const int32_t ns = static_cast<int32_t>(s.tokens.size());
-        s.cache->store(layer, 0, ns, k_.data() + row * kvd, v_.data() + row * kvd, kvd);
-        const float* q = q_.data() + row * qd;
-        float* out = attn_.data() + row * qd;
-        if (!s.cache->attend(layer, shape, q, qd, ns, out, qd)) {
-            const ViewAttention job{s.cache->view(layer, ns), q, out, ns, s.cache->n_tokens()};
-            (ns == 1 ? decoding_ : views_).push_back(job);
-        }
+    for (size_t i = 0; i < batch.size(); ++i) {
+        const int32_t ns = static_cast<int32_t>(batch[i].tokens.size());
+        batch[i].cache->store(layer, 0, ns, k_.data() + row * kvd, v_.data() + row * kvd, kvd);
+        first_row_.push_back(row);
+        if (ns == 1) steps_.push_back(i);
         row += ns;
     }
-    for (const ViewAttention& job : views_) attend_view(job, pool_);
-    if (decoding_.size() == 1) {
-        attend_view(decoding_[0], pool_);
+    const auto attend = [&](size_t i, ThreadPool& pool) {
+        kvstore::SequenceCache& cache = *batch[i].cache;
+        const int32_t ns = static_cast<int32_t>(batch[i].tokens.size());
+        const float* q = q_.data() + first_row_[i] * qd;
+        float* out = attn_.data() + first_row_[i] * qd;
+        if (!cache.attend(layer, shape, q, qd, ns, out, qd, pool))
+            attend_view({cache.view(layer, ns), q, out, ns, cache.n_tokens()}, pool);
+        cache.observe(layer, shape, q, qd, xn_.data() + first_row_[i] * d, d, ns, pool);
+    };
+    for (size_t i = 0; i < batch.size(); ++i) {
+        if (batch[i].tokens.size() != 1) attend(i, pool_);
+    }
+    if (steps_.size() < static_cast<size_t>(pool_.size())) {
+        for (size_t i : steps_) attend(i, pool_);
     } else {
-        pool_.parallel_for(static_cast<int64_t>(decoding_.size()), 1, [&](int64_t b, int64_t e) {
-            for (int64_t i = b; i < e; ++i)
-                attend_view(decoding_[static_cast<size_t>(i)], one_thread_);
+        pool_.parallel_for(static_cast<int64_t>(steps_.size()), 1, [&](int64_t b, int64_t e) {
+            for (int64_t j = b; j < e; ++j) attend(steps_[static_cast<size_t>(j)], one_thread_);
         });
-    }
-    row = 0;
-    for (const auto& s : batch) {
-        const int32_t ns = static_cast<int32_t>(s.tokens.size());
-        s.cache->observe(layer, shape, q_.data() + row * qd, qd, xn_.data() + row * d, d, ns);
-        row += ns;
     }
     k::matmul(w.wo, attn_.data(), qd, n, tmp_.data(), d, pool_);
     k::add_inplace(x_.data(), tmp_.data(), n * d);

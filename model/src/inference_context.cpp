@@ -51,7 +51,7 @@ class InferenceContextImpl final : public InferenceContext {
                                             *parts_.profile, parts_.deltakv, *threads_));
         } else if (parts_.policy) {
             cache_ = std::make_unique<kvstore::EvictingSequenceCache>(
-                *parts_.head_slots, std::move(parts_.policy), options_.kv, *threads_);
+                *parts_.head_slots, std::move(parts_.policy), options_.kv);
         } else {
             cache_ = std::make_unique<kvstore::FullSequenceCache>(parts_.blocks, options_.n_ctx);
         }

@@ -77,7 +77,7 @@ struct Data {
         false;  // layer 2 gets layer 1's K and V (and compressors: after_first_chunk)
     std::vector<int32_t> loud;  // positions whose keys are 4x as long (in every layer)
 
-    void chunk(DeltaKvSequenceCache& c, int32_t n) {
+    void chunk(DeltaKvSequenceCache& c, int32_t n, ThreadPool& threads) {
         ASSERT_TRUE(c.reserve(n).ok());
         const int32_t p0 = c.n_tokens();
         for (int32_t i = 0; i < n; ++i) {
@@ -108,7 +108,7 @@ struct Data {
             if (c.compressed_tokens() == 0) {
                 ASSERT_EQ(v.n, p0 + n) << "nothing compressed yet: every token";
             }
-            c.observe(l, kShape, q.data(), kHeads * kHeadDim, nullptr, 0, n);
+            c.observe(l, kShape, q.data(), kHeads * kHeadDim, nullptr, 0, n, threads);
         }
         c.commit(n);
     }
@@ -129,9 +129,9 @@ TEST(DeltaKvCache, CompressesTheOldestWindowWhenTheBufferDoubles) {
     auto c = DeltaKvSequenceCache::create(p, options(), threads);
     ASSERT_TRUE(c.ok()) << c.error().to_string();
     Data data;
-    data.chunk(**c, 15);
+    data.chunk(**c, 15, threads);
     EXPECT_EQ((*c)->compressed_tokens(), 0) << "buffer of 11 < 2 x 8";
-    data.chunk(**c, 25);  // 40 tokens: region grows to [4, 28), buffer [28, 40)
+    data.chunk(**c, 25, threads);  // 40 tokens: region grows to [4, 28), buffer [28, 40)
     // References in [4, 28): 4, 9, 14, 19, 24; the other 19 are latents.
     EXPECT_EQ((*c)->compressed_tokens(), 19);
     const size_t row = kKvDim * 2 * 2;
@@ -164,8 +164,8 @@ TEST(DeltaKvCache, AKeepTargetFillsTheRoomWithRecentTokensAndIsNeverExceeded) {
         // One token at a time, or chunks that compress several blocks at once.
         const int32_t step = share > 0.0f ? 25 : 1;
         for (int32_t n = 0; n < 400; n += step) {
-            da.chunk(**a, step);
-            db.chunk(**b, step);
+            da.chunk(**a, step, threads);
+            db.chunk(**b, step, threads);
             if (HasFatalFailure()) return;
             const double full = static_cast<double>(full_fp16_bytes(n + step, kLayers, kKvDim));
             ratio_a = (*a)->bytes() / full;
@@ -234,7 +234,7 @@ TEST(DeltaKvCache, DecodeStepAttendsSelectedTokensReconstructedFromTheirNearestR
         auto made = DeltaKvSequenceCache::create(p, o, threads);
         ASSERT_TRUE(made.ok());
         DeltaKvSequenceCache& c = **made;
-        data.chunk(c, 40);
+        data.chunk(c, 40, threads);
         ASSERT_EQ(c.compressed_tokens(), run >= 3 ? 18 : 19);
 
         // One decode step at position 40, checked layer by layer from inside.
@@ -314,8 +314,8 @@ TEST(DeltaKvCache, DecodeStepAttendsSelectedTokensReconstructedFromTheirNearestR
             k::rope(kk.data(), kKvHeads, kHeadDim, 40, 10000.0f, k::RopeStyle::kInterleaved);
             c.store(l, 0, 1, kk.data(), vv.data(), kKvDim);
             std::vector<float> got(kHeads * kHeadDim);
-            const bool attended =
-                c.attend(l, kShape, q.data(), kHeads * kHeadDim, 1, got.data(), kHeads * kHeadDim);
+            const bool attended = c.attend(l, kShape, q.data(), kHeads * kHeadDim, 1, got.data(),
+                                           kHeads * kHeadDim, threads);
             if (l == 0) {
                 EXPECT_FALSE(attended) << "a full layer: the caller attends its view";
                 EXPECT_EQ(c.view(l, 1).n, 41) << "a full layer sees every token";
@@ -355,7 +355,7 @@ TEST(DeltaKvCache, DecodeStepAttendsSelectedTokensReconstructedFromTheirNearestR
                     }
                 }
             }
-            c.observe(l, kShape, q.data(), kHeads * kHeadDim, nullptr, 0, 1);
+            c.observe(l, kShape, q.data(), kHeads * kHeadDim, nullptr, 0, 1, threads);
         }
         c.commit(1);
         EXPECT_EQ(c.n_tokens(), 41);
@@ -387,7 +387,7 @@ void after_first_chunk(AfterFirstChunk& s, uint32_t seed, bool key_errors, const
     auto made = DeltaKvSequenceCache::create(s.p, o, s.threads);
     ASSERT_TRUE(made.ok());
     s.cache = std::move(*made);
-    s.data.chunk(*s.cache, 40);
+    s.data.chunk(*s.cache, 40, s.threads);
     ASSERT_EQ(s.cache->compressed_tokens(), 19);
     ASSERT_TRUE(s.cache->reserve(n).ok());
     s.kk.resize(static_cast<size_t>(n) * kKvDim);
@@ -422,7 +422,7 @@ TEST(DeltaKvCache, AChunkAttendsTheWholeCompressedRegionUnlessCapped) {
                 EXPECT_EQ(c.reconstructed_view().n, static_cast<int32_t>(rebuilt.size()));
                 for (int32_t p : rebuilt) EXPECT_TRUE(p >= 4 && p < 28 && (p - 4) % 5 != 0) << p;
             }
-            c.observe(l, kShape, q.data(), kHeads * kHeadDim, nullptr, 0, kNew);
+            c.observe(l, kShape, q.data(), kHeads * kHeadDim, nullptr, 0, kNew, s.threads);
         }
         c.commit(kNew);
         EXPECT_EQ(c.n_tokens(), 40 + kNew);
@@ -446,7 +446,7 @@ TEST(DeltaKvCache, SparseLayersBeforeTheFirstFullLayerAttendTheWholeRegion) {
         const int32_t want = l < 2 ? 44 : 4 + 10 + 12 + kNew;
         const int32_t rebuilt = static_cast<int32_t>(c.reconstructed_positions().size());
         EXPECT_EQ(c.view(l, kNew).n + (l == 1 ? 0 : rebuilt), want) << "layer " << l;
-        c.observe(l, kShape, s.q.data(), kHeads * kHeadDim, nullptr, 0, kNew);
+        c.observe(l, kShape, s.q.data(), kHeads * kHeadDim, nullptr, 0, kNew, s.threads);
     }
     c.commit(kNew);
     // Decode steps. The first: layer 0 sees sinks, the region's references, the buffer and
@@ -467,11 +467,11 @@ TEST(DeltaKvCache, SparseLayersBeforeTheFirstFullLayerAttendTheWholeRegion) {
                 lead_selected.push_back(c.selected_latent_tokens());
                 std::vector<float> out(kHeads * kHeadDim);
                 EXPECT_TRUE(c.attend(0, kShape, s.q.data(), kHeads * kHeadDim, 1, out.data(),
-                                     kHeads * kHeadDim));
+                                     kHeads * kHeadDim, s.threads));
                 for (float x : out) ASSERT_TRUE(std::isfinite(x));
             }
             if (l == 2) observed_selected.push_back(c.selected_latent_tokens());
-            c.observe(l, kShape, s.q.data(), kHeads * kHeadDim, nullptr, 0, 1);
+            c.observe(l, kShape, s.q.data(), kHeads * kHeadDim, nullptr, 0, 1, s.threads);
         }
         c.commit(1);
     }
@@ -510,7 +510,7 @@ TEST(DeltaKvCache, AScorerPicksWhatItAndTheLayersAfterItAttend) {
             ASSERT_NO_FATAL_FAILURE(after_first_chunk(s[i], 3, false, *o[i], kNew));
             for (int32_t l = 0; l < kLayers; ++l) {
                 s[i].cache->store(l, 0, kNew, s[i].kk.data(), s[i].vv.data(), kKvDim);
-                s[i].cache->observe(l, kShape, s[i].q.data(), kLd, nullptr, 0, kNew);
+                s[i].cache->observe(l, kShape, s[i].q.data(), kLd, nullptr, 0, kNew, s[i].threads);
             }
             s[i].cache->commit(kNew);
             ASSERT_TRUE(s[i].cache->reserve(1).ok());
@@ -526,12 +526,13 @@ TEST(DeltaKvCache, AScorerPicksWhatItAndTheLayersAfterItAttend) {
             for (int32_t l = 0; l < kLayers; ++l) {
                 c.store(l, 0, 1, s[i].kk.data(), s[i].vv.data(), kKvDim);
                 if (l == 0) {
-                    c.observe(l, kShape, s[i].q.data(), kLd, nullptr, 0, 1);
+                    c.observe(l, kShape, s[i].q.data(), kLd, nullptr, 0, 1, s[i].threads);
                     continue;
                 }
                 std::vector<float>& got = out[i][l - 1];
                 got.resize(kLd);
-                ASSERT_TRUE(c.attend(l, kShape, s[i].q.data(), kLd, 1, got.data(), kLd));
+                ASSERT_TRUE(
+                    c.attend(l, kShape, s[i].q.data(), kLd, 1, got.data(), kLd, s[i].threads));
                 attended[i][l - 1] = c.attended_latent_tokens();
             }
         }
@@ -580,7 +581,7 @@ TEST(DeltaKvCache, AScorersSketchKeepsThePairsWhereTheQueryIs) {
         ASSERT_NO_FATAL_FAILURE(after_first_chunk(s, 5, false, o, kNew));
         for (int32_t l = 0; l < kLayers; ++l) {
             s.cache->store(l, 0, kNew, s.kk.data(), s.vv.data(), kKvDim);
-            s.cache->observe(l, kShape, s.q.data(), kLd, nullptr, 0, kNew);
+            s.cache->observe(l, kShape, s.q.data(), kLd, nullptr, 0, kNew, s.threads);
         }
         s.cache->commit(kNew);
         ASSERT_TRUE(s.cache->reserve(1).ok());
@@ -591,10 +592,10 @@ TEST(DeltaKvCache, AScorersSketchKeepsThePairsWhereTheQueryIs) {
         }
         for (int32_t l = 0; l < 2; ++l) {
             s.cache->store(l, 0, 1, s.kk.data(), s.vv.data(), kKvDim);
-            if (l == 0) s.cache->observe(l, kShape, s.q.data(), kLd, nullptr, 0, 1);
+            if (l == 0) s.cache->observe(l, kShape, s.q.data(), kLd, nullptr, 0, 1, s.threads);
         }
         got.resize(kLd);
-        ASSERT_TRUE(s.cache->attend(1, kShape, s.q.data(), kLd, 1, got.data(), kLd));
+        ASSERT_TRUE(s.cache->attend(1, kShape, s.q.data(), kLd, 1, got.data(), kLd, s.threads));
         ASSERT_EQ(s.cache->attended_latent_tokens(), (s.cache->compressed_tokens() + 1) / 2);
     };
     std::vector<float> whole, sketch;
@@ -623,7 +624,7 @@ TEST(DeltaKvCache, AChunkCorrectsTheLogitsOfReconstructedTokens) {
     for (int32_t l = 0; l < kLayers; ++l) {
         c.store(l, 0, kNew, kk.data(), vv.data(), kKvDim);
         std::vector<float> got(kNew * kLd);
-        const bool attended = c.attend(l, kShape, q.data(), kLd, kNew, got.data(), kLd);
+        const bool attended = c.attend(l, kShape, q.data(), kLd, kNew, got.data(), kLd, s.threads);
         if (l == 0) {
             EXPECT_FALSE(attended) << "a full layer: the caller attends its view";
         } else {
@@ -680,7 +681,7 @@ TEST(DeltaKvCache, AChunkCorrectsTheLogitsOfReconstructedTokens) {
                 }
             }
         }
-        c.observe(l, kShape, q.data(), kLd, nullptr, 0, kNew);
+        c.observe(l, kShape, q.data(), kLd, nullptr, 0, kNew, s.threads);
     }
     c.commit(kNew);
 }
@@ -723,8 +724,8 @@ void aimed_chunk(AfterFirstChunk& s, int32_t target, std::vector<float>* aimed =
             if (aimed != nullptr) aimed->assign(s.q.begin(), s.q.begin() + kAimLd);
         }
         std::vector<float> out(kAimNew * kAimLd);
-        c.attend(l, kShape, s.q.data(), kAimLd, kAimNew, out.data(), kAimLd);
-        c.observe(l, kShape, s.q.data(), kAimLd, nullptr, 0, kAimNew);
+        c.attend(l, kShape, s.q.data(), kAimLd, kAimNew, out.data(), kAimLd, s.threads);
+        c.observe(l, kShape, s.q.data(), kAimLd, nullptr, 0, kAimNew, s.threads);
     }
     c.commit(kAimNew);
 }
@@ -756,9 +757,9 @@ std::vector<int32_t> decode_step(AfterFirstChunk& s, const std::vector<std::vect
             std::sort(attended.begin(), attended.end());
         }
         std::vector<float> out(kAimLd);
-        c.attend(l, kShape, q[l].data(), kAimLd, 1, out.data(), kAimLd);
+        c.attend(l, kShape, q[l].data(), kAimLd, 1, out.data(), kAimLd, s.threads);
         for (float x : out) EXPECT_TRUE(std::isfinite(x));
-        c.observe(l, kShape, q[l].data(), kAimLd, nullptr, 0, 1);
+        c.observe(l, kShape, q[l].data(), kAimLd, nullptr, 0, 1, s.threads);
     }
     c.commit(1);
     return attended;
@@ -933,14 +934,14 @@ TEST(DeltaKvCache, APromptInChunksIsCompressedAtItsLastChunk) {
     ASSERT_TRUE(one.ok() && chunked.ok());
     constexpr int32_t kPrompt = 120, kChunk = 20;
     Data a;
-    a.chunk(**one, kPrompt);
+    a.chunk(**one, kPrompt, threads);
     Data b;
     b.x = a.x;
     const size_t bound =
         (*chunked)->bytes_bound(kPrompt) + (*chunked)->prefill_bytes_bound(kPrompt, kPrompt);
     for (int32_t at = 0; at < kPrompt; at += kChunk) {
         (*chunked)->expect_more(kPrompt - at - kChunk);
-        b.chunk(**chunked, kChunk);
+        b.chunk(**chunked, kChunk, threads);
         EXPECT_LE((*chunked)->held_bytes(), bound) << "after the chunk at " << at;
         if (at + kChunk < kPrompt)
             EXPECT_EQ((*chunked)->compressed_tokens(), 0) << "after the chunk at " << at;
@@ -957,7 +958,7 @@ TEST(DeltaKvCache, APromptInChunksIsCompressedAtItsLastChunk) {
     (*chunked)->expect_more(100);
     (*chunked)->truncate(90);
     b.x.resize(90);
-    b.chunk(**chunked, 3 * options().window);
+    b.chunk(**chunked, 3 * options().window, threads);
     EXPECT_GT((*chunked)->compressed_tokens(), kept);
 }
 
@@ -975,7 +976,7 @@ TEST(DeltaKvCache, ThePagesOfCompressedTokensAreGivenBack) {
     constexpr int32_t kPrompt = 4000, kChunk = 500;
     for (int32_t at = 0; at < kPrompt; at += kChunk) {
         (*c)->expect_more(kPrompt - at - kChunk);
-        data.chunk(**c, kChunk);
+        data.chunk(**c, kChunk, threads);
     }
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     const size_t row = kKvDim * 2;  // fp16 K or V of one token in one layer
@@ -998,12 +999,12 @@ TEST(DeltaKvCache, TruncateIntoTheCompressedRegionAndGoOn) {
     auto c = DeltaKvSequenceCache::create(p, options(), threads);
     ASSERT_TRUE(c.ok());
     Data data;
-    data.chunk(**c, 40);
+    data.chunk(**c, 40, threads);
     (*c)->truncate(20);
     EXPECT_EQ((*c)->n_tokens(), 20);
     EXPECT_EQ((*c)->compressed_tokens(), 12) << "positions 4..19 less references 4, 9, 14, 19";
     data.x.resize(20);
-    data.chunk(**c, 30);  // grows and compresses again from the new end
+    data.chunk(**c, 30, threads);  // grows and compresses again from the new end
     EXPECT_EQ((*c)->n_tokens(), 50);
     EXPECT_GT((*c)->compressed_tokens(), 12);
 }
@@ -1024,8 +1025,8 @@ TEST(DeltaKvCache, SameInputsSameCacheWithOneThreadOrTwo) {
         auto c = DeltaKvSequenceCache::create(p, o, threads);
         ASSERT_TRUE(c.ok());
         Data data;  // the same seed each time
-        data.chunk(**c, 120);
-        data.chunk(**c, 1);
+        data.chunk(**c, 120, threads);
+        data.chunk(**c, 1, threads);
         for (int32_t l = 0; l < kLayers; ++l) {
             const k::KvView v = (*c)->view(l, 0);
             for (int32_t e = 0; e < v.n; ++e) {
@@ -1091,7 +1092,7 @@ TEST(DeltaKvCache, AKeepTargetBelowTheFloorHoldsAboutTheFloor) {
     ASSERT_TRUE(c.ok());
     Data d;
     for (int32_t n = 0; n < 1024; n += 16) {
-        d.chunk(**c, 16);
+        d.chunk(**c, 16, threads);
         if (HasFatalFailure()) return;
     }
     const double ratio =

@@ -44,7 +44,7 @@ std::shared_ptr<const RetentionGates> random_gates() {
     return g;
 }
 
-std::unique_ptr<EvictingSequenceCache> make_cache(HeadSlotPool& pool, ThreadPool& threads, const std::string& name,
+std::unique_ptr<EvictingSequenceCache> make_cache(HeadSlotPool& pool, const std::string& name,
                                                   float keep) {
     EvictionConfig c;
     c.policy = name;
@@ -53,7 +53,7 @@ std::unique_ptr<EvictingSequenceCache> make_cache(HeadSlotPool& pool, ThreadPool
     if (name == "trimkv") c.gates = random_gates();
     auto policy = make_eviction_policy(c);
     EXPECT_TRUE(policy.ok());
-    return std::make_unique<EvictingSequenceCache>(pool, std::move(*policy), c, threads);
+    return std::make_unique<EvictingSequenceCache>(pool, std::move(*policy), c);
 }
 
 // The K/V of every position, so what the cache returns can be checked against them.
@@ -61,12 +61,14 @@ struct Feed {
     std::mt19937 rng{3};
     std::normal_distribution<float> nd{0.0f, 1.0f};
     std::map<int32_t, std::vector<float>> k, v;  // position -> [layers][kv_dim]
+    ThreadPool threads{2};
 
     void chunk(EvictingSequenceCache& c, int32_t n) {
         ASSERT_TRUE(c.reserve(n).ok());
         const int32_t p0 = c.n_tokens();
         const int kvd = kKvHeads * kDim;
-        std::vector<float> kk(static_cast<size_t>(n) * kvd), vv(kk.size()), q(static_cast<size_t>(n) * kHeads * kDim);
+        std::vector<float> kk(static_cast<size_t>(n) * kvd), vv(kk.size()),
+            q(static_cast<size_t>(n) * kHeads * kDim);
         std::vector<float> h(static_cast<size_t>(n) * kHidden);
         for (int32_t layer = 0; layer < kLayers; ++layer) {
             for (int32_t i = 0; i < n; ++i) {
@@ -82,11 +84,13 @@ struct Feed {
             for (auto& x : q) x = nd(rng);
             for (auto& x : h) x = nd(rng);
             c.store(layer, 0, n, kk.data(), vv.data(), kvd);
-            c.observe(layer, kShape, q.data(), kHeads * kDim, h.data(), kHidden, n);
+            c.observe(layer, kShape, q.data(), kHeads * kDim, h.data(), kHidden, n, threads);
         }
         c.commit(n);
     }
-    const float* key(int32_t pos, int32_t layer, int32_t g) const { return k.at(pos).data() + (layer * kKvHeads + g) * kDim; }
+    const float* key(int32_t pos, int32_t layer, int32_t g) const {
+        return k.at(pos).data() + (layer * kKvHeads + g) * kDim;
+    }
     const float* value(int32_t pos, int32_t layer, int32_t g) const {
         return v.at(pos).data() + (layer * kKvHeads + g) * kDim;
     }
@@ -95,14 +99,16 @@ struct Feed {
 // Every (layer, head): positions increasing and in range, at most the budget (when the
 // policy shrank the cache on this commit), and the view lists exactly those entries with the
 // data stored for their positions.
-void check_invariants(const EvictingSequenceCache& c, const Feed& f, bool shrunk, bool per_unit_budget = true,
-                      bool data_unchanged = true) {
+void check_invariants(const EvictingSequenceCache& c, const Feed& f, bool shrunk,
+                      bool per_unit_budget = true, bool data_unchanged = true) {
     int64_t total = 0;
     for (int32_t layer = 0; layer < kLayers; ++layer) {
-        for (int32_t g = 0; g < kKvHeads; ++g) total += static_cast<int64_t>(c.positions(layer, g).size());
+        for (int32_t g = 0; g < kKvHeads; ++g)
+            total += static_cast<int64_t>(c.positions(layer, g).size());
     }
     if (shrunk) {
-        EXPECT_LE(total, static_cast<int64_t>(c.budget(c.n_tokens())) * kLayers * kKvHeads) << "total budget";
+        EXPECT_LE(total, static_cast<int64_t>(c.budget(c.n_tokens())) * kLayers * kKvHeads)
+            << "total budget";
     }
     for (int32_t layer = 0; layer < kLayers; ++layer) {
         const kernels::KvView view = c.view(layer, 0);
@@ -121,8 +127,10 @@ void check_invariants(const EvictingSequenceCache& c, const Feed& f, bool shrunk
                 }
                 const int32_t slot = view.slots_of(g)[j];
                 EXPECT_TRUE(slots.insert(slot).second) << "slot listed twice";
-                const auto* kr = reinterpret_cast<const float*>(view.k + slot * view.row_stride + view.head_offset(g));
-                const auto* vr = reinterpret_cast<const float*>(view.v + slot * view.row_stride + view.head_offset(g));
+                const auto* kr = reinterpret_cast<const float*>(view.k + slot * view.row_stride +
+                                                                view.head_offset(g));
+                const auto* vr = reinterpret_cast<const float*>(view.v + slot * view.row_stride +
+                                                                view.head_offset(g));
                 for (int d = 0; d < kDim && data_unchanged; ++d) {
                     ASSERT_EQ(kr[d], f.key(pos[j], layer, g)[d]) << "K of position " << pos[j];
                     ASSERT_EQ(vr[d], f.value(pos[j], layer, g)[d]) << "V of position " << pos[j];
@@ -143,8 +151,7 @@ class PolicyTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PolicyTest, BudgetsRangesDataAndPromises) {
     auto pool = make_pool(256);
-    ThreadPool threads(2);
-    auto c = make_cache(*pool, threads, GetParam(), 0.4f);
+    auto c = make_cache(*pool, GetParam(), 0.4f);
     Feed f;
     // SnapKV compresses prompts (chunks of 2+ tokens) only: decode steps add to its cache.
     const bool continual = GetParam() != "snapkv";
@@ -165,7 +172,8 @@ TEST_P(PolicyTest, BudgetsRangesDataAndPromises) {
                 } else if (GetParam() == "snapkv" && n > 1) {
                     EXPECT_TRUE(has_all(pos, t - 4, t)) << "observation window";
                 } else if (GetParam() == "d2o") {
-                    const int32_t kept = static_cast<int32_t>(pos.size()), sinks = std::min(4, kept);
+                    const int32_t kept = static_cast<int32_t>(pos.size()),
+                                  sinks = std::min(4, kept);
                     EXPECT_TRUE(has_all(pos, 0, sinks)) << "sinks";
                     EXPECT_TRUE(has_all(pos, t - (kept - sinks) / 2, t)) << "recent window";
                 } else if (GetParam() == "kvcompress") {
@@ -176,29 +184,29 @@ TEST_P(PolicyTest, BudgetsRangesDataAndPromises) {
         }
     }
     // The keep ratio is met with metadata counted.
-    EXPECT_LE(double(c->bytes()), 0.4 * full_fp16_bytes(c->n_tokens(), kLayers, kKvHeads * kDim) + 1e-9);
+    EXPECT_LE(double(c->bytes()),
+              0.4 * full_fp16_bytes(c->n_tokens(), kLayers, kKvHeads * kDim) + 1e-9);
     EXPECT_GT(double(c->bytes()), 0.3 * full_fp16_bytes(c->n_tokens(), kLayers, kKvHeads * kDim));
 }
 
 TEST_P(PolicyTest, SameInputsSameChoices) {
-    ThreadPool threads(2);
     std::vector<std::vector<int32_t>> runs[2];
     for (auto& run : runs) {
         auto pool = make_pool(128);
-        auto c = make_cache(*pool, threads, GetParam(), 0.3f);
+        auto c = make_cache(*pool, GetParam(), 0.3f);
         Feed f;
         f.chunk(*c, 50);
         f.chunk(*c, 1);
-        for (int32_t g = 0; g < kKvHeads; ++g) run.emplace_back(c->positions(1, g).begin(), c->positions(1, g).end());
+        for (int32_t g = 0; g < kKvHeads; ++g)
+            run.emplace_back(c->positions(1, g).begin(), c->positions(1, g).end());
     }
     EXPECT_EQ(runs[0], runs[1]);
 }
 
 TEST_P(PolicyTest, NothingLeaksAndTruncateFrees) {
     auto pool = make_pool(100);
-    ThreadPool threads(1);
     {
-        auto c = make_cache(*pool, threads, GetParam(), 0.5f);
+        auto c = make_cache(*pool, GetParam(), 0.5f);
         Feed f;
         f.chunk(*c, 60);
         c->truncate(20);
@@ -210,19 +218,21 @@ TEST_P(PolicyTest, NothingLeaksAndTruncateFrees) {
         std::vector<int32_t> free_before;
         for (int32_t u = 0; u < pool->n_units(); ++u) free_before.push_back(pool->free_slots(u));
         EXPECT_EQ(c->reserve(1000).code(), StatusCode::kResourceExhausted);
-        for (int32_t u = 0; u < pool->n_units(); ++u) EXPECT_EQ(pool->free_slots(u), free_before[u]);
+        for (int32_t u = 0; u < pool->n_units(); ++u)
+            EXPECT_EQ(pool->free_slots(u), free_before[u]);
     }
     for (int32_t u = 0; u < pool->n_units(); ++u) EXPECT_EQ(pool->free_slots(u), 100);
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, PolicyTest, ::testing::Values("streaming", "h2o", "snapkv", "keydiff", "kvcompress", "d2o", "trimkv"));
+INSTANTIATE_TEST_SUITE_P(Policies, PolicyTest,
+                         ::testing::Values("streaming", "h2o", "snapkv", "keydiff", "kvcompress",
+                                           "d2o", "trimkv"));
 
 // KeyDiff keeps the keys least similar to the mean normalised key: the same set as a direct
 // computation over the keys present before the cut.
 TEST(KeyDiffPolicy, KeepsTheKeysFarthestFromTheMeanDirection) {
     auto pool = make_pool(128);
-    ThreadPool threads(1);
-    auto c = make_cache(*pool, threads, "keydiff", 0.3f);
+    auto c = make_cache(*pool, "keydiff", 0.3f);
     Feed f;
     f.chunk(*c, 60);
     const int32_t b = c->budget(60);
@@ -232,7 +242,8 @@ TEST(KeyDiffPolicy, KeepsTheKeysFarthestFromTheMeanDirection) {
             std::vector<std::vector<double>> unit(60);
             for (int32_t p = 0; p < 60; ++p) {
                 double n2 = 0;
-                for (int d = 0; d < kDim; ++d) n2 += double(f.key(p, layer, g)[d]) * f.key(p, layer, g)[d];
+                for (int d = 0; d < kDim; ++d)
+                    n2 += double(f.key(p, layer, g)[d]) * f.key(p, layer, g)[d];
                 for (int d = 0; d < kDim; ++d) {
                     unit[p].push_back(f.key(p, layer, g)[d] / std::sqrt(n2));
                     anchor[d] += unit[p][d];
@@ -249,7 +260,8 @@ TEST(KeyDiffPolicy, KeepsTheKeysFarthestFromTheMeanDirection) {
             for (int32_t i = 0; i < b; ++i) want.push_back(score[i].second);
             std::sort(want.begin(), want.end());
             const auto got = c->positions(layer, g);
-            EXPECT_EQ(std::vector<int32_t>(got.begin(), got.end()), want) << "layer " << layer << " head " << g;
+            EXPECT_EQ(std::vector<int32_t>(got.begin(), got.end()), want)
+                << "layer " << layer << " head " << g;
         }
     }
 }
@@ -258,8 +270,7 @@ TEST(KeyDiffPolicy, KeepsTheKeysFarthestFromTheMeanDirection) {
 // more than heads that attend to a few tokens, and the total is what a uniform budget gives.
 TEST(KVCompressPolicy, BudgetsVaryPerHeadWithinTheTotal) {
     auto pool = make_pool(400);
-    ThreadPool threads(2);
-    auto c = make_cache(*pool, threads, "kvcompress", 0.3f);
+    auto c = make_cache(*pool, "kvcompress", 0.3f);
     Feed f;
     f.chunk(*c, 300);
     std::set<size_t> sizes;
@@ -272,7 +283,8 @@ TEST(KVCompressPolicy, BudgetsVaryPerHeadWithinTheTotal) {
     }
     EXPECT_GT(sizes.size(), 1u) << "budgets differ between heads";
     EXPECT_LE(total, static_cast<size_t>(c->budget(300)) * kLayers * kKvHeads);
-    EXPECT_GE(total + 16 * kLayers * kKvHeads, static_cast<size_t>(c->budget(300)) * kLayers * kKvHeads)
+    EXPECT_GE(total + 16 * kLayers * kKvHeads,
+              static_cast<size_t>(c->budget(300)) * kLayers * kKvHeads)
         << "within one block per unit of the total";
 }
 
@@ -280,7 +292,9 @@ TEST(KVCompressPolicy, BudgetsVaryPerHeadWithinTheTotal) {
 // it with weights exp(u) / (exp(u) + e) and e / (exp(u) + e); a dissimilar one is dropped.
 struct FixedKeys final : UnitView {
     std::vector<std::vector<float>> keys;
-    void key(int32_t j, float* out) const override { std::copy(keys[j].begin(), keys[j].end(), out); }
+    void key(int32_t j, float* out) const override {
+        std::copy(keys[j].begin(), keys[j].end(), out);
+    }
 };
 
 TEST(D2OPolicy, MergesOnlySimilarEvictedKeys) {
@@ -289,7 +303,10 @@ TEST(D2OPolicy, MergesOnlySimilarEvictedKeys) {
     auto p = make_eviction_policy(c);
     ASSERT_TRUE(p.ok());
     FixedKeys u;
-    u.keys = {{1, 0, 0, 0}, {0, 1, 0, 0}, {0.99f, 0.1f, 0, 0}, {0, 0, 1, 0}};  // kept, kept, near 0, apart
+    u.keys = {{1, 0, 0, 0},
+              {0, 1, 0, 0},
+              {0.99f, 0.1f, 0, 0},
+              {0, 0, 1, 0}};  // kept, kept, near 0, apart
     u.n = 4;
     u.head_dim = 4;
     float tau = 0.0f;
@@ -302,7 +319,8 @@ TEST(D2OPolicy, MergesOnlySimilarEvictedKeys) {
     const double cosine = 0.99 / std::sqrt(0.99 * 0.99 + 0.01);
     EXPECT_NEAR(m[0].w_from, std::exp(cosine) / (std::exp(cosine) + std::exp(1.0)), 1e-5);
     EXPECT_NEAR(m[0].w_to, std::exp(1.0) / (std::exp(cosine) + std::exp(1.0)), 1e-5);
-    EXPECT_NEAR(tau, cosine / 2, 1e-5) << "first round: the threshold starts at the mean best similarity";
+    EXPECT_NEAR(tau, cosine / 2, 1e-5)
+        << "first round: the threshold starts at the mean best similarity";
 }
 
 // TRIM-KV keeps the tokens whose retention has decayed least: (t - i) log beta_i highest.
@@ -324,7 +342,8 @@ TEST(TrimKVPolicy, KeepsTheLeastDecayed) {
     (*p)->select(u, 3, keep);
     EXPECT_EQ(keep, (std::vector<uint8_t>{1, 0, 1, 0, 1}));
     c.gates = nullptr;
-    EXPECT_EQ(make_eviction_policy(c).status().code(), StatusCode::kInvalidArgument) << "no gates, no trimkv";
+    EXPECT_EQ(make_eviction_policy(c).status().code(), StatusCode::kInvalidArgument)
+        << "no gates, no trimkv";
 }
 
 TEST(EvictionPolicy, UnknownNamesAndBadRatiosAreRejected) {

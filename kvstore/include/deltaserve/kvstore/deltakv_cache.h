@@ -160,9 +160,9 @@ class DeltaKvSequenceCache final : public SequenceCache, public SequenceCodec {
     // and merged, with the logit correction (DeltaKvOptions::logit_correction). Elsewhere
     // false.
     bool attend(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq,
-                int32_t n, float* out, int64_t ldo) override;
+                int32_t n, float* out, int64_t ldo, ThreadPool& pool) override;
     void observe(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq,
-                 const float* hidden, int64_t ldh, int32_t n) override;
+                 const float* hidden, int64_t ldh, int32_t n, ThreadPool& pool) override;
     // Compresses what the session's size calls for (plan_compression), unless more of the
     // prompt follows (expect_more): then the chunk stays exact and the prompt is compressed
     // at its last chunk, as one call's prompt is, whatever the chunking.
@@ -342,7 +342,9 @@ class DeltaKvSequenceCache final : public SequenceCache, public SequenceCodec {
 
     const DeltaKvProfile& profile_;
     DeltaKvOptions options_;
-    ThreadPool& threads_;
+    // The threads of the call in progress: attend() and observe() use the caller's, other
+    // calls the pool the cache was made with.
+    ThreadPool* threads_;
     std::vector<int32_t> full_layers_, sparse_layers_;
     std::vector<int32_t> layer_index_;  // layer -> index among full or sparse layers
     std::vector<int32_t> group_of_;     // sparse layer -> its observation layer

@@ -21,7 +21,7 @@ namespace deltaserve::kvstore {
 class EvictingSequenceCache final : public SequenceCache {
   public:
     EvictingSequenceCache(HeadSlotPool& pool, std::unique_ptr<EvictionPolicy> policy,
-                          const EvictionConfig& config, ThreadPool& threads);
+                          const EvictionConfig& config);
     ~EvictingSequenceCache() override;
     EvictingSequenceCache(const EvictingSequenceCache&) = delete;
     EvictingSequenceCache& operator=(const EvictingSequenceCache&) = delete;
@@ -32,7 +32,7 @@ class EvictingSequenceCache final : public SequenceCache {
                int64_t ld) override;
     kernels::KvView view(int32_t layer, int32_t n_visible_new) const override;
     void observe(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq,
-                 const float* hidden, int64_t ldh, int32_t n) override;
+                 const float* hidden, int64_t ldh, int32_t n, ThreadPool& pool) override;
     void commit(int32_t n) override;
     void truncate(int32_t n_keep) override;
     size_t bytes() const override;
@@ -62,7 +62,6 @@ class EvictingSequenceCache final : public SequenceCache {
     HeadSlotPool& pool_;
     std::unique_ptr<EvictionPolicy> policy_;
     EvictionConfig config_;
-    ThreadPool& threads_;
     std::vector<Unit> units_;
     int32_t n_tokens_ = 0;
     int32_t n_reserved_ = 0;

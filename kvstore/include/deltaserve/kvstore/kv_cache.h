@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "deltaserve/common/status.h"
+#include "deltaserve/common/thread_pool.h"
 #include "deltaserve/kernels/attention.h"
 #include "deltaserve/kvstore/block_pool.h"
 
@@ -42,17 +43,20 @@ class SequenceCache {
     // (after RoPE; n rows ldq floats apart, all n stored and visible) and the hidden states
     // that entered the attention (after its norm; ldh floats apart): a policy that ranks
     // tokens by attention or by a learned gate gathers its statistics here. Default: nothing.
+    // `pool`, here and in attend(): the threads the call may use (the forward pass's, or one
+    // thread where it runs a batch's sequences side by side).
     virtual void observe(int32_t layer, const kernels::AttentionShape& shape, const float* q,
-                         int64_t ldq, const float* hidden, int64_t ldh, int32_t n) {
-        (void)layer, (void)shape, (void)q, (void)ldq, (void)hidden, (void)ldh, (void)n;
+                         int64_t ldq, const float* hidden, int64_t ldh, int32_t n,
+                         ThreadPool& pool) {
+        (void)layer, (void)shape, (void)q, (void)ldq, (void)hidden, (void)ldh, (void)n, (void)pool;
     }
     // A cache that attends a layer itself (DeltaKV's decode steps attend compressed tokens
     // without making their values) does it here, after store(): out = attention of the n new
     // queries (q as attention() takes them) over what the layer holds, and returns true.
     // Default false: the caller attends view(layer, n).
     virtual bool attend(int32_t layer, const kernels::AttentionShape& shape, const float* q,
-                        int64_t ldq, int32_t n, float* out, int64_t ldo) {
-        (void)layer, (void)shape, (void)q, (void)ldq, (void)n, (void)out, (void)ldo;
+                        int64_t ldq, int32_t n, float* out, int64_t ldo, ThreadPool& pool) {
+        (void)layer, (void)shape, (void)q, (void)ldq, (void)n, (void)out, (void)ldo, (void)pool;
         return false;
     }
     // Makes n reserved positions part of the sequence (a compressing cache shrinks here).

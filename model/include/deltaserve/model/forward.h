@@ -80,8 +80,9 @@ class Forward {
     AttentionTap attention_tap_;
     AttentionNumerics numerics_ = AttentionNumerics::kNative;
     std::vector<int32_t> positions_;  // absolute position of every new token
-    std::vector<ViewAttention> views_, decoding_;
-    ThreadPool one_thread_{1};  // a decode step's sequences share pool_, each on one thread
+    std::vector<int64_t> first_row_;  // a batch's sequences' first rows in the scratch
+    std::vector<size_t> steps_;       // the batch's one-token sequences
+    ThreadPool one_thread_{1};        // a decode step's sequences share pool_, each on one thread
     // Scratch, [n_tokens][width] each.
     std::vector<float> x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_;
     int64_t capacity_ = 0;
