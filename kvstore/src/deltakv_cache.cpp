@@ -117,39 +117,54 @@ void prepare_int4_decoders(DeltaKvProfile& profile) {
     }
 }
 
+Status DeltaKvOptions::validate() const {
+    const auto bad = [](const std::string& what) { return invalid_argument("DeltaKV: " + what); };
+    if (n_layers < 1 || n_kv_heads < 1 || head_dim < 2 || head_dim % 2 != 0)
+        return bad("the model's shape (layers, KV heads, an even head_dim) is not set");
+    if (!(rope_theta > 0.0f)) return bad("rope_theta must be positive");
+    if (static_cast<int32_t>(full_layer.size()) != n_layers ||
+        std::find(full_layer.begin(), full_layer.end(), 1) == full_layer.end()) {
+        return bad("at least one layer must be a full-attention layer");
+    }
+    if (sinks < 1) return bad("sinks must be at least 1");
+    if (stride < 1) return bad("stride must be at least 1");
+    if (k < 1 || k > 16) return bad("k (references per latent) must be in [1, 16]");
+    if (window < 1) return bad("window must be at least 1");
+    if (latent_bits != 4 && latent_bits != 16) return bad("latent_bits must be 4 or 16");
+    if (!(select_ratio > 0.0f && select_ratio <= 1.0f))
+        return bad("select_ratio must be in (0, 1]");
+    if (!(pin_ratio >= 0.0f && pin_ratio < 1.0f)) return bad("pin_ratio must be in [0, 1)");
+    if (pin_window < 1 || pin_after < 0 || pin_before < 0)
+        return bad("pin_window must be at least 1, pin_after and pin_before at least 0");
+    if (follow < 0 || follow_ahead < 0) return bad("follow and follow_ahead must be at least 0");
+    if (!(exact_share >= 0.0f && exact_share < 1.0f)) return bad("exact_share must be in [0, 1)");
+    if (!(exact_depth > 0.0f && exact_depth <= 1.0f)) return bad("exact_depth must be in (0, 1]");
+    if (score_every < 0) return bad("score_every must be at least 0");
+    if (!(score_dims > 0.0f && score_dims <= 1.0f)) return bad("score_dims must be in (0, 1]");
+    if (prefill_select < 0) return bad("prefill_select must be at least 0");
+    if (!(keep >= 0.0f && keep <= 1.0f)) return bad("keep must be in [0, 1]");
+    if (!(logit_correction >= 0.0f && std::isfinite(logit_correction)))
+        return bad("logit_correction must be finite and at least 0");
+    if (n_ctx < 1) return bad("n_ctx must be at least 1");
+    // A latent names its references by 16-bit ordinals.
+    if (static_cast<int64_t>(sinks) + n_ctx / stride +
+            static_cast<int64_t>(std::ceil(exact_share * static_cast<double>(n_ctx))) + 1 >=
+        0xffff) {
+        return bad(std::to_string(n_ctx) + " tokens at reference stride " + std::to_string(stride) +
+                   " take more than 65534 references");
+    }
+    return Status();
+}
+
 Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(
     const DeltaKvProfile& profile, const DeltaKvOptions& o, ThreadPool& threads) {
+    DS_RETURN_IF_ERROR(o.validate());
     if (static_cast<int32_t>(profile.layers.size()) != o.n_layers ||
         profile.d != 2 * o.n_kv_heads * o.head_dim) {
         return invalid_argument(
             "DeltaKV profile (" + std::to_string(profile.layers.size()) + " layers, D " +
             std::to_string(profile.d) + ") does not fit this model (" + std::to_string(o.n_layers) +
             " layers, D " + std::to_string(2 * o.n_kv_heads * o.head_dim) + ")");
-    }
-    if (static_cast<int32_t>(o.full_layer.size()) != o.n_layers ||
-        std::find(o.full_layer.begin(), o.full_layer.end(), 1) == o.full_layer.end()) {
-        return invalid_argument("DeltaKV: at least one layer must be a full-attention layer");
-    }
-    if (o.sinks < 1 || o.stride < 1 || o.k < 1 || o.k > 16 || o.window < 1 ||
-        (o.latent_bits != 4 && o.latent_bits != 16) || o.score_every < 0 ||
-        !(o.score_dims > 0.0f && o.score_dims <= 1.0f) ||
-        !(o.pin_ratio >= 0.0f && o.pin_ratio < 1.0f) || o.pin_window < 1 || o.pin_after < 0 ||
-        o.pin_before < 0) {
-        return invalid_argument(
-            "DeltaKV: bad sinks / stride / k / window / latent bits / score_every / score_dims / "
-            "pins");
-    }
-    // A latent names its references by 16-bit ordinals.
-    if (!(o.exact_share >= 0.0f && o.exact_share < 1.0f) ||
-        !(o.exact_depth > 0.0f && o.exact_depth <= 1.0f)) {
-        return invalid_argument("DeltaKV: exact_share must be in [0, 1), exact_depth in (0, 1]");
-    }
-    if (static_cast<int64_t>(o.sinks) + o.n_ctx / o.stride +
-            static_cast<int64_t>(std::ceil(o.exact_share * static_cast<double>(o.n_ctx))) + 1 >=
-        kNoRef) {
-        return invalid_argument("DeltaKV: " + std::to_string(o.n_ctx) +
-                                " tokens at reference stride " + std::to_string(o.stride) +
-                                " take more than 65534 references");
     }
     if (o.latent_bits == 4 && (profile.int4.size() != profile.layers.size() ||
                                profile.int4_k.size() != profile.layers.size())) {

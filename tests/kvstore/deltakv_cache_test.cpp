@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <limits>
 #include <random>
 
 #include <unistd.h>
@@ -1052,6 +1054,53 @@ TEST(DeltaKvCache, ProfileThatDoesNotFitIsRejected) {
     o.full_layer = {1, 0};
     EXPECT_EQ(DeltaKvSequenceCache::create(p, o, threads).status().code(),
               StatusCode::kInvalidArgument);
+}
+
+// Every setting out of its range is refused by name, before any memory is taken; the
+// defaults (with the model's shape and a context) validate.
+TEST(DeltaKvOptions, EachSettingOutOfItsRangeIsRefusedByName) {
+    EXPECT_TRUE(options().validate().ok()) << options().validate().to_string();
+    const std::pair<const char*, std::function<void(DeltaKvOptions&)>> bad[] = {
+        {"shape", [](DeltaKvOptions& o) { o.head_dim = 7; }},
+        {"rope_theta", [](DeltaKvOptions& o) { o.rope_theta = 0.0f; }},
+        {"full-attention",
+         [](DeltaKvOptions& o) {
+             o.full_layer = {0, 0, 0};
+         }},
+        {"sinks", [](DeltaKvOptions& o) { o.sinks = 0; }},
+        {"stride", [](DeltaKvOptions& o) { o.stride = 0; }},
+        {"k (references", [](DeltaKvOptions& o) { o.k = 17; }},
+        {"window", [](DeltaKvOptions& o) { o.window = 0; }},
+        {"latent_bits", [](DeltaKvOptions& o) { o.latent_bits = 8; }},
+        {"select_ratio", [](DeltaKvOptions& o) { o.select_ratio = 0.0f; }},
+        {"select_ratio", [](DeltaKvOptions& o) { o.select_ratio = std::nanf(""); }},
+        {"pin_ratio", [](DeltaKvOptions& o) { o.pin_ratio = 1.0f; }},
+        {"pin_window", [](DeltaKvOptions& o) { o.pin_before = -1; }},
+        {"follow", [](DeltaKvOptions& o) { o.follow = -1; }},
+        {"exact_share", [](DeltaKvOptions& o) { o.exact_share = -0.1f; }},
+        {"exact_depth", [](DeltaKvOptions& o) { o.exact_depth = 0.0f; }},
+        {"score_every", [](DeltaKvOptions& o) { o.score_every = -1; }},
+        {"score_dims", [](DeltaKvOptions& o) { o.score_dims = 1.5f; }},
+        {"prefill_select", [](DeltaKvOptions& o) { o.prefill_select = -1; }},
+        {"keep", [](DeltaKvOptions& o) { o.keep = 1.5f; }},
+        {"logit_correction",
+         [](DeltaKvOptions& o) { o.logit_correction = std::numeric_limits<float>::infinity(); }},
+        {"n_ctx", [](DeltaKvOptions& o) { o.n_ctx = 0; }},
+        {"65534 references", [](DeltaKvOptions& o) { o.n_ctx = 1 << 20; }},
+    };
+    std::mt19937 rng(1);
+    const DeltaKvProfile p = zero_decoder_profile(rng);
+    ThreadPool threads(1);
+    for (const auto& [what, spoil] : bad) {
+        DeltaKvOptions o = options();
+        spoil(o);
+        const Status st = o.validate();
+        EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << what;
+        EXPECT_NE(st.message().find(what), std::string::npos) << st.to_string();
+        EXPECT_EQ(DeltaKvSequenceCache::create(p, o, threads).status().code(),
+                  StatusCode::kInvalidArgument)
+            << what;
+    }
 }
 
 // Full layers at a keep target: the observation layer calibration measured first, then the

@@ -111,6 +111,12 @@ struct DeltaKvOptions {
     // correction where the profile has none); 0 turns it off.
     float logit_correction = 1.0f;
     int32_t n_ctx = 0;
+
+    // kInvalidArgument naming the first setting out of its range (the model's shape, at
+    // least one full layer, the ranges documented above, and a context whose references
+    // fit the 16-bit ordinals latents name them by). Whether a profile fits is
+    // DeltaKvSequenceCache::create's to check.
+    Status validate() const;
 };
 
 // Settings for a target keep ratio: how many layers stay full (at least one, the profile's
@@ -137,8 +143,8 @@ std::vector<float> deltakv_key_error_variance(const DeltaKvProfile& profile, int
 
 class DeltaKvSequenceCache final : public SequenceCache, public SequenceCodec {
   public:
-    // Errors: kInvalidArgument when the profile does not fit the options (or lacks its int4
-    // decoders for int4 latents).
+    // Errors: kInvalidArgument for options that do not validate(), or a profile that does
+    // not fit them (or lacks its int4 decoders for int4 latents).
     static Result<std::unique_ptr<DeltaKvSequenceCache>> create(const DeltaKvProfile& profile,
                                                                 const DeltaKvOptions& options,
                                                                 ThreadPool& threads);
