@@ -1,0 +1,371 @@
+// Attention over compressed tokens: their references gathered, a chunk's selection
+// reconstructed, a decode step's latent keys scored and attended through the latents, the
+// logit correction, and the pins a chunk's last queries leave.
+#include "deltaserve/kvstore/deltakv_cache.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "deltakv_scratch.h"
+#include "deltaserve/kernels/matmul.h"
+#include "row_io.h"
+
+namespace deltaserve::kvstore {
+
+namespace k = deltaserve::kernels;
+
+void DeltaKvSequenceCache::gather_refs(int32_t sl, const std::vector<int32_t>& positions,
+                                       int32_t dims) {
+    const int32_t d = profile_.d, kv_dim = d / 2, half = options_.head_dim / 2;
+    const size_t lb = latent_bytes();
+    latent_ptrs_.clear();
+    for (int32_t p : positions) {
+        latent_ptrs_.push_back(latents_[sl].data() + static_cast<size_t>(latent_of_[p]) * lb);
+        angles(p);
+    }
+    // Every reference the region's latents may name, a row per ordinal (the sinks, then the
+    // region's references): a selection's tokens name nearly all of them, and a token's
+    // rows are then found without a lookup.
+    ref_pos_.clear();
+    if (!positions.empty()) {
+        for (int32_t p = 0; p < options_.sinks; ++p) ref_pos_.push_back(p);
+        for (int32_t p : ref_list_) {
+            if (p >= comp_end_) break;
+            ref_pos_.push_back(p);
+        }
+    }
+    for (int32_t p : ref_pos_) angles(p);
+    grow(ref_x_, ref_pos_.size() * dims);
+    threads_->parallel_for(static_cast<int64_t>(ref_pos_.size()), 32, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+            // The rows lie far apart in the pool: ask for a later one while this one is read.
+            if (i + 4 < e) {
+                prefetch_row(sparse_pool_->k_row(sl, sparse_slot_[ref_pos_[i + 4]]), 2 * kv_dim);
+                if (dims == d)
+                    prefetch_row(sparse_pool_->v_row(sl, sparse_slot_[ref_pos_[i + 4]]),
+                                 2 * kv_dim);
+            }
+            float* xi = ref_x_.data() + i * dims;
+            read_row(k::DType::kF16, sparse_pool_->k_row(sl, sparse_slot_[ref_pos_[i]]), xi,
+                     kv_dim);
+            if (dims == d) {
+                read_row(k::DType::kF16, sparse_pool_->v_row(sl, sparse_slot_[ref_pos_[i]]),
+                         xi + kv_dim, kv_dim);
+            }
+            const float* a = angle_table_.data() + angle_of_[ref_pos_[i]];
+            k::rope_apply(xi, options_.n_kv_heads, options_.head_dim, a, a + half,
+                          options_.rope_style, true);
+        }
+    });
+}
+
+void DeltaKvSequenceCache::reconstruct(int32_t layer) {
+    reconstructed_[layer] = 1;
+    if (recon_pos_.empty()) return;
+    const int32_t sl = layer_index_[layer];
+    const int32_t d = profile_.d, m = profile_.m, kv_dim = d / 2, half = options_.head_dim / 2;
+    // The references' x (de-RoPEd once) and the RoPE angles of every position involved
+    // (shared by the group's layers).
+    gather_refs(sl, recon_pos_, d);
+    const int64_t n = static_cast<int64_t>(recon_pos_.size());
+    const size_t row = static_cast<size_t>(kv_dim) * sizeof(uint16_t);
+    grow(recon_k_, static_cast<size_t>(n) * row);
+    grow(recon_v_, static_cast<size_t>(n) * row);
+    if (recon_slots_.size() < static_cast<size_t>(n)) {
+        recon_slots_.resize(static_cast<size_t>(n));
+        std::iota(recon_slots_.begin(), recon_slots_.end(), 0);
+    }
+    if (options_.latent_bits != 4) {  // fp16 latents: Dec(z) for every token at once
+        grow(x_, static_cast<size_t>(n) * d);
+        grow(z_, static_cast<size_t>(n) * m);
+        for (int64_t i = 0; i < n; ++i)
+            read_row(k::DType::kF16, latent_ptrs_[i], z_.data() + i * m, m);
+        k::matmul(profile_.layers[layer].wd, z_.data(), m, n, x_.data(), d, *threads_);
+    }
+    // x = Dec(z) + mean of the references, RoPE on K, into the token's row of this layer's
+    // reconstructions; int4 latents are decoded a block at a time so the rows stay in cache
+    // until written.
+    constexpr int64_t kBlock = 16;
+    // A single-threaded pool hands over the whole range in one call: blocks are cut here.
+    threads_->parallel_for(n, kBlock, [&](int64_t b_all, int64_t e_all) {
+        thread_local std::vector<float> block;
+        const bool int4 = options_.latent_bits == 4;
+        for (int64_t b = b_all; b < e_all; b += kBlock) {
+            const int64_t e = std::min(e_all, b + kBlock);
+            if (int4) {
+                block.resize(static_cast<size_t>(kBlock) * d);
+                k::deltakv_decode_int4(profile_.int4[layer], latent_ptrs_.data() + b, e - b,
+                                       block.data(), d);
+            }
+            for (int64_t i = b; i < e; ++i) {
+                const int32_t pos = recon_pos_[i];
+                float* xi = int4 ? block.data() + (i - b) * d : x_.data() + i * d;
+                add_ref_mean(sl, pos, d, xi, nullptr);
+                const float* a = angle_table_.data() + angle_of_[pos];
+                k::rope_apply(xi, options_.n_kv_heads, options_.head_dim, a, a + half,
+                              options_.rope_style, false);
+                write_row(k::DType::kF16, recon_k_.data() + i * row, xi, kv_dim);
+                write_row(k::DType::kF16, recon_v_.data() + i * row, xi + kv_dim, kv_dim);
+            }
+        }
+    });
+}
+
+void DeltaKvSequenceCache::add_ref_mean(int32_t sl, int32_t pos, int32_t dims, float* x,
+                                        int32_t* rows) const {
+    const int32_t kk = options_.k;
+    const uint16_t* refs = refs_[sl].data() + static_cast<size_t>(latent_of_[pos]) * kk;
+    const float* rx[16];
+    int32_t nr = 0;
+    for (int32_t q = 0; q < kk; ++q) {
+        const int32_t row = refs[q] != kNoRef ? refs[q] : -1;
+        if (rows != nullptr) rows[q] = row;
+        if (row >= 0) rx[nr++] = ref_x_.data() + static_cast<size_t>(row) * dims;
+    }
+    k::add_mean_rows(x, rx, nr, dims);
+}
+
+void DeltaKvSequenceCache::latent_scores(int32_t layer, const kernels::AttentionShape& shape,
+                                         const float* q, const std::vector<int32_t>& positions) {
+    const int32_t sl = layer_index_[layer];
+    const int32_t m = profile_.m, kv_dim = profile_.d / 2, kk = options_.k,
+                  half = options_.head_dim / 2;
+    const bool int4 = options_.latent_bits == 4;
+    gather_refs(sl, positions, kv_dim);
+    const int64_t n = static_cast<int64_t>(positions.size());
+    grow(scores_, static_cast<size_t>(shape.n_heads) * n);
+    grow(lat_refs_, static_cast<size_t>(n) * kk);
+    const int32_t stride = k::int4_code_stride(m);
+    if (int4) grow(codes_, static_cast<size_t>(n) * stride);
+    if (!int4) {  // fp16 latents: the decoder's K rows for every token at once
+        grow(z_, static_cast<size_t>(n) * m);
+        grow(x_, static_cast<size_t>(n) * kv_dim);
+        for (int64_t i = 0; i < n; ++i)
+            read_row(k::DType::kF16, latent_ptrs_[i], z_.data() + i * m, m);
+        k::WeightMatrix wk = profile_.layers[layer].wd;
+        wk.rows = kv_dim;
+        k::matmul(wk, z_.data(), m, n, x_.data(), kv_dim, *threads_);
+    }
+    // A block at a time, while its rows are in cache: K = Dec_k(z) + the mean of the
+    // references' K, RoPE, and every head's score.
+    constexpr int64_t kBlock = 16;
+    DS_CHECK(kk <= 16, "at most 16 references per latent");
+    threads_->parallel_for_affine(n, kBlock, [&](int64_t b_all, int64_t e_all) {
+        thread_local std::vector<float> block;
+        for (int64_t b = b_all; b < e_all; b += kBlock) {
+            const int64_t e = std::min(e_all, b + kBlock);
+            float* rows = nullptr;
+            if (!int4) {
+                rows = x_.data() + b * kv_dim;
+                for (int64_t i = b; i < e; ++i) {
+                    const int32_t pos = positions[i];
+                    float* xi = rows + (i - b) * kv_dim;
+                    add_ref_mean(sl, pos, kv_dim, xi, lat_refs_.data() + i * kk);
+                    const float* a = angle_table_.data() + angle_of_[pos];
+                    k::rope_apply(xi, options_.n_kv_heads, options_.head_dim, a, a + half,
+                                  options_.rope_style, false);
+                }
+            } else {
+                // Each token's reference rows and angles; the decoder adds and turns them
+                // while the row is in registers.
+                const float* ref_rows[kBlock * 16];
+                const float* angle[kBlock];
+                for (int64_t i = b; i < e; ++i) {
+                    const int32_t pos = positions[i];
+                    const uint16_t* refs =
+                        refs_[sl].data() + static_cast<size_t>(latent_of_[pos]) * kk;
+                    for (int32_t r = 0; r < kk; ++r) {
+                        const bool has = refs[r] != kNoRef;
+                        lat_refs_[i * kk + r] = has ? refs[r] : -1;
+                        ref_rows[(i - b) * kk + r] =
+                            has ? ref_x_.data() + static_cast<size_t>(refs[r]) * kv_dim : nullptr;
+                    }
+                    angle[i - b] = angle_table_.data() + angle_of_[pos];
+                }
+                k::Int4KeyFinish finish;
+                finish.refs = ref_rows;
+                finish.k = kk;
+                finish.angles = angle;
+                finish.n_heads = options_.n_kv_heads;
+                finish.head_dim = options_.head_dim;
+                finish.style = options_.rope_style;
+                block.resize(static_cast<size_t>(kBlock) * kv_dim);
+                rows = block.data();
+                // The codes stay for latent_attention's values.
+                uint8_t* codes = codes_.data() + b * stride;
+                k::int4_latent_codes(latent_ptrs_.data() + b, e - b, m, codes);
+                k::deltakv_decode_int4(profile_.int4_k[layer], latent_ptrs_.data() + b, e - b, rows,
+                                       kv_dim, codes, &finish);
+            }
+            k::head_scores(shape, q, rows, kv_dim, e - b, scores_.data() + b, n);
+        }
+    });
+    ref_v_.resize(ref_pos_.size());
+    for (size_t r = 0; r < ref_pos_.size(); ++r) {
+        ref_v_[r] =
+            reinterpret_cast<const uint16_t*>(sparse_pool_->v_row(sl, sparse_slot_[ref_pos_[r]]));
+    }
+}
+
+bool DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& shape,
+                                  const float* q, int64_t ldq, int32_t n, float* out, int64_t ldo,
+                                  ThreadPool& pool) {
+    const CallThreads call(threads_, pool);
+    if (n > 1) return attend_chunk(layer, shape, q, ldq, n, out, ldo);
+    if (options_.full_layer[layer] || latent_sel_.empty()) return false;
+    DS_CHECK(n == 1, "latent tokens are selected for single-token calls only");
+    const size_t heads = static_cast<size_t>(shape.n_heads);
+    lse_a_.resize(heads);
+    lse_b_.resize(heads);
+    out_b_.resize(heads * shape.head_dim);
+    k::attention(shape, view(layer, 1), q, ldq, 1, out, ldo, *threads_, lse_a_.data());
+    // A scorer scores every latent token of the region, then attends its pick as the layers
+    // after it do.
+    const bool picks = options_.score_every > 0 && scorer_[layer];
+    DS_CHECK(options_.score_every == 0 || picks || !scored_.empty(),
+             "a sparse layer before its scorer");
+    const std::vector<int32_t>& positions =
+        options_.score_every == 0 || picks ? latent_sel_ : scored_;
+    if (picks && options_.score_dims < 1.0f && options_.latent_bits == 4) {
+        sketch_pick(layer, shape, q);
+        latent_scores(layer, shape, q, scored_);
+    } else {
+        latent_scores(layer, shape, q, positions);
+        if (picks) keep_top_scored(shape.n_heads);
+    }
+    attended_latents_ = static_cast<int32_t>(picks ? scored_.size() : positions.size());
+    k::LatentTokens t;
+    t.n = attended_latents_;
+    t.scores = scores_.data();
+    t.latents = latent_ptrs_.data();
+    t.int4 = options_.latent_bits == 4;
+    if (t.int4) t.codes = codes_.data();
+    t.m = profile_.m;
+    t.wd_v = static_cast<const float*>(profile_.layers[layer].wd.data) +
+             static_cast<size_t>(profile_.d / 2) * profile_.m;
+    t.refs = lat_refs_.data();
+    t.ref_slots = options_.k;
+    t.ref_v = ref_v_.data();
+    t.n_refs = static_cast<int64_t>(ref_v_.size());
+    k::latent_attention(shape, t, out_b_.data(), lse_b_.data(), *threads_);
+    if (options_.follow > 0) lse_b_raw_ = lse_b_;
+    add_logit_correction(layer, shape, q, ldq, 1, lse_b_.data());
+    k::merge_attention(out, lse_a_.data(), out_b_.data(), lse_b_.data(), shape.n_heads,
+                       shape.head_dim);
+    // With scorers a step's layers attend different picks: not followed.
+    if (options_.follow > 0 && options_.score_every == 0) score_follow(shape.n_heads, positions);
+    return true;
+}
+
+bool DeltaKvSequenceCache::corrects(int32_t layer) const {
+    return options_.logit_correction != 0.0f && !options_.full_layer[layer] &&
+           static_cast<size_t>(layer) < profile_.key_error_var.size() &&
+           !profile_.key_error_var[layer].empty();
+}
+
+void DeltaKvSequenceCache::add_logit_correction(int32_t layer, const kernels::AttentionShape& shape,
+                                                const float* q, int64_t ldq, int32_t n,
+                                                float* lse) const {
+    if (!corrects(layer)) return;
+    const int32_t hd = options_.head_dim, half = hd / 2, group = shape.n_heads / shape.n_kv_heads;
+    const bool interleaved = options_.rope_style == k::RopeStyle::kInterleaved;
+    const float c = options_.logit_correction * shape.scale * shape.scale * 0.5f;
+    for (int32_t i = 0; i < n; ++i) {
+        for (int h = 0; h < shape.n_heads; ++h) {
+            const float* qh = q + i * ldq + static_cast<int64_t>(h) * hd;
+            const float* var =
+                profile_.key_error_var[layer].data() + static_cast<size_t>(h / group) * half;
+            float b = 0.0f;
+            for (int32_t t = 0; t < half; ++t) {
+                // The two dimensions RoPE turns together share the pair's variance.
+                const float q0 = interleaved ? qh[2 * t] : qh[t];
+                const float q1 = interleaved ? qh[2 * t + 1] : qh[t + half];
+                b += (q0 * q0 + q1 * q1) * var[t];
+            }
+            float& l = lse[static_cast<size_t>(i) * shape.n_heads + h];
+            if (std::isfinite(l)) l += c * b;
+        }
+    }
+}
+
+bool DeltaKvSequenceCache::attend_chunk(int32_t layer, const kernels::AttentionShape& shape,
+                                        const float* q, int64_t ldq, int32_t n, float* out,
+                                        int64_t ldo) {
+    if (options_.full_layer[layer]) return false;
+    // What the commit compresses is known from positions alone; the last chunk of a prompt
+    // scores its tokens for the pins while they are still exact.
+    if (!planned_ && more_ == 0) plan_compression(n_tokens_ + n_reserved_);
+    const bool pins = options_.pin_ratio > 0.0f && more_ == 0;
+    if (recon_pos_.empty() && !pins) return false;
+    DS_CHECK(ldo == static_cast<int64_t>(shape.n_heads) * shape.head_dim,
+             "chunk output rows must be packed");
+    const size_t rows = static_cast<size_t>(n) * shape.n_heads;
+    lse_a_.resize(rows);
+    // view(): the sinks, the selection's references, the buffer and the new tokens; the
+    // selection's reconstructed tokens are attended apart (every query sees all of them),
+    // their lse corrected, and merged.
+    k::attention(shape, view(layer, n), q, ldq, n, out, ldo, *threads_, lse_a_.data());
+    if (!recon_pos_.empty()) {
+        lse_b_.resize(rows);
+        out_b_.resize(rows * shape.head_dim);
+        k::attention(shape, reconstructed_view(), q, ldq, n, out_b_.data(), ldo, *threads_,
+                     lse_b_.data(), /*causal=*/false);
+        if (pins) lse_b_raw_ = lse_b_;
+        add_logit_correction(layer, shape, q, ldq, n, lse_b_.data());
+        k::merge_attention(out, lse_a_.data(), out_b_.data(), lse_b_.data(), static_cast<int>(rows),
+                           shape.head_dim);
+    }
+    if (pins) score_pins(layer, shape, q, ldq, n);
+    return true;
+}
+
+void DeltaKvSequenceCache::score_pins(int32_t layer, const kernels::AttentionShape& shape,
+                                      const float* q, int64_t ldq, int32_t n) {
+    const int32_t sl = layer_index_[layer];
+    const int32_t w = std::min(n, std::max(1, options_.pin_window));
+    const int nh = shape.n_heads;
+    const size_t end = static_cast<size_t>(n_tokens_ + n_reserved_);
+    // A logit's share of its row's attention: less the row's log-sum-exp over every token
+    // (lse_a_, merged), plus, for reconstructed tokens, the correction attention added to
+    // their logits (lse_b_ after it less before it). Exact tokens have none.
+    std::vector<float> shift_b(static_cast<size_t>(w) * nh), shift_x(shift_b.size());
+    for (int32_t i = 0; i < w; ++i) {
+        for (int h = 0; h < nh; ++h) {
+            const size_t r = static_cast<size_t>(n - w + i) * nh + h;
+            const size_t o = static_cast<size_t>(i) * nh + h;
+            shift_x[o] = -lse_a_[r];
+            if (!recon_pos_.empty()) shift_b[o] = lse_b_[r] - lse_b_raw_[r] - lse_a_[r];
+        }
+    }
+    std::vector<const uint16_t*> rows;
+    std::vector<float> mass;
+    const auto score = [&](const std::vector<int32_t>& pos, const std::vector<float>& shift) {
+        const int64_t nb = static_cast<int64_t>(pos.size());
+        if (nb == 0) return;
+        mass.assign(static_cast<size_t>(nh) * nb, 0.0f);
+        k::attention_mass(q + static_cast<int64_t>(n - w) * ldq, ldq, w, shift.data(), nh,
+                          shape.n_kv_heads, shape.head_dim, shape.scale, rows.data(), nb,
+                          mass.data(), *threads_);
+        hints_.add_pin_mass(pos, mass.data(), nh, end);
+    };
+    // The region's reconstructed tokens.
+    const size_t row = sparse_pool_->row_bytes();
+    rows.resize(recon_pos_.size());
+    for (size_t j = 0; j < recon_pos_.size(); ++j)
+        rows[j] = reinterpret_cast<const uint16_t*>(recon_k_.data() + j * row);
+    score(recon_pos_, shift_b);
+    // Exact ones: the region's references a chunk attends (a reference is attended only when
+    // a step's pick or the pins name it, as a latent token is) and the tokens this commit
+    // compresses, still in the buffer.
+    pin_pos_.assign(selected_.begin(), selected_.end());
+    for (int32_t p = comp_end_; planned_ && p < plan_end_; ++p) pin_pos_.push_back(p);
+    rows.resize(pin_pos_.size());
+    for (size_t j = 0; j < pin_pos_.size(); ++j) {
+        rows[j] =
+            reinterpret_cast<const uint16_t*>(sparse_pool_->k_row(sl, sparse_slot_[pin_pos_[j]]));
+    }
+    score(pin_pos_, shift_x);
+}
+
+}  // namespace deltaserve::kvstore

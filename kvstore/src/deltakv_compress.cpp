@@ -1,0 +1,206 @@
+// Compression: which tokens stay references, the plan of what a call compresses, each
+// sparse layer's latents, and the slots compaction gives back.
+#include "deltaserve/kvstore/deltakv_cache.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "deltakv_scratch.h"
+#include "row_io.h"
+
+namespace deltaserve::kvstore {
+
+namespace k = deltaserve::kernels;
+
+void DeltaKvSequenceCache::compact() {
+    // Every position's row in the lowest slots, so that trim() gives back the rest: after a
+    // prompt compressed at its end its latents' slots are holes below its buffer.
+    const int32_t end = n_tokens_ + n_reserved_;
+    int32_t live = 0;
+    for (int32_t p = 0; p < end; ++p) live += sparse_slot_[p] >= 0;
+    std::vector<int32_t> movers;
+    for (int32_t p = 0; p < end; ++p) {
+        if (sparse_slot_[p] >= live) movers.push_back(p);
+    }
+    if (!movers.empty()) {
+        // As many slots below `live` are free as there are rows above it: the lowest ones.
+        auto to = sparse_pool_->allocate(static_cast<int32_t>(movers.size()));
+        DS_CHECK(to.ok(), "compacting needs no more slots than it frees");
+        std::vector<int32_t> from(movers.size());
+        const size_t row = sparse_pool_->row_bytes();
+        for (size_t i = 0; i < movers.size(); ++i) {
+            from[i] = sparse_slot_[movers[i]];
+            for (int32_t sl = 0; sl < static_cast<int32_t>(sparse_layers_.size()); ++sl) {
+                std::memcpy(sparse_pool_->k_row(sl, (*to)[i]), sparse_pool_->k_row(sl, from[i]),
+                            row);
+                std::memcpy(sparse_pool_->v_row(sl, (*to)[i]), sparse_pool_->v_row(sl, from[i]),
+                            row);
+            }
+            sparse_slot_[movers[i]] = (*to)[i];
+        }
+        sparse_pool_->release(from);
+    }
+    sparse_pool_->trim();
+}
+
+void DeltaKvSequenceCache::choose_refs(int32_t c0, int32_t c1) {
+    for (int32_t p = c0; p < c1; ++p) {
+        ref_flag_[p] = (p - options_.sinks) % options_.stride == 0;
+        if (ref_flag_[p]) ref_list_.push_back(p);
+    }
+}
+
+void DeltaKvSequenceCache::plan_compression(int32_t n_total) {
+    planned_ = true;
+    plan_n_ = n_total;
+    plan_carry_ = exact_carry_;
+    plan_end_ = comp_end_;
+    plan_blocks_.clear();
+    plan_tokens_.clear();
+    plan_done_.assign(sparse_layers_.size(), 0);
+    for (auto& p : pending_latents_) p.clear();
+    for (auto& p : pending_refs_) p.clear();
+    for (auto& p : pending_err_) p.clear();
+    if (sparse_layers_.empty()) return;
+    const size_t row = static_cast<size_t>(options_.n_kv_heads) * options_.head_dim * 2 * 2;
+    const size_t saved =
+        sparse_layers_.size() * (row - latent_bytes() - sizeof(uint16_t) * options_.k);
+    const double target =
+        options_.keep * static_cast<double>(full_fp16_bytes(
+                            n_total, options_.n_layers, options_.n_kv_heads * options_.head_dim));
+    // The session's bytes before this plan (planning moves no slots): one pass, not one per block.
+    const size_t held = options_.keep > 0.0f && n_total - plan_end_ >= 2 * options_.window
+                            ? bytes_upto(n_total)
+                            : 0;
+    while (n_total - plan_end_ >= 2 * options_.window) {
+        // Under a keep target the buffer grows while the session fits: the room goes to the
+        // most recent tokens, which draw most of the attention.
+        // What the plan saves: each latent's row, less a reference position for each token
+        // it keeps exact (exact_share).
+        const size_t n = plan_tokens_.size(), e = exact_count(n);
+        const double saves =
+            static_cast<double>((n - e) * saved) - static_cast<double>(e * sizeof(int32_t));
+        if (options_.keep > 0.0f && static_cast<double>(held) - saves <= target) break;
+        const int32_t c0 = plan_end_, c1 = plan_end_ + options_.window;
+        choose_refs(c0, c1);
+        for (int32_t p = c0; p < c1; ++p) {
+            if (!is_ref(p)) plan_tokens_.push_back(p);
+        }
+        plan_blocks_.push_back(c1);
+        plan_end_ = c1;
+    }
+}
+
+void DeltaKvSequenceCache::drop_plan() {
+    // Reference flags past the region are only read once their block is compressed.
+    for (int32_t p = comp_end_; p < plan_end_ && p < static_cast<int32_t>(ref_flag_.size()); ++p)
+        ref_flag_[p] = 0;
+    exact_carry_ = plan_carry_;
+    sync_ref_list();
+    planned_ = false;
+    plan_blocks_.clear();
+    plan_tokens_.clear();
+    plan_end_ = comp_end_;
+}
+
+void DeltaKvSequenceCache::compress_layer(int32_t s) {
+    plan_done_[s] = 1;
+    const int32_t d = profile_.d, kk = options_.k;
+    const size_t lb = latent_bytes();
+    auto& lat = pending_latents_[s];
+    auto& refs = pending_refs_[s];
+    size_t next = 0;  // first token of the block in plan_tokens_
+    for (int32_t c1 : plan_blocks_) {
+        std::vector<int32_t> ref_pos;
+        for (int32_t p = 0; p < c1; ++p) {
+            if (is_ref(p)) ref_pos.push_back(p);
+        }
+        size_t end = next;
+        while (end < plan_tokens_.size() && plan_tokens_[end] < c1) ++end;
+        const int32_t* block = plan_tokens_.data() + next;
+        const int64_t nb = static_cast<int64_t>(end - next);
+        std::vector<float> ref_x(ref_pos.size() * d), x(static_cast<size_t>(nb) * d), rm(x.size());
+        std::vector<float> z(static_cast<size_t>(nb) * profile_.m);
+        std::vector<float> scratch(static_cast<size_t>(2 * nb * profile_.layers[0].w1.rows));
+        // A reference's ordinal is its index in ref_pos: the sinks, then ref_list_.
+        std::vector<uint16_t> chosen(static_cast<size_t>(nb) * kk);
+        threads_->parallel_for(static_cast<int64_t>(ref_pos.size()), 16, [&](int64_t b, int64_t e) {
+            for (int64_t i = b; i < e; ++i) load_x(s, ref_pos[i], ref_x.data() + i * d);
+        });
+        threads_->parallel_for(nb, 8, [&](int64_t b, int64_t e) {
+            std::vector<int32_t> near(static_cast<size_t>(kk));
+            for (int64_t i = b; i < e; ++i) {
+                float* xi = x.data() + i * d;
+                load_x(s, block[i], xi);
+                // References at or before the token: ref_pos is sorted.
+                const int n_cand = static_cast<int>(
+                    std::upper_bound(ref_pos.begin(), ref_pos.end(), block[i]) - ref_pos.begin());
+                const int got = k::l2_nearest(xi, ref_x.data(), n_cand, d, kk, near.data());
+                float* ri = rm.data() + i * d;
+                std::fill(ri, ri + d, 0.0f);
+                for (int j = 0; j < kk; ++j) {
+                    chosen[i * kk + j] = j < got ? static_cast<uint16_t>(near[j]) : kNoRef;
+                    if (j < got) {
+                        const float* rx = ref_x.data() + static_cast<size_t>(near[j]) * d;
+                        for (int32_t t = 0; t < d; ++t) ri[t] += rx[t];
+                    }
+                }
+                for (int32_t t = 0; t < d; ++t) ri[t] /= static_cast<float>(std::max(got, 1));
+            }
+        });
+        if (nb > 0) {
+            k::deltakv_encode_residual(profile_.layers[sparse_layers_[s]], x.data(), rm.data(), nb,
+                                       z.data(), scratch.data(), *threads_);
+        }
+        const size_t at = lat.size();
+        lat.resize(at + static_cast<size_t>(nb) * lb);
+        for (int64_t i = 0; i < nb; ++i) {
+            const float* zi = z.data() + i * profile_.m;
+            if (options_.latent_bits == 4) {
+                k::int4_pack(zi, profile_.m, lat.data() + at + i * lb);
+            } else {
+                write_row(k::DType::kF16, lat.data() + at + i * lb, zi, profile_.m);
+            }
+        }
+        refs.insert(refs.end(), chosen.begin(), chosen.end());
+        if (options_.exact_share > 0.0f && s < exact_judges())
+            add_errors(s, x.data(), rm.data(), z.data(), lat.data() + at, nb);
+        next = end;
+    }
+    // The last judge: their errors are in, and no layer's plan rows were shipped yet
+    // (rows_final_end). Layers compress in order, so the later ones compress after.
+    if (s + 1 == exact_judges() && plan_decided()) keep_worst_exact();
+}
+
+void DeltaKvSequenceCache::finish_compression() {
+    if (plan_blocks_.empty()) {
+        planned_ = false;
+        return;
+    }
+    for (size_t sl = 0; sl < sparse_layers_.size(); ++sl) {
+        if (!plan_done_[sl]) compress_layer(static_cast<int32_t>(sl));
+        latents_[sl].insert(latents_[sl].end(), pending_latents_[sl].begin(),
+                            pending_latents_[sl].end());
+        refs_[sl].insert(refs_[sl].end(), pending_refs_[sl].begin(), pending_refs_[sl].end());
+        pending_latents_[sl].clear();
+        pending_refs_[sl].clear();
+    }
+    std::vector<int32_t> freed;
+    int32_t next_latent = static_cast<int32_t>(latents_[0].size() / latent_bytes()) -
+                          static_cast<int32_t>(plan_tokens_.size());
+    for (int32_t p : plan_tokens_) {
+        freed.push_back(sparse_slot_[p]);
+        sparse_slot_[p] = -1;
+        latent_of_[p] = next_latent++;
+    }
+    sparse_pool_->release(freed);
+    comp_end_ = plan_end_;
+    planned_ = false;
+    plan_blocks_.clear();
+    plan_tokens_.clear();
+    compact();
+}
+
+}  // namespace deltaserve::kvstore

@@ -1,0 +1,30 @@
+// What the DeltaKV cache's parts share. Private to kvstore/.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "deltaserve/common/thread_pool.h"
+
+namespace deltaserve::kvstore {
+
+// Scratch that only grows, so steps of varying sizes neither allocate nor clear it.
+template <class T>
+void grow(std::vector<T>& v, size_t n) {
+    if (v.size() < n) v.resize(n);
+}
+
+// Points a cache's threads at a call's pool for the call, and back after.
+class CallThreads {
+  public:
+    CallThreads(ThreadPool*& slot, ThreadPool& pool) : slot_(slot), saved_(slot) { slot = &pool; }
+    ~CallThreads() { slot_ = saved_; }
+    CallThreads(const CallThreads&) = delete;
+    CallThreads& operator=(const CallThreads&) = delete;
+
+  private:
+    ThreadPool*& slot_;
+    ThreadPool* const saved_;
+};
+
+}  // namespace deltaserve::kvstore
