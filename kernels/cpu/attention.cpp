@@ -18,8 +18,8 @@ namespace deltaserve::kernels {
 
 namespace {
 
-constexpr int kKeyTile = 32;    // keys converted to fp32 at a time
-constexpr int kMaxRows = 48;    // (query, head) rows processed together
+constexpr int kKeyTile = 32;  // keys converted to fp32 at a time
+constexpr int kMaxRows = 48;  // (query, head) rows processed together
 constexpr int kMaxHeadDim = 256;
 constexpr int32_t kSplitKeys = 512;  // key range per work item when splitting decode
 constexpr int kFewRows = 12;         // at most this many rows: attend_few_rows
@@ -52,8 +52,9 @@ void load_tile(const KvView& kv, int g, int dim, int32_t k0, int nk, float* kt, 
             for (int d = 0; d < dim; d += 8) {
                 _mm256_storeu_ps(kbuf + d, _mm256_cvtph_ps(_mm_loadu_si128(
                                                reinterpret_cast<const __m128i*>(krow + 2 * d))));
-                _mm256_storeu_ps(vt + j * dim + d, _mm256_cvtph_ps(_mm_loadu_si128(
-                                                       reinterpret_cast<const __m128i*>(vrow + 2 * d))));
+                _mm256_storeu_ps(vt + j * dim + d,
+                                 _mm256_cvtph_ps(_mm_loadu_si128(
+                                     reinterpret_cast<const __m128i*>(vrow + 2 * d))));
             }
         } else {
             std::copy_n(reinterpret_cast<const float*>(krow), dim, kbuf);
@@ -71,8 +72,17 @@ void load_tile(const KvView& kv, int g, int dim, int32_t k0, int nk, float* kt, 
 // (zero past `valid`), the row's max and sum move on, and the returned factor is what the
 // row's output must be rescaled by before the weighted values are added.
 float softmax_step(Partial& st, int r, float* sc, int n, int valid) {
-    float mx = sc[0];
-    for (int j = 1; j < valid; ++j) mx = std::max(mx, sc[j]);
+    float mx;
+    if (valid == n) {  // the max of whole vectors (exact, in any order)
+        __m256 m8 = _mm256_load_ps(sc);
+        for (int j = 8; j < n; j += 8) m8 = _mm256_max_ps(m8, _mm256_load_ps(sc + j));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        mx = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    } else {
+        mx = sc[0];
+        for (int j = 1; j < valid; ++j) mx = std::max(mx, sc[j]);
+    }
     const float m_new = std::max(st.m[r], mx);
     const float corr = std::exp(st.m[r] - m_new);
     const __m256 mv = _mm256_set1_ps(m_new);
@@ -87,14 +97,49 @@ float softmax_step(Partial& st, int r, float* sc, int n, int valid) {
     return corr;
 }
 
+// NC chunks of 8 output values from d0: o = o * corr + sum_j p[j] * V_j, the keys in order
+// for every value, the chunks' sums side by side (one chain each, not one after another).
+template <int NC, class LoadV>
+inline void weigh_chunks(float* o, __m256 cv, const float* p, int valid, int d0, LoadV& load_v) {
+    __m256 acc[NC];
+    for (int c = 0; c < NC; ++c) acc[c] = _mm256_mul_ps(_mm256_loadu_ps(o + d0 + 8 * c), cv);
+    for (int j = 0; j < valid; ++j) {
+        const __m256 pj = _mm256_set1_ps(p[j]);
+        for (int c = 0; c < NC; ++c) acc[c] = _mm256_fmadd_ps(pj, load_v(j, d0 + 8 * c), acc[c]);
+    }
+    for (int c = 0; c < NC; ++c) _mm256_storeu_ps(o + d0 + 8 * c, acc[c]);
+}
+
 // o = o * corr + sum_j p[j] * V_j, with load_v(j, d) giving 8 values of V_j from d.
 template <class LoadV>
 void add_weighted_values(float* o, float corr, const float* p, int valid, int dim, LoadV load_v) {
     const __m256 cv = _mm256_set1_ps(corr);
-    for (int d = 0; d < dim; d += 8) {
-        __m256 od = _mm256_mul_ps(_mm256_loadu_ps(o + d), cv);
-        for (int j = 0; j < valid; ++j) od = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), load_v(j, d), od);
-        _mm256_storeu_ps(o + d, od);
+    int d0 = 0;
+    for (; d0 + 64 <= dim; d0 += 64) weigh_chunks<8>(o, cv, p, valid, d0, load_v);
+    switch ((dim - d0) / 8) {
+        case 1:
+            weigh_chunks<1>(o, cv, p, valid, d0, load_v);
+            break;
+        case 2:
+            weigh_chunks<2>(o, cv, p, valid, d0, load_v);
+            break;
+        case 3:
+            weigh_chunks<3>(o, cv, p, valid, d0, load_v);
+            break;
+        case 4:
+            weigh_chunks<4>(o, cv, p, valid, d0, load_v);
+            break;
+        case 5:
+            weigh_chunks<5>(o, cv, p, valid, d0, load_v);
+            break;
+        case 6:
+            weigh_chunks<6>(o, cv, p, valid, d0, load_v);
+            break;
+        case 7:
+            weigh_chunks<7>(o, cv, p, valid, d0, load_v);
+            break;
+        default:
+            break;
     }
 }
 
@@ -108,25 +153,50 @@ void attend(const AttentionShape& s, const KvView& kv, int g, const float* const
     for (int32_t t0 = k0; t0 < k1; t0 += kKeyTile) {
         const int nk = std::min<int32_t>(kKeyTile, k1 - t0);
         load_tile(kv, g, dim, t0, nk, kt, vt);
-        for (int r = 0; r < n_rows; ++r) {
-            const int32_t visible = qpos[r] - t0 + 1;  // keys of this tile the row may see
-            if (visible <= 0) continue;
-            __m256 acc[kVecs];
-            for (int v = 0; v < kVecs; ++v) acc[v] = _mm256_setzero_ps();
-            const float* q = qrow[r];
-            for (int d = 0; d < dim; ++d) {
-                const __m256 qd = _mm256_set1_ps(q[d]);
-                for (int v = 0; v < kVecs; ++v) {
-                    acc[v] = _mm256_fmadd_ps(qd, _mm256_load_ps(kt + d * kKeyTile + 8 * v), acc[v]);
+        // Scores of two rows at a time: each key tile's loads serve both, and eight sums
+        // run side by side.
+        for (int r = 0; r < n_rows;) {
+            if (qpos[r] - t0 + 1 <= 0) {  // no key of this tile is visible to the row
+                ++r;
+                continue;
+            }
+            const int pair = r + 1 < n_rows && qpos[r + 1] - t0 + 1 > 0 ? 2 : 1;
+            __m256 acc[2][kVecs];
+            for (int i = 0; i < 2; ++i) {
+                for (int v = 0; v < kVecs; ++v) acc[i][v] = _mm256_setzero_ps();
+            }
+            if (pair == 2) {
+                const float* q0 = qrow[r];
+                const float* q1 = qrow[r + 1];
+                for (int d = 0; d < dim; ++d) {
+                    const __m256 a = _mm256_set1_ps(q0[d]);
+                    const __m256 b = _mm256_set1_ps(q1[d]);
+                    for (int v = 0; v < kVecs; ++v) {
+                        const __m256 kv8 = _mm256_load_ps(kt + d * kKeyTile + 8 * v);
+                        acc[0][v] = _mm256_fmadd_ps(a, kv8, acc[0][v]);
+                        acc[1][v] = _mm256_fmadd_ps(b, kv8, acc[1][v]);
+                    }
+                }
+            } else {
+                const float* q = qrow[r];
+                for (int d = 0; d < dim; ++d) {
+                    const __m256 qd = _mm256_set1_ps(q[d]);
+                    for (int v = 0; v < kVecs; ++v) {
+                        acc[0][v] = _mm256_fmadd_ps(qd, _mm256_load_ps(kt + d * kKeyTile + 8 * v),
+                                                    acc[0][v]);
+                    }
                 }
             }
-            const int valid = std::min(nk, visible);
-            alignas(32) float sc[kKeyTile];
-            const __m256 scale = _mm256_set1_ps(s.scale);
-            for (int v = 0; v < kVecs; ++v) _mm256_store_ps(sc + 8 * v, _mm256_mul_ps(acc[v], scale));
-            const float corr = softmax_step(st, r, sc, kKeyTile, valid);
-            add_weighted_values(st.o + static_cast<size_t>(r) * dim, corr, sc, valid, dim,
-                                [&](int j, int d) { return _mm256_load_ps(vt + j * dim + d); });
+            for (int i = 0; i < pair; ++i, ++r) {
+                const int valid = std::min(nk, qpos[r] - t0 + 1);
+                alignas(32) float sc[kKeyTile];
+                const __m256 scale = _mm256_set1_ps(s.scale);
+                for (int v = 0; v < kVecs; ++v)
+                    _mm256_store_ps(sc + 8 * v, _mm256_mul_ps(acc[i][v], scale));
+                const float corr = softmax_step(st, r, sc, kKeyTile, valid);
+                add_weighted_values(st.o + static_cast<size_t>(r) * dim, corr, sc, valid, dim,
+                                    [&](int j, int d) { return _mm256_load_ps(vt + j * dim + d); });
+            }
         }
     }
 }
@@ -153,7 +223,8 @@ void attend_few_rows(const AttentionShape& s, const KvView& kv, int g, const flo
         const uint8_t* krow[8];
         const uint8_t* vrow[8];
         for (int j = 0; j < 8; ++j) {
-            const size_t off = static_cast<size_t>(slots[t0 + std::min(j, nk - 1)]) * kv.row_stride + head_off;
+            const size_t off =
+                static_cast<size_t>(slots[t0 + std::min(j, nk - 1)]) * kv.row_stride + head_off;
             krow[j] = kv.k + off;
             vrow[j] = kv.v + off;
         }
@@ -212,8 +283,8 @@ struct PartialBuffer {
 };
 
 // Rows of a query block [i0, i1) for KV head g: one row per (query, head of the group).
-int gather_rows(const AttentionShape& s, const float* q, int64_t ldq, int32_t p0, int g,
-                int32_t i0, int32_t i1, const float** qrow, int32_t* qpos) {
+int gather_rows(const AttentionShape& s, const float* q, int64_t ldq, int32_t p0, int g, int32_t i0,
+                int32_t i1, const float** qrow, int32_t* qpos) {
     const int group = s.n_heads / s.n_kv_heads;
     int n = 0;
     for (int32_t i = i0; i < i1; ++i) {
@@ -235,8 +306,9 @@ void write_rows(const AttentionShape& s, const Partial& st, int g, int32_t i0, i
             float* dst = out + i * ldo + static_cast<int64_t>(g * group + hh) * s.head_dim;
             const float inv = st.l[r] > 0.0f ? 1.0f / st.l[r] : 0.0f;
             if (lse != nullptr) {
-                lse[i * s.n_heads + g * group + hh] =
-                    st.l[r] > 0.0f ? st.m[r] + std::log(st.l[r]) : -std::numeric_limits<float>::infinity();
+                lse[i * s.n_heads + g * group + hh] = st.l[r] > 0.0f
+                                                          ? st.m[r] + std::log(st.l[r])
+                                                          : -std::numeric_limits<float>::infinity();
             }
             const float* o = st.o + static_cast<size_t>(r) * s.head_dim;
             for (int d = 0; d < s.head_dim; ++d) dst[d] = o[d] * inv;
@@ -278,7 +350,8 @@ void attention(const AttentionShape& s, const KvView& kv, const float* q, int64_
     const int32_t q_block = std::max(1, kMaxRows / group);
     const int32_t n_qblocks = (n_q + q_block - 1) / q_block;
     // Few query blocks over many keys (decode): split the keys too, merge afterwards.
-    const int32_t splits = n_qblocks == 1 ? std::max<int32_t>(1, (n_keys + kSplitKeys - 1) / kSplitKeys) : 1;
+    const int32_t splits =
+        n_qblocks == 1 ? std::max<int32_t>(1, (n_keys + kSplitKeys - 1) / kSplitKeys) : 1;
     const int rows = std::min(n_q, q_block) * group;
     const int64_t n_items = static_cast<int64_t>(s.n_kv_heads) * n_qblocks * splits;
 
