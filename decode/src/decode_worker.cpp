@@ -695,6 +695,8 @@ void DecodeWorkerImpl::update_stats() {
             add(t->ctx.get());
         } else {
             ++s.waiting;
+            // A prompt this loop is prefilling holds the KV of its chunks so far.
+            if (t->stage == Turn::Stage::kPrefillHere) add(t->ctx.get());
         }
     }
     s.kv_bytes = static_cast<int64_t>(held);

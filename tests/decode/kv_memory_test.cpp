@@ -5,7 +5,9 @@
 // hold its blocks once; nothing stays held after turns end, are cancelled or fail.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 
 #include "kv_memory_fixture.h"
 
@@ -72,6 +74,24 @@ TEST_F(KvMemoryTest, RunningTurnsBookTheMemoryAndTheNextIsRefusedUntilOneEnds) {
     auto r = run(next);
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     EXPECT_EQ(decode_->stats().kv_booked, 0);
+}
+
+// The KV a prompt holds while this node prefills it counts in the stats (and the metrics
+// made from them) before its first token: a long prompt is not invisible for its prefill.
+TEST_F(KvMemoryTest, APromptBeingPrefilledCountsInTheKvBytes) {
+    start(64);
+    auto sink = std::make_shared<CollectingSink>();
+    ASSERT_TRUE(
+        decode_->start_turn(testing::greedy_turn(1, text_tokens(900, 0, true), "", 4), sink).ok());
+    bool seen = false;
+    for (int i = 0; i < 20000 && !seen; ++i) {
+        const auto st = decode_->stats();
+        if (st.running == 0 && st.waiting == 1 && st.kv_bytes > 0) seen = true;
+        if (st.running == 1) break;  // past its prefill
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_TRUE(seen) << "no KV bytes counted while the prompt was prefilled";
+    ASSERT_TRUE(sink->wait().ok());
 }
 
 // A turn refused because the running turns booked the memory drops no idle session first:
