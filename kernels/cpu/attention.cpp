@@ -251,8 +251,8 @@ void few_rows_tile(const AttentionShape& s, const KvView& kv, int g, const float
 // Keys [k0, k1) of the heads [g0, g0 + n_heads) of a view whose heads share their entries,
 // each head its rows qrow[i] and its state st[i]: a tile's keys for every head before the next
 // tile, so each K and V row (all heads) is read once, in order, and the hardware's
-// prefetcher follows (a head at a time read every row's part three times over, at a third
-// of the bandwidth on this host). The same arithmetic per head as one head at a time.
+// prefetcher follows (a head at a time passed over the rows once per head: 1.35x slower at
+// 4096 keys on this host). The same arithmetic per head as one head at a time.
 void attend_few_rows(const AttentionShape& s, const KvView& kv, int g0, int n_heads,
                      const float* const* const* qrow, const int32_t* qpos, int n_rows, int32_t k0,
                      int32_t k1, Partial* st) {
