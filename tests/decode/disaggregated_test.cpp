@@ -197,16 +197,18 @@ TEST_F(Disaggregated, TurnsRunBatchedGiveTheirAloneAnswers) {
 TEST_F(Disaggregated, ALongLocalPrefillDoesNotStallGeneratingTurns) {
     auto c = cluster("inproc", "full", 100000, 32);
     struct Timed : CollectingSink {
-        std::vector<std::chrono::steady_clock::time_point> at;
+        std::vector<std::chrono::steady_clock::time_point> at;  // read after wait()
+        std::atomic<bool> started{false};
         bool on_piece(std::string_view p) override {
             at.push_back(std::chrono::steady_clock::now());
+            started = true;
             return CollectingSink::on_piece(p);
         }
     };
     auto talker = std::make_shared<Timed>();
     auto reader = std::make_shared<Timed>();
     ASSERT_TRUE(c->decode->start_turn(greedy_turn(1, prompt(20), "", 48), talker).ok());
-    while (talker->at.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    while (!talker->started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     ASSERT_TRUE(c->decode->start_turn(greedy_turn(2, prompt(800, 100), "", 8), reader).ok());
     ASSERT_TRUE(talker->wait().ok());
     auto r = reader->wait();
