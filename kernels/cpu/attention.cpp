@@ -117,31 +117,16 @@ void add_weighted_values(float* o, float corr, const float* p, int valid, int di
     const __m256 cv = _mm256_set1_ps(corr);
     int d0 = 0;
     for (; d0 + 64 <= dim; d0 += 64) weigh_chunks<8>(o, cv, p, valid, d0, load_v);
-    switch ((dim - d0) / 8) {
-        case 1:
-            weigh_chunks<1>(o, cv, p, valid, d0, load_v);
-            break;
-        case 2:
-            weigh_chunks<2>(o, cv, p, valid, d0, load_v);
-            break;
-        case 3:
-            weigh_chunks<3>(o, cv, p, valid, d0, load_v);
-            break;
-        case 4:
-            weigh_chunks<4>(o, cv, p, valid, d0, load_v);
-            break;
-        case 5:
-            weigh_chunks<5>(o, cv, p, valid, d0, load_v);
-            break;
-        case 6:
-            weigh_chunks<6>(o, cv, p, valid, d0, load_v);
-            break;
-        case 7:
-            weigh_chunks<7>(o, cv, p, valid, d0, load_v);
-            break;
-        default:
-            break;
+    // The rest (dim is a multiple of 8): 4, 2 and 1 chunks.
+    if (dim - d0 >= 32) {
+        weigh_chunks<4>(o, cv, p, valid, d0, load_v);
+        d0 += 32;
     }
+    if (dim - d0 >= 16) {
+        weigh_chunks<2>(o, cv, p, valid, d0, load_v);
+        d0 += 16;
+    }
+    if (dim - d0 >= 8) weigh_chunks<1>(o, cv, p, valid, d0, load_v);
 }
 
 // Attends rows (query vectors qrow[r] at positions qpos[r]) over keys [k0, k1) of head g.

@@ -9,6 +9,7 @@
 #include "deltaserve/common/fp16.h"
 #include "deltaserve/kernels/attention.h"
 #include "deltaserve/kernels/attention_scores.h"
+#include "deltaserve/kernels/attention_support.h"
 
 namespace deltaserve::kernels {
 namespace {
@@ -55,11 +56,13 @@ Inputs make_inputs(const Case& c) {
             reinterpret_cast<float*>(v.data())[i] = b;
         }
     }
-    in.view = KvView{c.dtype, k.data(), v.data(), kv_dim * elem, slots.data(), n, c.head_dim * elem};
+    in.view =
+        KvView{c.dtype, k.data(), v.data(), kv_dim * elem, slots.data(), n, c.head_dim * elem};
     in.q_dim = c.n_heads * c.head_dim;
     in.q.resize(static_cast<size_t>(c.n_q) * in.q_dim);
     for (auto& x : in.q) x = nd(rng);
-    in.shape = AttentionShape{c.n_heads, c.n_kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
+    in.shape =
+        AttentionShape{c.n_heads, c.n_kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
     return in;
 }
 
@@ -94,6 +97,21 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Without the causal mask every query sees every entry: the same as each query alone
 // (a single query sees the whole view), with the same log-sum-exp.
+// Shapes the kernels cannot take are refused with a reason before a context is made (the
+// model's context asks), never found out by the kernels' checks.
+TEST(AttentionShapes, WhatTheKernelsCannotTakeIsRefusedWithTheReason) {
+    EXPECT_TRUE(attention_shape_supported({64, 64, 64, 0.125f}).ok());
+    const auto expect_refused = [](const AttentionShape& s, const char* why) {
+        const Status st = attention_shape_supported(s);
+        EXPECT_EQ(st.code(), StatusCode::kUnimplemented) << why;
+        EXPECT_NE(st.message().find(why), std::string::npos) << st.to_string();
+    };
+    expect_refused({65, 65, 64, 0.125f}, "65 KV heads");
+    expect_refused({8, 8, 12, 0.125f}, "head size 12");
+    expect_refused({9, 2, 64, 0.125f}, "9 query heads over 2 KV heads");
+    expect_refused({98, 2, 64, 0.125f}, "49 query heads per KV head");
+}
+
 TEST(AttentionNoMask, EveryQuerySeesEveryEntry) {
     for (const Case& c : {Case{9, 3, 64, 40, 37, DType::kF16}, Case{9, 3, 64, 300, 70, DType::kF16},
                           Case{8, 4, 8, 5, 3, DType::kF32}}) {
@@ -104,8 +122,8 @@ TEST(AttentionNoMask, EveryQuerySeesEveryEntry) {
         ThreadPool pool(2);
         attention(shape, view, q.data(), q_dim, c.n_q, got.data(), q_dim, pool, lse.data(), false);
         for (int32_t i = 0; i < c.n_q; ++i) {
-            attention(shape, view, q.data() + i * q_dim, q_dim, 1, want.data() + i * q_dim, q_dim, pool,
-                      lse_want.data() + i * c.n_heads);
+            attention(shape, view, q.data() + i * q_dim, q_dim, 1, want.data() + i * q_dim, q_dim,
+                      pool, lse_want.data() + i * c.n_heads);
         }
         EXPECT_LT(max_abs_diff(got, want), 2e-5) << c.n_past << " + " << c.n_q;
         EXPECT_LT(max_abs_diff(lse, lse_want), 1e-4) << c.n_past << " + " << c.n_q;
@@ -123,14 +141,15 @@ TEST(AttentionPerHead, EachHeadReadsItsOwnEntries) {
     const size_t head_bytes = c.head_dim * 2;
     std::mt19937 rng(11);
     std::vector<std::vector<int32_t>> kept(c.n_kv_heads);  // entries of the shared view
-    std::vector<uint8_t> hk, hv;                            // one head per row
+    std::vector<uint8_t> hk, hv;                           // one head per row
     std::vector<std::vector<int32_t>> head_slots(c.n_kv_heads);
     for (int g = 0; g < c.n_kv_heads; ++g) {
         for (int32_t i = 0; i < n; ++i) {
             if (i >= c.n_past || rng() % 3 != 0) kept[g].push_back(i);
         }
         for (int32_t e : kept[g]) {
-            const size_t src = static_cast<size_t>(in.slots[e]) * in.view.row_stride + g * head_bytes;
+            const size_t src =
+                static_cast<size_t>(in.slots[e]) * in.view.row_stride + g * head_bytes;
             head_slots[g].push_back(static_cast<int32_t>(hk.size() / head_bytes));
             hk.insert(hk.end(), in.k.begin() + src, in.k.begin() + src + head_bytes);
             hv.insert(hv.end(), in.v.begin() + src, in.v.begin() + src + head_bytes);
@@ -142,7 +161,8 @@ TEST(AttentionPerHead, EachHeadReadsItsOwnEntries) {
         lists.push_back(l.data());
         counts.push_back(static_cast<int32_t>(l.size()));
     }
-    KvView per_head{DType::kF16, hk.data(), hv.data(), head_bytes, nullptr, 0, 0, lists.data(), counts.data()};
+    KvView per_head{DType::kF16, hk.data(), hv.data(),    head_bytes,   nullptr,
+                    0,           0,         lists.data(), counts.data()};
 
     ThreadPool pool(2);
     std::vector<float> got(in.q.size()), want(in.q.size()), dense(in.q.size());
@@ -179,28 +199,34 @@ TEST(AttentionColumnSums, MatchDirectSoftmax) {
             std::vector<float*> ptrs;
             for (auto& g : got) ptrs.push_back(g.data());
             ThreadPool pool(2);
-            attention_column_sums(in.shape, in.view, in.q.data(), in.q_dim, c.n_q, first, power, ptrs.data(), pool);
+            attention_column_sums(in.shape, in.view, in.q.data(), in.q_dim, c.n_q, first, power,
+                                  ptrs.data(), pool);
             for (int g = 0; g < c.n_kv_heads; ++g) {
                 std::vector<double> want(n, 0.0);
                 for (int32_t i = first; i < c.n_q; ++i) {
                     for (int hh = 0; hh < group; ++hh) {
-                        const float* qh = in.q.data() + i * in.q_dim + (g * group + hh) * c.head_dim;
+                        const float* qh =
+                            in.q.data() + i * in.q_dim + (g * group + hh) * c.head_dim;
                         const int32_t visible = c.n_past + i + 1;
                         std::vector<double> w(visible);
                         double mx = -1e300, sum = 0;
                         for (int32_t j = 0; j < visible; ++j) {
                             const auto* k = reinterpret_cast<const uint16_t*>(
-                                in.k.data() + in.slots[j] * in.view.row_stride + g * c.head_dim * 2);
+                                in.k.data() + in.slots[j] * in.view.row_stride +
+                                g * c.head_dim * 2);
                             double dot = 0;
-                            for (int d = 0; d < c.head_dim; ++d) dot += double(qh[d]) * fp16_to_fp32(k[d]);
+                            for (int d = 0; d < c.head_dim; ++d)
+                                dot += double(qh[d]) * fp16_to_fp32(k[d]);
                             w[j] = dot * in.shape.scale;
                             mx = std::max(mx, w[j]);
                         }
                         for (auto& x : w) sum += (x = std::exp(x - mx));
-                        for (int32_t j = 0; j < visible; ++j) want[j] += std::pow(w[j] / sum, power);
+                        for (int32_t j = 0; j < visible; ++j)
+                            want[j] += std::pow(w[j] / sum, power);
                     }
                 }
-                for (int32_t j = 0; j < n; ++j) ASSERT_NEAR(got[g][j], want[j], 1e-4) << "entry " << j;
+                for (int32_t j = 0; j < n; ++j)
+                    ASSERT_NEAR(got[g][j], want[j], 1e-4) << "entry " << j;
             }
         }
     }
@@ -217,8 +243,10 @@ TEST_P(AttentionGgmlTest, CloseToReferenceAndIndependentOfPoolSize) {
     std::vector<float> want(in.q.size()), got1(in.q.size(), -1.0f), got3(in.q.size(), -2.0f);
     attention_reference(in.shape, in.view, in.q.data(), in.q_dim, c.n_q, want.data(), in.q_dim);
     ThreadPool one(1), three(3);
-    attention_ggml(in.shape, in.view, in.q.data(), in.q_dim, c.n_q, c.n_past, got1.data(), in.q_dim, 2, one);
-    attention_ggml(in.shape, in.view, in.q.data(), in.q_dim, c.n_q, c.n_past, got3.data(), in.q_dim, 2, three);
+    attention_ggml(in.shape, in.view, in.q.data(), in.q_dim, c.n_q, c.n_past, got1.data(), in.q_dim,
+                   2, one);
+    attention_ggml(in.shape, in.view, in.q.data(), in.q_dim, c.n_q, c.n_past, got3.data(), in.q_dim,
+                   2, three);
     // The unnormalised output is summed in fp16 (as llama.cpp does): over a few hundred keys
     // that costs up to ~1e-2 here, where values are of order 1.
     EXPECT_LT(max_abs_diff(got1, want), 2e-2);
@@ -227,21 +255,23 @@ TEST_P(AttentionGgmlTest, CloseToReferenceAndIndependentOfPoolSize) {
 
 INSTANTIATE_TEST_SUITE_P(
     Paths, AttentionGgmlTest,
-    ::testing::Values(Case{9, 3, 64, 0, 37, DType::kF16},     // one row at a time, fp16 Q
-                      Case{9, 3, 64, 100, 3, DType::kF16},    // a short batch after a prompt
-                      Case{9, 3, 64, 30, 70, DType::kF16},    // 64+ queries: the tiled path
-                      Case{9, 3, 64, 300, 1, DType::kF16},    // decode over 512 padded cells: split
-                      Case{9, 3, 64, 2000, 1, DType::kF16},   // decode, split, long
-                      Case{4, 4, 128, 33, 17, DType::kF16},   // two 64-element dot steps
-                      Case{4, 2, 80, 20, 5, DType::kF16}));   // dot leftovers past 64
+    ::testing::Values(Case{9, 3, 64, 0, 37, DType::kF16},    // one row at a time, fp16 Q
+                      Case{9, 3, 64, 100, 3, DType::kF16},   // a short batch after a prompt
+                      Case{9, 3, 64, 30, 70, DType::kF16},   // 64+ queries: the tiled path
+                      Case{9, 3, 64, 300, 1, DType::kF16},   // decode over 512 padded cells: split
+                      Case{9, 3, 64, 2000, 1, DType::kF16},  // decode, split, long
+                      Case{4, 4, 128, 33, 17, DType::kF16},  // two 64-element dot steps
+                      Case{4, 2, 80, 20, 5, DType::kF16}));  // dot leftovers past 64
 
 TEST(AttentionGgml, SplitCountChangesOnlyRounding) {
     const Case c{9, 3, 64, 600, 1, DType::kF16};
     const Inputs in = make_inputs(c);
     ThreadPool pool(2);
     std::vector<float> two(in.q.size()), four(in.q.size());
-    attention_ggml(in.shape, in.view, in.q.data(), in.q_dim, 1, c.n_past, two.data(), in.q_dim, 2, pool);
-    attention_ggml(in.shape, in.view, in.q.data(), in.q_dim, 1, c.n_past, four.data(), in.q_dim, 4, pool);
+    attention_ggml(in.shape, in.view, in.q.data(), in.q_dim, 1, c.n_past, two.data(), in.q_dim, 2,
+                   pool);
+    attention_ggml(in.shape, in.view, in.q.data(), in.q_dim, 1, c.n_past, four.data(), in.q_dim, 4,
+                   pool);
     EXPECT_NE(two, four);
     EXPECT_LT(max_abs_diff(two, four), 2e-2);
 }
