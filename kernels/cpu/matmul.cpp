@@ -104,13 +104,15 @@ void compute_rows(const WeightMatrix& w, const Activations& a, float* y, int64_t
     }
 }
 
-// Rows per work chunk. Decoding streams the weights once per token and is bound by memory:
-// two long contiguous runs per thread let the prefetchers stream (measured 95 -> ~115
-// tok/s over 32-row chunks); prefill reuses each chunk across many tokens and balances
-// with small chunks.
+// Rows per work chunk: two long contiguous runs per thread, whatever the token count, so the
+// prefetchers stream each thread's weights once per call. Decoding is bound by memory
+// (measured 95 -> ~115 tok/s over 32-row chunks); a batch of 2-64 tokens still is, as each
+// row group stays in L1 while every token passes over it: with 16-row chunks instead, a
+// batch of 2 decoded 0.8-1.3x the tokens/s of one, with the long runs 1.8-2.0x; prefill
+// measured the same either way within this host's noise (bench/README.md, "Batched decode:
+// long row runs").
 // Interleaved rows come in whole groups.
-int64_t rows_per_chunk(int64_t rows, int64_t n_tokens, const ThreadPool& pool) {
-    if (n_tokens > 1) return 16;
+int64_t rows_per_chunk(int64_t rows, const ThreadPool& pool) {
     const int64_t n = std::max<int64_t>(32, rows / (2 * pool.size()));
     return (n + kRowInterleave - 1) / kRowInterleave * kRowInterleave;
 }
@@ -122,7 +124,7 @@ std::string_view cpu_kernel_isa() { return table().isa; }
 void matmul(const WeightMatrix& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
             int64_t ldy, ThreadPool& pool) {
     const Activations a = prepare(w, x, ldx, n_tokens, &pool);
-    const int64_t grain = rows_per_chunk(w.rows, n_tokens, pool);
+    const int64_t grain = rows_per_chunk(w.rows, pool);
     pool.parallel_for(w.rows, grain,
                       [&](int64_t r0, int64_t r1) { compute_rows(w, a, y, ldy, r0, r1); });
 }
@@ -142,7 +144,7 @@ void matmul_shared_input(std::span<const MatmulOutput> outputs, const float* x, 
     }
     const Activations a = prepare(first, x, ldx, n_tokens, &pool);
     // Rows of all outputs, concatenated, handed out in chunks that never straddle two.
-    const int64_t grain = rows_per_chunk(first.rows, n_tokens, pool);
+    const int64_t grain = rows_per_chunk(first.rows, pool);
     int64_t total_chunks = 0;
     int64_t chunk_start[8];
     DS_CHECK(outputs.size() <= 8, "too many shared-input outputs");
