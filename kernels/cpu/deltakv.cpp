@@ -9,15 +9,15 @@
 
 #include "cpu_features.h"
 #include "deltakv_int4_kernels.h"
-#include "deltaserve/common/status.h"
 #include "deltaserve/common/fp16.h"
+#include "deltaserve/common/status.h"
 #include "deltaserve/kernels/matmul.h"
 #include "simd_math.h"
 
 namespace deltaserve::kernels {
 
-void deltakv_encode_residual(const DeltaKvLayer& w, const float* x, const float* r, int64_t n, float* z,
-                             float* scratch, ThreadPool& pool) {
+void deltakv_encode_residual(const DeltaKvLayer& w, const float* x, const float* r, int64_t n,
+                             float* z, float* scratch, ThreadPool& pool) {
     const int64_t d = w.d(), h = w.w1.rows, m = w.m();
     float* a = scratch;
     float* b = scratch + n * h;
@@ -119,11 +119,13 @@ void int4_dots_avx2(const Int4Decoder& dec, const uint8_t* codes, int64_t n, int
                 const __m256i qb = _mm256_set1_epi32(q4);
                 for (int b = 0; b < 4; ++b) {
                     // codes <= 15 and |w| <= 127: the pairwise 16-bit sums cannot saturate
-                    const __m256i p = _mm256_maddubs_epi16(qb, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * b)));
+                    const __m256i p = _mm256_maddubs_epi16(
+                        qb, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * b)));
                     a[b] = _mm256_add_epi32(a[b], _mm256_madd_epi16(p, ones));
                 }
             }
-            for (int b = 0; b < 4; ++b) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r + 8 * b), a[b]);
+            for (int b = 0; b < 4; ++b)
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r + 8 * b), a[b]);
         }
         int4_dots_rows(dec, q, r, out);
     }
@@ -156,7 +158,8 @@ CodesFn codes_fn() {
 }
 
 void prefetch_bytes(const uint8_t* p, int bytes) {
-    for (int b = 0; b < bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(p + b), _MM_HINT_T0);
+    for (int b = 0; b < bytes; b += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(p + b), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(p + bytes - 1), _MM_HINT_T0);
 }
 
@@ -189,8 +192,9 @@ int finish_rows(const Int4KeyFinish& f, int64_t i, const float** rows) {
 
 }  // namespace
 
-void deltakv_decode_int4(const Int4Decoder& dec, const uint8_t* const* latents, int64_t n, float* out,
-                         int64_t ldo, const uint8_t* given, const Int4KeyFinish* finish) {
+void deltakv_decode_int4(const Int4Decoder& dec, const uint8_t* const* latents, int64_t n,
+                         float* out, int64_t ldo, const uint8_t* given,
+                         const Int4KeyFinish* finish) {
     static const Int4DotsFn dots = cpu_features().avx512_vnni ? int4_dots_avx512 : int4_dots_avx2;
     DS_CHECK(finish == nullptr || (finish->k <= 16 && finish->n_heads * finish->head_dim <= dec.d),
              "bad Int4KeyFinish");
@@ -207,7 +211,8 @@ void deltakv_decode_int4(const Int4Decoder& dec, const uint8_t* const* latents, 
     for (int64_t b = 0; b < n; b += kBlock) {
         const int64_t e = std::min(n, b + kBlock);
         if (given == nullptr) {
-            for (int64_t i = b; i < e; ++i) unpack(latents[i] + 4, dec.m, codes.data() + (i - b) * dec.m16);
+            for (int64_t i = b; i < e; ++i)
+                unpack(latents[i] + 4, dec.m, codes.data() + (i - b) * dec.m16);
         }
         dots(dec, given != nullptr ? given + b * dec.m16 : codes.data(), e - b, acc.data());
         for (int64_t i = b; i < e; ++i) {
@@ -228,14 +233,19 @@ void deltakv_decode_int4(const Int4Decoder& dec, const uint8_t* const* latents, 
             const __m256 sv = _mm256_set1_ps(s), lov = _mm256_set1_ps(lo);
             int r = 0;
             for (; r + 8 <= dec.d; r += 8) {
-                const __m256 v = _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + r)));
+                const __m256 v =
+                    _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + r)));
                 const __m256 w = _mm256_mul_ps(sv, _mm256_loadu_ps(dec.scale.data() + r));
-                _mm256_storeu_ps(y + r, _mm256_fmadd_ps(w, v, _mm256_mul_ps(lov, _mm256_loadu_ps(dec.row_sum.data() + r))));
+                _mm256_storeu_ps(
+                    y + r, _mm256_fmadd_ps(
+                               w, v, _mm256_mul_ps(lov, _mm256_loadu_ps(dec.row_sum.data() + r))));
             }
-            for (; r < dec.d; ++r) y[r] = lo * dec.row_sum[r] + s * dec.scale[r] * static_cast<float>(a[r]);
+            for (; r < dec.d; ++r)
+                y[r] = lo * dec.row_sum[r] + s * dec.scale[r] * static_cast<float>(a[r]);
             if (finish != nullptr) {
                 add_mean_rows(y, rows, nr, dec.d);
-                rope_apply(y, finish->n_heads, finish->head_dim, c, c + finish->head_dim / 2, finish->style, false);
+                rope_apply(y, finish->n_heads, finish->head_dim, c, c + finish->head_dim / 2,
+                           finish->style, false);
             }
         }
     }
@@ -258,8 +268,8 @@ void add_mean_rows(float* x, const float* const* rows, int n, int dims) {
     }
 }
 
-void max_head_scores(const float* q, int n_heads, int n_kv_heads, int head_dim, const uint16_t* const* k_rows,
-                     int64_t n, float* out, ThreadPool& pool) {
+void max_head_scores(const float* q, int n_heads, int n_kv_heads, int head_dim,
+                     const uint16_t* const* k_rows, int64_t n, float* out, ThreadPool& pool) {
     const int group = n_heads / n_kv_heads;
     pool.parallel_for(n, 64, [&](int64_t b, int64_t e) {
         std::vector<float> k(static_cast<size_t>(n_kv_heads) * head_dim);
@@ -267,22 +277,26 @@ void max_head_scores(const float* q, int n_heads, int n_kv_heads, int head_dim, 
             const int kv = n_kv_heads * head_dim;
             int i = 0;
             for (; i + 8 <= kv; i += 8) {
-                _mm256_storeu_ps(k.data() + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k_rows[t] + i))));
+                _mm256_storeu_ps(k.data() + i,
+                                 _mm256_cvtph_ps(_mm_loadu_si128(
+                                     reinterpret_cast<const __m128i*>(k_rows[t] + i))));
             }
             for (; i < kv; ++i) k[i] = fp16_to_fp32(k_rows[t][i]);
             float best = -INFINITY;
             for (int h = 0; h < n_heads; ++h) {
-                best = std::max(best, dot8<false>(q + static_cast<size_t>(h) * head_dim,
-                                                  k.data() + static_cast<size_t>(h / group) * head_dim, head_dim));
+                best =
+                    std::max(best, dot8<false>(q + static_cast<size_t>(h) * head_dim,
+                                               k.data() + static_cast<size_t>(h / group) * head_dim,
+                                               head_dim));
             }
             out[t] = best;
         }
     });
 }
 
-void attention_mass(const float* q, int64_t ldq, int n_q, const float* shift, int n_heads, int n_kv_heads,
-                    int head_dim, float scale, const uint16_t* const* k_rows, int64_t n, float* out,
-                    ThreadPool& pool) {
+void attention_mass(const float* q, int64_t ldq, int n_q, const float* shift, int n_heads,
+                    int n_kv_heads, int head_dim, float scale, const uint16_t* const* k_rows,
+                    int64_t n, float* out, ThreadPool& pool) {
     const int group = n_heads / n_kv_heads, rows = n_q * n_heads;
     pool.parallel_for(n, 64, [&](int64_t b, int64_t e) {
         const int kv = n_kv_heads * head_dim;
@@ -290,17 +304,21 @@ void attention_mass(const float* q, int64_t ldq, int n_q, const float* shift, in
         for (int64_t t = b; t < e; ++t) {
             int i = 0;
             for (; i + 8 <= kv; i += 8) {
-                _mm256_storeu_ps(k.data() + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k_rows[t] + i))));
+                _mm256_storeu_ps(k.data() + i,
+                                 _mm256_cvtph_ps(_mm_loadu_si128(
+                                     reinterpret_cast<const __m128i*>(k_rows[t] + i))));
             }
             for (; i < kv; ++i) k[i] = fp16_to_fp32(k_rows[t][i]);
             for (int r = 0; r < rows; ++r) {
                 const int qi = r / n_heads, h = r % n_heads;
                 logit[r] = scale * dot8<false>(q + qi * ldq + static_cast<int64_t>(h) * head_dim,
-                                               k.data() + static_cast<size_t>(h / group) * head_dim, head_dim) +
+                                               k.data() + static_cast<size_t>(h / group) * head_dim,
+                                               head_dim) +
                            shift[r];
             }
             for (int r = rows; r < static_cast<int>(logit.size()); ++r) logit[r] = -INFINITY;
-            for (size_t r = 0; r < logit.size(); r += 8) _mm256_storeu_ps(logit.data() + r, exp256(_mm256_loadu_ps(logit.data() + r)));
+            for (size_t r = 0; r < logit.size(); r += 8)
+                _mm256_storeu_ps(logit.data() + r, exp256(_mm256_loadu_ps(logit.data() + r)));
             for (int r = 0; r < rows; ++r) out[(r % n_heads) * n + t] += logit[r];
         }
     });
@@ -341,12 +359,17 @@ void int4_unpack(const uint8_t* in, int m, float* z) {
     int i = 0;
     for (; i + 16 <= m; i += 16) {
         const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i / 2));
-        const __m128i codes = _mm_unpacklo_epi8(_mm_and_si128(b, nib), _mm_and_si128(_mm_srli_epi16(b, 4), nib));
-        _mm256_storeu_ps(z + i, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes)), sv, lov));
-        _mm256_storeu_ps(z + i + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(codes, 8))),
-                                                    sv, lov));
+        const __m128i codes =
+            _mm_unpacklo_epi8(_mm_and_si128(b, nib), _mm_and_si128(_mm_srli_epi16(b, 4), nib));
+        _mm256_storeu_ps(z + i,
+                         _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes)), sv, lov));
+        _mm256_storeu_ps(
+            z + i + 8,
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(codes, 8))), sv,
+                            lov));
     }
-    for (; i < m; ++i) z[i] = std::fma(s, static_cast<float>(i % 2 == 0 ? q[i / 2] & 15 : q[i / 2] >> 4), lo);
+    for (; i < m; ++i)
+        z[i] = std::fma(s, static_cast<float>(i % 2 == 0 ? q[i / 2] & 15 : q[i / 2] >> 4), lo);
 }
 
 void rope_angles(int64_t pos, int head_dim, float base, float* c, float* s) {
@@ -359,7 +382,8 @@ void rope_angles(int64_t pos, int head_dim, float base, float* c, float* s) {
     }
 }
 
-void rope_apply(float* x, int n_heads, int head_dim, const float* c, const float* s, RopeStyle style, bool inverse) {
+void rope_apply(float* x, int n_heads, int head_dim, const float* c, const float* s,
+                RopeStyle style, bool inverse) {
     const int half = head_dim / 2;
     const float sign = inverse ? -1.0f : 1.0f;
     // Eight values at a time: (a, b) -> (a c - b s, a s + b c), s negated for the inverse.
@@ -372,16 +396,21 @@ void rope_apply(float* x, int n_heads, int head_dim, const float* c, const float
             const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
             const __m256 alt = _mm256_setr_ps(-1, 1, -1, 1, -1, 1, -1, 1);
             for (; j + 4 <= half; j += 4) {
-                const __m256 cc = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(c + j)), dup);
+                const __m256 cc =
+                    _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(c + j)), dup);
                 const __m256 ss = _mm256_mul_ps(
-                    _mm256_mul_ps(_mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(s + j)), dup), alt), sgn);
+                    _mm256_mul_ps(
+                        _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(s + j)), dup),
+                        alt),
+                    sgn);
                 const __m256 ab = _mm256_loadu_ps(v + 2 * j);
                 const __m256 ba = _mm256_permute_ps(ab, 0xB1);
                 _mm256_storeu_ps(v + 2 * j, _mm256_fmadd_ps(ba, ss, _mm256_mul_ps(ab, cc)));
             }
         } else {
             for (; j + 8 <= half; j += 8) {
-                const __m256 cc = _mm256_loadu_ps(c + j), ss = _mm256_mul_ps(_mm256_loadu_ps(s + j), sgn);
+                const __m256 cc = _mm256_loadu_ps(c + j),
+                             ss = _mm256_mul_ps(_mm256_loadu_ps(s + j), sgn);
                 const __m256 a = _mm256_loadu_ps(v + j), b = _mm256_loadu_ps(v + j + half);
                 _mm256_storeu_ps(v + j, _mm256_fnmadd_ps(b, ss, _mm256_mul_ps(a, cc)));
                 _mm256_storeu_ps(v + j + half, _mm256_fmadd_ps(b, cc, _mm256_mul_ps(a, ss)));
