@@ -45,6 +45,36 @@ inline float dot8(const float* x, const float* y, int d) {
     return s;
 }
 
+// Eight dot8<false>(x[r], y[r], d), d a multiple of 16: the same sums in the same order as
+// eight dot8 calls (each pair's two accumulators, then its lanes i + 4, then j + 2, then the
+// last pair), the horizontal steps of the eight taken together. The results come in the
+// order 0, 2, 4, 6, 1, 3, 5, 7.
+inline __m256 dot8_rows8(const float* const* x, const float* const* y, int d) {
+    __m256 a[8];
+    for (int r = 0; r < 8; ++r) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        for (int i = 0; i < d; i += 16) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x[r] + i), _mm256_loadu_ps(y[r] + i), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x[r] + i + 8), _mm256_loadu_ps(y[r] + i + 8), a1);
+        }
+        a[r] = _mm256_add_ps(a0, a1);
+    }
+    // Lanes i + (i + 4): rows (0, 1), (2, 3), (4, 5), (6, 7) in the halves of one vector.
+    __m256 h[4];
+    for (int p = 0; p < 4; ++p) {
+        h[p] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * p], a[2 * p + 1], 0x20),
+                             _mm256_permute2f128_ps(a[2 * p], a[2 * p + 1], 0x31));
+    }
+    // Lanes j + (j + 2) within each half.
+    const __m256 q0 = _mm256_add_ps(_mm256_shuffle_ps(h[0], h[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm256_shuffle_ps(h[0], h[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 q1 = _mm256_add_ps(_mm256_shuffle_ps(h[2], h[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm256_shuffle_ps(h[2], h[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    // The last pair.
+    return _mm256_add_ps(_mm256_shuffle_ps(q0, q1, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm256_shuffle_ps(q0, q1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
 // exp(x) for 8 floats, max error ~1.5 ulp. The same algorithm and rounding steps as ggml's
 // AVX-512 ggml_v_expf (x = n ln2 + b, a degree-5 polynomial in b, then a scale by 2^n), so
 // that SiLU and softmax round as llama.cpp's do. Results above ~88.7 are +inf, below ~-103.9
@@ -57,13 +87,15 @@ inline __m256 exp256(__m256 x) {
                                       _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
     const __m256 u = _mm256_mul_ps(b, b);
     const __m256 j = _mm256_fmadd_ps(
-        _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
-                        _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+        _mm256_fmadd_ps(
+            _mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+            _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
         u, _mm256_fmadd_ps(_mm256_set1_ps(0x1.ffffecp-1f), b, _mm256_set1_ps(1.0f)));
     // j * 2^n with a single rounding: 2^n split in two factors that are both normal floats
     // (|n| <= 192 here), the first product exact.
     const __m256 abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), n);
-    const __m256 nc = _mm256_max_ps(_mm256_min_ps(n, _mm256_set1_ps(192.0f)), _mm256_set1_ps(-192.0f));
+    const __m256 nc =
+        _mm256_max_ps(_mm256_min_ps(n, _mm256_set1_ps(192.0f)), _mm256_set1_ps(-192.0f));
     const __m256i ni = _mm256_cvtps_epi32(nc);
     const __m256i n1 = _mm256_srai_epi32(ni, 1);
     const __m256i n2 = _mm256_sub_epi32(ni, n1);
