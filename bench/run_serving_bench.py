@@ -21,7 +21,9 @@ Each run warms up until every client has finished one request (and at least --wa
 seconds), then counts for --seconds: tokens by the time they arrive (output tokens: content
 chunks; input tokens: a request's prompt tokens when its first token arrives), time to first
 token of the requests whose first token arrived in the window and the inter-token gaps that
-ended in it (p50/p90/p99).
+ended in it (p50/p90/p99). Long prompts count over --long-seconds: at 8 clients a 40-second
+window holds a handful of 4k requests, and its first-token times are those of whichever
+happened to finish in it.
 Prints one table per workload with deltaserve / llama-server ratios; writes a JSON summary.
 
     bench/build_llama_server.sh                       # once (about 10 minutes)
@@ -200,15 +202,19 @@ def run(kind, port, clients, seconds, warmup, texts, max_tokens, sessions):
     window["end"] = w0 + seconds
     time.sleep(seconds)
     w1 = window["end"]
+    # A request's input tokens are known when it ends (its usage chunk) and count at its first
+    # token: wait for the requests in flight, whose first token may have come in the window.
+    for t in threads:
+        t.join(timeout=max(0.0, w1 + max(60.0, seconds) - time.time()))
     # Tokens count by arrival, also those of requests still in flight at the end (a 256-token
-    # answer at 32 clients takes longer than the window); input tokens when a request ends.
+    # answer at 32 clients takes longer than the window).
     with rec.mu:
         errors, first_error = rec.errors, rec.first_error
         out = sum(1 for t in rec.out if w0 <= t < w1)
         inp = sum(n for t, n in rec.inp if w0 <= t < w1)
         ttft = [v for t, v in rec.ttft if w0 <= t < w1]
         gaps = [v for t, v in rec.gaps if w0 <= t < w1]
-    return {"clients": clients, "warm": rec.warm(), "warmup_s": round(w0 - t_start, 1),
+    return {"clients": clients, "warm": rec.warm(), "warmup_s": round(w0 - t_start, 1), "seconds": seconds,
             "output_tps": out / seconds, "input_tps": inp / seconds, "total_tps": (out + inp) / seconds,
             "ttft_p50": pct(ttft, 0.5), "ttft_p90": pct(ttft, 0.9), "ttft_p99": pct(ttft, 0.99),
             "itl_p50": pct(gaps, 0.5), "itl_p90": pct(gaps, 0.9), "itl_p99": pct(gaps, 0.99),
@@ -223,6 +229,7 @@ def main():
     ap.add_argument("--workloads", default="chat,session,short,system,long4k,long8k")
     ap.add_argument("--clients", default="1,8,32")
     ap.add_argument("--seconds", type=float, default=40)
+    ap.add_argument("--long-seconds", type=float, default=240, help="window for long4k and long8k")
     ap.add_argument("--warmup", type=float, default=10)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=0, help="context per client (default: per workload)")
@@ -245,18 +252,19 @@ def main():
     for kind in a.workloads.split(","):
         for n in [int(x) for x in a.clients.split(",")]:
             c = a.ctx or ctx[kind]
+            seconds = a.long_seconds if kind.startswith("long") else a.seconds
             row = {"workload": kind, "clients": n}
             if a.skip != "deltaserve":
                 port, stop = start_embedded(a.build, a.model, a.threads, c,
                                             ["--max-sessions", str(max(64, 2 * n))] + a.serve_args.split())
                 try:
-                    row["deltaserve"] = run(kind, port, n, a.seconds, a.warmup, texts, answer[kind], True)
+                    row["deltaserve"] = run(kind, port, n, seconds, a.warmup, texts, answer[kind], True)
                 finally:
                     stop()
             if a.skip != "llama-server":
                 port, stop = start_llama_server(server, a.model, a.threads, c, n)
                 try:
-                    row["llama-server"] = run("chat" if kind == "session" else kind, port, n, a.seconds,
+                    row["llama-server"] = run("chat" if kind == "session" else kind, port, n, seconds,
                                               a.warmup, texts, answer[kind], False)
                 finally:
                     stop()
