@@ -20,10 +20,11 @@ Workloads:
 Each run warms up until every client has finished one request (and at least --warmup
 seconds), then counts for --seconds: tokens by the time they arrive (output tokens: content
 chunks; input tokens: a request's prompt tokens when its first token arrives), time to first
-token of the requests whose first token arrived in the window and the inter-token gaps that
-ended in it (p50/p90/p99). Long prompts count over --long-seconds: at 8 clients a 40-second
-window holds a handful of 4k requests, and its first-token times are those of whichever
-happened to finish in it.
+token of the requests whose first token arrived in the window, the inter-token gaps that
+ended in it (p50/p90/p99) and the latency (sent to last token) of the requests that ended in
+it (p50/p90): a server that answers a first token early and the rest slowly shows there.
+Long prompts count over --long-seconds: at 8 clients a 40-second window holds a handful of
+4k requests, and its first-token times are those of whichever happened to finish in it.
 Prints one table per workload with deltaserve / llama-server ratios; writes a JSON summary.
 
     bench/build_llama_server.sh                       # once (about 10 minutes)
@@ -82,11 +83,12 @@ def start_llama_server(binary, model, threads, ctx, clients, extra=()):
 
 
 class Recorder:
-    """Arrivals of one run: (time, output tokens), (time, input tokens), per-request TTFT and gaps."""
+    """Arrivals of one run: (time, output tokens), (time, input tokens), per-request TTFT, gaps
+    and whole-request latency (from sending it to its last token)."""
 
     def __init__(self, clients):
         self.mu = threading.Lock()
-        self.out, self.inp, self.ttft, self.gaps = [], [], [], []
+        self.out, self.inp, self.ttft, self.gaps, self.latency = [], [], [], [], []
         self.done_once = set()
         self.clients = clients
         self.errors = 0
@@ -127,6 +129,7 @@ def stream(port, body, rec, client):
     with rec.mu:
         if first is not None:
             rec.inp.append((first, prompt_tokens or 0))
+            rec.latency.append((last, last - t0))
         rec.done_once.add(client)
     return text
 
@@ -214,10 +217,12 @@ def run(kind, port, clients, seconds, warmup, texts, max_tokens, sessions):
         inp = sum(n for t, n in rec.inp if w0 <= t < w1)
         ttft = [v for t, v in rec.ttft if w0 <= t < w1]
         gaps = [v for t, v in rec.gaps if w0 <= t < w1]
+        latency = [v for t, v in rec.latency if w0 <= t < w1]
     return {"clients": clients, "warm": rec.warm(), "warmup_s": round(w0 - t_start, 1), "seconds": seconds,
             "output_tps": out / seconds, "input_tps": inp / seconds, "total_tps": (out + inp) / seconds,
             "ttft_p50": pct(ttft, 0.5), "ttft_p90": pct(ttft, 0.9), "ttft_p99": pct(ttft, 0.99),
             "itl_p50": pct(gaps, 0.5), "itl_p90": pct(gaps, 0.9), "itl_p99": pct(gaps, 0.99),
+            "latency_p50": pct(latency, 0.5), "latency_p90": pct(latency, 0.9),
             "requests": len(ttft), "errors": errors, "first_error": first_error}
 
 
@@ -283,6 +288,7 @@ def report(row):
     for key, fmt in (("output_tps", "{:.1f}"), ("input_tps", "{:.0f}"), ("total_tps", "{:.0f}"),
                      ("ttft_p50", "{:.3f}"), ("ttft_p90", "{:.3f}"), ("ttft_p99", "{:.3f}"),
                      ("itl_p50", "{:.4f}"), ("itl_p90", "{:.4f}"), ("itl_p99", "{:.4f}"),
+                     ("latency_p50", "{:.3f}"), ("latency_p90", "{:.3f}"),
                      ("requests", "{}"), ("errors", "{}")):
         a = ds[key] if ds else None
         b = ls[key] if ls else None
