@@ -106,11 +106,11 @@ void compute_rows(const WeightMatrix& w, const Activations& a, float* y, int64_t
 
 // Rows per work chunk: two long contiguous runs per thread, whatever the token count, so the
 // prefetchers stream each thread's weights once per call. Decoding is bound by memory
-// (measured 95 -> ~115 tok/s over 32-row chunks); a batch of 2-64 tokens still is, as each
-// row group stays in L1 while every token passes over it: with 16-row chunks instead, a
-// batch of 2 decoded 0.8-1.3x the tokens/s of one, with the long runs 1.8-2.0x; prefill
-// measured the same either way within this host's noise (bench/README.md, "Batched decode:
-// long row runs").
+// (measured 95 -> ~115 tok/s over 32-row chunks); a batch reads each weight once per call
+// too, as a row group stays in L1 while every token passes over it. With 16-row chunks for
+// more than one token, a batch of 2 decoded 0.8-1.3x the tokens/s of one, with the long runs
+// 1.8-2.0x; prefill measured the same either way within this host's noise (bench/README.md,
+// "Batched decode: long row runs").
 // Interleaved rows come in whole groups.
 int64_t rows_per_chunk(int64_t rows, const ThreadPool& pool) {
     const int64_t n = std::max<int64_t>(32, rows / (2 * pool.size()));

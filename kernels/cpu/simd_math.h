@@ -46,7 +46,7 @@ inline float dot8(const float* x, const float* y, int d) {
 }
 
 // Eight dot8<false>(x[r], y[r], d), d a multiple of 16: the same sums in the same order as
-// eight dot8 calls (each pair's two accumulators, then its lanes i + 4, then j + 2, then the
+// eight dot8 calls (each dot's two accumulators, then its lanes i + 4, then j + 2, then the
 // last pair), the horizontal steps of the eight taken together. The results come in the
 // order 0, 2, 4, 6, 1, 3, 5, 7.
 inline __m256 dot8_rows8(const float* const* x, const float* const* y, int d) {
