@@ -87,16 +87,18 @@ TEST_P(AttentionTest, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, AttentionTest,
-    ::testing::Values(Case{8, 4, 8, 0, 1, DType::kF32},       // stories260K, first token
-                      Case{9, 3, 64, 0, 37, DType::kF16},     // SmolLM2 prompt
-                      Case{9, 3, 64, 100, 50, DType::kF16},   // a second chunk
-                      Case{9, 3, 64, 2000, 1, DType::kF16},   // decode, split over keys
-                      Case{9, 3, 64, 700, 3, DType::kF32},    // a few queries, split
-                      Case{4, 4, 128, 33, 17, DType::kF16},   // MHA, wide heads
-                      Case{32, 8, 64, 0, 70, DType::kF32}));  // GQA 4:1, several blocks
+    ::testing::Values(Case{8, 4, 8, 0, 1, DType::kF32},      // stories260K, first token
+                      Case{9, 3, 64, 0, 37, DType::kF16},    // SmolLM2 prompt
+                      Case{9, 3, 64, 100, 50, DType::kF16},  // a second chunk
+                      Case{9, 3, 64, 2000, 1, DType::kF16},  // decode, split over keys
+                      Case{9, 3, 64, 700, 3, DType::kF32},   // a few queries, split
+                      Case{4, 4, 128, 33, 17, DType::kF16},  // MHA, wide heads
+                      Case{32, 8, 64, 0, 70, DType::kF32},   // GQA 4:1, several blocks
+                      // Head sizes past 64 that are not multiples of it: the values' last
+                      // chunks go as 4 + 2 (112) and 4 + 1 (104), decoding and in a chunk.
+                      Case{4, 2, 112, 300, 1, DType::kF16}, Case{4, 2, 112, 20, 33, DType::kF16},
+                      Case{4, 2, 104, 300, 1, DType::kF16}, Case{4, 2, 104, 20, 33, DType::kF16}));
 
-// Without the causal mask every query sees every entry: the same as each query alone
-// (a single query sees the whole view), with the same log-sum-exp.
 // Shapes the kernels cannot take are refused with a reason before a context is made (the
 // model's context asks), never found out by the kernels' checks.
 TEST(AttentionShapes, WhatTheKernelsCannotTakeIsRefusedWithTheReason) {
@@ -112,6 +114,8 @@ TEST(AttentionShapes, WhatTheKernelsCannotTakeIsRefusedWithTheReason) {
     expect_refused({98, 2, 64, 0.125f}, "49 query heads per KV head");
 }
 
+// Without the causal mask every query sees every entry: the same as each query alone
+// (a single query sees the whole view), with the same log-sum-exp.
 TEST(AttentionNoMask, EveryQuerySeesEveryEntry) {
     for (const Case& c : {Case{9, 3, 64, 40, 37, DType::kF16}, Case{9, 3, 64, 300, 70, DType::kF16},
                           Case{8, 4, 8, 5, 3, DType::kF32}}) {
