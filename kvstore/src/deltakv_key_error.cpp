@@ -31,7 +31,8 @@ std::vector<float> deltakv_key_error_variance(const DeltaKvProfile& profile, int
             float* xi = lx.data() + i * d;
             std::copy_n(x + static_cast<size_t>(p) * d, d, xi);
             // References before the token, as the cache picks them.
-            const int n_cand = static_cast<int>(std::upper_bound(refs.begin(), refs.end(), p) - refs.begin());
+            const int n_cand =
+                static_cast<int>(std::upper_bound(refs.begin(), refs.end(), p) - refs.begin());
             const int got = k::l2_nearest(xi, ref_x.data(), n_cand, d, kk, near.data());
             float* ri = rm.data() + i * d;
             std::fill(ri, ri + d, 0.0f);
@@ -42,7 +43,8 @@ std::vector<float> deltakv_key_error_variance(const DeltaKvProfile& profile, int
         }
     });
     const k::DeltaKvLayer& w = profile.layers[layer];
-    std::vector<float> z(static_cast<size_t>(nl) * profile.m), scratch(static_cast<size_t>(2 * nl * w.w1.rows));
+    std::vector<float> z(static_cast<size_t>(nl) * profile.m),
+        scratch(static_cast<size_t>(2 * nl * w.w1.rows));
     k::deltakv_encode_residual(w, lx.data(), rm.data(), nl, z.data(), scratch.data(), threads);
     // Decode as the cache does: int4 latents through the int8 decoder, or fp32.
     std::vector<float> kr(static_cast<size_t>(nl) * kv_dim), full(d);
@@ -73,7 +75,8 @@ std::vector<float> deltakv_key_error_variance(const DeltaKvProfile& profile, int
             sum[static_cast<size_t>(j / hd) * half + pair] += e * e;
         }
     }
-    for (size_t i = 0; i < var.size(); ++i) var[i] = static_cast<float>(sum[i] / (2.0 * static_cast<double>(nl)));
+    for (size_t i = 0; i < var.size(); ++i)
+        var[i] = static_cast<float>(sum[i] / (2.0 * static_cast<double>(nl)));
     return var;
 }
 
