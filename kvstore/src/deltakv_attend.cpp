@@ -21,7 +21,8 @@ void DeltaKvSequenceCache::gather_refs(int32_t sl, const std::vector<int32_t>& p
     const size_t lb = latent_bytes();
     latent_ptrs_.clear();
     for (int32_t p : positions) {
-        latent_ptrs_.push_back(latents_[sl].data() + static_cast<size_t>(latent_of_[p]) * lb);
+        latent_ptrs_.push_back(region_.latents[sl].data() +
+                               static_cast<size_t>(region_.latent_of[p]) * lb);
         angles(p);
     }
     // Every reference the region's latents may name, a row per ordinal (the sinks, then the
@@ -30,8 +31,8 @@ void DeltaKvSequenceCache::gather_refs(int32_t sl, const std::vector<int32_t>& p
     ref_pos_.clear();
     if (!positions.empty()) {
         for (int32_t p = 0; p < options_.sinks; ++p) ref_pos_.push_back(p);
-        for (int32_t p : ref_list_) {
-            if (p >= comp_end_) break;
+        for (int32_t p : region_.ref_list) {
+            if (p >= region_.end) break;
             ref_pos_.push_back(p);
         }
     }
@@ -115,7 +116,8 @@ void DeltaKvSequenceCache::reconstruct(int32_t layer) {
 void DeltaKvSequenceCache::add_ref_mean(int32_t sl, int32_t pos, int32_t dims, float* x,
                                         int32_t* rows) const {
     const int32_t kk = options_.k;
-    const uint16_t* refs = refs_[sl].data() + static_cast<size_t>(latent_of_[pos]) * kk;
+    const uint16_t* refs =
+        region_.refs[sl].data() + static_cast<size_t>(region_.latent_of[pos]) * kk;
     const float* rx[16];
     int32_t nr = 0;
     for (int32_t q = 0; q < kk; ++q) {
@@ -174,7 +176,7 @@ void DeltaKvSequenceCache::latent_scores(int32_t layer, const kernels::Attention
                 for (int64_t i = b; i < e; ++i) {
                     const int32_t pos = positions[i];
                     const uint16_t* refs =
-                        refs_[sl].data() + static_cast<size_t>(latent_of_[pos]) * kk;
+                        region_.refs[sl].data() + static_cast<size_t>(region_.latent_of[pos]) * kk;
                     for (int32_t r = 0; r < kk; ++r) {
                         const bool has = refs[r] != kNoRef;
                         lat_refs_[i * kk + r] = has ? refs[r] : -1;
@@ -295,7 +297,7 @@ bool DeltaKvSequenceCache::attend_chunk(int32_t layer, const kernels::AttentionS
     if (options_.full_layer[layer]) return false;
     // What the commit compresses is known from positions alone; the last chunk of a prompt
     // scores its tokens for the pins while they are still exact.
-    if (!planned_ && more_ == 0) plan_compression(n_tokens_ + n_reserved_);
+    if (!plan_.active && more_ == 0) plan_compression(n_tokens_ + n_reserved_);
     const bool pins = options_.pin_ratio > 0.0f && more_ == 0;
     if (recon_pos_.empty() && !pins) return false;
     DS_CHECK(ldo == static_cast<int64_t>(shape.n_heads) * shape.head_dim,
@@ -359,7 +361,7 @@ void DeltaKvSequenceCache::score_pins(int32_t layer, const kernels::AttentionSha
     // a step's pick or the pins name it, as a latent token is) and the tokens this commit
     // compresses, still in the buffer.
     pin_pos_.assign(selected_.begin(), selected_.end());
-    for (int32_t p = comp_end_; planned_ && p < plan_end_; ++p) pin_pos_.push_back(p);
+    for (int32_t p = region_.end; plan_.active && p < plan_.end; ++p) pin_pos_.push_back(p);
     rows.resize(pin_pos_.size());
     for (size_t j = 0; j < pin_pos_.size(); ++j) {
         rows[j] =

@@ -2,18 +2,28 @@
 // viewing rows, commit and truncate, and the bytes it holds. Its other parts: the options
 // (deltakv_options.cpp), selection (deltakv_select.cpp), attention over compressed tokens
 // (deltakv_attend.cpp), compression (deltakv_compress.cpp, deltakv_exact.cpp), the hints
-// (deltakv_hints.cpp), shipping (deltakv_shipping.cpp, deltakv_rows.cpp).
+// (deltakv_hints.cpp), the region and plan (deltakv_region.cpp), and its codec
+// (deltakv_codec.h: deltakv_shipping.cpp, deltakv_rows.cpp).
 #include "deltaserve/kvstore/deltakv_cache.h"
 
 #include <algorithm>
 #include <cmath>
 #include <utility>
 
+#include "deltakv_codec.h"
 #include "row_io.h"
 
 namespace deltaserve::kvstore {
 
 namespace k = deltaserve::kernels;
+
+namespace {
+
+int32_t n_sparse_layers(const DeltaKvOptions& o) {
+    return static_cast<int32_t>(std::count(o.full_layer.begin(), o.full_layer.end(), 0));
+}
+
+}  // namespace
 
 Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(
     const DeltaKvProfile& profile, const DeltaKvOptions& o, ThreadPool& threads) {
@@ -50,8 +60,11 @@ DeltaKvSequenceCache::DeltaKvSequenceCache(const DeltaKvProfile& profile,
     : profile_(profile),
       options_(options),
       threads_(&threads),
+      region_(options.sinks, options.stride, n_sparse_layers(options)),
+      plan_(n_sparse_layers(options)),
       hints_(DeltaKvHints::Options{options.pin_ratio, options.pin_after, options.pin_before,
-                                   options.follow, options.follow_ahead}) {
+                                   options.follow, options.follow_ahead}),
+      codec_(std::make_unique<DeltaKvCodec>(*this)) {
     layer_index_.resize(static_cast<size_t>(options.n_layers));
     group_of_.assign(static_cast<size_t>(options.n_layers), -1);
     int32_t observation = -1;
@@ -81,14 +94,10 @@ DeltaKvSequenceCache::DeltaKvSequenceCache(const DeltaKvProfile& profile,
         scorer_[l] = options.score_every > 0 && since_full % options.score_every == 0;
         ++since_full;
     }
-    latents_.resize(sparse_layers_.size());
-    refs_.resize(sparse_layers_.size());
-    pending_latents_.resize(sparse_layers_.size());
-    pending_refs_.resize(sparse_layers_.size());
-    pending_err_.resize(sparse_layers_.size());
     reconstructed_.assign(static_cast<size_t>(options.n_layers), 0);
-    comp_end_ = options.sinks;
 }
+
+SequenceCodec* DeltaKvSequenceCache::codec() { return codec_.get(); }
 
 DeltaKvSequenceCache::~DeltaKvSequenceCache() {
     release_temp();
@@ -98,19 +107,6 @@ DeltaKvSequenceCache::~DeltaKvSequenceCache() {
 size_t DeltaKvSequenceCache::latent_bytes() const {
     return options_.latent_bits == 4 ? k::int4_bytes(profile_.m)
                                      : 2 * static_cast<size_t>(profile_.m);
-}
-
-void DeltaKvSequenceCache::sync_ref_list() {
-    ref_list_.clear();
-    for (int32_t p = options_.sinks; p < static_cast<int32_t>(ref_flag_.size()); ++p) {
-        if (ref_flag_[p]) ref_list_.push_back(p);
-    }
-}
-
-int32_t DeltaKvSequenceCache::n_refs_in_region() const {
-    int32_t n = 0;
-    for (int32_t p = options_.sinks; p < comp_end_; ++p) n += is_ref(p);
-    return n;
 }
 
 Status DeltaKvSequenceCache::reserve(int32_t n_new) {
@@ -129,8 +125,7 @@ Status DeltaKvSequenceCache::reserve(int32_t n_new) {
     for (int32_t i = 0; i < more; ++i) {
         full_slot_.push_back(f[i]);
         sparse_slot_.push_back(sparse_pool_ ? s[i] : -1);
-        latent_of_.push_back(-1);
-        ref_flag_.push_back(0);
+        region_.add_position();
     }
     n_reserved_ = n_new;
     return Status();
@@ -183,7 +178,7 @@ kernels::KvView DeltaKvSequenceCache::view(int32_t layer, int32_t n_visible_new)
     view_slots_.insert(view_slots_.end(), selected_slot_.begin(), selected_slot_.end());
     // The buffer starts after the region, or right after the committed tokens while they do
     // not yet fill the sinks.
-    for (int32_t p = n_tokens_ < options_.sinks ? n_tokens_ : comp_end_;
+    for (int32_t p = n_tokens_ < options_.sinks ? n_tokens_ : region_.end;
          p < n_tokens_ + n_visible_new; ++p) {
         view_slots_.push_back(sparse_slot_[p]);
     }
@@ -202,7 +197,7 @@ std::vector<int32_t> DeltaKvSequenceCache::view_positions(int32_t layer,
     }
     for (int32_t p = 0; p < std::min(options_.sinks, n_tokens_); ++p) pos.push_back(p);
     pos.insert(pos.end(), selected_.begin(), selected_.end());
-    for (int32_t p = n_tokens_ < options_.sinks ? n_tokens_ : comp_end_; p < end; ++p)
+    for (int32_t p = n_tokens_ < options_.sinks ? n_tokens_ : region_.end; p < end; ++p)
         pos.push_back(p);
     return pos;
 }
@@ -269,14 +264,14 @@ void DeltaKvSequenceCache::commit(int32_t n) {
         std::vector<uint8_t>().swap(recon_v_);
     }
     if (!sparse_layers_.empty()) {
-        if (planned_ && (more || plan_n_ != n_tokens_)) drop_plan();  // a partial commit
+        if (plan_.active && (more || plan_.n_total != n_tokens_)) drop_plan();  // a partial commit
         if (!more) {
-            if (!planned_) plan_compression(n_tokens_);
+            if (!plan_.active) plan_compression(n_tokens_);
             finish_compression();
         }
     }
     // The last chunk of a prompt replaces the pins (none where it scored none).
-    if (n > 1 && !more) hints_.choose_pins(options_.sinks, comp_end_);
+    if (n > 1 && !more) hints_.choose_pins(options_.sinks, region_.end);
 }
 
 void DeltaKvSequenceCache::truncate(int32_t n_keep) {
@@ -288,32 +283,21 @@ void DeltaKvSequenceCache::truncate(int32_t n_keep) {
     lead_selected_ = false;
     last_select_end_ = 0;
     hints_.clear();
-    exact_carry_ = plan_carry_ = 0.0;
+    plan_.exact_carry = plan_.carry_before = 0.0;
     const int32_t end = n_tokens_ + n_reserved_;
     std::vector<int32_t> full_freed, sparse_freed;
-    int32_t first_latent = -1;
     for (int32_t p = n_keep; p < end; ++p) {
         full_freed.push_back(full_slot_[p]);
         if (sparse_slot_[p] >= 0) sparse_freed.push_back(sparse_slot_[p]);
-        if (latent_of_[p] >= 0 && first_latent < 0) first_latent = latent_of_[p];
     }
     full_pool_->release(full_freed);
     full_pool_->trim();
-    if (first_latent >= 0) {
-        for (size_t sl = 0; sl < latents_.size(); ++sl) {
-            latents_[sl].resize(static_cast<size_t>(first_latent) * latent_bytes());
-            refs_[sl].resize(static_cast<size_t>(first_latent) * options_.k);
-        }
-    }
+    region_.truncate(n_keep, latent_bytes(), options_.k);
     full_slot_.resize(static_cast<size_t>(n_keep));
     sparse_slot_.resize(static_cast<size_t>(n_keep));
-    latent_of_.resize(static_cast<size_t>(n_keep));
-    ref_flag_.resize(static_cast<size_t>(n_keep));
-    sync_ref_list();
     n_tokens_ = n_keep;
     n_reserved_ = 0;
     more_ = 0;
-    comp_end_ = std::max(options_.sinks, std::min(comp_end_, n_keep));
     if (sparse_pool_) {
         sparse_pool_->release(sparse_freed);
         compact();
@@ -358,10 +342,10 @@ size_t DeltaKvSequenceCache::bytes_upto(int32_t n) const {
     size_t fp_tokens = 0, latents = 0, refs = 0;
     for (int32_t p = 0; p < n; ++p) {
         fp_tokens += sparse_slot_[p] >= 0;
-        latents += latent_of_[p] >= 0;
-        refs += ref_flag_[p];
+        latents += region_.latent_of[p] >= 0;
+        refs += region_.ref_flag[p];
     }
-    // Metadata: per position its slots, latent index and reference flag; ref_list_.
+    // Metadata: per position its slots, latent index and reference flag; region_.ref_list.
     return static_cast<size_t>(n) * full_layers_.size() * row +
            fp_tokens * sparse_layers_.size() * row +
            latents * sparse_layers_.size() * (latent_bytes() + sizeof(uint16_t) * options_.k) +

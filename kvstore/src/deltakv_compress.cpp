@@ -45,24 +45,8 @@ void DeltaKvSequenceCache::compact() {
     sparse_pool_->trim();
 }
 
-void DeltaKvSequenceCache::choose_refs(int32_t c0, int32_t c1) {
-    for (int32_t p = c0; p < c1; ++p) {
-        ref_flag_[p] = (p - options_.sinks) % options_.stride == 0;
-        if (ref_flag_[p]) ref_list_.push_back(p);
-    }
-}
-
 void DeltaKvSequenceCache::plan_compression(int32_t n_total) {
-    planned_ = true;
-    plan_n_ = n_total;
-    plan_carry_ = exact_carry_;
-    plan_end_ = comp_end_;
-    plan_blocks_.clear();
-    plan_tokens_.clear();
-    plan_done_.assign(sparse_layers_.size(), 0);
-    for (auto& p : pending_latents_) p.clear();
-    for (auto& p : pending_refs_) p.clear();
-    for (auto& p : pending_err_) p.clear();
+    plan_.start(n_total, region_.end);
     if (sparse_layers_.empty()) return;
     const size_t row = static_cast<size_t>(options_.n_kv_heads) * options_.head_dim * 2 * 2;
     const size_t saved =
@@ -71,60 +55,61 @@ void DeltaKvSequenceCache::plan_compression(int32_t n_total) {
         options_.keep * static_cast<double>(full_fp16_bytes(
                             n_total, options_.n_layers, options_.n_kv_heads * options_.head_dim));
     // The session's bytes before this plan (planning moves no slots): one pass, not one per block.
-    const size_t held = options_.keep > 0.0f && n_total - plan_end_ >= 2 * options_.window
+    const size_t held = options_.keep > 0.0f && n_total - plan_.end >= 2 * options_.window
                             ? bytes_upto(n_total)
                             : 0;
-    while (n_total - plan_end_ >= 2 * options_.window) {
+    while (n_total - plan_.end >= 2 * options_.window) {
         // Under a keep target the buffer grows while the session fits: the room goes to the
         // most recent tokens, which draw most of the attention.
         // What the plan saves: each latent's row, less a reference position for each token
         // it keeps exact (exact_share).
-        const size_t n = plan_tokens_.size(), e = exact_count(n);
+        const size_t n = plan_.tokens.size(), e = plan_.exact_count(n, options_.exact_share);
         const double saves =
             static_cast<double>((n - e) * saved) - static_cast<double>(e * sizeof(int32_t));
         if (options_.keep > 0.0f && static_cast<double>(held) - saves <= target) break;
-        const int32_t c0 = plan_end_, c1 = plan_end_ + options_.window;
-        choose_refs(c0, c1);
+        const int32_t c0 = plan_.end, c1 = plan_.end + options_.window;
+        region_.choose_refs(c0, c1);
         for (int32_t p = c0; p < c1; ++p) {
-            if (!is_ref(p)) plan_tokens_.push_back(p);
+            if (!region_.is_ref(p)) plan_.tokens.push_back(p);
         }
-        plan_blocks_.push_back(c1);
-        plan_end_ = c1;
+        plan_.blocks.push_back(c1);
+        plan_.end = c1;
     }
 }
 
 void DeltaKvSequenceCache::drop_plan() {
     // Reference flags past the region are only read once their block is compressed.
-    for (int32_t p = comp_end_; p < plan_end_ && p < static_cast<int32_t>(ref_flag_.size()); ++p)
-        ref_flag_[p] = 0;
-    exact_carry_ = plan_carry_;
-    sync_ref_list();
-    planned_ = false;
-    plan_blocks_.clear();
-    plan_tokens_.clear();
-    plan_end_ = comp_end_;
+    for (int32_t p = region_.end;
+         p < plan_.end && p < static_cast<int32_t>(region_.ref_flag.size()); ++p)
+        region_.ref_flag[p] = 0;
+    plan_.exact_carry = plan_.carry_before;
+    region_.sync_ref_list();
+    plan_.active = false;
+    plan_.blocks.clear();
+    plan_.tokens.clear();
+    plan_.end = region_.end;
 }
 
 void DeltaKvSequenceCache::compress_layer(int32_t s) {
-    plan_done_[s] = 1;
+    plan_.done[s] = 1;
     const int32_t d = profile_.d, kk = options_.k;
     const size_t lb = latent_bytes();
-    auto& lat = pending_latents_[s];
-    auto& refs = pending_refs_[s];
-    size_t next = 0;  // first token of the block in plan_tokens_
-    for (int32_t c1 : plan_blocks_) {
+    auto& lat = plan_.latents[s];
+    auto& refs = plan_.refs[s];
+    size_t next = 0;  // first token of the block in plan_.tokens
+    for (int32_t c1 : plan_.blocks) {
         std::vector<int32_t> ref_pos;
         for (int32_t p = 0; p < c1; ++p) {
-            if (is_ref(p)) ref_pos.push_back(p);
+            if (region_.is_ref(p)) ref_pos.push_back(p);
         }
         size_t end = next;
-        while (end < plan_tokens_.size() && plan_tokens_[end] < c1) ++end;
-        const int32_t* block = plan_tokens_.data() + next;
+        while (end < plan_.tokens.size() && plan_.tokens[end] < c1) ++end;
+        const int32_t* block = plan_.tokens.data() + next;
         const int64_t nb = static_cast<int64_t>(end - next);
         std::vector<float> ref_x(ref_pos.size() * d), x(static_cast<size_t>(nb) * d), rm(x.size());
         std::vector<float> z(static_cast<size_t>(nb) * profile_.m);
         std::vector<float> scratch(static_cast<size_t>(2 * nb * profile_.layers[0].w1.rows));
-        // A reference's ordinal is its index in ref_pos: the sinks, then ref_list_.
+        // A reference's ordinal is its index in ref_pos: the sinks, then region_.ref_list.
         std::vector<uint16_t> chosen(static_cast<size_t>(nb) * kk);
         threads_->parallel_for(static_cast<int64_t>(ref_pos.size()), 16, [&](int64_t b, int64_t e) {
             for (int64_t i = b; i < e; ++i) load_x(s, ref_pos[i], ref_x.data() + i * d);
@@ -171,35 +156,36 @@ void DeltaKvSequenceCache::compress_layer(int32_t s) {
     }
     // The last judge: their errors are in, and no layer's plan rows were shipped yet
     // (rows_final_end). Layers compress in order, so the later ones compress after.
-    if (s + 1 == exact_judges() && plan_decided()) keep_worst_exact();
+    if (s + 1 == exact_judges() && plan_.decided(exact_judges())) keep_worst_exact();
 }
 
 void DeltaKvSequenceCache::finish_compression() {
-    if (plan_blocks_.empty()) {
-        planned_ = false;
+    if (plan_.blocks.empty()) {
+        plan_.active = false;
         return;
     }
     for (size_t sl = 0; sl < sparse_layers_.size(); ++sl) {
-        if (!plan_done_[sl]) compress_layer(static_cast<int32_t>(sl));
-        latents_[sl].insert(latents_[sl].end(), pending_latents_[sl].begin(),
-                            pending_latents_[sl].end());
-        refs_[sl].insert(refs_[sl].end(), pending_refs_[sl].begin(), pending_refs_[sl].end());
-        pending_latents_[sl].clear();
-        pending_refs_[sl].clear();
+        if (!plan_.done[sl]) compress_layer(static_cast<int32_t>(sl));
+        region_.latents[sl].insert(region_.latents[sl].end(), plan_.latents[sl].begin(),
+                                   plan_.latents[sl].end());
+        region_.refs[sl].insert(region_.refs[sl].end(), plan_.refs[sl].begin(),
+                                plan_.refs[sl].end());
+        plan_.latents[sl].clear();
+        plan_.refs[sl].clear();
     }
     std::vector<int32_t> freed;
-    int32_t next_latent = static_cast<int32_t>(latents_[0].size() / latent_bytes()) -
-                          static_cast<int32_t>(plan_tokens_.size());
-    for (int32_t p : plan_tokens_) {
+    int32_t next_latent = static_cast<int32_t>(region_.latents[0].size() / latent_bytes()) -
+                          static_cast<int32_t>(plan_.tokens.size());
+    for (int32_t p : plan_.tokens) {
         freed.push_back(sparse_slot_[p]);
         sparse_slot_[p] = -1;
-        latent_of_[p] = next_latent++;
+        region_.latent_of[p] = next_latent++;
     }
     sparse_pool_->release(freed);
-    comp_end_ = plan_end_;
-    planned_ = false;
-    plan_blocks_.clear();
-    plan_tokens_.clear();
+    region_.end = plan_.end;
+    plan_.active = false;
+    plan_.blocks.clear();
+    plan_.tokens.clear();
     compact();
 }
 

@@ -15,7 +15,7 @@ void DeltaKvSequenceCache::add_errors(int32_t s, const float* x, const float* rm
                                       const uint8_t* packed, int64_t nb) {
     const int32_t d = profile_.d, half = d / 2;
     const int32_t layer = sparse_layers_[s];
-    auto& err = pending_err_[s];
+    auto& err = plan_.err[s];
     const size_t at = err.size();
     err.resize(at + 2 * static_cast<size_t>(nb));
     const size_t lb = latent_bytes();
@@ -48,34 +48,23 @@ int32_t DeltaKvSequenceCache::exact_judges() const {
                       1, n);
 }
 
-bool DeltaKvSequenceCache::plan_decided() const {
-    const int32_t judges = exact_judges();
-    return std::find(plan_done_.begin(), plan_done_.begin() + judges, uint8_t{0}) ==
-           plan_done_.begin() + judges;
-}
-
 bool DeltaKvSequenceCache::exact_pending() const {
-    return options_.exact_share > 0.0f && planned_ && !plan_blocks_.empty() && !plan_decided();
-}
-
-size_t DeltaKvSequenceCache::exact_count(size_t n) const {
-    const double want =
-        exact_carry_ + static_cast<double>(options_.exact_share) * static_cast<double>(n);
-    return std::min(n, static_cast<size_t>(want));
+    return options_.exact_share > 0.0f && plan_.active && !plan_.blocks.empty() &&
+           !plan_.decided(exact_judges());
 }
 
 void DeltaKvSequenceCache::keep_worst_exact() {
-    const size_t n = plan_tokens_.size();
+    const size_t n = plan_.tokens.size();
     if (options_.exact_share <= 0.0f || n == 0) return;
-    const size_t n_exact = exact_count(n);
-    exact_carry_ += static_cast<double>(options_.exact_share) * static_cast<double>(n) -
-                    static_cast<double>(n_exact);
+    const size_t n_exact = plan_.exact_count(n, options_.exact_share);
+    plan_.exact_carry += static_cast<double>(options_.exact_share) * static_cast<double>(n) -
+                         static_cast<double>(n_exact);
     if (n_exact == 0) return;
     // A token's badness: per judging layer, its K error over the plan's mean K error, plus the
     // same for V.
     std::vector<double> bad(n, 0.0);
     for (int32_t s = 0; s < exact_judges(); ++s) {
-        const auto& err = pending_err_[s];
+        const auto& err = plan_.err[s];
         DS_CHECK(err.size() == 2 * n, "the errors cover the plan's tokens");
         for (int half = 0; half < 2; ++half) {
             double mean = 0.0;
@@ -95,20 +84,20 @@ void DeltaKvSequenceCache::keep_worst_exact() {
     // The plan's latents name references by ordinal (the position order of every reference):
     // each new reference moves the ordinals of the references after it up by one.
     std::vector<int32_t> old_refs;
-    for (int32_t p = 0; p < plan_end_; ++p) {
-        if (is_ref(p)) old_refs.push_back(p);
+    for (int32_t p = 0; p < plan_.end; ++p) {
+        if (region_.is_ref(p)) old_refs.push_back(p);
     }
     std::vector<uint16_t> renumber(old_refs.size());
     size_t added = 0, i = 0;
     for (size_t o = 0; o < old_refs.size(); ++o) {
-        for (; i < n && plan_tokens_[i] < old_refs[o]; ++i) added += exact[i];
+        for (; i < n && plan_.tokens[i] < old_refs[o]; ++i) added += exact[i];
         renumber[o] = static_cast<uint16_t>(o + added);
     }
     const size_t lb = latent_bytes(), kk = static_cast<size_t>(options_.k);
     for (size_t sl = 0; sl < sparse_layers_.size(); ++sl) {
-        if (!plan_done_[sl]) continue;  // compresses what is left
-        auto& lat = pending_latents_[sl];
-        auto& refs = pending_refs_[sl];
+        if (!plan_.done[sl]) continue;  // compresses what is left
+        auto& lat = plan_.latents[sl];
+        auto& refs = plan_.refs[sl];
         size_t w = 0;
         for (size_t j = 0; j < n; ++j) {
             if (exact[j]) continue;
@@ -122,18 +111,18 @@ void DeltaKvSequenceCache::keep_worst_exact() {
         }
         lat.resize(w * lb);
         refs.resize(w * kk);
-        pending_err_[sl].clear();
+        plan_.err[sl].clear();
     }
     size_t left = 0;
     for (size_t j = 0; j < n; ++j) {
         if (exact[j]) {
-            ref_flag_[plan_tokens_[j]] = 1;
+            region_.ref_flag[plan_.tokens[j]] = 1;
         } else {
-            plan_tokens_[left++] = plan_tokens_[j];
+            plan_.tokens[left++] = plan_.tokens[j];
         }
     }
-    plan_tokens_.resize(left);
-    sync_ref_list();
+    plan_.tokens.resize(left);
+    region_.sync_ref_list();
 }
 
 }  // namespace deltaserve::kvstore

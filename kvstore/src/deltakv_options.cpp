@@ -67,7 +67,7 @@ double deltakv_keep_floor(const DeltaKvProfile& profile, const DeltaKvOptions& o
     const double latent = latent_token_bytes(profile, o);
     const double exact = std::min(1.0, 1.0 / o.stride + (1.5 * o.window + o.sinks) / n);
     const double sparse = exact * row + (1.0 - exact) * latent;
-    // As bytes_upto(): per position its slots, latent index and reference flag; ref_list_.
+    // As bytes_upto(): per position its slots, latent index and reference flag; the ref_list.
     const double meta = 3 * sizeof(int32_t) + 1 + sizeof(int32_t) / static_cast<double>(o.stride);
     return (row + (o.n_layers - 1) * sparse + meta) / (o.n_layers * row);
 }

@@ -38,11 +38,11 @@ void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape&
     // What this call's commit compresses is known from positions alone: each sparse layer
     // compresses its share here, once its rows are stored and attended, so a prefill node
     // can ship the layer while later layers compute.
-    if (!planned_ && !sparse_layers_.empty() && more_ == 0)
+    if (!plan_.active && !sparse_layers_.empty() && more_ == 0)
         plan_compression(n_tokens_ + n_reserved_);
     if (!options_.full_layer[layer]) {
         const int32_t sl = layer_index_[layer];
-        if (!plan_blocks_.empty() && !plan_done_[sl]) compress_layer(sl);
+        if (!plan_.blocks.empty() && !plan_.done[sl]) compress_layer(sl);
         return;
     }
     const bool observation = options_.full_layer[layer] && layer + 1 < options_.n_layers &&
@@ -50,7 +50,7 @@ void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape&
     if (!observation) return;
     release_temp();
     std::fill(reconstructed_.begin(), reconstructed_.end(), 0);
-    const int32_t r0 = options_.sinks, r1 = comp_end_;
+    const int32_t r0 = options_.sinks, r1 = region_.end;
     if (r1 <= r0) return;
     const int32_t region = r1 - r0;
     // With scorer layers a single token's group takes the whole region: they choose.
@@ -99,10 +99,10 @@ void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape&
 }
 
 std::vector<int32_t> DeltaKvSequenceCache::lead_selection() {
-    const int32_t r0 = options_.sinks, region = std::max(0, comp_end_ - r0);
+    const int32_t r0 = options_.sinks, region = std::max(0, region_.end - r0);
     std::vector<int32_t> idx;
     if (n_reserved_ == 1 && options_.score_every == 0 && last_select_end_ > r0 &&
-        last_select_end_ <= comp_end_) {
+        last_select_end_ <= region_.end) {
         // A decode step: the previous step's selection, and what was compressed since.
         idx = last_select_;
         for (int32_t t = last_select_end_ - r0; t < region; ++t) idx.push_back(t);

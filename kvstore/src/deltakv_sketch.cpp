@@ -117,7 +117,8 @@ void DeltaKvSequenceCache::sketch_pick(int32_t layer, const kernels::AttentionSh
                 const int32_t pos = latent_sel_[i];
                 float* xa = block.data() + (i - b) * rows;
                 float* xb = xa + n_pairs;
-                const uint16_t* refs = refs_[sl].data() + static_cast<size_t>(latent_of_[pos]) * kk;
+                const uint16_t* refs =
+                    region_.refs[sl].data() + static_cast<size_t>(region_.latent_of[pos]) * kk;
                 const float* rx[16];
                 int32_t nr = 0;
                 for (int32_t r = 0; r < kk; ++r) {

@@ -817,19 +817,19 @@ TEST(DeltaKvCache, AChunkPinsWhatItsLastQueriesAttendForTheDecodeStepsAfterIt) {
             // Shipped to a decode node as hints: taken back as they were; what is not a list of
             // compressed positions in order is refused and changes nothing.
             const std::vector<int32_t> pins = c.pinned();
-            const auto hints = c.export_hints();
+            const auto hints = c.codec()->export_hints();
             ASSERT_EQ(hints.size(), 4 * (1 + pins.size()));
             auto bad = hints;
             bad[4] = 2;  // position 2: a sink
             bad[5] = bad[6] = bad[7] = 0;
-            EXPECT_EQ(c.import_hints(bad).code(), StatusCode::kDataLoss);
+            EXPECT_EQ(c.codec()->import_hints(bad).code(), StatusCode::kDataLoss);
             EXPECT_EQ(
-                c.import_hints(std::span<const uint8_t>(hints.data(), hints.size() - 1)).code(),
+                c.codec()->import_hints(std::span<const uint8_t>(hints.data(), hints.size() - 1)).code(),
                 StatusCode::kDataLoss);
             EXPECT_EQ(c.pinned(), pins);
-            ASSERT_TRUE(c.import_hints({}).ok());
+            ASSERT_TRUE(c.codec()->import_hints({}).ok());
             EXPECT_TRUE(c.pinned().empty());
-            ASSERT_TRUE(c.import_hints(hints).ok());
+            ASSERT_TRUE(c.codec()->import_hints(hints).ok());
             EXPECT_EQ(c.pinned(), pins);
             // The next chunk pins what it attends.
             ASSERT_TRUE(c.reserve(kAimNew).ok());
@@ -950,8 +950,8 @@ TEST(DeltaKvCache, APromptInChunksIsCompressedAtItsLastChunk) {
     }
     EXPECT_GT((*one)->compressed_tokens(), 60);
     EXPECT_EQ((*chunked)->compressed_tokens(), (*one)->compressed_tokens());
-    auto sa = (*one)->export_state();
-    auto sb = (*chunked)->export_state();
+    auto sa = (*one)->codec()->export_state();
+    auto sb = (*chunked)->codec()->export_state();
     ASSERT_TRUE(sa.ok() && sb.ok());
     EXPECT_EQ(*sa, *sb);
     // A prompt cut short (a cancelled turn) forgets it: the next call compresses as usual.

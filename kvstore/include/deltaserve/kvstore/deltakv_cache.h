@@ -16,6 +16,7 @@
 #include "deltaserve/common/thread_pool.h"
 #include "deltaserve/kernels/deltakv.h"
 #include "deltaserve/kvstore/deltakv_hints.h"
+#include "deltaserve/kvstore/deltakv_region.h"
 #include "deltaserve/kvstore/kv_cache.h"
 #include "deltaserve/kvstore/slot_pool.h"
 
@@ -141,7 +142,9 @@ std::vector<float> deltakv_key_error_variance(const DeltaKvProfile& profile, int
                                               const float* x, int32_t n,
                                               const DeltaKvOptions& options, ThreadPool& threads);
 
-class DeltaKvSequenceCache final : public SequenceCache, public SequenceCodec {
+class DeltaKvCodec;
+
+class DeltaKvSequenceCache final : public SequenceCache {
   public:
     // Errors: kInvalidArgument for options that do not validate(), or a profile that does
     // not fit them (or lacks its int4 decoders for int4 latents).
@@ -185,35 +188,11 @@ class DeltaKvSequenceCache final : public SequenceCache, public SequenceCodec {
     // Bytes of this cache's slot pools in memory now (SlotPool::resident_bytes): what the
     // system gives it, which bytes() and prefill_bytes_bound() are to bound.
     size_t resident_bytes() const;
-    SequenceCodec* codec() override { return this; }
-    // State: the token count, the compressed region's end, the settings a receiver must
-    // share, and which tokens of the region are references (a bitmap). A full layer: every
-    // token's K rows then V rows (fp16). A sparse layer: the full-precision tokens' K then V
-    // rows, the latents, their reference positions.
-    Result<std::vector<uint8_t>> export_state() const override;
-    Result<std::vector<uint8_t>> export_layer(int32_t layer) const override;
-    Status import_state(std::span<const uint8_t> state) override;
-    // The pins: their count, then their positions (int32).
-    std::vector<uint8_t> export_hints() const override;
-    Status import_hints(std::span<const uint8_t> hints) override;
-    Status import_layer(int32_t layer, std::span<const uint8_t> part) override;
-    // Rows (src/deltakv_rows.cpp): the rows state is the state's settings without a region;
-    // a full layer's rows are K then V rows; a sparse layer's are the region's end after
-    // this call's commit, a bitmap of which of the range's region tokens are references,
-    // the full-precision tokens' K then V rows, the latents and their reference positions.
-    // The importer learns each token's kind from the first sparse layer that ships it and
-    // refuses parts that disagree.
-    bool ships_rows() const override { return true; }
-    int32_t rows_final_end(int32_t layer, bool last) const override;
-    Result<std::vector<uint8_t>> export_rows_state(int32_t n_tokens) const override;
-    Result<std::vector<uint8_t>> export_rows(int32_t layer, int32_t begin,
-                                             int32_t end) const override;
-    Status import_rows(int32_t layer, int32_t begin, int32_t end,
-                       std::span<const uint8_t> part) override;
+    // DeltaKvCodec (src/deltakv_codec.h): the committed tokens in the cache's own form,
+    // whole or as layer-wise rows, and the pins.
+    SequenceCodec* codec() override;
 
-    int32_t compressed_tokens() const {
-        return comp_end_ - std::min(comp_end_, options_.sinks) - n_refs_in_region();
-    }
+    int32_t compressed_tokens() const { return region_.n_latents(); }
     int32_t n_full_layers() const { return static_cast<int32_t>(full_layers_.size()); }
     // The latent tokens the current single-token call's layer group attends (after its store).
     int32_t selected_latent_tokens() const { return static_cast<int32_t>(latent_sel_.size()); }
@@ -234,20 +213,10 @@ class DeltaKvSequenceCache final : public SequenceCache, public SequenceCodec {
     int32_t attended_latent_tokens() const { return attended_latents_; }
 
   private:
+    friend class DeltaKvCodec;
     DeltaKvSequenceCache(const DeltaKvProfile& profile, const DeltaKvOptions& options,
                          ThreadPool& threads);
-    bool is_ref(int32_t pos) const { return pos < options_.sinks || ref_flag_[pos]; }
-    // Marks which tokens of [c0, c1) stay references: every stride-th after the sinks.
-    void choose_refs(int32_t c0, int32_t c1);
-    int32_t n_refs_in_region() const;
-    // ref_list_ again from ref_flag_, after the flags changed.
-    void sync_ref_list();
-    static constexpr uint16_t kNoRef = 0xffff;
-    int32_t ref_position(uint16_t ordinal) const {
-        return ordinal == kNoRef          ? -1
-               : ordinal < options_.sinks ? ordinal
-                                          : ref_list_[ordinal - options_.sinks];
-    }
+    static constexpr uint16_t kNoRef = DeltaKvRegion::kNoRef;
     size_t latent_bytes() const;
     size_t bytes_upto(int32_t n) const;
     // Compression, in three steps: which blocks the commit of a session of n_total tokens
@@ -263,12 +232,9 @@ class DeltaKvSequenceCache final : public SequenceCache, public SequenceCodec {
     // How many sparse layers judge (exact_depth); whether they all compressed the plan (then
     // its tokens' kinds, reference or latent, are final).
     int32_t exact_judges() const;
-    bool plan_decided() const;
     // A plan whose tokens kept exact are not chosen yet: its rows are not final.
     bool exact_pending() const;
-    // How many of a plan's n latent tokens keep_worst_exact keeps exact.
-    size_t exact_count(size_t n) const;
-    // Into pending_err_[s]: the K and V squared errors of nb tokens' latents (packed, or z
+    // Into plan_.err[s]: the K and V squared errors of nb tokens' latents (packed, or z
     // for fp16), x = Dec + rm against the tokens' x (rows of D).
     void add_errors(int32_t s, const float* x, const float* rm, const float* z,
                     const uint8_t* packed, int64_t nb);
@@ -277,15 +243,7 @@ class DeltaKvSequenceCache final : public SequenceCache, public SequenceCodec {
     // pages above back (SlotPool::trim), after a compression or truncation freed slots.
     void compact();
     void drop_plan();
-    // The region end a rows state carries instead of one (no region yet).
-    static constexpr int32_t kRowsState = -1;
-    int32_t region_end() const { return planned_ ? plan_end_ : comp_end_; }
-    // A state's fixed part: the token count, the region end (or kRowsState), the settings
-    // a receiver must share, the layer roles.
-    std::vector<uint8_t> state_head(int32_t n_tokens, int32_t region_end) const;
-    // Zeros in every held row: what attention over a layer not yet imported reads.
-    void zero_rows();
-    Status begin_rows_import(int32_t n);
+    int32_t region_end() const { return plan_.active ? plan_.end : region_.end; }
     // The current group's selection from offsets into the compressed region (sorted): its
     // references (selected_), its latent tokens apart (latent_sel_ in a single-token call,
     // else recon_pos_, reconstructed a layer at a time).
@@ -303,7 +261,7 @@ class DeltaKvSequenceCache final : public SequenceCache, public SequenceCodec {
     std::vector<int32_t> lead_selection();
     void reconstruct(int32_t layer);
     // For the latent tokens at `positions` of sparse layer sl: latent_ptrs_, every reference
-    // of the region by ordinal (ref_pos_: the sinks, then ref_list_ up to comp_end_) and
+    // of the region by ordinal (ref_pos_: the sinks, then region_.ref_list up to region_.end) and
     // ref_x_, a row of `dims` values per ordinal (K de-RoPEd, then V when dims is D), and the
     // RoPE angles of every position.
     void gather_refs(int32_t sl, const std::vector<int32_t>& positions, int32_t dims);
@@ -351,42 +309,18 @@ class DeltaKvSequenceCache final : public SequenceCache, public SequenceCodec {
     // The threads of the call in progress: attend() and observe() use the caller's, other
     // calls the pool the cache was made with.
     ThreadPool* threads_;
+    // Which positions of the compressed region are references and latents, and the latents.
+    DeltaKvRegion region_;
+    // What the commit of the forward call in progress compresses.
+    DeltaKvPlan plan_;
     std::vector<int32_t> full_layers_, sparse_layers_;
     std::vector<int32_t> layer_index_;  // layer -> index among full or sparse layers
     std::vector<int32_t> group_of_;     // sparse layer -> its observation layer
     std::unique_ptr<SlotPool> full_pool_, sparse_pool_;
     std::vector<int32_t> full_slot_;    // position -> slot in the full-layer pool
     std::vector<int32_t> sparse_slot_;  // position -> slot in the sparse pool, -1 if compressed
-    std::vector<int32_t> latent_of_;    // position -> latent index, -1 if full precision
-    std::vector<uint8_t> ref_flag_;  // position -> a reference (set when its block is compressed)
-    std::vector<std::vector<uint8_t>> latents_;  // per sparse layer: packed latents
-    // Per sparse layer: k references per latent, as ordinals (ref_position), kNoRef for none.
-    std::vector<std::vector<uint16_t>> refs_;
-    // The references of the region and of the plan after the sinks, in position order: a
-    // reference's ordinal is its index here plus the sinks (sinks are ordinals 0..sinks-1).
-    std::vector<int32_t> ref_list_;
-    // The plan of the current forward call's commit: the region's end after it, each
-    // block's end, the blocks' tokens that become latents (in order), and per sparse layer
-    // whether its latents were made, which wait here until commit.
-    bool planned_ = false;
-    int32_t plan_n_ = 0, plan_end_ = 0;
-    std::vector<int32_t> plan_blocks_, plan_tokens_;
-    std::vector<uint8_t> plan_done_;
-    std::vector<std::vector<uint8_t>> pending_latents_;
-    std::vector<std::vector<uint16_t>> pending_refs_;
-    // Per sparse layer: the K and V squared reconstruction errors of each plan token
-    // (add_errors), for keep_worst_exact; exact_carry_: the fraction of a token the share
-    // left over from earlier plans (plan_carry_: before this plan, for drop_plan).
-    std::vector<std::vector<float>> pending_err_;
-    double exact_carry_ = 0.0, plan_carry_ = 0.0;
-    // A rows import: tokens of [sinks, kinds_end_) have their kind (reference or latent),
-    // latents counted; per sparse layer, the first token it took as the buffer.
-    bool rows_import_ = false;
-    int32_t kinds_end_ = 0, rows_latents_ = 0;
-    std::vector<int32_t> buffer_from_;
     int32_t n_tokens_ = 0, n_reserved_ = 0;
-    int32_t more_ = 0;      // expect_more: prompt tokens after this call's
-    int32_t comp_end_ = 0;  // positions [sinks, comp_end_) are the compressed region
+    int32_t more_ = 0;  // expect_more: prompt tokens after this call's
     // The current group's selection: the region's references to attend and their slots.
     std::vector<int32_t> selected_, selected_slot_;
     // A chunk's selected latent tokens, and their K and V rows (fp16, one sparse layer's at a
@@ -402,6 +336,7 @@ class DeltaKvSequenceCache final : public SequenceCache, public SequenceCodec {
     std::vector<int32_t> last_select_;
     // Pins and following (DeltaKvOptions::pin_ratio, follow): scored here, chosen there.
     DeltaKvHints hints_;
+    std::unique_ptr<DeltaKvCodec> codec_;
     std::vector<int32_t> pin_pos_;  // score_pins: the exact tokens scored
     std::vector<float> lse_b_raw_;  // attend_chunk(): lse_b_ before the logit correction
     // score_follow's scratch: one layer's log weight per latent token it attended.
