@@ -24,8 +24,9 @@ bool uses_int8_activations(DType t) {
     return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ8_0;
 }
 
-RowsFn rows_fn(const WeightMatrix& w) {
-    const MatmulTable& k = table();
+RowsFn rows_fn(const WeightMatrix& w, DotOrder order) {
+    const MatmulTable& t = table();
+    const QuantKernels& k = t.quant[static_cast<int>(order)];
     if (w.interleave == kRowInterleave) {
         switch (w.type) {
             case DType::kQ4_0:
@@ -46,11 +47,11 @@ RowsFn rows_fn(const WeightMatrix& w) {
         case DType::kQ8_0:
             return k.q8_0;
         case DType::kF32:
-            return k.f32;
+            return t.f32;
         case DType::kF16:
-            return k.f16;
+            return t.f16;
         case DType::kBF16:
-            return k.bf16;
+            return t.bf16;
         default:
             return nullptr;
     }
@@ -95,8 +96,8 @@ Activations prepare(const WeightMatrix& w, const float* x, int64_t ldx, int64_t 
 }
 
 void compute_rows(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy, int64_t r0,
-                  int64_t r1) {
-    RowsFn fn = rows_fn(w);
+                  int64_t r1, DotOrder order) {
+    RowsFn fn = rows_fn(w, order);
     if (fn != nullptr) {
         fn(w, a, y, ldy, r0, r1);
     } else {
@@ -122,15 +123,15 @@ int64_t rows_per_chunk(int64_t rows, const ThreadPool& pool) {
 std::string_view cpu_kernel_isa() { return table().isa; }
 
 void matmul(const WeightMatrix& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
-            int64_t ldy, ThreadPool& pool) {
+            int64_t ldy, ThreadPool& pool, DotOrder order) {
     const Activations a = prepare(w, x, ldx, n_tokens, &pool);
     const int64_t grain = rows_per_chunk(w.rows, pool);
     pool.parallel_for(w.rows, grain,
-                      [&](int64_t r0, int64_t r1) { compute_rows(w, a, y, ldy, r0, r1); });
+                      [&](int64_t r0, int64_t r1) { compute_rows(w, a, y, ldy, r0, r1, order); });
 }
 
 void matmul_shared_input(std::span<const MatmulOutput> outputs, const float* x, int64_t ldx,
-                         int64_t n_tokens, ThreadPool& pool) {
+                         int64_t n_tokens, ThreadPool& pool, DotOrder order) {
     if (outputs.empty()) return;
     const WeightMatrix& first = *outputs[0].w;
     for (const auto& o : outputs) {
@@ -138,7 +139,7 @@ void matmul_shared_input(std::span<const MatmulOutput> outputs, const float* x, 
         if (o.w->cols != first.cols ||
             uses_int8_activations(o.w->type) != uses_int8_activations(first.type)) {
             for (const auto& each : outputs)
-                matmul(*each.w, x, ldx, n_tokens, each.y, each.ldy, pool);
+                matmul(*each.w, x, ldx, n_tokens, each.y, each.ldy, pool, order);
             return;
         }
     }
@@ -158,7 +159,7 @@ void matmul_shared_input(std::span<const MatmulOutput> outputs, const float* x, 
             while (chunk_start[i] > c) --i;
             const MatmulOutput& o = outputs[i];
             const int64_t r0 = (c - chunk_start[i]) * grain;
-            compute_rows(*o.w, a, o.y, o.ldy, r0, std::min(o.w->rows, r0 + grain));
+            compute_rows(*o.w, a, o.y, o.ldy, r0, std::min(o.w->rows, r0 + grain), order);
         }
     });
 }

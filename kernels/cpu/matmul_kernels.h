@@ -6,6 +6,7 @@
 
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "blocks.h"
@@ -23,6 +24,37 @@ inline float hsum(__m256 v) {
 }
 
 inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+
+// Every quantized kernel sums a row's products over one block of 32 in int32, exactly
+// (|sum| < 2^20, so its conversion is exact too), then adds the block to the row's one fp32
+// accumulator with one FMA, block after block in order: block_fma. Whatever the layout, the
+// tile or the instruction set, a row's output has the same bits. (llama.cpp's vec_dot
+// keeps 8 fp32 lanes per row and converts each block's 8 partial sums: 8 conversions and
+// FMAs per block and row where this takes one.)
+inline __m256 block_fma(__m256i sum, __m256 scale, __m256 acc) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, acc);
+}
+inline __m128 block_fma(__m128i sum, __m128 scale, __m128 acc) {
+    return _mm_fmadd_ps(_mm_cvtepi32_ps(sum), scale, acc);
+}
+inline float block_fma(int32_t sum, float scale, float acc) {
+    return _mm_cvtss_f32(
+        _mm_fmadd_ss(_mm_set_ss(static_cast<float>(sum)), _mm_set_ss(scale), _mm_set_ss(acc)));
+}
+
+// The sum of 8 int32 lanes.
+inline int32_t hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+// The lane sums of four vectors, as lanes 0..3.
+inline __m128i hsum4_epi32(__m256i a, __m256i b, __m256i c, __m256i d) {
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
 
 // 16 bytes of packed nibbles -> 32 unsigned bytes in element order (byte j holds element j
 // in its low nibble and element j + 16 in its high nibble).
@@ -63,9 +95,7 @@ inline void gemv4_q4(const uint8_t* const* wrow, const BlockQ8A* act, int64_t nb
     const Block* w1 = reinterpret_cast<const Block*>(wrow[1]);
     const Block* w2 = reinterpret_cast<const Block*>(wrow[2]);
     const Block* w3 = reinterpret_cast<const Block*>(wrow[3]);
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    __m128 macc = _mm_setzero_ps();
+    __m128 acc = _mm_setzero_ps(), macc = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const BlockQ8A& ab = act[b];
         // The four rows are one contiguous run and the next rows follow it: prefetch at the
@@ -89,18 +119,13 @@ inline void gemv4_q4(const uint8_t* const* wrow, const BlockQ8A* act, int64_t nb
         macc = _mm_fmadd_ps(m4, _mm_set1_ps(ab.s), macc);
         const __m128 s4 = _mm_mul_ps(d4, _mm_set1_ps(ab.d));
         const __m256i aq = load32(ab.qs);
-        const __m256 p0 = _mm256_cvtepi32_ps(Isa::dot_u8s8(unpack_nibbles(w0[b].qs), aq));
-        const __m256 p1 = _mm256_cvtepi32_ps(Isa::dot_u8s8(unpack_nibbles(w1[b].qs), aq));
-        const __m256 p2 = _mm256_cvtepi32_ps(Isa::dot_u8s8(unpack_nibbles(w2[b].qs), aq));
-        const __m256 p3 = _mm256_cvtepi32_ps(Isa::dot_u8s8(unpack_nibbles(w3[b].qs), aq));
-        acc[0] = _mm256_fmadd_ps(p0, _mm256_broadcastss_ps(s4), acc[0]);
-        acc[1] = _mm256_fmadd_ps(p1, _mm256_broadcastss_ps(_mm_permute_ps(s4, 1)), acc[1]);
-        acc[2] = _mm256_fmadd_ps(p2, _mm256_broadcastss_ps(_mm_permute_ps(s4, 2)), acc[2]);
-        acc[3] = _mm256_fmadd_ps(p3, _mm256_broadcastss_ps(_mm_permute_ps(s4, 3)), acc[3]);
+        const __m128i sum = hsum4_epi32(Isa::dot_u8s8(unpack_nibbles(w0[b].qs), aq),
+                                        Isa::dot_u8s8(unpack_nibbles(w1[b].qs), aq),
+                                        Isa::dot_u8s8(unpack_nibbles(w2[b].qs), aq),
+                                        Isa::dot_u8s8(unpack_nibbles(w3[b].qs), aq));
+        acc = block_fma(sum, s4, acc);
     }
-    alignas(16) float m[4];
-    _mm_store_ps(m, macc);
-    for (int r = 0; r < 4; ++r) out4[r] = hsum(acc[r]) + m[r];
+    _mm_storeu_ps(out4, _mm_add_ps(acc, macc));
 }
 
 // Q4_0 and Q4_1 against int8 activations: sum = d_w * d_a * sum(nib * q) + m_w * s_a,
@@ -115,13 +140,9 @@ inline void tile_q4(const uint8_t* const* wrow, const Activations& a, int64_t t0
         for (int r = 0; r < 4; ++r) y[t0 * ldy + r0 + r] = out4[r];
         return;
     }
-    __m256 acc[R][C];
-    float macc[R][C];
+    float acc[R][C], macc[R][C];
     for (int r = 0; r < R; ++r) {
-        for (int c = 0; c < C; ++c) {
-            acc[r][c] = _mm256_setzero_ps();
-            macc[r][c] = 0.0f;
-        }
+        for (int c = 0; c < C; ++c) acc[r][c] = macc[r][c] = 0.0f;
     }
     const BlockQ8A* act[C];
     for (int c = 0; c < C; ++c) act[c] = a.q + (t0 + c) * nb;
@@ -142,14 +163,14 @@ inline void tile_q4(const uint8_t* const* wrow, const Activations& a, int64_t t0
             const BlockQ8A& ab = act[c][b];
             const __m256i aq = load32(ab.qs);
             for (int r = 0; r < R; ++r) {
-                const __m256 p = _mm256_cvtepi32_ps(Isa::dot_u8s8(wq[r], aq));
-                acc[r][c] = _mm256_fmadd_ps(p, _mm256_set1_ps(wd[r] * ab.d), acc[r][c]);
-                macc[r][c] += wm[r] * ab.s;
+                acc[r][c] =
+                    block_fma(hsum_epi32(Isa::dot_u8s8(wq[r], aq)), wd[r] * ab.d, acc[r][c]);
+                macc[r][c] = std::fma(wm[r], ab.s, macc[r][c]);
             }
         }
     }
     for (int r = 0; r < R; ++r) {
-        for (int c = 0; c < C; ++c) y[(t0 + c) * ldy + r0 + r] = hsum(acc[r][c]) + macc[r][c];
+        for (int c = 0; c < C; ++c) y[(t0 + c) * ldy + r0 + r] = acc[r][c] + macc[r][c];
     }
 }
 
@@ -157,9 +178,9 @@ inline void tile_q4(const uint8_t* const* wrow, const Activations& a, int64_t t0
 template <class Isa, int R, int C>
 inline void tile_q8_0(const uint8_t* const* wrow, const Activations& a, int64_t t0, int64_t nb,
                       float* y, int64_t ldy, int64_t r0) {
-    __m256 acc[R][C];
+    float acc[R][C];
     for (int r = 0; r < R; ++r) {
-        for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+        for (int c = 0; c < C; ++c) acc[r][c] = 0.0f;
     }
     const BlockQ8A* act[C];
     for (int c = 0; c < C; ++c) act[c] = a.q + (t0 + c) * nb;
@@ -178,13 +199,13 @@ inline void tile_q8_0(const uint8_t* const* wrow, const Activations& a, int64_t 
             const __m256i aq = load32(ab.qs);
             for (int r = 0; r < R; ++r) {
                 const __m256i sa = _mm256_sign_epi8(aq, wq[r]);
-                const __m256 p = _mm256_cvtepi32_ps(Isa::dot_u8s8(wabs[r], sa));
-                acc[r][c] = _mm256_fmadd_ps(p, _mm256_set1_ps(wd[r] * ab.d), acc[r][c]);
+                acc[r][c] =
+                    block_fma(hsum_epi32(Isa::dot_u8s8(wabs[r], sa)), wd[r] * ab.d, acc[r][c]);
             }
         }
     }
     for (int r = 0; r < R; ++r) {
-        for (int c = 0; c < C; ++c) y[(t0 + c) * ldy + r0 + r] = hsum(acc[r][c]);
+        for (int c = 0; c < C; ++c) y[(t0 + c) * ldy + r0 + r] = acc[r][c];
     }
 }
 
@@ -286,34 +307,116 @@ void run_tiles(const WeightMatrix& w, const Activations& a, int64_t inner, float
 }  // namespace deltaserve::kernels
 
 #include "matmul_interleaved.h"
+// After it: it uses its helpers.
+#include "matmul_ggml_order.h"
 
 namespace deltaserve::kernels {
 namespace {
 
-// The kernel table of one ISA. Isa provides dot_u8s8 and the tile shapes.
+// The kernel table of one ISA. Isa provides dot_u8s8, dot_u8s8_add and the tile shapes.
 template <class Isa>
 struct IsaKernels {
-    template <int R, int C>
-    struct Q4_0 {
-        static void run(const uint8_t* const* w, const Activations& a, int64_t t, int64_t nb,
-                        float* y, int64_t ldy, int64_t r) {
-            tile_q4<Isa, false, R, C>(w, a, t, nb, y, ldy, r);
+    // The quantized kernels in one summation order (kGgml: matmul_ggml_order.h).
+    template <bool kGgml>
+    struct Quant {
+        template <int R, int C>
+        struct Q4_0 {
+            static void run(const uint8_t* const* w, const Activations& a, int64_t t, int64_t nb,
+                            float* y, int64_t ldy, int64_t r) {
+                if constexpr (kGgml) {
+                    tile_q4_ggml<Isa, false, R, C>(w, a, t, nb, y, ldy, r);
+                } else {
+                    tile_q4<Isa, false, R, C>(w, a, t, nb, y, ldy, r);
+                }
+            }
+        };
+        template <int R, int C>
+        struct Q4_1 {
+            static void run(const uint8_t* const* w, const Activations& a, int64_t t, int64_t nb,
+                            float* y, int64_t ldy, int64_t r) {
+                if constexpr (kGgml) {
+                    tile_q4_ggml<Isa, true, R, C>(w, a, t, nb, y, ldy, r);
+                } else {
+                    tile_q4<Isa, true, R, C>(w, a, t, nb, y, ldy, r);
+                }
+            }
+        };
+        template <int R, int C>
+        struct Q8_0 {
+            static void run(const uint8_t* const* w, const Activations& a, int64_t t, int64_t nb,
+                            float* y, int64_t ldy, int64_t r) {
+                if constexpr (kGgml) {
+                    tile_q8_0_ggml<Isa, R, C>(w, a, t, nb, y, ldy, r);
+                } else {
+                    tile_q8_0<Isa, R, C>(w, a, t, nb, y, ldy, r);
+                }
+            }
+        };
+        template <int C>
+        struct Q4_0x8 {
+            static void run(const uint8_t* g, const Activations& a, int64_t t, int64_t nb, float* y,
+                            int64_t ldy, int64_t r) {
+                if constexpr (kGgml) {
+                    x8_q4_ggml<Isa, false, C>(g, a, t, nb, y, ldy, r);
+                } else {
+                    x8_q4<Isa, false, C>(g, a, t, nb, y, ldy, r);
+                }
+            }
+        };
+        template <int C>
+        struct Q4_1x8 {
+            static void run(const uint8_t* g, const Activations& a, int64_t t, int64_t nb, float* y,
+                            int64_t ldy, int64_t r) {
+                if constexpr (kGgml) {
+                    x8_q4_ggml<Isa, true, C>(g, a, t, nb, y, ldy, r);
+                } else {
+                    x8_q4<Isa, true, C>(g, a, t, nb, y, ldy, r);
+                }
+            }
+        };
+        template <int C>
+        struct Q8_0x8 {
+            static void run(const uint8_t* g, const Activations& a, int64_t t, int64_t nb, float* y,
+                            int64_t ldy, int64_t r) {
+                if constexpr (kGgml) {
+                    x8_q8_0_ggml<Isa, C>(g, a, t, nb, y, ldy, r);
+                } else {
+                    x8_q8_0<Isa, C>(g, a, t, nb, y, ldy, r);
+                }
+            }
+        };
+        // ggml's order keeps 8 accumulators per token: fewer tokens per pass.
+        static constexpr int kCols = kGgml ? Isa::kGgmlInterleavedCols : Isa::kInterleavedCols;
+
+        static void q4_0(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy,
+                         int64_t r0, int64_t r1) {
+            run_tiles<Isa::kRows, Isa::kCols, Q4_0>(w, a, w.cols / kQK, y, ldy, r0, r1);
+        }
+        static void q4_1(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy,
+                         int64_t r0, int64_t r1) {
+            run_tiles<Isa::kRows, Isa::kCols, Q4_1>(w, a, w.cols / kQK, y, ldy, r0, r1);
+        }
+        static void q8_0(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy,
+                         int64_t r0, int64_t r1) {
+            run_tiles<Isa::kRows, Isa::kCols, Q8_0>(w, a, w.cols / kQK, y, ldy, r0, r1);
+        }
+        static void q4_0x8(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy,
+                           int64_t r0, int64_t r1) {
+            run_interleaved<kCols, Q4_0x8>(w, a, y, ldy, r0, r1);
+        }
+        static void q4_1x8(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy,
+                           int64_t r0, int64_t r1) {
+            run_interleaved<kCols, Q4_1x8>(w, a, y, ldy, r0, r1);
+        }
+        static void q8_0x8(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy,
+                           int64_t r0, int64_t r1) {
+            run_interleaved<kCols, Q8_0x8>(w, a, y, ldy, r0, r1);
+        }
+        static constexpr QuantKernels table() {
+            return QuantKernels{&q4_0, &q4_1, &q8_0, &q4_0x8, &q4_1x8, &q8_0x8};
         }
     };
-    template <int R, int C>
-    struct Q4_1 {
-        static void run(const uint8_t* const* w, const Activations& a, int64_t t, int64_t nb,
-                        float* y, int64_t ldy, int64_t r) {
-            tile_q4<Isa, true, R, C>(w, a, t, nb, y, ldy, r);
-        }
-    };
-    template <int R, int C>
-    struct Q8_0 {
-        static void run(const uint8_t* const* w, const Activations& a, int64_t t, int64_t nb,
-                        float* y, int64_t ldy, int64_t r) {
-            tile_q8_0<Isa, R, C>(w, a, t, nb, y, ldy, r);
-        }
-    };
+
     template <DType T>
     struct Float {
         template <int R, int C>
@@ -324,41 +427,6 @@ struct IsaKernels {
             }
         };
     };
-
-    template <int C>
-    struct Q4_0x8 {
-        static void run(const uint8_t* g, const Activations& a, int64_t t, int64_t nb, float* y,
-                        int64_t ldy, int64_t r) {
-            x8_q4<Isa, false, C>(g, a, t, nb, y, ldy, r);
-        }
-    };
-    template <int C>
-    struct Q4_1x8 {
-        static void run(const uint8_t* g, const Activations& a, int64_t t, int64_t nb, float* y,
-                        int64_t ldy, int64_t r) {
-            x8_q4<Isa, true, C>(g, a, t, nb, y, ldy, r);
-        }
-    };
-    template <int C>
-    struct Q8_0x8 {
-        static void run(const uint8_t* g, const Activations& a, int64_t t, int64_t nb, float* y,
-                        int64_t ldy, int64_t r) {
-            x8_q8_0<Isa, C>(g, a, t, nb, y, ldy, r);
-        }
-    };
-
-    static void q4_0(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy, int64_t r0,
-                     int64_t r1) {
-        run_tiles<Isa::kRows, Isa::kCols, Q4_0>(w, a, w.cols / kQK, y, ldy, r0, r1);
-    }
-    static void q4_1(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy, int64_t r0,
-                     int64_t r1) {
-        run_tiles<Isa::kRows, Isa::kCols, Q4_1>(w, a, w.cols / kQK, y, ldy, r0, r1);
-    }
-    static void q8_0(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy, int64_t r0,
-                     int64_t r1) {
-        run_tiles<Isa::kRows, Isa::kCols, Q8_0>(w, a, w.cols / kQK, y, ldy, r0, r1);
-    }
     static void f32(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy, int64_t r0,
                     int64_t r1) {
         run_tiles<4, 2, Float<DType::kF32>::template Tile>(w, a, w.cols, y, ldy, r0, r1);
@@ -372,22 +440,9 @@ struct IsaKernels {
         run_tiles<4, 2, Float<DType::kBF16>::template Tile>(w, a, w.cols, y, ldy, r0, r1);
     }
 
-    static void q4_0x8(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy,
-                       int64_t r0, int64_t r1) {
-        run_interleaved<Isa::kInterleavedCols, Q4_0x8>(w, a, y, ldy, r0, r1);
-    }
-    static void q4_1x8(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy,
-                       int64_t r0, int64_t r1) {
-        run_interleaved<Isa::kInterleavedCols, Q4_1x8>(w, a, y, ldy, r0, r1);
-    }
-    static void q8_0x8(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy,
-                       int64_t r0, int64_t r1) {
-        run_interleaved<Isa::kInterleavedCols, Q8_0x8>(w, a, y, ldy, r0, r1);
-    }
-
     static constexpr MatmulTable table() {
-        return MatmulTable{Isa::kName, &q4_0, &q4_1,   &q8_0,   &f32,
-                           &f16,       &bf16, &q4_0x8, &q4_1x8, &q8_0x8};
+        return MatmulTable{
+            Isa::kName, {Quant<false>::table(), Quant<true>::table()}, &f32, &f16, &bf16};
     }
 };
 

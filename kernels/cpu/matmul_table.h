@@ -5,6 +5,7 @@
 
 #include "blocks.h"
 #include "deltaserve/kernels/dtype.h"
+#include "deltaserve/kernels/matmul.h"
 
 namespace deltaserve::kernels {
 
@@ -21,11 +22,17 @@ struct Activations {
 using RowsFn = void (*)(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy,
                         int64_t r0, int64_t r1);
 
-struct MatmulTable {
-    const char* isa;
-    RowsFn q4_0, q4_1, q8_0, f32, f16, bf16;
+// The quantized kernels in one summation order (DotOrder).
+struct QuantKernels {
+    RowsFn q4_0, q4_1, q8_0;
     // The same over rows interleaved by repack_rows; r0 and r1 multiples of kRowInterleave.
     RowsFn q4_0x8, q4_1x8, q8_0x8;
+};
+
+struct MatmulTable {
+    const char* isa;
+    QuantKernels quant[2];  // by DotOrder
+    RowsFn f32, f16, bf16;
 };
 
 const MatmulTable& avx2_matmul_table();

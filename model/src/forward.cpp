@@ -93,7 +93,8 @@ Status Forward::run(std::span<const SequenceInput> batch, std::vector<float>& lo
     }
     norm_rows(model_.weights.output_norm, tmp_.data(), xn_.data(), n_out);
     logits.resize(static_cast<size_t>(n_out * cfg_.n_vocab));
-    k::matmul(model_.weights.output, xn_.data(), d, n_out, logits.data(), cfg_.n_vocab, pool_);
+    k::matmul(model_.weights.output, xn_.data(), d, n_out, logits.data(), cfg_.n_vocab, pool_,
+              dot_order());
     for (const auto& s : batch) s.cache->commit(static_cast<int32_t>(s.tokens.size()));
     return Status();
 }
@@ -105,7 +106,7 @@ void Forward::attention_layer(int32_t layer, std::span<const SequenceInput> batc
     norm_rows(w.attn_norm, x_.data(), xn_.data(), n);
     const k::MatmulOutput qkv[] = {
         {&w.wq, q_.data(), qd}, {&w.wk, k_.data(), kvd}, {&w.wv, v_.data(), kvd}};
-    k::matmul_shared_input(qkv, xn_.data(), d, n, pool_);
+    k::matmul_shared_input(qkv, xn_.data(), d, n, pool_, dot_order());
     if (!w.bq.empty()) {
         for (int64_t t = 0; t < n; ++t) {
             k::add_inplace(q_.data() + t * qd, w.bq.data(), qd);
@@ -161,7 +162,7 @@ void Forward::attention_layer(int32_t layer, std::span<const SequenceInput> batc
             for (int64_t j = b; j < e; ++j) attend(steps_[static_cast<size_t>(j)], one_thread_);
         });
     }
-    k::matmul(w.wo, attn_.data(), qd, n, tmp_.data(), d, pool_);
+    k::matmul(w.wo, attn_.data(), qd, n, tmp_.data(), d, pool_, dot_order());
     k::add_inplace(x_.data(), tmp_.data(), n * d);
 }
 
@@ -183,12 +184,12 @@ void Forward::ffn_layer(int32_t layer, int64_t n) {
     const int64_t d = cfg_.d_model, ff = cfg_.d_ff;
     norm_rows(w.ffn_norm, x_.data(), xn_.data(), n);
     const k::MatmulOutput gate_up[] = {{&w.w_gate, gate_.data(), ff}, {&w.w_up, up_.data(), ff}};
-    k::matmul_shared_input(gate_up, xn_.data(), d, n, pool_);
+    k::matmul_shared_input(gate_up, xn_.data(), d, n, pool_, dot_order());
     pool_.parallel_for(n, 16, [&](int64_t b, int64_t e) {
         k::silu_mul(gate_.data() + b * ff, gate_.data() + b * ff, up_.data() + b * ff,
                     (e - b) * ff);
     });
-    k::matmul(w.w_down, gate_.data(), ff, n, tmp_.data(), d, pool_);
+    k::matmul(w.w_down, gate_.data(), ff, n, tmp_.data(), d, pool_, dot_order());
     k::add_inplace(x_.data(), tmp_.data(), n * d);
 }
 

@@ -6,9 +6,12 @@
 #include <utility>
 #include <vector>
 
+#include "blocks.h"
+#include "cpu_features.h"
 #include "deltaserve/kernels/matmul.h"
 #include "deltaserve/kernels/quant.h"
 #include "deltaserve/kernels/repack.h"
+#include "matmul_table.h"
 
 namespace deltaserve::kernels {
 namespace {
@@ -206,6 +209,65 @@ TEST(MatmulRepacked, TakesOnlyWholeGroupsOfQuantizedRows) {
     std::vector<uint8_t> out(buf.size());
     const WeightMatrix once = repack_rows({DType::kQ4_1, 16, 64, buf.data()}, out.data());
     EXPECT_FALSE(repackable(once));  // already interleaved
+}
+
+}  // namespace
+}  // namespace deltaserve::kernels
+
+namespace deltaserve::kernels {
+namespace {
+
+// In either summation order (DotOrder), the AVX2 and AVX-512 kernels, row-major and
+// interleaved, give the same bits for every tile shape; the two orders differ. Only this
+// CPU's table runs in the other tests.
+TEST(MatmulIsa, Avx2AndAvx512GiveTheSameBits) {
+    if (!cpu_features().avx512_vnni) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+    std::mt19937 rng(13);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int64_t rows = 40, cols = 576;
+    for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0}) {
+        std::vector<float> wf(rows * cols);
+        for (auto& v : wf) v = nd(rng);
+        const size_t rb = row_bytes(type, cols);
+        std::vector<uint8_t> wq(rb * rows), packed(rb * rows);
+        for (int64_t r = 0; r < rows; ++r)
+            quantize_row(type, wf.data() + r * cols, wq.data() + r * rb, cols);
+        const WeightMatrix w{type, rows, cols, wq.data()};
+        const WeightMatrix p = repack_rows(w, packed.data());
+        for (int64_t tokens : {1, 2, 3, 5, 8, 13}) {
+            std::vector<float> x(tokens * cols);
+            for (auto& v : x) v = nd(rng);
+            const int64_t nb = cols / kQK;
+            std::vector<BlockQ8A> q(tokens * nb);
+            for (int64_t t = 0; t < tokens; ++t)
+                quantize_activations(x.data() + t * cols, q.data() + t * nb, cols);
+            const Activations a{x.data(), cols, q.data(), tokens};
+            const auto run = [&](const MatmulTable& t, bool interleaved, DotOrder order) {
+                const QuantKernels& k = t.quant[static_cast<int>(order)];
+                RowsFn f = type == DType::kQ4_0   ? (interleaved ? k.q4_0x8 : k.q4_0)
+                           : type == DType::kQ4_1 ? (interleaved ? k.q4_1x8 : k.q4_1)
+                                                  : (interleaved ? k.q8_0x8 : k.q8_0);
+                std::vector<float> y(tokens * rows, -1.0f);
+                f(interleaved ? p : w, a, y.data(), rows, 0, rows);
+                return y;
+            };
+            std::vector<float> by_order[2];
+            for (DotOrder order : {DotOrder::kBlock, DotOrder::kGgml}) {
+                const std::vector<float> want = run(avx2_matmul_table(), false, order);
+                const std::string what = std::string(dtype_traits(type).name) + ", " +
+                                         std::to_string(tokens) + " tokens, order " +
+                                         std::to_string(static_cast<int>(order));
+                EXPECT_EQ(run(avx2_matmul_table(), true, order), want)
+                    << "AVX2 interleaved, " << what;
+                EXPECT_EQ(run(avx512_matmul_table(), false, order), want)
+                    << "AVX-512 row-major, " << what;
+                EXPECT_EQ(run(avx512_matmul_table(), true, order), want)
+                    << "AVX-512 interleaved, " << what;
+                by_order[static_cast<int>(order)] = want;
+            }
+            EXPECT_NE(by_order[0], by_order[1]) << dtype_traits(type).name;
+        }
+    }
 }
 
 }  // namespace

@@ -9,9 +9,13 @@ struct Avx512Vnni {
     static constexpr const char* kName = "avx512-vnni";
     static constexpr int kRows = 4;
     static constexpr int kCols = 4;
-    static constexpr int kInterleavedCols = 2;  // 32 registers: 16 accumulators
+    static constexpr int kInterleavedCols = 8;      // 32 registers: 3 per token
+    static constexpr int kGgmlInterleavedCols = 2;  // 16 accumulators
     static __m256i dot_u8s8(__m256i u, __m256i s) {
         return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+    }
+    static __m256i dot_u8s8_add(__m256i acc, __m256i u, __m256i s) {
+        return _mm256_dpbusd_epi32(acc, u, s);
     }
 };
 }  // namespace

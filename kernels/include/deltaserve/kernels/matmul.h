@@ -10,12 +10,19 @@
 
 namespace deltaserve::kernels {
 
+// How a quantized row's products are summed. kBlock: each block of 32 in integers (exact),
+// then one FMA per block into the row's accumulator; fastest, and the same bits for any
+// layout, tile, token count or instruction set. kGgml: llama.cpp's vec_dot order (8 fp32
+// lanes per row, each block's 8 partial sums converted and added, the lanes summed at the
+// end), for logits equal to llama.cpp's (--attention ggml). The two differ in the last bits.
+enum class DotOrder { kBlock = 0, kGgml = 1 };
+
 // y[t * ldy + r] = sum_k W[r][k] * x[t * ldx + k], for t < n_tokens and r < w.rows.
 // Quantized weights (Q4_0, Q4_1, Q8_0) are multiplied with int8-quantized activations
-// (one scale per 32 values, as llama.cpp does); float weights in fp32. Splits the rows
-// over the pool's threads. x and y must not overlap.
+// (one scale per 32 values, as llama.cpp does), summed in `order`; float weights in fp32.
+// Splits the rows over the pool's threads. x and y must not overlap.
 void matmul(const WeightMatrix& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
-            int64_t ldy, ThreadPool& pool);
+            int64_t ldy, ThreadPool& pool, DotOrder order = DotOrder::kBlock);
 
 // One output of matmul_shared_input: y = W x with its own row stride.
 struct MatmulOutput {
@@ -28,7 +35,7 @@ struct MatmulOutput {
 // quantized once and all rows are shared out in one parallel region. Every w must have the
 // same cols; y buffers must not overlap x or each other.
 void matmul_shared_input(std::span<const MatmulOutput> outputs, const float* x, int64_t ldx,
-                         int64_t n_tokens, ThreadPool& pool);
+                         int64_t n_tokens, ThreadPool& pool, DotOrder order = DotOrder::kBlock);
 
 // The instruction set the kernels dispatch to on this CPU: "avx512-vnni" or "avx2".
 std::string_view cpu_kernel_isa();

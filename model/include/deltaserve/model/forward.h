@@ -11,6 +11,7 @@
 #include "deltaserve/common/status.h"
 #include "deltaserve/common/thread_pool.h"
 #include "deltaserve/kernels/attention.h"
+#include "deltaserve/kernels/matmul.h"
 #include "deltaserve/kvstore/kv_cache.h"
 #include "deltaserve/model/model.h"
 
@@ -22,8 +23,10 @@ struct SequenceInput {
     bool all_logits = false;          // logits for every new token, not only the last
 };
 
-// How attention rounds: kNative is deltaserve's own kernel; kGgml reproduces llama.cpp's
-// CPU flash attention bit for bit (kernels::attention_ggml), for token-for-token comparisons.
+// How the forward pass rounds: kNative is deltaserve's own attention and matmul order
+// (kernels::DotOrder::kBlock); kGgml reproduces llama.cpp's CPU flash attention
+// (kernels::attention_ggml) and vec_dot order (DotOrder::kGgml) bit for bit, for
+// token-for-token comparisons.
 enum class AttentionNumerics { kNative, kGgml };
 
 // Called after each layer with the layer index (the prefill worker ships from here).
@@ -57,6 +60,10 @@ class Forward {
     void set_attention_numerics(AttentionNumerics numerics) { numerics_ = numerics; }
 
   private:
+    kernels::DotOrder dot_order() const {
+        return numerics_ == AttentionNumerics::kGgml ? kernels::DotOrder::kGgml
+                                                     : kernels::DotOrder::kBlock;
+    }
     void ensure_scratch(int64_t n_tokens);
     void attention_layer(int32_t layer, std::span<const SequenceInput> batch);
     void ffn_layer(int32_t layer, int64_t n_tokens);
