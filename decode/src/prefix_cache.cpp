@@ -3,40 +3,15 @@
 #include <algorithm>
 #include <string>
 
+#include "deltaserve/common/chain_hash.h"
+
 namespace deltaserve::decode {
 
-namespace {
-
-uint64_t mix(uint64_t h, uint64_t v) {
-    // splitmix64's finalizer over the running hash and the next value.
-    uint64_t x = h ^ (v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2));
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
-uint64_t block_hash(uint64_t parent, std::span<const int32_t> tokens) {
-    uint64_t h = mix(parent, tokens.size());
-    for (int32_t t : tokens) h = mix(h, static_cast<uint32_t>(t));
-    return h;
-}
-
-}  // namespace
-
 uint64_t prefix_cache_root(std::span<const std::string> fingerprint) {
-    uint64_t h = 0x64656c7461737276ull;  // "deltasrv"
-    for (const std::string& s : fingerprint) {
-        h = mix(h, s.size());
-        for (unsigned char c : s) h = mix(h, c);
-    }
-    return h;
+    return hash_root(fingerprint);
 }
 
-uint64_t PrefixCache::root_of(const std::string& scope) const {
-    uint64_t h = mix(root_, scope.size());
-    for (unsigned char c : scope) h = mix(h, c);
-    return h;
-}
+uint64_t PrefixCache::root_of(const std::string& scope) const { return hash_string(root_, scope); }
 
 PrefixCache::~PrefixCache() {
     for (const auto& [hash, b] : blocks_) pool_->release(std::span<const int32_t>(&b.block, 1));
@@ -50,7 +25,7 @@ std::vector<const PrefixCache::Block*> PrefixCache::chain_locked(uint64_t root,
     const size_t whole = std::min(max_blocks, tokens.size() / kBlockTokens);
     for (size_t i = 0; i < whole; ++i) {
         const auto part = tokens.subspan(i * kBlockTokens, kBlockTokens);
-        auto it = blocks_.find(block_hash(parent, part));
+        auto it = blocks_.find(hash_tokens(parent, part));
         if (it == blocks_.end()) break;
         const Block& b = it->second;
         if (b.parent != parent ||
@@ -111,7 +86,7 @@ void PrefixCache::store(std::span<const int32_t> tokens, const std::string& scop
     std::vector<const Block*> chain;
     for (size_t i = 0; i < whole; ++i) {
         const auto part = tokens.subspan(i * kBlockTokens, kBlockTokens);
-        const uint64_t hash = block_hash(parent, part);
+        const uint64_t hash = hash_tokens(parent, part);
         if (auto it = blocks_.find(hash); it != blocks_.end()) {
             // The same block, or another prefix with the same hash: then neither it nor what
             // follows it is added, so that every block's parent is its own prefix.

@@ -10,16 +10,6 @@ namespace {
 constexpr uint8_t kMagic[4] = {'D', 'S', 'K', 'V'};
 constexpr size_t kFixedBytes = 32;
 
-std::array<uint32_t, 256> make_crc_table() {
-    std::array<uint32_t, 256> t{};
-    for (uint32_t i = 0; i < 256; ++i) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-        t[i] = c;
-    }
-    return t;
-}
-
 template <typename T>
 void put(std::vector<uint8_t>& out, T v) {
     for (size_t i = 0; i < sizeof(T); ++i)
@@ -71,13 +61,6 @@ Status check_header(const ShipmentHeader& h) {
 }
 
 }  // namespace
-
-uint32_t crc32c(std::span<const uint8_t> data, uint32_t crc) {
-    static const std::array<uint32_t, 256> table = make_crc_table();
-    crc = ~crc;
-    for (uint8_t b : data) crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8);
-    return ~crc;
-}
 
 Result<std::vector<uint8_t>> encode_shipment(const ShipmentHeader& h,
                                              std::span<const uint8_t> payload) {

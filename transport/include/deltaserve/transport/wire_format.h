@@ -26,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "deltaserve/common/crc32c.h"  // the checksum (deltaserve::crc32c)
 #include "deltaserve/common/status.h"
 
 namespace deltaserve::transport {
@@ -67,8 +68,5 @@ Result<std::vector<uint8_t>> encode_shipment(const ShipmentHeader& header,
 // expected ones (an empty expectation accepts any).
 Result<Shipment> decode_shipment(std::span<const uint8_t> bytes, std::string_view expect_model_id,
                                  std::string_view expect_profile_id);
-
-// CRC-32C (Castagnoli), continuing from crc (0 to start).
-uint32_t crc32c(std::span<const uint8_t> data, uint32_t crc = 0);
 
 }  // namespace deltaserve::transport
