@@ -1,0 +1,444 @@
+// The disk tier: payload files and a RocksDB index (disk_tier.h).
+#include "deltaserve/kvstore/disk_tier.h"
+
+#include <fcntl.h>
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/write_batch.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+namespace deltaserve::kvstore {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr uint8_t kEntryVersion = 1;
+
+// Index keys are big-endian, so the index iterates in key order.
+std::string index_key(uint64_t key) {
+    std::string s(8, '\0');
+    for (int i = 0; i < 8; ++i) s[i] = static_cast<char>(key >> (56 - 8 * i));
+    return s;
+}
+
+uint64_t parse_index_key(const rocksdb::Slice& s) {
+    uint64_t k = 0;
+    for (size_t i = 0; i < 8; ++i) k = (k << 8) | static_cast<uint8_t>(s.data()[i]);
+    return k;
+}
+
+struct Entry {
+    uint64_t gen = 0, size = 0, seq = 0;
+};
+
+std::string encode_entry(const Entry& e) {
+    std::string s(1 + 3 * 8, '\0');
+    s[0] = static_cast<char>(kEntryVersion);
+    std::memcpy(s.data() + 1, &e.gen, 8);
+    std::memcpy(s.data() + 9, &e.size, 8);
+    std::memcpy(s.data() + 17, &e.seq, 8);
+    return s;
+}
+
+bool decode_entry(const rocksdb::Slice& s, Entry* e) {
+    if (s.size() != 25 || static_cast<uint8_t>(s.data()[0]) != kEntryVersion) return false;
+    std::memcpy(&e->gen, s.data() + 1, 8);
+    std::memcpy(&e->size, s.data() + 9, 8);
+    std::memcpy(&e->seq, s.data() + 17, 8);
+    return true;
+}
+
+std::string file_name(uint64_t key, uint64_t gen) {
+    char buf[48];
+    std::snprintf(buf, sizeof(buf), "%016" PRIx64 "-%08" PRIx64 ".blk", key, gen);
+    return buf;
+}
+
+bool parse_file_name(const std::string& name, uint64_t* key, uint64_t* gen) {
+    if (name.size() != 16 + 1 + 8 + 4 || name.compare(25, 4, ".blk") != 0 || name[16] != '-')
+        return false;
+    char* end = nullptr;
+    *key = std::strtoull(name.substr(0, 16).c_str(), &end, 16);
+    if (*end != '\0') return false;
+    *gen = std::strtoull(name.substr(17, 8).c_str(), &end, 16);
+    return *end == '\0';
+}
+
+std::string errno_text(const std::string& what, int err) {
+    return what + ": " + std::strerror(err);
+}
+
+// Writes all of `bytes` to a new file; errno-described error text on failure (the file is
+// removed).
+std::string write_file(const std::string& path, std::span<const uint8_t> bytes, bool sync) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) return errno_text("creating " + path, errno);
+    size_t done = 0;
+    int err = 0;
+    while (done < bytes.size()) {
+        const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            err = errno;
+            break;
+        }
+        done += static_cast<size_t>(n);
+    }
+    if (err == 0 && sync && ::fdatasync(fd) != 0) err = errno;
+    if (::close(fd) != 0 && err == 0) err = errno;
+    if (err != 0) {
+        ::unlink(path.c_str());
+        return errno_text("writing " + path, err);
+    }
+    return {};
+}
+
+}  // namespace
+
+struct DiskTier::Impl {
+    Options options;
+    std::string payload_dir;
+    std::unique_ptr<rocksdb::DB> db;
+    rocksdb::ColumnFamilyHandle* default_cf = nullptr;
+    rocksdb::ColumnFamilyHandle* blocks_cf = nullptr;
+    rocksdb::ColumnFamilyHandle* records_cf = nullptr;
+
+    mutable std::mutex mu;
+    std::unordered_map<uint64_t, Entry> entries;
+    std::map<uint64_t, uint64_t> by_seq;  // seq -> key: least recently written first
+    uint64_t next_gen = 1, next_seq = 1;
+    Stats stats;
+
+    rocksdb::WriteOptions write_options() const {
+        rocksdb::WriteOptions w;
+        w.sync = options.sync;
+        return w;
+    }
+    std::string path_of(uint64_t key, uint64_t gen) const {
+        return payload_dir + "/" + file_name(key, gen);
+    }
+    void forget_locked(uint64_t key) {
+        auto it = entries.find(key);
+        if (it == entries.end()) return;
+        by_seq.erase(it->second.seq);
+        stats.bytes -= it->second.size;
+        entries.erase(it);
+    }
+    void stop_admitting_locked(const std::string& why) {
+        ++stats.io_errors;
+        stats.admitting = false;
+        stats.last_error = why;
+    }
+
+    ~Impl() {
+        if (db != nullptr) {
+            for (auto* h : {blocks_cf, records_cf, default_cf}) {
+                if (h != nullptr) db->DestroyColumnFamilyHandle(h);
+            }
+            db->Close();
+        }
+    }
+};
+
+DiskTier::DiskTier(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DiskTier::~DiskTier() = default;
+
+Result<std::unique_ptr<DiskTier>> DiskTier::open(const Options& options) {
+    const auto start = std::chrono::steady_clock::now();
+    auto impl = std::make_unique<Impl>();
+    impl->options = options;
+    impl->payload_dir = options.dir + "/payload";
+    std::error_code ec;
+    fs::create_directories(impl->payload_dir, ec);
+    if (ec)
+        return unavailable("disk tier: cannot create " + impl->payload_dir + ": " + ec.message());
+
+    rocksdb::DBOptions dbo;
+    dbo.create_if_missing = true;
+    dbo.create_missing_column_families = true;
+    dbo.keep_log_file_num = 4;
+    dbo.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+    const rocksdb::ColumnFamilyOptions cfo;
+    const std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
+        {rocksdb::kDefaultColumnFamilyName, cfo}, {"blocks", cfo}, {"records", cfo}};
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    rocksdb::DB* db = nullptr;
+    const rocksdb::Status s = rocksdb::DB::Open(dbo, options.dir + "/index", cfs, &handles, &db);
+    if (!s.ok()) return unavailable("disk tier: cannot open its index: " + s.ToString());
+    impl->db.reset(db);
+    impl->default_cf = handles[0];
+    impl->blocks_cf = handles[1];
+    impl->records_cf = handles[2];
+
+    // The index, then the payload files it does not name.
+    rocksdb::WriteBatch cleanup;
+    {
+        std::unique_ptr<rocksdb::Iterator> it(
+            db->NewIterator(rocksdb::ReadOptions(), impl->blocks_cf));
+        for (it->SeekToFirst(); it->Valid(); it->Next()) {
+            Entry e;
+            if (it->key().size() != 8 || !decode_entry(it->value(), &e)) {
+                cleanup.Delete(impl->blocks_cf, it->key());
+                ++impl->stats.entries_lost;
+                continue;
+            }
+            const uint64_t key = parse_index_key(it->key());
+            impl->entries[key] = e;
+            impl->by_seq[e.seq] = key;
+            impl->stats.bytes += e.size;
+            impl->next_gen = std::max(impl->next_gen, e.gen + 1);
+            impl->next_seq = std::max(impl->next_seq, e.seq + 1);
+        }
+        if (!it->status().ok())
+            return unavailable("disk tier: reading its index: " + it->status().ToString());
+    }
+    std::unordered_map<uint64_t, uint64_t> found;  // key -> gen of a file the index names
+    std::vector<fs::path> orphans;
+    for (const auto& f : fs::directory_iterator(impl->payload_dir, ec)) {
+        uint64_t key = 0, gen = 0;
+        if (parse_file_name(f.path().filename().string(), &key, &gen)) {
+            impl->next_gen = std::max(impl->next_gen, gen + 1);
+            const auto e = impl->entries.find(key);
+            if (e != impl->entries.end() && e->second.gen == gen) {
+                found[key] = gen;
+                continue;
+            }
+        }
+        orphans.push_back(f.path());
+    }
+    for (const auto& p : orphans) fs::remove(p, ec);
+    impl->stats.orphans_removed = orphans.size();
+    // Entries whose file is gone (or was not the size the entry says) are dropped.
+    for (auto it = impl->entries.begin(); it != impl->entries.end();) {
+        struct stat st {};
+        const bool ok = found.count(it->first) != 0 &&
+                        ::stat(impl->path_of(it->first, it->second.gen).c_str(), &st) == 0 &&
+                        static_cast<uint64_t>(st.st_size) == it->second.size;
+        if (ok) {
+            ++it;
+            continue;
+        }
+        cleanup.Delete(impl->blocks_cf, index_key(it->first));
+        ++impl->stats.entries_lost;
+        impl->by_seq.erase(it->second.seq);
+        impl->stats.bytes -= it->second.size;
+        fs::remove(impl->path_of(it->first, it->second.gen), ec);
+        it = impl->entries.erase(it);
+    }
+    if (cleanup.Count() > 0) {
+        const rocksdb::Status w = db->Write(impl->write_options(), &cleanup);
+        if (!w.ok()) return unavailable("disk tier: cleaning its index: " + w.ToString());
+    }
+    impl->stats.capacity = options.capacity_bytes;
+    impl->stats.blocks = impl->entries.size();
+    impl->stats.recovery_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    return std::unique_ptr<DiskTier>(new DiskTier(std::move(impl)));
+}
+
+Status DiskTier::put(uint64_t key, std::span<const uint8_t> bytes,
+                     std::span<const Record> records) {
+    Impl& t = *impl_;
+    uint64_t gen = 0;
+    {
+        std::lock_guard lock(t.mu);
+        if (!t.stats.admitting) {
+            ++t.stats.refused;
+            return unavailable("disk tier: not admitting since an I/O error (" +
+                               t.stats.last_error + ")");
+        }
+        if (bytes.size() > t.options.capacity_bytes) {
+            ++t.stats.refused;
+            return resource_exhausted("disk tier: a block of " + std::to_string(bytes.size()) +
+                                      " bytes is larger than its cap of " +
+                                      std::to_string(t.options.capacity_bytes));
+        }
+        gen = t.next_gen++;
+    }
+    const std::string path = t.path_of(key, gen);
+    const std::string err = write_file(path, bytes, t.options.sync);
+    std::vector<std::string> unlink_after;
+    {
+        std::lock_guard lock(t.mu);
+        if (!err.empty()) {
+            t.stop_admitting_locked(err);
+            return unavailable("disk tier: " + err);
+        }
+        // Room: the least recently written blocks other than this key's.
+        const auto old = t.entries.find(key);
+        uint64_t held = t.stats.bytes - (old != t.entries.end() ? old->second.size : 0);
+        std::vector<uint64_t> victims;
+        for (auto it = t.by_seq.begin();
+             it != t.by_seq.end() && held + bytes.size() > t.options.capacity_bytes; ++it) {
+            if (it->second == key) continue;
+            victims.push_back(it->second);
+            held -= t.entries.at(it->second).size;
+        }
+        rocksdb::WriteBatch batch;
+        for (uint64_t v : victims) batch.Delete(t.blocks_cf, index_key(v));
+        const Entry e{gen, bytes.size(), t.next_seq++};
+        batch.Put(t.blocks_cf, index_key(key), encode_entry(e));
+        for (const auto& [k, v] : records) {
+            if (v.empty()) {
+                batch.Delete(t.records_cf, k);
+            } else {
+                batch.Put(t.records_cf, k, v);
+            }
+        }
+        const rocksdb::Status w = t.db->Write(t.write_options(), &batch);
+        if (!w.ok()) {
+            ::unlink(path.c_str());
+            t.stop_admitting_locked("index write: " + w.ToString());
+            return unavailable("disk tier: index write: " + w.ToString());
+        }
+        for (uint64_t v : victims) {
+            unlink_after.push_back(t.path_of(v, t.entries.at(v).gen));
+            t.forget_locked(v);
+        }
+        if (old != t.entries.end()) {
+            unlink_after.push_back(t.path_of(key, old->second.gen));
+            t.forget_locked(key);
+        }
+        t.entries[key] = e;
+        t.by_seq[e.seq] = key;
+        t.stats.bytes += e.size;
+        t.stats.evictions += victims.size();
+        ++t.stats.stores;
+    }
+    for (const std::string& p : unlink_after) ::unlink(p.c_str());
+    return Status();
+}
+
+Result<std::vector<uint8_t>> DiskTier::get(uint64_t key) {
+    Impl& t = *impl_;
+    Entry e;
+    {
+        std::lock_guard lock(t.mu);
+        auto it = t.entries.find(key);
+        if (it == t.entries.end()) {
+            ++t.stats.misses;
+            return not_found("disk tier: no block " + std::to_string(key));
+        }
+        // Read: most recent again (in memory; a restart goes back to write order).
+        t.by_seq.erase(it->second.seq);
+        it->second.seq = t.next_seq++;
+        t.by_seq[it->second.seq] = key;
+        e = it->second;
+    }
+    const std::string path = t.path_of(key, e.gen);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        const int err = errno;
+        std::lock_guard lock(t.mu);
+        auto it = t.entries.find(key);
+        if (err == ENOENT && (it == t.entries.end() || it->second.gen != e.gen)) {
+            ++t.stats.misses;  // evicted or replaced while this read began
+            return not_found("disk tier: block " + std::to_string(key) + " went away");
+        }
+        return data_loss("disk tier: " + errno_text("opening " + path, err));
+    }
+    std::vector<uint8_t> out(e.size);
+    size_t done = 0;
+    int err = 0;
+    while (done < out.size()) {
+        const ssize_t n =
+            ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            err = n < 0 ? errno : EIO;
+            break;
+        }
+        done += static_cast<size_t>(n);
+    }
+    ::close(fd);
+    if (err != 0) {
+        erase(key, true);
+        return data_loss("disk tier: " + errno_text("reading " + path, err));
+    }
+    std::lock_guard lock(t.mu);
+    ++t.stats.hits;
+    return out;
+}
+
+bool DiskTier::contains(uint64_t key) const {
+    std::lock_guard lock(impl_->mu);
+    return impl_->entries.count(key) != 0;
+}
+
+std::vector<uint64_t> DiskTier::keys() const {
+    std::lock_guard lock(impl_->mu);
+    std::vector<uint64_t> out;
+    out.reserve(impl_->entries.size());
+    for (const auto& [k, e] : impl_->entries) out.push_back(k);
+    return out;
+}
+
+void DiskTier::erase(uint64_t key, bool refused) {
+    Impl& t = *impl_;
+    std::string path;
+    {
+        std::lock_guard lock(t.mu);
+        auto it = t.entries.find(key);
+        if (it == t.entries.end()) return;
+        // Index first: a crash after it leaves an orphan file, which open() removes.
+        if (!t.db->Delete(t.write_options(), t.blocks_cf, index_key(key)).ok()) return;
+        path = t.path_of(key, it->second.gen);
+        t.forget_locked(key);
+        t.stats.dropped += refused;
+    }
+    ::unlink(path.c_str());
+}
+
+Status DiskTier::put_records(std::span<const Record> records) {
+    Impl& t = *impl_;
+    rocksdb::WriteBatch batch;
+    for (const auto& [k, v] : records) {
+        if (v.empty()) {
+            batch.Delete(t.records_cf, k);
+        } else {
+            batch.Put(t.records_cf, k, v);
+        }
+    }
+    const rocksdb::Status w = t.db->Write(t.write_options(), &batch);
+    if (!w.ok()) return unavailable("disk tier: writing records: " + w.ToString());
+    return Status();
+}
+
+Result<std::optional<std::string>> DiskTier::get_record(const std::string& key) const {
+    std::string value;
+    const rocksdb::Status s =
+        impl_->db->Get(rocksdb::ReadOptions(), impl_->records_cf, key, &value);
+    if (s.IsNotFound()) return std::optional<std::string>();
+    if (!s.ok()) return unavailable("disk tier: reading a record: " + s.ToString());
+    return std::optional<std::string>(std::move(value));
+}
+
+Result<std::vector<DiskTier::Record>> DiskTier::records(const std::string& prefix) const {
+    std::vector<Record> out;
+    std::unique_ptr<rocksdb::Iterator> it(
+        impl_->db->NewIterator(rocksdb::ReadOptions(), impl_->records_cf));
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next())
+        out.emplace_back(it->key().ToString(), it->value().ToString());
+    if (!it->status().ok())
+        return unavailable("disk tier: reading records: " + it->status().ToString());
+    return out;
+}
+
+DiskTier::Stats DiskTier::stats() const {
+    std::lock_guard lock(impl_->mu);
+    Stats s = impl_->stats;
+    s.blocks = impl_->entries.size();
+    return s;
+}
+
+}  // namespace deltaserve::kvstore
