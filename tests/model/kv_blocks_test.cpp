@@ -1,0 +1,128 @@
+// A session's KV through stored blocks (model/kv_blocks.h, kvstore/kv_block.h): exported,
+// encoded, checked and imported into a fresh context, it continues exactly as the original
+// (bit-identical logits), for full KV and DeltaKV; a damaged, foreign or misordered block is
+// refused and leaves the context empty.
+#include "deltaserve/model/kv_blocks.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "default_model.h"
+#include "deltaserve/common/chain_hash.h"
+#include "deltaserve/model/sampler.h"
+#include "test_paths.h"
+
+namespace deltaserve::model {
+namespace {
+
+class KvBlocksTest : public testing::DefaultModelTest,
+                     public ::testing::WithParamInterface<const char*> {
+  protected:
+    static std::unique_ptr<InferenceContext> context(const std::string& policy) {
+        ContextOptions co;
+        co.n_ctx = 2048;
+        co.n_threads = 2;
+        co.kv.policy = policy;
+        co.kv.keep = policy == "full" ? 1.0f : 0.3f;
+        co.kv_profile = testing::default_deltakv_profile();
+        auto c = InferenceContext::create(*model_, co);
+        EXPECT_TRUE(c.ok()) << c.error().to_string();
+        return c.ok() ? std::move(*c) : nullptr;
+    }
+    static KvBlocksOptions options(const std::string& policy) {
+        KvBlocksOptions o;
+        o.fingerprint = hash_root(std::vector<std::string>{"SmolLM2 test", policy});
+        o.root = hash_string(o.fingerprint, "session-1");
+        o.block_tokens = 256;
+        o.codec = policy == "full" ? kvstore::KvCodecId::kRows : kvstore::KvCodecId::kDeltaKv;
+        return o;
+    }
+    static std::vector<std::span<const uint8_t>> views(const ExportedKvBlocks& e) {
+        return {e.blocks.begin(), e.blocks.end()};
+    }
+};
+
+TEST_P(KvBlocksTest, AnImportedSessionContinuesExactlyAsTheOriginal) {
+    auto original = context(GetParam());
+    auto restored = context(GetParam());
+    ASSERT_TRUE(original && restored);
+    const auto tokens = text_tokens(1100);
+    const std::vector<int32_t> history(tokens.begin(), tokens.begin() + 1000);
+    for (size_t at = 0; at < history.size(); at += 250) {  // turns; DeltaKV compresses
+        ASSERT_TRUE(original->eval({history.data() + at, 250}).ok());
+    }
+    const KvBlocksOptions o = options(GetParam());
+    auto exported = export_kv_blocks(*original, history, o);
+    ASSERT_TRUE(exported.ok()) << exported.status().to_string();
+    ASSERT_EQ(exported->blocks.size(), 4u);  // 1000 tokens in blocks of 256
+    size_t stored = 0;
+    for (const auto& b : exported->blocks) stored += b.size();
+    // What is stored is what the session holds, plus the headers (DeltaKV's position maps are
+    // in kv_bytes but not stored).
+    EXPECT_LE(stored, original->kv_bytes() + 4 * 8192) << GetParam();
+    ASSERT_TRUE(import_kv_blocks(*restored, views(*exported), exported->hints, o).ok());
+    ASSERT_EQ(restored->n_past(), 1000);
+
+    // Decode steps right away (they read DeltaKV's pins, which travel as the hints), then a
+    // new turn's chunk and steps after it.
+    int32_t t = tokens[1000];
+    for (int step = 0; step < 24; ++step) {
+        const bool chunk = step == 12;
+        auto a = chunk ? original->eval({tokens.data() + 1000, 100}) : original->eval({&t, 1});
+        auto b = chunk ? restored->eval({tokens.data() + 1000, 100}) : restored->eval({&t, 1});
+        ASSERT_TRUE(a.ok() && b.ok());
+        ASSERT_EQ(std::vector<float>(a->begin(), a->end()),
+                  std::vector<float>(b->begin(), b->end()))
+            << GetParam() << ", step " << step;
+        t = greedy(*a);
+    }
+}
+
+TEST_P(KvBlocksTest, BadBlocksAreRefusedAndNothingStays) {
+    auto original = context(GetParam());
+    ASSERT_TRUE(original);
+    const auto tokens = text_tokens(600);
+    ASSERT_TRUE(original->eval(tokens).ok());
+    const KvBlocksOptions o = options(GetParam());
+    auto e = export_kv_blocks(*original, tokens, o);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    ASSERT_EQ(e->blocks.size(), 3u);
+    auto restored = context(GetParam());
+    int32_t bad = -2;
+
+    auto flipped = *e;
+    flipped.blocks[1][flipped.blocks[1].size() / 2] ^= 0x04;  // a payload byte
+    Status s = import_kv_blocks(*restored, views(flipped), e->hints, o, &bad);
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.to_string();
+    EXPECT_EQ(bad, 1);
+    EXPECT_EQ(restored->n_past(), 0);
+
+    KvBlocksOptions other = o;
+    other.fingerprint ^= 1;  // another model or profile
+    s = import_kv_blocks(*restored, views(*e), e->hints, other, &bad);
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.to_string();
+    EXPECT_EQ(bad, 0);
+
+    auto swapped = *e;
+    std::swap(swapped.blocks[1], swapped.blocks[2]);
+    s = import_kv_blocks(*restored, views(swapped), e->hints, o, &bad);
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.to_string();
+    EXPECT_EQ(bad, 1);
+
+    KvBlocksOptions other_session = o;
+    other_session.root ^= 1;  // another session's chain
+    EXPECT_FALSE(import_kv_blocks(*restored, views(*e), e->hints, other_session).ok());
+    EXPECT_EQ(restored->n_past(), 0);
+
+    // After all that, the real blocks still go in.
+    ASSERT_TRUE(import_kv_blocks(*restored, views(*e), e->hints, o).ok());
+    EXPECT_EQ(restored->n_past(), 600);
+    EXPECT_EQ(import_kv_blocks(*restored, views(*e), e->hints, o).code(),
+              StatusCode::kFailedPrecondition);  // not empty
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, KvBlocksTest, ::testing::Values("full", "deltakv"));
+
+}  // namespace
+}  // namespace deltaserve::model
