@@ -9,11 +9,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cinttypes>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <unordered_map>
 
 namespace deltaserve::kvstore {
@@ -64,14 +66,14 @@ std::string file_name(uint64_t key, uint64_t gen) {
     return buf;
 }
 
-bool parse_file_name(const std::string& name, uint64_t* key, uint64_t* gen) {
-    if (name.size() != 16 + 1 + 8 + 4 || name.compare(25, 4, ".blk") != 0 || name[16] != '-')
-        return false;
-    char* end = nullptr;
-    *key = std::strtoull(name.substr(0, 16).c_str(), &end, 16);
-    if (*end != '\0') return false;
-    *gen = std::strtoull(name.substr(17, 8).c_str(), &end, 16);
-    return *end == '\0';
+bool parse_hex(std::string_view s, uint64_t* out) {
+    const auto r = std::from_chars(s.data(), s.data() + s.size(), *out, 16);
+    return r.ec == std::errc() && r.ptr == s.data() + s.size();
+}
+
+bool parse_file_name(std::string_view name, uint64_t* key, uint64_t* gen) {
+    if (name.size() != 16 + 1 + 8 + 4 || name.substr(25) != ".blk" || name[16] != '-') return false;
+    return parse_hex(name.substr(0, 16), key) && parse_hex(name.substr(17, 8), gen);
 }
 
 std::string errno_text(const std::string& what, int err) {
