@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "deltaserve/common/byte_size.h"
+#include "deltaserve/common/chain_hash.h"
 #include "deltaserve/common/logging.h"
 #include "deltaserve/decode/kv_stream_io.h"
 #include "deltaserve/kvstore/kv_policy.h"
@@ -23,6 +24,7 @@
 #include "deltaserve/transport/wire_format.h"
 #include "prefix_cache.h"
 #include "running_turn.h"
+#include "session_tiers.h"
 
 namespace deltaserve::decode {
 
@@ -64,6 +66,18 @@ class DecodeWorkerImpl final : public DecodeWorker {
           ids_{options_.model_id, options_.profile_id, kv_codec(options_.context)},
           probe_(std::move(probe)),
           runner_(model, threads_, options_.context.attention) {
+        if (options_.host_tier) {
+            auto policy = kvstore::find_kv_policy(options_.context.kv.policy);
+            if (policy.ok() && (*policy)->storable) {
+                // What stored blocks depend on besides their tokens.
+                const std::string parts[] = {
+                    ids_.model_id, ids_.profile_id, std::string((*policy)->name),
+                    options_.context.kv_type == model::KvType::kF32 ? "f32" : "f16"};
+                tiers_ = std::make_unique<SessionTiers>(options_.host_tier, hash_root(parts),
+                                                        (*policy)->codec,
+                                                        std::max(1, options_.tier_block_tokens));
+            }
+        }
         const auto& pool = options_.context.kv_blocks;
         if (prefix_exact && pool && options_.prefix_cache_bytes > 0) {
             const std::string fingerprint[] = {ids_.model_id, ids_.profile_id,
@@ -126,6 +140,7 @@ class DecodeWorkerImpl final : public DecodeWorker {
         std::lock_guard<std::mutex> lock(mu_);
         auto it = sessions_.find(session_id);
         if (it != sessions_.end() && !it->second.busy) sessions_.erase(it);
+        if (tiers_) tiers_->forget(session_id);
     }
     DecodeStats stats() const override {
         std::lock_guard<std::mutex> lock(mu_);
@@ -155,6 +170,7 @@ class DecodeWorkerImpl final : public DecodeWorker {
             s.kv_pool_peak = pool->peak_blocks() * block;
         }
         add_prefix_stats(s);
+        add_tier_stats(s);
         return s;
     }
 
@@ -190,6 +206,15 @@ class DecodeWorkerImpl final : public DecodeWorker {
     // if more than it started with (turns that came together behind one system prompt: the
     // first computes it, the others find it here).
     void take_late_prefix(Turn& t);
+    void add_tier_stats(DecodeStats& s) const {
+        if (!tiers_) return;
+        const auto t = tiers_->stats();
+        s.sessions_demoted = t.demoted;
+        s.sessions_promoted = t.promoted;
+        s.promoted_tokens = t.promoted_tokens;
+        s.tier_blocks_missing = t.blocks_missing;
+        s.tier_blocks_refused = t.blocks_refused;
+    }
     void add_prefix_stats(DecodeStats& s) const {
         if (!prefix_) return;
         const auto p = prefix_->stats();
@@ -212,6 +237,13 @@ class DecodeWorkerImpl final : public DecodeWorker {
     // (cancel: it ends as "cancelled" instead).
     void fail(const std::shared_ptr<Turn>& t, Status why, bool cancel = false);
     void forget_stale(int64_t now);
+    // Drops an idle session from KV memory, demoting it to the host tier when there is one.
+    // Under mu_.
+    std::map<std::string, Session>::iterator drop_idle_locked(
+        std::map<std::string, Session>::iterator it);
+    // A session with no KV here that the tiers hold: its KV back in a new context, installed
+    // as the session's (idle) before the turn looks at it.
+    void promote(const TurnSpec& spec);
     std::shared_ptr<Turn> find_turn(uint64_t id) const {
         std::lock_guard<std::mutex> lock(mu_);
         auto it = turns_.find(id);
@@ -233,6 +265,7 @@ class DecodeWorkerImpl final : public DecodeWorker {
     // An empty context made like the sessions': what a turn's KV can grow to (kv_bytes_bound).
     const std::unique_ptr<model::InferenceContext> probe_;
     std::unique_ptr<PrefixCache> prefix_;  // null: off, or the policy's prefixes are not exact
+    std::unique_ptr<SessionTiers> tiers_;  // null: no host tier, or the KV is not storable
     // The loop's step buffers, kept across steps (a batch's logits are n_vocab floats a turn),
     // and the batch's activations.
     model::BatchRunner runner_;
@@ -279,6 +312,7 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
         }
     }
     auto t = std::make_shared<Turn>(std::move(spec), std::move(sink), model_);
+    promote(t->spec);
     // A turn with no KV of its own here (stateless, or a session this worker holds nothing
     // of) starts from what the prefix cache has of its prompt; only this turn sees the copy.
     std::unique_ptr<model::InferenceContext> from_cache;
@@ -409,7 +443,7 @@ Status DecodeWorkerImpl::book_locked(Turn& t, int32_t prefill_here) {
         auto oldest = oldest_idle_locked(own);
         if (oldest == sessions_.end()) break;
         if (oldest->second.ctx) idle -= oldest->second.ctx->kv_held_bytes();
-        sessions_.erase(oldest);  // recomputed on its next turn
+        drop_idle_locked(oldest);  // demoted, or recomputed on its next turn
     }
     t.booked = need;
     t.prefill_booked = prefill;
@@ -502,13 +536,55 @@ void DecodeWorkerImpl::end_turn(const std::shared_ptr<Turn>& t, Result<TurnEnd> 
 void DecodeWorkerImpl::forget_stale(int64_t now) {
     for (auto it = sessions_.begin(); it != sessions_.end();) {
         const bool stale = !it->second.busy && now - it->second.last_used > options_.session_ttl_ms;
-        it = stale ? sessions_.erase(it) : std::next(it);
+        it = stale ? drop_idle_locked(it) : std::next(it);
     }
     while (static_cast<int32_t>(sessions_.size()) > options_.max_sessions) {
         auto oldest = oldest_idle_locked();
         if (oldest == sessions_.end()) break;
-        sessions_.erase(oldest);
+        drop_idle_locked(oldest);
     }
+    // A demoted session lives as long as an idle one would, and then some.
+    if (tiers_) tiers_->forget_older_than(now - 2 * options_.session_ttl_ms);
+}
+
+std::map<std::string, Session>::iterator DecodeWorkerImpl::drop_idle_locked(
+    std::map<std::string, Session>::iterator it) {
+    if (tiers_ && it->second.ctx && !it->second.tokens.empty() &&
+        it->second.ctx->n_past() == static_cast<int32_t>(it->second.tokens.size())) {
+        tiers_->demote(it->first, *it->second.ctx, it->second.tokens, now_ms());
+    }
+    return sessions_.erase(it);
+}
+
+void DecodeWorkerImpl::promote(const TurnSpec& spec) {
+    if (!tiers_ || spec.session_id.empty()) return;
+    const int32_t stored = tiers_->stored_tokens(spec.session_id);
+    if (stored == 0) return;
+    {
+        // Room for the stored KV, as a turn makes room: idle sessions go, least recent first.
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = sessions_.find(spec.session_id);
+        if (it != sessions_.end() && (it->second.ctx || it->second.busy)) return;
+        const size_t need = probe_->kv_bytes_bound(stored);
+        size_t idle = idle_bytes_locked(spec.session_id);
+        while (booked_ + idle + need > options_.kv_memory) {
+            auto oldest = oldest_idle_locked(spec.session_id);
+            if (oldest == sessions_.end()) break;
+            if (oldest->second.ctx) idle -= oldest->second.ctx->kv_held_bytes();
+            drop_idle_locked(oldest);
+        }
+    }
+    auto ctx = make_context();
+    if (!ctx.ok()) return;
+    auto tokens = tiers_->promote(spec.session_id, **ctx, spec.turn_id);
+    if (!tokens) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sessions_.find(spec.session_id);
+    if (it != sessions_.end() && (it->second.ctx || it->second.busy)) return;  // raced
+    Session& s = sessions_[spec.session_id];
+    s.ctx = std::move(*ctx);
+    s.tokens = std::move(*tokens);
+    s.last_used = now_ms();
 }
 
 std::map<std::string, Session>::iterator DecodeWorkerImpl::oldest_idle_locked(

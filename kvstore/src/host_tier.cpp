@@ -146,6 +146,14 @@ bool HostTier::contains(uint64_t key) const {
     return state_->blocks.count(key) != 0;
 }
 
+std::vector<uint64_t> HostTier::keys() const {
+    std::lock_guard lock(state_->mu);
+    std::vector<uint64_t> out;
+    out.reserve(state_->blocks.size());
+    for (const auto& [key, b] : state_->blocks) out.push_back(key);
+    return out;
+}
+
 void HostTier::erase(uint64_t key) {
     State& s = *state_;
     std::lock_guard lock(s.mu);

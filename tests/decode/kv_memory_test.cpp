@@ -56,6 +56,59 @@ TEST_F(KvMemoryTest, IdleSessionsAreDroppedForANewTurnLeastRecentFirst) {
     EXPECT_EQ(a->cached_tokens, 0);
 }
 
+// With a host tier, the session dropped for room is demoted there, and its next turn takes
+// its KV back (cached, not prefilled) and answers as if it had stayed.
+TEST_F(KvMemoryTest, ADroppedSessionComesBackFromTheHostTier) {
+    // The answer of a's second turn when a's KV stays in memory.
+    start(200);
+    ASSERT_TRUE(run(testing::greedy_turn(1, text_tokens(100, 0, true), "a", 8)).ok());
+    auto stayed = run(testing::greedy_turn(2, text_tokens(120, 0, true), "a", 8));
+    ASSERT_TRUE(stayed.ok()) << stayed.status().to_string();
+    EXPECT_EQ(stayed->cached_tokens, 100);
+
+    kvstore::HostTier::Options ho;
+    ho.capacity_bytes = 64 << 20;
+    ho.janitor_interval = std::chrono::milliseconds(0);
+    host_tier_ = std::make_shared<kvstore::HostTier>(ho);
+    start(20);
+    for (const char* s : {"a", "b"}) {
+        ASSERT_TRUE(run(testing::greedy_turn(s[0], text_tokens(100, 0, true), s, 8)).ok());
+    }
+    ASSERT_TRUE(run(testing::greedy_turn(3, text_tokens(100, 0, true), "c", 8)).ok());
+    EXPECT_EQ(decode_->stats().sessions_demoted, 1);  // a, for c's room
+    EXPECT_EQ(host_tier_->stats().blocks, 1u);        // its 107 tokens in one block
+    auto a = run(testing::greedy_turn(4, text_tokens(120, 0, true), "a", 8));
+    ASSERT_TRUE(a.ok()) << a.status().to_string();
+    EXPECT_EQ(a->cached_tokens, 100);
+    EXPECT_EQ(a->text, stayed->text);
+    const auto st = decode_->stats();
+    EXPECT_EQ(st.sessions_promoted, 1);
+    EXPECT_EQ(st.promoted_tokens, 107);  // the prompt and the answer but its last token
+    EXPECT_EQ(host_tier_->stats().leases, 0u) << "the turn's leases ended with the import";
+
+    // Taking a back made room (b went to the tier), and so did b's and c's turns: c's took
+    // a's room. A block damaged in the tier is then refused, and the turn recomputes the
+    // history: the same answer, nothing cached.
+    ASSERT_TRUE(run(testing::greedy_turn(5, text_tokens(100, 0, true), "b", 8)).ok());
+    ASSERT_TRUE(run(testing::greedy_turn(6, text_tokens(100, 0, true), "c", 8)).ok());
+    ASSERT_EQ(decode_->stats().sessions_demoted, 4);
+    EXPECT_EQ(decode_->stats().sessions_promoted, 3);
+    for (uint64_t key : host_tier_->keys()) {
+        auto lease = host_tier_->get(key, "test", kvstore::HostTier::Clock::now());
+        ASSERT_TRUE(lease.ok());
+        std::vector<uint8_t> bytes(lease->bytes().begin(), lease->bytes().end());
+        lease->release();
+        bytes[bytes.size() - 10] ^= 0x20;
+        ASSERT_TRUE(host_tier_->put(key, std::make_shared<const std::vector<uint8_t>>(bytes)).ok());
+    }
+    auto again = run(testing::greedy_turn(7, text_tokens(120, 0, true), "a", 8));
+    ASSERT_TRUE(again.ok()) << again.status().to_string();
+    EXPECT_EQ(again->cached_tokens, 0);
+    EXPECT_EQ(again->text, stayed->text);
+    EXPECT_EQ(decode_->stats().tier_blocks_refused, 1);
+    EXPECT_EQ(decode_->stats().sessions_promoted, 3);
+}
+
 TEST_F(KvMemoryTest, RunningTurnsBookTheMemoryAndTheNextIsRefusedUntilOneEnds) {
     start(20);
     auto long_turn = std::make_shared<CollectingSink>();

@@ -37,6 +37,7 @@ class KvMemoryTest : public DefaultModelTest {
         d.prefix_cache_bytes = prefix_cache_bytes;
         d.local_prefill_max = local_prefill_max;
         d.model_id = "m";
+        d.host_tier = host_tier_;
         decode_.reset();
         auto dw = decode::DecodeWorker::create(*model_, d);
         ASSERT_TRUE(dw.ok()) << dw.error().to_string();
@@ -51,6 +52,7 @@ class KvMemoryTest : public DefaultModelTest {
         return sink->wait();
     }
     std::unique_ptr<decode::DecodeWorker> decode_;
+    std::shared_ptr<kvstore::HostTier> host_tier_;  // set before start(): sessions demote there
 };
 
 }  // namespace deltaserve::testing

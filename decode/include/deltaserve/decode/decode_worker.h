@@ -18,6 +18,7 @@
 
 #include "deltaserve/common/status.h"
 #include "deltaserve/decode/turn.h"
+#include "deltaserve/kvstore/host_tier.h"
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/model.h"
 #include "deltaserve/transport/transport.h"
@@ -58,6 +59,13 @@ struct DecodeOptions {
     std::string cluster_token;
     std::string model_id;    // shipments for another model are refused
     std::string profile_id;  // ... or another compression profile
+    // The host tier of the tiered store (kvstore/host_tier.h), or null. An idle session
+    // dropped from KV memory (for a turn's room, by TTL or by count) is demoted there as
+    // stored blocks of tier_block_tokens (model/kv_blocks.h), and its next turn takes them
+    // back instead of prefilling its history again; a block the tier no longer holds, or one
+    // that fails its checks, is recomputed. For policies whose KV is storable.
+    std::shared_ptr<kvstore::HostTier> host_tier;
+    int32_t tier_block_tokens = 256;
 };
 
 // What start_turn found: how much of the prompt is cached here, and whether a prefill node
@@ -86,6 +94,13 @@ struct DecodeStats {
     int64_t prefix_cache_bytes = 0;  // the prefix cache's blocks (not in kv_bytes)
     int64_t prefix_cache_blocks = 0;
     int64_t prefix_cache_hit_tokens = 0;  // prompt tokens taken from it, in all
+    // The tiers (DecodeOptions::host_tier): sessions demoted and promoted back, the tokens
+    // promotions brought back, and blocks that were gone or refused when their session came.
+    int64_t sessions_demoted = 0;
+    int64_t sessions_promoted = 0;
+    int64_t promoted_tokens = 0;
+    int64_t tier_blocks_missing = 0;
+    int64_t tier_blocks_refused = 0;
 };
 
 class DecodeWorker {

@@ -65,6 +65,7 @@ class HostTier {
     // The block under `key`, leased to `owner` until `deadline` (a hit), or kNotFound (a miss).
     Result<Lease> get(uint64_t key, std::string owner, Clock::time_point deadline);
     bool contains(uint64_t key) const;
+    std::vector<uint64_t> keys() const;
     // Drops a block (it failed verification, or an operator dropped it); leases on it end.
     void erase(uint64_t key);
     // A pinned block is never evicted. kNotFound for a key the tier does not hold.
