@@ -5,10 +5,13 @@
 #include <filesystem>
 #include <limits>
 
+#include <unistd.h>
+
 #include "access_flags.h"
 #include "commands.h"
 #include "deltaserve/api/cluster_chat_engine.h"
 #include "deltaserve/common/byte_size.h"
+#include "deltaserve/kvstore/host_tier.h"
 #include "deltaserve/transport/transport_factory.h"
 #include "gateway_loop.h"
 #include "run_options.h"
@@ -31,7 +34,7 @@ int serve_main(int argc, char** argv) {
     int32_t max_connections = go.max_connections;
     int32_t prefix_cache_mib = static_cast<int32_t>(dopt.prefix_cache_bytes >> 20);
     int32_t drain_seconds = static_cast<int32_t>(go.drain_timeout_ms / 1000);
-    std::string kv_memory;
+    std::string kv_memory, kv_host_memory;
     ArgParser p(
         "deltaserve serve",
         "Serves --model over an OpenAI-compatible HTTP API (POST /v1/chat/completions, GET "
@@ -66,6 +69,10 @@ int serve_main(int argc, char** argv) {
           "KV memory for sessions, running turns and the prefix cache, e.g. 4GiB; a turn is "
           "booked the most its KV can grow to (prompt and max_tokens) and gets 429 when "
           "running turns have booked it all; default: a quarter of physical memory");
+    p.add("kv-host-memory", &kv_host_memory,
+          "host memory for the KV of idle sessions dropped from --kv-memory (the tiered "
+          "store's host tier): a session's next turn takes it back instead of prefilling its "
+          "history again; e.g. 8GiB, 0 = off; default: an eighth of physical memory");
     p.add("prefix-cache-mib", &prefix_cache_mib,
           "MiB of KV blocks kept for later prompts that start the same way (a conversation "
           "sent whole again, a shared system prompt; full KV only); 0 = off");
@@ -93,6 +100,21 @@ int serve_main(int argc, char** argv) {
             return 2;
         }
         dopt.kv_memory = *bytes;
+    }
+    uint64_t host_bytes = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                          static_cast<uint64_t>(::sysconf(_SC_PAGE_SIZE)) / 8;
+    if (!kv_host_memory.empty()) {
+        auto bytes = parse_byte_size(kv_host_memory);
+        if (!bytes) {
+            print_error(bytes.status().with_context("--kv-host-memory"));
+            return 2;
+        }
+        host_bytes = *bytes;
+    }
+    if (host_bytes > 0) {
+        kvstore::HostTier::Options ho;
+        ho.capacity_bytes = host_bytes;
+        dopt.host_tier = std::make_shared<kvstore::HostTier>(ho);
     }
     eo.session_ttl_seconds = ttl;
     auto access_options = access.resolve(p);

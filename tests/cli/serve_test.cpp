@@ -191,11 +191,11 @@ TEST_F(ServeTest, TheOpenAiPythonClientWorks) {
                                     std::to_string(server.port()), "--api-key", "sk-check"},
                                    "", std::chrono::seconds(300));
     EXPECT_EQ(r.exit_code, 0) << r.describe();
-    const CliResult chat = run_binary(
-        deltaserve_binary(),
-        {"chat", "--model", default_gguf_model(), "--threads", "1", "--ctx-size", "1024",
-         "--temperature", "0", "--max-tokens", "16"},
-        "What is the capital of France?\n", std::chrono::seconds(120));
+    const CliResult chat =
+        run_binary(deltaserve_binary(),
+                   {"chat", "--model", default_gguf_model(), "--threads", "1", "--ctx-size", "1024",
+                    "--temperature", "0", "--max-tokens", "16"},
+                   "What is the capital of France?\n", std::chrono::seconds(120));
     ASSERT_EQ(chat.exit_code, 0) << chat.describe();
     std::string reply = chat.out;
     while (!reply.empty() && (reply.back() == '\n' || reply.back() == ' ')) reply.pop_back();
@@ -311,6 +311,52 @@ TEST_F(ServeTest, TheKvMemoryBoundsWhatARequestMayBook) {
     EXPECT_NE(r.body.find("deltaserve_kv_memory_bytes 8388608"), std::string::npos) << r.body;
     EXPECT_NE(r.body.find("deltaserve_kv_booked_bytes 0"), std::string::npos) << r.body;
     EXPECT_EQ(server.stop(), 0) << server.log();
+}
+
+// With the host tier (--kv-host-memory), a session whose KV was dropped from --kv-memory for
+// another's turn comes back from host memory: its next turn finds its history cached and
+// answers as the session that kept its KV in memory does. With the tier off, the same turn
+// prefills the history again.
+TEST_F(ServeTest, ASessionDroppedForMemoryComesBackFromTheHostTier) {
+    std::string texts[2] = {"Remember these words: ", "Remember these numbers: "};
+    for (int i = 0; i < 45; ++i) {
+        texts[0] += "apple pear plum ";
+        texts[1] += std::to_string(i) + " ";
+    }
+    // 8 MiB: 22 blocks of 16 tokens; one session's ~200 tokens and answer take 13 of them,
+    // so s2's turn drops s1's KV; 64 MiB keeps both. (No prefix cache: it would keep s1's
+    // blocks too.)
+    struct Run {
+        const char* kv_memory;
+        const char* host_memory;
+        std::string answer;
+        int cached = 0;
+    } runs[] = {{"64MiB", "0"}, {"8MiB", "0"}, {"8MiB", "64MiB"}};
+    for (Run& run : runs) {
+        ServingProcess server(serve_args({"--kv-memory", run.kv_memory, "--kv-host-memory",
+                                          run.host_memory, "--prefix-cache-mib", "0"}));
+        ASSERT_NE(server.port(), 0) << server.log();
+        for (int k = 0; k < 2; ++k) {
+            const std::string id = k == 0 ? "s1" : "s2";
+            ASSERT_EQ(open_session(server.port(), id), 200);
+            json body = chat_body(texts[k], 16);
+            body["session_id"] = id;
+            const HttpResponse r = post_chat(server.port(), body);
+            ASSERT_EQ(r.status, 200) << r.body;
+        }
+        json body = chat_body("Which fruit came first?", 16);
+        body["session_id"] = "s1";
+        const HttpResponse r = post_chat(server.port(), body);
+        ASSERT_EQ(r.status, 200) << r.body;
+        const json j = json::parse(r.body);
+        run.answer = j["choices"][0]["message"]["content"];
+        run.cached = j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
+        EXPECT_EQ(server.stop(), 0) << server.log();
+    }
+    EXPECT_GT(runs[0].cached, 150) << "kept in memory";
+    EXPECT_EQ(runs[1].cached, 0) << "dropped, no tier: the history is prefilled again";
+    EXPECT_EQ(runs[2].cached, runs[0].cached) << "dropped, then back from the host tier";
+    EXPECT_EQ(runs[2].answer, runs[0].answer);
 }
 
 }  // namespace
