@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -160,25 +161,53 @@ TEST_F(DiskTierTest, AnIoErrorStopsAdmissionAndReadsGoOn) {
     EXPECT_EQ(files, 1u);
 }
 
+// The writer of the kill -9 test: this test binary started again (a fresh process, not a fork
+// of one whose threads RocksDB started), writing blocks into $DELTASERVE_DISK_WRITER_DIR until
+// it is killed.
+TEST(DiskTierWriter, RunsOnlyAsTheKillTestsChild) {
+    const char* dir = std::getenv("DELTASERVE_DISK_WRITER_DIR");
+    if (dir == nullptr) GTEST_SKIP() << "the kill -9 test's writer process: runs as its child only";
+    const uint64_t round = std::strtoull(std::getenv("DELTASERVE_DISK_WRITER_ROUND"), nullptr, 10);
+    DiskTier::Options o;
+    o.dir = dir;
+    o.capacity_bytes = 4 << 20;
+    auto t = DiskTier::open(o);
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    for (uint64_t i = 0;; ++i) {
+        const uint64_t key = (i * 13 + round) % 64;
+        const DiskTier::Record rec[] = {{"last", std::to_string(key)}};
+        (void)(*t)->put(key, bytes_of(key, 20000 + key * 1000), rec);
+    }
+}
+
 // A process writing blocks is killed (SIGKILL) mid-stream, several times: after each restart
 // every block the index names reads back whole and right, and no stray file is left.
 TEST_F(DiskTierTest, KillNineWhileWritingRecoversExactly) {
     for (int round = 0; round < 3; ++round) {
+        const std::string dir_env = "DELTASERVE_DISK_WRITER_DIR=" + dir_.string();
+        const std::string round_env = "DELTASERVE_DISK_WRITER_ROUND=" + std::to_string(round);
         const pid_t child = ::fork();
         ASSERT_GE(child, 0);
         if (child == 0) {
-            DiskTier::Options o;
-            o.dir = dir_.string();
-            o.capacity_bytes = 4 << 20;
-            auto t = DiskTier::open(o);
-            if (!t.ok()) ::_exit(3);
-            for (uint64_t i = 0;; ++i) {
-                const uint64_t key = (i * 13 + static_cast<uint64_t>(round)) % 64;
-                const DiskTier::Record rec[] = {{"last", std::to_string(key)}};
-                (void)(*t)->put(key, bytes_of(key, 20000 + key * 1000), rec);
-            }
+            char filter[] = "--gtest_filter=DiskTierWriter.RunsOnlyAsTheKillTestsChild";
+            char self[] = "/proc/self/exe";
+            char* argv[] = {self, filter, nullptr};
+            char* envp[] = {const_cast<char*>(dir_env.c_str()),
+                            const_cast<char*>(round_env.c_str()), nullptr};
+            ::execve(self, argv, envp);
+            ::_exit(127);
         }
-        std::this_thread::sleep_for(std::chrono::milliseconds(150 + 60 * round));
+        // Killed once it is writing (its start takes longer under the sanitizers), at a
+        // different point each round.
+        const auto payload_files = [&] {
+            size_t n = 0;
+            std::error_code ec;
+            for (const auto& f : fs::directory_iterator(dir_ / "payload", ec))
+                n += f.is_regular_file();
+            return n;
+        };
+        for (int i = 0; i < 2000 && payload_files() < 8; ++i) std::this_thread::sleep_for(10ms);
+        std::this_thread::sleep_for(std::chrono::milliseconds(50 + 70 * round));
         ::kill(child, SIGKILL);
         int status = 0;
         ::waitpid(child, &status, 0);
