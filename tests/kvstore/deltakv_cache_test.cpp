@@ -823,9 +823,10 @@ TEST(DeltaKvCache, AChunkPinsWhatItsLastQueriesAttendForTheDecodeStepsAfterIt) {
             bad[4] = 2;  // position 2: a sink
             bad[5] = bad[6] = bad[7] = 0;
             EXPECT_EQ(c.codec()->import_hints(bad).code(), StatusCode::kDataLoss);
-            EXPECT_EQ(
-                c.codec()->import_hints(std::span<const uint8_t>(hints.data(), hints.size() - 1)).code(),
-                StatusCode::kDataLoss);
+            EXPECT_EQ(c.codec()
+                          ->import_hints(std::span<const uint8_t>(hints.data(), hints.size() - 1))
+                          .code(),
+                      StatusCode::kDataLoss);
             EXPECT_EQ(c.pinned(), pins);
             ASSERT_TRUE(c.codec()->import_hints({}).ok());
             EXPECT_TRUE(c.pinned().empty());
