@@ -93,6 +93,13 @@ EngineStats ClusterChatEngine::stats() const {
         s.kv_memory += ds->kv_memory;
         s.kv_booked += ds->kv_booked;
         s.kv_pool_used += ds->kv_pool_used;
+        s.host_tier_bytes += ds->host_tier_bytes;
+        s.host_tier_capacity += ds->host_tier_capacity;
+        s.sessions_demoted += ds->sessions_demoted;
+        s.sessions_promoted += ds->sessions_promoted;
+        s.promoted_tokens += ds->promoted_tokens;
+        s.tier_blocks_missing += ds->tier_blocks_missing;
+        s.tier_blocks_refused += ds->tier_blocks_refused;
         held += static_cast<double>(ds->kv_bytes);
         full += ds->keep_ratio > 0 ? static_cast<double>(ds->kv_bytes) / ds->keep_ratio : 0;
     }

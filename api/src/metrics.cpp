@@ -129,6 +129,27 @@ std::string Metrics::render(const EngineStats& e) const {
     metric("deltaserve_prefill_retries_total", "counter",
            "Prefills tried again on another prefill node after one was lost.",
            static_cast<double>(e.prefill_retries));
+    metric("deltaserve_host_tier_bytes", "gauge",
+           "Bytes of stored KV blocks in the host tier (--kv-host-memory).",
+           static_cast<double>(e.host_tier_bytes));
+    metric("deltaserve_host_tier_capacity_bytes", "gauge", "The host tier's capacity.",
+           static_cast<double>(e.host_tier_capacity));
+    metric("deltaserve_sessions_demoted_total", "counter",
+           "Idle sessions dropped from KV memory and stored in the host tier.",
+           static_cast<double>(e.sessions_demoted));
+    metric("deltaserve_sessions_promoted_total", "counter",
+           "Sessions whose stored KV came back from the host tier for a turn.",
+           static_cast<double>(e.sessions_promoted));
+    metric("deltaserve_promoted_tokens_total", "counter",
+           "Tokens of history those sessions took back instead of prefilling them again.",
+           static_cast<double>(e.promoted_tokens));
+    metric("deltaserve_tier_blocks_missing_total", "counter",
+           "Stored blocks a returning session found evicted from the host tier (recomputed).",
+           static_cast<double>(e.tier_blocks_missing));
+    metric("deltaserve_tier_blocks_refused_total", "counter",
+           "Stored blocks that failed their checks (checksum, fingerprint, key): dropped, "
+           "recomputed.",
+           static_cast<double>(e.tier_blocks_refused));
     metric("deltaserve_kv_keep_ratio", "gauge",
            "KV bytes held over the same tokens in fp16 full KV.", e.keep_ratio);
     metric("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.",

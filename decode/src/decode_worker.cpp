@@ -207,6 +207,11 @@ class DecodeWorkerImpl final : public DecodeWorker {
     // first computes it, the others find it here).
     void take_late_prefix(Turn& t);
     void add_tier_stats(DecodeStats& s) const {
+        if (options_.host_tier) {
+            const auto h = options_.host_tier->stats();
+            s.host_tier_bytes = static_cast<int64_t>(h.bytes);
+            s.host_tier_capacity = static_cast<int64_t>(h.capacity);
+        }
         if (!tiers_) return;
         const auto t = tiers_->stats();
         s.sessions_demoted = t.demoted;

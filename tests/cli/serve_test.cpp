@@ -331,6 +331,7 @@ TEST_F(ServeTest, ASessionDroppedForMemoryComesBackFromTheHostTier) {
         const char* host_memory;
         std::string answer;
         int cached = 0;
+        std::string metrics;
     } runs[] = {{"64MiB", "0"}, {"8MiB", "0"}, {"8MiB", "64MiB"}};
     for (Run& run : runs) {
         ServingProcess server(serve_args({"--kv-memory", run.kv_memory, "--kv-host-memory",
@@ -351,12 +352,22 @@ TEST_F(ServeTest, ASessionDroppedForMemoryComesBackFromTheHostTier) {
         const json j = json::parse(r.body);
         run.answer = j["choices"][0]["message"]["content"];
         run.cached = j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
+        run.metrics = http_request(server.port(), "GET", "/metrics").body;
         EXPECT_EQ(server.stop(), 0) << server.log();
     }
     EXPECT_GT(runs[0].cached, 150) << "kept in memory";
     EXPECT_EQ(runs[1].cached, 0) << "dropped, no tier: the history is prefilled again";
     EXPECT_EQ(runs[2].cached, runs[0].cached) << "dropped, then back from the host tier";
     EXPECT_EQ(runs[2].answer, runs[0].answer);
+    // What /metrics says of it (s1 went to the tier for s2's turn, s2 for s1's return).
+    EXPECT_NE(runs[2].metrics.find("deltaserve_sessions_promoted_total 1\n"), std::string::npos)
+        << runs[2].metrics;
+    EXPECT_NE(runs[2].metrics.find("deltaserve_sessions_demoted_total 2\n"), std::string::npos)
+        << runs[2].metrics;
+    EXPECT_NE(runs[2].metrics.find("deltaserve_host_tier_capacity_bytes 67108864\n"),
+              std::string::npos)
+        << runs[2].metrics;
+    EXPECT_NE(runs[1].metrics.find("deltaserve_host_tier_capacity_bytes 0\n"), std::string::npos);
 }
 
 }  // namespace

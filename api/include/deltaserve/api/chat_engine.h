@@ -32,6 +32,16 @@ struct EngineStats {
     int64_t prefill_tokens = 0;      // prompt tokens the prefill workers computed to the end
     double keep_ratio = 1.0;         // kv_bytes over the same tokens in fp16 full KV
     int64_t prefill_retries = 0;     // prefills tried again on another node after one was lost
+    // The host tier (decode::DecodeOptions::host_tier): its bytes and capacity, sessions
+    // demoted to it and promoted back, the tokens those brought back, and stored blocks a
+    // returning session found gone or refused (recomputed).
+    int64_t host_tier_bytes = 0;
+    int64_t host_tier_capacity = 0;
+    int64_t sessions_demoted = 0;
+    int64_t sessions_promoted = 0;
+    int64_t promoted_tokens = 0;
+    int64_t tier_blocks_missing = 0;
+    int64_t tier_blocks_refused = 0;
 };
 
 // A chat session as its owner sees it.

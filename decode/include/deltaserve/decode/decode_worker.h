@@ -101,6 +101,8 @@ struct DecodeStats {
     int64_t promoted_tokens = 0;
     int64_t tier_blocks_missing = 0;
     int64_t tier_blocks_refused = 0;
+    int64_t host_tier_bytes = 0;  // the host tier's, shared by whatever else uses it
+    int64_t host_tier_capacity = 0;
 };
 
 class DecodeWorker {
