@@ -122,6 +122,7 @@ std::optional<std::vector<int32_t>> SessionTiers::promote(const std::string& ses
             spdlog::info("decode: session {}: stored KV not taken back now: {}", session,
                          s.to_string());
             std::lock_guard lock(mu_);
+            stats_.blocks_missing += missing;
             records_.emplace(session, std::move(r));
             return std::nullopt;
         }

@@ -3,6 +3,7 @@
 #include <limits>
 #include <string>
 
+#include "deltaserve/common/chain_hash.h"
 #include "deltaserve/kvstore/kv_block.h"
 
 namespace deltaserve::model {
@@ -39,7 +40,7 @@ Result<ExportedKvBlocks> export_kv_blocks(const InferenceContext& ctx,
         }
         const std::vector<std::span<const uint8_t>> views(parts.begin(), parts.end());
         DS_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, kvstore::encode_kv_block(meta, views));
-        parent = kvstore::parse_kv_block_header(bytes, options.fingerprint)->key;
+        parent = hash_tokens(parent, meta.tokens);  // the block's key
         out.blocks.push_back(std::move(bytes));
     }
     out.hints = ctx.export_kv_hints();

@@ -126,6 +126,16 @@ struct DiskTier::Impl {
         w.sync = options.sync;
         return w;
     }
+    // Puts, or deletes for an empty value, into the records column family.
+    void add_records(rocksdb::WriteBatch& batch, std::span<const Record> records) const {
+        for (const auto& [k, v] : records) {
+            if (v.empty()) {
+                batch.Delete(records_cf, k);
+            } else {
+                batch.Put(records_cf, k, v);
+            }
+        }
+    }
     std::string path_of(uint64_t key, uint64_t gen) const {
         return payload_dir + "/" + file_name(key, gen);
     }
@@ -290,13 +300,7 @@ Status DiskTier::put(uint64_t key, std::span<const uint8_t> bytes,
         for (uint64_t v : victims) batch.Delete(t.blocks_cf, index_key(v));
         const Entry e{gen, bytes.size(), t.next_seq++};
         batch.Put(t.blocks_cf, index_key(key), encode_entry(e));
-        for (const auto& [k, v] : records) {
-            if (v.empty()) {
-                batch.Delete(t.records_cf, k);
-            } else {
-                batch.Put(t.records_cf, k, v);
-            }
-        }
+        t.add_records(batch, records);
         const rocksdb::Status w = t.db->Write(t.write_options(), &batch);
         if (!w.ok()) {
             ::unlink(path.c_str());
@@ -404,13 +408,7 @@ void DiskTier::erase(uint64_t key, bool refused) {
 Status DiskTier::put_records(std::span<const Record> records) {
     Impl& t = *impl_;
     rocksdb::WriteBatch batch;
-    for (const auto& [k, v] : records) {
-        if (v.empty()) {
-            batch.Delete(t.records_cf, k);
-        } else {
-            batch.Put(t.records_cf, k, v);
-        }
-    }
+    t.add_records(batch, records);
     const rocksdb::Status w = t.db->Write(t.write_options(), &batch);
     if (!w.ok()) return unavailable("disk tier: writing records: " + w.ToString());
     return Status();
