@@ -9,6 +9,7 @@
 
 #include "access_flags.h"
 #include "commands.h"
+#include "data_dir.h"
 #include "deltaserve/api/cluster_chat_engine.h"
 #include "deltaserve/common/byte_size.h"
 #include "deltaserve/kvstore/host_tier.h"
@@ -34,7 +35,8 @@ int serve_main(int argc, char** argv) {
     int32_t max_connections = go.max_connections;
     int32_t prefix_cache_mib = static_cast<int32_t>(dopt.prefix_cache_bytes >> 20);
     int32_t drain_seconds = static_cast<int32_t>(go.drain_timeout_ms / 1000);
-    std::string kv_memory, kv_host_memory;
+    std::string kv_memory, kv_host_memory, kv_disk = "0";
+    std::string data_dir = default_data_dir();
     ArgParser p(
         "deltaserve serve",
         "Serves --model over an OpenAI-compatible HTTP API (POST /v1/chat/completions, GET "
@@ -73,6 +75,14 @@ int serve_main(int argc, char** argv) {
           "host memory for the KV of idle sessions dropped from --kv-memory (the tiered "
           "store's host tier): a session's next turn takes it back instead of prefilling its "
           "history again; e.g. 8GiB, 0 = off; default: an eighth of physical memory");
+    p.add("data-dir", &data_dir,
+          "where sessions are kept across restarts: the tiered store's disk tier (every "
+          "session's KV, written at the end of each turn) and the sessions' records; one "
+          "server per directory; none = memory only. Default: $XDG_DATA_HOME/deltaserve, else "
+          "~/.local/share/deltaserve");
+    p.add("kv-disk", &kv_disk,
+          "bytes of --data-dir the stored KV may use, e.g. 20GiB (least recently written "
+          "blocks go first); 0 = half the free space, at most 64GiB");
     p.add("prefix-cache-mib", &prefix_cache_mib,
           "MiB of KV blocks kept for later prompts that start the same way (a conversation "
           "sent whole again, a shared system prompt; full KV only); 0 = off");
@@ -111,6 +121,20 @@ int serve_main(int argc, char** argv) {
         }
         host_bytes = *bytes;
     }
+    uint64_t disk_bytes = 0;
+    {
+        auto bytes = parse_byte_size(kv_disk);
+        if (!bytes) {
+            print_error(bytes.status().with_context("--kv-disk"));
+            return 2;
+        }
+        disk_bytes = *bytes;
+    }
+    if (data_dir.empty()) {
+        print_error(invalid_argument(
+            "--data-dir: no default (neither XDG_DATA_HOME nor HOME is set); give one, or none"));
+        return 2;
+    }
     if (host_bytes > 0) {
         kvstore::HostTier::Options ho;
         ho.capacity_bytes = host_bytes;
@@ -135,6 +159,22 @@ int serve_main(int argc, char** argv) {
         return 1;
     }
     const std::string model_id = std::filesystem::path(o.model_path).filename().string();
+    if (data_dir != "none") {
+        auto disk = open_data_dir(data_dir, disk_bytes);
+        auto identity = disk ? store_identity(o.model_path, o.tokenizer_path, o.context())
+                             : Result<std::string>(disk.status());
+        if (!identity) {
+            print_error(identity.error());
+            return 1;
+        }
+        const auto st = (*disk)->stats();
+        std::fprintf(stderr, "deltaserve: data dir %s: %llu stored KV blocks (%s) in %.1f ms\n",
+                     data_dir.c_str(), static_cast<unsigned long long>(st.blocks),
+                     format_byte_size(st.bytes).c_str(), st.recovery_ms);
+        dopt.disk_tier = *disk;
+        dopt.store_id = *identity;
+        eo.records = *disk;
+    }
     auto transport = transport::make_transport("inproc", {});
     if (!transport) {
         print_error(transport.error());
@@ -167,6 +207,10 @@ int serve_main(int argc, char** argv) {
     auto decode_node = api::local_decode_node("decode-0", **decode, *address);
     auto prefill_node = api::local_prefill_node("prefill-0", **prefill);
     api::ClusterChatEngine engine(**model, model_id, {decode_node.get()}, {prefill_node.get()}, eo);
+    if (eo.records) {
+        std::fprintf(stderr, "deltaserve: %lld sessions recovered in %.1f ms\n",
+                     static_cast<long long>(engine.sessions_recovered()), engine.recovery_ms());
+    }
     go.max_connections = max_connections;
     go.drain_timeout_ms = static_cast<int64_t>(drain_seconds) * 1000;
     go.host = host;

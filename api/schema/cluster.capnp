@@ -46,6 +46,7 @@ struct TurnEnd {
       promptTokens @3 :Int32;
       cachedTokens @4 :Int32;
       completionTokens @5 :Int32;
+      kvSource @6 :Text;  # where the cached tokens' KV came from (decode::TurnEnd::kv_source)
     }
   }
 }

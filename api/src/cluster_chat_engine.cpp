@@ -7,6 +7,9 @@
 #include <limits>
 #include <optional>
 
+#include <nlohmann/json.hpp>
+
+#include "deltaserve/api/openai_protocol.h"
 #include "deltaserve/common/logging.h"
 #include "prefill_watch.h"
 #include "random_id.h"
@@ -20,6 +23,16 @@ int64_t now_seconds() {
                std::chrono::steady_clock::now().time_since_epoch())
         .count();
 }
+
+int64_t unix_seconds() {
+    return std::chrono::duration_cast<std::chrono::seconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+// A session's record in the store: "gw/" and the session's key.
+constexpr std::string_view kRecordPrefix = "gw/";
+constexpr int kRecordVersion = 1;
 
 // Hands the decode worker's pieces to the request's thread: the worker's loop never waits
 // on a slow client.
@@ -72,7 +85,96 @@ ClusterChatEngine::ClusterChatEngine(const model::Model& model, std::string mode
       decode_(std::move(decode)),
       prefill_(std::move(prefill)),
       options_(options),
-      watch_(std::make_unique<PrefillWatch>()) {}
+      watch_(std::make_unique<PrefillWatch>()) {
+    if (options_.records) recover();
+}
+
+void ClusterChatEngine::save(const Session& s) const {
+    if (!options_.records) return;
+    nlohmann::json history = nlohmann::json::array();
+    for (const auto& m : s.history) history.push_back({{"role", m.role}, {"content", m.content}});
+    // The idle time as a wall-clock time: the steady clock starts again with the process.
+    const nlohmann::json j = {{"v", kRecordVersion},
+                              {"tenant", s.tenant},
+                              {"id", s.id},
+                              {"node", s.node != nullptr ? s.node->name() : ""},
+                              {"turns", s.turns},
+                              {"tokens", s.tokens},
+                              {"cached_tokens", s.cached_tokens},
+                              {"last_used", unix_seconds() - (now_seconds() - s.last_used)},
+                              {"history", std::move(history)}};
+    const kvstore::DiskTier::Record r[] = {
+        {std::string(kRecordPrefix) + key_of(s.tenant, s.id),
+         j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)}};
+    if (Status st = options_.records->put_records(r); !st.ok()) {
+        spdlog::warn("gateway: session {}'s record was not stored: {}", s.id, st.to_string());
+    }
+}
+
+void ClusterChatEngine::unsave(const std::string& key) const {
+    if (!options_.records) return;
+    const kvstore::DiskTier::Record r[] = {{std::string(kRecordPrefix) + key, ""}};
+    if (Status st = options_.records->put_records(r); !st.ok()) {
+        spdlog::warn("gateway: session {}'s record was not removed: {}", key, st.to_string());
+    }
+}
+
+void ClusterChatEngine::recover() {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto records = options_.records->records(std::string(kRecordPrefix));
+    if (!records.ok()) {
+        spdlog::error("gateway: the session records could not be read: {}",
+                      records.status().to_string());
+        return;
+    }
+    const int64_t now = now_seconds(), wall = unix_seconds();
+    std::vector<std::string> bad;
+    for (const auto& [key, value] : *records) {
+        // A record is read as any outside input: what does not parse is dropped, not served.
+        Session s;
+        try {
+            const auto j = nlohmann::json::parse(value);
+            if (j.at("v").get<int>() != kRecordVersion) throw std::runtime_error("version");
+            s.tenant = j.at("tenant").get<std::string>();
+            s.id = j.at("id").get<std::string>();
+            s.turns = j.at("turns").get<int32_t>();
+            s.tokens = j.at("tokens").get<int64_t>();
+            s.cached_tokens = j.at("cached_tokens").get<int64_t>();
+            s.last_used = now - std::max<int64_t>(0, wall - j.at("last_used").get<int64_t>());
+            for (const auto& m : j.at("history")) {
+                s.history.push_back(
+                    {m.at("role").get<std::string>(), m.at("content").get<std::string>()});
+            }
+            const std::string node = j.at("node").get<std::string>();
+            for (auto* d : decode_) {
+                if (d->name() == node) s.node = d;
+            }
+        } catch (const std::exception& e) {
+            spdlog::warn("gateway: a session record ({}) does not parse: {}; dropped", key,
+                         e.what());
+            bad.push_back(key.substr(kRecordPrefix.size()));
+            continue;
+        }
+        const std::string k = key_of(s.tenant, s.id);
+        if (k != key.substr(kRecordPrefix.size()) || !check_session_id(s.id, "id").ok()) {
+            bad.push_back(key.substr(kRecordPrefix.size()));
+            continue;
+        }
+        sessions_[k] = std::move(s);
+    }
+    for (const std::string& k : bad) unsave(k);
+    std::vector<std::pair<DecodeNode*, std::string>> dropped;
+    const size_t read = sessions_.size();
+    forget_stale(now, dropped);  // past their TTL while the server was down
+    drop(dropped);
+    recovered_ = static_cast<int64_t>(sessions_.size());
+    recovery_ms_ =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    spdlog::info(
+        "gateway: {} sessions recovered from the record store in {:.1f} ms ({} expired, "
+        "{} unreadable)",
+        recovered_, recovery_ms_, read - sessions_.size(), bad.size());
+}
 
 ClusterChatEngine::~ClusterChatEngine() = default;
 
@@ -100,10 +202,26 @@ EngineStats ClusterChatEngine::stats() const {
         s.promoted_tokens += ds->promoted_tokens;
         s.tier_blocks_missing += ds->tier_blocks_missing;
         s.tier_blocks_refused += ds->tier_blocks_refused;
+        s.host_tier_blocks += ds->host_tier_blocks;
+        s.promoted_host += ds->promoted_host;
+        s.promoted_disk += ds->promoted_disk;
+        s.sessions_persisted += ds->sessions_persisted;
+        s.persist_failed += ds->persist_failed;
+        s.tier_blocks_written += ds->tier_blocks_written;
+        s.tier_bytes_written += ds->tier_bytes_written;
+        s.disk_tier_bytes += ds->disk_tier_bytes;
+        s.disk_tier_capacity += ds->disk_tier_capacity;
+        s.disk_tier_blocks += ds->disk_tier_blocks;
+        s.disk_tier_admitting = s.disk_tier_admitting && ds->disk_tier_admitting;
+        s.disk_tier_dropped += ds->disk_tier_dropped;
+        s.disk_tier_io_errors += ds->disk_tier_io_errors;
+        s.disk_tier_recovery_ms = std::max(s.disk_tier_recovery_ms, ds->disk_tier_recovery_ms);
         held += static_cast<double>(ds->kv_bytes);
         full += ds->keep_ratio > 0 ? static_cast<double>(ds->kv_bytes) / ds->keep_ratio : 0;
     }
     s.keep_ratio = full > 0 ? held / full : 1.0;
+    s.sessions_recovered = recovered_;
+    s.sessions_recovery_ms = recovery_ms_;
     s.prefill_retries = prefill_retries_.load();
     for (auto* p : prefill_) {
         auto ps = p->stats();
@@ -161,6 +279,7 @@ Result<SessionInfo> ClusterChatEngine::open_session(const std::string& tenant,
             s.id = name;
             s.last_used = now;
             out = info_of(s, now);
+            save(s);
         }
     }
     drop(dropped);
@@ -186,6 +305,7 @@ Status ClusterChatEngine::close_session(const std::string& tenant, const std::st
         node = it->second.node;
         running = it->second.running_turn;
         sessions_.erase(it);
+        unsave(key);
     }
     // A running turn ends now; its end finds no session and drops the KV then.
     if (node != nullptr && running != 0) node->cancel(running, Status());
@@ -248,6 +368,7 @@ void ClusterChatEngine::forget_stale(int64_t now,
                                      std::vector<std::pair<DecodeNode*, std::string>>& dropped) {
     auto forget = [&](std::map<std::string, Session>::iterator it) {
         dropped.emplace_back(it->second.node, it->first);
+        unsave(it->first);
         return sessions_.erase(it);
     };
     for (auto it = sessions_.begin(); it != sessions_.end();) {
@@ -320,6 +441,7 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
                     ++s.turns;
                     s.tokens = done->usage.prompt_tokens + done->usage.completion_tokens;
                     s.cached_tokens = done->usage.cached_tokens;
+                    save(s);  // before its client hears the end
                 }
             }
         }
@@ -413,6 +535,7 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
     result.finish_reason = cancelled ? "cancelled" : end.finish_reason;
     result.usage.prompt_tokens = end.prompt_tokens;
     result.usage.cached_tokens = end.cached_tokens;
+    result.usage.kv_source = end.kv_source;
     result.usage.completion_tokens = end.completion_tokens;
     release(node, &result);
     return result;

@@ -398,6 +398,7 @@ void Connection::end_turn(Result<TurnResult> r) {
         HttpAnswer a{200, completion_json(id_, created_, model, r->text, r->finish_reason, r->usage,
                                           request_.session_id)};
         a.session_id = request_.session_id;
+        a.kv_source = r->usage.kv_source;
         return answer(a);
     }
     std::string tail = head_sent_ ? "" : format_sse_head(request_.session_id);

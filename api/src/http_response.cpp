@@ -75,6 +75,7 @@ std::string format_response(const HttpAnswer& a, bool keep_alive) {
     if (a.retry_after_seconds > 0)
         out += "Retry-After: " + std::to_string(a.retry_after_seconds) + "\r\n";
     if (!a.session_id.empty()) out += "X-Session-ID: " + a.session_id + "\r\n";
+    if (!a.kv_source.empty()) out += "X-KV-Source: " + a.kv_source + "\r\n";
     if (a.bearer_challenge) out += "WWW-Authenticate: Bearer\r\n";
     out += keep_alive ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
     out += a.body;

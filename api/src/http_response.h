@@ -16,6 +16,7 @@ struct HttpAnswer {
     std::string content_type = "application/json";
     int retry_after_seconds = 0;    // > 0: a Retry-After header (429, 503)
     std::string session_id;         // non-empty: an X-Session-ID header
+    std::string kv_source;          // non-empty: an X-KV-Source header (Usage::kv_source)
     bool bearer_challenge = false;  // WWW-Authenticate: Bearer (401)
 };
 

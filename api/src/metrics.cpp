@@ -47,6 +47,8 @@ void Metrics::request_done(const TurnResult& t, double seconds) {
     ++requests_;
     prompt_tokens_ += t.usage.prompt_tokens;
     cached_tokens_ += t.usage.cached_tokens;
+    if (t.usage.cached_tokens > 0 && !t.usage.kv_source.empty())
+        cached_by_source_[t.usage.kv_source] += t.usage.cached_tokens;
     generated_ += t.usage.completion_tokens;
     ttft_sum_ += t.ttft_seconds;
     duration_sum_ += seconds;
@@ -85,6 +87,19 @@ std::string Metrics::render(const EngineStats& e) const {
     metric("deltaserve_prompt_tokens_cached_total", "counter",
            "Prompt tokens whose KV was held (a session's, or the prefix cache's).",
            static_cast<double>(cached_tokens_));
+    // One series per source, each there from the start (a rate over a missing series is
+    // empty, not zero).
+    out +=
+        "# HELP deltaserve_cached_tokens_total Cached prompt tokens by where their KV came "
+        "from: the session's in decode memory, the host or disk tier, the prefix cache.\n"
+        "# TYPE deltaserve_cached_tokens_total counter\n";
+    for (const char* source : {"decode", "host", "disk", "prefix"}) {
+        auto it = cached_by_source_.find(source);
+        std::snprintf(line, sizeof line, "deltaserve_cached_tokens_total{source=\"%s\"} %lld\n",
+                      source,
+                      static_cast<long long>(it == cached_by_source_.end() ? 0 : it->second));
+        out += line;
+    }
     metric("deltaserve_generation_tokens_total", "counter", "Tokens generated.",
            static_cast<double>(generated_));
     summary("deltaserve_time_to_first_token_seconds", "Request start to the first token.",
@@ -137,9 +152,48 @@ std::string Metrics::render(const EngineStats& e) const {
     metric("deltaserve_sessions_demoted_total", "counter",
            "Idle sessions dropped from KV memory and stored in the host tier.",
            static_cast<double>(e.sessions_demoted));
-    metric("deltaserve_sessions_promoted_total", "counter",
-           "Sessions whose stored KV came back from the host tier for a turn.",
-           static_cast<double>(e.sessions_promoted));
+    out +=
+        "# HELP deltaserve_sessions_promoted_total Sessions whose stored KV came back for a "
+        "turn, by the lowest tier a block came from.\n"
+        "# TYPE deltaserve_sessions_promoted_total counter\n";
+    std::snprintf(line, sizeof line,
+                  "deltaserve_sessions_promoted_total{tier=\"host\"} %lld\n"
+                  "deltaserve_sessions_promoted_total{tier=\"disk\"} %lld\n",
+                  static_cast<long long>(e.promoted_host), static_cast<long long>(e.promoted_disk));
+    out += line;
+    metric("deltaserve_host_tier_blocks", "gauge", "Stored KV blocks in the host tier.",
+           static_cast<double>(e.host_tier_blocks));
+    metric("deltaserve_disk_tier_bytes", "gauge",
+           "Bytes of stored KV blocks in the disk tier (--data-dir).",
+           static_cast<double>(e.disk_tier_bytes));
+    metric("deltaserve_disk_tier_capacity_bytes", "gauge", "The disk tier's cap (--kv-disk).",
+           static_cast<double>(e.disk_tier_capacity));
+    metric("deltaserve_disk_tier_blocks", "gauge", "Stored KV blocks in the disk tier.",
+           static_cast<double>(e.disk_tier_blocks));
+    metric("deltaserve_disk_tier_admitting", "gauge",
+           "1 while the disk tier takes new blocks; 0 after an I/O error (ENOSPC, EIO) stopped it.",
+           e.disk_tier_admitting ? 1.0 : 0.0);
+    metric("deltaserve_disk_tier_io_errors_total", "counter",
+           "I/O errors of the disk tier (the first stops its admission).",
+           static_cast<double>(e.disk_tier_io_errors));
+    metric("deltaserve_disk_tier_dropped_total", "counter",
+           "Disk tier blocks dropped because a reader found them bad.",
+           static_cast<double>(e.disk_tier_dropped));
+    metric("deltaserve_disk_tier_recovery_seconds", "gauge",
+           "Time the disk tier's index took to open at start (recovery).",
+           e.disk_tier_recovery_ms / 1000.0);
+    metric("deltaserve_sessions_recovered", "gauge",
+           "Sessions the gateway read back from its records at start.",
+           static_cast<double>(e.sessions_recovered));
+    metric("deltaserve_sessions_persisted_total", "counter",
+           "Session turns whose KV was stored (host and disk tiers) as they ended.",
+           static_cast<double>(e.sessions_persisted));
+    metric("deltaserve_sessions_persist_failed_total", "counter",
+           "Session turns whose KV could not be stored (the session recomputes after a restart).",
+           static_cast<double>(e.persist_failed));
+    metric("deltaserve_tier_bytes_written_total", "counter",
+           "Bytes of KV blocks written to the disk tier (only blocks that changed).",
+           static_cast<double>(e.tier_bytes_written));
     metric("deltaserve_promoted_tokens_total", "counter",
            "Tokens of history those sessions took back instead of prefilling them again.",
            static_cast<double>(e.promoted_tokens));

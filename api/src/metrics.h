@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -25,6 +26,8 @@ class Metrics {
   private:
     mutable std::mutex mu_;
     int64_t requests_ = 0, failed_ = 0, prompt_tokens_ = 0, cached_tokens_ = 0, generated_ = 0;
+    // Cached prompt tokens by where their KV came from (Usage::kv_source).
+    std::map<std::string, int64_t> cached_by_source_;
     double ttft_sum_ = 0, duration_sum_ = 0, itl_sum_ = 0;
     int64_t itl_count_ = 0;
     std::atomic<int64_t> connections_{0}, refused_{0}, timeouts_{0};

@@ -251,10 +251,12 @@ Result<ChatRequest> parse_chat_request(std::string_view body,
 namespace {
 
 json usage_json(const Usage& u) {
+    json details = {{"cached_tokens", u.cached_tokens}};
+    if (!u.kv_source.empty()) details["kv_source"] = u.kv_source;
     return {{"prompt_tokens", u.prompt_tokens},
             {"completion_tokens", u.completion_tokens},
             {"total_tokens", u.prompt_tokens + u.completion_tokens},
-            {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+            {"prompt_tokens_details", details}};
 }
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }

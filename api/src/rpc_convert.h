@@ -72,6 +72,7 @@ inline void to_capnp(const Result<decode::TurnEnd>& end, TurnEnd::Builder b) {
     d.setPromptTokens(end->prompt_tokens);
     d.setCachedTokens(end->cached_tokens);
     d.setCompletionTokens(end->completion_tokens);
+    d.setKvSource(end->kv_source);
 }
 inline Result<decode::TurnEnd> from_capnp(TurnEnd::Reader r) {
     if (r.isError()) return from_capnp(r.getError());
@@ -82,6 +83,11 @@ inline Result<decode::TurnEnd> from_capnp(TurnEnd::Reader r) {
     e.prompt_tokens = d.getPromptTokens();
     e.cached_tokens = d.getCachedTokens();
     e.completion_tokens = d.getCompletionTokens();
+    // A peer's word, shown to clients: one of the known names, else none.
+    const std::string_view source = d.getKvSource().cStr();
+    for (std::string_view known : {"decode", "host", "disk", "prefix"}) {
+        if (source == known) e.kv_source = std::string(known);
+    }
     return e;
 }
 

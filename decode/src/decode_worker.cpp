@@ -22,6 +22,7 @@
 #include "deltaserve/model/trimkv_profile.h"
 #include "deltaserve/transport/kv_stream.h"
 #include "deltaserve/transport/wire_format.h"
+#include "persist_queue.h"
 #include "prefix_cache.h"
 #include "running_turn.h"
 #include "session_tiers.h"
@@ -66,16 +67,27 @@ class DecodeWorkerImpl final : public DecodeWorker {
           ids_{options_.model_id, options_.profile_id, kv_codec(options_.context)},
           probe_(std::move(probe)),
           runner_(model, threads_, options_.context.attention) {
-        if (options_.host_tier) {
+        if (options_.host_tier || options_.disk_tier) {
             auto policy = kvstore::find_kv_policy(options_.context.kv.policy);
             if (policy.ok() && (*policy)->storable) {
                 // What stored blocks depend on besides their tokens.
                 const std::string parts[] = {
-                    ids_.model_id, ids_.profile_id, std::string((*policy)->name),
+                    ids_.model_id, ids_.profile_id, options_.store_id, std::string((*policy)->name),
                     options_.context.kv_type == model::KvType::kF32 ? "f32" : "f16"};
-                tiers_ = std::make_unique<SessionTiers>(options_.host_tier, hash_root(parts),
-                                                        (*policy)->codec,
-                                                        std::max(1, options_.tier_block_tokens));
+                SessionTiers::Options to;
+                to.host = options_.host_tier;
+                if (!to.host) {  // disk only: a host tier that holds nothing
+                    kvstore::HostTier::Options none;
+                    none.janitor_interval = std::chrono::milliseconds(0);
+                    to.host = std::make_shared<kvstore::HostTier>(none);
+                }
+                to.disk = options_.disk_tier;
+                to.fingerprint = hash_root(parts);
+                to.codec = (*policy)->codec;
+                to.block_tokens = std::max(1, options_.tier_block_tokens);
+                to.shared_prefix = prefix_exact;
+                tiers_ = std::make_unique<SessionTiers>(std::move(to));
+                if (tiers_->persists()) persister_ = std::make_unique<PersistQueue>();
             }
         }
         const auto& pool = options_.context.kv_blocks;
@@ -112,6 +124,7 @@ class DecodeWorkerImpl final : public DecodeWorker {
             left = turns_;
         }
         for (auto& [id, t] : left) end_turn(t, unavailable("the decode worker stopped"));
+        persister_.reset();  // the turns' ends it still stores, then the sinks hear them
         if (prefix_) options_.context.kv_blocks->set_reclaimer(nullptr);
     }
 
@@ -211,6 +224,17 @@ class DecodeWorkerImpl final : public DecodeWorker {
             const auto h = options_.host_tier->stats();
             s.host_tier_bytes = static_cast<int64_t>(h.bytes);
             s.host_tier_capacity = static_cast<int64_t>(h.capacity);
+            s.host_tier_blocks = static_cast<int64_t>(h.blocks);
+        }
+        if (options_.disk_tier) {
+            const auto d = options_.disk_tier->stats();
+            s.disk_tier_bytes = static_cast<int64_t>(d.bytes);
+            s.disk_tier_capacity = static_cast<int64_t>(d.capacity);
+            s.disk_tier_blocks = static_cast<int64_t>(d.blocks);
+            s.disk_tier_admitting = d.admitting;
+            s.disk_tier_dropped = static_cast<int64_t>(d.dropped);
+            s.disk_tier_io_errors = static_cast<int64_t>(d.io_errors);
+            s.disk_tier_recovery_ms = d.recovery_ms;
         }
         if (!tiers_) return;
         const auto t = tiers_->stats();
@@ -218,7 +242,13 @@ class DecodeWorkerImpl final : public DecodeWorker {
         s.sessions_promoted = t.promoted;
         s.promoted_tokens = t.promoted_tokens;
         s.tier_blocks_missing = t.blocks_missing;
-        s.tier_blocks_refused = t.blocks_refused;
+        s.tier_blocks_refused = t.blocks_refused + t.records_refused;
+        s.promoted_host = t.promoted_host;
+        s.promoted_disk = t.promoted_disk;
+        s.sessions_persisted = t.persisted;
+        s.persist_failed = t.persist_failed;
+        s.tier_blocks_written = t.blocks_written;
+        s.tier_bytes_written = t.bytes_written;
     }
     void add_prefix_stats(DecodeStats& s) const {
         if (!prefix_) return;
@@ -247,8 +277,8 @@ class DecodeWorkerImpl final : public DecodeWorker {
     std::map<std::string, Session>::iterator drop_idle_locked(
         std::map<std::string, Session>::iterator it);
     // A session with no KV here that the tiers hold: its KV back in a new context, installed
-    // as the session's (idle) before the turn looks at it.
-    void promote(const TurnSpec& spec);
+    // as the session's (idle) before the turn looks at it; the tier it came from.
+    std::optional<SessionTiers::Source> promote(const TurnSpec& spec);
     std::shared_ptr<Turn> find_turn(uint64_t id) const {
         std::lock_guard<std::mutex> lock(mu_);
         auto it = turns_.find(id);
@@ -270,7 +300,9 @@ class DecodeWorkerImpl final : public DecodeWorker {
     // An empty context made like the sessions': what a turn's KV can grow to (kv_bytes_bound).
     const std::unique_ptr<model::InferenceContext> probe_;
     std::unique_ptr<PrefixCache> prefix_;  // null: off, or the policy's prefixes are not exact
-    std::unique_ptr<SessionTiers> tiers_;  // null: no host tier, or the KV is not storable
+    std::unique_ptr<SessionTiers> tiers_;  // null: no tiers, or the KV is not storable
+    // Stores sessions' KV at their turns' ends (null: no disk tier). Reset before the rest.
+    std::unique_ptr<PersistQueue> persister_;
     // The loop's step buffers, kept across steps (a batch's logits are n_vocab floats a turn),
     // and the batch's activations.
     model::BatchRunner runner_;
@@ -317,7 +349,7 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
         }
     }
     auto t = std::make_shared<Turn>(std::move(spec), std::move(sink), model_);
-    promote(t->spec);
+    const auto promoted = promote(t->spec);
     // A turn with no KV of its own here (stateless, or a session this worker holds nothing
     // of) starts from what the prefix cache has of its prompt; only this turn sees the copy.
     std::unique_ptr<model::InferenceContext> from_cache;
@@ -374,6 +406,11 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
     plan.remote_prefill = remote;
     t->end.prompt_tokens = n;
     t->end.cached_tokens = keep;
+    if (keep > 0) {
+        t->end.kv_source = promoted ? std::string(SessionTiers::source_name(*promoted))
+                           : own_kv ? "decode"
+                                    : "prefix";
+    }
     if (plan.remote_prefill) {
         t->stage = Turn::Stage::kAwaitKv;
         t->kv_deadline = Clock::now() + std::chrono::milliseconds(options_.kv_wait_ms);
@@ -509,6 +546,7 @@ void DecodeWorkerImpl::end_turn(const std::shared_ptr<Turn>& t, Result<TurnEnd> 
     // The answer's blocks too: the conversation's next request starts with them.
     // (A turn ended from another thread waits for its KV: it has no context.)
     if (end.ok()) cache_prefix(*t);
+    const model::InferenceContext* to_store = nullptr;
     {
         std::lock_guard<std::mutex> lock(mu_);
         if (t->reported) return;
@@ -523,8 +561,14 @@ void DecodeWorkerImpl::end_turn(const std::shared_ptr<Turn>& t, Result<TurnEnd> 
                 if (end.ok() && t->ctx) {
                     it->second.ctx = std::move(t->ctx);
                     it->second.tokens = std::move(t->cached);
-                    it->second.busy = false;
                     it->second.last_used = now_ms();
+                    // Stored before the end is reported: a turn whose end its client saw
+                    // survives a crash. The session stays busy (untouched) until then.
+                    if (persister_) {
+                        to_store = it->second.ctx.get();
+                    } else {
+                        it->second.busy = false;
+                    }
                 } else {
                     sessions_.erase(it);  // recomputed next turn: slower, never wrong
                 }
@@ -535,7 +579,26 @@ void DecodeWorkerImpl::end_turn(const std::shared_ptr<Turn>& t, Result<TurnEnd> 
         t->history.reset();
         t->incoming.reset();
     }
-    t->sink->on_end(std::move(end));
+    if (to_store == nullptr) {
+        t->sink->on_end(std::move(end));
+        return;
+    }
+    persister_->push([this, t, to_store, end = std::move(end)]() mutable {
+        const std::string& id = t->spec.session_id;
+        std::vector<int32_t> tokens;
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            auto it = sessions_.find(id);  // busy: nothing drops it meanwhile
+            if (it != sessions_.end()) tokens = it->second.tokens;
+        }
+        if (!tokens.empty()) tiers_->persist(id, *to_store, tokens, now_ms());
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            auto it = sessions_.find(id);
+            if (it != sessions_.end()) it->second.busy = false;
+        }
+        t->sink->on_end(std::move(end));
+    });
 }
 
 void DecodeWorkerImpl::forget_stale(int64_t now) {
@@ -561,15 +624,20 @@ std::map<std::string, Session>::iterator DecodeWorkerImpl::drop_idle_locked(
     return sessions_.erase(it);
 }
 
-void DecodeWorkerImpl::promote(const TurnSpec& spec) {
-    if (!tiers_ || spec.session_id.empty()) return;
+std::optional<SessionTiers::Source> DecodeWorkerImpl::promote(const TurnSpec& spec) {
+    if (!tiers_ || spec.session_id.empty()) return std::nullopt;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = sessions_.find(spec.session_id);
+        if (it != sessions_.end() && (it->second.ctx || it->second.busy)) return std::nullopt;
+    }
     const int32_t stored = tiers_->stored_tokens(spec.session_id);
-    if (stored == 0) return;
+    if (stored == 0) return std::nullopt;
     {
         // Room for the stored KV, as a turn makes room: idle sessions go, least recent first.
         std::lock_guard<std::mutex> lock(mu_);
         auto it = sessions_.find(spec.session_id);
-        if (it != sessions_.end() && (it->second.ctx || it->second.busy)) return;
+        if (it != sessions_.end() && (it->second.ctx || it->second.busy)) return std::nullopt;
         const size_t need = probe_->kv_bytes_bound(stored);
         size_t idle = idle_bytes_locked(spec.session_id);
         while (booked_ + idle + need > options_.kv_memory) {
@@ -580,16 +648,17 @@ void DecodeWorkerImpl::promote(const TurnSpec& spec) {
         }
     }
     auto ctx = make_context();
-    if (!ctx.ok()) return;
-    auto tokens = tiers_->promote(spec.session_id, **ctx, spec.turn_id);
-    if (!tokens) return;
+    if (!ctx.ok()) return std::nullopt;
+    auto back = tiers_->promote(spec.session_id, **ctx, spec.turn_id);
+    if (!back) return std::nullopt;
     std::lock_guard<std::mutex> lock(mu_);
     auto it = sessions_.find(spec.session_id);
-    if (it != sessions_.end() && (it->second.ctx || it->second.busy)) return;  // raced
+    if (it != sessions_.end() && (it->second.ctx || it->second.busy)) return std::nullopt;
     Session& s = sessions_[spec.session_id];
     s.ctx = std::move(*ctx);
-    s.tokens = std::move(*tokens);
+    s.tokens = std::move(back->tokens);
     s.last_used = now_ms();
+    return back->source;
 }
 
 std::map<std::string, Session>::iterator DecodeWorkerImpl::oldest_idle_locked(

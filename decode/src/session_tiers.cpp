@@ -1,8 +1,11 @@
 #include "session_tiers.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "deltaserve/common/chain_hash.h"
+#include "deltaserve/common/crc32c.h"
 #include "deltaserve/common/logging.h"
 #include "deltaserve/kvstore/kv_block.h"
 #include "deltaserve/model/kv_blocks.h"
@@ -14,22 +17,224 @@ namespace {
 // A demoted session's blocks stay leased while its turn imports them, at most this long.
 constexpr std::chrono::seconds kLease{30};
 
+// A session record on disk, version 1, little-endian: "DSSR", u32 version, u32 n blocks,
+// then each block's u64 key, i32 end and u32 CRC, u32 n tokens and the ids, u32 n hint
+// bytes and the hints. Read back as hostile bytes: every count is checked before use.
+constexpr char kRecordMagic[4] = {'D', 'S', 'S', 'R'};
+constexpr uint32_t kRecordVersion = 1;
+constexpr uint32_t kMaxRecordTokens = 1u << 24;
+
+template <typename T>
+void put(std::string& s, T v) {
+    char b[sizeof(T)];
+    std::memcpy(b, &v, sizeof(T));
+    s.append(b, sizeof(T));
+}
+
+struct Reader {
+    std::string_view s;
+    template <typename T>
+    bool get(T& v) {
+        if (s.size() < sizeof(T)) return false;
+        std::memcpy(&v, s.data(), sizeof(T));
+        s.remove_prefix(sizeof(T));
+        return true;
+    }
+};
+
 }  // namespace
 
-SessionTiers::SessionTiers(std::shared_ptr<kvstore::HostTier> host, uint64_t fingerprint,
-                           kvstore::KvCodecId codec, int32_t block_tokens)
-    : host_(std::move(host)),
-      fingerprint_(fingerprint),
-      codec_(codec),
-      block_tokens_(block_tokens) {}
+SessionTiers::SessionTiers(Options options) : options_(std::move(options)) {}
 
 uint64_t SessionTiers::root_of(const std::string& session) const {
-    return hash_string(fingerprint_, "session:" + session);
+    if (options_.shared_prefix) return options_.fingerprint;
+    return hash_string(options_.fingerprint, "session:" + session);
+}
+
+std::string SessionTiers::record_key(const std::string& session) const {
+    char hex[17];
+    std::snprintf(hex, sizeof(hex), "%016llx",
+                  static_cast<unsigned long long>(options_.fingerprint));
+    return "ds/" + std::string(hex) + "/" + session;
+}
+
+std::string SessionTiers::encode_record(const Record& r) {
+    std::string s(kRecordMagic, 4);
+    put<uint32_t>(s, kRecordVersion);
+    put<uint32_t>(s, static_cast<uint32_t>(r.keys.size()));
+    for (size_t i = 0; i < r.keys.size(); ++i) {
+        put<uint64_t>(s, r.keys[i]);
+        put<int32_t>(s, r.ends[i]);
+        put<uint32_t>(s, r.crcs[i]);
+    }
+    put<uint32_t>(s, static_cast<uint32_t>(r.tokens.size()));
+    for (int32_t t : r.tokens) put<int32_t>(s, t);
+    put<uint32_t>(s, static_cast<uint32_t>(r.hints.size()));
+    s.append(reinterpret_cast<const char*>(r.hints.data()), r.hints.size());
+    return s;
+}
+
+std::optional<SessionTiers::Record> SessionTiers::decode_record(std::string_view bytes) {
+    Reader in{bytes};
+    char magic[4];
+    uint32_t version = 0, n = 0;
+    if (!in.get(magic) || std::memcmp(magic, kRecordMagic, 4) != 0) return std::nullopt;
+    if (!in.get(version) || version != kRecordVersion || !in.get(n)) return std::nullopt;
+    if (n == 0 || n > in.s.size() / 16) return std::nullopt;
+    Record r;
+    int32_t last = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+        uint64_t key = 0;
+        int32_t end = 0;
+        uint32_t crc = 0;
+        if (!in.get(key) || !in.get(end) || !in.get(crc) || end <= last) return std::nullopt;
+        r.keys.push_back(key);
+        r.ends.push_back(end);
+        r.crcs.push_back(crc);
+        last = end;
+    }
+    uint32_t n_tokens = 0, n_hints = 0;
+    if (!in.get(n_tokens) || n_tokens > kMaxRecordTokens || n_tokens > in.s.size() / 4 ||
+        static_cast<int32_t>(n_tokens) != last) {
+        return std::nullopt;
+    }
+    r.tokens.resize(n_tokens);
+    for (int32_t& t : r.tokens) in.get(t);
+    if (!in.get(n_hints) || n_hints != in.s.size()) return std::nullopt;
+    r.hints.assign(in.s.begin(), in.s.end());
+    return r;
+}
+
+SessionTiers::Record* SessionTiers::find_locked(const std::string& session) {
+    auto it = records_.find(session);
+    if (it != records_.end()) return &it->second;
+    if (!options_.disk) return nullptr;
+    const std::string key = record_key(session);
+    auto bytes = options_.disk->get_record(key);
+    if (!bytes.ok() || !bytes->has_value()) return nullptr;
+    auto r = decode_record(**bytes);
+    if (!r) {
+        spdlog::warn("decode: session {}: its stored record does not parse; recomputing", session);
+        ++stats_.records_refused;
+        const kvstore::DiskTier::Record del[] = {{key, ""}};
+        (void)options_.disk->put_records(del);
+        return nullptr;
+    }
+    r->last_used = std::chrono::duration_cast<std::chrono::milliseconds>(
+                       std::chrono::steady_clock::now().time_since_epoch())
+                       .count();
+    return &records_.emplace(session, std::move(*r)).first->second;
+}
+
+bool SessionTiers::persist(const std::string& session, const model::InferenceContext& ctx,
+                           const std::vector<int32_t>& tokens, int64_t now_ms) {
+    if (!options_.disk || tokens.empty()) return false;
+    model::KvBlocksOptions o{options_.fingerprint, root_of(session), options_.block_tokens,
+                             options_.codec};
+    auto exported = model::export_kv_blocks(ctx, tokens, o);
+    if (!exported.ok()) {
+        std::lock_guard lock(mu_);
+        ++stats_.persist_failed;
+        spdlog::warn("decode: session {} could not be stored: {}", session,
+                     exported.status().to_string());
+        return false;
+    }
+    Record before;
+    {
+        std::lock_guard lock(mu_);
+        if (Record* r = find_locked(session)) before = *r;
+    }
+    Record r;
+    r.tokens = tokens;
+    r.hints = std::move(exported->hints);
+    r.last_used = now_ms;
+    int64_t written = 0, unchanged = 0, bytes = 0;
+    Status st;
+    const size_t n = exported->blocks.size();
+    const std::string rkey = record_key(session);
+    for (size_t i = 0; i < n && st.ok(); ++i) {
+        auto& block = exported->blocks[i];
+        auto meta = kvstore::parse_kv_block_header(block, options_.fingerprint);
+        if (!meta.ok()) {
+            st = meta.status();
+            break;
+        }
+        const uint32_t crc = crc32c(block);
+        r.keys.push_back(meta->key);
+        r.ends.push_back(meta->end);
+        r.crcs.push_back(options_.shared_prefix ? 0 : crc);
+        const bool same = i < before.keys.size() && before.keys[i] == meta->key &&
+                          (options_.shared_prefix || before.crcs[i] == crc);
+        const bool last = i + 1 == n;
+        // Full KV's blocks are the same for every writer: one stored already is kept.
+        const bool stored = same || (options_.shared_prefix && options_.disk->contains(meta->key));
+        if (stored && !last) {
+            ++unchanged;
+            continue;
+        }
+        std::string record;
+        if (last) record = encode_record(r);
+        const kvstore::DiskTier::Record rec[] = {{rkey, std::move(record)}};
+        if (stored) {
+            ++unchanged;
+            st = options_.disk->put_records(rec);
+            break;
+        }
+        (void)options_.host->put(meta->key, std::make_shared<const std::vector<uint8_t>>(block));
+        st = options_.disk->put(meta->key, block,
+                                last ? std::span<const kvstore::DiskTier::Record>(rec)
+                                     : std::span<const kvstore::DiskTier::Record>());
+        if (st.ok()) {
+            ++written;
+            bytes += static_cast<int64_t>(block.size());
+        }
+    }
+    std::lock_guard lock(mu_);
+    stats_.blocks_written += written;
+    stats_.blocks_unchanged += unchanged;
+    stats_.bytes_written += bytes;
+    if (!st.ok()) {
+        ++stats_.persist_failed;
+        spdlog::warn("decode: session {} could not be stored: {}", session, st.to_string());
+        // What disk holds is the last record committed: it names only whole blocks.
+        records_.erase(session);
+        return false;
+    }
+    ++stats_.persisted;
+    // The session's own blocks this export no longer names (a tail block that grew, blocks
+    // of an export before) are dead: nothing else chains from them.
+    // Shared blocks stay, but for a short tail: no other session ends just there.
+    std::vector<uint64_t> dead;
+    for (size_t i = 0; i < before.keys.size(); ++i) {
+        const int32_t begin = i == 0 ? 0 : before.ends[i - 1];
+        const bool tail = before.ends[i] - begin < options_.block_tokens;
+        if ((!options_.shared_prefix || tail) &&
+            std::find(r.keys.begin(), r.keys.end(), before.keys[i]) == r.keys.end()) {
+            dead.push_back(before.keys[i]);
+        }
+    }
+    records_[session] = std::move(r);
+    for (uint64_t key : dead) {
+        options_.host->erase(key);
+        options_.disk->erase(key);
+    }
+    return true;
 }
 
 bool SessionTiers::demote(const std::string& session, const model::InferenceContext& ctx,
                           const std::vector<int32_t>& tokens, int64_t now_ms) {
-    model::KvBlocksOptions o{fingerprint_, root_of(session), block_tokens_, codec_};
+    {
+        std::lock_guard lock(mu_);
+        auto it = records_.find(session);
+        // Stored at the end of its last turn: the tiers hold it already.
+        if (it != records_.end() && it->second.tokens == tokens) {
+            it->second.last_used = now_ms;
+            ++stats_.demoted;
+            return true;
+        }
+    }
+    model::KvBlocksOptions o{options_.fingerprint, root_of(session), options_.block_tokens,
+                             options_.codec};
     auto exported = model::export_kv_blocks(ctx, tokens, o);
     std::lock_guard lock(mu_);
     if (!exported.ok()) {
@@ -40,14 +245,17 @@ bool SessionTiers::demote(const std::string& session, const model::InferenceCont
     }
     Record r;
     for (auto& bytes : exported->blocks) {
-        auto meta = kvstore::parse_kv_block_header(bytes, fingerprint_);
+        auto meta = kvstore::parse_kv_block_header(bytes, options_.fingerprint);
         if (!meta.ok()) break;
         const uint64_t key = meta->key;
         const int32_t end = meta->end;
-        if (!host_->put(key, std::make_shared<const std::vector<uint8_t>>(std::move(bytes))).ok())
+        const uint32_t crc = options_.shared_prefix ? 0 : crc32c(bytes);
+        if (!options_.host->put(key, std::make_shared<const std::vector<uint8_t>>(std::move(bytes)))
+                 .ok())
             break;  // the rest would not chain: keep the leading blocks that fit
         r.keys.push_back(key);
         r.ends.push_back(end);
+        r.crcs.push_back(crc);
     }
     if (r.keys.empty()) {
         ++stats_.demote_failed;
@@ -62,20 +270,28 @@ bool SessionTiers::demote(const std::string& session, const model::InferenceCont
     return true;
 }
 
-int32_t SessionTiers::stored_tokens(const std::string& session) const {
+int32_t SessionTiers::stored_tokens(const std::string& session) {
     std::lock_guard lock(mu_);
-    auto it = records_.find(session);
-    return it == records_.end() ? 0 : static_cast<int32_t>(it->second.tokens.size());
-}
-
-bool SessionTiers::has(const std::string& session) const {
-    std::lock_guard lock(mu_);
-    return records_.count(session) != 0;
+    const Record* r = find_locked(session);
+    return r == nullptr ? 0 : static_cast<int32_t>(r->tokens.size());
 }
 
 void SessionTiers::forget(const std::string& session) {
-    std::lock_guard lock(mu_);
-    records_.erase(session);
+    Record r;
+    {
+        std::lock_guard lock(mu_);
+        if (Record* found = find_locked(session)) r = std::move(*found);
+        records_.erase(session);
+    }
+    if (options_.disk) {
+        const kvstore::DiskTier::Record del[] = {{record_key(session), ""}};
+        (void)options_.disk->put_records(del);
+    }
+    if (options_.shared_prefix) return;  // its blocks may be other sessions' too
+    for (uint64_t key : r.keys) {
+        options_.host->erase(key);
+        if (options_.disk) options_.disk->erase(key);
+    }
 }
 
 void SessionTiers::forget_older_than(int64_t cutoff_ms) {
@@ -84,38 +300,59 @@ void SessionTiers::forget_older_than(int64_t cutoff_ms) {
         it = it->second.last_used < cutoff_ms ? records_.erase(it) : std::next(it);
 }
 
-std::optional<std::vector<int32_t>> SessionTiers::promote(const std::string& session,
-                                                          model::InferenceContext& ctx,
-                                                          uint64_t turn_id) {
+std::optional<SessionTiers::Promoted> SessionTiers::promote(const std::string& session,
+                                                            model::InferenceContext& ctx,
+                                                            uint64_t turn_id) {
     Record r;
     {
         std::lock_guard lock(mu_);
-        auto it = records_.find(session);
-        if (it == records_.end()) return std::nullopt;
-        r = std::move(it->second);
-        records_.erase(it);
+        Record* found = find_locked(session);
+        if (found == nullptr) return std::nullopt;
+        r = std::move(*found);
+        records_.erase(session);
     }
-    // Leases on the blocks still there, in order, until the first that is gone.
+    // The blocks still held, in order, until the first that is gone: leased in the host
+    // tier, else read from disk (and offered to the host tier for next time).
     const auto deadline = kvstore::HostTier::Clock::now() + kLease;
     const std::string owner = "turn " + std::to_string(turn_id);
     std::vector<kvstore::HostTier::Lease> leases;
-    for (uint64_t key : r.keys) {
-        auto lease = host_->get(key, owner, deadline);
-        if (!lease.ok()) break;
-        leases.push_back(std::move(*lease));
+    std::vector<kvstore::HostTier::Bytes> read;
+    std::vector<std::span<const uint8_t>> blocks;
+    Source source = Source::kHost;
+    int64_t refused = 0, from_disk = 0;
+    for (size_t i = 0; i < r.keys.size(); ++i) {
+        const uint64_t key = r.keys[i];
+        std::span<const uint8_t> bytes;
+        if (auto lease = options_.host->get(key, owner, deadline); lease.ok()) {
+            leases.push_back(std::move(*lease));
+            bytes = leases.back().bytes();
+        } else if (options_.disk) {
+            auto got = options_.disk->get(key);
+            if (!got.ok()) break;
+            ++from_disk;
+            source = Source::kDisk;
+            read.push_back(std::make_shared<const std::vector<uint8_t>>(std::move(*got)));
+            bytes = *read.back();
+        } else {
+            break;
+        }
+        if (r.crcs[i] != 0 && crc32c(bytes) != r.crcs[i]) {
+            // Another export's block under the same key: never mixed with this record's.
+            ++refused;
+            break;
+        }
+        blocks.push_back(bytes);
     }
-    int64_t missing = static_cast<int64_t>(r.keys.size() - leases.size());
-    model::KvBlocksOptions o{fingerprint_, root_of(session), block_tokens_, codec_};
-    size_t n = leases.size();
-    int64_t refused = 0;
+    const int64_t missing = static_cast<int64_t>(r.keys.size() - blocks.size()) - refused;
+    model::KvBlocksOptions o{options_.fingerprint, root_of(session), options_.block_tokens,
+                             options_.codec};
+    size_t n = blocks.size();
     while (n > 0) {
-        std::vector<std::span<const uint8_t>> blocks;
-        for (size_t i = 0; i < n; ++i) blocks.push_back(leases[i].bytes());
         int32_t bad = -1;
         const bool all = n == r.keys.size();
         const Status s = model::import_kv_blocks(
-            ctx, blocks, all ? std::span<const uint8_t>(r.hints) : std::span<const uint8_t>(), o,
-            &bad);
+            ctx, std::span(blocks.data(), n),
+            all ? std::span<const uint8_t>(r.hints) : std::span<const uint8_t>(), o, &bad);
         if (s.ok()) break;
         if (s.code() != StatusCode::kDataLoss && s.code() != StatusCode::kFailedPrecondition) {
             // No room, or no context for it: the blocks are fine, the record stays.
@@ -132,18 +369,29 @@ std::optional<std::vector<int32_t>> SessionTiers::promote(const std::string& ses
             n = 0;
             break;
         }
-        host_->erase(r.keys[static_cast<size_t>(bad)]);
+        const uint64_t key = r.keys[static_cast<size_t>(bad)];
+        options_.host->erase(key);
+        if (options_.disk) options_.disk->erase(key, /*refused=*/true);
         ++refused;
         n = static_cast<size_t>(bad);
+    }
+    // What came from disk is offered to the host tier: the next turn finds it there.
+    for (const auto& bytes : read) {
+        auto meta = kvstore::parse_kv_block_header(*bytes, options_.fingerprint);
+        if (meta.ok()) (void)options_.host->put(meta->key, bytes);
     }
     std::lock_guard lock(mu_);
     stats_.blocks_missing += missing;
     stats_.blocks_refused += refused;
+    stats_.disk_blocks_read += from_disk;
     if (n == 0) return std::nullopt;
     ++stats_.promoted;
+    ++(source == Source::kDisk ? stats_.promoted_disk : stats_.promoted_host);
     const int32_t end = r.ends[n - 1];
     stats_.promoted_tokens += end;
-    return std::vector<int32_t>(r.tokens.begin(), r.tokens.begin() + end);
+    // A persisted session's record stays: the tiers still hold its blocks.
+    if (options_.disk && n == r.keys.size()) records_.emplace(session, r);
+    return Promoted{std::vector<int32_t>(r.tokens.begin(), r.tokens.begin() + end), source};
 }
 
 SessionTiers::Stats SessionTiers::stats() const {

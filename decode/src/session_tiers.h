@@ -1,9 +1,22 @@
-// Idle sessions demoted from the decode worker's KV memory to the host tier of the tiered
-// store and promoted back (issue 36, DESIGN.md "One chat turn" step 6). A demoted session's
-// KV is stored as blocks (model/kv_blocks.h) chained from a root scoped to the session;
-// the worker keeps only the record of which blocks and tokens. Its next turn takes back as
-// many blocks as the tier still holds, in order, each checked before use; the rest of the
-// history is prefilled again, as it was before the tiers. Thread-safe.
+// A session's KV outside the decode worker's memory: the host tier and the disk tier of the
+// tiered store (issue 36, DESIGN.md "One chat turn" step 6). A session's KV is stored as
+// blocks (model/kv_blocks.h) and a record of which blocks, tokens and decode hints they hold.
+//
+// - persist(), at the end of each turn (write-through, when a disk tier is given): the
+//   blocks whose bytes changed go to the host tier and to disk, and the record is committed
+//   with the last of them, so the store names only whole blocks after a crash.
+// - demote(), when an idle session leaves decode memory: its blocks go to the host tier
+//   (nothing to do when persist() stored them since).
+// - promote(), on a session's next turn when it is not in decode memory: the record (from
+//   memory, or from disk after a restart) and as many leading blocks as the tiers still hold,
+//   each checked (kv_block.h's checks, and its checksum against the record's) before use;
+//   the rest of the history is prefilled again.
+//
+// Full KV's blocks depend on their tokens alone: they chain from the fingerprint, so sessions
+// that start alike share them (and a block written once is not written again). Other
+// policies' blocks depend on what came after them: they chain from a root scoped to the
+// session, and the record's checksums keep blocks of two exports from ever being mixed.
+// Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -12,8 +25,10 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "deltaserve/kvstore/disk_tier.h"
 #include "deltaserve/kvstore/host_tier.h"
 #include "deltaserve/kvstore/kv_policy.h"
 #include "deltaserve/model/inference_context.h"
@@ -22,49 +37,82 @@ namespace deltaserve::decode {
 
 class SessionTiers {
   public:
-    struct Stats {
-        int64_t demoted = 0, promoted = 0, promoted_tokens = 0;
-        int64_t demote_failed = 0;   // nothing of the session fit, or its export failed
-        int64_t blocks_missing = 0;  // evicted from the tier before the session came back
-        int64_t blocks_refused = 0;  // failed their checks: dropped, recomputed
+    struct Options {
+        std::shared_ptr<kvstore::HostTier> host;  // required
+        std::shared_ptr<kvstore::DiskTier> disk;  // null: no disk tier, no persist()
+        uint64_t fingerprint = 0;                 // what the KV depends on besides tokens
+        kvstore::KvCodecId codec = kvstore::KvCodecId::kRows;
+        int32_t block_tokens = 256;
+        bool shared_prefix = false;  // blocks are a function of their tokens (full KV)
     };
 
-    SessionTiers(std::shared_ptr<kvstore::HostTier> host, uint64_t fingerprint,
-                 kvstore::KvCodecId codec, int32_t block_tokens);
+    struct Stats {
+        int64_t demoted = 0, promoted = 0, promoted_tokens = 0;
+        int64_t promoted_host = 0, promoted_disk = 0;  // by the lowest tier a block came from
+        int64_t demote_failed = 0;   // nothing of the session fit, or its export failed
+        int64_t blocks_missing = 0;  // evicted from the tiers before the session came back
+        int64_t blocks_refused = 0;  // failed their checks: dropped, recomputed
+        int64_t records_refused = 0;
+        int64_t persisted = 0, persist_failed = 0;
+        int64_t blocks_written = 0, blocks_unchanged = 0, bytes_written = 0;
+        int64_t disk_blocks_read = 0;
+    };
 
-    // Stores the session's KV (ctx holds `tokens`) and remembers it. As many whole leading
+    // Where promote() found the blocks.
+    enum class Source { kHost, kDisk };
+    static std::string_view source_name(Source s) { return s == Source::kHost ? "host" : "disk"; }
+
+    struct Promoted {
+        std::vector<int32_t> tokens;
+        Source source = Source::kHost;
+    };
+
+    explicit SessionTiers(Options options);
+
+    bool persists() const { return options_.disk != nullptr; }
+    // Stores the session's KV (ctx holds `tokens`) in the host tier and on disk, writing only
+    // the blocks that changed since the last call. False when its export or the disk failed
+    // (the service goes on; the session resumes from what is stored, or recomputes).
+    bool persist(const std::string& session, const model::InferenceContext& ctx,
+                 const std::vector<int32_t>& tokens, int64_t now_ms);
+    // Stores the session's KV in the host tier and remembers it. As many whole leading
     // blocks as fit are kept; false when none did (nothing is remembered then).
     bool demote(const std::string& session, const model::InferenceContext& ctx,
                 const std::vector<int32_t>& tokens, int64_t now_ms);
-    bool has(const std::string& session) const;
-    // The tokens a demoted session's blocks hold (0: none).
-    int32_t stored_tokens(const std::string& session) const;
+    // The tokens the session's stored blocks hold (0: none), from memory or from disk.
+    int32_t stored_tokens(const std::string& session);
+    // Forgets the session: its record here and on disk, and its own blocks.
     void forget(const std::string& session);
-    // Forgets the records last used before `cutoff_ms` (their blocks age out of the tier).
+    // Forgets the records in memory last used before `cutoff_ms` (their blocks age out of
+    // the host tier; a persisted session can still come back from disk).
     void forget_older_than(int64_t cutoff_ms);
-    // Takes the session's blocks back into `ctx` (empty, made with the worker's options) and
-    // returns the tokens they hold, or nullopt when nothing came back. A block that fails its
-    // checks is dropped from the tier and the blocks before it are taken; the record is used
-    // up then. When the context has no room for them, the record stays for a later turn.
-    std::optional<std::vector<int32_t>> promote(const std::string& session,
-                                                model::InferenceContext& ctx, uint64_t turn_id);
+    // Takes the session's blocks back into `ctx` (empty, made with the worker's options),
+    // or nullopt when nothing came back. A block that fails its checks is dropped from the
+    // tiers and the blocks before it are taken. When the context has no room for them, the
+    // record stays for a later turn.
+    std::optional<Promoted> promote(const std::string& session, model::InferenceContext& ctx,
+                                    uint64_t turn_id);
     Stats stats() const;
 
   private:
     struct Record {
         std::vector<uint64_t> keys;
-        std::vector<int32_t> ends;  // each block's end
-        std::vector<int32_t> tokens;
-        std::vector<uint8_t> hints;  // with every block only
-        int64_t last_used = 0;
+        std::vector<int32_t> ends;    // each block's end
+        std::vector<uint32_t> crcs;   // each block's CRC-32C; 0: any valid block
+        std::vector<int32_t> tokens;  // the tokens the blocks hold
+        std::vector<uint8_t> hints;   // the decode hints, with every block only
+        int64_t last_used = 0;        // steady ms
     };
 
     uint64_t root_of(const std::string& session) const;
+    std::string record_key(const std::string& session) const;
+    static std::string encode_record(const Record& r);
+    static std::optional<Record> decode_record(std::string_view bytes);
+    // The record in memory, else on disk (into memory). Null when there is none; a record on
+    // disk that does not parse is removed and counted. Under mu_.
+    Record* find_locked(const std::string& session);
 
-    const std::shared_ptr<kvstore::HostTier> host_;
-    const uint64_t fingerprint_;
-    const kvstore::KvCodecId codec_;
-    const int32_t block_tokens_;
+    const Options options_;
     mutable std::mutex mu_;
     std::map<std::string, Record> records_;
     Stats stats_;

@@ -277,10 +277,10 @@ TEST_F(ServeTest, AnOpenAddressNeedsAKeyOrInsecure) {
 TEST_F(ServeTest, APortInUseIsAClearError) {
     ServingProcess first(serve_args({}));
     ASSERT_NE(first.port(), 0) << first.log();
-    const CliResult r = run_binary(
-        deltaserve_binary(),
-        {"serve", "--model", default_gguf_model(), "--port", std::to_string(first.port())}, "",
-        std::chrono::seconds(60));
+    const CliResult r = run_binary(deltaserve_binary(),
+                                   {"serve", "--model", default_gguf_model(), "--port",
+                                    std::to_string(first.port()), "--data-dir", "none"},
+                                   "", std::chrono::seconds(60));
     EXPECT_EQ(r.exit_code, 1) << r.describe();
     EXPECT_NE(r.err.find("cannot listen on 127.0.0.1:" + std::to_string(first.port())),
               std::string::npos)
@@ -360,7 +360,8 @@ TEST_F(ServeTest, ASessionDroppedForMemoryComesBackFromTheHostTier) {
     EXPECT_EQ(runs[2].cached, runs[0].cached) << "dropped, then back from the host tier";
     EXPECT_EQ(runs[2].answer, runs[0].answer);
     // What /metrics says of it (s1 went to the tier for s2's turn, s2 for s1's return).
-    EXPECT_NE(runs[2].metrics.find("deltaserve_sessions_promoted_total 1\n"), std::string::npos)
+    EXPECT_NE(runs[2].metrics.find("deltaserve_sessions_promoted_total{tier=\"host\"} 1\n"),
+              std::string::npos)
         << runs[2].metrics;
     EXPECT_NE(runs[2].metrics.find("deltaserve_sessions_demoted_total 2\n"), std::string::npos)
         << runs[2].metrics;

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <thread>
@@ -20,10 +21,14 @@ namespace deltaserve::testing {
 using json = nlohmann::json;
 namespace d = cli_runner_detail;
 
-// `deltaserve serve` on a free port, one thread, a 1024-token context, and more flags.
+// `deltaserve serve` on a free port, one thread, a 1024-token context, and more flags; no
+// data dir unless they give one (tests run side by side, and one data dir is one server's).
 inline std::vector<std::string> serve_args(const std::vector<std::string>& more) {
     std::vector<std::string> args = {"serve",     "--model", default_gguf_model(), "--port", "0",
                                      "--threads", "1",       "--ctx-size",         "1024"};
+    if (std::find(more.begin(), more.end(), "--data-dir") == more.end()) {
+        args.insert(args.end(), {"--data-dir", "none"});
+    }
     args.insert(args.end(), more.begin(), more.end());
     return args;
 }
@@ -82,6 +87,15 @@ class ServingProcess {
             std::this_thread::sleep_for(std::chrono::milliseconds(10));
         }
         return log();
+    }
+
+    // SIGKILL, as a crash or the OOM killer ends it: nothing of it runs after this.
+    void kill9() {
+        if (pid_ <= 0) return;
+        kill(pid_, SIGKILL);
+        int status = 0;
+        waitpid(pid_, &status, 0);
+        pid_ = -1;
     }
 
     // SIGTERM, then the exit status (-1 if it had to be killed after 30 s).

@@ -6,7 +6,9 @@
 //
 // `deltaserve serve` runs one of each worker in its process over the in-process transport.
 // Sessions keep their messages here (the decode worker keeps their KV); a turn sends only
-// its new messages.
+// its new messages. With a record store (--data-dir), each session's record (its messages,
+// turns and counts) is written when it opens and when a turn completes, and read back when
+// the engine starts: sessions outlive a restart (a turn that was running is lost).
 #pragma once
 
 #include <atomic>
@@ -19,6 +21,7 @@
 
 #include "deltaserve/api/chat_engine.h"
 #include "deltaserve/api/cluster_nodes.h"
+#include "deltaserve/kvstore/disk_tier.h"
 #include "deltaserve/model/model.h"
 
 namespace deltaserve::api {
@@ -28,6 +31,9 @@ class PrefillWatch;
 struct ClusterEngineOptions {
     int32_t max_sessions = 64;  // idle sessions are forgotten beyond this, least recent first
     int64_t session_ttl_seconds = 3600;  // idle sessions are forgotten after this
+    // Where sessions' records are kept across restarts (the disk tier's records, under
+    // "gw/"), or null: sessions live in memory only.
+    std::shared_ptr<kvstore::DiskTier> records;
 };
 
 class ClusterChatEngine : public ChatEngine {
@@ -43,6 +49,9 @@ class ClusterChatEngine : public ChatEngine {
     Result<TurnResult> run_turn(const ChatRequest& request,
                                 const TurnCallbacks& callbacks) override;
     EngineStats stats() const override;
+    // Sessions read back from the record store at start, and the time that took.
+    int64_t sessions_recovered() const { return recovered_; }
+    double recovery_ms() const { return recovery_ms_; }
     Result<SessionInfo> open_session(const std::string& tenant, const std::string& id) override;
     Result<SessionInfo> session_info(const std::string& tenant,
                                      const std::string& id) const override;
@@ -74,6 +83,11 @@ class ClusterChatEngine : public ChatEngine {
     // KV is dropped from their nodes after the lock (dropped is filled under it).
     void forget_stale(int64_t now, std::vector<std::pair<DecodeNode*, std::string>>& dropped);
     void drop(const std::vector<std::pair<DecodeNode*, std::string>>& dropped);
+    // The record store (options.records): a session's record written, or removed. A failed
+    // write is logged; the session goes on in memory.
+    void save(const Session& s) const;
+    void unsave(const std::string& key) const;
+    void recover();
 
     const model::Model& model_;
     const std::string model_id_;
@@ -85,6 +99,8 @@ class ClusterChatEngine : public ChatEngine {
     std::unique_ptr<PrefillWatch> watch_;
     mutable std::mutex mu_;
     std::map<std::string, Session> sessions_;
+    int64_t recovered_ = 0;
+    double recovery_ms_ = 0;
 };
 
 }  // namespace deltaserve::api

@@ -53,6 +53,10 @@ struct Usage {
     int32_t prompt_tokens = 0;
     int32_t completion_tokens = 0;
     int32_t cached_tokens = 0;  // prompt tokens found in the session's KV cache
+    // Where their KV came from (decode::TurnEnd::kv_source): "decode", "host", "disk",
+    // "prefix"; "" when none was cached. usage.prompt_tokens_details.kv_source, and the
+    // X-KV-Source header of a whole answer.
+    std::string kv_source;
 };
 
 // A whole answer (chat.completion).

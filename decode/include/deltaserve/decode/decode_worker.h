@@ -18,6 +18,7 @@
 
 #include "deltaserve/common/status.h"
 #include "deltaserve/decode/turn.h"
+#include "deltaserve/kvstore/disk_tier.h"
 #include "deltaserve/kvstore/host_tier.h"
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/model.h"
@@ -65,7 +66,16 @@ struct DecodeOptions {
     // back instead of prefilling its history again; a block the tier no longer holds, or one
     // that fails its checks, is recomputed. For policies whose KV is storable.
     std::shared_ptr<kvstore::HostTier> host_tier;
+    // The disk tier (kvstore/disk_tier.h), or null. With one, every session's KV is stored
+    // at the end of each turn (write-through: the blocks that changed, to the host tier and
+    // to disk, before the turn's end is reported), and a session this worker does not hold
+    // (after a restart) comes back from disk.
+    std::shared_ptr<kvstore::DiskTier> disk_tier;
     int32_t tier_block_tokens = 256;
+    // What stored KV depends on besides model_id and profile_id: the identity of the weights,
+    // the tokenizer and the profile's contents (the CLI hashes the files). Stored blocks of
+    // another store_id are refused.
+    std::string store_id;
 };
 
 // What start_turn found: how much of the prompt is cached here, and whether a prefill node
@@ -103,6 +113,17 @@ struct DecodeStats {
     int64_t tier_blocks_refused = 0;
     int64_t host_tier_bytes = 0;  // the host tier's, shared by whatever else uses it
     int64_t host_tier_capacity = 0;
+    int64_t host_tier_blocks = 0;
+    // Promotions by the lowest tier a block came from; turns' ends stored (and failed).
+    int64_t promoted_host = 0, promoted_disk = 0;
+    int64_t sessions_persisted = 0, persist_failed = 0;
+    int64_t tier_blocks_written = 0, tier_bytes_written = 0;
+    // The disk tier's (DecodeOptions::disk_tier): bytes, cap and blocks; whether it admits
+    // (an I/O error stops it); blocks dropped as bad; the time its index took to open.
+    int64_t disk_tier_bytes = 0, disk_tier_capacity = 0, disk_tier_blocks = 0;
+    bool disk_tier_admitting = true;
+    int64_t disk_tier_dropped = 0, disk_tier_io_errors = 0;
+    double disk_tier_recovery_ms = 0.0;
 };
 
 class DecodeWorker {

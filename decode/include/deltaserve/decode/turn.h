@@ -30,6 +30,10 @@ struct TurnEnd {
     int32_t prompt_tokens = 0;
     int32_t cached_tokens = 0;  // prompt tokens whose KV was already held (not prefilled)
     int32_t completion_tokens = 0;
+    // Where the cached tokens' KV came from: "decode" (the session's, in decode memory),
+    // "host" or "disk" (the session's, brought back from that tier of the store), "prefix"
+    // (the prefix cache); "" when nothing was cached.
+    std::string kv_source;
 };
 
 // Where a turn's text goes. Called from the decode worker's threads, never concurrently for

@@ -1,0 +1,30 @@
+// deltaserve serve's data dir (--data-dir): where the tiered store's disk tier and the
+// gateway's session records live across restarts, and the identity that stored KV is tied to.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "deltaserve/common/status.h"
+#include "deltaserve/kvstore/disk_tier.h"
+#include "deltaserve/model/inference_context.h"
+
+namespace deltaserve::cli {
+
+// $XDG_DATA_HOME/deltaserve, else $HOME/.local/share/deltaserve (as llama.cpp's and
+// Hugging Face's caches follow XDG); "" when neither variable is set.
+std::string default_data_dir();
+
+// Opens (creating) DIR/kv, the disk tier, capped at `capacity` bytes (0: half of the free
+// space of DIR's file system, at most 64 GiB). Errors name the directory: another server
+// holding it is the usual one.
+Result<std::shared_ptr<kvstore::DiskTier>> open_data_dir(const std::string& dir, uint64_t capacity);
+
+// What stored KV depends on besides the tokens and the policy: a hash of the model's files,
+// the tokenizer file given and the KV profile's contents, as 16 hex digits. Reads the files
+// once (CRC-32C, at the disk's speed).
+Result<std::string> store_identity(const std::string& model_path, const std::string& tokenizer_path,
+                                   const model::ContextOptions& context);
+
+}  // namespace deltaserve::cli

@@ -1,0 +1,228 @@
+// deltaserve serve --data-dir: sessions outlive the process. A session's turns are stored as
+// they end (its KV in the disk tier, its record beside it); after kill -9 and a restart on the
+// same directory, its next turn resumes from disk and answers exactly as the same
+// conversation does on a server that never stopped. A turn that was running when the process
+// died is lost cleanly; stored blocks that were damaged are refused and recomputed; a store
+// written for another model or profile is never used.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "http_client.h"
+#include "serving.h"
+#include "test_paths.h"
+
+namespace deltaserve::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::vector<std::string> kMessages = {
+    "My name is Ada and I keep bees. Say hello to me.",
+    "What do bees make? Answer in one sentence.",
+    "What is my name, and what do I keep?",
+};
+
+std::vector<std::string> deltakv();
+
+class DataDirTest : public ::testing::TestWithParam<std::vector<std::string>> {
+  protected:
+    void SetUp() override {
+        DS_REQUIRE_FILE(default_gguf_model(), "default GGUF model");
+        dir_ = fs::temp_directory_path() /
+               ("ds_data_dir_" + std::to_string(::getpid()) + "_" +
+                ::testing::UnitTest::GetInstance()->current_test_info()->name());
+        for (char& c : dir_) {  // parameterized names hold '/'
+            if (c == '/' && &c > dir_.data() + fs::temp_directory_path().string().size()) c = '_';
+        }
+        fs::remove_all(dir_);
+    }
+    void TearDown() override { fs::remove_all(dir_); }
+
+    std::vector<std::string> args(const std::string& data_dir) const {
+        std::vector<std::string> more = GetParam();
+        more.insert(more.end(), {"--data-dir", data_dir});
+        return serve_args(more);
+    }
+
+    std::string dir_;
+};
+
+// One turn of session `id`: the answer's JSON (status checked).
+json turn(uint16_t port, const std::string& id, const std::string& message, int max_tokens = 24) {
+    HttpResponse r =
+        post_chat(port, chat_body(message, max_tokens), "X-Session-ID: " + id + "\r\n");
+    EXPECT_EQ(r.status, 200) << r.body;
+    json j = json::parse(r.body, nullptr, false);
+    if (r.status == 200) j["kv_source_header"] = r.headers["x-kv-source"];
+    return j;
+}
+
+std::string text_of(const json& answer) {
+    return answer["choices"][0]["message"]["content"].get<std::string>();
+}
+
+// The three answers of kMessages on a server that never stops (no data dir).
+std::vector<std::string> reference(const std::vector<std::string>& server_args) {
+    ServingProcess ref(server_args);
+    EXPECT_NE(ref.port(), 0) << ref.log();
+    EXPECT_EQ(open_session(ref.port(), "ada"), 200);
+    std::vector<std::string> out;
+    for (const std::string& m : kMessages) out.push_back(text_of(turn(ref.port(), "ada", m)));
+    return out;
+}
+
+TEST_P(DataDirTest, ASessionResumesFromDiskAfterKill9AndAnswersAsWithoutTheRestart) {
+    std::vector<std::string> plain = GetParam();
+    plain.insert(plain.end(), {"--data-dir", "none"});
+    const std::vector<std::string> expected = reference(serve_args(plain));
+
+    {
+        ServingProcess server(args(dir_));
+        ASSERT_NE(server.port(), 0) << server.log();
+        ASSERT_EQ(open_session(server.port(), "ada"), 200);
+        EXPECT_EQ(text_of(turn(server.port(), "ada", kMessages[0])), expected[0]);
+        const json second = turn(server.port(), "ada", kMessages[1]);
+        EXPECT_EQ(text_of(second), expected[1]);
+        EXPECT_EQ(second["usage"]["prompt_tokens_details"]["kv_source"], "decode");
+        server.kill9();
+    }
+    ServingProcess again(args(dir_));
+    ASSERT_NE(again.port(), 0) << again.log();
+    EXPECT_NE(again.log().find("1 sessions recovered in"), std::string::npos) << again.log();
+    // The session is there, with its two turns.
+    HttpResponse info = http_request(again.port(), "GET", "/v1/sessions/ada");
+    ASSERT_EQ(info.status, 200) << info.body;
+    EXPECT_EQ(json::parse(info.body)["turns"], 2);
+    // Its history's KV comes from disk, and the answer is the one without a restart.
+    const json third = turn(again.port(), "ada", kMessages[2]);
+    EXPECT_EQ(text_of(third), expected[2]);
+    EXPECT_EQ(third["usage"]["prompt_tokens_details"]["kv_source"], "disk") << third.dump();
+    EXPECT_EQ(third["kv_source_header"], "disk");
+    EXPECT_GT(third["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 100);
+    const std::string metrics = http_request(again.port(), "GET", "/metrics").body;
+    EXPECT_NE(metrics.find("deltaserve_sessions_promoted_total{tier=\"disk\"} 1"),
+              std::string::npos)
+        << metrics;
+}
+
+// kill -9 while a turn streams: that turn is lost (its client never saw its end), the
+// session keeps the turns before it and goes on as if the lost one had never been asked.
+TEST_P(DataDirTest, ATurnRunningAtTheCrashIsLostCleanly) {
+    std::vector<std::string> plain = GetParam();
+    plain.insert(plain.end(), {"--data-dir", "none"});
+    const std::vector<std::string> expected = reference(serve_args(plain));
+    {
+        ServingProcess server(args(dir_));
+        ASSERT_NE(server.port(), 0) << server.log();
+        ASSERT_EQ(open_session(server.port(), "ada"), 200);
+        EXPECT_EQ(text_of(turn(server.port(), "ada", kMessages[0])), expected[0]);
+        EXPECT_EQ(text_of(turn(server.port(), "ada", kMessages[1])), expected[1]);
+        // A long answer, streamed; the process dies once its first pieces came.
+        const int port = server.port();
+        std::thread client([port] {
+            (void)post_chat(port, chat_body("Write a long story about a dragon.", 600, true),
+                            "X-Session-ID: ada\r\n");
+        });
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        server.kill9();
+        client.join();
+    }
+    ServingProcess again(args(dir_));
+    ASSERT_NE(again.port(), 0) << again.log();
+    HttpResponse info = http_request(again.port(), "GET", "/v1/sessions/ada");
+    ASSERT_EQ(info.status, 200) << info.body;
+    EXPECT_EQ(json::parse(info.body)["turns"], 2);
+    EXPECT_EQ(text_of(turn(again.port(), "ada", kMessages[2])), expected[2]);
+}
+
+// The answer to the whole conversation (kMessages' first `answers.size() + 1` messages
+// with the answers between them) sent without a session: computed afresh.
+std::string whole(uint16_t port, const std::vector<std::string>& answers) {
+    json body = chat_body("", 24);
+    body["messages"] = json::array();
+    for (size_t i = 0; i <= answers.size(); ++i) {
+        body["messages"].push_back({{"role", "user"}, {"content", kMessages[i]}});
+        if (i < answers.size())
+            body["messages"].push_back({{"role", "assistant"}, {"content", answers[i]}});
+    }
+    HttpResponse r = post_chat(port, body);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return text_of(json::parse(r.body));
+}
+
+// Two turns of session "ada" on a server of `server_args`, killed after them; the answers.
+std::vector<std::string> two_turns_then_kill(const std::vector<std::string>& server_args) {
+    ServingProcess server(server_args);
+    EXPECT_NE(server.port(), 0) << server.log();
+    EXPECT_EQ(open_session(server.port(), "ada"), 200);
+    std::vector<std::string> answers;
+    for (int i = 0; i < 2; ++i)
+        answers.push_back(text_of(turn(server.port(), "ada", kMessages[i])));
+    server.kill9();
+    return answers;
+}
+
+// Stored blocks damaged while the server was down (a bit flipped in each payload file) are
+// refused and counted; the turn recomputes what they held and answers as the whole
+// conversation computed afresh does.
+TEST_P(DataDirTest, DamagedBlocksAreRefusedAndRecomputed) {
+    const std::vector<std::string> answers = two_turns_then_kill(args(dir_));
+    int damaged = 0;
+    for (const auto& e : fs::recursive_directory_iterator(fs::path(dir_) / "kv" / "payload")) {
+        if (!e.is_regular_file() || e.file_size() < 64) continue;
+        std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+        const auto at = static_cast<std::streamoff>(e.file_size() / 2);
+        char c = 0;
+        f.seekg(at);
+        f.read(&c, 1);
+        c = static_cast<char>(c ^ 0x10);
+        f.seekp(at);
+        f.write(&c, 1);
+        ++damaged;
+    }
+    ASSERT_GT(damaged, 0);
+    ServingProcess again(args(dir_));
+    ASSERT_NE(again.port(), 0) << again.log();
+    const std::string expected = whole(again.port(), answers);
+    const json third = turn(again.port(), "ada", kMessages[2]);
+    EXPECT_EQ(text_of(third), expected);
+    EXPECT_NE(third["usage"]["prompt_tokens_details"].value("kv_source", ""), "disk");
+    const std::string metrics = http_request(again.port(), "GET", "/metrics").body;
+    EXPECT_EQ(metrics.find("deltaserve_tier_blocks_refused_total 0"), std::string::npos) << metrics;
+    EXPECT_NE(metrics.find("deltaserve_tier_blocks_refused_total"), std::string::npos);
+    HttpResponse info = http_request(again.port(), "GET", "/v1/sessions/ada");
+    ASSERT_EQ(info.status, 200);
+    EXPECT_EQ(json::parse(info.body)["turns"], 3);
+}
+
+// A store written with one KV policy is opened by a server with another: nothing of it is
+// used (another fingerprint), and the session's history is recomputed.
+TEST_P(DataDirTest, AStoreOfAnotherPolicyIsNeverUsed) {
+    const std::vector<std::string> answers = two_turns_then_kill(args(dir_));
+    std::vector<std::string> other = GetParam().empty() ? deltakv() : std::vector<std::string>{};
+    other.insert(other.end(), {"--data-dir", dir_});
+    ServingProcess again(serve_args(other));
+    ASSERT_NE(again.port(), 0) << again.log();
+    const std::string expected = whole(again.port(), answers);
+    const json third = turn(again.port(), "ada", kMessages[2]);
+    EXPECT_EQ(text_of(third), expected);
+    EXPECT_NE(third["usage"]["prompt_tokens_details"].value("kv_source", ""), "disk");
+}
+
+std::vector<std::string> deltakv() {
+    return {"--kv-policy", "deltakv",      "--kv-keep",
+            "0.3",         "--kv-profile", default_deltakv_profile()};
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, DataDirTest,
+                         ::testing::Values(std::vector<std::string>{}, deltakv()),
+                         [](const auto& info) {
+                             return info.param.empty() ? "FullKv" : "DeltaKv";
+                         });
+
+}  // namespace
+}  // namespace deltaserve::testing
