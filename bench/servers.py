@@ -25,8 +25,10 @@ def _wait_ready(proc, marker, what):
 
 
 def start_embedded(build, model, threads, ctx, extra=()):
+    # A fresh data dir each start (the default one is the user's), unless extra names one.
+    data = [] if "--data-dir" in extra else ["--data-dir", tempfile.mkdtemp(prefix="deltaserve-bench-data-")]
     p = subprocess.Popen([os.path.join(build, "bin", "deltaserve"), "serve", "--model", model, "--port", "0",
-                          "--threads", str(threads), "--ctx-size", str(ctx), *extra],
+                          "--threads", str(threads), "--ctx-size", str(ctx), *data, *extra],
                          stderr=subprocess.PIPE, text=True)
     line = _wait_ready(p, "http://", "deltaserve serve")
     subprocess.Popen(["cat"], stdin=p.stderr, stdout=subprocess.DEVNULL)  # keep draining its log
@@ -43,8 +45,9 @@ def start_embedded(build, model, threads, ctx, extra=()):
 
 def start_cluster(build, model, threads, ctx, config_extra=None, tls="tcp"):
     """One decode node, one prefill node and the gateway, each `threads` threads."""
-    cfg = {"model": model, "threads": threads, "ctx_size": ctx, **(config_extra or {})}
     d = tempfile.mkdtemp(prefix="deltaserve-bench-")
+    cfg = {"model": model, "threads": threads, "ctx_size": ctx, "data_dir": os.path.join(d, "data"),
+           **(config_extra or {})}
     path = os.path.join(d, "cluster.yaml")
     with open(path, "w") as f:
         for k, v in cfg.items():

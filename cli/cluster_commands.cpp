@@ -6,10 +6,12 @@
 
 #include "access_flags.h"
 #include "commands.h"
+#include "data_dir.h"
 #include "deltaserve/api/cluster_chat_engine.h"
 #include "deltaserve/api/cluster_config.h"
 #include "deltaserve/api/rpc_client.h"
 #include "deltaserve/api/rpc_server.h"
+#include "deltaserve/kvstore/host_tier.h"
 #include "deltaserve/transport/transport_factory.h"
 #include "gateway_loop.h"
 #include "run_options.h"
@@ -67,6 +69,13 @@ RunOptions run_options(const api::ClusterConfig& c) {
     o.kv_profile = c.kv_profile;
     o.log_level = c.log_level;
     return o;
+}
+
+// Where a node (or the gateway) keeps its store: data_dir/<name>; "" for none.
+std::string node_data_dir(const api::ClusterConfig& c, const std::string& name) {
+    if (c.data_dir == "none") return "";
+    const std::string root = c.data_dir.empty() ? default_data_dir() : c.data_dir;
+    return root.empty() ? "" : (std::filesystem::path(root) / name).string();
 }
 
 std::string model_id(const api::ClusterConfig& c) {
@@ -128,6 +137,27 @@ int node_main(bool decode_role, int argc, char** argv) {
         d.kv_memory = c.kv_memory;
         d.model_id = roles.model_id;
         d.cluster_token = c.cluster_token;
+        const uint64_t host = c.kv_host_memory < 0 ? default_host_tier_bytes()
+                                                   : static_cast<uint64_t>(c.kv_host_memory);
+        if (host > 0) {
+            kvstore::HostTier::Options ho;
+            ho.capacity_bytes = host;
+            d.host_tier = std::make_shared<kvstore::HostTier>(ho);
+        }
+        if (auto dir = node_data_dir(c, me.name); !dir.empty()) {
+            auto disk = open_data_dir(dir, c.kv_disk);
+            auto identity = disk ? store_identity(c.model, c.tokenizer, d.context)
+                                 : Result<std::string>(disk.status());
+            if (!identity) {
+                print_error(identity.error());
+                return 1;
+            }
+            std::fprintf(stderr, "deltaserve: data dir %s: %llu stored KV blocks in %.1f ms\n",
+                         dir.c_str(), static_cast<unsigned long long>((*disk)->stats().blocks),
+                         (*disk)->stats().recovery_ms);
+            d.disk_tier = *disk;
+            d.store_id = *identity;
+        }
         auto w = decode::DecodeWorker::create(**model, d);
         auto address = w ? (*w)->listen(**transport, me.data) : Result<std::string>(w.status());
         if (!address) {
@@ -220,8 +250,20 @@ int gateway_main(int argc, char** argv) {
     api::ClusterEngineOptions eo;
     eo.max_sessions = c.max_sessions;
     eo.session_ttl_seconds = c.session_ttl;
+    if (auto dir = node_data_dir(c, "gateway"); !dir.empty()) {
+        auto records = open_data_dir(dir, 0);
+        if (!records) {
+            print_error(records.error());
+            return 1;
+        }
+        eo.records = *records;
+    }
     const std::string id = model_id(c);
     api::ClusterChatEngine engine(**model, id, decode, prefill, eo);
+    if (eo.records) {
+        std::fprintf(stderr, "deltaserve: %lld sessions recovered in %.1f ms\n",
+                     static_cast<long long>(engine.sessions_recovered()), engine.recovery_ms());
+    }
     api::GatewayOptions go;
     go.host = c.gateway_host;
     go.port = static_cast<uint16_t>(c.gateway_port);

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <vector>
 
+#include <unistd.h>
+
 #include "deltaserve/common/chain_hash.h"
 #include "deltaserve/common/crc32c.h"
 
@@ -34,6 +36,11 @@ Status hash_file(const fs::path& path, uint64_t& h) {
 }
 
 }  // namespace
+
+uint64_t default_host_tier_bytes() {
+    return static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+           static_cast<uint64_t>(::sysconf(_SC_PAGE_SIZE)) / 8;
+}
 
 std::string default_data_dir() {
     if (const char* xdg = std::getenv("XDG_DATA_HOME"); xdg != nullptr && xdg[0] == '/')

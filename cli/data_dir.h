@@ -16,6 +16,9 @@ namespace deltaserve::cli {
 // Hugging Face's caches follow XDG); "" when neither variable is set.
 std::string default_data_dir();
 
+// An eighth of physical memory: the host tier's default size.
+uint64_t default_host_tier_bytes();
+
 // Opens (creating) DIR/kv, the disk tier, capped at `capacity` bytes (0: half of the free
 // space of DIR's file system, at most 64 GiB). Errors name the directory: another server
 // holding it is the usual one.

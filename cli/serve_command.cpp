@@ -111,8 +111,7 @@ int serve_main(int argc, char** argv) {
         }
         dopt.kv_memory = *bytes;
     }
-    uint64_t host_bytes = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
-                          static_cast<uint64_t>(::sysconf(_SC_PAGE_SIZE)) / 8;
+    uint64_t host_bytes = default_host_tier_bytes();
     if (!kv_host_memory.empty()) {
         auto bytes = parse_byte_size(kv_host_memory);
         if (!bytes) {

@@ -86,6 +86,19 @@ const std::map<std::string, Setter>& setters() {
             c.kv_memory = *bytes;
             return Status();
         };
+        text("data_dir", &ClusterConfig::data_dir);
+        m["kv_host_memory"] = [](ClusterConfig& c, const std::string& v) {
+            auto bytes = parse_byte_size(v);
+            if (!bytes) return bytes.status().with_context("kv_host_memory");
+            c.kv_host_memory = static_cast<int64_t>(*bytes);
+            return Status();
+        };
+        m["kv_disk"] = [](ClusterConfig& c, const std::string& v) {
+            auto bytes = parse_byte_size(v);
+            if (!bytes) return bytes.status().with_context("kv_disk");
+            c.kv_disk = *bytes;
+            return Status();
+        };
         m["kv_keep"] = [](ClusterConfig& c, const std::string& v) {
             try {
                 size_t used = 0;

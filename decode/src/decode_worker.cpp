@@ -50,6 +50,7 @@ int64_t now_ms() {
 struct Session {
     std::unique_ptr<model::InferenceContext> ctx;  // null while a turn holds it
     std::vector<int32_t> tokens;                   // the tokens in ctx, in order
+    std::string scope;                             // its turns' cache scope (the tenant)
     int64_t last_used = 0;
     bool busy = false;  // a turn runs for it
 };
@@ -349,18 +350,28 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
         }
     }
     auto t = std::make_shared<Turn>(std::move(spec), std::move(sink), model_);
-    const auto promoted = promote(t->spec);
+    auto promoted = promote(t->spec);
     // A turn with no KV of its own here (stateless, or a session this worker holds nothing
-    // of) starts from what the prefix cache has of its prompt; only this turn sees the copy.
+    // of) starts from what the prefix cache has of its prompt, or the tiers' stored prefix
+    // blocks when they hold more; only this turn sees the copy.
     std::unique_ptr<model::InferenceContext> from_cache;
-    if (prefix_) {
-        bool own = false;
-        if (!t->spec.session_id.empty()) {
-            std::lock_guard<std::mutex> lock(mu_);
-            auto it = sessions_.find(t->spec.session_id);
-            own = it != sessions_.end() && it->second.ctx != nullptr;
+    bool own = false;
+    if (!t->spec.session_id.empty()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = sessions_.find(t->spec.session_id);
+        own = it != sessions_.end() && it->second.ctx != nullptr;
+    }
+    if (prefix_ && !own) from_cache = from_prefix_cache(t->spec);
+    if (tiers_ && !own &&
+        tiers_->prefix_held(t->spec.tokens, t->spec.cache_scope) >
+            (from_cache ? from_cache->n_past() : 0)) {
+        if (auto ctx = make_context(); ctx.ok()) {
+            if (auto got = tiers_->load_prefix(t->spec.tokens, t->spec.cache_scope, **ctx,
+                                               t->spec.turn_id)) {
+                from_cache = std::move(*ctx);
+                promoted = got->source;
+            }
         }
-        if (!own) from_cache = from_prefix_cache(t->spec);
     }
     std::unique_lock<std::mutex> lock(mu_);
     if (stopping_) return unavailable("the decode worker is stopping");
@@ -395,6 +406,7 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
     if (!t->spec.session_id.empty()) {
         Session& s = sessions_[t->spec.session_id];
         s.busy = true;
+        s.scope = t->spec.cache_scope;
         s.last_used = now_ms();
         held = std::move(s.ctx);
         s.tokens.clear();  // the turn's now; the session gets them back when it ends
@@ -546,6 +558,10 @@ void DecodeWorkerImpl::end_turn(const std::shared_ptr<Turn>& t, Result<TurnEnd> 
     // The answer's blocks too: the conversation's next request starts with them.
     // (A turn ended from another thread waits for its KV: it has no context.)
     if (end.ok()) cache_prefix(*t);
+    // A prefix used a second time (found cached) goes to the tiers, where it outlives the
+    // prefix cache's memory and the process. (A session's blocks go with the session.)
+    if (end.ok() && tiers_ && t->ctx && t->spec.session_id.empty() && t->end.cached_tokens > 0)
+        tiers_->store_prefix(t->spec.cache_scope, *t->ctx, t->cached, t->end.cached_tokens);
     const model::InferenceContext* to_store = nullptr;
     {
         std::lock_guard<std::mutex> lock(mu_);
@@ -591,7 +607,7 @@ void DecodeWorkerImpl::end_turn(const std::shared_ptr<Turn>& t, Result<TurnEnd> 
             auto it = sessions_.find(id);  // busy: nothing drops it meanwhile
             if (it != sessions_.end()) tokens = it->second.tokens;
         }
-        if (!tokens.empty()) tiers_->persist(id, *to_store, tokens, now_ms());
+        if (!tokens.empty()) tiers_->persist(id, t->spec.cache_scope, *to_store, tokens, now_ms());
         {
             std::lock_guard<std::mutex> lock(mu_);
             auto it = sessions_.find(id);
@@ -619,7 +635,7 @@ std::map<std::string, Session>::iterator DecodeWorkerImpl::drop_idle_locked(
     std::map<std::string, Session>::iterator it) {
     if (tiers_ && it->second.ctx && !it->second.tokens.empty() &&
         it->second.ctx->n_past() == static_cast<int32_t>(it->second.tokens.size())) {
-        tiers_->demote(it->first, *it->second.ctx, it->second.tokens, now_ms());
+        tiers_->demote(it->first, it->second.scope, *it->second.ctx, it->second.tokens, now_ms());
     }
     return sessions_.erase(it);
 }
@@ -649,7 +665,7 @@ std::optional<SessionTiers::Source> DecodeWorkerImpl::promote(const TurnSpec& sp
     }
     auto ctx = make_context();
     if (!ctx.ok()) return std::nullopt;
-    auto back = tiers_->promote(spec.session_id, **ctx, spec.turn_id);
+    auto back = tiers_->promote(spec.session_id, spec.cache_scope, **ctx, spec.turn_id);
     if (!back) return std::nullopt;
     std::lock_guard<std::mutex> lock(mu_);
     auto it = sessions_.find(spec.session_id);
@@ -657,6 +673,7 @@ std::optional<SessionTiers::Source> DecodeWorkerImpl::promote(const TurnSpec& sp
     Session& s = sessions_[spec.session_id];
     s.ctx = std::move(*ctx);
     s.tokens = std::move(back->tokens);
+    s.scope = spec.cache_scope;
     s.last_used = now_ms();
     return back->source;
 }

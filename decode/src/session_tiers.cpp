@@ -46,8 +46,9 @@ struct Reader {
 
 SessionTiers::SessionTiers(Options options) : options_(std::move(options)) {}
 
-uint64_t SessionTiers::root_of(const std::string& session) const {
-    if (options_.shared_prefix) return options_.fingerprint;
+uint64_t SessionTiers::root_of(const std::string& session, const std::string& scope) const {
+    // Shared blocks are shared within a cache scope (a tenant) only, as the prefix cache's.
+    if (options_.shared_prefix) return hash_string(options_.fingerprint, "prefix:" + scope);
     return hash_string(options_.fingerprint, "session:" + session);
 }
 
@@ -126,10 +127,11 @@ SessionTiers::Record* SessionTiers::find_locked(const std::string& session) {
     return &records_.emplace(session, std::move(*r)).first->second;
 }
 
-bool SessionTiers::persist(const std::string& session, const model::InferenceContext& ctx,
-                           const std::vector<int32_t>& tokens, int64_t now_ms) {
+bool SessionTiers::persist(const std::string& session, const std::string& scope,
+                           const model::InferenceContext& ctx, const std::vector<int32_t>& tokens,
+                           int64_t now_ms) {
     if (!options_.disk || tokens.empty()) return false;
-    model::KvBlocksOptions o{options_.fingerprint, root_of(session), options_.block_tokens,
+    model::KvBlocksOptions o{options_.fingerprint, root_of(session, scope), options_.block_tokens,
                              options_.codec};
     auto exported = model::export_kv_blocks(ctx, tokens, o);
     if (!exported.ok()) {
@@ -221,8 +223,9 @@ bool SessionTiers::persist(const std::string& session, const model::InferenceCon
     return true;
 }
 
-bool SessionTiers::demote(const std::string& session, const model::InferenceContext& ctx,
-                          const std::vector<int32_t>& tokens, int64_t now_ms) {
+bool SessionTiers::demote(const std::string& session, const std::string& scope,
+                          const model::InferenceContext& ctx, const std::vector<int32_t>& tokens,
+                          int64_t now_ms) {
     {
         std::lock_guard lock(mu_);
         auto it = records_.find(session);
@@ -233,7 +236,7 @@ bool SessionTiers::demote(const std::string& session, const model::InferenceCont
             return true;
         }
     }
-    model::KvBlocksOptions o{options_.fingerprint, root_of(session), options_.block_tokens,
+    model::KvBlocksOptions o{options_.fingerprint, root_of(session, scope), options_.block_tokens,
                              options_.codec};
     auto exported = model::export_kv_blocks(ctx, tokens, o);
     std::lock_guard lock(mu_);
@@ -300,7 +303,81 @@ void SessionTiers::forget_older_than(int64_t cutoff_ms) {
         it = it->second.last_used < cutoff_ms ? records_.erase(it) : std::next(it);
 }
 
+SessionTiers::Loaded SessionTiers::load(const std::vector<uint64_t>& keys,
+                                        const std::vector<uint32_t>& crcs,
+                                        std::span<const uint8_t> hints, uint64_t root,
+                                        model::InferenceContext& ctx, uint64_t turn_id) {
+    Loaded out;
+    // The blocks still held, in order, until the first that is gone: leased in the host
+    // tier, else read from disk (and offered to the host tier for next time).
+    const auto deadline = kvstore::HostTier::Clock::now() + kLease;
+    const std::string owner = "turn " + std::to_string(turn_id);
+    std::vector<kvstore::HostTier::Lease> leases;
+    std::vector<kvstore::HostTier::Bytes> read;
+    std::vector<std::span<const uint8_t>> blocks;
+    for (size_t i = 0; i < keys.size(); ++i) {
+        std::span<const uint8_t> bytes;
+        if (auto lease = options_.host->get(keys[i], owner, deadline); lease.ok()) {
+            leases.push_back(std::move(*lease));
+            bytes = leases.back().bytes();
+        } else if (options_.disk) {
+            auto got = options_.disk->get(keys[i]);
+            if (!got.ok()) break;
+            ++out.from_disk;
+            out.source = Source::kDisk;
+            read.push_back(std::make_shared<const std::vector<uint8_t>>(std::move(*got)));
+            bytes = *read.back();
+        } else {
+            break;
+        }
+        if (crcs[i] != 0 && crc32c(bytes) != crcs[i]) {
+            // Another export's block under the same key: never mixed with this record's.
+            ++out.refused;
+            break;
+        }
+        blocks.push_back(bytes);
+    }
+    out.missing = static_cast<int64_t>(keys.size() - blocks.size()) - out.refused;
+    model::KvBlocksOptions o{options_.fingerprint, root, options_.block_tokens, options_.codec};
+    size_t n = blocks.size();
+    while (n > 0) {
+        int32_t bad = -1;
+        const bool all = n == keys.size();
+        const Status s = model::import_kv_blocks(ctx, std::span(blocks.data(), n),
+                                                 all ? hints : std::span<const uint8_t>(), o, &bad);
+        if (s.ok()) break;
+        if (s.code() != StatusCode::kDataLoss && s.code() != StatusCode::kFailedPrecondition) {
+            // No room, or no context for it: the blocks are fine.
+            spdlog::info("decode: stored KV not taken back now: {}", s.to_string());
+            out.later = true;
+            n = 0;
+            break;
+        }
+        spdlog::warn("decode: stored KV refused ({}); recomputing from there", s.to_string());
+        if (bad < 0 || static_cast<size_t>(bad) >= n) {
+            n = 0;
+            break;
+        }
+        options_.host->erase(keys[static_cast<size_t>(bad)]);
+        if (options_.disk) options_.disk->erase(keys[static_cast<size_t>(bad)], /*refused=*/true);
+        ++out.refused;
+        n = static_cast<size_t>(bad);
+    }
+    // What came from disk is offered to the host tier: the next turn finds it there.
+    for (const auto& bytes : read) {
+        auto meta = kvstore::parse_kv_block_header(*bytes, options_.fingerprint);
+        if (meta.ok()) (void)options_.host->put(meta->key, bytes);
+    }
+    out.blocks = n;
+    std::lock_guard lock(mu_);
+    stats_.blocks_missing += out.missing;
+    stats_.blocks_refused += out.refused;
+    stats_.disk_blocks_read += out.from_disk;
+    return out;
+}
+
 std::optional<SessionTiers::Promoted> SessionTiers::promote(const std::string& session,
+                                                            const std::string& scope,
                                                             model::InferenceContext& ctx,
                                                             uint64_t turn_id) {
     Record r;
@@ -311,87 +388,85 @@ std::optional<SessionTiers::Promoted> SessionTiers::promote(const std::string& s
         r = std::move(*found);
         records_.erase(session);
     }
-    // The blocks still held, in order, until the first that is gone: leased in the host
-    // tier, else read from disk (and offered to the host tier for next time).
-    const auto deadline = kvstore::HostTier::Clock::now() + kLease;
-    const std::string owner = "turn " + std::to_string(turn_id);
-    std::vector<kvstore::HostTier::Lease> leases;
-    std::vector<kvstore::HostTier::Bytes> read;
-    std::vector<std::span<const uint8_t>> blocks;
-    Source source = Source::kHost;
-    int64_t refused = 0, from_disk = 0;
-    for (size_t i = 0; i < r.keys.size(); ++i) {
-        const uint64_t key = r.keys[i];
-        std::span<const uint8_t> bytes;
-        if (auto lease = options_.host->get(key, owner, deadline); lease.ok()) {
-            leases.push_back(std::move(*lease));
-            bytes = leases.back().bytes();
-        } else if (options_.disk) {
-            auto got = options_.disk->get(key);
-            if (!got.ok()) break;
-            ++from_disk;
-            source = Source::kDisk;
-            read.push_back(std::make_shared<const std::vector<uint8_t>>(std::move(*got)));
-            bytes = *read.back();
-        } else {
-            break;
-        }
-        if (r.crcs[i] != 0 && crc32c(bytes) != r.crcs[i]) {
-            // Another export's block under the same key: never mixed with this record's.
-            ++refused;
-            break;
-        }
-        blocks.push_back(bytes);
+    const Loaded got = load(r.keys, r.crcs, r.hints, root_of(session, scope), ctx, turn_id);
+    std::lock_guard lock(mu_);
+    if (got.later) {  // the record stays for a later turn
+        records_.emplace(session, std::move(r));
+        return std::nullopt;
     }
-    const int64_t missing = static_cast<int64_t>(r.keys.size() - blocks.size()) - refused;
-    model::KvBlocksOptions o{options_.fingerprint, root_of(session), options_.block_tokens,
+    if (got.blocks == 0) return std::nullopt;
+    ++stats_.promoted;
+    ++(got.source == Source::kDisk ? stats_.promoted_disk : stats_.promoted_host);
+    const int32_t end = r.ends[got.blocks - 1];
+    stats_.promoted_tokens += end;
+    Promoted out{std::vector<int32_t>(r.tokens.begin(), r.tokens.begin() + end), got.source};
+    // A persisted session's record stays: the tiers still hold its blocks.
+    if (options_.disk && got.blocks == r.keys.size()) records_.emplace(session, std::move(r));
+    return out;
+}
+
+std::vector<uint64_t> SessionTiers::prefix_keys(std::span<const int32_t> tokens,
+                                                const std::string& scope) const {
+    std::vector<uint64_t> keys;
+    if (!options_.shared_prefix) return keys;
+    uint64_t key = root_of("", scope);
+    const size_t b = static_cast<size_t>(options_.block_tokens);
+    // At least one token is left to evaluate: the turn needs its logits.
+    for (size_t end = b; end < tokens.size(); end += b) {
+        key = hash_tokens(key, tokens.subspan(end - b, b));
+        if (!options_.host->contains(key) && !(options_.disk && options_.disk->contains(key)))
+            break;
+        keys.push_back(key);
+    }
+    return keys;
+}
+
+int32_t SessionTiers::prefix_held(std::span<const int32_t> tokens, const std::string& scope) const {
+    return static_cast<int32_t>(prefix_keys(tokens, scope).size()) * options_.block_tokens;
+}
+
+std::optional<SessionTiers::Promoted> SessionTiers::load_prefix(std::span<const int32_t> tokens,
+                                                                const std::string& scope,
+                                                                model::InferenceContext& ctx,
+                                                                uint64_t turn_id) {
+    const std::vector<uint64_t> keys = prefix_keys(tokens, scope);
+    if (keys.empty()) return std::nullopt;
+    const Loaded got =
+        load(keys, std::vector<uint32_t>(keys.size(), 0), {}, root_of("", scope), ctx, turn_id);
+    if (got.blocks == 0) return std::nullopt;
+    const int32_t end = static_cast<int32_t>(got.blocks) * options_.block_tokens;
+    std::lock_guard lock(mu_);
+    ++(got.source == Source::kDisk ? stats_.prefix_disk : stats_.prefix_host);
+    stats_.prefix_tokens += end;
+    return Promoted{std::vector<int32_t>(tokens.begin(), tokens.begin() + end), got.source};
+}
+
+void SessionTiers::store_prefix(const std::string& scope, const model::InferenceContext& ctx,
+                                const std::vector<int32_t>& tokens, int32_t upto) {
+    if (!options_.shared_prefix || upto < options_.block_tokens) return;
+    const int32_t whole = upto / options_.block_tokens * options_.block_tokens;
+    // Already stored (another turn with the same prefix): nothing to export.
+    if (prefix_held(std::span(tokens).first(static_cast<size_t>(whole) + 1), scope) >= whole)
+        return;
+    model::KvBlocksOptions o{options_.fingerprint, root_of("", scope), options_.block_tokens,
                              options_.codec};
-    size_t n = blocks.size();
-    while (n > 0) {
-        int32_t bad = -1;
-        const bool all = n == r.keys.size();
-        const Status s = model::import_kv_blocks(
-            ctx, std::span(blocks.data(), n),
-            all ? std::span<const uint8_t>(r.hints) : std::span<const uint8_t>(), o, &bad);
-        if (s.ok()) break;
-        if (s.code() != StatusCode::kDataLoss && s.code() != StatusCode::kFailedPrecondition) {
-            // No room, or no context for it: the blocks are fine, the record stays.
-            spdlog::info("decode: session {}: stored KV not taken back now: {}", session,
-                         s.to_string());
-            std::lock_guard lock(mu_);
-            stats_.blocks_missing += missing;
-            records_.emplace(session, std::move(r));
-            return std::nullopt;
+    auto exported = model::export_kv_blocks(ctx, tokens, o);
+    if (!exported.ok()) return;
+    int64_t written = 0, bytes = 0;
+    for (auto& block : exported->blocks) {
+        auto meta = kvstore::parse_kv_block_header(block, options_.fingerprint);
+        if (!meta.ok() || meta->end > whole) break;
+        if (options_.disk && options_.disk->contains(meta->key)) continue;
+        auto shared = std::make_shared<const std::vector<uint8_t>>(std::move(block));
+        (void)options_.host->put(meta->key, shared);
+        if (options_.disk && options_.disk->put(meta->key, *shared).ok()) {
+            ++written;
+            bytes += static_cast<int64_t>(shared->size());
         }
-        spdlog::warn("decode: session {}: stored KV refused ({}); recomputing from there", session,
-                     s.to_string());
-        if (bad < 0 || static_cast<size_t>(bad) >= n) {
-            n = 0;
-            break;
-        }
-        const uint64_t key = r.keys[static_cast<size_t>(bad)];
-        options_.host->erase(key);
-        if (options_.disk) options_.disk->erase(key, /*refused=*/true);
-        ++refused;
-        n = static_cast<size_t>(bad);
-    }
-    // What came from disk is offered to the host tier: the next turn finds it there.
-    for (const auto& bytes : read) {
-        auto meta = kvstore::parse_kv_block_header(*bytes, options_.fingerprint);
-        if (meta.ok()) (void)options_.host->put(meta->key, bytes);
     }
     std::lock_guard lock(mu_);
-    stats_.blocks_missing += missing;
-    stats_.blocks_refused += refused;
-    stats_.disk_blocks_read += from_disk;
-    if (n == 0) return std::nullopt;
-    ++stats_.promoted;
-    ++(source == Source::kDisk ? stats_.promoted_disk : stats_.promoted_host);
-    const int32_t end = r.ends[n - 1];
-    stats_.promoted_tokens += end;
-    // A persisted session's record stays: the tiers still hold its blocks.
-    if (options_.disk && n == r.keys.size()) records_.emplace(session, r);
-    return Promoted{std::vector<int32_t>(r.tokens.begin(), r.tokens.begin() + end), source};
+    stats_.blocks_written += written;
+    stats_.bytes_written += bytes;
 }
 
 SessionTiers::Stats SessionTiers::stats() const {

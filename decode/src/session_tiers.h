@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -56,6 +57,7 @@ class SessionTiers {
         int64_t persisted = 0, persist_failed = 0;
         int64_t blocks_written = 0, blocks_unchanged = 0, bytes_written = 0;
         int64_t disk_blocks_read = 0;
+        int64_t prefix_host = 0, prefix_disk = 0, prefix_tokens = 0;  // load_prefix's
     };
 
     // Where promote() found the blocks.
@@ -73,12 +75,15 @@ class SessionTiers {
     // Stores the session's KV (ctx holds `tokens`) in the host tier and on disk, writing only
     // the blocks that changed since the last call. False when its export or the disk failed
     // (the service goes on; the session resumes from what is stored, or recomputes).
-    bool persist(const std::string& session, const model::InferenceContext& ctx,
-                 const std::vector<int32_t>& tokens, int64_t now_ms);
+    // `scope` is the session's cache scope (its tenant): full KV's blocks are shared within one.
+    bool persist(const std::string& session, const std::string& scope,
+                 const model::InferenceContext& ctx, const std::vector<int32_t>& tokens,
+                 int64_t now_ms);
     // Stores the session's KV in the host tier and remembers it. As many whole leading
     // blocks as fit are kept; false when none did (nothing is remembered then).
-    bool demote(const std::string& session, const model::InferenceContext& ctx,
-                const std::vector<int32_t>& tokens, int64_t now_ms);
+    bool demote(const std::string& session, const std::string& scope,
+                const model::InferenceContext& ctx, const std::vector<int32_t>& tokens,
+                int64_t now_ms);
     // The tokens the session's stored blocks hold (0: none), from memory or from disk.
     int32_t stored_tokens(const std::string& session);
     // Forgets the session: its record here and on disk, and its own blocks.
@@ -90,8 +95,20 @@ class SessionTiers {
     // or nullopt when nothing came back. A block that fails its checks is dropped from the
     // tiers and the blocks before it are taken. When the context has no room for them, the
     // record stays for a later turn.
-    std::optional<Promoted> promote(const std::string& session, model::InferenceContext& ctx,
-                                    uint64_t turn_id);
+    std::optional<Promoted> promote(const std::string& session, const std::string& scope,
+                                    model::InferenceContext& ctx, uint64_t turn_id);
+
+    // Prefixes (full KV only): the tokens of `tokens`' leading whole blocks the tiers hold
+    // under `scope` (a turn with no KV of its own starts from them; one token at least is
+    // left to evaluate).
+    int32_t prefix_held(std::span<const int32_t> tokens, const std::string& scope) const;
+    // Takes those blocks into `ctx` (empty); nullopt when none came.
+    std::optional<Promoted> load_prefix(std::span<const int32_t> tokens, const std::string& scope,
+                                        model::InferenceContext& ctx, uint64_t turn_id);
+    // Stores the whole blocks of ctx's first `upto` tokens (a prefix a turn found cached:
+    // used twice), unless the tiers hold them already.
+    void store_prefix(const std::string& scope, const model::InferenceContext& ctx,
+                      const std::vector<int32_t>& tokens, int32_t upto);
     Stats stats() const;
 
   private:
@@ -104,7 +121,20 @@ class SessionTiers {
         int64_t last_used = 0;        // steady ms
     };
 
-    uint64_t root_of(const std::string& session) const;
+    // What a take of stored blocks found: how many leading ones came into the context, from
+    // which tiers, what was missing or refused; `later`: they are fine but there was no room.
+    struct Loaded {
+        size_t blocks = 0;
+        Source source = Source::kHost;
+        int64_t missing = 0, refused = 0, from_disk = 0;
+        bool later = false;
+    };
+    Loaded load(const std::vector<uint64_t>& keys, const std::vector<uint32_t>& crcs,
+                std::span<const uint8_t> hints, uint64_t root, model::InferenceContext& ctx,
+                uint64_t turn_id);
+    std::vector<uint64_t> prefix_keys(std::span<const int32_t> tokens,
+                                      const std::string& scope) const;
+    uint64_t root_of(const std::string& session, const std::string& scope) const;
     std::string record_key(const std::string& session) const;
     static std::string encode_record(const Record& r);
     static std::optional<Record> decode_record(std::string_view bytes);

@@ -51,14 +51,18 @@ class DataDirTest : public ::testing::TestWithParam<std::vector<std::string>> {
     std::string dir_;
 };
 
-// One turn of session `id`: the answer's JSON (status checked).
-json turn(uint16_t port, const std::string& id, const std::string& message, int max_tokens = 24) {
-    HttpResponse r =
-        post_chat(port, chat_body(message, max_tokens), "X-Session-ID: " + id + "\r\n");
+// One turn of session `id` with a request body: the answer's JSON (status checked).
+json turn_with(uint16_t port, const std::string& id, const json& body) {
+    HttpResponse r = post_chat(port, body, "X-Session-ID: " + id + "\r\n");
     EXPECT_EQ(r.status, 200) << r.body;
     json j = json::parse(r.body, nullptr, false);
     if (r.status == 200) j["kv_source_header"] = r.headers["x-kv-source"];
     return j;
+}
+
+// One turn of session `id`: the answer's JSON.
+json turn(uint16_t port, const std::string& id, const std::string& message, int max_tokens = 24) {
+    return turn_with(port, id, chat_body(message, max_tokens));
 }
 
 std::string text_of(const json& answer) {
@@ -211,6 +215,50 @@ TEST_P(DataDirTest, AStoreOfAnotherPolicyIsNeverUsed) {
     const json third = turn(again.port(), "ada", kMessages[2]);
     EXPECT_EQ(text_of(third), expected);
     EXPECT_NE(third["usage"]["prompt_tokens_details"].value("kv_source", ""), "disk");
+}
+
+// A long system prompt another session computed before the restart: a new session that
+// starts with it takes its whole blocks from disk instead of prefilling them (full KV, whose
+// blocks depend on their tokens alone; DeltaKV's belong to their session), and answers as
+// the same prompt computed afresh does.
+TEST_P(DataDirTest, ASharedSystemPromptComesBackFromDisk) {
+    std::string system = "You are the assistant of a bee farm. ";
+    for (int i = 0; i < 60; ++i) system += "Bees visit flowers, make honey and live in hives. ";
+    const auto body = [&](const std::string& user) {
+        json b = chat_body(user, 16);
+        b["messages"] = json::array(
+            {{{"role", "system"}, {"content", system}}, {{"role", "user"}, {"content", user}}});
+        return b;
+    };
+    {
+        ServingProcess server(args(dir_));
+        ASSERT_NE(server.port(), 0) << server.log();
+        ASSERT_EQ(open_session(server.port(), "first"), 200);
+        ASSERT_EQ(post_chat(server.port(), body("Hello!"), "X-Session-ID: first\r\n").status, 200);
+        server.kill9();
+    }
+    std::vector<std::string> plain = GetParam();
+    plain.insert(plain.end(), {"--data-dir", "none"});
+    std::string expected;
+    {
+        ServingProcess fresh(serve_args(plain));
+        ASSERT_NE(fresh.port(), 0) << fresh.log();
+        HttpResponse r = post_chat(fresh.port(), body("What do bees make?"));
+        ASSERT_EQ(r.status, 200) << r.body;
+        expected = text_of(json::parse(r.body));
+    }
+    ServingProcess again(args(dir_));
+    ASSERT_NE(again.port(), 0) << again.log();
+    ASSERT_EQ(open_session(again.port(), "second"), 200);
+    const json answer = turn_with(again.port(), "second", body("What do bees make?"));
+    EXPECT_EQ(text_of(answer), expected);
+    const json details = answer["usage"]["prompt_tokens_details"];
+    if (GetParam().empty()) {
+        EXPECT_EQ(details["kv_source"], "disk") << answer.dump();
+        EXPECT_GE(details["cached_tokens"].get<int>(), 512) << answer.dump();
+    } else {
+        EXPECT_FALSE(details.contains("kv_source")) << answer.dump();
+    }
 }
 
 std::vector<std::string> deltakv() {

@@ -102,6 +102,7 @@ class Cluster {
         yaml << "model: " << default_gguf_model() << "\n"
              << "threads: 1\nctx_size: 2048\nlocal_prefill_max: 0\n"
              << "cluster_token: cluster-test-secret\n"
+             << "data_dir: " << (dir_ / "data").string() << "\n"
              << "transport: {tls: \"" << tls << "\"}\nprefill:\n";
         for (int i = 0; i < n_prefill; ++i) {
             yaml << "  - {name: p" << i << ", rpc: \"" << p_ip << ":"

@@ -48,6 +48,14 @@ struct ClusterConfig {
     // A decode node's KV memory in bytes ("kv_memory: 4GiB"; decode::DecodeOptions::kv_memory);
     // 0 = a quarter of the node's physical memory.
     uint64_t kv_memory = 0;
+    // The tiered store (as serve's flags): where each decode node keeps its disk tier and the
+    // gateway its session records, each in DIR/<node name> (DIR/gateway); "" = the per-user
+    // data folder (~/.local/share/deltaserve), "none" = memory only. kv_host_memory: a decode
+    // node's host tier in bytes (-1 = an eighth of physical memory, 0 = off); kv_disk: its
+    // disk tier's cap (0 = half the free space, at most 64 GiB).
+    std::string data_dir;
+    int64_t kv_host_memory = -1;
+    uint64_t kv_disk = 0;
     // Access (api/access.h): the gateway's API keys and admin keys, comma-separated
     // (DELTASERVE_API_KEY, DELTASERVE_ADMIN_KEY); "" = none (then loopback only, unless
     // insecure). cluster_token: the secret nodes and gateways prove to each other on RPC and
