@@ -31,6 +31,7 @@ int serve_main(int argc, char** argv) {
     // prefill worker (whose own threads would compete with the decode worker's).
     dopt.local_prefill_max = -1;
     int32_t ttl = static_cast<int32_t>(eo.session_ttl_seconds);
+    int32_t kv_sessions = 0;
     api::GatewayOptions go;
     int32_t max_connections = go.max_connections;
     int32_t prefix_cache_mib = static_cast<int32_t>(dopt.prefix_cache_bytes >> 20);
@@ -57,6 +58,12 @@ int serve_main(int argc, char** argv) {
     p.add("max-sessions", &eo.max_sessions,
           "sessions remembered at most (least recently used go first)");
     p.add("session-ttl", &ttl, "seconds an idle session is remembered");
+    p.add("kv-block-tokens", &dopt.tier_block_tokens,
+          "tokens per stored KV block in the host and disk tiers (a prefix is found in the "
+          "tiers by whole blocks)");
+    p.add("kv-sessions", &kv_sessions,
+          "idle sessions whose KV stays in --kv-memory (beyond, the least recently used go to "
+          "the host and disk tiers); default: --max-sessions");
     p.add("max-batch", &dopt.max_batch, "turns the decode worker runs per forward pass");
     p.add("prefill-chunk", &dopt.prefill_chunk,
           "prompt tokens the decode worker prefills per forward pass beside the turns "
@@ -94,12 +101,13 @@ int serve_main(int argc, char** argv) {
     if (auto exit_code = parse_flags(p, argc, argv)) return *exit_code;
     if (port < 0 || port > 65535 || rpc_port < -1 || rpc_port > 65535 || eo.max_sessions < 1 ||
         ttl < 1 || dopt.max_batch < 1 || dopt.local_prefill_max < -1 || max_connections < 1 ||
-        drain_seconds < 0 || prefix_cache_mib < 0 || dopt.prefill_chunk < 0) {
+        drain_seconds < 0 || prefix_cache_mib < 0 || dopt.prefill_chunk < 0 || kv_sessions < 0 ||
+        dopt.tier_block_tokens < 1) {
         print_error(
             invalid_argument("--port must be in [0, 65535], --rpc-port in [-1, 65535], "
                              "--max-sessions, --session-ttl, --max-batch and --max-connections "
-                             ">= 1, --local-prefill-max, --drain-timeout, --prefix-cache-mib and "
-                             "--prefill-chunk >= 0"));
+                             ">= 1, --local-prefill-max, --drain-timeout, --prefix-cache-mib, "
+                             "--kv-sessions and --prefill-chunk >= 0, --kv-block-tokens >= 1"));
         return 2;
     }
     if (!kv_memory.empty()) {
@@ -185,7 +193,7 @@ int serve_main(int argc, char** argv) {
     dopt.context = o.context();
     dopt.context.threads = threads;
     dopt.threads = o.threads;
-    dopt.max_sessions = eo.max_sessions;
+    dopt.max_sessions = kv_sessions > 0 ? std::min(kv_sessions, eo.max_sessions) : eo.max_sessions;
     dopt.session_ttl_ms = static_cast<int64_t>(ttl) * 1000;
     dopt.prefix_cache_bytes = static_cast<size_t>(prefix_cache_mib) << 20;
     if (dopt.local_prefill_max < 0) dopt.local_prefill_max = std::numeric_limits<int32_t>::max();

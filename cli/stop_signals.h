@@ -6,7 +6,9 @@
 namespace deltaserve::cli {
 
 // Blocks SIGINT and SIGTERM in this thread (call before any thread starts, so that threads
-// inherit it) and ignores SIGPIPE (a peer that goes away is a write error, not a crash).
+// inherit it) and ignores SIGPIPE (a peer that goes away is a write error, not a crash) and
+// SIGXFSZ (a file size limit reached by the disk tier is an I/O error it stops admitting on,
+// not a crash).
 inline sigset_t block_stop_signals() {
     sigset_t s;
     sigemptyset(&s);
@@ -14,6 +16,7 @@ inline sigset_t block_stop_signals() {
     sigaddset(&s, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &s, nullptr);
     signal(SIGPIPE, SIG_IGN);
+    signal(SIGXFSZ, SIG_IGN);
     return s;
 }
 

@@ -79,6 +79,43 @@ struct DecodeStats {
   kvBooked @11 :Int64;
   kvPoolUsed @12 :Int64;
   kvPoolPeak @13 :Int64;
+  tiers @14 :TierStats;
+}
+
+struct Histogram {
+  counts @0 :List(Int64);  # decode::LatencyHistogram's buckets, not cumulated
+  sum @1 :Float64;
+  count @2 :Int64;
+}
+
+struct TierStats {
+  # decode::TierStats, field for field.
+  hostBytes @0 :Int64;
+  hostCapacity @1 :Int64;
+  hostBlocks @2 :Int64;
+  hostLeases @3 :Int64;
+  diskBytes @4 :Int64;
+  diskCapacity @5 :Int64;
+  diskBlocks @6 :Int64;
+  diskAdmitting @7 :Bool = true;
+  diskDropped @8 :Int64;
+  diskIoErrors @9 :Int64;
+  diskRecoveryMs @10 :Float64;
+  sessionsDemoted @11 :Int64;
+  promotedHost @12 :Int64;
+  promotedDisk @13 :Int64;
+  promotedTokens @14 :Int64;
+  prefixHost @15 :Int64;
+  prefixDisk @16 :Int64;
+  prefixTokens @17 :Int64;
+  blocksMissing @18 :Int64;
+  blocksRefused @19 :Int64;
+  sessionsPersisted @20 :Int64;
+  persistFailed @21 :Int64;
+  blocksWritten @22 :Int64;
+  bytesWritten @23 :Int64;
+  storeSeconds @24 :Histogram;
+  loadSeconds @25 :Histogram;
 }
 
 interface DecodeNode {

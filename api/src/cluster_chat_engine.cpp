@@ -119,6 +119,71 @@ void ClusterChatEngine::unsave(const std::string& key) const {
     }
 }
 
+std::optional<ClusterChatEngine::Session> ClusterChatEngine::parse_record(
+    const std::string& key, const std::string& value) const {
+    // A record is read as any outside input: what does not parse is dropped, not served.
+    const int64_t now = now_seconds(), wall = unix_seconds();
+    Session s;
+    try {
+        const auto j = nlohmann::json::parse(value);
+        if (j.at("v").get<int>() != kRecordVersion) throw std::runtime_error("another version");
+        s.tenant = j.at("tenant").get<std::string>();
+        s.id = j.at("id").get<std::string>();
+        s.turns = j.at("turns").get<int32_t>();
+        s.tokens = j.at("tokens").get<int64_t>();
+        s.cached_tokens = j.at("cached_tokens").get<int64_t>();
+        s.last_used = now - std::max<int64_t>(0, wall - j.at("last_used").get<int64_t>());
+        for (const auto& m : j.at("history")) {
+            s.history.push_back(
+                {m.at("role").get<std::string>(), m.at("content").get<std::string>()});
+        }
+        const std::string node = j.at("node").get<std::string>();
+        for (auto* d : decode_) {
+            if (d->name() == node) s.node = d;
+        }
+    } catch (const std::exception& e) {
+        spdlog::warn("gateway: a session record ({}) does not parse: {}; dropped", key, e.what());
+        return std::nullopt;
+    }
+    if (key_of(s.tenant, s.id) != key || !check_session_id(s.id, "id").ok()) {
+        spdlog::warn("gateway: a session record ({}) names another session; dropped", key);
+        return std::nullopt;
+    }
+    return s;
+}
+
+std::optional<ClusterChatEngine::Session> ClusterChatEngine::stored_locked(
+    const std::string& key) const {
+    if (!options_.records) return std::nullopt;
+    auto value = options_.records->get_record(std::string(kRecordPrefix) + key);
+    if (!value.ok() || !value->has_value()) return std::nullopt;
+    auto s = parse_record(key, **value);
+    if (!s || now_seconds() - s->last_used > options_.session_ttl_seconds) {
+        unsave(key);  // unreadable, or expired while it was out of memory
+        return std::nullopt;
+    }
+    return s;
+}
+
+ClusterChatEngine::Session* ClusterChatEngine::find_locked(const std::string& key) {
+    auto it = sessions_.find(key);
+    if (it != sessions_.end()) return &it->second;
+    auto s = stored_locked(key);
+    if (!s) return nullptr;
+    // Back in memory: the least recently used idle ones leave it (they stay stored).
+    while (static_cast<int32_t>(sessions_.size()) >= options_.max_sessions) {
+        auto oldest = sessions_.end();
+        for (auto i = sessions_.begin(); i != sessions_.end(); ++i) {
+            if (i->second.running_turn == 0 &&
+                (oldest == sessions_.end() || i->second.last_used < oldest->second.last_used))
+                oldest = i;
+        }
+        if (oldest == sessions_.end()) break;
+        sessions_.erase(oldest);
+    }
+    return &sessions_.emplace(key, std::move(*s)).first->second;
+}
+
 void ClusterChatEngine::recover() {
     const auto t0 = std::chrono::steady_clock::now();
     auto records = options_.records->records(std::string(kRecordPrefix));
@@ -127,53 +192,36 @@ void ClusterChatEngine::recover() {
                       records.status().to_string());
         return;
     }
-    const int64_t now = now_seconds(), wall = unix_seconds();
-    std::vector<std::string> bad;
-    for (const auto& [key, value] : *records) {
-        // A record is read as any outside input: what does not parse is dropped, not served.
-        Session s;
-        try {
-            const auto j = nlohmann::json::parse(value);
-            if (j.at("v").get<int>() != kRecordVersion) throw std::runtime_error("version");
-            s.tenant = j.at("tenant").get<std::string>();
-            s.id = j.at("id").get<std::string>();
-            s.turns = j.at("turns").get<int32_t>();
-            s.tokens = j.at("tokens").get<int64_t>();
-            s.cached_tokens = j.at("cached_tokens").get<int64_t>();
-            s.last_used = now - std::max<int64_t>(0, wall - j.at("last_used").get<int64_t>());
-            for (const auto& m : j.at("history")) {
-                s.history.push_back(
-                    {m.at("role").get<std::string>(), m.at("content").get<std::string>()});
-            }
-            const std::string node = j.at("node").get<std::string>();
-            for (auto* d : decode_) {
-                if (d->name() == node) s.node = d;
-            }
-        } catch (const std::exception& e) {
-            spdlog::warn("gateway: a session record ({}) does not parse: {}; dropped", key,
-                         e.what());
-            bad.push_back(key.substr(kRecordPrefix.size()));
-            continue;
+    const int64_t now = now_seconds();
+    std::vector<Session> live;
+    std::vector<std::pair<DecodeNode*, std::string>> expired;
+    size_t bad = 0;
+    for (const auto& [record_key, value] : *records) {
+        const std::string key = record_key.substr(kRecordPrefix.size());
+        auto s = parse_record(key, value);
+        if (!s) {
+            ++bad;
+            unsave(key);
+        } else if (now - s->last_used > options_.session_ttl_seconds) {
+            expired.emplace_back(s->node, key);  // past its TTL while the server was down
+            unsave(key);
+        } else {
+            live.push_back(std::move(*s));
         }
-        const std::string k = key_of(s.tenant, s.id);
-        if (k != key.substr(kRecordPrefix.size()) || !check_session_id(s.id, "id").ok()) {
-            bad.push_back(key.substr(kRecordPrefix.size()));
-            continue;
-        }
-        sessions_[k] = std::move(s);
     }
-    for (const std::string& k : bad) unsave(k);
-    std::vector<std::pair<DecodeNode*, std::string>> dropped;
-    const size_t read = sessions_.size();
-    forget_stale(now, dropped);  // past their TTL while the server was down
-    drop(dropped);
-    recovered_ = static_cast<int64_t>(sessions_.size());
+    drop(expired);
+    // The most recently used in memory, up to max_sessions; the rest are read when they come.
+    std::sort(live.begin(), live.end(),
+              [](const Session& a, const Session& b) { return a.last_used > b.last_used; });
+    for (size_t i = 0; i < live.size() && i < static_cast<size_t>(options_.max_sessions); ++i)
+        sessions_[key_of(live[i].tenant, live[i].id)] = std::move(live[i]);
+    recovered_ = static_cast<int64_t>(live.size());
     recovery_ms_ =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     spdlog::info(
-        "gateway: {} sessions recovered from the record store in {:.1f} ms ({} expired, "
-        "{} unreadable)",
-        recovered_, recovery_ms_, read - sessions_.size(), bad.size());
+        "gateway: {} sessions recovered from the record store in {:.1f} ms ({} in "
+        "memory, {} expired, {} unreadable)",
+        recovered_, recovery_ms_, sessions_.size(), expired.size(), bad);
 }
 
 ClusterChatEngine::~ClusterChatEngine() = default;
@@ -195,27 +243,7 @@ EngineStats ClusterChatEngine::stats() const {
         s.kv_memory += ds->kv_memory;
         s.kv_booked += ds->kv_booked;
         s.kv_pool_used += ds->kv_pool_used;
-        s.host_tier_bytes += ds->host_tier_bytes;
-        s.host_tier_capacity += ds->host_tier_capacity;
-        s.sessions_demoted += ds->sessions_demoted;
-        s.sessions_promoted += ds->sessions_promoted;
-        s.promoted_tokens += ds->promoted_tokens;
-        s.tier_blocks_missing += ds->tier_blocks_missing;
-        s.tier_blocks_refused += ds->tier_blocks_refused;
-        s.host_tier_blocks += ds->host_tier_blocks;
-        s.promoted_host += ds->promoted_host;
-        s.promoted_disk += ds->promoted_disk;
-        s.sessions_persisted += ds->sessions_persisted;
-        s.persist_failed += ds->persist_failed;
-        s.tier_blocks_written += ds->tier_blocks_written;
-        s.tier_bytes_written += ds->tier_bytes_written;
-        s.disk_tier_bytes += ds->disk_tier_bytes;
-        s.disk_tier_capacity += ds->disk_tier_capacity;
-        s.disk_tier_blocks += ds->disk_tier_blocks;
-        s.disk_tier_admitting = s.disk_tier_admitting && ds->disk_tier_admitting;
-        s.disk_tier_dropped += ds->disk_tier_dropped;
-        s.disk_tier_io_errors += ds->disk_tier_io_errors;
-        s.disk_tier_recovery_ms = std::max(s.disk_tier_recovery_ms, ds->disk_tier_recovery_ms);
+        s.tiers += ds->tiers;
         held += static_cast<double>(ds->kv_bytes);
         full += ds->keep_ratio > 0 ? static_cast<double>(ds->kv_bytes) / ds->keep_ratio : 0;
     }
@@ -251,6 +279,17 @@ std::vector<SessionInfo> ClusterChatEngine::sessions() const {
     const int64_t now = now_seconds();
     std::vector<SessionInfo> out;
     for (const auto& [key, s] : sessions_) out.push_back(info_of(s, now));
+    if (!options_.records) return out;
+    // And those only stored (out of memory).
+    auto records = options_.records->records(std::string(kRecordPrefix));
+    if (!records.ok()) return out;
+    for (const auto& [record_key, value] : *records) {
+        const std::string key = record_key.substr(kRecordPrefix.size());
+        if (sessions_.count(key) != 0) continue;
+        auto s = parse_record(key, value);
+        if (s && now - s->last_used <= options_.session_ttl_seconds)
+            out.push_back(info_of(*s, now));
+    }
     return out;
 }
 
@@ -264,7 +303,7 @@ Result<SessionInfo> ClusterChatEngine::open_session(const std::string& tenant,
         std::lock_guard<std::mutex> lock(mu_);
         const int64_t now = now_seconds();
         const std::string key = key_of(tenant, name);
-        if (sessions_.count(key) != 0) {
+        if (sessions_.count(key) != 0 || stored_locked(key)) {
             return Status(StatusCode::kAlreadyExists, "the session '" + name + "' is open already");
         }
         // Room for one more: idle sessions go first; running ones are never dropped.
@@ -289,9 +328,12 @@ Result<SessionInfo> ClusterChatEngine::open_session(const std::string& tenant,
 Result<SessionInfo> ClusterChatEngine::session_info(const std::string& tenant,
                                                     const std::string& id) const {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = sessions_.find(key_of(tenant, id));
-    if (it == sessions_.end()) return not_found("the session '" + id + "' does not exist");
-    return info_of(it->second, now_seconds());
+    const std::string key = key_of(tenant, id);
+    auto it = sessions_.find(key);
+    if (it != sessions_.end()) return info_of(it->second, now_seconds());
+    auto stored = stored_locked(key);
+    if (!stored) return not_found("the session '" + id + "' does not exist");
+    return info_of(*stored, now_seconds());
 }
 
 Status ClusterChatEngine::close_session(const std::string& tenant, const std::string& id) {
@@ -300,11 +342,11 @@ Status ClusterChatEngine::close_session(const std::string& tenant, const std::st
     uint64_t running = 0;
     {
         std::lock_guard<std::mutex> lock(mu_);
-        auto it = sessions_.find(key);
-        if (it == sessions_.end()) return not_found("the session '" + id + "' does not exist");
-        node = it->second.node;
-        running = it->second.running_turn;
-        sessions_.erase(it);
+        Session* s = find_locked(key);
+        if (s == nullptr) return not_found("the session '" + id + "' does not exist");
+        node = s->node;
+        running = s->running_turn;
+        sessions_.erase(key);
         unsave(key);
     }
     // A running turn ends now; its end finds no session and drops the KV then.
@@ -371,6 +413,10 @@ void ClusterChatEngine::forget_stale(int64_t now,
         unsave(it->first);
         return sessions_.erase(it);
     };
+    // Past max_sessions with a record store, a session leaves memory only: it is stored.
+    auto leave = [&](std::map<std::string, Session>::iterator it) {
+        return options_.records ? sessions_.erase(it) : forget(it);
+    };
     for (auto it = sessions_.begin(); it != sessions_.end();) {
         const bool stale = it->second.running_turn == 0 &&
                            now - it->second.last_used > options_.session_ttl_seconds;
@@ -385,7 +431,7 @@ void ClusterChatEngine::forget_stale(int64_t now,
             }
         }
         if (oldest == sessions_.end()) break;  // all running
-        forget(oldest);
+        leave(oldest);
     }
 }
 
@@ -404,18 +450,18 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
     const uint64_t turn_id = random_u64();  // unguessable by other peers of the decode node
     if (in_session) {
         std::lock_guard<std::mutex> lock(mu_);
-        auto it = sessions_.find(key);
-        if (it == sessions_.end()) {
+        Session* s = find_locked(key);
+        if (s == nullptr) {
             return not_found("the session '" + request.session_id +
                              "' does not exist (open one with POST /v1/sessions)");
         }
-        if (it->second.running_turn != 0) {
+        if (s->running_turn != 0) {
             return failed_precondition("the session '" + request.session_id +
                                        "' has a turn running");
         }
-        it->second.running_turn = turn_id;
-        conversation = it->second.history;
-        node = it->second.node;
+        s->running_turn = turn_id;
+        conversation = s->history;
+        node = s->node;
     }
     // However the turn ends, the session is free for the next one.
     auto release = [&](DecodeNode* on, const TurnResult* done) {

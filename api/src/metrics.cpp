@@ -67,16 +67,20 @@ std::string Metrics::render(const EngineStats& e) const {
     std::lock_guard<std::mutex> lock(mu_);
     std::string out;
     char line[256];
+    // Built as strings: a help text of any length is never cut.
+    auto number = [](double v) {
+        char b[32];
+        std::snprintf(b, sizeof b, "%.9g", v);
+        return std::string(b);
+    };
     auto metric = [&](const char* name, const char* type, const char* help, double value) {
-        std::snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n%s %.9g\n", name, help, name,
-                      type, name, value);
-        out += line;
+        out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" +
+               name + " " + number(value) + "\n";
     };
     auto summary = [&](const char* name, const char* help, double sum, int64_t count) {
-        std::snprintf(line, sizeof line,
-                      "# HELP %s %s\n# TYPE %s summary\n%s_sum %.9g\n%s_count %lld\n", name, help,
-                      name, name, sum, name, static_cast<long long>(count));
-        out += line;
+        out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " summary\n" +
+               name + "_sum " + number(sum) + "\n" + name + "_count " + std::to_string(count) +
+               "\n";
     };
     metric("deltaserve_requests_total", "counter", "Chat completions answered.",
            static_cast<double>(requests_));
@@ -144,66 +148,97 @@ std::string Metrics::render(const EngineStats& e) const {
     metric("deltaserve_prefill_retries_total", "counter",
            "Prefills tried again on another prefill node after one was lost.",
            static_cast<double>(e.prefill_retries));
+    const decode::TierStats& t = e.tiers;
     metric("deltaserve_host_tier_bytes", "gauge",
            "Bytes of stored KV blocks in the host tier (--kv-host-memory).",
-           static_cast<double>(e.host_tier_bytes));
+           static_cast<double>(t.host_bytes));
     metric("deltaserve_host_tier_capacity_bytes", "gauge", "The host tier's capacity.",
-           static_cast<double>(e.host_tier_capacity));
-    metric("deltaserve_sessions_demoted_total", "counter",
-           "Idle sessions dropped from KV memory and stored in the host tier.",
-           static_cast<double>(e.sessions_demoted));
-    out +=
-        "# HELP deltaserve_sessions_promoted_total Sessions whose stored KV came back for a "
-        "turn, by the lowest tier a block came from.\n"
-        "# TYPE deltaserve_sessions_promoted_total counter\n";
-    std::snprintf(line, sizeof line,
-                  "deltaserve_sessions_promoted_total{tier=\"host\"} %lld\n"
-                  "deltaserve_sessions_promoted_total{tier=\"disk\"} %lld\n",
-                  static_cast<long long>(e.promoted_host), static_cast<long long>(e.promoted_disk));
-    out += line;
+           static_cast<double>(t.host_capacity));
     metric("deltaserve_host_tier_blocks", "gauge", "Stored KV blocks in the host tier.",
-           static_cast<double>(e.host_tier_blocks));
+           static_cast<double>(t.host_blocks));
+    metric("deltaserve_host_tier_leases", "gauge",
+           "Leases on host tier blocks (held by turns taking them back).",
+           static_cast<double>(t.host_leases));
     metric("deltaserve_disk_tier_bytes", "gauge",
            "Bytes of stored KV blocks in the disk tier (--data-dir).",
-           static_cast<double>(e.disk_tier_bytes));
+           static_cast<double>(t.disk_bytes));
     metric("deltaserve_disk_tier_capacity_bytes", "gauge", "The disk tier's cap (--kv-disk).",
-           static_cast<double>(e.disk_tier_capacity));
+           static_cast<double>(t.disk_capacity));
     metric("deltaserve_disk_tier_blocks", "gauge", "Stored KV blocks in the disk tier.",
-           static_cast<double>(e.disk_tier_blocks));
+           static_cast<double>(t.disk_blocks));
     metric("deltaserve_disk_tier_admitting", "gauge",
            "1 while the disk tier takes new blocks; 0 after an I/O error (ENOSPC, EIO) stopped it.",
-           e.disk_tier_admitting ? 1.0 : 0.0);
+           t.disk_admitting ? 1.0 : 0.0);
     metric("deltaserve_disk_tier_io_errors_total", "counter",
            "I/O errors of the disk tier (the first stops its admission).",
-           static_cast<double>(e.disk_tier_io_errors));
+           static_cast<double>(t.disk_io_errors));
     metric("deltaserve_disk_tier_dropped_total", "counter",
            "Disk tier blocks dropped because a reader found them bad.",
-           static_cast<double>(e.disk_tier_dropped));
+           static_cast<double>(t.disk_dropped));
     metric("deltaserve_disk_tier_recovery_seconds", "gauge",
            "Time the disk tier's index took to open at start (recovery).",
-           e.disk_tier_recovery_ms / 1000.0);
+           t.disk_recovery_ms / 1000.0);
     metric("deltaserve_sessions_recovered", "gauge",
            "Sessions the gateway read back from its records at start.",
            static_cast<double>(e.sessions_recovered));
+    metric("deltaserve_sessions_demoted_total", "counter",
+           "Idle sessions dropped from KV memory into the tiers.",
+           static_cast<double>(t.sessions_demoted));
+    const auto by_tier = [&](const std::string& name, const char* help, int64_t host,
+                             int64_t disk) {
+        out += "# HELP " + name + " " + help + "\n# TYPE " + name + " counter\n" + name +
+               "{tier=\"host\"} " + std::to_string(host) + "\n" + name + "{tier=\"disk\"} " +
+               std::to_string(disk) + "\n";
+    };
+    by_tier("deltaserve_sessions_promoted_total",
+            "Sessions whose stored KV came back for a turn, by the lowest tier it came from.",
+            t.promoted_host, t.promoted_disk);
+    by_tier("deltaserve_prefixes_loaded_total",
+            "Turns that started from a stored prefix (full KV), by the lowest tier it came from.",
+            t.prefix_host, t.prefix_disk);
+    metric("deltaserve_promoted_tokens_total", "counter",
+           "Tokens of history sessions took back from the tiers instead of prefilling them.",
+           static_cast<double>(t.promoted_tokens));
+    metric("deltaserve_tier_blocks_missing_total", "counter",
+           "Stored blocks a returning session found evicted from the tiers (recomputed).",
+           static_cast<double>(t.blocks_missing));
+    metric("deltaserve_tier_blocks_refused_total", "counter",
+           "Stored blocks or records that failed their checks (checksum, fingerprint, key, "
+           "format): dropped, recomputed.",
+           static_cast<double>(t.blocks_refused));
     metric("deltaserve_sessions_persisted_total", "counter",
            "Session turns whose KV was stored (host and disk tiers) as they ended.",
-           static_cast<double>(e.sessions_persisted));
+           static_cast<double>(t.sessions_persisted));
     metric("deltaserve_sessions_persist_failed_total", "counter",
            "Session turns whose KV could not be stored (the session recomputes after a restart).",
-           static_cast<double>(e.persist_failed));
+           static_cast<double>(t.persist_failed));
     metric("deltaserve_tier_bytes_written_total", "counter",
            "Bytes of KV blocks written to the disk tier (only blocks that changed).",
-           static_cast<double>(e.tier_bytes_written));
-    metric("deltaserve_promoted_tokens_total", "counter",
-           "Tokens of history those sessions took back instead of prefilling them again.",
-           static_cast<double>(e.promoted_tokens));
-    metric("deltaserve_tier_blocks_missing_total", "counter",
-           "Stored blocks a returning session found evicted from the host tier (recomputed).",
-           static_cast<double>(e.tier_blocks_missing));
-    metric("deltaserve_tier_blocks_refused_total", "counter",
-           "Stored blocks that failed their checks (checksum, fingerprint, key): dropped, "
-           "recomputed.",
-           static_cast<double>(e.tier_blocks_refused));
+           static_cast<double>(t.bytes_written));
+    const auto histogram = [&](const char* name, const char* help,
+                               const decode::LatencyHistogram& h) {
+        out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " histogram\n";
+        int64_t cumulative = 0;
+        for (size_t i = 0; i < h.counts.size(); ++i) {
+            cumulative += h.counts[i];
+            if (i < h.kBounds.size()) {
+                std::snprintf(line, sizeof line, "%s_bucket{le=\"%g\"} %lld\n", name, h.kBounds[i],
+                              static_cast<long long>(cumulative));
+            } else {
+                std::snprintf(line, sizeof line, "%s_bucket{le=\"+Inf\"} %lld\n", name,
+                              static_cast<long long>(cumulative));
+            }
+            out += line;
+        }
+        std::snprintf(line, sizeof line, "%s_sum %.9g\n%s_count %lld\n", name, h.sum, name,
+                      static_cast<long long>(h.count));
+        out += line;
+    };
+    histogram("deltaserve_tier_store_seconds",
+              "A session turn's end stored in the tiers (export, host and disk writes).",
+              t.store_seconds);
+    histogram("deltaserve_tier_load_seconds", "Stored KV blocks taken back into a context.",
+              t.load_seconds);
     metric("deltaserve_kv_keep_ratio", "gauge",
            "KV bytes held over the same tokens in fp16 full KV.", e.keep_ratio);
     metric("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.",

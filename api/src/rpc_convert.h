@@ -92,6 +92,88 @@ inline Result<decode::TurnEnd> from_capnp(TurnEnd::Reader r) {
 }
 
 // Each struct both ways, so that a field added to one side is added in one place.
+inline void to_capnp(const decode::LatencyHistogram& h, Histogram::Builder b) {
+    auto counts = b.initCounts(static_cast<unsigned>(h.counts.size()));
+    for (unsigned i = 0; i < counts.size(); ++i) counts.set(i, h.counts[i]);
+    b.setSum(h.sum);
+    b.setCount(h.count);
+}
+inline decode::LatencyHistogram from_capnp(Histogram::Reader r) {
+    decode::LatencyHistogram h;
+    // A peer's word: another bucket count, or counts that do not add up, is no histogram.
+    const auto counts = r.getCounts();
+    if (counts.size() != h.counts.size()) return h;
+    int64_t total = 0;
+    for (unsigned i = 0; i < counts.size(); ++i) {
+        if (counts[i] < 0) return decode::LatencyHistogram();
+        h.counts[i] = counts[i];
+        total += counts[i];
+    }
+    if (total != r.getCount()) return decode::LatencyHistogram();
+    h.sum = r.getSum();
+    h.count = r.getCount();
+    return h;
+}
+
+inline void to_capnp(const decode::TierStats& t, TierStats::Builder b) {
+    b.setHostBytes(t.host_bytes);
+    b.setHostCapacity(t.host_capacity);
+    b.setHostBlocks(t.host_blocks);
+    b.setHostLeases(t.host_leases);
+    b.setDiskBytes(t.disk_bytes);
+    b.setDiskCapacity(t.disk_capacity);
+    b.setDiskBlocks(t.disk_blocks);
+    b.setDiskAdmitting(t.disk_admitting);
+    b.setDiskDropped(t.disk_dropped);
+    b.setDiskIoErrors(t.disk_io_errors);
+    b.setDiskRecoveryMs(t.disk_recovery_ms);
+    b.setSessionsDemoted(t.sessions_demoted);
+    b.setPromotedHost(t.promoted_host);
+    b.setPromotedDisk(t.promoted_disk);
+    b.setPromotedTokens(t.promoted_tokens);
+    b.setPrefixHost(t.prefix_host);
+    b.setPrefixDisk(t.prefix_disk);
+    b.setPrefixTokens(t.prefix_tokens);
+    b.setBlocksMissing(t.blocks_missing);
+    b.setBlocksRefused(t.blocks_refused);
+    b.setSessionsPersisted(t.sessions_persisted);
+    b.setPersistFailed(t.persist_failed);
+    b.setBlocksWritten(t.blocks_written);
+    b.setBytesWritten(t.bytes_written);
+    to_capnp(t.store_seconds, b.initStoreSeconds());
+    to_capnp(t.load_seconds, b.initLoadSeconds());
+}
+inline decode::TierStats from_capnp(TierStats::Reader r) {
+    decode::TierStats t;
+    t.host_bytes = r.getHostBytes();
+    t.host_capacity = r.getHostCapacity();
+    t.host_blocks = r.getHostBlocks();
+    t.host_leases = r.getHostLeases();
+    t.disk_bytes = r.getDiskBytes();
+    t.disk_capacity = r.getDiskCapacity();
+    t.disk_blocks = r.getDiskBlocks();
+    t.disk_admitting = r.getDiskAdmitting();
+    t.disk_dropped = r.getDiskDropped();
+    t.disk_io_errors = r.getDiskIoErrors();
+    t.disk_recovery_ms = r.getDiskRecoveryMs();
+    t.sessions_demoted = r.getSessionsDemoted();
+    t.promoted_host = r.getPromotedHost();
+    t.promoted_disk = r.getPromotedDisk();
+    t.promoted_tokens = r.getPromotedTokens();
+    t.prefix_host = r.getPrefixHost();
+    t.prefix_disk = r.getPrefixDisk();
+    t.prefix_tokens = r.getPrefixTokens();
+    t.blocks_missing = r.getBlocksMissing();
+    t.blocks_refused = r.getBlocksRefused();
+    t.sessions_persisted = r.getSessionsPersisted();
+    t.persist_failed = r.getPersistFailed();
+    t.blocks_written = r.getBlocksWritten();
+    t.bytes_written = r.getBytesWritten();
+    t.store_seconds = from_capnp(r.getStoreSeconds());
+    t.load_seconds = from_capnp(r.getLoadSeconds());
+    return t;
+}
+
 inline void to_capnp(const decode::DecodeStats& s, DecodeStats::Builder b) {
     b.setSessions(s.sessions);
     b.setRunning(s.running);
@@ -107,6 +189,7 @@ inline void to_capnp(const decode::DecodeStats& s, DecodeStats::Builder b) {
     b.setKvBooked(s.kv_booked);
     b.setKvPoolUsed(s.kv_pool_used);
     b.setKvPoolPeak(s.kv_pool_peak);
+    to_capnp(s.tiers, b.initTiers());
 }
 inline decode::DecodeStats from_capnp(DecodeStats::Reader r) {
     decode::DecodeStats s;
@@ -124,6 +207,7 @@ inline decode::DecodeStats from_capnp(DecodeStats::Reader r) {
     s.kv_booked = r.getKvBooked();
     s.kv_pool_used = r.getKvPoolUsed();
     s.kv_pool_peak = r.getKvPoolPeak();
+    s.tiers = from_capnp(r.getTiers());
     return s;
 }
 

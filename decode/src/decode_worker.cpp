@@ -221,35 +221,41 @@ class DecodeWorkerImpl final : public DecodeWorker {
     // first computes it, the others find it here).
     void take_late_prefix(Turn& t);
     void add_tier_stats(DecodeStats& s) const {
+        TierStats& t = s.tiers;
         if (options_.host_tier) {
             const auto h = options_.host_tier->stats();
-            s.host_tier_bytes = static_cast<int64_t>(h.bytes);
-            s.host_tier_capacity = static_cast<int64_t>(h.capacity);
-            s.host_tier_blocks = static_cast<int64_t>(h.blocks);
+            t.host_bytes = static_cast<int64_t>(h.bytes);
+            t.host_capacity = static_cast<int64_t>(h.capacity);
+            t.host_blocks = static_cast<int64_t>(h.blocks);
+            t.host_leases = static_cast<int64_t>(h.leases);
         }
         if (options_.disk_tier) {
             const auto d = options_.disk_tier->stats();
-            s.disk_tier_bytes = static_cast<int64_t>(d.bytes);
-            s.disk_tier_capacity = static_cast<int64_t>(d.capacity);
-            s.disk_tier_blocks = static_cast<int64_t>(d.blocks);
-            s.disk_tier_admitting = d.admitting;
-            s.disk_tier_dropped = static_cast<int64_t>(d.dropped);
-            s.disk_tier_io_errors = static_cast<int64_t>(d.io_errors);
-            s.disk_tier_recovery_ms = d.recovery_ms;
+            t.disk_bytes = static_cast<int64_t>(d.bytes);
+            t.disk_capacity = static_cast<int64_t>(d.capacity);
+            t.disk_blocks = static_cast<int64_t>(d.blocks);
+            t.disk_admitting = d.admitting;
+            t.disk_dropped = static_cast<int64_t>(d.dropped);
+            t.disk_io_errors = static_cast<int64_t>(d.io_errors);
+            t.disk_recovery_ms = d.recovery_ms;
         }
         if (!tiers_) return;
-        const auto t = tiers_->stats();
-        s.sessions_demoted = t.demoted;
-        s.sessions_promoted = t.promoted;
-        s.promoted_tokens = t.promoted_tokens;
-        s.tier_blocks_missing = t.blocks_missing;
-        s.tier_blocks_refused = t.blocks_refused + t.records_refused;
-        s.promoted_host = t.promoted_host;
-        s.promoted_disk = t.promoted_disk;
-        s.sessions_persisted = t.persisted;
-        s.persist_failed = t.persist_failed;
-        s.tier_blocks_written = t.blocks_written;
-        s.tier_bytes_written = t.bytes_written;
+        const auto st = tiers_->stats();
+        t.sessions_demoted = st.demoted;
+        t.promoted_host = st.promoted_host;
+        t.promoted_disk = st.promoted_disk;
+        t.promoted_tokens = st.promoted_tokens;
+        t.prefix_host = st.prefix_host;
+        t.prefix_disk = st.prefix_disk;
+        t.prefix_tokens = st.prefix_tokens;
+        t.blocks_missing = st.blocks_missing;
+        t.blocks_refused = st.blocks_refused + st.records_refused;
+        t.sessions_persisted = st.persisted;
+        t.persist_failed = st.persist_failed;
+        t.blocks_written = st.blocks_written;
+        t.bytes_written = st.bytes_written;
+        t.store_seconds = st.store_seconds;
+        t.load_seconds = st.load_seconds;
     }
     void add_prefix_stats(DecodeStats& s) const {
         if (!prefix_) return;

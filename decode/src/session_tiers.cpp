@@ -131,8 +131,41 @@ bool SessionTiers::persist(const std::string& session, const std::string& scope,
                            const model::InferenceContext& ctx, const std::vector<int32_t>& tokens,
                            int64_t now_ms) {
     if (!options_.disk || tokens.empty()) return false;
+    const auto t0 = std::chrono::steady_clock::now();
+    Record before;
+    {
+        std::lock_guard lock(mu_);
+        if (Record* r = find_locked(session)) before = *r;
+    }
+    Record r;
+    r.tokens = tokens;
+    r.last_used = now_ms;
     model::KvBlocksOptions o{options_.fingerprint, root_of(session, scope), options_.block_tokens,
                              options_.codec};
+    // Full KV's whole blocks never change: those the last store named, and disk still holds,
+    // are not exported again (a long session's turn writes its tail, not its history).
+    if (options_.shared_prefix) {
+        uint64_t key = o.root;
+        const size_t b = static_cast<size_t>(options_.block_tokens);
+        for (size_t i = 0; (i + 1) * b <= tokens.size() && i < before.keys.size(); ++i) {
+            key = hash_tokens(key, std::span(tokens).subspan(i * b, b));
+            const int32_t begin = i == 0 ? 0 : before.ends[i - 1];
+            if (before.keys[i] != key || before.ends[i] - begin != options_.block_tokens ||
+                !options_.disk->contains(key))
+                break;
+            r.keys.push_back(key);
+            r.ends.push_back(before.ends[i]);
+            r.crcs.push_back(0);
+        }
+        // The last block is exported whatever it is: the record is committed with it.
+        if (r.keys.size() * b == tokens.size()) {
+            r.keys.pop_back();
+            r.ends.pop_back();
+            r.crcs.pop_back();
+        }
+        o.first_block = static_cast<int32_t>(r.keys.size());
+    }
+    const size_t kept = r.keys.size();
     auto exported = model::export_kv_blocks(ctx, tokens, o);
     if (!exported.ok()) {
         std::lock_guard lock(mu_);
@@ -141,21 +174,13 @@ bool SessionTiers::persist(const std::string& session, const std::string& scope,
                      exported.status().to_string());
         return false;
     }
-    Record before;
-    {
-        std::lock_guard lock(mu_);
-        if (Record* r = find_locked(session)) before = *r;
-    }
-    Record r;
-    r.tokens = tokens;
     r.hints = std::move(exported->hints);
-    r.last_used = now_ms;
-    int64_t written = 0, unchanged = 0, bytes = 0;
+    int64_t written = 0, unchanged = static_cast<int64_t>(kept), bytes = 0;
     Status st;
-    const size_t n = exported->blocks.size();
+    const size_t n = kept + exported->blocks.size();
     const std::string rkey = record_key(session);
-    for (size_t i = 0; i < n && st.ok(); ++i) {
-        auto& block = exported->blocks[i];
+    for (size_t i = kept; i < n && st.ok(); ++i) {
+        auto& block = exported->blocks[i - kept];
         auto meta = kvstore::parse_kv_block_header(block, options_.fingerprint);
         if (!meta.ok()) {
             st = meta.status();
@@ -195,6 +220,8 @@ bool SessionTiers::persist(const std::string& session, const std::string& scope,
     stats_.blocks_written += written;
     stats_.blocks_unchanged += unchanged;
     stats_.bytes_written += bytes;
+    stats_.store_seconds.add(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     if (!st.ok()) {
         ++stats_.persist_failed;
         spdlog::warn("decode: session {} could not be stored: {}", session, st.to_string());
@@ -205,15 +232,11 @@ bool SessionTiers::persist(const std::string& session, const std::string& scope,
     ++stats_.persisted;
     // The session's own blocks this export no longer names (a tail block that grew, blocks
     // of an export before) are dead: nothing else chains from them.
-    // Shared blocks stay, but for a short tail: no other session ends just there.
+    // Shared blocks stay (another session may name them, even a short tail: sessions that
+    // began alike share it); they age out by the tiers' LRU.
     std::vector<uint64_t> dead;
-    for (size_t i = 0; i < before.keys.size(); ++i) {
-        const int32_t begin = i == 0 ? 0 : before.ends[i - 1];
-        const bool tail = before.ends[i] - begin < options_.block_tokens;
-        if ((!options_.shared_prefix || tail) &&
-            std::find(r.keys.begin(), r.keys.end(), before.keys[i]) == r.keys.end()) {
-            dead.push_back(before.keys[i]);
-        }
+    for (uint64_t key : options_.shared_prefix ? std::vector<uint64_t>() : before.keys) {
+        if (std::find(r.keys.begin(), r.keys.end(), key) == r.keys.end()) dead.push_back(key);
     }
     records_[session] = std::move(r);
     for (uint64_t key : dead) {
@@ -308,6 +331,7 @@ SessionTiers::Loaded SessionTiers::load(const std::vector<uint64_t>& keys,
                                         std::span<const uint8_t> hints, uint64_t root,
                                         model::InferenceContext& ctx, uint64_t turn_id) {
     Loaded out;
+    const auto t0 = std::chrono::steady_clock::now();
     // The blocks still held, in order, until the first that is gone: leased in the host
     // tier, else read from disk (and offered to the host tier for next time).
     const auto deadline = kvstore::HostTier::Clock::now() + kLease;
@@ -370,6 +394,10 @@ SessionTiers::Loaded SessionTiers::load(const std::vector<uint64_t>& keys,
     }
     out.blocks = n;
     std::lock_guard lock(mu_);
+    if (n > 0) {
+        stats_.load_seconds.add(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
     stats_.blocks_missing += out.missing;
     stats_.blocks_refused += out.refused;
     stats_.disk_blocks_read += out.from_disk;

@@ -29,6 +29,7 @@
 #include <string_view>
 #include <vector>
 
+#include "deltaserve/decode/tier_stats.h"
 #include "deltaserve/kvstore/disk_tier.h"
 #include "deltaserve/kvstore/host_tier.h"
 #include "deltaserve/kvstore/kv_policy.h"
@@ -58,6 +59,7 @@ class SessionTiers {
         int64_t blocks_written = 0, blocks_unchanged = 0, bytes_written = 0;
         int64_t disk_blocks_read = 0;
         int64_t prefix_host = 0, prefix_disk = 0, prefix_tokens = 0;  // load_prefix's
+        LatencyHistogram store_seconds, load_seconds;  // persist(); promote() and load_prefix()
     };
 
     // Where promote() found the blocks.

@@ -22,6 +22,11 @@ Result<ExportedKvBlocks> export_kv_blocks(const InferenceContext& ctx,
     uint64_t parent = options.root;
     for (int32_t begin = 0; begin < n; begin += options.block_tokens) {
         const int32_t end = std::min(n, begin + options.block_tokens);
+        if (begin / options.block_tokens < options.first_block) {  // held already: chained only
+            parent = hash_tokens(parent, tokens.subspan(static_cast<size_t>(begin),
+                                                        static_cast<size_t>(end - begin)));
+            continue;
+        }
         kvstore::KvBlockMeta meta;
         meta.codec = options.codec;
         meta.fingerprint = options.fingerprint;

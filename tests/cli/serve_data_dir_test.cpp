@@ -9,6 +9,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
+#include <sstream>
 #include <thread>
 
 #include "http_client.h"
@@ -111,6 +113,20 @@ TEST_P(DataDirTest, ASessionResumesFromDiskAfterKill9AndAnswersAsWithoutTheResta
     EXPECT_NE(metrics.find("deltaserve_sessions_promoted_total{tier=\"disk\"} 1"),
               std::string::npos)
         << metrics;
+    EXPECT_NE(
+        metrics.find(
+            "deltaserve_cached_tokens_total{source=\"disk\"} " +
+            std::to_string(third["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>())),
+        std::string::npos)
+        << metrics;
+    EXPECT_NE(metrics.find("deltaserve_tier_load_seconds_count 1\n"), std::string::npos) << metrics;
+    // Prometheus text: comments, or a name (labels) and a number, nothing cut short.
+    const std::regex sample(R"(^[a-z_]+(\{[a-z]+="[^"]*"\})? -?[0-9.e+-]+(inf)?$)");
+    std::istringstream lines(metrics);
+    for (std::string l; std::getline(lines, l);) {
+        if (l.rfind("# HELP ", 0) == 0 || l.rfind("# TYPE ", 0) == 0) continue;
+        EXPECT_TRUE(std::regex_match(l, sample)) << l;
+    }
 }
 
 // kill -9 while a turn streams: that turn is lost (its client never saw its end), the
@@ -259,6 +275,68 @@ TEST_P(DataDirTest, ASharedSystemPromptComesBackFromDisk) {
     } else {
         EXPECT_FALSE(details.contains("kv_source")) << answer.dump();
     }
+}
+
+// More sessions than --max-sessions keeps in memory: the rest stay stored, are listed, and
+// come back when named (before a restart and after it).
+TEST_P(DataDirTest, SessionsBeyondMemoryStayStored) {
+    std::vector<std::string> more = {"--max-sessions", "2"};
+    const auto server_args = [&] {
+        std::vector<std::string> a = args(dir_);
+        a.insert(a.end(), more.begin(), more.end());
+        return a;
+    };
+    {
+        ServingProcess server(server_args());
+        ASSERT_NE(server.port(), 0) << server.log();
+        for (int i = 0; i < 5; ++i) {
+            ASSERT_EQ(open_session(server.port(), "s" + std::to_string(i)), 200);
+            (void)turn(server.port(), "s" + std::to_string(i), "Hello!", 4);
+        }
+        HttpResponse list = http_request(server.port(), "GET", "/v1/sessions");
+        ASSERT_EQ(list.status, 200);
+        EXPECT_EQ(json::parse(list.body)["data"].size(), 5u) << list.body;
+        const json again = turn(server.port(), "s0", "And again?", 4);  // out of memory
+        EXPECT_EQ(again["usage"]["prompt_tokens_details"]["kv_source"] == "host" ||
+                      again["usage"]["prompt_tokens_details"]["kv_source"] == "disk",
+                  true)
+            << again.dump();
+        server.kill9();
+    }
+    ServingProcess again(server_args());
+    ASSERT_NE(again.port(), 0) << again.log();
+    EXPECT_NE(again.log().find("5 sessions recovered in"), std::string::npos) << again.log();
+    for (int i = 0; i < 5; ++i) {
+        HttpResponse info = http_request(again.port(), "GET", "/v1/sessions/s" + std::to_string(i));
+        ASSERT_EQ(info.status, 200) << info.body;
+        EXPECT_EQ(json::parse(info.body)["turns"], i == 0 ? 2 : 1);
+    }
+    EXPECT_EQ(turn(again.port(), "s1", "Bye!", 4)["usage"]["prompt_tokens_details"]["kv_source"],
+              "disk");
+    EXPECT_EQ(http_request(again.port(), "DELETE", "/v1/sessions/s3").status, 200);
+    EXPECT_EQ(http_request(again.port(), "GET", "/v1/sessions/s3").status, 404);
+}
+
+// The disk fills (here a file size limit, as `ulimit -f` sets it: every payload write past
+// it fails as ENOSPC would): the disk tier stops admitting and says so, and the server goes
+// on answering the session from memory.
+TEST_P(DataDirTest, AFullDiskStopsTheTierNotTheServer) {
+    std::vector<std::string> sh = {"-c", "ulimit -f 256 && exec \"$0\" \"$@\"",
+                                   deltaserve_binary()};
+    const std::vector<std::string> a = args(dir_);
+    sh.insert(sh.end(), a.begin(), a.end());
+    ServingProcess server(sh, "http://127.0.0.1:", "/bin/sh");
+    ASSERT_NE(server.port(), 0) << server.log();
+    ASSERT_EQ(open_session(server.port(), "ada"), 200);
+    (void)turn(server.port(), "ada", kMessages[0]);
+    const json second = turn(server.port(), "ada", kMessages[1]);
+    EXPECT_EQ(second["usage"]["prompt_tokens_details"]["kv_source"], "decode") << second.dump();
+    const std::string metrics = http_request(server.port(), "GET", "/metrics").body;
+    EXPECT_NE(metrics.find("deltaserve_disk_tier_admitting 0\n"), std::string::npos) << metrics;
+    EXPECT_EQ(metrics.find("deltaserve_disk_tier_io_errors_total 0\n"), std::string::npos)
+        << metrics;
+    EXPECT_NE(metrics.find("deltaserve_sessions_persist_failed_total"), std::string::npos);
+    EXPECT_EQ(http_request(server.port(), "GET", "/health").status, 200);
 }
 
 std::vector<std::string> deltakv() {

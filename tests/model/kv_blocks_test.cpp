@@ -79,6 +79,28 @@ TEST_P(KvBlocksTest, AnImportedSessionContinuesExactlyAsTheOriginal) {
     }
 }
 
+// A store that holds a session's first blocks asks for the rest only: the same bytes, chained
+// from the same keys, as the whole export's.
+TEST_P(KvBlocksTest, AnExportFromABlockOnIsTheWholeExportsTail) {
+    auto ctx = context(GetParam());
+    ASSERT_TRUE(ctx);
+    const auto history = text_tokens(700);
+    ASSERT_TRUE(ctx->eval(history).ok());
+    KvBlocksOptions o = options(GetParam());
+    auto whole = export_kv_blocks(*ctx, history, o);
+    ASSERT_TRUE(whole.ok()) << whole.status().to_string();
+    ASSERT_EQ(whole->blocks.size(), 3u);
+    for (int32_t first : {1, 2, 3}) {
+        o.first_block = first;
+        auto tail = export_kv_blocks(*ctx, history, o);
+        ASSERT_TRUE(tail.ok()) << tail.status().to_string();
+        ASSERT_EQ(tail->blocks.size(), 3u - static_cast<size_t>(first));
+        for (size_t i = 0; i < tail->blocks.size(); ++i)
+            EXPECT_EQ(tail->blocks[i], whole->blocks[i + static_cast<size_t>(first)]) << first;
+        EXPECT_EQ(tail->hints, whole->hints);
+    }
+}
+
 TEST_P(KvBlocksTest, BadBlocksAreRefusedAndNothingStays) {
     auto original = context(GetParam());
     ASSERT_TRUE(original);

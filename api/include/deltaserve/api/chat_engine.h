@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "deltaserve/api/openai_protocol.h"
+#include "deltaserve/decode/tier_stats.h"
 
 namespace deltaserve::api {
 
@@ -32,28 +33,7 @@ struct EngineStats {
     int64_t prefill_tokens = 0;      // prompt tokens the prefill workers computed to the end
     double keep_ratio = 1.0;         // kv_bytes over the same tokens in fp16 full KV
     int64_t prefill_retries = 0;     // prefills tried again on another node after one was lost
-    // The host tier (decode::DecodeOptions::host_tier): its bytes and capacity, sessions
-    // demoted to it and promoted back, the tokens those brought back, and stored blocks a
-    // returning session found gone or refused (recomputed).
-    int64_t host_tier_bytes = 0;
-    int64_t host_tier_capacity = 0;
-    int64_t sessions_demoted = 0;
-    int64_t sessions_promoted = 0;
-    int64_t promoted_tokens = 0;
-    int64_t tier_blocks_missing = 0;
-    int64_t tier_blocks_refused = 0;
-    int64_t host_tier_blocks = 0;
-    // Promotions by the lowest tier a block came from; sessions stored at a turn's end (and
-    // stores that failed); blocks and bytes those wrote.
-    int64_t promoted_host = 0, promoted_disk = 0;
-    int64_t sessions_persisted = 0, persist_failed = 0;
-    int64_t tier_blocks_written = 0, tier_bytes_written = 0;
-    // The disk tier (--data-dir): bytes, cap, blocks, whether it admits new blocks (an I/O
-    // error stops it), blocks dropped as bad, I/O errors, the time its index took to open.
-    int64_t disk_tier_bytes = 0, disk_tier_capacity = 0, disk_tier_blocks = 0;
-    bool disk_tier_admitting = true;
-    int64_t disk_tier_dropped = 0, disk_tier_io_errors = 0;
-    double disk_tier_recovery_ms = 0.0;
+    decode::TierStats tiers;         // the decode nodes' tiered stores, summed
     // Sessions the gateway read back from its records at start, and the time it took.
     int64_t sessions_recovered = 0;
     double sessions_recovery_ms = 0.0;

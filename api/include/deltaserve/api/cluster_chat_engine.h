@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,7 +30,9 @@ namespace deltaserve::api {
 class PrefillWatch;
 
 struct ClusterEngineOptions {
-    int32_t max_sessions = 64;  // idle sessions are forgotten beyond this, least recent first
+    // Idle sessions are forgotten beyond this, least recent first (with a record store they
+    // leave memory only, and come back from it when named).
+    int32_t max_sessions = 64;
     int64_t session_ttl_seconds = 3600;  // idle sessions are forgotten after this
     // Where sessions' records are kept across restarts (the disk tier's records, under
     // "gw/"), or null: sessions live in memory only.
@@ -88,6 +91,13 @@ class ClusterChatEngine : public ChatEngine {
     void save(const Session& s) const;
     void unsave(const std::string& key) const;
     void recover();
+    // A stored record parsed (nullopt: it does not parse, or names another key).
+    std::optional<Session> parse_record(const std::string& key, const std::string& value) const;
+    // The session's stored record, when it has one and it has not expired. Under mu_.
+    std::optional<Session> stored_locked(const std::string& key) const;
+    // The session in memory, or read back from the record store into memory; null when
+    // neither holds it. Under mu_.
+    Session* find_locked(const std::string& key);
 
     const model::Model& model_;
     const std::string model_id_;

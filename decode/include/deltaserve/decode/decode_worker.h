@@ -17,6 +17,7 @@
 #include <string>
 
 #include "deltaserve/common/status.h"
+#include "deltaserve/decode/tier_stats.h"
 #include "deltaserve/decode/turn.h"
 #include "deltaserve/kvstore/disk_tier.h"
 #include "deltaserve/kvstore/host_tier.h"
@@ -71,7 +72,11 @@ struct DecodeOptions {
     // to disk, before the turn's end is reported), and a session this worker does not hold
     // (after a restart) comes back from disk.
     std::shared_ptr<kvstore::DiskTier> disk_tier;
-    int32_t tier_block_tokens = 256;
+    // Tokens per stored block: a prefix is found in the tiers by whole blocks. 64 by
+    // measurement (bench/README.md, "The tiered store": a 2k-token system prompt came back
+    // 25x faster than prefilling it with 64, 6x with 256, whose last partial block was
+    // prefilled again; sessions resumed as fast).
+    int32_t tier_block_tokens = 64;
     // What stored KV depends on besides model_id and profile_id: the identity of the weights,
     // the tokenizer and the profile's contents (the CLI hashes the files). Stored blocks of
     // another store_id are refused.
@@ -104,26 +109,7 @@ struct DecodeStats {
     int64_t prefix_cache_bytes = 0;  // the prefix cache's blocks (not in kv_bytes)
     int64_t prefix_cache_blocks = 0;
     int64_t prefix_cache_hit_tokens = 0;  // prompt tokens taken from it, in all
-    // The tiers (DecodeOptions::host_tier): sessions demoted and promoted back, the tokens
-    // promotions brought back, and blocks that were gone or refused when their session came.
-    int64_t sessions_demoted = 0;
-    int64_t sessions_promoted = 0;
-    int64_t promoted_tokens = 0;
-    int64_t tier_blocks_missing = 0;
-    int64_t tier_blocks_refused = 0;
-    int64_t host_tier_bytes = 0;  // the host tier's, shared by whatever else uses it
-    int64_t host_tier_capacity = 0;
-    int64_t host_tier_blocks = 0;
-    // Promotions by the lowest tier a block came from; turns' ends stored (and failed).
-    int64_t promoted_host = 0, promoted_disk = 0;
-    int64_t sessions_persisted = 0, persist_failed = 0;
-    int64_t tier_blocks_written = 0, tier_bytes_written = 0;
-    // The disk tier's (DecodeOptions::disk_tier): bytes, cap and blocks; whether it admits
-    // (an I/O error stops it); blocks dropped as bad; the time its index took to open.
-    int64_t disk_tier_bytes = 0, disk_tier_capacity = 0, disk_tier_blocks = 0;
-    bool disk_tier_admitting = true;
-    int64_t disk_tier_dropped = 0, disk_tier_io_errors = 0;
-    double disk_tier_recovery_ms = 0.0;
+    TierStats tiers;                      // the tiered store (host_tier, disk_tier)
 };
 
 class DecodeWorker {

@@ -25,10 +25,13 @@ struct KvBlocksOptions {
     uint64_t root = 0;
     int32_t block_tokens = 256;
     kvstore::KvCodecId codec = kvstore::KvCodecId::kRows;
+    // export_kv_blocks: the blocks before this one are not exported (a store holds them
+    // already); their keys still chain the rest.
+    int32_t first_block = 0;
 };
 
 struct ExportedKvBlocks {
-    std::vector<std::vector<uint8_t>> blocks;  // encoded, in token order
+    std::vector<std::vector<uint8_t>> blocks;  // encoded, in token order, from first_block
     std::vector<uint8_t> hints;                // the decode hints (DeltaKV's pins)
 };
 
