@@ -113,16 +113,21 @@ class SessionTiers {
                       const std::vector<int32_t>& tokens, int32_t upto);
     Stats stats() const;
 
-  private:
+    // A session's record: what its stored blocks hold. On disk (decode_record's format) it is
+    // read back as hostile bytes: decode_record checks every count and order before use, and
+    // a record that parses encodes back to the same bytes (tests/fuzz/session_record_fuzzer).
     struct Record {
         std::vector<uint64_t> keys;
         std::vector<int32_t> ends;    // each block's end
         std::vector<uint32_t> crcs;   // each block's CRC-32C; 0: any valid block
         std::vector<int32_t> tokens;  // the tokens the blocks hold
         std::vector<uint8_t> hints;   // the decode hints, with every block only
-        int64_t last_used = 0;        // steady ms
+        int64_t last_used = 0;        // steady ms (not stored)
     };
+    static std::string encode_record(const Record& r);
+    static std::optional<Record> decode_record(std::string_view bytes);
 
+  private:
     // What a take of stored blocks found: how many leading ones came into the context, from
     // which tiers, what was missing or refused; `later`: they are fine but there was no room.
     struct Loaded {
@@ -138,8 +143,6 @@ class SessionTiers {
                                       const std::string& scope) const;
     uint64_t root_of(const std::string& session, const std::string& scope) const;
     std::string record_key(const std::string& session) const;
-    static std::string encode_record(const Record& r);
-    static std::optional<Record> decode_record(std::string_view bytes);
     // The record in memory, else on disk (into memory). Null when there is none; a record on
     // disk that does not parse is removed and counted. Under mu_.
     Record* find_locked(const std::string& session);

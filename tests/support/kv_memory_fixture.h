@@ -38,6 +38,8 @@ class KvMemoryTest : public DefaultModelTest {
         d.local_prefill_max = local_prefill_max;
         d.model_id = "m";
         d.host_tier = host_tier_;
+        d.disk_tier = disk_tier_;
+        d.store_id = "test store";
         decode_.reset();
         auto dw = decode::DecodeWorker::create(*model_, d);
         ASSERT_TRUE(dw.ok()) << dw.error().to_string();
@@ -53,6 +55,7 @@ class KvMemoryTest : public DefaultModelTest {
     }
     std::unique_ptr<decode::DecodeWorker> decode_;
     std::shared_ptr<kvstore::HostTier> host_tier_;  // set before start(): sessions demote there
+    std::shared_ptr<kvstore::DiskTier> disk_tier_;  // set before start(): turns are stored there
 };
 
 }  // namespace deltaserve::testing

@@ -1,0 +1,111 @@
+// The decode worker's write-through to the disk tier (decode::DecodeOptions::disk_tier), in
+// one process on the default model, full KV and DeltaKV: a session turn's KV and record are on
+// disk before its end is reported; another worker opened on the same store (a restart) takes
+// the session back from disk and answers as a worker that never stopped; a store written for
+// another model refuses nothing it should use and uses nothing it should refuse; no lease
+// outlives the turn that took one.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "deltaserve/kvstore/disk_tier.h"
+#include "kv_memory_fixture.h"
+
+namespace deltaserve {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::KvMemoryTest;
+
+class SessionStoreTest : public KvMemoryTest, public ::testing::WithParamInterface<const char*> {
+  protected:
+    void SetUp() override {
+        KvMemoryTest::SetUp();
+        dir_ = (fs::temp_directory_path() /
+                ("ds_session_store_" + std::to_string(::getpid()) + "_" + GetParam()))
+                   .string();
+        fs::remove_all(dir_);
+    }
+    void TearDown() override {
+        KvMemoryTest::TearDown();
+        disk_tier_.reset();
+        fs::remove_all(dir_);
+    }
+    void open_store() {
+        disk_tier_.reset();  // one handle at a time: RocksDB locks its directory
+        kvstore::DiskTier::Options o;
+        o.dir = dir_;
+        o.capacity_bytes = uint64_t{1} << 30;
+        auto d = kvstore::DiskTier::open(o);
+        ASSERT_TRUE(d.ok()) << d.status().to_string();
+        disk_tier_ = std::move(*d);
+    }
+    void restart(bool with_store) {
+        decode_.reset();
+        if (with_store) {
+            open_store();
+        } else {
+            disk_tier_.reset();
+        }
+        kvstore::HostTier::Options ho;
+        ho.capacity_bytes = 256 << 20;
+        ho.janitor_interval = std::chrono::milliseconds(0);
+        host_tier_ = std::make_shared<kvstore::HostTier>(ho);
+        start(60, 0, 100000, GetParam());
+    }
+    std::string dir_;
+};
+
+TEST_P(SessionStoreTest, ATurnIsStoredBeforeItsEndAndARestartedWorkerResumesIt) {
+    // The reference: two turns on a worker that keeps the session in memory.
+    restart(false);
+    auto first = run(testing::greedy_turn(1, text_tokens(100, 0, true), "s", 8));
+    ASSERT_TRUE(first.ok()) << first.status().to_string();
+    auto second = run(testing::greedy_turn(2, text_tokens(140, 0, true), "s", 8));
+    ASSERT_TRUE(second.ok()) << second.status().to_string();
+    EXPECT_EQ(second->kv_source, "decode");
+
+    // The first turn with the store: when its end is reported, its KV is on disk.
+    restart(true);
+    auto stored = run(testing::greedy_turn(3, text_tokens(100, 0, true), "s", 8));
+    ASSERT_TRUE(stored.ok()) << stored.status().to_string();
+    EXPECT_EQ(stored->text, first->text);
+    EXPECT_GT(disk_tier_->stats().blocks, 0u);
+    auto records = disk_tier_->records("ds/");
+    ASSERT_TRUE(records.ok());
+    EXPECT_EQ(records->size(), 1u);
+    EXPECT_EQ(decode_->stats().tiers.sessions_persisted, 1);
+
+    // Another worker on the same store (the process restarted): the session comes from disk.
+    restart(true);
+    auto resumed = run(testing::greedy_turn(4, text_tokens(140, 0, true), "s", 8));
+    ASSERT_TRUE(resumed.ok()) << resumed.status().to_string();
+    EXPECT_EQ(resumed->text, second->text);
+    EXPECT_EQ(resumed->cached_tokens, second->cached_tokens);
+    EXPECT_EQ(resumed->kv_source, "disk");
+    const auto st = decode_->stats().tiers;
+    EXPECT_EQ(st.promoted_disk, 1);
+    EXPECT_EQ(st.load_seconds.count, 1);
+    EXPECT_EQ(st.host_leases, 0) << "the turn's leases ended with the import";
+
+    // Dropping the session forgets its record: its next turn is no resumption (full KV's
+    // blocks stay as prefixes any turn may start from; DeltaKV's were the session's own).
+    decode_->drop_session("s");
+    restart(true);
+    if (std::string(GetParam()) == "deltakv")
+        EXPECT_EQ(disk_tier_->stats().blocks, 0u) << "the session's own blocks went with it";
+    auto over = run(testing::greedy_turn(5, text_tokens(140, 0, true), "s", 8));
+    ASSERT_TRUE(over.ok());
+    EXPECT_EQ(decode_->stats().tiers.sessions_promoted(), 0);
+    if (std::string(GetParam()) == "deltakv") {
+        EXPECT_EQ(over->cached_tokens, 0);
+    } else {
+        EXPECT_EQ(decode_->stats().tiers.prefix_disk, 1);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, SessionStoreTest, ::testing::Values("full", "deltakv"));
+
+}  // namespace
+}  // namespace deltaserve
