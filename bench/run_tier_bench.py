@@ -179,6 +179,34 @@ def resume(a, policy, lengths, text):
             "tokens": tokens, "page_cache_dropped": cold}
 
 
+def bytes_per_token(a, lengths, text):
+    """Per policy and history length: the disk and host tiers' bytes for one session's history
+    (one turn stored), per token, and the decode memory's keep ratio then."""
+    rows = []
+    for policy in ("full", "deltakv"):
+        flags = (DELTAKV if policy == "deltakv" else []) + ["--ctx-size", str(max(lengths) + 512)]
+        data = tempfile.mkdtemp(prefix="deltaserve-tier-bench-")
+        s = Server(a, flags + ["--data-dir", data, "--prefix-cache-mib", "0"])
+        try:
+            offset = 0
+            for n in lengths:
+                disk0, host0 = s.metric("deltaserve_disk_tier_bytes"), s.metric("deltaserve_host_tier_bytes")
+                sid = f"bytes-{n}"
+                s.post("/v1/sessions", {"id": sid})
+                _, u = chat(s.port, [{"role": "user", "content": text[offset:offset + 4 * n]}], sid)
+                offset += 4 * n
+                time.sleep(0.5)
+                tokens = u["prompt_tokens"] + u["completion_tokens"]
+                rows.append({"policy": policy, "tokens": tokens,
+                             "disk_bytes_per_token": (s.metric("deltaserve_disk_tier_bytes") - disk0) / tokens,
+                             "host_bytes_per_token": (s.metric("deltaserve_host_tier_bytes") - host0) / tokens,
+                             "keep_ratio": s.metric("deltaserve_kv_keep_ratio")})
+        finally:
+            s.stop()
+            shutil.rmtree(data, ignore_errors=True)
+    return rows
+
+
 def sysprompt(a, text):
     system = text[:8000]  # about 2k tokens
     data = tempfile.mkdtemp(prefix="deltaserve-tier-bench-")
@@ -273,7 +301,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default="build")
     ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
-    ap.add_argument("--parts", default="resume,sysprompt,store,recovery")
+    ap.add_argument("--parts", default="resume,bytes,sysprompt,store,recovery")
     ap.add_argument("--lengths", default="1024,4096,8000")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prefill-rounds", type=int, default=1, help="re-prefill arm's rounds (slow at 8k)")
@@ -306,6 +334,16 @@ def main():
         print(f"DeltaKV 0.3 on disk: {result['deltakv_disk_bytes_ratio']:.3f}x full KV's bytes; host "
               f"sessions of 4096 tokens per GiB: full {2**30 / (4096 * f['host_bytes_per_token']):.1f}, DeltaKV "
               f"{2**30 / (4096 * d['host_bytes_per_token']):.1f}", flush=True)
+    if "bytes" in parts:
+        result["bytes"] = bytes_per_token(a, lengths, text)
+        for r in result["bytes"]:
+            f = [x for x in result["bytes"] if x["policy"] == "full" and abs(x["tokens"] - r["tokens"]) < 64]
+            ratio = r["disk_bytes_per_token"] / f[0]["disk_bytes_per_token"] if f else float("nan")
+            r["disk_ratio_to_full"] = ratio
+            print(f"bytes {r['policy']:7s} {r['tokens']:5d} tokens: disk {r['disk_bytes_per_token']:.0f} B/token, "
+                  f"host {r['host_bytes_per_token']:.0f}, keep ratio {r['keep_ratio']:.3f}, "
+                  f"{ratio:.3f}x full KV's; host sessions of this length per GiB "
+                  f"{2**30 / (r['tokens'] * r['host_bytes_per_token']):.1f}", flush=True)
     if "sysprompt" in parts:
         r = sysprompt(a, text)
         result["sysprompt"] = r

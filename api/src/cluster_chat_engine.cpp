@@ -134,9 +134,13 @@ std::optional<ClusterChatEngine::Session> ClusterChatEngine::parse_record(
         s.cached_tokens = j.at("cached_tokens").get<int64_t>();
         s.last_used = now - std::max<int64_t>(0, wall - j.at("last_used").get<int64_t>());
         for (const auto& m : j.at("history")) {
-            s.history.push_back(
-                {m.at("role").get<std::string>(), m.at("content").get<std::string>()});
+            std::string role = m.at("role").get<std::string>();
+            if (role != "system" && role != "user" && role != "assistant")
+                throw std::runtime_error("a message of role '" + role.substr(0, 32) + "'");
+            s.history.push_back({std::move(role), m.at("content").get<std::string>()});
         }
+        if (s.turns < 0 || s.tokens < 0 || s.cached_tokens < 0)
+            throw std::runtime_error("negative counts");
         const std::string node = j.at("node").get<std::string>();
         for (auto* d : decode_) {
             if (d->name() == node) s.node = d;

@@ -566,8 +566,18 @@ void DecodeWorkerImpl::end_turn(const std::shared_ptr<Turn>& t, Result<TurnEnd> 
     if (end.ok()) cache_prefix(*t);
     // A prefix used a second time (found cached) goes to the tiers, where it outlives the
     // prefix cache's memory and the process. (A session's blocks go with the session.)
-    if (end.ok() && tiers_ && t->ctx && t->spec.session_id.empty() && t->end.cached_tokens > 0)
-        tiers_->store_prefix(t->spec.cache_scope, *t->ctx, t->cached, t->end.cached_tokens);
+    // Beside the loop when there is a disk to write (the context goes with the job).
+    if (end.ok() && tiers_ && t->ctx && t->spec.session_id.empty() && t->end.cached_tokens > 0 &&
+        tiers_->prefix_held(t->cached, t->spec.cache_scope) < t->end.cached_tokens) {
+        if (persister_) {
+            std::shared_ptr<model::InferenceContext> ctx = std::move(t->ctx);
+            persister_->push(
+                [this, ctx, tokens = t->cached, scope = t->spec.cache_scope,
+                 upto = t->end.cached_tokens] { tiers_->store_prefix(scope, *ctx, tokens, upto); });
+        } else {
+            tiers_->store_prefix(t->spec.cache_scope, *t->ctx, t->cached, t->end.cached_tokens);
+        }
+    }
     const model::InferenceContext* to_store = nullptr;
     {
         std::lock_guard<std::mutex> lock(mu_);

@@ -473,11 +473,14 @@ void SessionTiers::store_prefix(const std::string& scope, const model::Inference
                                 const std::vector<int32_t>& tokens, int32_t upto) {
     if (!options_.shared_prefix || upto < options_.block_tokens) return;
     const int32_t whole = upto / options_.block_tokens * options_.block_tokens;
-    // Already stored (another turn with the same prefix): nothing to export.
-    if (prefix_held(std::span(tokens).first(static_cast<size_t>(whole) + 1), scope) >= whole)
-        return;
+    // Already stored (another turn with the same prefix): nothing to export; the blocks held
+    // are not exported again.
+    const int32_t held =
+        prefix_held(std::span(tokens).first(static_cast<size_t>(whole) + 1), scope);
+    if (held >= whole) return;
     model::KvBlocksOptions o{options_.fingerprint, root_of("", scope), options_.block_tokens,
                              options_.codec};
+    o.first_block = held / options_.block_tokens;
     auto exported = model::export_kv_blocks(ctx, tokens, o);
     if (!exported.ok()) return;
     int64_t written = 0, bytes = 0;

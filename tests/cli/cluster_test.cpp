@@ -274,6 +274,46 @@ TEST_F(ClusterTest, AGatewayKilledMidTurnEndsItsTurnOnTheDecodeNode) {
     EXPECT_EQ(r.status, 200) << r.body;
 }
 
+// The whole cluster killed (-9) and started again on its data_dir: the gateway reads its
+// session records back, the decode node its stored KV, and the session's next turn resumes
+// from disk with its whole history.
+TEST_F(ClusterTest, ASessionSurvivesTheWholeClusterKilledAndRestarted) {
+    Cluster cluster;
+    ASSERT_TRUE(cluster.up()) << cluster.logs();
+    ASSERT_EQ(open_session(cluster.port(), "ada"), 200);
+    const auto ask = [&](const std::string& m) {
+        return post_chat(cluster.port(), chat_body(m, 12), "X-Session-ID: ada\r\n");
+    };
+    HttpResponse r = ask("My name is Ada and I keep bees. Say hello to me.");
+    ASSERT_EQ(r.status, 200) << r.body;
+    const std::string hello = json::parse(r.body)["choices"][0]["message"]["content"];
+    kill(cluster.gateway().pid(), SIGKILL);
+    cluster.decode().kill9();
+    ASSERT_TRUE(cluster.restart_decode()) << cluster.logs();
+    ASSERT_TRUE(cluster.restart_gateway()) << cluster.logs();
+    EXPECT_NE(cluster.gateway().log().find("1 sessions recovered in"), std::string::npos)
+        << cluster.logs();
+    const HttpResponse info = http_request(cluster.port(), "GET", "/v1/sessions/ada");
+    ASSERT_EQ(info.status, 200) << info.body;
+    EXPECT_EQ(json::parse(info.body)["turns"], 1);
+    r = ask("What is my name?");
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json second = json::parse(r.body);
+    EXPECT_EQ(second["usage"]["prompt_tokens_details"]["kv_source"], "disk") << r.body;
+    EXPECT_GT(second["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 30) << r.body;
+    // Its prompt is the whole conversation: the same answer as the conversation sent whole.
+    json whole = chat_body("", 12);
+    whole["messages"] = json::array(
+        {{{"role", "user"}, {"content", "My name is Ada and I keep bees. Say hello to me."}},
+         {{"role", "assistant"}, {"content", hello}},
+         {{"role", "user"}, {"content", "What is my name?"}}});
+    const HttpResponse w = post_chat(cluster.port(), whole);
+    ASSERT_EQ(w.status, 200) << w.body;
+    EXPECT_EQ(second["choices"][0]["message"]["content"],
+              json::parse(w.body)["choices"][0]["message"]["content"]);
+    EXPECT_EQ(second["usage"]["prompt_tokens"], json::parse(w.body)["usage"]["prompt_tokens"]);
+}
+
 TEST_F(ClusterTest, GarbageOnRpcAndDataPortsHarmsNothing) {
     Cluster cluster;
     ASSERT_TRUE(cluster.up()) << cluster.logs();

@@ -105,6 +105,34 @@ TEST_P(SessionStoreTest, ATurnIsStoredBeforeItsEndAndARestartedWorkerResumesIt) 
     }
 }
 
+// A client that leaves right after its session came back from disk: the turn ends
+// "cancelled", no lease on a stored block outlives it, and once the session is dropped the
+// worker holds no KV (the pool back to its baseline) and the tiers hold what they held.
+TEST_P(SessionStoreTest, ACancelledTurnLeavesNoLeaseAndNothingHeld) {
+    restart(true);
+    ASSERT_TRUE(run(testing::greedy_turn(1, text_tokens(150, 0, true), "s", 8)).ok());
+    const uint64_t stored = disk_tier_->stats().blocks;
+    restart(true);
+    auto sink = std::make_shared<testing::CollectingSink>(/*cancel_after=*/1);
+    ASSERT_TRUE(
+        decode_->start_turn(testing::greedy_turn(2, text_tokens(170, 0, true), "s", 64), sink)
+            .ok());
+    auto end = sink->wait();
+    ASSERT_TRUE(end.ok()) << end.status().to_string();
+    EXPECT_EQ(end->finish_reason, "cancelled");
+    EXPECT_EQ(end->kv_source, "disk");
+    auto st = decode_->stats();
+    EXPECT_EQ(st.tiers.host_leases, 0);
+    EXPECT_EQ(st.kv_booked, 0);
+    decode_->drop_session("s");
+    st = decode_->stats();
+    EXPECT_EQ(st.sessions, 0);
+    EXPECT_EQ(st.kv_bytes, 0);
+    EXPECT_EQ(st.kv_pool_used, 0);
+    EXPECT_EQ(host_tier_->stats().leases, 0u);
+    if (std::string(GetParam()) == "full") EXPECT_GE(disk_tier_->stats().blocks, stored);
+}
+
 INSTANTIATE_TEST_SUITE_P(Policies, SessionStoreTest, ::testing::Values("full", "deltakv"));
 
 }  // namespace
