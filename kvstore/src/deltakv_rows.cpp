@@ -178,8 +178,10 @@ Status DeltaKvCodec::import_rows(int32_t layer, int32_t begin, int32_t end,
         if (bit(p)) refs_after.push_back(p);
     }
     std::vector<uint16_t> refs(latent.size() * kk);
-    std::memcpy(refs.data(), part.data() + (part.size() - refs.size() * sizeof(uint16_t)),
-                refs.size() * sizeof(uint16_t));
+    if (!refs.empty()) {  // (a part without latents: memcpy takes no null pointer)
+        std::memcpy(refs.data(), part.data() + (part.size() - refs.size() * sizeof(uint16_t)),
+                    refs.size() * sizeof(uint16_t));
+    }
     for (size_t i = 0; i < refs.size(); ++i) {
         const int32_t o = refs[i];
         if (o == kNoRef) continue;

@@ -173,7 +173,8 @@ Status DeltaKvCodec::import_layer(int32_t layer, std::span<const uint8_t> part) 
     if (!full) {
         // Reference ordinals must name references at or before their latent's token.
         std::vector<uint16_t> refs(c_.region_.refs[li].size());
-        std::memcpy(refs.data(), part.data() + 2 * row * slots.size() + latent_part, refs_part);
+        if (!refs.empty())  // (no latents yet: memcpy takes no null pointer)
+            std::memcpy(refs.data(), part.data() + 2 * row * slots.size() + latent_part, refs_part);
         const size_t n_refs = static_cast<size_t>(c_.options_.sinks) + c_.region_.ref_list.size();
         for (int32_t p = c_.options_.sinks, lat = 0; p < c_.region_.end; ++p) {
             if (c_.region_.latent_of[p] < 0) continue;
