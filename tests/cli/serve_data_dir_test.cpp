@@ -381,7 +381,7 @@ TEST_P(DataDirTest, AStoreOfAnotherPolicyIsNeverUsed) {
 // the same prompt computed afresh does.
 TEST_P(DataDirTest, ASharedSystemPromptComesBackFromDisk) {
     std::string system = "You are the assistant of a bee farm. ";
-    for (int i = 0; i < 60; ++i) system += "Bees visit flowers, make honey and live in hives. ";
+    for (int i = 0; i < 25; ++i) system += "Bees visit flowers, make honey and live in hives. ";
     const auto body = [&](const std::string& user) {
         json b = chat_body(user, 16);
         b["messages"] = json::array(
@@ -413,7 +413,7 @@ TEST_P(DataDirTest, ASharedSystemPromptComesBackFromDisk) {
     const json details = answer["usage"]["prompt_tokens_details"];
     if (GetParam().empty()) {
         EXPECT_EQ(details["kv_source"], "disk") << answer.dump();
-        EXPECT_GE(details["cached_tokens"].get<int>(), 512) << answer.dump();
+        EXPECT_GE(details["cached_tokens"].get<int>(), 256) << answer.dump();
     } else {
         EXPECT_FALSE(details.contains("kv_source")) << answer.dump();
     }
