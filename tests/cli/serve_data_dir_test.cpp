@@ -318,7 +318,22 @@ TEST_P(DataDirTest, Kill9AtAnyMomentNeverServesAWrongAnswer) {
                 seen[i] = text_of(j);
             }
         });
-        std::this_thread::sleep_for(std::chrono::milliseconds(300 + rng() % 1500));
+        // Each round lets one turn end first (a sanitizer build is slow), then kills at a
+        // moment nobody chose: in a prefill, a decode step, a store or between turns.
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+        const size_t before = [&] {
+            std::lock_guard<std::mutex> lock(mu);
+            return seen.size();
+        }();
+        for (;;) {
+            {
+                std::lock_guard<std::mutex> lock(mu);
+                if (seen.size() > before) break;
+            }
+            if (std::chrono::steady_clock::now() > until) break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 1500));
         server.kill9();
         stop = true;
         client.join();
