@@ -175,16 +175,8 @@ ClusterChatEngine::Session* ClusterChatEngine::find_locked(const std::string& ke
     auto s = stored_locked(key);
     if (!s) return nullptr;
     // Back in memory: the least recently used idle ones leave it (they stay stored).
-    while (static_cast<int32_t>(sessions_.size()) >= options_.max_sessions) {
-        auto oldest = sessions_.end();
-        for (auto i = sessions_.begin(); i != sessions_.end(); ++i) {
-            if (i->second.running_turn == 0 &&
-                (oldest == sessions_.end() || i->second.last_used < oldest->second.last_used))
-                oldest = i;
-        }
-        if (oldest == sessions_.end()) break;
-        sessions_.erase(oldest);
-    }
+    std::vector<std::pair<DecodeNode*, std::string>> none;
+    make_room_locked(none);
     return &sessions_.emplace(key, std::move(*s)).first->second;
 }
 
@@ -412,20 +404,22 @@ Status ClusterChatEngine::prefill_turn(const decode::TurnSpec& spec, DecodeNode&
 
 void ClusterChatEngine::forget_stale(int64_t now,
                                      std::vector<std::pair<DecodeNode*, std::string>>& dropped) {
-    auto forget = [&](std::map<std::string, Session>::iterator it) {
-        dropped.emplace_back(it->second.node, it->first);
-        unsave(it->first);
-        return sessions_.erase(it);
-    };
-    // Past max_sessions with a record store, a session leaves memory only: it is stored.
-    auto leave = [&](std::map<std::string, Session>::iterator it) {
-        return options_.records ? sessions_.erase(it) : forget(it);
-    };
     for (auto it = sessions_.begin(); it != sessions_.end();) {
         const bool stale = it->second.running_turn == 0 &&
                            now - it->second.last_used > options_.session_ttl_seconds;
-        it = stale ? forget(it) : std::next(it);
+        if (!stale) {
+            ++it;
+            continue;
+        }
+        dropped.emplace_back(it->second.node, it->first);
+        unsave(it->first);
+        it = sessions_.erase(it);
     }
+    make_room_locked(dropped);
+}
+
+void ClusterChatEngine::make_room_locked(
+    std::vector<std::pair<DecodeNode*, std::string>>& dropped) {
     while (static_cast<int32_t>(sessions_.size()) >= options_.max_sessions) {
         auto oldest = sessions_.end();
         for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
@@ -435,7 +429,9 @@ void ClusterChatEngine::forget_stale(int64_t now,
             }
         }
         if (oldest == sessions_.end()) break;  // all running
-        leave(oldest);
+        // With a record store a session leaves memory only: it is stored.
+        if (!options_.records) dropped.emplace_back(oldest->second.node, oldest->first);
+        sessions_.erase(oldest);
     }
 }
 

@@ -221,6 +221,7 @@ class DecodeWorkerImpl final : public DecodeWorker {
     // first computes it, the others find it here).
     void take_late_prefix(Turn& t);
     void add_tier_stats(DecodeStats& s) const {
+        if (tiers_) s.tiers = tiers_->stats();
         TierStats& t = s.tiers;
         if (options_.host_tier) {
             const auto h = options_.host_tier->stats();
@@ -239,23 +240,6 @@ class DecodeWorkerImpl final : public DecodeWorker {
             t.disk_io_errors = static_cast<int64_t>(d.io_errors);
             t.disk_recovery_ms = d.recovery_ms;
         }
-        if (!tiers_) return;
-        const auto st = tiers_->stats();
-        t.sessions_demoted = st.demoted;
-        t.promoted_host = st.promoted_host;
-        t.promoted_disk = st.promoted_disk;
-        t.promoted_tokens = st.promoted_tokens;
-        t.prefix_host = st.prefix_host;
-        t.prefix_disk = st.prefix_disk;
-        t.prefix_tokens = st.prefix_tokens;
-        t.blocks_missing = st.blocks_missing;
-        t.blocks_refused = st.blocks_refused + st.records_refused;
-        t.sessions_persisted = st.persisted;
-        t.persist_failed = st.persist_failed;
-        t.blocks_written = st.blocks_written;
-        t.bytes_written = st.bytes_written;
-        t.store_seconds = st.store_seconds;
-        t.load_seconds = st.load_seconds;
     }
     void add_prefix_stats(DecodeStats& s) const {
         if (!prefix_) return;

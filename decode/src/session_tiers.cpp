@@ -116,7 +116,7 @@ SessionTiers::Record* SessionTiers::find_locked(const std::string& session) {
     auto r = decode_record(**bytes);
     if (!r) {
         spdlog::warn("decode: session {}: its stored record does not parse; recomputing", session);
-        ++stats_.records_refused;
+        ++stats_.blocks_refused;
         const kvstore::DiskTier::Record del[] = {{key, ""}};
         (void)options_.disk->put_records(del);
         return nullptr;
@@ -175,7 +175,7 @@ bool SessionTiers::persist(const std::string& session, const std::string& scope,
         return false;
     }
     r.hints = std::move(exported->hints);
-    int64_t written = 0, unchanged = static_cast<int64_t>(kept), bytes = 0;
+    int64_t written = 0, bytes = 0;
     Status st;
     const size_t n = kept + exported->blocks.size();
     const std::string rkey = record_key(session);
@@ -195,15 +195,11 @@ bool SessionTiers::persist(const std::string& session, const std::string& scope,
         const bool last = i + 1 == n;
         // Full KV's blocks are the same for every writer: one stored already is kept.
         const bool stored = same || (options_.shared_prefix && options_.disk->contains(meta->key));
-        if (stored && !last) {
-            ++unchanged;
-            continue;
-        }
+        if (stored && !last) continue;
         std::string record;
         if (last) record = encode_record(r);
         const kvstore::DiskTier::Record rec[] = {{rkey, std::move(record)}};
         if (stored) {
-            ++unchanged;
             st = options_.disk->put_records(rec);
             break;
         }
@@ -218,7 +214,6 @@ bool SessionTiers::persist(const std::string& session, const std::string& scope,
     }
     std::lock_guard lock(mu_);
     stats_.blocks_written += written;
-    stats_.blocks_unchanged += unchanged;
     stats_.bytes_written += bytes;
     stats_.store_seconds.add(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -229,7 +224,7 @@ bool SessionTiers::persist(const std::string& session, const std::string& scope,
         records_.erase(session);
         return false;
     }
-    ++stats_.persisted;
+    ++stats_.sessions_persisted;
     // The session's own blocks this export no longer names (a tail block that grew, blocks
     // of an export before) are dead: nothing else chains from them.
     // Shared blocks stay (another session may name them, even a short tail: sessions that
@@ -255,7 +250,7 @@ bool SessionTiers::demote(const std::string& session, const std::string& scope,
         // Stored at the end of its last turn: the tiers hold it already.
         if (it != records_.end() && it->second.tokens == tokens) {
             it->second.last_used = now_ms;
-            ++stats_.demoted;
+            ++stats_.sessions_demoted;
             return true;
         }
     }
@@ -264,7 +259,6 @@ bool SessionTiers::demote(const std::string& session, const std::string& scope,
     auto exported = model::export_kv_blocks(ctx, tokens, o);
     std::lock_guard lock(mu_);
     if (!exported.ok()) {
-        ++stats_.demote_failed;
         spdlog::warn("decode: session {} could not be demoted: {}", session,
                      exported.status().to_string());
         return false;
@@ -284,7 +278,7 @@ bool SessionTiers::demote(const std::string& session, const std::string& scope,
         r.crcs.push_back(crc);
     }
     if (r.keys.empty()) {
-        ++stats_.demote_failed;
+        spdlog::info("decode: session {} not demoted: the host tier has no room", session);
         records_.erase(session);
         return false;
     }
@@ -292,7 +286,7 @@ bool SessionTiers::demote(const std::string& session, const std::string& scope,
     if (r.keys.size() == exported->blocks.size()) r.hints = std::move(exported->hints);
     r.last_used = now_ms;
     records_[session] = std::move(r);
-    ++stats_.demoted;
+    ++stats_.sessions_demoted;
     return true;
 }
 
@@ -347,7 +341,6 @@ SessionTiers::Loaded SessionTiers::load(const std::vector<uint64_t>& keys,
         } else if (options_.disk) {
             auto got = options_.disk->get(keys[i]);
             if (!got.ok()) break;
-            ++out.from_disk;
             out.source = Source::kDisk;
             read.push_back(std::make_shared<const std::vector<uint8_t>>(std::move(*got)));
             bytes = *read.back();
@@ -400,7 +393,6 @@ SessionTiers::Loaded SessionTiers::load(const std::vector<uint64_t>& keys,
     }
     stats_.blocks_missing += out.missing;
     stats_.blocks_refused += out.refused;
-    stats_.disk_blocks_read += out.from_disk;
     return out;
 }
 
@@ -423,7 +415,6 @@ std::optional<SessionTiers::Promoted> SessionTiers::promote(const std::string& s
         return std::nullopt;
     }
     if (got.blocks == 0) return std::nullopt;
-    ++stats_.promoted;
     ++(got.source == Source::kDisk ? stats_.promoted_disk : stats_.promoted_host);
     const int32_t end = r.ends[got.blocks - 1];
     stats_.promoted_tokens += end;
@@ -500,7 +491,7 @@ void SessionTiers::store_prefix(const std::string& scope, const model::Inference
     stats_.bytes_written += bytes;
 }
 
-SessionTiers::Stats SessionTiers::stats() const {
+TierStats SessionTiers::stats() const {
     std::lock_guard lock(mu_);
     return stats_;
 }

@@ -48,20 +48,6 @@ class SessionTiers {
         bool shared_prefix = false;  // blocks are a function of their tokens (full KV)
     };
 
-    struct Stats {
-        int64_t demoted = 0, promoted = 0, promoted_tokens = 0;
-        int64_t promoted_host = 0, promoted_disk = 0;  // by the lowest tier a block came from
-        int64_t demote_failed = 0;   // nothing of the session fit, or its export failed
-        int64_t blocks_missing = 0;  // evicted from the tiers before the session came back
-        int64_t blocks_refused = 0;  // failed their checks: dropped, recomputed
-        int64_t records_refused = 0;
-        int64_t persisted = 0, persist_failed = 0;
-        int64_t blocks_written = 0, blocks_unchanged = 0, bytes_written = 0;
-        int64_t disk_blocks_read = 0;
-        int64_t prefix_host = 0, prefix_disk = 0, prefix_tokens = 0;  // load_prefix's
-        LatencyHistogram store_seconds, load_seconds;  // persist(); promote() and load_prefix()
-    };
-
     // Where promote() found the blocks.
     enum class Source { kHost, kDisk };
     static std::string_view source_name(Source s) { return s == Source::kHost ? "host" : "disk"; }
@@ -111,7 +97,9 @@ class SessionTiers {
     // used twice), unless the tiers hold them already.
     void store_prefix(const std::string& scope, const model::InferenceContext& ctx,
                       const std::vector<int32_t>& tokens, int32_t upto);
-    Stats stats() const;
+    // What the tiers did for this worker: decode::TierStats' session, prefix and store
+    // counters (its host and disk figures are the tiers' own: the worker adds them).
+    TierStats stats() const;
 
     // A session's record: what its stored blocks hold. On disk (decode_record's format) it is
     // read back as hostile bytes: decode_record checks every count and order before use, and
@@ -133,7 +121,7 @@ class SessionTiers {
     struct Loaded {
         size_t blocks = 0;
         Source source = Source::kHost;
-        int64_t missing = 0, refused = 0, from_disk = 0;
+        int64_t missing = 0, refused = 0;
         bool later = false;
     };
     Loaded load(const std::vector<uint64_t>& keys, const std::vector<uint32_t>& crcs,
@@ -150,7 +138,7 @@ class SessionTiers {
     const Options options_;
     mutable std::mutex mu_;
     std::map<std::string, Record> records_;
-    Stats stats_;
+    TierStats stats_;
 };
 
 }  // namespace deltaserve::decode

@@ -67,6 +67,8 @@ class DataDirTest : public ::testing::TestWithParam<std::vector<std::string>> {
         more.insert(more.end(), {"--data-dir", data_dir});
         return serve_args(more);
     }
+    // The same server without a data dir: one that keeps nothing across restarts.
+    std::vector<std::string> plain_args() const { return args("none"); }
 
     std::string dir_;
 };
@@ -100,9 +102,7 @@ std::vector<std::string> reference(const std::vector<std::string>& server_args) 
 }
 
 TEST_P(DataDirTest, ASessionResumesFromDiskAfterKill9AndAnswersAsWithoutTheRestart) {
-    std::vector<std::string> plain = GetParam();
-    plain.insert(plain.end(), {"--data-dir", "none"});
-    const std::vector<std::string> expected = reference(serve_args(plain));
+    const std::vector<std::string> expected = reference(plain_args());
 
     {
         ServingProcess server(args(dir_));
@@ -150,9 +150,7 @@ TEST_P(DataDirTest, ASessionResumesFromDiskAfterKill9AndAnswersAsWithoutTheResta
 // kill -9 while a turn streams: that turn is lost (its client never saw its end), the
 // session keeps the turns before it and goes on as if the lost one had never been asked.
 TEST_P(DataDirTest, ATurnRunningAtTheCrashIsLostCleanly) {
-    std::vector<std::string> plain = GetParam();
-    plain.insert(plain.end(), {"--data-dir", "none"});
-    const std::vector<std::string> expected = reference(serve_args(plain));
+    const std::vector<std::string> expected = reference(plain_args());
     {
         ServingProcess server(args(dir_));
         ASSERT_NE(server.port(), 0) << server.log();
@@ -357,9 +355,7 @@ TEST_P(DataDirTest, Kill9AtAnyMomentNeverServesAWrongAnswer) {
     RecordProperty("turns", static_cast<int>(turns));
     RecordProperty("answers_seen", static_cast<int>(history.size()));
     if (history.size() < turns) return;
-    std::vector<std::string> plain = GetParam();
-    plain.insert(plain.end(), {"--data-dir", "none"});
-    ServingProcess ref(serve_args(plain));
+    ServingProcess ref(plain_args());
     ASSERT_NE(ref.port(), 0) << ref.log();
     ASSERT_EQ(open_session(ref.port(), "ada"), 200);
     std::vector<std::string> exact;
@@ -410,11 +406,9 @@ TEST_P(DataDirTest, ASharedSystemPromptComesBackFromDisk) {
         ASSERT_EQ(post_chat(server.port(), body("Hello!"), "X-Session-ID: first\r\n").status, 200);
         server.kill9();
     }
-    std::vector<std::string> plain = GetParam();
-    plain.insert(plain.end(), {"--data-dir", "none"});
     std::string expected;
     {
-        ServingProcess fresh(serve_args(plain));
+        ServingProcess fresh(plain_args());
         ASSERT_NE(fresh.port(), 0) << fresh.log();
         HttpResponse r = post_chat(fresh.port(), body("What do bees make?"));
         ASSERT_EQ(r.status, 200) << r.body;

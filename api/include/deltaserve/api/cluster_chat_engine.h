@@ -85,6 +85,9 @@ class ClusterChatEngine : public ChatEngine {
     // Forgets idle sessions past the TTL or beyond max_sessions (least recent first); their
     // KV is dropped from their nodes after the lock (dropped is filled under it).
     void forget_stale(int64_t now, std::vector<std::pair<DecodeNode*, std::string>>& dropped);
+    // Idle sessions leave memory, least recently used first, until one more fits: forgotten
+    // (into dropped), or, with a record store, only out of memory (they stay stored). Under mu_.
+    void make_room_locked(std::vector<std::pair<DecodeNode*, std::string>>& dropped);
     void drop(const std::vector<std::pair<DecodeNode*, std::string>>& dropped);
     // The record store (options.records): a session's record written, or removed. A failed
     // write is logged; the session goes on in memory.
