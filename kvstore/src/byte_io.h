@@ -29,6 +29,7 @@ class ByteReader {
     bool i32(int32_t& v) { return bytes(&v, sizeof(v)); }
     bool bytes(void* p, size_t n) {
         if (n > in_.size() - at_) return false;
+        if (n == 0) return true;  // (p may be null: memcpy takes no null pointer)
         std::memcpy(p, in_.data() + at_, n);
         at_ += n;
         return true;

@@ -348,7 +348,7 @@ size_t DeltaKvSequenceCache::bytes_upto(int32_t n) const {
     // Metadata: per position its slots, latent index and reference flag; region_.ref_list.
     return static_cast<size_t>(n) * full_layers_.size() * row +
            fp_tokens * sparse_layers_.size() * row +
-           latents * sparse_layers_.size() * (latent_bytes() + sizeof(uint16_t) * options_.k) +
+           latents * sparse_layers_.size() * (latent_bytes() + sizeof(uint16_t) * options_.k + 1) +
            static_cast<size_t>(n) * (3 * sizeof(int32_t) + 1) + refs * sizeof(int32_t);
 }
 

@@ -21,7 +21,8 @@ class DeltaKvCodec final : public SequenceCodec {
     // State: the token count, the compressed region's end, the settings a receiver must
     // share, and which tokens of the region are references (a bitmap). A full layer: every
     // token's K rows then V rows (fp16). A sparse layer: the full-precision tokens' K then V
-    // rows, the latents, their reference positions.
+    // rows, the latents, their reference positions, their error codes (a byte each,
+    // deltakv_error_code).
     Result<std::vector<uint8_t>> export_state() const override;
     Result<std::vector<uint8_t>> export_layer(int32_t layer) const override;
     Status import_state(std::span<const uint8_t> state) override;
@@ -32,7 +33,7 @@ class DeltaKvCodec final : public SequenceCodec {
     // Rows: the rows state is the state's settings without a region; a full layer's rows are
     // K then V rows; a sparse layer's are the region's end after this call's commit, a bitmap
     // of which of the range's region tokens are references, the full-precision tokens' K
-    // then V rows, the latents and their reference positions. The importer learns each
+    // then V rows, the latents, their reference positions and error codes. The importer learns each
     // token's kind from the first sparse layer that ships it and refuses parts that disagree.
     bool ships_rows() const override { return true; }
     int32_t rows_final_end(int32_t layer, bool last) const override;
@@ -41,6 +42,9 @@ class DeltaKvCodec final : public SequenceCodec {
                                              int32_t end) const override;
     Status import_rows(int32_t layer, int32_t begin, int32_t end,
                        std::span<const uint8_t> part) override;
+    // Full layers NaN; a sparse layer's from its latents' error codes (a latent imported
+    // without them, as from a state whose layer has not come, is not measured).
+    std::vector<float> rows_error(int32_t begin, int32_t end) const override;
 
   private:
     static constexpr uint16_t kNoRef = DeltaKvRegion::kNoRef;

@@ -150,8 +150,7 @@ void DeltaKvSequenceCache::compress_layer(int32_t s) {
             }
         }
         refs.insert(refs.end(), chosen.begin(), chosen.end());
-        if (options_.exact_share > 0.0f && s < exact_judges())
-            add_errors(s, x.data(), rm.data(), z.data(), lat.data() + at, nb);
+        add_errors(s, block, x.data(), rm.data(), z.data(), lat.data() + at, nb);
         next = end;
     }
     // The last judge: their errors are in, and no layer's plan rows were shipped yet
@@ -170,8 +169,11 @@ void DeltaKvSequenceCache::finish_compression() {
                                    plan_.latents[sl].end());
         region_.refs[sl].insert(region_.refs[sl].end(), plan_.refs[sl].begin(),
                                 plan_.refs[sl].end());
+        region_.errors[sl].insert(region_.errors[sl].end(), plan_.errors[sl].begin(),
+                                  plan_.errors[sl].end());
         plan_.latents[sl].clear();
         plan_.refs[sl].clear();
+        plan_.errors[sl].clear();
     }
     std::vector<int32_t> freed;
     int32_t next_latent = static_cast<int32_t>(region_.latents[0].size() / latent_bytes()) -

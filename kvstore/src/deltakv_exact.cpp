@@ -11,33 +11,58 @@ namespace deltaserve::kvstore {
 
 namespace k = deltaserve::kernels;
 
-void DeltaKvSequenceCache::add_errors(int32_t s, const float* x, const float* rm, const float* z,
-                                      const uint8_t* packed, int64_t nb) {
+void DeltaKvSequenceCache::add_errors(int32_t s, const int32_t* pos, const float* x,
+                                      const float* rm, const float* z, const uint8_t* packed,
+                                      int64_t nb) {
     const int32_t d = profile_.d, half = d / 2;
     const int32_t layer = sparse_layers_[s];
+    // The judges' K and V errors of every token choose the tokens kept exact
+    // (keep_worst_exact); elsewhere a sample (kErrorSample) is measured.
+    const bool judge = options_.exact_share > 0.0f && s < exact_judges();
     auto& err = plan_.err[s];
-    const size_t at = err.size();
-    err.resize(at + 2 * static_cast<size_t>(nb));
+    auto& codes = plan_.errors[s];
+    const size_t at = err.size(), code_at = codes.size();
+    if (judge) err.resize(at + 2 * static_cast<size_t>(nb));
+    codes.resize(code_at + static_cast<size_t>(nb), 0);
     const size_t lb = latent_bytes();
-    threads_->parallel_for(nb, 16, [&](int64_t b, int64_t e) {
-        std::vector<float> out(static_cast<size_t>(d));
+    threads_->parallel_for(nb, 32, [&](int64_t b, int64_t e) {
+        std::vector<int64_t> rows;
+        std::vector<const uint8_t*> ptrs;
         for (int64_t i = b; i < e; ++i) {
-            // As a reconstruction gets it: int4 latents through the int8 decoder.
-            if (options_.latent_bits == 4) {
-                const uint8_t* row = packed + i * lb;
-                k::deltakv_decode_int4(profile_.int4[layer], &row, 1, out.data(), d);
-                for (int32_t t = 0; t < d; ++t) out[t] += rm[i * d + t];
-            } else {
-                k::deltakv_decode(profile_.layers[layer], z + i * profile_.m, rm + i * d,
-                                  out.data());
+            if (judge || pos[i] % kErrorSample == 0) {
+                rows.push_back(i);
+                ptrs.push_back(packed + i * lb);
             }
-            double ek = 0.0, ev = 0.0;
+        }
+        std::vector<float> out(rows.size() * static_cast<size_t>(d));
+        // As a reconstruction gets it: int4 latents through the int8 decoder.
+        if (options_.latent_bits == 4) {
+            if (!rows.empty()) {
+                k::deltakv_decode_int4(profile_.int4[layer], ptrs.data(),
+                                       static_cast<int64_t>(rows.size()), out.data(), d);
+            }
+            for (size_t j = 0; j < rows.size(); ++j) {
+                for (int32_t t = 0; t < d; ++t) out[j * d + t] += rm[rows[j] * d + t];
+            }
+        } else {
+            for (size_t j = 0; j < rows.size(); ++j) {
+                k::deltakv_decode(profile_.layers[layer], z + rows[j] * profile_.m,
+                                  rm + rows[j] * d, out.data() + j * d);
+            }
+        }
+        for (size_t j = 0; j < rows.size(); ++j) {
+            const int64_t i = rows[j];
+            double ek = 0.0, ev = 0.0, norm = 0.0;
             for (int32_t t = 0; t < d; ++t) {
-                const double diff = static_cast<double>(out[t]) - x[i * d + t];
+                const double xt = x[i * d + t], diff = static_cast<double>(out[j * d + t]) - xt;
                 (t < half ? ek : ev) += diff * diff;
+                norm += xt * xt;
             }
-            err[at + 2 * i] = static_cast<float>(ek);
-            err[at + 2 * i + 1] = static_cast<float>(ev);
+            if (judge) {
+                err[at + 2 * i] = static_cast<float>(ek);
+                err[at + 2 * i + 1] = static_cast<float>(ev);
+            }
+            codes[code_at + i] = deltakv_error_code(norm > 0.0 ? (ek + ev) / norm : 0.0);
         }
     });
 }
@@ -98,11 +123,13 @@ void DeltaKvSequenceCache::keep_worst_exact() {
         if (!plan_.done[sl]) continue;  // compresses what is left
         auto& lat = plan_.latents[sl];
         auto& refs = plan_.refs[sl];
+        auto& codes = plan_.errors[sl];
         size_t w = 0;
         for (size_t j = 0; j < n; ++j) {
             if (exact[j]) continue;
             std::copy_n(lat.begin() + static_cast<int64_t>(j * lb), lb,
                         lat.begin() + static_cast<int64_t>(w * lb));
+            codes[w] = codes[j];
             for (size_t r = 0; r < kk; ++r) {
                 const uint16_t o = refs[j * kk + r];
                 refs[w * kk + r] = o == kNoRef ? kNoRef : renumber[o];
@@ -111,6 +138,7 @@ void DeltaKvSequenceCache::keep_worst_exact() {
         }
         lat.resize(w * lb);
         refs.resize(w * kk);
+        codes.resize(w);
         plan_.err[sl].clear();
     }
     size_t left = 0;

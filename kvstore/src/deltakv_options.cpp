@@ -12,11 +12,12 @@ namespace k = deltaserve::kernels;
 
 namespace {
 
-// A latent token's bytes in one sparse layer: its latent and its references' ordinals.
+// A latent token's bytes in one sparse layer: its latent, its references' ordinals and its
+// error code.
 double latent_token_bytes(const DeltaKvProfile& profile, const DeltaKvOptions& o) {
     const size_t latent =
         o.latent_bits == 4 ? k::int4_bytes(profile.m) : 2 * static_cast<size_t>(profile.m);
-    return static_cast<double>(latent + sizeof(uint16_t) * o.k);
+    return static_cast<double>(latent + sizeof(uint16_t) * o.k + 1);
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 #include "deltaserve/kvstore/deltakv_region.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 namespace deltaserve::kvstore {
 
@@ -33,12 +35,24 @@ void DeltaKvRegion::truncate(int32_t n, size_t latent_bytes, int32_t k) {
         for (size_t sl = 0; sl < latents.size(); ++sl) {
             latents[sl].resize(static_cast<size_t>(first_latent) * latent_bytes);
             refs[sl].resize(static_cast<size_t>(first_latent) * k);
+            errors[sl].resize(static_cast<size_t>(first_latent));
         }
     }
     latent_of.resize(static_cast<size_t>(n));
     ref_flag.resize(static_cast<size_t>(n));
     sync_ref_list();
     end = std::max(sinks, std::min(end, n));
+}
+
+uint8_t deltakv_error_code(double e) {
+    if (!(e > 0.0)) return 1;  // none: the smallest code
+    const double c = std::round(8.0 * std::log2(e)) + 185.0;
+    return static_cast<uint8_t>(std::clamp(c, 1.0, 255.0));
+}
+
+double deltakv_error_of_code(uint8_t code) {
+    if (code == 0) return std::numeric_limits<double>::quiet_NaN();
+    return std::exp2((static_cast<double>(code) - 185.0) / 8.0);
 }
 
 void DeltaKvPlan::start(int32_t n, int32_t region_end) {
@@ -52,6 +66,7 @@ void DeltaKvPlan::start(int32_t n, int32_t region_end) {
     for (auto& p : latents) p.clear();
     for (auto& p : refs) p.clear();
     for (auto& p : err) p.clear();
+    for (auto& p : errors) p.clear();
 }
 
 bool DeltaKvPlan::decided(int32_t judges) const {

@@ -68,12 +68,14 @@ Result<std::vector<uint8_t>> DeltaKvCodec::export_rows(int32_t layer, int32_t be
     const size_t lb = c_.latent_bytes();
     const int32_t kk = c_.options_.k;
     std::vector<const uint16_t*> refs;
+    std::vector<uint8_t> errors;
     for (int32_t p : latent) {
         const uint8_t* z = nullptr;
         if (c_.region_.latent_of[p] >= 0) {
-            z = c_.region_.latents[li].data() + static_cast<size_t>(c_.region_.latent_of[p]) * lb;
-            refs.push_back(c_.region_.refs[li].data() +
-                           static_cast<size_t>(c_.region_.latent_of[p]) * kk);
+            const auto at = static_cast<size_t>(c_.region_.latent_of[p]);
+            z = c_.region_.latents[li].data() + at * lb;
+            refs.push_back(c_.region_.refs[li].data() + at * kk);
+            errors.push_back(c_.region_.errors[li][at]);
         } else {
             if (!c_.plan_.done[li]) {
                 return failed_precondition("DeltaKV layer " + std::to_string(layer) +
@@ -84,10 +86,12 @@ Result<std::vector<uint8_t>> DeltaKvCodec::export_rows(int32_t layer, int32_t be
                 c_.plan_.tokens.begin());
             z = c_.plan_.latents[li].data() + j * lb;
             refs.push_back(c_.plan_.refs[li].data() + j * kk);
+            errors.push_back(c_.plan_.errors[li][j]);
         }
         w.bytes(z, lb);
     }
     for (const uint16_t* r : refs) w.bytes(r, sizeof(uint16_t) * kk);
+    w.bytes(errors.data(), errors.size());
     return out;
 }
 
@@ -104,6 +108,7 @@ Status DeltaKvCodec::begin_rows_import(int32_t n) {
     for (size_t sl = 0; sl < c_.sparse_layers_.size(); ++sl) {
         c_.region_.latents[sl].clear();
         c_.region_.refs[sl].clear();
+        c_.region_.errors[sl].clear();
     }
     c_.region_.sync_ref_list();
     zero_rows();
@@ -160,7 +165,7 @@ Status DeltaKvCodec::import_rows(int32_t layer, int32_t begin, int32_t end,
         (in_region && !bit(p) ? latent : fp).push_back(p);
     }
     const size_t lb = c_.latent_bytes(), kk = static_cast<size_t>(c_.options_.k);
-    if (r.remaining() != 2 * row * fp.size() + latent.size() * (lb + sizeof(uint16_t) * kk)) {
+    if (r.remaining() != 2 * row * fp.size() + latent.size() * (lb + sizeof(uint16_t) * kk + 1)) {
         return data_loss(where + ": " + std::to_string(part.size()) + " bytes, not what its " +
                          std::to_string(fp.size()) + " full-precision tokens and " +
                          std::to_string(latent.size()) + " latents take");
@@ -179,7 +184,8 @@ Status DeltaKvCodec::import_rows(int32_t layer, int32_t begin, int32_t end,
     }
     std::vector<uint16_t> refs(latent.size() * kk);
     if (!refs.empty()) {  // (a part without latents: memcpy takes no null pointer)
-        std::memcpy(refs.data(), part.data() + (part.size() - refs.size() * sizeof(uint16_t)),
+        std::memcpy(refs.data(),
+                    part.data() + (part.size() - latent.size() - refs.size() * sizeof(uint16_t)),
                     refs.size() * sizeof(uint16_t));
     }
     for (size_t i = 0; i < refs.size(); ++i) {
@@ -212,6 +218,9 @@ Status DeltaKvCodec::import_rows(int32_t layer, int32_t begin, int32_t end,
     const auto z = r.take(latent.size() * lb);
     c_.region_.latents[li].insert(c_.region_.latents[li].end(), z.begin(), z.end());
     c_.region_.refs[li].insert(c_.region_.refs[li].end(), refs.begin(), refs.end());
+    r.take(refs.size() * sizeof(uint16_t));  // taken above
+    const auto errors = r.take(latent.size());
+    c_.region_.errors[li].insert(c_.region_.errors[li].end(), errors.begin(), errors.end());
     return {};
 }
 

@@ -1,6 +1,8 @@
 // Shipping a DeltaKV session: what it holds (full layers, full-precision tokens, latents and
 // their references), never the reconstructed or full KV.
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "byte_io.h"
 #include "deltakv_codec.h"
@@ -108,6 +110,7 @@ Status DeltaKvCodec::import_state(std::span<const uint8_t> state) {
     for (size_t sl = 0; sl < c_.sparse_layers_.size(); ++sl) {
         c_.region_.latents[sl].assign(static_cast<size_t>(latents) * lb, 0);
         c_.region_.refs[sl].assign(static_cast<size_t>(latents) * c_.options_.k, kNoRef);
+        c_.region_.errors[sl].assign(static_cast<size_t>(latents), 0);
     }
     zero_rows();
     return {};
@@ -129,6 +132,34 @@ void DeltaKvCodec::zero_rows() {
     }
 }
 
+std::vector<float> DeltaKvCodec::rows_error(int32_t begin, int32_t end) const {
+    const int32_t n_layers = c_.options_.n_layers;
+    std::vector<float> out(static_cast<size_t>(n_layers), std::numeric_limits<float>::quiet_NaN());
+    begin = std::max(begin, 0);
+    end = std::min(end, c_.n_tokens_);
+    for (int32_t l = 0; l < n_layers; ++l) {
+        if (c_.options_.full_layer[l]) continue;
+        const auto& codes = c_.region_.errors[c_.layer_index_[l]];
+        double sum = 0.0;
+        int64_t latents = 0, measured = 0;
+        for (int32_t p = begin; p < end; ++p) {
+            const int32_t at = c_.region_.latent_of[p];
+            if (at < 0) continue;
+            ++latents;
+            if (static_cast<size_t>(at) < codes.size() && codes[at] != 0) {
+                sum += deltakv_error_of_code(codes[at]);
+                ++measured;
+            }
+        }
+        if (latents == 0) {
+            out[l] = 0.0f;
+        } else if (measured > 0) {
+            out[l] = static_cast<float>(std::sqrt(sum / static_cast<double>(measured)));
+        }
+    }
+    return out;
+}
+
 Result<std::vector<uint8_t>> DeltaKvCodec::export_layer(int32_t layer) const {
     if (layer < 0 || layer >= c_.options_.n_layers) return invalid_argument("no such layer");
     if (c_.n_reserved_ != 0)
@@ -140,15 +171,17 @@ Result<std::vector<uint8_t>> DeltaKvCodec::export_layer(int32_t layer) const {
     const size_t row = pool.row_bytes();
     const std::vector<int32_t> slots = held_slots(slot_of, c_.n_tokens_);
     std::vector<uint8_t> out;
-    out.reserve(
-        2 * row * slots.size() +
-        (full ? 0 : c_.region_.latents[li].size() + sizeof(uint16_t) * c_.region_.refs[li].size()));
+    out.reserve(2 * row * slots.size() + (full ? 0
+                                               : c_.region_.latents[li].size() +
+                                                     sizeof(uint16_t) * c_.region_.refs[li].size() +
+                                                     c_.region_.errors[li].size()));
     ByteWriter w(out);
     for (int32_t s : slots) w.bytes(pool.k_base(li) + s * row, row);
     for (int32_t s : slots) w.bytes(pool.v_base(li) + s * row, row);
     if (!full) {
         w.bytes(c_.region_.latents[li].data(), c_.region_.latents[li].size());
         w.bytes(c_.region_.refs[li].data(), c_.region_.refs[li].size() * sizeof(uint16_t));
+        w.bytes(c_.region_.errors[li].data(), c_.region_.errors[li].size());
     }
     return out;
 }
@@ -164,7 +197,8 @@ Status DeltaKvCodec::import_layer(int32_t layer, std::span<const uint8_t> part) 
     const std::vector<int32_t> slots = held_slots(slot_of, c_.n_tokens_);
     const size_t latent_part = full ? 0 : c_.region_.latents[li].size();
     const size_t refs_part = full ? 0 : c_.region_.refs[li].size() * sizeof(uint16_t);
-    const size_t want = 2 * row * slots.size() + latent_part + refs_part;
+    const size_t errors_part = full ? 0 : c_.region_.errors[li].size();
+    const size_t want = 2 * row * slots.size() + latent_part + refs_part + errors_part;
     if (part.size() != want) {
         return data_loss("DeltaKV layer " + std::to_string(layer) + ": " +
                          std::to_string(part.size()) + " bytes, expected " + std::to_string(want));
@@ -190,6 +224,8 @@ Status DeltaKvCodec::import_layer(int32_t layer, std::span<const uint8_t> part) 
         for (int32_t s : slots) r.bytes(pool.k_row(li, s), row);
         for (int32_t s : slots) r.bytes(pool.v_row(li, s), row);
         r.bytes(c_.region_.latents[li].data(), latent_part);
+        r.take(refs_part);  // taken above
+        r.bytes(c_.region_.errors[li].data(), errors_part);
         c_.region_.refs[li] = std::move(refs);
         return {};
     }

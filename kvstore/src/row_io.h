@@ -34,7 +34,8 @@ inline void read_row(kernels::DType dtype, const uint8_t* src, float* dst, int32
     const auto* s = reinterpret_cast<const uint16_t*>(src);
     int32_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+        _mm256_storeu_ps(dst + i,
+                         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
     }
     for (; i < n; ++i) dst[i] = fp16_to_fp32(s[i]);
 }
@@ -42,7 +43,8 @@ inline void read_row(kernels::DType dtype, const uint8_t* src, float* dst, int32
 // Asks for a row's cache lines ahead of its use (rows read in an order the hardware
 // prefetcher cannot guess: references scattered through a pool).
 inline void prefetch_row(const uint8_t* row, int32_t bytes) {
-    for (int32_t b = 0; b < bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(row + b), _MM_HINT_T0);
+    for (int32_t b = 0; b < bytes; b += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(row + b), _MM_HINT_T0);
 }
 
 }  // namespace deltaserve::kvstore

@@ -149,6 +149,10 @@ class InferenceContextImpl final : public InferenceContext {
         DS_ASSIGN_OR_RETURN(kvstore::SequenceCodec * c, codec());
         return c->import_rows(layer, begin, end, part);
     }
+    std::vector<float> kv_rows_error(int32_t begin, int32_t end) const override {
+        const kvstore::SequenceCodec* c = cache_->codec();
+        return c != nullptr ? c->rows_error(begin, end) : std::vector<float>();
+    }
     void set_layer_observer(LayerObserver observer) override {
         forward_.set_layer_observer(std::move(observer));
     }

@@ -35,9 +35,10 @@ Result<ExportedKvBlocks> export_kv_blocks(const InferenceContext& ctx,
         meta.end = end;
         meta.tokens.assign(tokens.begin() + begin, tokens.begin() + end);
         DS_ASSIGN_OR_RETURN(meta.codec_state, ctx.export_kv_rows_state(end));
-        // Not measured per block yet: NaN is "unknown" to the tools.
-        meta.layer_error.assign(static_cast<size_t>(n_layers),
-                                std::numeric_limits<float>::quiet_NaN());
+        meta.layer_error = ctx.kv_rows_error(begin, end);
+        if (meta.layer_error.size() != static_cast<size_t>(n_layers))  // kept exact: none
+            meta.layer_error.assign(static_cast<size_t>(n_layers),
+                                    std::numeric_limits<float>::quiet_NaN());
         std::vector<std::vector<uint8_t>> parts;
         for (int32_t l = 0; l < n_layers; ++l) {
             DS_ASSIGN_OR_RETURN(std::vector<uint8_t> part, ctx.export_kv_rows(l, begin, end));

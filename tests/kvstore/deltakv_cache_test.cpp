@@ -139,9 +139,9 @@ TEST(DeltaKvCache, CompressesTheOldestWindowWhenTheBufferDoubles) {
     const size_t row = kKvDim * 2 * 2;
     const size_t want = 40 * 1 * row              // the full layer
                         + (4 + 5 + 12) * 2 * row  // sinks, references, buffer in 2 sparse layers
-                        + 19 * 2 * (k::int4_bytes(kM) + 4)  // latents + 2 16-bit reference ids
-                        + 40 * 13                           // position maps, reference flags
-                        + 5 * 4;                            // the references' positions
+                        + 19 * 2 * (k::int4_bytes(kM) + 4 + 1)  // latents, 2 ref ids, codes
+                        + 40 * 13                               // position maps, reference flags
+                        + 5 * 4;                                // the references' positions
     EXPECT_EQ((*c)->bytes(), want);
     EXPECT_LT((*c)->bytes(), full_fp16_bytes(40, kLayers, kKvDim));
 }

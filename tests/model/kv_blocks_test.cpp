@@ -1,15 +1,21 @@
 // A session's KV through stored blocks (model/kv_blocks.h, kvstore/kv_block.h): exported,
 // encoded, checked and imported into a fresh context, it continues exactly as the original
 // (bit-identical logits), for full KV and DeltaKV; a damaged, foreign or misordered block is
-// refused and leaves the context empty.
+// refused and leaves the context empty. A DeltaKV block records each layer's reconstruction
+// error, measured when its tokens were compressed, and keeps it through an import.
 #include "deltaserve/model/kv_blocks.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "default_model.h"
 #include "deltaserve/common/chain_hash.h"
+#include "deltaserve/kvstore/kv_block.h"
 #include "deltaserve/model/sampler.h"
 #include "test_paths.h"
 
@@ -19,12 +25,14 @@ namespace {
 class KvBlocksTest : public testing::DefaultModelTest,
                      public ::testing::WithParamInterface<const char*> {
   protected:
-    static std::unique_ptr<InferenceContext> context(const std::string& policy) {
+    static std::unique_ptr<InferenceContext> context(const std::string& policy,
+                                                     float exact = 0.0f) {
         ContextOptions co;
         co.n_ctx = 2048;
         co.n_threads = 2;
         co.kv.policy = policy;
         co.kv.keep = policy == "full" ? 1.0f : 0.3f;
+        co.deltakv_exact = exact;
         co.kv_profile = testing::default_deltakv_profile();
         auto c = InferenceContext::create(*model_, co);
         EXPECT_TRUE(c.ok()) << c.error().to_string();
@@ -41,7 +49,30 @@ class KvBlocksTest : public testing::DefaultModelTest,
     static std::vector<std::span<const uint8_t>> views(const ExportedKvBlocks& e) {
         return {e.blocks.begin(), e.blocks.end()};
     }
+    static std::vector<float> layer_errors(const std::vector<uint8_t>& block,
+                                           const KvBlocksOptions& o) {
+        auto v = kvstore::parse_kv_block(block, o.fingerprint);
+        EXPECT_TRUE(v.ok()) << v.status().to_string();
+        return v.ok() ? v->meta.layer_error : std::vector<float>();
+    }
+    // The mean over the layers that measured, of the first blocks' errors.
+    static double mean_error(const ExportedKvBlocks& e, const KvBlocksOptions& o, size_t blocks) {
+        double sum = 0.0;
+        int n = 0;
+        for (size_t b = 0; b < blocks; ++b) {
+            for (float x : layer_errors(e.blocks[b], o)) {
+                if (std::isnan(x)) continue;
+                sum += x;
+                ++n;
+            }
+        }
+        return n > 0 ? sum / n : NAN;
+    }
 };
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), 4 * a.size()) == 0;
+}
 
 TEST_P(KvBlocksTest, AnImportedSessionContinuesExactlyAsTheOriginal) {
     auto original = context(GetParam());
@@ -142,6 +173,79 @@ TEST_P(KvBlocksTest, BadBlocksAreRefusedAndNothingStays) {
     EXPECT_EQ(restored->n_past(), 600);
     EXPECT_EQ(import_kv_blocks(*restored, views(*e), e->hints, o).code(),
               StatusCode::kFailedPrecondition);  // not empty
+}
+
+// What compression cost each layer of a block, as the tools show it: DeltaKV's sparse layers
+// measured when their tokens were compressed, its full layers and full KV not (NaN). An
+// imported session keeps the measurement: exported again, its blocks are the same bytes.
+TEST_P(KvBlocksTest, EachBlockRecordsEachLayersReconstructionError) {
+    auto original = context(GetParam());
+    ASSERT_TRUE(original);
+    const auto tokens = text_tokens(1000);
+    for (size_t at = 0; at < tokens.size(); at += 250)
+        ASSERT_TRUE(original->eval({tokens.data() + at, 250}).ok());
+    const KvBlocksOptions o = options(GetParam());
+    auto e = export_kv_blocks(*original, tokens, o);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    ASSERT_EQ(e->blocks.size(), 4u);
+    const int32_t n_layers = model_->config.n_layers;
+    std::vector<int32_t> measured_in(static_cast<size_t>(n_layers), 0);
+    for (size_t b = 0; b < e->blocks.size(); ++b) {
+        const std::vector<float> err = layer_errors(e->blocks[b], o);
+        ASSERT_EQ(err.size(), static_cast<size_t>(n_layers));
+        std::printf("block %zu:", b);
+        for (float x : err) std::printf(" %.3f", x);
+        std::printf("\n");
+        for (int32_t l = 0; l < n_layers; ++l) {
+            if (std::isnan(err[l])) continue;
+            ++measured_in[l];
+            // The compressors' relative RMS errors are a few percent to a few tens of percent.
+            EXPECT_GT(err[l], 0.005f) << "block " << b << " layer " << l;
+            EXPECT_LT(err[l], 0.7f) << "block " << b << " layer " << l;
+        }
+        EXPECT_TRUE(same_bits(err, original->kv_rows_error(
+                                       256 * static_cast<int32_t>(b),
+                                       std::min(1000, 256 * (static_cast<int32_t>(b) + 1)))) ||
+                    GetParam() == std::string("full"));
+    }
+    const auto measured =
+        std::count_if(measured_in.begin(), measured_in.end(), [](int32_t n) { return n > 0; });
+    if (GetParam() == std::string("full")) {
+        EXPECT_EQ(measured, 0);
+        EXPECT_TRUE(original->kv_rows_error(0, 1000).empty());
+        return;
+    }
+    // The first blocks are compressed in every sparse layer; a few layers are kept full.
+    EXPECT_GT(measured, n_layers / 2);
+    EXPECT_LT(measured, n_layers);
+    for (int32_t l = 0; l < n_layers; ++l) EXPECT_TRUE(measured_in[l] == 0 || measured_in[l] >= 3);
+
+    auto restored = context(GetParam());
+    ASSERT_TRUE(import_kv_blocks(*restored, views(*e), e->hints, o).ok());
+    EXPECT_TRUE(same_bits(restored->kv_rows_error(0, 1000), original->kv_rows_error(0, 1000)));
+    auto again = export_kv_blocks(*restored, tokens, o);
+    ASSERT_TRUE(again.ok()) << again.status().to_string();
+    EXPECT_EQ(again->blocks, e->blocks);
+}
+
+// The measure is the real error: keeping the tokens the judging layers reconstruct worst exact
+// (--kv-exact) lowers what the blocks record.
+TEST_P(KvBlocksTest, TokensKeptExactLowerTheRecordedError) {
+    if (GetParam() == std::string("full")) GTEST_SKIP() << "full KV compresses nothing";
+    const auto tokens = text_tokens(1000);
+    const KvBlocksOptions o = options(GetParam());
+    double mean[2] = {0.0, 0.0};
+    for (int i = 0; i < 2; ++i) {
+        auto ctx = context(GetParam(), i == 0 ? 0.0f : 0.25f);
+        ASSERT_TRUE(ctx);
+        ASSERT_TRUE(ctx->eval(tokens).ok());
+        auto e = export_kv_blocks(*ctx, tokens, o);
+        ASSERT_TRUE(e.ok()) << e.status().to_string();
+        mean[i] = mean_error(*e, o, 3);
+    }
+    std::printf("mean recorded error of blocks 0-2: %.4f, with 25%% kept exact %.4f\n", mean[0],
+                mean[1]);
+    EXPECT_LT(mean[1], mean[0] * 0.97) << "exact 0: " << mean[0] << ", exact 0.1: " << mean[1];
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, KvBlocksTest, ::testing::Values("full", "deltakv"));

@@ -9,9 +9,9 @@
 #include <map>
 #include <span>
 
+#include "default_model.h"
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/sampler.h"
-#include "default_model.h"
 #include "test_paths.h"
 
 namespace deltaserve::model {
@@ -32,6 +32,14 @@ class KvShipping : public testing::DefaultModelTest {
         auto c = InferenceContext::create(*model_, co);
         EXPECT_TRUE(c.ok()) << c.error().to_string();
         return c.ok() ? std::move(*c) : nullptr;
+    }
+    // The reconstruction errors measured at compression travel with the session.
+    static void expect_same_errors(const InferenceContext& sender,
+                                   const InferenceContext& receiver) {
+        const std::vector<float> a = sender.kv_rows_error(0, sender.n_past()),
+                                 b = receiver.kv_rows_error(0, receiver.n_past());
+        ASSERT_EQ(a.size(), b.size());
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), 4 * a.size()), 0);
     }
     static int32_t n_layers() { return model_->config.n_layers; }
     // The receiver, holding what the sender shipped, goes on exactly as the sender: the
@@ -87,6 +95,7 @@ TEST_P(KvShippingTest, ReceiverContinuesExactlyAsTheSender) {
         ASSERT_TRUE(s.ok()) << s.to_string();
     }
     EXPECT_EQ(receiver->kv_bytes(), sender->kv_bytes());
+    expect_same_errors(*sender, *receiver);
 
     expect_same_continuation(*sender, *receiver, {tokens.data() + 1200, 100});
 }
@@ -123,7 +132,8 @@ std::vector<RowsPart> prefill_shipping_rows(InferenceContext& ctx, std::span<con
     });
     for (int32_t b = 0; b < n; b = e) {
         e = std::min(n, b + chunk);
-        EXPECT_TRUE(ctx.eval(tokens.subspan(static_cast<size_t>(b), static_cast<size_t>(e - b))).ok());
+        EXPECT_TRUE(
+            ctx.eval(tokens.subspan(static_cast<size_t>(b), static_cast<size_t>(e - b))).ok());
     }
     ctx.set_layer_observer(nullptr);
     done = true;
@@ -162,6 +172,7 @@ TEST_P(KvShippingTest, RowsShippedWhileThePrefillRunsContinueExactly) {
                             << "): " << s.to_string();
     }
     EXPECT_EQ(receiver->kv_bytes(), sender->kv_bytes());
+    expect_same_errors(*sender, *receiver);
     expect_same_continuation(*sender, *receiver, {tokens.data() + 1200, 100});
 }
 
@@ -210,15 +221,18 @@ TEST_F(KvShipping, DeltaKvRowsThatDisagreeBetweenLayersAreRefused) {
     // of the bitmap, inverted, changes which rows follow: refused either way).
     auto flipped = b.bytes;
     flipped[sizeof(int32_t)] ^= 0xff;
-    EXPECT_EQ(receiver->import_kv_rows(b.layer, b.begin, b.end, flipped).code(), StatusCode::kDataLoss);
+    EXPECT_EQ(receiver->import_kv_rows(b.layer, b.begin, b.end, flipped).code(),
+              StatusCode::kDataLoss);
     // A region that ends elsewhere than the first layer's.
     auto moved = b.bytes;
     const int32_t region = 16;
     std::memcpy(moved.data(), &region, sizeof(region));
-    EXPECT_EQ(receiver->import_kv_rows(b.layer, b.begin, b.end, moved).code(), StatusCode::kDataLoss);
+    EXPECT_EQ(receiver->import_kv_rows(b.layer, b.begin, b.end, moved).code(),
+              StatusCode::kDataLoss);
     std::vector<uint8_t> cut(b.bytes.begin(), b.bytes.end() - 1);
     EXPECT_EQ(receiver->import_kv_rows(b.layer, b.begin, b.end, cut).code(), StatusCode::kDataLoss);
-    EXPECT_EQ(receiver->import_kv_rows(b.layer, b.begin, 901, b.bytes).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(receiver->import_kv_rows(b.layer, b.begin, 901, b.bytes).code(),
+              StatusCode::kInvalidArgument);
     // The genuine part still fits after the refusals.
     EXPECT_TRUE(receiver->import_kv_rows(b.layer, b.begin, b.end, b.bytes).ok());
 }
@@ -255,17 +269,25 @@ TEST_F(KvShipping, DeltaKvRefusesLatentsPointingAtCompressedTokens) {
     ASSERT_TRUE(sender->eval(tokens).ok());
     auto state = sender->export_kv_state();
     ASSERT_TRUE(state.ok());
-    // A sparse layer (the state's layer roles follow its seven 32-bit fields); its part
-    // ends with the latents' reference positions: point the last one past the sequence.
+    // A sparse layer (the state's layer roles follow its seven 32-bit fields, then a bitmap
+    // of the region's references); its part ends with the latents' reference positions and
+    // a byte per latent: point the last reference past the sequence.
     int32_t sparse = -1;
     for (int32_t l = n_layers() - 1; l > 0 && sparse < 0; --l) {
         if ((*state)[7 * sizeof(int32_t) + l] == 0) sparse = l;
     }
     ASSERT_GE(sparse, 0) << "no sparse layer at keep 0.3";
+    int32_t region_end = 0, sinks = 0;
+    std::memcpy(&region_end, state->data() + 4, 4);
+    std::memcpy(&sinks, state->data() + 8, 4);
+    size_t latents = static_cast<size_t>(region_end - sinks);
+    for (size_t i = 7 * sizeof(int32_t) + n_layers(); i < state->size(); ++i)
+        latents -= static_cast<size_t>(__builtin_popcount((*state)[i]));
+    ASSERT_GT(latents, 0u);
     auto part = sender->export_kv_layer(sparse);
     ASSERT_TRUE(part.ok());
-    const int32_t bad = 999999;
-    std::memcpy(part->data() + part->size() - sizeof(int32_t), &bad, sizeof(bad));
+    const uint16_t bad = 60000;
+    std::memcpy(part->data() + part->size() - latents - sizeof(bad), &bad, sizeof(bad));
     auto receiver = context("deltakv");
     ASSERT_TRUE(receiver->import_kv_state(*state).ok());
     EXPECT_EQ(receiver->import_kv_layer(sparse, *part).code(), StatusCode::kDataLoss);
@@ -278,7 +300,8 @@ TEST_F(KvShipping, PoliciesThatCannotShipSaySo) {
     EXPECT_EQ(c->export_kv_state().error().code(), StatusCode::kUnimplemented);
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, KvShippingTest, ::testing::Values("full", "deltakv", "deltakv_exact"),
+INSTANTIATE_TEST_SUITE_P(Policies, KvShippingTest,
+                         ::testing::Values("full", "deltakv", "deltakv_exact"),
                          [](const auto& info) { return std::string(info.param); });
 
 }  // namespace

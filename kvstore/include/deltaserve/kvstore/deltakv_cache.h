@@ -234,10 +234,15 @@ class DeltaKvSequenceCache final : public SequenceCache {
     int32_t exact_judges() const;
     // A plan whose tokens kept exact are not chosen yet: its rows are not final.
     bool exact_pending() const;
-    // Into plan_.err[s]: the K and V squared errors of nb tokens' latents (packed, or z
-    // for fp16), x = Dec + rm against the tokens' x (rows of D).
-    void add_errors(int32_t s, const float* x, const float* rm, const float* z,
+    // The reconstruction errors of nb tokens' latents (packed, or z for fp16; the tokens at
+    // positions pos), x = Dec + rm against the tokens' x (rows of D): their codes into
+    // plan_.errors[s] (those of positions a multiple of kErrorSample, 0 for the others,
+    // except in a judging layer) and, for a judging layer, every token's K and V squared
+    // errors into plan_.err[s].
+    void add_errors(int32_t s, const int32_t* pos, const float* x, const float* rm, const float* z,
                     const uint8_t* packed, int64_t nb);
+    // Measuring every latent's error would slow compression by about a tenth.
+    static constexpr int32_t kErrorSample = 4;
     void finish_compression();
     // Moves the rows of the sparse pool's highest slots into the holes below and gives the
     // pages above back (SlotPool::trim), after a compression or truncation freed slots.

@@ -21,7 +21,8 @@ struct DeltaKvRegion {
           stride(stride),
           end(sinks),
           latents(n_sparse_layers),
-          refs(n_sparse_layers) {}
+          refs(n_sparse_layers),
+          errors(n_sparse_layers) {}
 
     bool is_ref(int32_t pos) const { return pos < sinks || ref_flag[pos] != 0; }
     // The position an ordinal names, -1 for kNoRef.
@@ -54,7 +55,17 @@ struct DeltaKvRegion {
     std::vector<int32_t> ref_list;
     std::vector<std::vector<uint8_t>> latents;  // per sparse layer: packed latents in order
     std::vector<std::vector<uint16_t>> refs;    // per sparse layer: k ordinals per latent
+    // Per sparse layer, per latent: its reconstruction error when it was compressed
+    // (deltakv_error_code).
+    std::vector<std::vector<uint8_t>> errors;
 };
+
+// A latent's reconstruction error in one byte: its relative squared error e = |x^ - x|^2 /
+// |x|^2 over the layer's K and V rows, logarithmic in steps of 2^(1/8) (about 4.4% of the
+// RMS error) from 2^-23 to 2^8.75; 0 is "not measured".
+uint8_t deltakv_error_code(double relative_squared_error);
+// The relative squared error a code stands for; NaN for 0.
+double deltakv_error_of_code(uint8_t code);
 
 // What the commit of a forward call compresses (DeltaKvSequenceCache::plan_compression):
 // the region's end after it, each block's end, the blocks' tokens that become latents (in
@@ -65,7 +76,8 @@ struct DeltaKvPlan {
         : done(n_sparse_layers, 0),
           latents(n_sparse_layers),
           refs(n_sparse_layers),
-          err(n_sparse_layers) {}
+          err(n_sparse_layers),
+          errors(n_sparse_layers) {}
 
     // A new plan for a session of n_total tokens whose region ends at region_end.
     void start(int32_t n_total, int32_t region_end);
@@ -83,6 +95,8 @@ struct DeltaKvPlan {
     // Per sparse layer: the K and V squared reconstruction errors of each plan token, for the
     // tokens kept exact (DeltaKvOptions::exact_share).
     std::vector<std::vector<float>> err;
+    // Per sparse layer: each latent's error code, as DeltaKvRegion::errors.
+    std::vector<std::vector<uint8_t>> errors;
     // The fraction of a token the exact share left over from earlier plans (carry_before:
     // before this plan, for a plan that is dropped).
     double exact_carry = 0.0, carry_before = 0.0;

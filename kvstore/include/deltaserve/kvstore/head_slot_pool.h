@@ -25,7 +25,7 @@ struct HeadSlotPoolOptions {
 };
 
 class HeadSlotPool {
-public:
+  public:
     // Errors: kInvalidArgument for bad sizes, kResourceExhausted when the arena cannot be
     // allocated.
     static Result<std::unique_ptr<HeadSlotPool>> create(const HeadSlotPoolOptions& options);
@@ -47,7 +47,7 @@ public:
     const uint8_t* v_base(int32_t unit) const { return base(unit, 1); }
     size_t bytes() const { return bytes_; }
 
-private:
+  private:
     explicit HeadSlotPool(const HeadSlotPoolOptions& options);
     uint8_t* base(int32_t unit, int kv) const {
         return arena_.get() + (static_cast<size_t>(unit) * 2 + kv) * unit_bytes_;

@@ -22,8 +22,8 @@
 //   64      s     codec state (export_rows_state's settings: what an importer must share)
 //   ...     4 n   the tokens' ids, n = end - begin
 //   ...     8 L   each layer's part bytes, L = n_layers
-//   ...     4 L   each layer's reconstruction error when it was compressed (f32 relative
-//                 RMS; NaN where not measured: full layers, full KV)
+//   ...     4 L   each layer's reconstruction error when it was compressed (f32, the
+//                 codec's rows_error; NaN where not measured: full layers, full KV)
 //   ...     4     CRC-32C of the header before it
 //   ...           payload: the layers' parts in order
 //

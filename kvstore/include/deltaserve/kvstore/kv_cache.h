@@ -157,6 +157,15 @@ class SequenceCodec {
                                                      int32_t end) const = 0;
     virtual Status import_rows(int32_t layer, int32_t begin, int32_t end,
                                std::span<const uint8_t> part) = 0;
+    // Per layer, what compression cost positions [begin, end) of the committed tokens, as
+    // measured when they were compressed (and shipped with them): the relative RMS error of
+    // the reconstructed K and V rows over the range's compressed tokens, 0 where it has none,
+    // NaN where nothing was measured (layers kept exact). Empty for a cache that keeps
+    // everything exact.
+    virtual std::vector<float> rows_error(int32_t begin, int32_t end) const {
+        (void)begin, (void)end;
+        return {};
+    }
 };
 
 // Bytes of n_tokens tokens in an fp16 cache that keeps everything: the denominator of the

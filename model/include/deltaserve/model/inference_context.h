@@ -157,6 +157,9 @@ class InferenceContext {
                                                         int32_t end) const = 0;
     virtual Status import_kv_rows(int32_t layer, int32_t begin, int32_t end,
                                   std::span<const uint8_t> part) = 0;
+    // Per layer, the reconstruction error of positions [begin, end) measured when they were
+    // compressed (kvstore::SequenceCodec::rows_error); empty when the cache keeps them exact.
+    virtual std::vector<float> kv_rows_error(int32_t begin, int32_t end) const = 0;
     // Called after each layer of every forward pass with the layer index, while the chunk's
     // positions [n_past(), n_past() + chunk) are stored but not yet committed.
     virtual void set_layer_observer(LayerObserver observer) = 0;
