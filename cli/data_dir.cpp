@@ -42,14 +42,6 @@ uint64_t default_host_tier_bytes() {
            static_cast<uint64_t>(::sysconf(_SC_PAGE_SIZE)) / 8;
 }
 
-std::string default_data_dir() {
-    if (const char* xdg = std::getenv("XDG_DATA_HOME"); xdg != nullptr && xdg[0] == '/')
-        return (fs::path(xdg) / "deltaserve").string();
-    if (const char* home = std::getenv("HOME"); home != nullptr && home[0] != '\0')
-        return (fs::path(home) / ".local" / "share" / "deltaserve").string();
-    return "";
-}
-
 Result<std::shared_ptr<kvstore::DiskTier>> open_data_dir(const std::string& dir,
                                                          uint64_t capacity) {
     std::error_code ec;

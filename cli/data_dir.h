@@ -7,14 +7,11 @@
 #include <string>
 
 #include "deltaserve/common/status.h"
+#include "deltaserve/common/user_dirs.h"
 #include "deltaserve/kvstore/disk_tier.h"
 #include "deltaserve/model/inference_context.h"
 
 namespace deltaserve::cli {
-
-// $XDG_DATA_HOME/deltaserve, else $HOME/.local/share/deltaserve (as llama.cpp's and
-// Hugging Face's caches follow XDG); "" when neither variable is set.
-std::string default_data_dir();
 
 // An eighth of physical memory: the host tier's default size.
 uint64_t default_host_tier_bytes();

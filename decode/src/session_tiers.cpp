@@ -17,30 +17,17 @@ namespace {
 // A demoted session's blocks stay leased while its turn imports them, at most this long.
 constexpr std::chrono::seconds kLease{30};
 
-// A session record on disk, version 1, little-endian: "DSSR", u32 version, u32 n blocks,
-// then each block's u64 key, i32 end and u32 CRC, u32 n tokens and the ids, u32 n hint
-// bytes and the hints. Read back as hostile bytes: every count is checked before use.
-constexpr char kRecordMagic[4] = {'D', 'S', 'S', 'R'};
-constexpr uint32_t kRecordVersion = 1;
-constexpr uint32_t kMaxRecordTokens = 1u << 24;
-
-template <typename T>
-void put(std::string& s, T v) {
-    char b[sizeof(T)];
-    std::memcpy(b, &v, sizeof(T));
-    s.append(b, sizeof(T));
+// Where each turn of `tokens` (a session at a turn's end) ended: those of the last record,
+// when the session goes on from it, then this turn's.
+std::vector<int32_t> turns_after(const SessionRecord& before, const std::vector<int32_t>& tokens) {
+    std::vector<int32_t> ends;
+    if (before.tokens.size() <= tokens.size() &&
+        std::equal(before.tokens.begin(), before.tokens.end(), tokens.begin()))
+        ends = before.turn_ends;
+    if (ends.empty() || ends.back() < static_cast<int32_t>(tokens.size()))
+        ends.push_back(static_cast<int32_t>(tokens.size()));
+    return ends;
 }
-
-struct Reader {
-    std::string_view s;
-    template <typename T>
-    bool get(T& v) {
-        if (s.size() < sizeof(T)) return false;
-        std::memcpy(&v, s.data(), sizeof(T));
-        s.remove_prefix(sizeof(T));
-        return true;
-    }
-};
 
 }  // namespace
 
@@ -53,57 +40,7 @@ uint64_t SessionTiers::root_of(const std::string& session, const std::string& sc
 }
 
 std::string SessionTiers::record_key(const std::string& session) const {
-    char hex[17];
-    std::snprintf(hex, sizeof(hex), "%016llx",
-                  static_cast<unsigned long long>(options_.fingerprint));
-    return "ds/" + std::string(hex) + "/" + session;
-}
-
-std::string SessionTiers::encode_record(const Record& r) {
-    std::string s(kRecordMagic, 4);
-    put<uint32_t>(s, kRecordVersion);
-    put<uint32_t>(s, static_cast<uint32_t>(r.keys.size()));
-    for (size_t i = 0; i < r.keys.size(); ++i) {
-        put<uint64_t>(s, r.keys[i]);
-        put<int32_t>(s, r.ends[i]);
-        put<uint32_t>(s, r.crcs[i]);
-    }
-    put<uint32_t>(s, static_cast<uint32_t>(r.tokens.size()));
-    for (int32_t t : r.tokens) put<int32_t>(s, t);
-    put<uint32_t>(s, static_cast<uint32_t>(r.hints.size()));
-    s.append(reinterpret_cast<const char*>(r.hints.data()), r.hints.size());
-    return s;
-}
-
-std::optional<SessionTiers::Record> SessionTiers::decode_record(std::string_view bytes) {
-    Reader in{bytes};
-    char magic[4];
-    uint32_t version = 0, n = 0;
-    if (!in.get(magic) || std::memcmp(magic, kRecordMagic, 4) != 0) return std::nullopt;
-    if (!in.get(version) || version != kRecordVersion || !in.get(n)) return std::nullopt;
-    if (n == 0 || n > in.s.size() / 16) return std::nullopt;
-    Record r;
-    int32_t last = 0;
-    for (uint32_t i = 0; i < n; ++i) {
-        uint64_t key = 0;
-        int32_t end = 0;
-        uint32_t crc = 0;
-        if (!in.get(key) || !in.get(end) || !in.get(crc) || end <= last) return std::nullopt;
-        r.keys.push_back(key);
-        r.ends.push_back(end);
-        r.crcs.push_back(crc);
-        last = end;
-    }
-    uint32_t n_tokens = 0, n_hints = 0;
-    if (!in.get(n_tokens) || n_tokens > kMaxRecordTokens || n_tokens > in.s.size() / 4 ||
-        static_cast<int32_t>(n_tokens) != last) {
-        return std::nullopt;
-    }
-    r.tokens.resize(n_tokens);
-    for (int32_t& t : r.tokens) in.get(t);
-    if (!in.get(n_hints) || n_hints != in.s.size()) return std::nullopt;
-    r.hints.assign(in.s.begin(), in.s.end());
-    return r;
+    return session_record_key(options_.fingerprint, session);
 }
 
 SessionTiers::Record* SessionTiers::find_locked(const std::string& session) {
@@ -113,7 +50,7 @@ SessionTiers::Record* SessionTiers::find_locked(const std::string& session) {
     const std::string key = record_key(session);
     auto bytes = options_.disk->get_record(key);
     if (!bytes.ok() || !bytes->has_value()) return nullptr;
-    auto r = decode_record(**bytes);
+    auto r = decode_session_record(**bytes);
     if (!r) {
         spdlog::warn("decode: session {}: its stored record does not parse; recomputing", session);
         ++stats_.blocks_refused;
@@ -139,6 +76,7 @@ bool SessionTiers::persist(const std::string& session, const std::string& scope,
     }
     Record r;
     r.tokens = tokens;
+    r.turn_ends = turns_after(before, tokens);
     r.last_used = now_ms;
     model::KvBlocksOptions o{options_.fingerprint, root_of(session, scope), options_.block_tokens,
                              options_.codec};
@@ -197,7 +135,7 @@ bool SessionTiers::persist(const std::string& session, const std::string& scope,
         const bool stored = same || (options_.shared_prefix && options_.disk->contains(meta->key));
         if (stored && !last) continue;
         std::string record;
-        if (last) record = encode_record(r);
+        if (last) record = encode_session_record(r);
         const kvstore::DiskTier::Record rec[] = {{rkey, std::move(record)}};
         if (stored) {
             st = options_.disk->put_records(rec);
@@ -283,6 +221,11 @@ bool SessionTiers::demote(const std::string& session, const std::string& scope,
         return false;
     }
     r.tokens.assign(tokens.begin(), tokens.begin() + r.ends.back());
+    {
+        const auto it = records_.find(session);
+        r.turn_ends = turns_after(it != records_.end() ? it->second : Record(), tokens);
+        std::erase_if(r.turn_ends, [&](int32_t e) { return e > r.ends.back(); });
+    }
     if (r.keys.size() == exported->blocks.size()) r.hints = std::move(exported->hints);
     r.last_used = now_ms;
     records_[session] = std::move(r);

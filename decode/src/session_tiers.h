@@ -29,6 +29,7 @@
 #include <string_view>
 #include <vector>
 
+#include "deltaserve/decode/session_record.h"
 #include "deltaserve/decode/tier_stats.h"
 #include "deltaserve/kvstore/disk_tier.h"
 #include "deltaserve/kvstore/host_tier.h"
@@ -101,19 +102,8 @@ class SessionTiers {
     // counters (its host and disk figures are the tiers' own: the worker adds them).
     TierStats stats() const;
 
-    // A session's record: what its stored blocks hold. On disk (decode_record's format) it is
-    // read back as hostile bytes: decode_record checks every count and order before use, and
-    // a record that parses encodes back to the same bytes (tests/fuzz/session_record_fuzzer).
-    struct Record {
-        std::vector<uint64_t> keys;
-        std::vector<int32_t> ends;    // each block's end
-        std::vector<uint32_t> crcs;   // each block's CRC-32C; 0: any valid block
-        std::vector<int32_t> tokens;  // the tokens the blocks hold
-        std::vector<uint8_t> hints;   // the decode hints, with every block only
-        int64_t last_used = 0;        // steady ms (not stored)
-    };
-    static std::string encode_record(const Record& r);
-    static std::optional<Record> decode_record(std::string_view bytes);
+    // A session's record: what its stored blocks hold (session_record.h).
+    using Record = SessionRecord;
 
   private:
     // What a take of stored blocks found: how many leading ones came into the context, from

@@ -24,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "calibration_text.h"
 #include "commands.h"
 #include "deltaserve/common/args.h"
 #include "deltaserve/common/logging.h"
@@ -31,7 +32,6 @@
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/model.h"
 #include "deltaserve/model/scoring.h"
-#include "calibration_text.h"
 #include "key_error.h"
 
 namespace deltaserve::ops {
@@ -112,8 +112,8 @@ Result<std::vector<Sequence>> calibration_sequences(const Options& o, const mode
                                                     int32_t min_len) {
     const std::vector<std::string> texts = split(o.texts, ',');
     if (texts.empty()) return invalid_argument("no calibration text given");
-    const int64_t share = (max_tokens + static_cast<int64_t>(texts.size()) - 1) /
-                          static_cast<int64_t>(texts.size());
+    const int64_t share =
+        (max_tokens + static_cast<int64_t>(texts.size()) - 1) / static_cast<int64_t>(texts.size());
     std::vector<Sequence> out;
     for (const std::string& path : texts) {
         DS_ASSIGN_OR_RETURN(auto tokens, text_tokens(m, path));
@@ -133,13 +133,15 @@ Status add_key_error(const Options& o, const model::Model& m, const fs::path& ou
     const fs::path json_path = out / "deltakv.json";
     std::ifstream in(json_path);
     auto profile = nlohmann::json::parse(in, nullptr, false);
-    if (!in || profile.is_discarded()) return not_found("no DeltaKV profile at " + json_path.string());
+    if (!in || profile.is_discarded())
+        return not_found("no DeltaKV profile at " + json_path.string());
     in.close();
     DS_ASSIGN_OR_RETURN(auto sequences, calibration_sequences(o, m, std::min(o.max_tokens, 8192),
                                                               o.seq_len, kMinSequence));
     std::vector<std::vector<int32_t>> tokens;
     for (Sequence& s : sequences) tokens.push_back(std::move(s.tokens));
-    DS_ASSIGN_OR_RETURN(profile["key_error_var"], measure_key_error(m, json_path.string(), tokens, o.threads));
+    DS_ASSIGN_OR_RETURN(profile["key_error_var"],
+                        measure_key_error(m, json_path.string(), tokens, o.threads));
     std::ofstream(json_path) << profile.dump(1) << "\n";
     return Status();
 }
@@ -227,8 +229,9 @@ Status record_attention(const Options& o, const model::Model& m, const fs::path&
     const int64_t n_texts = static_cast<int64_t>(split(o.texts, ',').size());
     const int64_t per_text =
         std::max<int64_t>(1, o.trimkv_tokens / std::max<int64_t>(1, n_texts) / o.trimkv_seq);
-    DS_ASSIGN_OR_RETURN(auto sequences, calibration_sequences(o, m, per_text * o.trimkv_seq * n_texts,
-                                                              o.trimkv_seq, o.trimkv_seq));
+    DS_ASSIGN_OR_RETURN(
+        auto sequences,
+        calibration_sequences(o, m, per_text * o.trimkv_seq * n_texts, o.trimkv_seq, o.trimkv_seq));
     std::vector<int32_t> lengths;
     int64_t total = 0;
     for (const Sequence& s : sequences) {
@@ -408,11 +411,11 @@ int calibrate_deltakv(const Options& o, const model::Model& m, const fs::path& o
         std::fprintf(stderr, "deltactl: error: %s\n", st.message().c_str());
         return 1;
     }
-    auto trained = run_script(o, o.python, "train_deltakv.py",
-                              {"--kv", kv_dir.string(), "--out", out.string(), "--epochs",
-                               std::to_string(o.epochs), "--m", std::to_string(o.latent),
-                               "--stride", std::to_string(o.stride)},
-                              kv_dir, out, "train.json");
+    auto trained = run_script(
+        o, o.python, "train_deltakv.py",
+        {"--kv", kv_dir.string(), "--out", out.string(), "--epochs", std::to_string(o.epochs),
+         "--m", std::to_string(o.latent), "--stride", std::to_string(o.stride)},
+        kv_dir, out, "train.json");
     if (!trained.ok()) {
         std::fprintf(stderr, "deltactl: error: %s\n", trained.error().message().c_str());
         return 1;
@@ -522,7 +525,8 @@ int calibrate_main(int argc, char** argv) {
     p.add("seq-len", &o.seq_len, "tokens per calibration sequence");
     p.add("epochs", &o.epochs, "training epochs per layer");
     p.add("latent", &o.latent, "DeltaKV latent size m; 0 = D/4");
-    p.add("stride", &o.stride, "DeltaKV reference stride: every stride-th compressed token kept full");
+    p.add("stride", &o.stride,
+          "DeltaKV reference stride: every stride-th compressed token kept full");
     p.add("threads", &o.threads, "threads for the model; 0 = one per core");
     p.add("out", &o.out, "profile folder (default: profiles/<model file name>)");
     p.add("python", &o.python, "Python 3 with NumPy for the trainer");

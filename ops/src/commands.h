@@ -4,5 +4,11 @@
 namespace deltaserve::ops {
 
 int calibrate_main(int argc, char** argv);
+// The stored cache, offline (store_commands.cpp).
+int sessions_main(int argc, char** argv);
+int session_main(int argc, char** argv);
+int blocks_main(int argc, char** argv);
+int tiers_main(int argc, char** argv);
+int verify_main(int argc, char** argv);
 
 }  // namespace deltaserve::ops

@@ -16,7 +16,8 @@ Result<nlohmann::json> measure_key_error(const model::Model& m, const std::strin
     DS_ASSIGN_OR_RETURN(auto profile, model::load_deltakv_profile(profile_json, c));
     const kvstore::DeltaKvOptions o = model::deltakv_options(c, *profile);
     const int32_t d = profile->d, per = d / 4;
-    std::vector<std::vector<double>> sum(static_cast<size_t>(c.n_layers), std::vector<double>(per, 0.0));
+    std::vector<std::vector<double>> sum(static_cast<size_t>(c.n_layers),
+                                         std::vector<double>(per, 0.0));
     double weight = 0.0;
     ThreadPool pool(threads);
     for (const auto& tokens : sequences) {
@@ -26,24 +27,28 @@ Result<nlohmann::json> measure_key_error(const model::Model& m, const std::strin
         co.n_threads = threads;
         DS_ASSIGN_OR_RETURN(auto ctx, model::InferenceContext::create(m, co));
         std::vector<std::vector<float>> x(static_cast<size_t>(c.n_layers));
-        ctx->set_kv_tap([&](int32_t layer, const float* k, const float* v, int64_t rows, int64_t ld) {
-            auto& xl = x[layer];
-            for (int64_t t = 0; t < rows; ++t) {
-                xl.insert(xl.end(), k + t * ld, k + t * ld + d / 2);
-                xl.insert(xl.end(), v + t * ld, v + t * ld + d / 2);
-            }
-        });
+        ctx->set_kv_tap(
+            [&](int32_t layer, const float* k, const float* v, int64_t rows, int64_t ld) {
+                auto& xl = x[layer];
+                for (int64_t t = 0; t < rows; ++t) {
+                    xl.insert(xl.end(), k + t * ld, k + t * ld + d / 2);
+                    xl.insert(xl.end(), v + t * ld, v + t * ld + d / 2);
+                }
+            });
         DS_RETURN_IF_ERROR(ctx->eval(tokens).status());
-        const int32_t n_latent = n - std::min(n, o.sinks) - (n - std::min(n, o.sinks) + o.stride - 1) / o.stride;
+        const int32_t n_latent =
+            n - std::min(n, o.sinks) - (n - std::min(n, o.sinks) + o.stride - 1) / o.stride;
         if (n_latent <= 0) continue;
         for (int32_t l = 0; l < c.n_layers; ++l) {
-            const std::vector<float> var = kvstore::deltakv_key_error_variance(*profile, l, x[l].data(), n, o, pool);
+            const std::vector<float> var =
+                kvstore::deltakv_key_error_variance(*profile, l, x[l].data(), n, o, pool);
             for (int32_t i = 0; i < per; ++i) sum[l][i] += static_cast<double>(var[i]) * n_latent;
         }
         weight += n_latent;
         std::fprintf(stderr, "[calibrate] key error measured on %d tokens\n", n);
     }
-    if (weight == 0.0) return invalid_argument("no calibration sequence long enough to measure key errors");
+    if (weight == 0.0)
+        return invalid_argument("no calibration sequence long enough to measure key errors");
     nlohmann::json out = nlohmann::json::array();
     for (int32_t l = 0; l < c.n_layers; ++l) {
         std::vector<float> v(static_cast<size_t>(per));

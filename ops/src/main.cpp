@@ -10,7 +10,16 @@ constexpr const char* kUsage =
     "usage: deltactl <command> [flags]\n"
     "\n"
     "commands:\n"
+    "  sessions    the sessions a store holds, one row each\n"
+    "  session     describe ID: everything about one session (turns, layers, blocks)\n"
+    "  blocks      stored blocks, the sessions sharing them and what sharing saves\n"
+    "  tiers       each tier's capacity and use, and the disk tier's index\n"
+    "  verify      check every stored block and record (--drop removes what is bad)\n"
     "  calibrate   train a model's DeltaKV compressors from text and write a profile\n"
+    "\n"
+    "The cache views read a stopped node's --data-dir (default: serve's), or a checkpoint\n"
+    "of a live one.\n"
+    "Exit codes: 0 ok, 1 a server or store error, 2 usage.\n"
     "\n"
     "Run 'deltactl <command> --help' for a command's flags.\n";
 
@@ -26,7 +35,14 @@ int main(int argc, char** argv) {
         std::fputs(kUsage, stdout);
         return 0;
     }
-    if (cmd == "calibrate") return deltaserve::ops::calibrate_main(argc - 2, argv + 2);
-    std::fprintf(stderr, "deltactl: error: unknown command '%s' (see deltactl --help)\n", cmd.c_str());
+    namespace o = deltaserve::ops;
+    if (cmd == "calibrate") return o::calibrate_main(argc - 2, argv + 2);
+    if (cmd == "sessions") return o::sessions_main(argc - 2, argv + 2);
+    if (cmd == "session") return o::session_main(argc - 2, argv + 2);
+    if (cmd == "blocks") return o::blocks_main(argc - 2, argv + 2);
+    if (cmd == "tiers") return o::tiers_main(argc - 2, argv + 2);
+    if (cmd == "verify") return o::verify_main(argc - 2, argv + 2);
+    std::fprintf(stderr, "deltactl: error: unknown command '%s' (see deltactl --help)\n",
+                 cmd.c_str());
     return 2;
 }

@@ -1,6 +1,8 @@
 // Stored KV blocks (kvstore/kv_block.h), as the host and disk tiers read them back: any bytes
 // parse or are refused with kDataLoss / kFailedPrecondition and a fault reason, never read
-// past; a block that parses encodes back to the same bytes, and its parts lie inside it. The
+// past; a block that parses encodes back to the same bytes, and its parts lie inside it, and
+// what deltactl reads of each part (kv_rows_info) is an answer or an error, its counts within
+// the block's tokens. The
 // first byte picks whether the expected fingerprint is the seeds' or another one.
 // DELTASERVE_FUZZ_WRITE_SEEDS=DIR writes valid blocks to DIR (tests/fuzz/corpus/kv_block)
 // and exits.
@@ -15,6 +17,7 @@
 
 #include "deltaserve/common/chain_hash.h"
 #include "deltaserve/kvstore/kv_block.h"
+#include "deltaserve/kvstore/kv_rows_info.h"
 
 using namespace deltaserve;
 using kvstore::KvBlockFault;
@@ -40,6 +43,16 @@ void check(std::span<const uint8_t> bytes, uint64_t fingerprint) {
             (p.data() < bytes.data() || p.data() + p.size() > bytes.data() + bytes.size())) {
             std::abort();
         }
+    }
+    const kvstore::KvBlockMeta& m = v->meta;
+    for (int32_t l = 0; l < m.n_layers(); ++l) {
+        auto info = kvstore::kv_rows_info(m.codec, m.codec_state, l, m.begin, m.end,
+                                          v->parts[static_cast<size_t>(l)]);
+        if (info.ok() &&
+            (info->sinks < 0 || info->references < 0 || info->latents < 0 || info->buffer < 0 ||
+             info->sinks + info->references + info->latents + info->buffer != m.end - m.begin ||
+             info->exact_bytes + info->latent_bytes != v->parts[static_cast<size_t>(l)].size()))
+            std::abort();
     }
     auto again = kvstore::encode_kv_block(v->meta, v->parts);
     if (!again.ok() || again->size() != bytes.size() ||

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cinttypes>
@@ -105,6 +106,25 @@ std::string write_file(const std::string& path, std::span<const uint8_t> bytes, 
     return {};
 }
 
+// Reads out.size() bytes from the start of fd and closes it: 0, or the errno (EIO for a file
+// shorter than that).
+int read_all(int fd, std::vector<uint8_t>& out) {
+    size_t done = 0;
+    int err = 0;
+    while (done < out.size()) {
+        const ssize_t n =
+            ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            err = n < 0 ? errno : EIO;
+            break;
+        }
+        done += static_cast<size_t>(n);
+    }
+    ::close(fd);
+    return err;
+}
+
 }  // namespace
 
 struct DiskTier::Impl {
@@ -170,10 +190,18 @@ Result<std::unique_ptr<DiskTier>> DiskTier::open(const Options& options) {
     auto impl = std::make_unique<Impl>();
     impl->options = options;
     impl->payload_dir = options.dir + "/payload";
+    const bool ro = options.read_only;
     std::error_code ec;
-    fs::create_directories(impl->payload_dir, ec);
-    if (ec)
-        return unavailable("disk tier: cannot create " + impl->payload_dir + ": " + ec.message());
+    if (ro) {
+        if (!fs::is_directory(options.dir + "/index", ec) ||
+            !fs::is_directory(impl->payload_dir, ec))
+            return not_found("disk tier: no store in " + options.dir);
+    } else {
+        fs::create_directories(impl->payload_dir, ec);
+        if (ec)
+            return unavailable("disk tier: cannot create " + impl->payload_dir + ": " +
+                               ec.message());
+    }
 
     rocksdb::DBOptions dbo;
     dbo.create_if_missing = true;
@@ -185,7 +213,9 @@ Result<std::unique_ptr<DiskTier>> DiskTier::open(const Options& options) {
         {rocksdb::kDefaultColumnFamilyName, cfo}, {"blocks", cfo}, {"records", cfo}};
     std::vector<rocksdb::ColumnFamilyHandle*> handles;
     rocksdb::DB* db = nullptr;
-    const rocksdb::Status s = rocksdb::DB::Open(dbo, options.dir + "/index", cfs, &handles, &db);
+    const rocksdb::Status s =
+        ro ? rocksdb::DB::OpenForReadOnly(dbo, options.dir + "/index", cfs, &handles, &db)
+           : rocksdb::DB::Open(dbo, options.dir + "/index", cfs, &handles, &db);
     if (!s.ok()) return unavailable("disk tier: cannot open its index: " + s.ToString());
     impl->db.reset(db);
     impl->default_cf = handles[0];
@@ -228,8 +258,10 @@ Result<std::unique_ptr<DiskTier>> DiskTier::open(const Options& options) {
         }
         orphans.push_back(f.path());
     }
-    for (const auto& p : orphans) fs::remove(p, ec);
-    impl->stats.orphans_removed = orphans.size();
+    if (!ro) {
+        for (const auto& p : orphans) fs::remove(p, ec);
+        impl->stats.orphans_removed = orphans.size();
+    }
     // Entries whose file is gone (or was not the size the entry says) are dropped.
     for (auto it = impl->entries.begin(); it != impl->entries.end();) {
         struct stat st {};
@@ -244,15 +276,19 @@ Result<std::unique_ptr<DiskTier>> DiskTier::open(const Options& options) {
         ++impl->stats.entries_lost;
         impl->by_seq.erase(it->second.seq);
         impl->stats.bytes -= it->second.size;
-        fs::remove(impl->path_of(it->first, it->second.gen), ec);
+        if (!ro) fs::remove(impl->path_of(it->first, it->second.gen), ec);
         it = impl->entries.erase(it);
     }
-    if (cleanup.Count() > 0) {
+    if (cleanup.Count() > 0 && !ro) {
         const rocksdb::Status w = db->Write(impl->write_options(), &cleanup);
         if (!w.ok()) return unavailable("disk tier: cleaning its index: " + w.ToString());
     }
     impl->stats.capacity = options.capacity_bytes;
     impl->stats.blocks = impl->entries.size();
+    if (ro) {
+        impl->stats.admitting = false;
+        impl->stats.last_error = "opened read-only";
+    }
     impl->stats.recovery_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     return std::unique_ptr<DiskTier>(new DiskTier(std::move(impl)));
@@ -354,25 +390,80 @@ Result<std::vector<uint8_t>> DiskTier::get(uint64_t key) {
         return data_loss("disk tier: " + errno_text("opening " + path, err));
     }
     std::vector<uint8_t> out(e.size);
-    size_t done = 0;
-    int err = 0;
-    while (done < out.size()) {
-        const ssize_t n =
-            ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(done));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-            err = n < 0 ? errno : EIO;
-            break;
-        }
-        done += static_cast<size_t>(n);
-    }
-    ::close(fd);
+    const int err = read_all(fd, out);
     if (err != 0) {
-        erase(key, true);
+        erase(key, true);  // (nothing, read-only)
         return data_loss("disk tier: " + errno_text("reading " + path, err));
     }
     std::lock_guard lock(t.mu);
     ++t.stats.hits;
+    return out;
+}
+
+Result<std::vector<uint8_t>> DiskTier::peek(uint64_t key, uint64_t max_bytes) const {
+    const Impl& t = *impl_;
+    Entry e;
+    {
+        std::lock_guard lock(t.mu);
+        auto it = t.entries.find(key);
+        if (it == t.entries.end()) return not_found("disk tier: no block " + std::to_string(key));
+        e = it->second;
+    }
+    const std::string path = t.path_of(key, e.gen);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return data_loss("disk tier: " + errno_text("opening " + path, errno));
+    std::vector<uint8_t> out(std::min(e.size, max_bytes));
+    const int err = read_all(fd, out);
+    if (err != 0) return data_loss("disk tier: " + errno_text("reading " + path, err));
+    return out;
+}
+
+int64_t DiskTier::holder(const std::string& dir) {
+    // RocksDB locks its LOCK file with fcntl (PosixEnv::LockFile): another process's lock
+    // shows with F_GETLK.
+    const std::string path = dir + "/index/LOCK";
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    struct flock f {};
+    f.l_type = F_WRLCK;
+    f.l_whence = SEEK_SET;
+    const bool got = ::fcntl(fd, F_GETLK, &f) == 0;
+    ::close(fd);
+    return got && f.l_type != F_UNLCK ? std::max<int64_t>(1, f.l_pid) : 0;
+}
+
+std::vector<DiskTier::BlockEntry> DiskTier::blocks() const {
+    std::vector<BlockEntry> out;
+    std::vector<std::string> paths;
+    {
+        std::lock_guard lock(impl_->mu);
+        for (const auto& [seq, key] : impl_->by_seq) {
+            const Entry& e = impl_->entries.at(key);
+            out.push_back({key, e.size, seq, 0});
+            paths.push_back(impl_->path_of(key, e.gen));
+        }
+    }
+    for (size_t i = 0; i < out.size(); ++i) {
+        struct stat st {};
+        if (::stat(paths[i].c_str(), &st) == 0) out[i].mtime_s = st.st_mtime;
+    }
+    return out;
+}
+
+std::vector<std::pair<std::string, uint64_t>> DiskTier::index_properties() const {
+    std::vector<std::pair<std::string, uint64_t>> out;
+    for (const char* name : {"rocksdb.estimate-num-keys", "rocksdb.total-sst-files-size",
+                             "rocksdb.live-sst-files-size", "rocksdb.estimate-live-data-size",
+                             "rocksdb.cur-size-all-mem-tables", "rocksdb.num-live-versions",
+                             "rocksdb.estimate-pending-compaction-bytes",
+                             "rocksdb.num-running-compactions", "rocksdb.background-errors"}) {
+        uint64_t sum = 0;
+        for (auto* cf : {impl_->default_cf, impl_->blocks_cf, impl_->records_cf}) {
+            uint64_t v = 0;
+            if (impl_->db->GetIntProperty(cf, name, &v)) sum += v;
+        }
+        out.emplace_back(name, sum);
+    }
     return out;
 }
 
@@ -391,6 +482,7 @@ std::vector<uint64_t> DiskTier::keys() const {
 
 void DiskTier::erase(uint64_t key, bool refused) {
     Impl& t = *impl_;
+    if (t.options.read_only) return;
     std::string path;
     {
         std::lock_guard lock(t.mu);
@@ -407,6 +499,7 @@ void DiskTier::erase(uint64_t key, bool refused) {
 
 Status DiskTier::put_records(std::span<const Record> records) {
     Impl& t = *impl_;
+    if (t.options.read_only) return failed_precondition("disk tier: opened read-only");
     rocksdb::WriteBatch batch;
     t.add_records(batch, records);
     const rocksdb::Status w = t.db->Write(t.write_options(), &batch);

@@ -31,6 +31,17 @@ class DiskTier {
         // fdatasync each payload and sync the index write before put returns: survives a
         // power loss, not only a process crash. Off by default.
         bool sync = false;
+        // For the tools (deltactl) on a stopped node's store or a checkpoint: RocksDB opened
+        // read-only, nothing created, removed or written (put, put_records and erase are
+        // kFailedPrecondition or nothing; a bad file is reported, not dropped).
+        bool read_only = false;
+    };
+
+    // A block as the index holds it.
+    struct BlockEntry {
+        uint64_t key = 0, bytes = 0;
+        uint64_t order = 0;   // write order (reads move a block up until a restart)
+        int64_t mtime_s = 0;  // its payload file's modification time (unix seconds)
     };
 
     struct Stats {
@@ -48,8 +59,12 @@ class DiskTier {
     using Record = std::pair<std::string, std::string>;
 
     // Opens (creating) the tier in options.dir and recovers its index. Errors: kUnavailable
-    // when the directory or the index cannot be opened.
+    // when the directory or the index cannot be opened (kNotFound read-only, where there is
+    // no store).
     static Result<std::unique_ptr<DiskTier>> open(const Options& options);
+    // The process id of a server holding the store in `dir` open (RocksDB's lock on its
+    // index), or 0 when none does. Another process's only: this one's opens are not seen.
+    static int64_t holder(const std::string& dir);
     ~DiskTier();
     DiskTier(const DiskTier&) = delete;
     DiskTier& operator=(const DiskTier&) = delete;
@@ -61,8 +76,13 @@ class DiskTier {
     // The block's bytes, or kNotFound (a miss). A file that is cut short or unreadable is
     // kDataLoss and dropped.
     Result<std::vector<uint8_t>> get(uint64_t key);
+    // The first max_bytes of a block (all of it when shorter), for the tools: no hit, miss or
+    // order is changed, and a bad file is reported (kDataLoss), not dropped.
+    Result<std::vector<uint8_t>> peek(uint64_t key, uint64_t max_bytes) const;
     bool contains(uint64_t key) const;
     std::vector<uint64_t> keys() const;
+    // Every block, least recently written first.
+    std::vector<BlockEntry> blocks() const;
     // Removes a block; `refused`: a reader found it bad (counted as dropped).
     void erase(uint64_t key, bool refused = false);
 
@@ -74,6 +94,9 @@ class DiskTier {
     Result<std::vector<Record>> records(const std::string& prefix) const;
 
     Stats stats() const;
+    // RocksDB's own figures for the index, by name (rocksdb.estimate-num-keys, ...,
+    // summed over its column families).
+    std::vector<std::pair<std::string, uint64_t>> index_properties() const;
 
   private:
     struct Impl;

@@ -1,0 +1,31 @@
+// What a stored block's layer holds, read from the codec's rows (SequenceCodec::export_rows)
+// without a cache: which tokens are kept how and the bytes each kind takes. For the tools
+// (deltactl session describe), on blocks read back as hostile bytes: every count is checked
+// against the part's size.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "deltaserve/common/status.h"
+#include "deltaserve/kvstore/kv_policy.h"
+
+namespace deltaserve::kvstore {
+
+struct KvRowsInfo {
+    bool full = true;  // every token exact (a full layer, or full KV)
+    // Tokens of the range by kind. Exact: sinks, references (DeltaKV's every stride-th token
+    // and those kept exact), the recent buffer not compressed yet; compressed: latents.
+    int32_t sinks = 0, references = 0, latents = 0, buffer = 0;
+    uint64_t exact_bytes = 0;   // fp16 (or fp32) K and V rows
+    uint64_t latent_bytes = 0;  // latents, their reference ordinals and error codes
+};
+
+// One layer's part of rows [begin, end), given the rows state the block carries (its
+// codec_state). Errors: kDataLoss when the state or the part does not parse or their counts
+// disagree with the part's size; kInvalidArgument for a codec that ships no rows or a layer
+// the state does not have.
+Result<KvRowsInfo> kv_rows_info(KvCodecId codec, std::span<const uint8_t> rows_state, int32_t layer,
+                                int32_t begin, int32_t end, std::span<const uint8_t> part);
+
+}  // namespace deltaserve::kvstore

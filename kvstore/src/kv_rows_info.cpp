@@ -1,0 +1,94 @@
+// Reading a block's rows without a cache: the formats of FullSequenceCache's rows and
+// DeltaKvCodec's (src/deltakv_codec.h), counted, not taken.
+#include "deltaserve/kvstore/kv_rows_info.h"
+
+#include <algorithm>
+#include <bit>
+#include <string>
+#include <vector>
+
+#include "byte_io.h"
+#include "deltaserve/kernels/deltakv.h"
+#include "deltaserve/kvstore/kv_block.h"
+
+namespace deltaserve::kvstore {
+namespace {
+
+Status bad(const std::string& what) { return data_loss("KV rows: " + what); }
+
+// Exact rows only: K then V, `row` bytes each (0: any size that divides evenly).
+Result<KvRowsInfo> exact_rows(int32_t n, int32_t row, std::span<const uint8_t> part) {
+    KvRowsInfo info;
+    info.buffer = n;
+    info.exact_bytes = part.size();
+    const uint64_t per_token = 2 * static_cast<uint64_t>(row);
+    if (row > 0 ? part.size() != per_token * static_cast<uint64_t>(n)
+                : (n == 0 ? !part.empty() : part.size() % (2 * static_cast<uint64_t>(n)) != 0)) {
+        return bad(std::to_string(part.size()) + " bytes for " + std::to_string(n) +
+                   " exact tokens");
+    }
+    return info;
+}
+
+}  // namespace
+
+Result<KvRowsInfo> kv_rows_info(KvCodecId codec, std::span<const uint8_t> state, int32_t layer,
+                                int32_t begin, int32_t end, std::span<const uint8_t> part) {
+    if (begin < 0 || end < begin) return bad("an invalid token range");
+    const int32_t n = end - begin;
+    ByteReader r(state);
+    if (codec == KvCodecId::kRows) {
+        int32_t n_tokens = 0, row = 0;
+        if (!r.i32(n_tokens) || !r.i32(row) || r.remaining() != 0 || row <= 0 || end > n_tokens)
+            return bad("a full-KV rows state that does not parse");
+        return exact_rows(n, row, part);
+    }
+    if (codec != KvCodecId::kDeltaKv) return invalid_argument("KV rows: a codec with no rows");
+    // DeltaKvCodec::state_head with kRowsState: n_tokens, -1, sinks, k, latent bits, m,
+    // sparse layers, then each layer's role (1: full).
+    int32_t v[7];
+    for (int32_t& x : v) {
+        if (!r.i32(x)) return bad("a DeltaKV rows state cut short");
+    }
+    const int32_t n_tokens = v[0], sinks = v[2], k = v[3], bits = v[4], m = v[5];
+    const size_t n_layers = r.remaining();
+    if (v[1] != -1 || n_tokens < end || sinks < 0 || k < 1 || k > 64 || (bits != 4 && bits != 16) ||
+        m < 1 || m > 4096 || n_layers == 0) {
+        return bad("a DeltaKV rows state that does not parse");
+    }
+    if (layer < 0 || static_cast<size_t>(layer) >= n_layers)
+        return invalid_argument("KV rows: no layer " + std::to_string(layer));
+    const auto roles = r.take(n_layers);
+    if (roles[static_cast<size_t>(layer)] != 0) return exact_rows(n, 0, part);
+
+    ByteReader p(part);
+    int32_t region = 0;
+    // (The region may end past the block: the state's count is the block's end.)
+    if (!p.i32(region) || region < sinks || region > kKvBlockMaxTokens)
+        return bad("a DeltaKV part with no valid region end");
+    const int32_t rb = std::max(begin, sinks), re = std::min(end, region);
+    const int32_t n_bits = std::max(0, re - rb);
+    const auto bitmap = p.take(static_cast<size_t>((n_bits + 7) / 8));
+    if (bitmap.size() != static_cast<size_t>((n_bits + 7) / 8))
+        return bad("a DeltaKV part cut short");
+    KvRowsInfo info;
+    info.full = false;
+    for (int32_t i = 0; i < n_bits; ++i) info.references += (bitmap[i / 8] >> (i % 8)) & 1;
+    info.latents = n_bits - info.references;
+    info.sinks = std::max(0, std::min(end, sinks) - begin);
+    info.buffer = n - info.sinks - n_bits;
+    const uint64_t lb = bits == 4 ? kernels::int4_bytes(m) : 2 * static_cast<uint64_t>(m);
+    info.latent_bytes =
+        static_cast<uint64_t>(info.latents) * (lb + 2 * static_cast<uint64_t>(k) + 1);
+    const uint64_t rest = p.remaining();
+    const uint64_t fp = static_cast<uint64_t>(n - info.latents);
+    if (rest < info.latent_bytes ||
+        (fp == 0 ? rest != info.latent_bytes : (rest - info.latent_bytes) % (2 * fp) != 0)) {
+        return bad(std::to_string(part.size()) + " bytes, not what " + std::to_string(fp) +
+                   " exact tokens and " + std::to_string(info.latents) + " latents take");
+    }
+    info.exact_bytes = part.size() - info.latent_bytes;
+    return info;
+}
+
+}  // namespace deltaserve::kvstore

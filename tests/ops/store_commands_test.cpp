@@ -1,0 +1,299 @@
+// deltactl's offline views of a stored cache (ops/README.md) against a real server's data
+// dir: a DeltaKV server holds two sessions and is killed; deltactl reads what it stored.
+// sessions, session describe, blocks, tiers and verify give the rows and JSON a user checks
+// against what the server said; a flipped bit is found by verify and describe, and dropped
+// with --drop; a running server's store is refused; bad usage exits 2, store errors 1. A full
+// KV server's sessions that begin alike share blocks, and blocks says so.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "cli_runner.h"
+#include "http_client.h"
+#include "serving.h"
+#include "test_paths.h"
+
+namespace deltaserve::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+// ~200 tokens: long enough that DeltaKV compresses part of it, several 64-token blocks.
+const std::string kLong =
+    "My name is Ada and I keep bees on a hill above the river. Every spring I open the hives, "
+    "count the frames, and look for the queen; every summer I take the honey and leave the "
+    "bees enough for the winter. My neighbours buy the honey at the market on Saturdays, and "
+    "the children ask how the bees find their way home. I tell them about the sun, the smell of "
+    "the clover, and the dance the bees do on the comb to tell each other where the flowers "
+    "are. Say hello to me, and tell me one thing about bees I may not know.";
+
+CliResult deltactl(const std::vector<std::string>& args) {
+    return run_binary(deltactl_binary(), args, "", std::chrono::seconds(60));
+}
+
+json json_of(const CliResult& r) {
+    EXPECT_EQ(r.exit_code, 0) << r.describe();
+    return json::parse(r.out, nullptr, false);
+}
+
+json chat(uint16_t port, const std::string& session, const std::string& message) {
+    HttpResponse r = post_chat(port, chat_body(message, 16), "X-Session-ID: " + session + "\r\n");
+    EXPECT_EQ(r.status, 200) << r.body;
+    return json::parse(r.body, nullptr, false);
+}
+
+class StoreCommandsTest : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() {
+        if (!file_exists(default_gguf_model())) return;
+        dir_ =
+            (fs::temp_directory_path() / ("ds_store_cmds_" + std::to_string(::getpid()))).string();
+        fs::remove_all(dir_);
+        ServingProcess server(
+            serve_args({"--kv-policy", "deltakv", "--kv-keep", "0.3", "--kv-profile",
+                        default_deltakv_profile(), "--data-dir", dir_}));
+        ASSERT_NE(server.port(), 0) << server.log();
+        ASSERT_EQ(open_session(server.port(), "ada"), 200);
+        ASSERT_EQ(open_session(server.port(), "bob"), 200);
+        chat(server.port(), "ada", kLong);
+        chat(server.port(), "ada", "What do bees make? One sentence.");
+        chat(server.port(), "bob", "Hello, who are you?");
+        const HttpResponse info = http_request(server.port(), "GET", "/v1/sessions/ada");
+        ada_info_ = json::parse(info.body, nullptr, false);
+        // A running server's store is not read.
+        running_ = deltactl({"sessions", "--data-dir", dir_});
+        running_pid_ = server.pid();
+        server.kill9();
+    }
+    static void TearDownTestSuite() {
+        if (!dir_.empty()) fs::remove_all(dir_);
+    }
+    void SetUp() override {
+        DS_REQUIRE_FILE(default_gguf_model(), "default GGUF model");
+        ASSERT_FALSE(dir_.empty());
+    }
+
+    static inline std::string dir_;
+    static inline json ada_info_;
+    static inline CliResult running_;
+    static inline pid_t running_pid_ = 0;
+};
+
+TEST_F(StoreCommandsTest, ARunningServersStoreIsRefusedNamingItsProcess) {
+    EXPECT_EQ(running_.exit_code, 1) << running_.describe();
+    EXPECT_NE(running_.err.find("running server (pid " + std::to_string(running_pid_) + ")"),
+              std::string::npos)
+        << running_.err;
+}
+
+TEST_F(StoreCommandsTest, SessionsListsWhatTheServerHeld) {
+    const json all = json_of(deltactl({"sessions", "--data-dir", dir_, "--json"}));
+    ASSERT_TRUE(all.is_array()) << all.dump();
+    ASSERT_EQ(all.size(), 2u) << all.dump();
+    const json& ada = all[0]["id"] == "ada" ? all[0] : all[1];
+    EXPECT_EQ(ada["turns"], 2);
+    EXPECT_EQ(ada["tokens"], ada_info_["tokens"]) << ada_info_.dump();
+    // The answer's last token has no KV until the next turn evaluates it.
+    EXPECT_EQ(ada["stored_tokens"], ada_info_["tokens"].get<int64_t>() - 1);
+    EXPECT_EQ(ada["messages"], 4);
+    EXPECT_EQ(ada["policy"], "deltakv");
+    EXPECT_EQ(ada["blocks_held"], ada["blocks"]);
+    EXPECT_GT(ada["disk_bytes"].get<int64_t>(), 0);
+    // Short sessions keep their sinks and recent buffer exact: between the target and 1.
+    EXPECT_GT(ada["keep_ratio"].get<double>(), 0.25);
+    EXPECT_LT(ada["keep_ratio"].get<double>(), 1.0);
+    EXPECT_TRUE(ada["host_bytes"].is_null() && ada["ttl_left_seconds"].is_null())
+        << "offline, what only a server knows is null, never 0";
+
+    const CliResult table = deltactl({"sessions", "--data-dir", dir_, "--sort-by", "tokens"});
+    ASSERT_EQ(table.exit_code, 0) << table.describe();
+    std::istringstream lines(table.out);
+    std::string header, first, second;
+    std::getline(lines, header);
+    std::getline(lines, first);
+    std::getline(lines, second);
+    EXPECT_TRUE(
+        std::regex_search(header, std::regex("^SESSION +NODE +TURNS +TOKENS +POLICY +KEEP")))
+        << header;
+    EXPECT_EQ(first.rfind("ada ", 0), 0u) << table.out;  // the longer one first
+    EXPECT_EQ(second.rfind("bob ", 0), 0u) << table.out;
+    EXPECT_NE(first.find("--"), std::string::npos) << "unknown values show as --";
+
+    const CliResult none = deltactl({"sessions", "--data-dir", dir_, "--tenant", "nobody"});
+    EXPECT_EQ(none.exit_code, 0) << none.describe();
+    EXPECT_EQ(none.out, "");
+}
+
+TEST_F(StoreCommandsTest, DescribeGivesTurnsLayersAndBlocks) {
+    const json d = json_of(deltactl({"session", "describe", "ada", "--data-dir", dir_, "--json"}));
+    const int64_t tokens = ada_info_["tokens"].get<int64_t>() - 1;  // with KV (above)
+    ASSERT_EQ(d["turn_list"].size(), 2u) << d.dump();
+    EXPECT_EQ(d["turn_list"][0]["begin"], 0);
+    EXPECT_EQ(d["turn_list"][1]["begin"], d["turn_list"][0]["end"]);
+    EXPECT_EQ(d["turn_list"][1]["end"], tokens);
+    ASSERT_EQ(d["layers"].size(), 30u);
+    int full = 0, compressed = 0;
+    for (const json& l : d["layers"]) {
+        const int64_t held = l["sinks"].get<int64_t>() + l["references"].get<int64_t>() +
+                             l["buffer"].get<int64_t>() + l["latents"].get<int64_t>();
+        EXPECT_EQ(held, tokens) << l.dump();  // every token, once, in every layer
+        if (l["role"] == "full") {
+            ++full;
+            EXPECT_TRUE(l["error"].is_null());
+            EXPECT_EQ(l["latents"], 0);
+        } else if (l["latents"].get<int64_t>() > 0) {
+            ++compressed;
+            EXPECT_GT(l["error"].get<double>(), 0.005) << l.dump();
+            EXPECT_LT(l["error"].get<double>(), 0.7) << l.dump();
+            EXPECT_EQ(l["sinks"], 16);
+        }
+    }
+    EXPECT_GE(full, 1);
+    EXPECT_GE(compressed, 20);
+    int64_t bytes = 0;
+    int32_t end = 0;
+    for (const json& b : d["block_list"]) {
+        EXPECT_EQ(b["check"], "ok") << b.dump();
+        EXPECT_EQ(b["begin"], end);
+        end = b["end"].get<int32_t>();
+        bytes += b["bytes"].get<int64_t>();
+    }
+    EXPECT_EQ(end, tokens);
+    EXPECT_EQ(bytes, d["disk_bytes"].get<int64_t>());
+
+    const CliResult table = deltactl({"session", "describe", "ada", "--data-dir", dir_});
+    ASSERT_EQ(table.exit_code, 0) << table.describe();
+    for (const char* part : {"Session:      ada", "Turns:\nTURN  TOKENS", "Layers:\nLAYER  ROLE",
+                             "Blocks:\nBLOCK  KEY"})
+        EXPECT_NE(table.out.find(part), std::string::npos) << part << "\n" << table.out;
+
+    const CliResult missing = deltactl({"session", "describe", "carol", "--data-dir", dir_});
+    EXPECT_EQ(missing.exit_code, 1) << missing.describe();
+    EXPECT_NE(missing.err.find("no session carol"), std::string::npos) << missing.err;
+}
+
+TEST_F(StoreCommandsTest, BlocksAndTiersAgreeWithTheSessions) {
+    const json sessions = json_of(deltactl({"sessions", "--data-dir", dir_, "--json"}));
+    int64_t blocks = 0, bytes = 0;
+    for (const json& s : sessions) {
+        blocks += s["blocks"].get<int64_t>();
+        bytes += s["disk_bytes"].get<int64_t>();
+    }
+    const json b = json_of(deltactl({"blocks", "--data-dir", dir_, "--json"}));
+    EXPECT_EQ(b["count"], blocks) << b.dump();
+    EXPECT_EQ(b["bytes"], bytes);
+    EXPECT_EQ(b["bytes_saved_by_sharing"], 0) << "DeltaKV's blocks are each session's own";
+    for (const json& x : b["blocks"]) {
+        EXPECT_EQ(x["codec"], "deltakv");
+        EXPECT_EQ(x["sessions"], 1);
+        EXPECT_EQ(x["header"], "ok");
+    }
+    const json one =
+        json_of(deltactl({"blocks", "--data-dir", dir_, "--session", "bob", "--json"}));
+    const json& bob = sessions[0]["id"] == "bob" ? sessions[0] : sessions[1];
+    EXPECT_EQ(one["count"], bob["blocks"]);
+
+    const json t = json_of(deltactl({"tiers", "--data-dir", dir_, "--json"}));
+    ASSERT_EQ(t.size(), 1u) << t.dump();
+    EXPECT_EQ(t[0]["bytes"], bytes);
+    EXPECT_EQ(t[0]["blocks"], blocks);
+    EXPECT_EQ(t[0]["kv_records"], 2);
+    EXPECT_EQ(t[0]["session_records"], 2);
+    EXPECT_TRUE(t[0]["capacity"].is_null());
+    EXPECT_GT(t[0]["index"]["rocksdb.estimate-num-keys"].get<int64_t>(), 0);
+}
+
+TEST_F(StoreCommandsTest, VerifyFindsAFlippedBitAndDropsItOnlyWhenAsked) {
+    // On a copy: the other cases read the store as the server left it.
+    const std::string copy = dir_ + "_verify";
+    fs::remove_all(copy);
+    fs::copy(dir_, copy, fs::copy_options::recursive);
+    const CliResult clean = deltactl({"verify", "--data-dir", copy});
+    EXPECT_EQ(clean.exit_code, 0) << clean.describe();
+    EXPECT_NE(clean.out.find(": 0 bad."), std::string::npos) << clean.out;
+
+    // A bit in the middle of ada's second block's payload.
+    const json d = json_of(deltactl({"session", "describe", "ada", "--data-dir", copy, "--json"}));
+    const std::string key = d["block_list"][1]["key"];
+    std::string file;
+    for (const auto& e : fs::directory_iterator(copy + "/kv/payload")) {
+        if (e.path().filename().string().rfind(key, 0) == 0) file = e.path().string();
+    }
+    ASSERT_FALSE(file.empty()) << key;
+    {
+        std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+        f.seekg(static_cast<std::streamoff>(fs::file_size(file) / 2));
+        char c = 0;
+        f.read(&c, 1);
+        c ^= 0x10;
+        f.seekp(static_cast<std::streamoff>(fs::file_size(file) / 2));
+        f.write(&c, 1);
+    }
+    const json bad =
+        json::parse(deltactl({"verify", "--data-dir", copy, "--json"}).out, nullptr, false);
+    ASSERT_EQ(bad["bad"], 1) << bad.dump();
+    EXPECT_EQ(bad["problems"][0]["name"], key);
+    EXPECT_EQ(bad["problems"][0]["problem"], "checksum");
+    EXPECT_EQ(bad["dropped"], 0);
+    EXPECT_EQ(deltactl({"verify", "--data-dir", copy}).exit_code, 1);
+    const json described =
+        json_of(deltactl({"session", "describe", "ada", "--data-dir", copy, "--json"}));
+    EXPECT_EQ(described["block_list"][1]["check"], "checksum");
+
+    const json dropped = json::parse(
+        deltactl({"verify", "--data-dir", copy, "--drop", "--json"}).out, nullptr, false);
+    EXPECT_EQ(dropped["dropped"], 1) << dropped.dump();
+    const CliResult after = deltactl({"verify", "--data-dir", copy});
+    EXPECT_EQ(after.exit_code, 0) << after.describe();
+    const json gone =
+        json_of(deltactl({"session", "describe", "ada", "--data-dir", copy, "--json"}));
+    EXPECT_EQ(gone["block_list"][1]["check"], "missing");
+    fs::remove_all(copy);
+}
+
+TEST_F(StoreCommandsTest, UsageErrorsExit2AndStoreErrors1) {
+    EXPECT_EQ(deltactl({"session"}).exit_code, 2);
+    EXPECT_EQ(deltactl({"session", "describe"}).exit_code, 2);
+    EXPECT_EQ(deltactl({"sessions", "--bogus"}).exit_code, 2);
+    EXPECT_EQ(deltactl({"sessions", "--data-dir", dir_, "--sort-by", "size"}).exit_code, 2);
+    EXPECT_EQ(deltactl({"sessions", "--server", "127.0.0.1:1"}).exit_code, 2);
+    EXPECT_EQ(deltactl({"frobnicate"}).exit_code, 2);
+    const CliResult nothing = deltactl({"tiers", "--data-dir", dir_ + "_nothing_here"});
+    EXPECT_EQ(nothing.exit_code, 1) << nothing.describe();
+    EXPECT_EQ(deltactl({"sessions", "--help"}).exit_code, 0);
+}
+
+// Full KV's blocks depend on their tokens alone: two sessions that begin alike share them.
+TEST(StoreCommandsFullKv, SessionsThatBeginAlikeShareBlocks) {
+    DS_REQUIRE_FILE(default_gguf_model(), "default GGUF model");
+    const std::string dir =
+        (fs::temp_directory_path() / ("ds_store_shared_" + std::to_string(::getpid()))).string();
+    fs::remove_all(dir);
+    {
+        ServingProcess server(serve_args({"--data-dir", dir}));
+        ASSERT_NE(server.port(), 0) << server.log();
+        for (const char* id : {"a1", "a2"}) {
+            ASSERT_EQ(open_session(server.port(), id), 200);
+            chat(server.port(), id, kLong);
+        }
+        EXPECT_EQ(server.stop(), 0);
+    }
+    const json b = json_of(deltactl({"blocks", "--data-dir", dir, "--shared", "--json"}));
+    ASSERT_GE(b["count"].get<int64_t>(), 2) << b.dump();
+    for (const json& x : b["blocks"]) {
+        EXPECT_EQ(x["sessions"], 2);
+        EXPECT_EQ(x["codec"], "full");
+    }
+    EXPECT_EQ(b["bytes_saved_by_sharing"], b["bytes"]);
+    const json s = json_of(deltactl({"sessions", "--data-dir", dir, "--json"}));
+    ASSERT_EQ(s.size(), 2u);
+    EXPECT_EQ(s[0]["policy"], "full");
+    EXPECT_NEAR(s[0]["keep_ratio"].get<double>(), 1.0, 0.05);
+    fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace deltaserve::testing
