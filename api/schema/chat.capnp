@@ -58,10 +58,37 @@ struct SessionInfo {
   tokens @5 :Int64;
 }
 
+struct SessionRow {
+  # One session as an operator sees it (deltactl sessions): -1 where not known.
+  id @0 :Text;
+  tenant @1 :Text;
+  node @2 :Text;
+  turns @3 :Int32;
+  messages @4 :Int32;
+  tokens @5 :Int64;
+  lastUseUnix @6 :Int64;
+  ttlLeftSeconds @7 :Int64;
+  running @8 :Bool;
+  inMemory @9 :Bool;      # false: only its record holds it
+  kv @10 :Cluster.SessionKv;  # where its KV is; kv.id "" when its node did not answer
+}
+
+struct NodeStats {
+  name @0 :Text;
+  error @1 :Cluster.Error;  # set when the node did not answer
+  stats @2 :Cluster.DecodeStats;
+}
+
 interface Admin {
   stats @0 () -> (sessions :Int64, queued :Int64, kvBytes :Int64, keepRatio :Float64,
                   kvBytesShipped :Int64, prefillRetries :Int64);
   sessions @1 () -> (sessions :List(SessionInfo));
+  sessionPage @2 (after :Text, limit :Int32) -> (sessions :List(SessionRow), next :Text);
+  # The sessions after key `after` (tenant/id; "" from the first), in key order, `limit` at
+  # most (1-1000): the next page starts after `next` ("" at the end). Never blocks serving:
+  # each decode node is asked once for the page.
+  nodes @3 () -> (nodes :List(NodeStats));
+  # Each decode node's stats, its tiered store's among them.
 }
 
 interface Gateway {

@@ -118,6 +118,20 @@ struct TierStats {
   loadSeconds @25 :Histogram;
 }
 
+struct SessionKv {
+  # decode::SessionKv: -1 (NaN, "") where not known.
+  id @0 :Text;
+  running @1 :Bool;
+  tokens @2 :Int64;
+  decodeBytes @3 :Int64;
+  keepRatio @4 :Float64;
+  policy @5 :Text;
+  storedTokens @6 :Int64;
+  hostBytes @7 :Int64;
+  diskBytes @8 :Int64;
+  blocks @9 :Int32;
+}
+
 interface DecodeNode {
   startTurn @0 (spec :TurnSpec, sink :TokenSink) -> (plan :TurnPlan, turn :Turn, error :Error);
   # error is set (and the rest unset) when the turn was refused.
@@ -126,6 +140,8 @@ interface DecodeNode {
   stats @2 () -> (stats :DecodeStats);
   dropSession @3 (sessionId :Text) -> ();
   # Forgets a session's KV (the gateway closed the session).
+  sessionKv @4 (ids :List(Text)) -> (sessions :List(SessionKv), error :Error);
+  # Where each session's KV is (the operators' views), kMaxSessionKvIds ids at most a call.
 }
 
 struct PrefillRequest {

@@ -4,8 +4,8 @@
 #include <random>
 
 #include "chat.capnp.h"
+#include "deltaserve/api/rpc_convert.h"
 #include "deltaserve/common/logging.h"
-#include "rpc_convert.h"
 #include "rpc_thread.h"
 
 namespace deltaserve::api {
@@ -251,6 +251,40 @@ class AdminImpl final : public rpc::Admin::Server {
             list[i].setTenant(all[i].tenant);
             list[i].setTurns(all[i].turns);
             list[i].setTokens(all[i].tokens);
+        }
+        return kj::READY_NOW;
+    }
+
+    kj::Promise<void> sessionPage(SessionPageContext context) override {
+        const auto p = context.getParams();
+        const SessionPage page = engine_.session_page(p.getAfter().cStr(), p.getLimit());
+        auto r = context.getResults();
+        auto list = r.initSessions(static_cast<unsigned>(page.rows.size()));
+        for (unsigned i = 0; i < page.rows.size(); ++i) {
+            const SessionRow& s = page.rows[i];
+            auto b = list[i];
+            b.setId(s.info.id);
+            b.setTenant(s.info.tenant);
+            b.setNode(s.node);
+            b.setTurns(s.info.turns);
+            b.setMessages(s.info.messages);
+            b.setTokens(s.info.tokens);
+            b.setLastUseUnix(s.last_use_unix);
+            b.setTtlLeftSeconds(s.ttl_left_seconds);
+            b.setRunning(s.info.running);
+            b.setInMemory(s.in_memory);
+            rpc::to_capnp(s.kv, b.initKv());
+        }
+        r.setNext(page.next);
+        return kj::READY_NOW;
+    }
+    kj::Promise<void> nodes(NodesContext context) override {
+        const auto all = engine_.node_stats();
+        auto list = context.getResults().initNodes(static_cast<unsigned>(all.size()));
+        for (unsigned i = 0; i < all.size(); ++i) {
+            list[i].setName(all[i].name);
+            if (!all[i].status.ok()) rpc::to_capnp(all[i].status, list[i].initError());
+            rpc::to_capnp(all[i].stats, list[i].initStats());
         }
         return kj::READY_NOW;
     }

@@ -289,6 +289,90 @@ std::vector<SessionInfo> ClusterChatEngine::sessions() const {
     return out;
 }
 
+SessionPage ClusterChatEngine::session_page(const std::string& after, int32_t limit) const {
+    limit = std::clamp(limit, 1, kMaxSessionPage);
+    SessionPage page;
+    std::map<std::string, DecodeNode*> node_of;  // key -> its node
+    bool more = false;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        const int64_t now = now_seconds(), wall = unix_seconds();
+        std::map<std::string, const Session*> keys;  // the page's, from memory then records
+        for (auto it = sessions_.upper_bound(after);
+             it != sessions_.end() && static_cast<int32_t>(keys.size()) <= limit; ++it)
+            keys.emplace(it->first, &it->second);
+        std::vector<Session> stored;
+        if (options_.records) {
+            auto records = options_.records->records(std::string(kRecordPrefix), after,
+                                                     static_cast<size_t>(limit) + 1);
+            if (records.ok()) {
+                stored.reserve(records->size());
+                for (const auto& [record_key, value] : *records) {
+                    const std::string key = record_key.substr(kRecordPrefix.size());
+                    if (keys.count(key) != 0) continue;
+                    auto s = parse_record(key, value);
+                    if (!s || now - s->last_used > options_.session_ttl_seconds) continue;
+                    stored.push_back(std::move(*s));
+                }
+            }
+        }
+        std::map<std::string, std::pair<const Session*, bool>> merged;  // key -> (it, in memory)
+        for (const auto& [k, s] : keys) merged.emplace(k, std::make_pair(s, true));
+        for (const auto& s : stored)
+            merged.emplace(key_of(s.tenant, s.id), std::make_pair(&s, false));
+        for (const auto& [key, entry] : merged) {
+            if (static_cast<int32_t>(page.rows.size()) == limit) {
+                more = true;
+                break;
+            }
+            const Session& s = *entry.first;
+            SessionRow row;
+            row.key = key;
+            row.info = info_of(s, now);
+            row.node = s.node != nullptr ? s.node->name() : "";
+            row.last_use_unix = wall - (now - s.last_used);
+            row.ttl_left_seconds =
+                row.info.running
+                    ? options_.session_ttl_seconds
+                    : std::max<int64_t>(0, options_.session_ttl_seconds - row.info.idle_seconds);
+            row.in_memory = entry.second;
+            if (s.node != nullptr) node_of[key] = s.node;
+            page.rows.push_back(std::move(row));
+        }
+    }
+    if (more) page.next = page.rows.back().key;
+    // Each node once, for its sessions of the page; outside the gateway's lock.
+    std::map<DecodeNode*, std::vector<size_t>> by_node;
+    for (size_t i = 0; i < page.rows.size(); ++i) {
+        auto it = node_of.find(page.rows[i].key);
+        if (it != node_of.end()) by_node[it->second].push_back(i);
+    }
+    for (const auto& [node, rows] : by_node) {
+        std::vector<std::string> ids;
+        for (size_t i : rows) ids.push_back(page.rows[i].key);
+        auto kv = node->session_kv(ids);
+        if (!kv.ok() || kv->size() != ids.size()) continue;
+        for (size_t j = 0; j < rows.size(); ++j) page.rows[rows[j]].kv = std::move((*kv)[j]);
+    }
+    return page;
+}
+
+std::vector<NodeStats> ClusterChatEngine::node_stats() const {
+    std::vector<NodeStats> out;
+    for (auto* d : decode_) {
+        NodeStats n;
+        n.name = d->name();
+        auto s = d->stats();
+        if (s.ok()) {
+            n.stats = std::move(*s);
+        } else {
+            n.status = s.status();
+        }
+        out.push_back(std::move(n));
+    }
+    return out;
+}
+
 Result<SessionInfo> ClusterChatEngine::open_session(const std::string& tenant,
                                                     const std::string& id) {
     std::string name = id.empty() ? random_id("sess_", 16) : id;

@@ -16,6 +16,11 @@ class LocalDecodeNode final : public DecodeNode {
     void cancel(uint64_t turn_id, Status why) override { w_.cancel(turn_id, std::move(why)); }
     Result<decode::DecodeStats> stats() override { return w_.stats(); }
     void drop_session(const std::string& id) override { w_.drop_session(id); }
+    Result<std::vector<decode::SessionKv>> session_kv(
+        const std::vector<std::string>& ids) override {
+        if (ids.size() > kMaxSessionKvIds) return invalid_argument("too many session ids");
+        return w_.session_kv(ids);
+    }
     std::string data_address() const override { return address_; }
 
   private:

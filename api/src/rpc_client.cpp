@@ -7,9 +7,9 @@
 #include <map>
 #include <thread>
 
+#include "deltaserve/api/rpc_convert.h"
 #include "deltaserve/transport/peer_auth.h"
 #include "kj_handoff.h"
-#include "rpc_convert.h"
 
 namespace deltaserve::api {
 
@@ -59,6 +59,7 @@ class RemoteDecode final : public DecodeNode {
     void cancel(uint64_t turn_id, Status why) override;
     Result<decode::DecodeStats> stats() override;
     void drop_session(const std::string& id) override;
+    Result<std::vector<decode::SessionKv>> session_kv(const std::vector<std::string>& ids) override;
     std::string data_address() const override { return address_; }
 
   private:
@@ -331,6 +332,23 @@ void RemoteDecode::drop_session(const std::string& id) {
         auto req = c_.decode_cap().dropSessionRequest();
         req.setSessionId(id);
         return req.send().then([](auto&&) { return Status(); });
+    });
+}
+
+Result<std::vector<decode::SessionKv>> RemoteDecode::session_kv(
+    const std::vector<std::string>& ids) {
+    using Out = Result<std::vector<decode::SessionKv>>;
+    if (ids.size() > kMaxSessionKvIds) return invalid_argument("too many session ids");
+    return c_.call<Out>([&]() -> kj::Promise<Out> {
+        auto req = c_.decode_cap().sessionKvRequest();
+        auto list = req.initIds(static_cast<unsigned>(ids.size()));
+        for (unsigned i = 0; i < ids.size(); ++i) list.set(i, ids[i]);
+        return req.send().then([](auto&& r) -> Out {
+            if (r.hasError()) return rpc::from_capnp(r.getError());
+            std::vector<decode::SessionKv> out;
+            for (auto k : r.getSessions()) out.push_back(rpc::from_capnp(k));
+            return out;
+        });
     });
 }
 

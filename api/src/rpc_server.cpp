@@ -8,9 +8,10 @@
 #include <mutex>
 #include <thread>
 
+#include "deltaserve/api/cluster_nodes.h"
+#include "deltaserve/api/rpc_convert.h"
 #include "deltaserve/common/logging.h"
 #include "deltaserve/transport/peer_auth.h"
-#include "rpc_convert.h"
 #include "rpc_thread.h"
 
 namespace deltaserve::api {
@@ -151,6 +152,22 @@ class DecodeNodeImpl final : public rpc::DecodeNode::Server {
 
     kj::Promise<void> dropSession(DropSessionContext context) override {
         w_.drop_session(context.getParams().getSessionId());
+        return kj::READY_NOW;
+    }
+    kj::Promise<void> sessionKv(SessionKvContext context) override {
+        const auto ids = context.getParams().getIds();
+        auto r = context.getResults();
+        if (ids.size() > kMaxSessionKvIds) {
+            rpc::to_capnp(invalid_argument("sessionKv: more than " +
+                                           std::to_string(kMaxSessionKvIds) + " ids"),
+                          r.initError());
+            return kj::READY_NOW;
+        }
+        std::vector<std::string> v;
+        for (auto id : ids) v.emplace_back(id.cStr());
+        const auto kv = w_.session_kv(v);
+        auto list = r.initSessions(static_cast<unsigned>(kv.size()));
+        for (unsigned i = 0; i < kv.size(); ++i) rpc::to_capnp(kv[i], list[i]);
         return kj::READY_NOW;
     }
 

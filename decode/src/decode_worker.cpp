@@ -188,6 +188,37 @@ class DecodeWorkerImpl final : public DecodeWorker {
         return s;
     }
 
+    std::vector<SessionKv> session_kv(const std::vector<std::string>& ids) const override {
+        std::vector<SessionKv> out(ids.size());
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            for (size_t i = 0; i < ids.size(); ++i) {
+                SessionKv& k = out[i];
+                k.id = ids[i];
+                k.policy = options_.context.kv.policy;
+                auto it = sessions_.find(ids[i]);
+                if (it == sessions_.end()) continue;
+                k.running = it->second.busy;
+                if (const auto& ctx = it->second.ctx) {
+                    k.tokens = ctx->n_past();
+                    k.decode_bytes = static_cast<int64_t>(ctx->kv_held_bytes());
+                    k.keep_ratio = ctx->keep_ratio();
+                }
+            }
+        }
+        if (tiers_) {  // its own lock, not the loop's
+            for (SessionKv& k : out) {
+                SessionTiers::Held h;
+                if (!tiers_->held(k.id, &h)) continue;
+                k.stored_tokens = h.tokens;
+                k.host_bytes = h.host_bytes;
+                k.disk_bytes = tiers_->persists() ? h.disk_bytes : -1;
+                k.blocks = h.blocks;
+            }
+        }
+        return out;
+    }
+
   private:
     struct Reader {
         std::shared_ptr<transport::Connection> connection;

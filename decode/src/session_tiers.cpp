@@ -239,6 +239,24 @@ int32_t SessionTiers::stored_tokens(const std::string& session) {
     return r == nullptr ? 0 : static_cast<int32_t>(r->tokens.size());
 }
 
+bool SessionTiers::held(const std::string& session, Held* out) {
+    std::vector<uint64_t> keys;
+    {
+        std::lock_guard lock(mu_);
+        const Record* r = find_locked(session);
+        if (r == nullptr) return false;
+        keys = r->keys;
+        out->tokens = static_cast<int64_t>(r->tokens.size());
+        out->blocks = static_cast<int32_t>(r->keys.size());
+    }
+    for (uint64_t k : keys) {
+        out->host_bytes += static_cast<int64_t>(options_.host->size_of(k).value_or(0));
+        if (options_.disk)
+            out->disk_bytes += static_cast<int64_t>(options_.disk->size_of(k).value_or(0));
+    }
+    return true;
+}
+
 void SessionTiers::forget(const std::string& session) {
     Record r;
     {

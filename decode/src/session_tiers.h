@@ -75,6 +75,13 @@ class SessionTiers {
                 int64_t now_ms);
     // The tokens the session's stored blocks hold (0: none), from memory or from disk.
     int32_t stored_tokens(const std::string& session);
+    // What the tiers hold of the session: its record's tokens and blocks, and the bytes of
+    // those blocks each tier holds (0 when none; false when there is no record).
+    struct Held {
+        int64_t tokens = 0, host_bytes = 0, disk_bytes = 0;
+        int32_t blocks = 0;
+    };
+    bool held(const std::string& session, Held* out);
     // Forgets the session: its record here and on disk, and its own blocks.
     void forget(const std::string& session);
     // Forgets the records in memory last used before `cutoff_ms` (their blocks age out of

@@ -146,6 +146,13 @@ bool HostTier::contains(uint64_t key) const {
     return state_->blocks.count(key) != 0;
 }
 
+std::optional<uint64_t> HostTier::size_of(uint64_t key) const {
+    std::lock_guard lock(state_->mu);
+    auto it = state_->blocks.find(key);
+    if (it == state_->blocks.end()) return std::nullopt;
+    return it->second.bytes->size();
+}
+
 std::vector<uint64_t> HostTier::keys() const {
     std::lock_guard lock(state_->mu);
     std::vector<uint64_t> out;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <map>
 #include <set>
@@ -16,6 +17,7 @@
 #include "deltaserve/common/logging.h"
 #include "deltaserve/common/user_dirs.h"
 #include "deltaserve/kvstore/kv_rows_info.h"
+#include "live_admin.h"
 #include "store_view.h"
 #include "table.h"
 
@@ -26,7 +28,7 @@ using json = nlohmann::json;
 namespace {
 
 struct Common {
-    std::string data_dir, server;
+    std::string data_dir, server, admin_key;
     bool as_json = false;
 };
 
@@ -36,7 +38,10 @@ void add_common(ArgParser& p, Common& c) {
           "a stopped node's data dir (deltaserve serve --data-dir; a cluster's data_dir) or a "
           "checkpoint of one, opened read-only");
     p.add("server", &c.server,
-          "a live server's admin service, HOST:PORT (not yet: use --data-dir)");
+          "a running server's admin service, HOST:PORT (serve --rpc-port, a cluster's "
+          "gateway.rpc) instead of a data dir");
+    if (const char* k = std::getenv("DELTASERVE_ADMIN_KEY")) c.admin_key = k;
+    p.add("admin-key", &c.admin_key, "the server's admin key (default $DELTASERVE_ADMIN_KEY)");
     p.add_switch("json", &c.as_json, "raw numbers as JSON (null where not known)");
 }
 
@@ -52,12 +57,6 @@ int store_error(const Status& s) {
 
 // The stores of --data-dir; nullptr after printing why (exit code in *code).
 std::unique_ptr<StoreView> open_view(const Common& c, int* code, bool writable = false) {
-    if (!c.server.empty()) {
-        *code = usage_error(
-            "--server: the live views come with the admin service's cache calls; give "
-            "--data-dir (a stopped node's, or a checkpoint)");
-        return nullptr;
-    }
     if (c.data_dir.empty()) {
         *code = usage_error("--data-dir: no data dir (neither XDG_DATA_HOME nor HOME is set)");
         return nullptr;
@@ -68,6 +67,26 @@ std::unique_ptr<StoreView> open_view(const Common& c, int* code, bool writable =
         return nullptr;
     }
     return std::move(*v);
+}
+
+// The admin service of --server; nullptr after printing why (exit code in *code).
+std::unique_ptr<LiveAdmin> connect_live(const Common& c, int* code) {
+    auto a = LiveAdmin::connect(c.server, c.admin_key);
+    if (!a.ok()) {
+        *code = a.status().code() == StatusCode::kInvalidArgument
+                    ? usage_error(a.status().message())
+                    : store_error(a.status());
+        return nullptr;
+    }
+    return std::move(*a);
+}
+
+// A command that reads only stores: --server is a usage error (exit code 2, else 0).
+int offline_only(const Common& c, const char* command) {
+    if (c.server.empty()) return 0;
+    return usage_error(std::string(command) +
+                       " reads a stopped node's store only, for now: give --data-dir (a "
+                       "stopped node's, or a checkpoint)");
 }
 
 int64_t unix_now() { return static_cast<int64_t>(std::time(nullptr)); }
@@ -229,6 +248,175 @@ json session_json(const StoredSession& s) {
             {"fingerprint", s.has_kv_record ? json(hex64(s.fingerprint)) : json()}};
 }
 
+std::string bytes_or_unknown(int64_t b) {
+    return b < 0 ? kUnknown : human_bytes(static_cast<uint64_t>(b));
+}
+
+int print_live_sessions(std::vector<api::SessionRow> rows, const Common& c,
+                        const std::string& sort_by, const std::string* tenant,
+                        const std::string* node) {
+    std::erase_if(rows, [&](const api::SessionRow& r) {
+        return (tenant != nullptr && r.info.tenant != *tenant) ||
+               (node != nullptr && r.node != *node);
+    });
+    const auto total = [](const api::SessionRow& r) {
+        return std::max<int64_t>(0, r.kv.decode_bytes) + std::max<int64_t>(0, r.kv.host_bytes) +
+               std::max<int64_t>(0, r.kv.disk_bytes);
+    };
+    std::stable_sort(rows.begin(), rows.end(),
+                     [&](const api::SessionRow& a, const api::SessionRow& b) {
+                         if (sort_by == "tokens") return a.info.tokens > b.info.tokens;
+                         if (sort_by == "turns") return a.info.turns > b.info.turns;
+                         if (sort_by == "bytes") return total(a) > total(b);
+                         if (sort_by == "name") return a.key < b.key;
+                         return a.last_use_unix > b.last_use_unix;
+                     });
+    if (c.as_json) {
+        json out = json::array();
+        for (const auto& r : rows) {
+            const bool kv = !r.kv.id.empty();
+            const auto known = [&](int64_t v) { return kv ? or_null(v) : json(); };
+            out.push_back({{"key", r.key},
+                           {"tenant", r.info.tenant},
+                           {"id", r.info.id},
+                           {"node", r.node.empty() ? json() : json(r.node)},
+                           {"turns", r.info.turns},
+                           {"messages", r.info.messages},
+                           {"tokens", r.info.tokens},
+                           {"running", r.info.running},
+                           {"in_memory", r.in_memory},
+                           {"policy", kv && !r.kv.policy.empty() ? json(r.kv.policy) : json()},
+                           {"keep_ratio", kv ? or_null(r.kv.keep_ratio) : json()},
+                           {"decode_tokens", known(r.kv.tokens)},
+                           {"decode_bytes", known(r.kv.decode_bytes)},
+                           {"stored_tokens", known(r.kv.stored_tokens)},
+                           {"blocks", known(r.kv.blocks)},
+                           {"host_bytes", known(r.kv.host_bytes)},
+                           {"disk_bytes", known(r.kv.disk_bytes)},
+                           {"last_used", r.last_use_unix > 0 ? json(r.last_use_unix) : json()},
+                           {"ttl_left_seconds", or_null(r.ttl_left_seconds)},
+                           {"pinned", json()}});
+        }
+        std::printf("%s\n", out.dump(2).c_str());
+        return 0;
+    }
+    Table t({"SESSION", "NODE", "TURNS", "TOKENS", "POLICY", "KEEP", "DECODE", "HOST", "DISK",
+             "LAST USE", "TTL LEFT", "PINNED"});
+    const int64_t now = unix_now();
+    for (const auto& r : rows) {
+        const bool kv = !r.kv.id.empty();
+        std::string decode = kUnknown;
+        if (r.info.running) {
+            decode = "running";
+        } else if (kv) {
+            decode = bytes_or_unknown(r.kv.decode_bytes);
+        }
+        t.add({r.info.tenant.empty() ? r.info.id : r.key, r.node.empty() ? kUnknown : r.node,
+               std::to_string(r.info.turns), std::to_string(r.info.tokens),
+               kv && !r.kv.policy.empty() ? r.kv.policy : kUnknown,
+               kv ? fixed3(r.kv.keep_ratio) : kUnknown, decode,
+               kv ? bytes_or_unknown(r.kv.host_bytes) : kUnknown,
+               kv ? bytes_or_unknown(r.kv.disk_bytes) : kUnknown, human_age(r.last_use_unix, now),
+               r.ttl_left_seconds < 0 ? kUnknown : human_age(now - r.ttl_left_seconds, now),
+               kUnknown});
+    }
+    if (t.rows() == 0) {
+        std::fprintf(stderr, "No sessions on %s.\n", c.server.c_str());
+        return 0;
+    }
+    t.print();
+    return 0;
+}
+
+int print_live_tiers(const std::vector<api::NodeStats>& nodes, const Common& c) {
+    const auto mean_ms = [](const decode::LatencyHistogram& h) {
+        return h.count > 0 ? json(1000.0 * h.sum / static_cast<double>(h.count)) : json();
+    };
+    if (c.as_json) {
+        json out = json::array();
+        for (const auto& n : nodes) {
+            const decode::TierStats& t = n.stats.tiers;
+            json j = {{"node", n.name}};
+            if (!n.status.ok()) {
+                j["error"] = n.status.message();
+                out.push_back(std::move(j));
+                continue;
+            }
+            j["decode"] = {{"bytes", n.stats.kv_bytes},
+                           {"capacity", n.stats.kv_memory > 0 ? json(n.stats.kv_memory) : json()},
+                           {"sessions", n.stats.sessions}};
+            j["host"] = {{"bytes", t.host_bytes},
+                         {"capacity", t.host_capacity},
+                         {"blocks", t.host_blocks},
+                         {"leases", t.host_leases}};
+            j["disk"] = {{"bytes", t.disk_bytes},
+                         {"capacity", t.disk_capacity > 0 ? json(t.disk_capacity) : json()},
+                         {"blocks", t.disk_blocks},
+                         {"admitting", t.disk_admitting},
+                         {"dropped", t.disk_dropped},
+                         {"io_errors", t.disk_io_errors},
+                         {"recovery_ms", t.disk_recovery_ms}};
+            j["sessions_demoted"] = t.sessions_demoted;
+            j["promoted"] = {{"host", t.promoted_host}, {"disk", t.promoted_disk}};
+            j["promoted_tokens"] = t.promoted_tokens;
+            j["prefixes"] = {{"host", t.prefix_host}, {"disk", t.prefix_disk}};
+            j["misses"] = {{"missing", t.blocks_missing}, {"refused", t.blocks_refused}};
+            j["sessions_persisted"] = t.sessions_persisted;
+            j["persist_failed"] = t.persist_failed;
+            j["bytes_written"] = t.bytes_written;
+            j["store_ms_mean"] = mean_ms(t.store_seconds);
+            j["load_ms_mean"] = mean_ms(t.load_seconds);
+            out.push_back(std::move(j));
+        }
+        std::printf("%s\n", out.dump(2).c_str());
+        return 0;
+    }
+    Table t({"NODE", "TIER", "CAPACITY", "USED", "BLOCKS", "SESSIONS", "PROMOTED", "DEMOTED",
+             "HEALTH"});
+    Table m({"NODE", "MISSES: GONE", "REFUSED", "PREFIXES", "STORED TURNS", "FAILED", "WRITTEN",
+             "STORE MS", "LOAD MS"});
+    const auto ms = [&](const decode::LatencyHistogram& h) {
+        const json v = mean_ms(h);
+        return v.is_null() ? std::string(kUnknown) : fixed3(v.get<double>()).substr(0, 6);
+    };
+    for (const auto& n : nodes) {
+        if (!n.status.ok()) {
+            t.add({n.name, kUnknown, kUnknown, kUnknown, kUnknown, kUnknown, kUnknown, kUnknown,
+                   "unreachable: " + n.status.message()});
+            continue;
+        }
+        const decode::TierStats& s = n.stats.tiers;
+        const auto cap = [](int64_t b) {
+            return b > 0 ? human_bytes(static_cast<uint64_t>(b)) : std::string(kUnknown);
+        };
+        const auto num = [](int64_t v) { return std::to_string(v); };
+        t.add({n.name, "decode", cap(n.stats.kv_memory),
+               human_bytes(static_cast<uint64_t>(n.stats.kv_bytes)), kUnknown,
+               num(n.stats.sessions), kUnknown, kUnknown, "ok"});
+        t.add({n.name, "host", cap(s.host_capacity),
+               human_bytes(static_cast<uint64_t>(s.host_bytes)), num(s.host_blocks), kUnknown,
+               num(s.promoted_host), num(s.sessions_demoted), "ok"});
+        std::string health = "admitting";
+        if (s.disk_capacity == 0) {
+            health = "none";
+        } else if (!s.disk_admitting) {
+            health = "not admitting (" + num(s.disk_io_errors) + " I/O errors)";
+        }
+        t.add({n.name, "disk", cap(s.disk_capacity),
+               human_bytes(static_cast<uint64_t>(s.disk_bytes)), num(s.disk_blocks), kUnknown,
+               num(s.promoted_disk), kUnknown, health});
+        m.add({n.name, std::to_string(s.blocks_missing), std::to_string(s.blocks_refused),
+               std::to_string(s.prefix_host + s.prefix_disk), std::to_string(s.sessions_persisted),
+               std::to_string(s.persist_failed),
+               human_bytes(static_cast<uint64_t>(s.bytes_written)), ms(s.store_seconds),
+               ms(s.load_seconds)});
+    }
+    t.print();
+    std::printf("\n");
+    m.print();
+    return 0;
+}
+
 }  // namespace
 
 int sessions_main(int argc, char** argv) {
@@ -240,12 +428,26 @@ int sessions_main(int argc, char** argv) {
     p.add("sort-by", &sort_by, "last-use, tokens, turns, bytes or name");
     p.add("tenant", &tenant, "only this tenant's sessions");
     p.add("node", &node, "only the sessions on this node");
+    int32_t page_size = 500;
+    p.add("page-size", &page_size, "--server: sessions asked for per call");
     if (auto code = parse_flags(p, argc, argv)) return *code;
     init_logging("warn");
     if (sort_by != "last-use" && sort_by != "tokens" && sort_by != "turns" && sort_by != "bytes" &&
         sort_by != "name")
         return usage_error("--sort-by must be last-use, tokens, turns, bytes or name");
+    if (page_size < 1 || page_size > api::kMaxSessionPage)
+        return usage_error("--page-size must be in [1, " + std::to_string(api::kMaxSessionPage) +
+                           "]");
     int code = 0;
+    if (!c.server.empty()) {
+        auto live = connect_live(c, &code);
+        if (!live) return code;
+        auto rows = live->sessions(page_size);
+        if (!rows.ok()) return store_error(rows.status());
+        return print_live_sessions(std::move(*rows), c, sort_by,
+                                   p.given("tenant") ? &tenant : nullptr,
+                                   p.given("node") ? &node : nullptr);
+    }
     auto view = open_view(c, &code);
     if (!view) return code;
     std::vector<StoredSession> all = view->sessions();
@@ -337,6 +539,7 @@ int session_main(int argc, char** argv) {
     if (auto code = parse_flags(p, argc, argv)) return *code;
     if (id.empty())
         return usage_error("deltactl session describe: which session? (ID or TENANT/ID)");
+    if (int code = offline_only(c, "deltactl session describe")) return code;
     init_logging("warn");
     int code = 0;
     auto view = open_view(c, &code);
@@ -460,6 +663,7 @@ int blocks_main(int argc, char** argv) {
     p.add("session", &session, "only the blocks of this session (ID or TENANT/ID)");
     p.add_switch("shared", &shared, "only blocks more than one session names");
     if (auto code = parse_flags(p, argc, argv)) return *code;
+    if (int code = offline_only(c, "deltactl blocks")) return code;
     init_logging("warn");
     int code = 0;
     auto view = open_view(c, &code);
@@ -532,6 +736,13 @@ int tiers_main(int argc, char** argv) {
     if (auto code = parse_flags(p, argc, argv)) return *code;
     init_logging("warn");
     int code = 0;
+    if (!c.server.empty()) {
+        auto live = connect_live(c, &code);
+        if (!live) return code;
+        auto nodes = live->nodes();
+        if (!nodes.ok()) return store_error(nodes.status());
+        return print_live_tiers(*nodes, c);
+    }
     auto view = open_view(c, &code);
     if (!view) return code;
     json out = json::array();
@@ -590,6 +801,7 @@ int verify_main(int argc, char** argv) {
     add_common(p, c);
     p.add_switch("drop", &drop, "remove what is bad (a stopped node's store only)");
     if (auto code = parse_flags(p, argc, argv)) return *code;
+    if (int code = offline_only(c, "deltactl verify")) return code;
     init_logging("warn");
     int code = 0;
     auto view = open_view(c, &code, drop);

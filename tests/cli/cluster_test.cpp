@@ -312,6 +312,36 @@ TEST_F(ClusterTest, ASessionSurvivesTheWholeClusterKilledAndRestarted) {
     EXPECT_EQ(second["choices"][0]["message"]["content"],
               json::parse(w.body)["choices"][0]["message"]["content"]);
     EXPECT_EQ(second["usage"]["prompt_tokens"], json::parse(w.body)["usage"]["prompt_tokens"]);
+
+    // An operator sees it through the gateway's admin service (its decode node asked over
+    // RPC), and, once the cluster stopped, in the data dir: the same session, on d0.
+    const CliResult live =
+        run_binary(deltactl_binary(), {"sessions", "--server", cluster.gateway_rpc(), "--admin-key",
+                                       Cluster::kAdminKey, "--json"});
+    ASSERT_EQ(live.exit_code, 0) << live.describe() << cluster.logs();
+    const json rows = json::parse(live.out);
+    ASSERT_EQ(rows.size(), 1u) << live.out;
+    EXPECT_EQ(rows[0]["id"], "ada");
+    EXPECT_EQ(rows[0]["node"], "d0");
+    EXPECT_EQ(rows[0]["turns"], 2);
+    EXPECT_EQ(rows[0]["policy"], "full");
+    EXPECT_GT(rows[0]["disk_bytes"].get<int64_t>(), 0) << live.out;
+    EXPECT_EQ(rows[0]["decode_tokens"], rows[0]["stored_tokens"]) << live.out;
+    const CliResult tiers = run_binary(
+        deltactl_binary(),
+        {"tiers", "--server", cluster.gateway_rpc(), "--admin-key", Cluster::kAdminKey, "--json"});
+    ASSERT_EQ(tiers.exit_code, 0) << tiers.describe();
+    EXPECT_EQ(json::parse(tiers.out)[0]["node"], "d0") << tiers.out;
+    EXPECT_EQ(cluster.gateway().stop(), 0);
+    EXPECT_EQ(cluster.decode().stop(), 0);
+    const CliResult offline =
+        run_binary(deltactl_binary(), {"sessions", "--data-dir", cluster.data_dir(), "--json"});
+    ASSERT_EQ(offline.exit_code, 0) << offline.describe();
+    const json stored = json::parse(offline.out);
+    ASSERT_EQ(stored.size(), 1u) << offline.out;
+    EXPECT_EQ(stored[0]["node"], "d0");
+    EXPECT_EQ(stored[0]["turns"], 2);
+    EXPECT_EQ(stored[0]["disk_bytes"], rows[0]["disk_bytes"]);
 }
 
 TEST_F(ClusterTest, GarbageOnRpcAndDataPortsHarmsNothing) {

@@ -76,6 +76,18 @@ TEST_P(SessionStoreTest, ATurnIsStoredBeforeItsEndAndARestartedWorkerResumesIt) 
     ASSERT_TRUE(records.ok());
     EXPECT_EQ(records->size(), 1u);
     EXPECT_EQ(decode_->stats().tiers.sessions_persisted, 1);
+    // Where the session's KV is, as an operator asks (session_kv): in decode memory, and the
+    // same tokens stored, their blocks in both tiers; an unknown id is all unknown.
+    const auto kv = decode_->session_kv({"s", "nobody"});
+    ASSERT_EQ(kv.size(), 2u);
+    EXPECT_EQ(kv[0].tokens, 107);  // the prompt and the answer but its last token
+    EXPECT_GT(kv[0].decode_bytes, 0);
+    EXPECT_EQ(kv[0].stored_tokens, kv[0].tokens);
+    EXPECT_EQ(kv[0].host_bytes, kv[0].disk_bytes);
+    EXPECT_GT(kv[0].disk_bytes, 0);
+    EXPECT_EQ(kv[0].policy, GetParam());
+    EXPECT_EQ(kv[1].tokens, -1);
+    EXPECT_EQ(kv[1].stored_tokens, -1);
 
     // Another worker on the same store (the process restarted): the session comes from disk.
     restart(true);

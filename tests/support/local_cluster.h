@@ -103,6 +103,8 @@ class Cluster {
              << "threads: 1\nctx_size: 2048\nlocal_prefill_max: 0\n"
              << "cluster_token: cluster-test-secret\n"
              << "data_dir: " << (dir_ / "data").string() << "\n"
+             << "admin_key: " << kAdminKey << "\n"
+             << "gateway: {rpc: \"127.0.0.1:" << (gateway_rpc_ = free_port()) << "\"}\n"
              << "transport: {tls: \"" << tls << "\"}\nprefill:\n";
         for (int i = 0; i < n_prefill; ++i) {
             yaml << "  - {name: p" << i << ", rpc: \"" << p_ip << ":"
@@ -151,6 +153,10 @@ class Cluster {
     ServingProcess& prefill(size_t i = 0) { return *prefill_[i]; }
     ServingProcess& gateway() { return *gateway_; }
     uint16_t decode_rpc() const { return decode_rpc_; }
+    // The gateway's chat and admin RPC (deltactl --server), and the admin key.
+    static constexpr const char* kAdminKey = "cluster-admin-secret";
+    std::string gateway_rpc() const { return "127.0.0.1:" + std::to_string(gateway_rpc_); }
+    std::string data_dir() const { return (dir_ / "data").string(); }
     // Starts the decode node again (after it was killed) on the same addresses; false if it
     // does not come up.
     bool restart_decode() {
@@ -191,7 +197,7 @@ class Cluster {
     static inline int counter_ = 0;
     int restarts_tried_ = 0;
     std::filesystem::path dir_;
-    uint16_t decode_rpc_ = 0, decode_data_ = 0;
+    uint16_t decode_rpc_ = 0, decode_data_ = 0, gateway_rpc_ = 0;
     std::unique_ptr<ServingProcess> decode_, gateway_;
     std::vector<std::unique_ptr<ServingProcess>> prefill_;
 };

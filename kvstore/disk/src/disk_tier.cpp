@@ -467,6 +467,13 @@ std::vector<std::pair<std::string, uint64_t>> DiskTier::index_properties() const
     return out;
 }
 
+std::optional<uint64_t> DiskTier::size_of(uint64_t key) const {
+    std::lock_guard lock(impl_->mu);
+    auto it = impl_->entries.find(key);
+    if (it == impl_->entries.end()) return std::nullopt;
+    return it->second.size;
+}
+
 bool DiskTier::contains(uint64_t key) const {
     std::lock_guard lock(impl_->mu);
     return impl_->entries.count(key) != 0;
@@ -517,10 +524,19 @@ Result<std::optional<std::string>> DiskTier::get_record(const std::string& key) 
 }
 
 Result<std::vector<DiskTier::Record>> DiskTier::records(const std::string& prefix) const {
+    return records(prefix, "", SIZE_MAX);
+}
+
+Result<std::vector<DiskTier::Record>> DiskTier::records(const std::string& prefix,
+                                                        const std::string& after,
+                                                        size_t limit) const {
     std::vector<Record> out;
     std::unique_ptr<rocksdb::Iterator> it(
         impl_->db->NewIterator(rocksdb::ReadOptions(), impl_->records_cf));
-    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next())
+    const std::string from = prefix + after;
+    it->Seek(from);
+    if (!after.empty() && it->Valid() && it->key() == from) it->Next();
+    for (; it->Valid() && it->key().starts_with(prefix) && out.size() < limit; it->Next())
         out.emplace_back(it->key().ToString(), it->value().ToString());
     if (!it->status().ok())
         return unavailable("disk tier: reading records: " + it->status().ToString());

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "deltaserve/api/openai_protocol.h"
+#include "deltaserve/common/status.h"
+#include "deltaserve/decode/decode_worker.h"
 #include "deltaserve/decode/tier_stats.h"
 
 namespace deltaserve::api {
@@ -51,6 +53,30 @@ struct SessionInfo {
     bool running = false;  // a turn is running
 };
 
+// One session as an operator sees it (the admin service's pages, deltactl sessions): what
+// the gateway knows, and where its KV is on its decode node.
+struct SessionRow {
+    std::string key;  // tenant/id: the pages' order
+    SessionInfo info;
+    std::string node;  // its decode node ("" none yet)
+    int64_t last_use_unix = 0;
+    int64_t ttl_left_seconds = -1;  // until it is forgotten when idle
+    bool in_memory = true;          // false: only its record holds it (out of the gateway's memory)
+    decode::SessionKv kv;           // kv.id "" where its node was not asked or did not answer
+};
+
+struct SessionPage {
+    std::vector<SessionRow> rows;
+    std::string next;  // the key to ask after for the next page; "" at the end
+};
+
+// A decode node's stats as the admin service shows them (its tiers), or why not.
+struct NodeStats {
+    std::string name;
+    Status status;
+    decode::DecodeStats stats;
+};
+
 // What a turn's caller gives it. on_piece gets each piece of text (whole UTF-8 characters,
 // stop strings held back) and returns false to cancel the turn. wanted (empty: always) is
 // asked while the turn waits for its next piece, every kWantedPollMs at most apart: a prompt
@@ -61,6 +87,8 @@ struct TurnCallbacks {
     std::function<bool(std::string_view)> on_piece;
     std::function<bool()> wanted;
 };
+
+constexpr int32_t kMaxSessionPage = 1000;
 
 class ChatEngine {
   public:
@@ -87,6 +115,11 @@ class ChatEngine {
     virtual Status close_session(const std::string& tenant, const std::string& id) = 0;
     // Every tenant's sessions (the admin service).
     virtual std::vector<SessionInfo> sessions() const = 0;
+    // The sessions after key `after` ("" from the first), in key order, `limit` at most
+    // (1..kMaxSessionPage), with where their KV is: each node asked once for the page, and
+    // the gateway's lock held only to copy the page's rows.
+    virtual SessionPage session_page(const std::string& after, int32_t limit) const = 0;
+    virtual std::vector<NodeStats> node_stats() const = 0;
 };
 
 }  // namespace deltaserve::api

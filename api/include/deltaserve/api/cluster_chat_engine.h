@@ -60,6 +60,8 @@ class ClusterChatEngine : public ChatEngine {
                                      const std::string& id) const override;
     Status close_session(const std::string& tenant, const std::string& id) override;
     std::vector<SessionInfo> sessions() const override;
+    SessionPage session_page(const std::string& after, int32_t limit) const override;
+    std::vector<NodeStats> node_stats() const override;
 
   private:
     struct Session {

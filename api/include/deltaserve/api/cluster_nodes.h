@@ -11,6 +11,9 @@
 
 namespace deltaserve::api {
 
+// Session ids a session_kv call takes at most (a page of an operator's listing).
+constexpr size_t kMaxSessionKvIds = 1000;
+
 class DecodeNode {
   public:
     virtual ~DecodeNode() = default;
@@ -21,6 +24,9 @@ class DecodeNode {
     virtual void cancel(uint64_t turn_id, Status why) = 0;
     virtual Result<decode::DecodeStats> stats() = 0;
     virtual void drop_session(const std::string& session_id) = 0;
+    // As DecodeWorker::session_kv (at most kMaxSessionKvIds ids a call).
+    virtual Result<std::vector<decode::SessionKv>> session_kv(
+        const std::vector<std::string>& ids) = 0;
     // Where prefill nodes ship this node's KV.
     virtual std::string data_address() const = 0;
 };

@@ -12,6 +12,7 @@
 // once every layer arrived and generates from the first token the prefill node sampled.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -112,6 +113,21 @@ struct DecodeStats {
     TierStats tiers;                      // the tiered store (host_tier, disk_tier)
 };
 
+// Where one session's KV is on this node, for the operators' views (deltactl sessions): -1
+// (or NaN, "") where not known. A session whose turn runs has its context in the turn: its
+// decode figures are not read then.
+struct SessionKv {
+    std::string id;
+    bool running = false;
+    int64_t tokens = -1;        // in decode memory
+    int64_t decode_bytes = -1;  // held in decode memory
+    double keep_ratio = std::nan("");
+    std::string policy;          // the node's KV policy
+    int64_t stored_tokens = -1;  // in the host and disk tiers (its record)
+    int64_t host_bytes = -1, disk_bytes = -1;
+    int32_t blocks = -1;  // its record's blocks
+};
+
 class DecodeWorker {
   public:
     // Errors: kInvalidArgument for options the model cannot take.
@@ -139,6 +155,9 @@ class DecodeWorker {
     // Drops a session's KV (the next turn recomputes it). Unknown ids are ignored.
     virtual void drop_session(const std::string& session_id) = 0;
     virtual DecodeStats stats() const = 0;
+    // Each session's KV (SessionKv; ids it does not know get -1s), the worker's lock held
+    // once for them all: callers ask a page at a time.
+    virtual std::vector<SessionKv> session_kv(const std::vector<std::string>& ids) const = 0;
 };
 
 }  // namespace deltaserve::decode

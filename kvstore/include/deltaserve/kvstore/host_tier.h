@@ -15,6 +15,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -65,6 +66,8 @@ class HostTier {
     // The block under `key`, leased to `owner` until `deadline` (a hit), or kNotFound (a miss).
     Result<Lease> get(uint64_t key, std::string owner, Clock::time_point deadline);
     bool contains(uint64_t key) const;
+    // A block's bytes, without a lease (nullopt: not held).
+    std::optional<uint64_t> size_of(uint64_t key) const;
     std::vector<uint64_t> keys() const;
     // Drops a block (it failed verification, or an operator dropped it); leases on it end.
     void erase(uint64_t key);

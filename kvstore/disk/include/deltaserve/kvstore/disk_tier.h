@@ -80,6 +80,7 @@ class DiskTier {
     // order is changed, and a bad file is reported (kDataLoss), not dropped.
     Result<std::vector<uint8_t>> peek(uint64_t key, uint64_t max_bytes) const;
     bool contains(uint64_t key) const;
+    std::optional<uint64_t> size_of(uint64_t key) const;  // nullopt: not held
     std::vector<uint64_t> keys() const;
     // Every block, least recently written first.
     std::vector<BlockEntry> blocks() const;
@@ -92,6 +93,9 @@ class DiskTier {
     Result<std::optional<std::string>> get_record(const std::string& key) const;
     // Every record whose key starts with `prefix`, in key order.
     Result<std::vector<Record>> records(const std::string& prefix) const;
+    // A page of them: those after prefix + `after` ("" from the first), `limit` at most.
+    Result<std::vector<Record>> records(const std::string& prefix, const std::string& after,
+                                        size_t limit) const;
 
     Stats stats() const;
     // RocksDB's own figures for the index, by name (rocksdb.estimate-num-keys, ...,

@@ -211,6 +211,33 @@ inline decode::DecodeStats from_capnp(DecodeStats::Reader r) {
     return s;
 }
 
+inline void to_capnp(const decode::SessionKv& k, SessionKv::Builder b) {
+    b.setId(k.id);
+    b.setRunning(k.running);
+    b.setTokens(k.tokens);
+    b.setDecodeBytes(k.decode_bytes);
+    b.setKeepRatio(k.keep_ratio);
+    b.setPolicy(k.policy);
+    b.setStoredTokens(k.stored_tokens);
+    b.setHostBytes(k.host_bytes);
+    b.setDiskBytes(k.disk_bytes);
+    b.setBlocks(k.blocks);
+}
+inline decode::SessionKv from_capnp(SessionKv::Reader r) {
+    decode::SessionKv k;
+    k.id = r.getId().cStr();
+    k.running = r.getRunning();
+    k.tokens = r.getTokens();
+    k.decode_bytes = r.getDecodeBytes();
+    k.keep_ratio = r.getKeepRatio();
+    k.policy = r.getPolicy().cStr();
+    k.stored_tokens = r.getStoredTokens();
+    k.host_bytes = r.getHostBytes();
+    k.disk_bytes = r.getDiskBytes();
+    k.blocks = r.getBlocks();
+    return k;
+}
+
 inline void to_capnp(const prefill::PrefillStats& s, PrefillStats::Builder b) {
     b.setQueued(s.queued);
     b.setRequests(s.requests);

@@ -1,0 +1,34 @@
+// The admin service of a running server, for deltactl's live views: `deltaserve serve
+// --rpc-port N`, or a cluster's gateway (gateway.rpc), over Cap'n Proto with an admin key
+// (api/schema/chat.capnp: Gateway.admin -> Admin). Calls block until answered; a server that
+// is gone or refuses the key is an error naming it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "deltaserve/api/chat_engine.h"
+#include "deltaserve/common/status.h"
+
+namespace deltaserve::ops {
+
+class LiveAdmin {
+  public:
+    // host_port: HOST:PORT. Errors: kInvalidArgument (not HOST:PORT), kUnavailable (no
+    // server answers there), kUnauthenticated (the key is refused).
+    static Result<std::unique_ptr<LiveAdmin>> connect(const std::string& host_port,
+                                                      const std::string& admin_key);
+    ~LiveAdmin();
+
+    // Every session, a page of `page_size` at a time.
+    Result<std::vector<api::SessionRow>> sessions(int32_t page_size);
+    Result<std::vector<api::NodeStats>> nodes();
+
+  private:
+    struct Impl;
+    explicit LiveAdmin(std::unique_ptr<Impl> impl);
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace deltaserve::ops

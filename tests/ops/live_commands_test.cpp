@@ -1,0 +1,142 @@
+// deltactl's live views through a running server's admin service (deltaserve serve
+// --rpc-port, Cap'n Proto, the admin key): sessions and tiers say what the server holds and
+// where (decode memory, host, disk), page by page; they agree with the offline view of the
+// same data dir once the server stopped; a wrong or missing key, a server that is gone and
+// bad usage get their exit codes.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <map>
+
+#include "cli_runner.h"
+#include "http_client.h"
+#include "serving.h"
+#include "test_paths.h"
+
+namespace deltaserve::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kKey = "admin-secret-1";
+
+CliResult deltactl(const std::vector<std::string>& args) {
+    return run_binary(deltactl_binary(), args, "", std::chrono::seconds(60));
+}
+
+json json_of(const CliResult& r) {
+    EXPECT_EQ(r.exit_code, 0) << r.describe();
+    return json::parse(r.out, nullptr, false);
+}
+
+uint16_t rpc_port(const ServingProcess& s) {
+    const size_t at = s.log().find("chat RPC on port ");
+    return at == std::string::npos ? 0
+                                   : static_cast<uint16_t>(std::atoi(s.log().c_str() + at + 17));
+}
+
+std::map<std::string, json> by_id(const json& rows) {
+    std::map<std::string, json> out;
+    for (const json& r : rows) out[r["id"].get<std::string>()] = r;
+    return out;
+}
+
+TEST(LiveCommandsTest, SessionsAndTiersFromARunningServer) {
+    DS_REQUIRE_FILE(default_gguf_model(), "default GGUF model");
+    const std::string dir =
+        (fs::temp_directory_path() / ("ds_live_cmds_" + std::to_string(::getpid()))).string();
+    fs::remove_all(dir);
+    json live, live_paged, tiers;
+    std::map<std::string, int64_t> tokens;
+    {
+        ServingProcess server(serve_args({"--kv-policy", "deltakv", "--kv-keep", "0.3",
+                                          "--kv-profile", default_deltakv_profile(), "--data-dir",
+                                          dir, "--rpc-port", "0", "--admin-key", kKey}));
+        ASSERT_NE(server.port(), 0) << server.log();
+        const uint16_t port = rpc_port(server);
+        ASSERT_NE(port, 0) << server.log();
+        const std::string at = "127.0.0.1:" + std::to_string(port);
+        for (const char* id : {"s1", "s2", "s3"}) {
+            ASSERT_EQ(open_session(server.port(), id), 200);
+            const HttpResponse r =
+                post_chat(server.port(), chat_body(std::string("Hello, I am ") + id + ".", 12),
+                          std::string("X-Session-ID: ") + id + "\r\n");
+            ASSERT_EQ(r.status, 200) << r.body;
+            const json info = json::parse(
+                http_request(server.port(), "GET", std::string("/v1/sessions/") + id).body, nullptr,
+                false);
+            tokens[id] = info["tokens"].get<int64_t>();
+        }
+        // The keys: a missing or wrong one is refused.
+        const CliResult nokey = deltactl({"sessions", "--server", at});
+        EXPECT_EQ(nokey.exit_code, 1) << nokey.describe();
+        EXPECT_NE(nokey.err.find("admin key"), std::string::npos) << nokey.err;
+        EXPECT_EQ(deltactl({"sessions", "--server", at, "--admin-key", "wrong"}).exit_code, 1);
+
+        live = json_of(deltactl({"sessions", "--server", at, "--admin-key", kKey, "--json"}));
+        live_paged = json_of(deltactl(
+            {"sessions", "--server", at, "--admin-key", kKey, "--json", "--page-size", "1"}));
+        tiers = json_of(deltactl({"tiers", "--server", at, "--admin-key", kKey, "--json"}));
+        const CliResult table = deltactl({"tiers", "--server", at, "--admin-key", kKey});
+        EXPECT_EQ(table.exit_code, 0) << table.describe();
+        EXPECT_NE(table.out.find("decode-0  disk"), std::string::npos) << table.out;
+        // The offline views never open a running server's store.
+        EXPECT_EQ(deltactl({"sessions", "--data-dir", dir}).exit_code, 1);
+        EXPECT_EQ(deltactl({"blocks", "--server", at}).exit_code, 2);
+        EXPECT_EQ(server.stop(), 0);
+        // Gone: an error, not a hang.
+        const CliResult gone = deltactl({"sessions", "--server", at, "--admin-key", kKey});
+        EXPECT_EQ(gone.exit_code, 1) << gone.describe();
+    }
+    ASSERT_EQ(live.size(), 3u) << live.dump();
+    EXPECT_EQ(live_paged, live) << "one session a page gives the same list";
+    for (const auto& [id, s] : by_id(live)) {
+        EXPECT_EQ(s["turns"], 1);
+        EXPECT_EQ(s["tokens"], tokens[id]);
+        EXPECT_EQ(s["node"], "decode-0");
+        EXPECT_EQ(s["policy"], "deltakv");
+        EXPECT_EQ(s["in_memory"], true);
+        // In decode memory, and stored (write-through) in the host tier and on disk.
+        EXPECT_EQ(s["decode_tokens"], tokens[id] - 1) << s.dump();
+        EXPECT_GT(s["decode_bytes"].get<int64_t>(), 0) << s.dump();
+        EXPECT_EQ(s["stored_tokens"], s["decode_tokens"]) << s.dump();
+        EXPECT_GT(s["disk_bytes"].get<int64_t>(), 0) << s.dump();
+        EXPECT_EQ(s["host_bytes"], s["disk_bytes"]) << s.dump();
+        EXPECT_GT(s["keep_ratio"].get<double>(), 0.25);
+        EXPECT_GT(s["ttl_left_seconds"].get<int64_t>(), 0);
+    }
+    ASSERT_EQ(tiers.size(), 1u) << tiers.dump();
+    EXPECT_EQ(tiers[0]["node"], "decode-0");
+    EXPECT_EQ(tiers[0]["decode"]["sessions"], 3);
+    EXPECT_EQ(tiers[0]["disk"]["admitting"], true);
+    EXPECT_GT(tiers[0]["disk"]["capacity"].get<int64_t>(), 0);
+    EXPECT_EQ(tiers[0]["sessions_persisted"], 3);
+    int64_t disk = 0;
+    for (const json& s : live) disk += s["disk_bytes"].get<int64_t>();
+    EXPECT_EQ(tiers[0]["disk"]["bytes"], disk);
+
+    // The offline view of the same store, now that it stopped, says the same.
+    const auto offline = by_id(json_of(deltactl({"sessions", "--data-dir", dir, "--json"})));
+    for (const auto& [id, s] : by_id(live)) {
+        ASSERT_TRUE(offline.count(id)) << id;
+        EXPECT_EQ(offline.at(id)["disk_bytes"], s["disk_bytes"]) << id;
+        EXPECT_EQ(offline.at(id)["stored_tokens"], s["stored_tokens"]) << id;
+        EXPECT_EQ(offline.at(id)["blocks"], s["blocks"]) << id;
+        EXPECT_EQ(offline.at(id)["turns"], s["turns"]) << id;
+    }
+    fs::remove_all(dir);
+}
+
+TEST(LiveCommandsTest, BadServerAddressesAreUsageErrors) {
+    EXPECT_EQ(deltactl({"sessions", "--server", "nonsense"}).exit_code, 2);
+    EXPECT_EQ(deltactl({"sessions", "--server", "127.0.0.1:99999"}).exit_code, 2);
+    EXPECT_EQ(deltactl({"sessions", "--server", "127.0.0.1:1", "--page-size", "0"}).exit_code, 2);
+    // Nothing listens on port 1: an error naming the server, exit code 1.
+    const CliResult r = deltactl({"tiers", "--server", "127.0.0.1:1"});
+    EXPECT_EQ(r.exit_code, 1) << r.describe();
+    EXPECT_NE(r.err.find("127.0.0.1:1"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace deltaserve::testing
