@@ -15,6 +15,8 @@ constexpr const char* kUsage =
     "  blocks      stored blocks, the sessions sharing them and what sharing saves\n"
     "  tiers       each tier's capacity and use, and the disk tier's index\n"
     "  verify      check every stored block and record (--drop removes what is bad)\n"
+    "  export      ID -o FILE: a session's records and blocks in one file\n"
+    "  import      FILE: a session exported elsewhere, into a data dir\n"
     "  calibrate   train a model's DeltaKV compressors from text and write a profile\n"
     "\n"
     "The cache views read a stopped node's --data-dir (default: serve's), or a checkpoint\n"
@@ -42,6 +44,8 @@ int main(int argc, char** argv) {
     if (cmd == "blocks") return o::blocks_main(argc - 2, argv + 2);
     if (cmd == "tiers") return o::tiers_main(argc - 2, argv + 2);
     if (cmd == "verify") return o::verify_main(argc - 2, argv + 2);
+    if (cmd == "export") return o::export_main(argc - 2, argv + 2);
+    if (cmd == "import") return o::import_main(argc - 2, argv + 2);
     std::fprintf(stderr, "deltactl: error: unknown command '%s' (see deltactl --help)\n",
                  cmd.c_str());
     return 2;

@@ -44,7 +44,7 @@ echo "[fuzz] build: $(($(date +%s) - start)) s" >&2
 
 if ((seeds)); then
     python3 tests/fuzz/make_seeds.py tests/fuzz/corpus
-    for h in kv_import wire_format kv_block; do
+    for h in kv_import wire_format kv_block session_bundle; do
         rm -rf "tests/fuzz/corpus/$h"
         mkdir -p "tests/fuzz/corpus/$h"
         DELTASERVE_FUZZ_WRITE_SEEDS="tests/fuzz/corpus/$h" "$BUILD/bin/fuzz_$h"

@@ -259,7 +259,7 @@ TEST_F(StoreCommandsTest, UsageErrorsExit2AndStoreErrors1) {
     EXPECT_EQ(deltactl({"session", "describe"}).exit_code, 2);
     EXPECT_EQ(deltactl({"sessions", "--bogus"}).exit_code, 2);
     EXPECT_EQ(deltactl({"sessions", "--data-dir", dir_, "--sort-by", "size"}).exit_code, 2);
-    EXPECT_EQ(deltactl({"sessions", "--server", "127.0.0.1:1"}).exit_code, 2);
+    EXPECT_EQ(deltactl({"verify", "--server", "127.0.0.1:1"}).exit_code, 2);  // stores only
     EXPECT_EQ(deltactl({"frobnicate"}).exit_code, 2);
     const CliResult nothing = deltactl({"tiers", "--data-dir", dir_ + "_nothing_here"});
     EXPECT_EQ(nothing.exit_code, 1) << nothing.describe();
