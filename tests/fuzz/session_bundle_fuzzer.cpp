@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -42,7 +43,7 @@ void write_seeds(const std::string& dir) {
         m.end = m.begin + 4;
         for (int32_t i = 0; i < 4; ++i) m.tokens.push_back(m.begin + i);
         m.codec_state = {8, 0, 0, 0, 8, 0, 0, 0};
-        m.layer_error = {NAN};
+        m.layer_error = {std::numeric_limits<float>::quiet_NaN()};
         std::vector<uint8_t> part(64, static_cast<uint8_t>(blk));
         const std::span<const uint8_t> parts[] = {part};
         auto bytes = *kvstore::encode_kv_block(m, parts);
