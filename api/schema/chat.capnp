@@ -77,6 +77,17 @@ struct NodeStats {
   name @0 :Text;
   error @1 :Cluster.Error;  # set when the node did not answer
   stats @2 :Cluster.DecodeStats;
+  rpcAddress @3 :Text;      # "in-process" for serve's own worker
+  dataAddress @4 :Text;
+  version @5 :Text;
+}
+
+struct PrefillNodeStats {
+  name @0 :Text;
+  error @1 :Cluster.Error;
+  stats @2 :Cluster.PrefillStats;
+  rpcAddress @3 :Text;
+  version @4 :Text;
 }
 
 interface Admin {
@@ -89,6 +100,9 @@ interface Admin {
   # each decode node is asked once for the page.
   nodes @3 () -> (nodes :List(NodeStats));
   # Each decode node's stats, its tiered store's among them.
+  cluster @4 () -> (version :Text, model :Text, decode :List(NodeStats),
+                    prefill :List(PrefillNodeStats));
+  # The gateway's version and model, and every node behind it.
 }
 
 interface Gateway {

@@ -186,7 +186,7 @@ interface Gate {
 }
 
 interface Node {
-  info @0 () -> (role :Text, name :Text, modelId :Text);
+  info @0 () -> (role :Text, name :Text, modelId :Text, version :Text);
   decode @1 () -> (node :DecodeNode);
   # Fails on a node that does not decode.
   prefill @2 () -> (node :PrefillNode);

@@ -281,15 +281,37 @@ class AdminImpl final : public rpc::Admin::Server {
     kj::Promise<void> nodes(NodesContext context) override {
         const auto all = engine_.node_stats();
         auto list = context.getResults().initNodes(static_cast<unsigned>(all.size()));
-        for (unsigned i = 0; i < all.size(); ++i) {
-            list[i].setName(all[i].name);
-            if (!all[i].status.ok()) rpc::to_capnp(all[i].status, list[i].initError());
-            rpc::to_capnp(all[i].stats, list[i].initStats());
+        for (unsigned i = 0; i < all.size(); ++i) set(all[i], list[i]);
+        return kj::READY_NOW;
+    }
+    kj::Promise<void> cluster(ClusterContext context) override {
+        const ClusterView v = engine_.cluster();
+        auto r = context.getResults();
+        r.setVersion(v.version);
+        r.setModel(v.model_id);
+        auto d = r.initDecode(static_cast<unsigned>(v.decode.size()));
+        for (unsigned i = 0; i < v.decode.size(); ++i) set(v.decode[i], d[i]);
+        auto p = r.initPrefill(static_cast<unsigned>(v.prefill.size()));
+        for (unsigned i = 0; i < v.prefill.size(); ++i) {
+            p[i].setName(v.prefill[i].name);
+            p[i].setRpcAddress(v.prefill[i].rpc_address);
+            p[i].setVersion(v.prefill[i].version);
+            if (!v.prefill[i].status.ok()) rpc::to_capnp(v.prefill[i].status, p[i].initError());
+            rpc::to_capnp(v.prefill[i].stats, p[i].initStats());
         }
         return kj::READY_NOW;
     }
 
   private:
+    static void set(const NodeStats& n, rpc::NodeStats::Builder b) {
+        b.setName(n.name);
+        b.setRpcAddress(n.rpc_address);
+        b.setDataAddress(n.data_address);
+        b.setVersion(n.version);
+        if (!n.status.ok()) rpc::to_capnp(n.status, b.initError());
+        rpc::to_capnp(n.stats, b.initStats());
+    }
+
     ChatEngine& engine_;
 };
 

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "deltaserve/api/openai_protocol.h"
+#include "deltaserve/api/version.h"
 #include "deltaserve/common/logging.h"
 #include "prefill_watch.h"
 #include "random_id.h"
@@ -362,6 +363,9 @@ std::vector<NodeStats> ClusterChatEngine::node_stats() const {
     for (auto* d : decode_) {
         NodeStats n;
         n.name = d->name();
+        n.rpc_address = d->rpc_address();
+        n.data_address = d->data_address();
+        n.version = d->version();
         auto s = d->stats();
         if (s.ok()) {
             n.stats = std::move(*s);
@@ -371,6 +375,27 @@ std::vector<NodeStats> ClusterChatEngine::node_stats() const {
         out.push_back(std::move(n));
     }
     return out;
+}
+
+ClusterView ClusterChatEngine::cluster() const {
+    ClusterView v;
+    v.version = deltaserve_version();
+    v.model_id = model_id_;
+    v.decode = node_stats();
+    for (auto* p : prefill_) {
+        PrefillNodeStats n;
+        n.name = p->name();
+        n.rpc_address = p->rpc_address();
+        n.version = p->version();
+        auto s = p->stats();
+        if (s.ok()) {
+            n.stats = *s;
+        } else {
+            n.status = s.status();
+        }
+        v.prefill.push_back(std::move(n));
+    }
+    return v;
 }
 
 Result<SessionInfo> ClusterChatEngine::open_session(const std::string& tenant,

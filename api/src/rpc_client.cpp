@@ -61,6 +61,8 @@ class RemoteDecode final : public DecodeNode {
     void drop_session(const std::string& id) override;
     Result<std::vector<decode::SessionKv>> session_kv(const std::vector<std::string>& ids) override;
     std::string data_address() const override { return address_; }
+    std::string rpc_address() const override;
+    std::string version() const override;
 
   private:
     RpcClientImpl& c_;
@@ -74,6 +76,8 @@ class RemotePrefill final : public PrefillNode {
     Result<prefill::PrefillResult> prefill(const prefill::PrefillRequest& request) override;
     void cancel(uint64_t turn_id) override;
     Result<prefill::PrefillStats> stats() override;
+    std::string rpc_address() const override;
+    std::string version() const override;
 
   private:
     RpcClientImpl& c_;
@@ -124,6 +128,7 @@ class RpcClientImpl final : public RpcClient, public kj::TaskSet::ErrorHandler {
                     info_.role = r.getRole();
                     info_.name = r.getName();
                     info_.model_id = r.getModelId();
+                    info_.version = r.getVersion();
                     return Status();
                 });
             });
@@ -351,6 +356,11 @@ Result<std::vector<decode::SessionKv>> RemoteDecode::session_kv(
         });
     });
 }
+
+std::string RemoteDecode::rpc_address() const { return c_.address(); }
+std::string RemoteDecode::version() const { return c_.info().version; }
+std::string RemotePrefill::rpc_address() const { return c_.address(); }
+std::string RemotePrefill::version() const { return c_.info().version; }
 
 Result<decode::DecodeStats> RemoteDecode::stats() {
     return c_.call<Result<decode::DecodeStats>>([&]() -> kj::Promise<Result<decode::DecodeStats>> {

@@ -10,6 +10,7 @@
 
 #include "deltaserve/api/cluster_nodes.h"
 #include "deltaserve/api/rpc_convert.h"
+#include "deltaserve/api/version.h"
 #include "deltaserve/common/logging.h"
 #include "deltaserve/transport/peer_auth.h"
 #include "rpc_thread.h"
@@ -230,6 +231,7 @@ class NodeImpl final : public rpc::Node::Server {
                                                   : "prefill");
         r.setName(roles_.name);
         r.setModelId(roles_.model_id);
+        r.setVersion(deltaserve_version());
         return kj::READY_NOW;
     }
     kj::Promise<void> decode(DecodeContext context) override {

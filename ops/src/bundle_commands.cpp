@@ -190,9 +190,11 @@ int import_main(int argc, char** argv) {
         const Status st = gw->put_records(r);
         if (!st.ok()) return fail("storing the gateway's record: " + st.message());
     }
+    // Named as the other commands name it: the id alone without a tenant.
+    const std::string name = b->session.rfind('/', 0) == 0 ? b->session.substr(1) : b->session;
     std::printf("imported session %s: %zu blocks (%s), %zu tokens, fingerprint %s -> %s%s\n",
-                b->session.c_str(), b->blocks.size(), human_bytes(total).c_str(),
-                b->record.tokens.size(), short_hash(b->fingerprint).c_str(), kv_dir.c_str(),
+                name.c_str(), b->blocks.size(), human_bytes(total).c_str(), b->record.tokens.size(),
+                short_hash(b->fingerprint).c_str(), kv_dir.c_str(),
                 b->gateway_record.empty() ? " (no gateway record: the session is not listed)" : "");
     return 0;
 }

@@ -92,21 +92,52 @@ Result<std::vector<api::SessionRow>> LiveAdmin::sessions(int32_t page_size) {
     return out;
 }
 
+namespace {
+
+api::NodeStats node_of(rpc::NodeStats::Reader n) {
+    api::NodeStats s;
+    s.name = n.getName().cStr();
+    s.rpc_address = n.getRpcAddress().cStr();
+    s.data_address = n.getDataAddress().cStr();
+    s.version = n.getVersion().cStr();
+    if (n.hasError()) s.status = rpc::from_capnp(n.getError());
+    s.stats = rpc::from_capnp(n.getStats());
+    return s;
+}
+
+}  // namespace
+
 Result<std::vector<api::NodeStats>> LiveAdmin::nodes() {
     std::vector<api::NodeStats> out;
     try {
         auto r = impl_->admin->nodesRequest().send().wait(impl_->client->getWaitScope());
-        for (auto n : r.getNodes()) {
-            api::NodeStats s;
-            s.name = n.getName().cStr();
-            if (n.hasError()) s.status = rpc::from_capnp(n.getError());
-            s.stats = rpc::from_capnp(n.getStats());
-            out.push_back(std::move(s));
-        }
+        for (auto n : r.getNodes()) out.push_back(node_of(n));
     } catch (const kj::Exception& e) {
         return impl_->lost(e);
     }
     return out;
+}
+
+Result<api::ClusterView> LiveAdmin::cluster() {
+    api::ClusterView v;
+    try {
+        auto r = impl_->admin->clusterRequest().send().wait(impl_->client->getWaitScope());
+        v.version = r.getVersion().cStr();
+        v.model_id = r.getModel().cStr();
+        for (auto n : r.getDecode()) v.decode.push_back(node_of(n));
+        for (auto n : r.getPrefill()) {
+            api::PrefillNodeStats p;
+            p.name = n.getName().cStr();
+            p.rpc_address = n.getRpcAddress().cStr();
+            p.version = n.getVersion().cStr();
+            if (n.hasError()) p.status = rpc::from_capnp(n.getError());
+            p.stats = rpc::from_capnp(n.getStats());
+            v.prefill.push_back(std::move(p));
+        }
+    } catch (const kj::Exception& e) {
+        return impl_->lost(e);
+    }
+    return v;
 }
 
 }  // namespace deltaserve::ops

@@ -24,6 +24,7 @@ class LiveAdmin {
     // Every session, a page of `page_size` at a time.
     Result<std::vector<api::SessionRow>> sessions(int32_t page_size);
     Result<std::vector<api::NodeStats>> nodes();
+    Result<api::ClusterView> cluster();
 
   private:
     struct Impl;

@@ -17,10 +17,12 @@ constexpr const char* kUsage =
     "  verify      check every stored block and record (--drop removes what is bad)\n"
     "  export      ID -o FILE: a session's records and blocks in one file\n"
     "  import      FILE: a session exported elsewhere, into a data dir\n"
+    "  cluster     the gateway and its nodes: addresses, versions, load, tiers (live)\n"
     "  calibrate   train a model's DeltaKV compressors from text and write a profile\n"
     "\n"
     "The cache views read a stopped node's --data-dir (default: serve's), or a checkpoint\n"
-    "of a live one.\n"
+    "of one; sessions, tiers and cluster ask a running server with --server HOST:PORT\n"
+    "(or --config cluster.yaml) and its admin key.\n"
     "Exit codes: 0 ok, 1 a server or store error, 2 usage.\n"
     "\n"
     "Run 'deltactl <command> --help' for a command's flags.\n";
@@ -46,6 +48,7 @@ int main(int argc, char** argv) {
     if (cmd == "verify") return o::verify_main(argc - 2, argv + 2);
     if (cmd == "export") return o::export_main(argc - 2, argv + 2);
     if (cmd == "import") return o::import_main(argc - 2, argv + 2);
+    if (cmd == "cluster") return o::cluster_main(argc - 2, argv + 2);
     std::fprintf(stderr, "deltactl: error: unknown command '%s' (see deltactl --help)\n",
                  cmd.c_str());
     return 2;

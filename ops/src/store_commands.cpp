@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "deltaserve/api/cluster_config.h"
 #include "deltaserve/common/args.h"
 #include "deltaserve/common/crc32c.h"
 #include "deltaserve/common/logging.h"
@@ -28,8 +29,9 @@ using json = nlohmann::json;
 namespace {
 
 struct Common {
-    std::string data_dir, server, admin_key;
+    std::string data_dir, server, admin_key, config;
     bool as_json = false;
+    bool live() const { return !server.empty() || !config.empty(); }
 };
 
 void add_common(ArgParser& p, Common& c) {
@@ -42,6 +44,9 @@ void add_common(ArgParser& p, Common& c) {
           "gateway.rpc) instead of a data dir");
     if (const char* k = std::getenv("DELTASERVE_ADMIN_KEY")) c.admin_key = k;
     p.add("admin-key", &c.admin_key, "the server's admin key (default $DELTASERVE_ADMIN_KEY)");
+    p.add("config", &c.config,
+          "a cluster config (deploy/cluster.yaml): its gateway.rpc and admin_key, as --server "
+          "and --admin-key");
     p.add_switch("json", &c.as_json, "raw numbers as JSON (null where not known)");
 }
 
@@ -70,7 +75,21 @@ std::unique_ptr<StoreView> open_view(const Common& c, int* code, bool writable =
 }
 
 // The admin service of --server; nullptr after printing why (exit code in *code).
-std::unique_ptr<LiveAdmin> connect_live(const Common& c, int* code) {
+// (--config fills in c.server and c.admin_key where not given.)
+std::unique_ptr<LiveAdmin> connect_live(Common& c, int* code) {
+    if (!c.config.empty()) {
+        auto cfg = api::load_cluster_config(c.config);
+        if (!cfg.ok()) {
+            *code = usage_error(cfg.status().message());
+            return nullptr;
+        }
+        if (c.server.empty()) c.server = cfg->gateway_rpc;
+        if (c.admin_key.empty()) c.admin_key = cfg->admin_key;
+        if (c.server.empty()) {
+            *code = usage_error(c.config + " names no gateway.rpc: give --server HOST:PORT");
+            return nullptr;
+        }
+    }
     auto a = LiveAdmin::connect(c.server, c.admin_key);
     if (!a.ok()) {
         *code = a.status().code() == StatusCode::kInvalidArgument
@@ -83,7 +102,7 @@ std::unique_ptr<LiveAdmin> connect_live(const Common& c, int* code) {
 
 // A command that reads only stores: --server is a usage error (exit code 2, else 0).
 int offline_only(const Common& c, const char* command) {
-    if (c.server.empty()) return 0;
+    if (!c.live()) return 0;
     return usage_error(std::string(command) +
                        " reads a stopped node's store only, for now: give --data-dir (a "
                        "stopped node's, or a checkpoint)");
@@ -439,7 +458,7 @@ int sessions_main(int argc, char** argv) {
         return usage_error("--page-size must be in [1, " + std::to_string(api::kMaxSessionPage) +
                            "]");
     int code = 0;
-    if (!c.server.empty()) {
+    if (c.live()) {
         auto live = connect_live(c, &code);
         if (!live) return code;
         auto rows = live->sessions(page_size);
@@ -736,7 +755,7 @@ int tiers_main(int argc, char** argv) {
     if (auto code = parse_flags(p, argc, argv)) return *code;
     init_logging("warn");
     int code = 0;
-    if (!c.server.empty()) {
+    if (c.live()) {
         auto live = connect_live(c, &code);
         if (!live) return code;
         auto nodes = live->nodes();
@@ -909,6 +928,102 @@ int verify_main(int argc, char** argv) {
                     drop ? (", " + std::to_string(dropped) + " dropped").c_str() : "");
     }
     return problems.empty() ? 0 : 1;
+}
+
+int cluster_main(int argc, char** argv) {
+    Common c;
+    ArgParser p("deltactl cluster",
+                "The gateway and every node behind it: roles, addresses, versions, load, sessions "
+                "and tier use (a running server's admin service).");
+    add_common(p, c);
+    if (auto code = parse_flags(p, argc, argv)) return *code;
+    init_logging("warn");
+    if (!c.live())
+        return usage_error(
+            "deltactl cluster asks a running server: give --server HOST:PORT or "
+            "--config cluster.yaml");
+    int code = 0;
+    auto live = connect_live(c, &code);
+    if (!live) return code;
+    auto v = live->cluster();
+    if (!v.ok()) return store_error(v.status());
+    if (c.as_json) {
+        json decode = json::array(), prefill = json::array();
+        for (const auto& n : v->decode) {
+            json j = {{"name", n.name},
+                      {"rpc_address", n.rpc_address},
+                      {"data_address", n.data_address},
+                      {"version", n.version},
+                      {"ok", n.status.ok()}};
+            if (!n.status.ok()) {
+                j["error"] = n.status.message();
+            } else {
+                j["sessions"] = n.stats.sessions;
+                j["running"] = n.stats.running;
+                j["waiting"] = n.stats.waiting;
+                j["kv_bytes"] = n.stats.kv_bytes;
+                j["kv_memory"] = n.stats.kv_memory;
+                j["host_bytes"] = n.stats.tiers.host_bytes;
+                j["disk_bytes"] = n.stats.tiers.disk_bytes;
+            }
+            decode.push_back(std::move(j));
+        }
+        for (const auto& n : v->prefill) {
+            json j = {{"name", n.name},
+                      {"rpc_address", n.rpc_address},
+                      {"version", n.version},
+                      {"ok", n.status.ok()}};
+            if (!n.status.ok()) {
+                j["error"] = n.status.message();
+            } else {
+                j["queued"] = n.stats.queued;
+                j["requests"] = n.stats.requests;
+                j["tokens"] = n.stats.tokens;
+                j["bytes_shipped"] = n.stats.bytes_shipped;
+            }
+            prefill.push_back(std::move(j));
+        }
+        std::printf("%s\n", json({{"gateway",
+                                   {{"address", c.server.empty() ? json() : json(c.server)},
+                                    {"version", v->version},
+                                    {"model", v->model_id}}},
+                                  {"decode", std::move(decode)},
+                                  {"prefill", std::move(prefill)}})
+                                .dump(2)
+                                .c_str());
+        return 0;
+    }
+    Table t({"NODE", "ROLE", "ADDRESS", "DATA", "VERSION", "STATE", "LOAD", "SESSIONS", "KV",
+             "HOST", "DISK"});
+    t.add({"gateway", "gateway", c.server.empty() ? kUnknown : c.server, kUnknown, v->version, "ok",
+           kUnknown, kUnknown, kUnknown, kUnknown, kUnknown});
+    for (const auto& n : v->decode) {
+        if (!n.status.ok()) {
+            t.add({n.name, "decode", n.rpc_address, n.data_address,
+                   n.version.empty() ? kUnknown : n.version, "unreachable", kUnknown, kUnknown,
+                   kUnknown, kUnknown, kUnknown});
+            continue;
+        }
+        const auto& s = n.stats;
+        t.add({n.name, "decode", n.rpc_address, n.data_address.empty() ? kUnknown : n.data_address,
+               n.version, "ok",
+               std::to_string(s.running) + " running, " + std::to_string(s.waiting) + " waiting",
+               std::to_string(s.sessions),
+               human_bytes(static_cast<uint64_t>(s.kv_bytes)) + " / " +
+                   (s.kv_memory > 0 ? human_bytes(static_cast<uint64_t>(s.kv_memory)) : kUnknown),
+               human_bytes(static_cast<uint64_t>(s.tiers.host_bytes)),
+               s.tiers.disk_capacity > 0 ? human_bytes(static_cast<uint64_t>(s.tiers.disk_bytes))
+                                         : kUnknown});
+    }
+    for (const auto& n : v->prefill) {
+        t.add({n.name, "prefill", n.rpc_address, kUnknown, n.version.empty() ? kUnknown : n.version,
+               n.status.ok() ? "ok" : "unreachable",
+               n.status.ok() ? std::to_string(n.stats.queued) + " queued" : kUnknown, kUnknown,
+               kUnknown, kUnknown, kUnknown});
+    }
+    std::printf("Model: %s\n\n", v->model_id.c_str());
+    t.print();
+    return 0;
 }
 
 }  // namespace deltaserve::ops

@@ -332,6 +332,21 @@ TEST_F(ClusterTest, ASessionSurvivesTheWholeClusterKilledAndRestarted) {
         {"tiers", "--server", cluster.gateway_rpc(), "--admin-key", Cluster::kAdminKey, "--json"});
     ASSERT_EQ(tiers.exit_code, 0) << tiers.describe();
     EXPECT_EQ(json::parse(tiers.out)[0]["node"], "d0") << tiers.out;
+    // The cluster's shape, found from its config alone (gateway.rpc, admin_key).
+    const CliResult shape =
+        run_binary(deltactl_binary(), {"cluster", "--config", cluster.config(), "--json"});
+    ASSERT_EQ(shape.exit_code, 0) << shape.describe();
+    const json c = json::parse(shape.out);
+    EXPECT_EQ(c["gateway"]["version"], c["decode"][0]["version"]) << shape.out;
+    EXPECT_EQ(c["decode"][0]["name"], "d0");
+    EXPECT_EQ(c["decode"][0]["ok"], true);
+    EXPECT_EQ(c["decode"][0]["rpc_address"], "127.0.0.1:" + std::to_string(cluster.decode_rpc()));
+    EXPECT_EQ(c["decode"][0]["data_address"], "127.0.0.1:" + std::to_string(cluster.decode_data()));
+    EXPECT_EQ(c["decode"][0]["sessions"], 1);
+    ASSERT_EQ(c["prefill"].size(), 1u) << shape.out;
+    EXPECT_EQ(c["prefill"][0]["name"], "p0");
+    EXPECT_EQ(c["prefill"][0]["ok"], true);
+    EXPECT_FALSE(c["prefill"][0]["version"].get<std::string>().empty());
     EXPECT_EQ(cluster.gateway().stop(), 0);
     EXPECT_EQ(cluster.decode().stop(), 0);
     const CliResult offline =

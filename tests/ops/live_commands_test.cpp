@@ -81,6 +81,11 @@ TEST(LiveCommandsTest, SessionsAndTiersFromARunningServer) {
         const CliResult table = deltactl({"tiers", "--server", at, "--admin-key", kKey});
         EXPECT_EQ(table.exit_code, 0) << table.describe();
         EXPECT_NE(table.out.find("decode-0  disk"), std::string::npos) << table.out;
+        const json shape =
+            json_of(deltactl({"cluster", "--server", at, "--admin-key", kKey, "--json"}));
+        EXPECT_EQ(shape["decode"][0]["rpc_address"], "in-process") << shape.dump();
+        EXPECT_EQ(shape["decode"][0]["sessions"], 3);
+        EXPECT_EQ(shape["gateway"]["model"], "SmolLM2-135M-Instruct.Q4_1.gguf") << shape.dump();
         // The offline views never open a running server's store.
         EXPECT_EQ(deltactl({"sessions", "--data-dir", dir}).exit_code, 1);
         EXPECT_EQ(deltactl({"blocks", "--server", at}).exit_code, 2);

@@ -12,6 +12,7 @@
 #include "deltaserve/common/status.h"
 #include "deltaserve/decode/decode_worker.h"
 #include "deltaserve/decode/tier_stats.h"
+#include "deltaserve/prefill/prefill_worker.h"
 
 namespace deltaserve::api {
 
@@ -72,9 +73,22 @@ struct SessionPage {
 
 // A decode node's stats as the admin service shows them (its tiers), or why not.
 struct NodeStats {
-    std::string name;
+    std::string name, rpc_address, data_address, version;
     Status status;
     decode::DecodeStats stats;
+};
+
+struct PrefillNodeStats {
+    std::string name, rpc_address, version;
+    Status status;
+    prefill::PrefillStats stats;
+};
+
+// The cluster as deltactl cluster shows it: the gateway's version and model, and its nodes.
+struct ClusterView {
+    std::string version, model_id;
+    std::vector<NodeStats> decode;
+    std::vector<PrefillNodeStats> prefill;
 };
 
 // What a turn's caller gives it. on_piece gets each piece of text (whole UTF-8 characters,
@@ -120,6 +134,7 @@ class ChatEngine {
     // the gateway's lock held only to copy the page's rows.
     virtual SessionPage session_page(const std::string& after, int32_t limit) const = 0;
     virtual std::vector<NodeStats> node_stats() const = 0;
+    virtual ClusterView cluster() const = 0;
 };
 
 }  // namespace deltaserve::api

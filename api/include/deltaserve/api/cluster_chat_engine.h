@@ -62,6 +62,7 @@ class ClusterChatEngine : public ChatEngine {
     std::vector<SessionInfo> sessions() const override;
     SessionPage session_page(const std::string& after, int32_t limit) const override;
     std::vector<NodeStats> node_stats() const override;
+    ClusterView cluster() const override;
 
   private:
     struct Session {

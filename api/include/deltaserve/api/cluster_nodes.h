@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "deltaserve/api/version.h"
 #include "deltaserve/common/status.h"
 #include "deltaserve/decode/decode_worker.h"
 #include "deltaserve/prefill/prefill_worker.h"
@@ -29,6 +30,9 @@ class DecodeNode {
         const std::vector<std::string>& ids) = 0;
     // Where prefill nodes ship this node's KV.
     virtual std::string data_address() const = 0;
+    // Where the gateway reaches it ("in-process" for this process's worker), and its version.
+    virtual std::string rpc_address() const { return "in-process"; }
+    virtual std::string version() const { return deltaserve_version(); }
 };
 
 class PrefillNode {
@@ -39,6 +43,8 @@ class PrefillNode {
     // Stops the turn's prefill, queued or running (PrefillWorker::cancel); best effort.
     virtual void cancel(uint64_t turn_id) = 0;
     virtual Result<prefill::PrefillStats> stats() = 0;
+    virtual std::string rpc_address() const { return "in-process"; }
+    virtual std::string version() const { return deltaserve_version(); }
 };
 
 // The workers of this process as nodes (they must outlive them).

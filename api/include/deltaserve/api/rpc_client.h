@@ -18,6 +18,7 @@ struct NodeInfo {
     std::string role;  // "decode", "prefill" or "decode+prefill"
     std::string name;
     std::string model_id;
+    std::string version;  // its deltaserve version
 };
 
 class RpcClient {
