@@ -59,7 +59,8 @@ int chat_main(int argc, char** argv) {
         }
         if (line.empty()) continue;
         if (int64_t bad = model::find_invalid_utf8(line); bad >= 0) {
-            print_error(invalid_argument("the message is not valid UTF-8 (byte " + std::to_string(bad) + ")"));
+            print_error(invalid_argument("the message is not valid UTF-8 (byte " +
+                                         std::to_string(bad) + ")"));
             continue;
         }
         history.push_back({"user", line});

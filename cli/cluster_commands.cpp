@@ -157,6 +157,8 @@ int node_main(bool decode_role, int argc, char** argv) {
                          (*disk)->stats().recovery_ms);
             d.disk_tier = *disk;
             d.store_id = *identity;
+            d.checkpoint_root = std::filesystem::path(dir).parent_path().string();
+            d.checkpoint_store = me.name;
         }
         auto w = decode::DecodeWorker::create(**model, d);
         auto address = w ? (*w)->listen(**transport, me.data) : Result<std::string>(w.status());
@@ -257,6 +259,8 @@ int gateway_main(int argc, char** argv) {
             return 1;
         }
         eo.records = *records;
+        eo.checkpoint_root = std::filesystem::path(dir).parent_path().string();
+        eo.records_store = "gateway";
     }
     const std::string id = model_id(c);
     api::ClusterChatEngine engine(**model, id, decode, prefill, eo);

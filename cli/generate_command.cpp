@@ -25,7 +25,8 @@ int generate_main(int argc, char** argv) {
         return 2;
     }
     if (int64_t bad = model::find_invalid_utf8(prompt); bad >= 0) {
-        print_error(invalid_argument("the prompt is not valid UTF-8 (byte " + std::to_string(bad) + ")"));
+        print_error(
+            invalid_argument("the prompt is not valid UTF-8 (byte " + std::to_string(bad) + ")"));
         return 1;
     }
     auto loaded = load_for_run(o);

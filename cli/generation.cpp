@@ -43,9 +43,10 @@ Result<GenerationStats> generate_tokens(model::InferenceContext& ctx, model::Sam
     }
     st.decode_seconds = seconds_since(t0);
     const double n = static_cast<double>(st.generated.size());
-    spdlog::info("prefill {} tokens in {:.3f} s ({:.1f} tok/s); generated {} in {:.3f} s ({:.1f} tok/s)",
-                 st.n_prefilled, st.prefill_seconds, st.n_prefilled / std::max(1e-9, st.prefill_seconds),
-                 st.generated.size(), st.decode_seconds, n / std::max(1e-9, st.decode_seconds));
+    spdlog::info(
+        "prefill {} tokens in {:.3f} s ({:.1f} tok/s); generated {} in {:.3f} s ({:.1f} tok/s)",
+        st.n_prefilled, st.prefill_seconds, st.n_prefilled / std::max(1e-9, st.prefill_seconds),
+        st.generated.size(), st.decode_seconds, n / std::max(1e-9, st.decode_seconds));
     return st;
 }
 

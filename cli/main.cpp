@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
     if (cmd == "gateway") return deltaserve::cli::gateway_main(argc - 2, argv + 2);
     if (cmd == "prefill") return deltaserve::cli::prefill_main(argc - 2, argv + 2);
     if (cmd == "decode") return deltaserve::cli::decode_main(argc - 2, argv + 2);
-    std::fprintf(stderr, "deltaserve: error: unknown command '%s' (see deltaserve --help)\n", cmd.c_str());
+    std::fprintf(stderr, "deltaserve: error: unknown command '%s' (see deltaserve --help)\n",
+                 cmd.c_str());
     return 2;
 }

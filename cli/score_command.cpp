@@ -46,7 +46,8 @@ int score_main(int argc, char** argv) {
     RunOptions o;
     std::string text_path;
     ArgParser p("deltaserve score",
-                "Scores a text teacher-forced with --kv-policy / --kv-keep against full KV and prints one JSON "
+                "Scores a text teacher-forced with --kv-policy / --kv-keep against full KV and "
+                "prints one JSON "
                 "object: tokens, ppl, ppl_full, kl_mean, keep_ratio.");
     o.register_flags(p);
     p.add("text", &text_path, "UTF-8 text file to score");
@@ -64,7 +65,8 @@ int score_main(int argc, char** argv) {
     buf << in.rdbuf();
     const std::string text = buf.str();
     if (int64_t bad = model::find_invalid_utf8(text); bad >= 0) {
-        print_error(invalid_argument(text_path + " is not valid UTF-8 (byte " + std::to_string(bad) + ")"));
+        print_error(
+            invalid_argument(text_path + " is not valid UTF-8 (byte " + std::to_string(bad) + ")"));
         return 1;
     }
     // The two contexts evaluate in turn: one pool for both, not two competing for the cores.
@@ -92,8 +94,9 @@ int score_main(int argc, char** argv) {
         return 1;
     }
     if (static_cast<int64_t>(tokens->size()) > (*full)->n_ctx()) {
-        print_error(out_of_range(text_path + " has " + std::to_string(tokens->size()) + " tokens; the context holds " +
-                                 std::to_string((*full)->n_ctx()) + " (raise --ctx-size)"));
+        print_error(out_of_range(text_path + " has " + std::to_string(tokens->size()) +
+                                 " tokens; the context holds " + std::to_string((*full)->n_ctx()) +
+                                 " (raise --ctx-size)"));
         return 1;
     }
     const int32_t n_vocab = m.config.n_vocab;
@@ -118,8 +121,8 @@ int score_main(int argc, char** argv) {
     out["kl_mean"] = t.kl / static_cast<double>(t.scored);
     out["keep_ratio"] = loaded->ctx->keep_ratio();
     out["kv_bytes"] = loaded->ctx->kv_bytes();
-    out["kv_bytes_full_fp16"] = static_cast<size_t>(
-        kvstore::full_fp16_bytes(static_cast<int32_t>(tokens->size()), m.config.n_layers, m.config.kv_dim()));
+    out["kv_bytes_full_fp16"] = static_cast<size_t>(kvstore::full_fp16_bytes(
+        static_cast<int32_t>(tokens->size()), m.config.n_layers, m.config.kv_dim()));
     out["policy"] = o.kv_policy;
     out["keep_target"] = o.kv_keep;
     out["chunk"] = o.batch_size;

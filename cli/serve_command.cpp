@@ -180,6 +180,7 @@ int serve_main(int argc, char** argv) {
                      format_byte_size(st.bytes).c_str(), st.recovery_ms);
         dopt.disk_tier = *disk;
         dopt.store_id = *identity;
+        dopt.checkpoint_root = data_dir;  // its records are in the decode worker's store
         eo.records = *disk;
     }
     auto transport = transport::make_transport("inproc", {});

@@ -103,6 +103,10 @@ interface Admin {
   cluster @4 () -> (version :Text, model :Text, decode :List(NodeStats),
                     prefill :List(PrefillNodeStats));
   # The gateway's version and model, and every node behind it.
+  checkpoint @5 (name :Text) -> (paths :List(Text), error :Cluster.Error);
+  # A copy of every store (each decode node's, the gateway's records) under
+  # <data dir>/checkpoints/<name>, in the data dir's layout, for deltactl's offline views
+  # while the server runs. name: 1-64 of A-Z a-z 0-9 . _ -.
 }
 
 interface Gateway {

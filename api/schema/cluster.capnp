@@ -142,6 +142,8 @@ interface DecodeNode {
   # Forgets a session's KV (the gateway closed the session).
   sessionKv @4 (ids :List(Text)) -> (sessions :List(SessionKv), error :Error);
   # Where each session's KV is (the operators' views), kMaxSessionKvIds ids at most a call.
+  checkpoint @5 (name :Text) -> (path :Text, error :Error);
+  # A copy of the node's store for the tools (decode::DecodeWorker::checkpoint).
 }
 
 struct PrefillRequest {

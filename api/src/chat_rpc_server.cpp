@@ -284,6 +284,17 @@ class AdminImpl final : public rpc::Admin::Server {
         for (unsigned i = 0; i < all.size(); ++i) set(all[i], list[i]);
         return kj::READY_NOW;
     }
+    kj::Promise<void> checkpoint(CheckpointContext context) override {
+        auto r = context.getResults();
+        auto paths = engine_.checkpoint(context.getParams().getName().cStr());
+        if (!paths.ok()) {
+            rpc::to_capnp(paths.status(), r.initError());
+            return kj::READY_NOW;
+        }
+        auto list = r.initPaths(static_cast<unsigned>(paths->size()));
+        for (unsigned i = 0; i < paths->size(); ++i) list.set(i, (*paths)[i]);
+        return kj::READY_NOW;
+    }
     kj::Promise<void> cluster(ClusterContext context) override {
         const ClusterView v = engine_.cluster();
         auto r = context.getResults();

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <filesystem>
 #include <limits>
 #include <optional>
 
@@ -373,6 +374,27 @@ std::vector<NodeStats> ClusterChatEngine::node_stats() const {
             n.status = s.status();
         }
         out.push_back(std::move(n));
+    }
+    return out;
+}
+
+Result<std::vector<std::string>> ClusterChatEngine::checkpoint(const std::string& name) const {
+    DS_RETURN_IF_ERROR(decode::check_checkpoint_name(name));
+    std::vector<std::string> out;
+    for (auto* d : decode_) {
+        auto path = d->checkpoint(name);
+        if (!path.ok()) {
+            return Status(path.status().code(),
+                          "decode node " + d->name() + ": " + path.status().message());
+        }
+        out.push_back(std::move(*path));
+    }
+    if (options_.records && !options_.records_store.empty()) {
+        const std::string dir = (std::filesystem::path(options_.checkpoint_root) / "checkpoints" /
+                                 name / options_.records_store / "kv")
+                                    .string();
+        DS_RETURN_IF_ERROR(options_.records->checkpoint(dir));
+        out.push_back(dir);
     }
     return out;
 }

@@ -60,6 +60,7 @@ class RemoteDecode final : public DecodeNode {
     Result<decode::DecodeStats> stats() override;
     void drop_session(const std::string& id) override;
     Result<std::vector<decode::SessionKv>> session_kv(const std::vector<std::string>& ids) override;
+    Result<std::string> checkpoint(const std::string& name) override;
     std::string data_address() const override { return address_; }
     std::string rpc_address() const override;
     std::string version() const override;
@@ -353,6 +354,17 @@ Result<std::vector<decode::SessionKv>> RemoteDecode::session_kv(
             std::vector<decode::SessionKv> out;
             for (auto k : r.getSessions()) out.push_back(rpc::from_capnp(k));
             return out;
+        });
+    });
+}
+
+Result<std::string> RemoteDecode::checkpoint(const std::string& name) {
+    return c_.call<Result<std::string>>([&]() -> kj::Promise<Result<std::string>> {
+        auto req = c_.decode_cap().checkpointRequest();
+        req.setName(name);
+        return req.send().then([](auto&& r) -> Result<std::string> {
+            if (r.hasError()) return rpc::from_capnp(r.getError());
+            return std::string(r.getPath().cStr());
         });
     });
 }

@@ -155,6 +155,16 @@ class DecodeNodeImpl final : public rpc::DecodeNode::Server {
         w_.drop_session(context.getParams().getSessionId());
         return kj::READY_NOW;
     }
+    kj::Promise<void> checkpoint(CheckpointContext context) override {
+        auto r = context.getResults();
+        auto path = w_.checkpoint(context.getParams().getName().cStr());
+        if (path.ok()) {
+            r.setPath(*path);
+        } else {
+            rpc::to_capnp(path.status(), r.initError());
+        }
+        return kj::READY_NOW;
+    }
     kj::Promise<void> sessionKv(SessionKvContext context) override {
         const auto ids = context.getParams().getIds();
         auto r = context.getResults();

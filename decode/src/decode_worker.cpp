@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
 #include <list>
 #include <map>
 #include <mutex>
@@ -54,6 +55,18 @@ struct Session {
     int64_t last_used = 0;
     bool busy = false;  // a turn runs for it
 };
+
+}  // namespace
+
+Status check_checkpoint_name(const std::string& name) {
+    const bool ok = !name.empty() && name.size() <= 64 && name != "." && name != ".." &&
+                    name.find_first_not_of(
+                        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                        "0123456789._-") == std::string::npos;
+    return ok ? Status() : invalid_argument("a checkpoint name is 1-64 of A-Z a-z 0-9 . _ -");
+}
+
+namespace {
 
 class DecodeWorkerImpl final : public DecodeWorker {
   public:
@@ -188,6 +201,17 @@ class DecodeWorkerImpl final : public DecodeWorker {
         return s;
     }
 
+    Result<std::string> checkpoint(const std::string& name) const override {
+        DS_RETURN_IF_ERROR(check_checkpoint_name(name));
+        if (!options_.disk_tier || options_.checkpoint_root.empty())
+            return failed_precondition("this node keeps no store on disk (--data-dir none)");
+        std::filesystem::path dir =
+            std::filesystem::path(options_.checkpoint_root) / "checkpoints" / name;
+        if (!options_.checkpoint_store.empty()) dir /= options_.checkpoint_store;
+        dir /= "kv";
+        DS_RETURN_IF_ERROR(options_.disk_tier->checkpoint(dir.string()));
+        return dir.string();
+    }
     std::vector<SessionKv> session_kv(const std::vector<std::string>& ids) const override {
         std::vector<SessionKv> out(ids.size());
         {

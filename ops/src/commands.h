@@ -11,6 +11,7 @@ int blocks_main(int argc, char** argv);
 int tiers_main(int argc, char** argv);
 int verify_main(int argc, char** argv);
 int cluster_main(int argc, char** argv);
+int checkpoint_main(int argc, char** argv);
 // A session moved between data dirs (bundle_commands.cpp).
 int export_main(int argc, char** argv);
 int import_main(int argc, char** argv);

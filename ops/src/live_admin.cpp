@@ -118,6 +118,23 @@ Result<std::vector<api::NodeStats>> LiveAdmin::nodes() {
     return out;
 }
 
+Result<std::vector<std::string>> LiveAdmin::checkpoint(const std::string& name) {
+    std::vector<std::string> out;
+    try {
+        auto req = impl_->admin->checkpointRequest();
+        req.setName(name);
+        auto r = req.send().wait(impl_->client->getWaitScope());
+        if (r.hasError()) {
+            const Status s = rpc::from_capnp(r.getError());
+            return Status(s.code(), "the server at " + impl_->address + ": " + s.message());
+        }
+        for (auto p : r.getPaths()) out.emplace_back(p.cStr());
+    } catch (const kj::Exception& e) {
+        return impl_->lost(e);
+    }
+    return out;
+}
+
 Result<api::ClusterView> LiveAdmin::cluster() {
     api::ClusterView v;
     try {

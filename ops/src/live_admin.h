@@ -25,6 +25,8 @@ class LiveAdmin {
     Result<std::vector<api::SessionRow>> sessions(int32_t page_size);
     Result<std::vector<api::NodeStats>> nodes();
     Result<api::ClusterView> cluster();
+    // The folders the checkpoint was written to (on the server's machines).
+    Result<std::vector<std::string>> checkpoint(const std::string& name);
 
   private:
     struct Impl;

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <map>
 #include <set>
 
@@ -25,6 +26,7 @@
 namespace deltaserve::ops {
 
 using json = nlohmann::json;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -1023,6 +1025,52 @@ int cluster_main(int argc, char** argv) {
     }
     std::printf("Model: %s\n\n", v->model_id.c_str());
     t.print();
+    return 0;
+}
+
+int checkpoint_main(int argc, char** argv) {
+    Common c;
+    std::string name;
+    ArgParser p("deltactl checkpoint",
+                "Has a running server copy its stores (RocksDB's hard-link checkpoint and links "
+                "to the payload files) under <data dir>/checkpoints/NAME, which the offline "
+                "views then read while it runs.");
+    add_common(p, c);
+    p.add("name", &name, "the checkpoint's name (default: the time, UTC)");
+    if (auto code = parse_flags(p, argc, argv)) return *code;
+    init_logging("warn");
+    if (!c.live())
+        return usage_error(
+            "deltactl checkpoint asks a running server: give --server HOST:PORT "
+            "or --config cluster.yaml");
+    if (name.empty()) {
+        const std::time_t t = std::time(nullptr);
+        std::tm tm{};
+        gmtime_r(&t, &tm);
+        char buf[32];
+        std::strftime(buf, sizeof(buf), "%Y%m%dT%H%M%SZ", &tm);
+        name = buf;
+    }
+    int code = 0;
+    auto live = connect_live(c, &code);
+    if (!live) return code;
+    auto paths = live->checkpoint(name);
+    if (!paths.ok()) {
+        return paths.status().code() == StatusCode::kInvalidArgument
+                   ? usage_error(paths.status().message())
+                   : store_error(paths.status());
+    }
+    if (c.as_json) {
+        std::printf("%s\n", json({{"name", name}, {"paths", *paths}}).dump(2).c_str());
+        return 0;
+    }
+    for (const auto& path : *paths) std::printf("%s\n", path.c_str());
+    if (!paths->empty()) {
+        // The data dir's layout: .../checkpoints/NAME/[node/]kv.
+        fs::path root = fs::path(paths->front()).parent_path();
+        if (paths->size() > 1 || root.filename() != name) root = root.parent_path();
+        std::fprintf(stderr, "read it with: deltactl sessions --data-dir %s\n", root.c_str());
+    }
     return 0;
 }
 

@@ -347,6 +347,16 @@ TEST_F(ClusterTest, ASessionSurvivesTheWholeClusterKilledAndRestarted) {
     EXPECT_EQ(c["prefill"][0]["name"], "p0");
     EXPECT_EQ(c["prefill"][0]["ok"], true);
     EXPECT_FALSE(c["prefill"][0]["version"].get<std::string>().empty());
+    // A checkpoint of every store, read offline while the cluster runs.
+    const CliResult cp =
+        run_binary(deltactl_binary(), {"checkpoint", "--config", cluster.config(), "--name", "cp"});
+    ASSERT_EQ(cp.exit_code, 0) << cp.describe();
+    const CliResult copy =
+        run_binary(deltactl_binary(),
+                   {"sessions", "--data-dir", cluster.data_dir() + "/checkpoints/cp", "--json"});
+    ASSERT_EQ(copy.exit_code, 0) << copy.describe();
+    EXPECT_EQ(json::parse(copy.out)[0]["node"], "d0") << copy.out;
+    EXPECT_EQ(json::parse(copy.out)[0]["turns"], 2) << copy.out;
     EXPECT_EQ(cluster.gateway().stop(), 0);
     EXPECT_EQ(cluster.decode().stop(), 0);
     const CliResult offline =

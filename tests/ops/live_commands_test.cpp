@@ -86,6 +86,23 @@ TEST(LiveCommandsTest, SessionsAndTiersFromARunningServer) {
         EXPECT_EQ(shape["decode"][0]["rpc_address"], "in-process") << shape.dump();
         EXPECT_EQ(shape["decode"][0]["sessions"], 3);
         EXPECT_EQ(shape["gateway"]["model"], "SmolLM2-135M-Instruct.Q4_1.gguf") << shape.dump();
+        // A checkpoint: the offline views read it while the server runs.
+        const json cp = json_of(deltactl(
+            {"checkpoint", "--server", at, "--admin-key", kKey, "--name", "cp1", "--json"}));
+        ASSERT_EQ(cp["paths"].size(), 1u) << cp.dump();
+        EXPECT_EQ(cp["paths"][0], dir + "/checkpoints/cp1/kv");
+        const json described = json_of(deltactl(
+            {"session", "describe", "s1", "--data-dir", dir + "/checkpoints/cp1", "--json"}));
+        EXPECT_EQ(described["turns"], 1);
+        for (const json& b : described["block_list"]) EXPECT_EQ(b["check"], "ok") << b.dump();
+        EXPECT_EQ(deltactl({"verify", "--data-dir", dir + "/checkpoints/cp1"}).exit_code, 0);
+        EXPECT_EQ(deltactl({"checkpoint", "--server", at, "--admin-key", kKey, "--name", "cp1"})
+                      .exit_code,
+                  1)
+            << "a name in use";
+        EXPECT_EQ(deltactl({"checkpoint", "--server", at, "--admin-key", kKey, "--name", "../x"})
+                      .exit_code,
+                  2);
         // The offline views never open a running server's store.
         EXPECT_EQ(deltactl({"sessions", "--data-dir", dir}).exit_code, 1);
         EXPECT_EQ(deltactl({"blocks", "--server", at}).exit_code, 2);

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
+#include <rocksdb/utilities/checkpoint.h>
 #include <rocksdb/write_batch.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -448,6 +449,33 @@ std::vector<DiskTier::BlockEntry> DiskTier::blocks() const {
         if (::stat(paths[i].c_str(), &st) == 0) out[i].mtime_s = st.st_mtime;
     }
     return out;
+}
+
+Status DiskTier::checkpoint(const std::string& out_dir) const {
+    std::error_code ec;
+    if (fs::exists(out_dir, ec))
+        return Status(StatusCode::kAlreadyExists, "disk tier: " + out_dir + " exists already");
+    fs::create_directories(out_dir + "/payload", ec);
+    if (ec) return unavailable("disk tier: cannot create " + out_dir + ": " + ec.message());
+    // Under the lock: every entry's file exists (written before its commit, unlinked only
+    // after its entry went), and the index holds exactly the entries.
+    std::lock_guard lock(impl_->mu);
+    rocksdb::Checkpoint* raw = nullptr;
+    rocksdb::Status s = rocksdb::Checkpoint::Create(impl_->db.get(), &raw);
+    std::unique_ptr<rocksdb::Checkpoint> cp(raw);
+    if (s.ok()) s = cp->CreateCheckpoint(out_dir + "/index");
+    if (!s.ok()) return unavailable("disk tier: checkpoint of the index: " + s.ToString());
+    for (const auto& [key, e] : impl_->entries) {
+        const std::string name = file_name(key, e.gen);
+        const fs::path from = impl_->payload_dir + "/" + name, to = out_dir + "/payload/" + name;
+        fs::create_hard_link(from, to, ec);
+        if (ec == std::errc::cross_device_link) {
+            ec.clear();
+            fs::copy_file(from, to, ec);
+        }
+        if (ec) return unavailable("disk tier: checkpoint of " + name + ": " + ec.message());
+    }
+    return Status();
 }
 
 std::vector<std::pair<std::string, uint64_t>> DiskTier::index_properties() const {

@@ -135,6 +135,10 @@ class ChatEngine {
     virtual SessionPage session_page(const std::string& after, int32_t limit) const = 0;
     virtual std::vector<NodeStats> node_stats() const = 0;
     virtual ClusterView cluster() const = 0;
+    // A copy of every store (each decode node's and the gateway's records') for the tools, in
+    // the data dir's layout under <data dir>/checkpoints/<name>: the folders written.
+    // Errors: the first node's that failed (the others' copies stay).
+    virtual Result<std::vector<std::string>> checkpoint(const std::string& name) const = 0;
 };
 
 }  // namespace deltaserve::api

@@ -37,6 +37,9 @@ struct ClusterEngineOptions {
     // Where sessions' records are kept across restarts (the disk tier's records, under
     // "gw/"), or null: sessions live in memory only.
     std::shared_ptr<kvstore::DiskTier> records;
+    // checkpoint(): where the records store's copy goes, ROOT/checkpoints/<name>/STORE/kv;
+    // STORE "" when the records live in a decode worker's store (serve), copied with it.
+    std::string checkpoint_root, records_store;
 };
 
 class ClusterChatEngine : public ChatEngine {
@@ -63,6 +66,7 @@ class ClusterChatEngine : public ChatEngine {
     SessionPage session_page(const std::string& after, int32_t limit) const override;
     std::vector<NodeStats> node_stats() const override;
     ClusterView cluster() const override;
+    Result<std::vector<std::string>> checkpoint(const std::string& name) const override;
 
   private:
     struct Session {

@@ -28,6 +28,8 @@ class DecodeNode {
     // As DecodeWorker::session_kv (at most kMaxSessionKvIds ids a call).
     virtual Result<std::vector<decode::SessionKv>> session_kv(
         const std::vector<std::string>& ids) = 0;
+    // As DecodeWorker::checkpoint: the folder written, on the node's machine.
+    virtual Result<std::string> checkpoint(const std::string& name) = 0;
     // Where prefill nodes ship this node's KV.
     virtual std::string data_address() const = 0;
     // Where the gateway reaches it ("in-process" for this process's worker), and its version.

@@ -73,6 +73,10 @@ struct DecodeOptions {
     // to disk, before the turn's end is reported), and a session this worker does not hold
     // (after a restart) comes back from disk.
     std::shared_ptr<kvstore::DiskTier> disk_tier;
+    // Where checkpoint(name) puts the disk tier's copy: ROOT/checkpoints/<name>/STORE/kv, the
+    // layout of the data dir it came from (serve: ROOT/kv, STORE ""; a cluster's decode
+    // node: ROOT/<node>/kv, STORE its name), so that deltactl reads it as one.
+    std::string checkpoint_root, checkpoint_store;
     // Tokens per stored block: a prefix is found in the tiers by whole blocks. 64 by
     // measurement (bench/README.md, "The tiered store": a 2k-token system prompt came back
     // 25x faster than prefilling it with 64, 6x with 256, whose last partial block was
@@ -128,6 +132,9 @@ struct SessionKv {
     int32_t blocks = -1;  // its record's blocks
 };
 
+// A checkpoint's name: 1-64 of A-Z a-z 0-9 . _ - (not "." or ".."). kInvalidArgument else.
+Status check_checkpoint_name(const std::string& name);
+
 class DecodeWorker {
   public:
     // Errors: kInvalidArgument for options the model cannot take.
@@ -158,6 +165,10 @@ class DecodeWorker {
     // Each session's KV (SessionKv; ids it does not know get -1s), the worker's lock held
     // once for them all: callers ask a page at a time.
     virtual std::vector<SessionKv> session_kv(const std::vector<std::string>& ids) const = 0;
+    // A copy of the disk tier for the tools (kvstore::DiskTier::checkpoint), named `name`
+    // (1-64 of A-Z a-z 0-9 . _ -): its folder. Errors: kInvalidArgument (the name),
+    // kFailedPrecondition (no disk tier), kAlreadyExists, kUnavailable.
+    virtual Result<std::string> checkpoint(const std::string& name) const = 0;
 };
 
 }  // namespace deltaserve::decode

@@ -98,6 +98,11 @@ class DiskTier {
                                         size_t limit) const;
 
     Stats stats() const;
+    // A consistent copy of the store in `out_dir` (which must not exist), for the tools while
+    // the server runs: RocksDB's checkpoint of the index (hard links) and a hard link to each
+    // payload file it names (a copy across file systems), taken under the tier's lock, so
+    // the copy names only whole files. Errors: kAlreadyExists, kUnavailable (I/O).
+    Status checkpoint(const std::string& out_dir) const;
     // RocksDB's own figures for the index, by name (rocksdb.estimate-num-keys, ...,
     // summed over its column families).
     std::vector<std::pair<std::string, uint64_t>> index_properties() const;
