@@ -104,6 +104,10 @@ interface Admin {
                     prefill :List(PrefillNodeStats));
   # The gateway's version and model, and every node behind it.
   checkpoint @5 (name :Text) -> (paths :List(Text), error :Cluster.Error);
+  dropSession @6 (tenant :Text, id :Text) -> (error :Cluster.Error);
+  # Forgets a session: its history and its KV wherever it is (as its owner's close).
+  evictSession @7 (tenant :Text, id :Text) -> (error :Cluster.Error);
+  # Takes an idle session's KV out of decode memory into the tiers; its next turn promotes it.
   # A copy of every store (each decode node's, the gateway's records) under
   # <data dir>/checkpoints/<name>, in the data dir's layout, for deltactl's offline views
   # while the server runs. name: 1-64 of A-Z a-z 0-9 . _ -.

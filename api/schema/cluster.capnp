@@ -144,6 +144,8 @@ interface DecodeNode {
   # Where each session's KV is (the operators' views), kMaxSessionKvIds ids at most a call.
   checkpoint @5 (name :Text) -> (path :Text, error :Error);
   # A copy of the node's store for the tools (decode::DecodeWorker::checkpoint).
+  evictSession @6 (sessionId :Text) -> (error :Error);
+  # An idle session's KV out of decode memory into the tiers (an operator's evict).
 }
 
 struct PrefillRequest {

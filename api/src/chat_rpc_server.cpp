@@ -284,6 +284,18 @@ class AdminImpl final : public rpc::Admin::Server {
         for (unsigned i = 0; i < all.size(); ++i) set(all[i], list[i]);
         return kj::READY_NOW;
     }
+    kj::Promise<void> dropSession(DropSessionContext context) override {
+        const auto p = context.getParams();
+        const Status s = engine_.close_session(p.getTenant().cStr(), p.getId().cStr());
+        if (!s.ok()) rpc::to_capnp(s, context.getResults().initError());
+        return kj::READY_NOW;
+    }
+    kj::Promise<void> evictSession(EvictSessionContext context) override {
+        const auto p = context.getParams();
+        const Status s = engine_.evict_session(p.getTenant().cStr(), p.getId().cStr());
+        if (!s.ok()) rpc::to_capnp(s, context.getResults().initError());
+        return kj::READY_NOW;
+    }
     kj::Promise<void> checkpoint(CheckpointContext context) override {
         auto r = context.getResults();
         auto paths = engine_.checkpoint(context.getParams().getName().cStr());

@@ -399,6 +399,24 @@ Result<std::vector<std::string>> ClusterChatEngine::checkpoint(const std::string
     return out;
 }
 
+Status ClusterChatEngine::evict_session(const std::string& tenant, const std::string& id) {
+    const std::string key = key_of(tenant, id);
+    DecodeNode* node = nullptr;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        Session* s = find_locked(key);
+        if (s == nullptr) return not_found("no session '" + id + "'");
+        if (s->running_turn != 0)
+            return failed_precondition("session '" + id + "' has a turn running");
+        node = s->node;
+    }
+    if (node == nullptr) return not_found("session '" + id + "' has no KV on any node yet");
+    const Status s = node->evict_session(key);
+    if (s.code() == StatusCode::kNotFound)
+        return not_found("session '" + id + "' is not in decode memory (" + node->name() + ")");
+    return s;
+}
+
 ClusterView ClusterChatEngine::cluster() const {
     ClusterView v;
     v.version = deltaserve_version();

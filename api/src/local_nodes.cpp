@@ -21,6 +21,7 @@ class LocalDecodeNode final : public DecodeNode {
         if (ids.size() > kMaxSessionKvIds) return invalid_argument("too many session ids");
         return w_.session_kv(ids);
     }
+    Status evict_session(const std::string& id) override { return w_.evict_session(id); }
     Result<std::string> checkpoint(const std::string& name) override { return w_.checkpoint(name); }
     std::string data_address() const override { return address_; }
 

@@ -61,6 +61,7 @@ class RemoteDecode final : public DecodeNode {
     void drop_session(const std::string& id) override;
     Result<std::vector<decode::SessionKv>> session_kv(const std::vector<std::string>& ids) override;
     Result<std::string> checkpoint(const std::string& name) override;
+    Status evict_session(const std::string& id) override;
     std::string data_address() const override { return address_; }
     std::string rpc_address() const override;
     std::string version() const override;
@@ -365,6 +366,16 @@ Result<std::string> RemoteDecode::checkpoint(const std::string& name) {
         return req.send().then([](auto&& r) -> Result<std::string> {
             if (r.hasError()) return rpc::from_capnp(r.getError());
             return std::string(r.getPath().cStr());
+        });
+    });
+}
+
+Status RemoteDecode::evict_session(const std::string& id) {
+    return c_.call<Status>([&]() -> kj::Promise<Status> {
+        auto req = c_.decode_cap().evictSessionRequest();
+        req.setSessionId(id);
+        return req.send().then([](auto&& r) -> Status {
+            return r.hasError() ? rpc::from_capnp(r.getError()) : Status();
         });
     });
 }

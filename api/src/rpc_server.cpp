@@ -155,6 +155,11 @@ class DecodeNodeImpl final : public rpc::DecodeNode::Server {
         w_.drop_session(context.getParams().getSessionId());
         return kj::READY_NOW;
     }
+    kj::Promise<void> evictSession(EvictSessionContext context) override {
+        const Status s = w_.evict_session(context.getParams().getSessionId().cStr());
+        if (!s.ok()) rpc::to_capnp(s, context.getResults().initError());
+        return kj::READY_NOW;
+    }
     kj::Promise<void> checkpoint(CheckpointContext context) override {
         auto r = context.getResults();
         auto path = w_.checkpoint(context.getParams().getName().cStr());

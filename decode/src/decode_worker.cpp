@@ -201,6 +201,16 @@ class DecodeWorkerImpl final : public DecodeWorker {
         return s;
     }
 
+    Status evict_session(const std::string& session_id) override {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = sessions_.find(session_id);
+        if (it == sessions_.end() || (!it->second.ctx && !it->second.busy))
+            return not_found("session " + session_id + " is not in decode memory");
+        if (it->second.busy)
+            return failed_precondition("session " + session_id + " has a turn running");
+        drop_idle_locked(it);
+        return Status();
+    }
     Result<std::string> checkpoint(const std::string& name) const override {
         DS_RETURN_IF_ERROR(check_checkpoint_name(name));
         if (!options_.disk_tier || options_.checkpoint_root.empty())

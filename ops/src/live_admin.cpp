@@ -135,6 +135,30 @@ Result<std::vector<std::string>> LiveAdmin::checkpoint(const std::string& name) 
     return out;
 }
 
+Status LiveAdmin::drop(const std::string& tenant, const std::string& id) {
+    try {
+        auto req = impl_->admin->dropSessionRequest();
+        req.setTenant(tenant);
+        req.setId(id);
+        auto r = req.send().wait(impl_->client->getWaitScope());
+        return r.hasError() ? rpc::from_capnp(r.getError()) : Status();
+    } catch (const kj::Exception& e) {
+        return impl_->lost(e);
+    }
+}
+
+Status LiveAdmin::evict(const std::string& tenant, const std::string& id) {
+    try {
+        auto req = impl_->admin->evictSessionRequest();
+        req.setTenant(tenant);
+        req.setId(id);
+        auto r = req.send().wait(impl_->client->getWaitScope());
+        return r.hasError() ? rpc::from_capnp(r.getError()) : Status();
+    } catch (const kj::Exception& e) {
+        return impl_->lost(e);
+    }
+}
+
 Result<api::ClusterView> LiveAdmin::cluster() {
     api::ClusterView v;
     try {

@@ -27,6 +27,9 @@ class LiveAdmin {
     Result<api::ClusterView> cluster();
     // The folders the checkpoint was written to (on the server's machines).
     Result<std::vector<std::string>> checkpoint(const std::string& name);
+    // An operator's acts on one session (Admin.dropSession / evictSession).
+    Status drop(const std::string& tenant, const std::string& id);
+    Status evict(const std::string& tenant, const std::string& id);
 
   private:
     struct Impl;

@@ -19,6 +19,8 @@ constexpr const char* kUsage =
     "  import      FILE: a session exported elsewhere, into a data dir\n"
     "  cluster     the gateway and its nodes: addresses, versions, load, tiers (live)\n"
     "  checkpoint  a running server's stores copied for the offline views (live)\n"
+    "  evict       ID: a session's KV out of decode memory into the tiers (live)\n"
+    "  drop        ID: forget a session, its history and KV (live)\n"
     "  calibrate   train a model's DeltaKV compressors from text and write a profile\n"
     "\n"
     "The cache views read a stopped node's --data-dir (default: serve's), or a checkpoint\n"
@@ -51,6 +53,8 @@ int main(int argc, char** argv) {
     if (cmd == "import") return o::import_main(argc - 2, argv + 2);
     if (cmd == "cluster") return o::cluster_main(argc - 2, argv + 2);
     if (cmd == "checkpoint") return o::checkpoint_main(argc - 2, argv + 2);
+    if (cmd == "evict") return o::evict_main(argc - 2, argv + 2);
+    if (cmd == "drop") return o::drop_main(argc - 2, argv + 2);
     std::fprintf(stderr, "deltactl: error: unknown command '%s' (see deltactl --help)\n",
                  cmd.c_str());
     return 2;

@@ -1074,4 +1074,59 @@ int checkpoint_main(int argc, char** argv) {
     return 0;
 }
 
+// deltactl drop|evict ID: an operator's act on one session of a running server.
+int act_main(const char* verb, int argc, char** argv) {
+    const std::string command = std::string("deltactl ") + verb;
+    std::string id;
+    if (argc >= 1 && argv[0][0] != '-') {
+        id = argv[0];
+        --argc, ++argv;
+    }
+    Common c;
+    ArgParser p(command + " ID",
+                std::string(verb) == "drop"
+                    ? "Forgets a session on a running server: its history and its KV wherever it "
+                      "is (as its owner closing it)."
+                    : "Takes an idle session's KV out of decode memory into the host and disk "
+                      "tiers on a running server; its next turn takes it back.");
+    add_common(p, c);
+    if (auto code = parse_flags(p, argc, argv)) return *code;
+    init_logging("warn");
+    if (id.empty()) return usage_error(command + ": which session? (ID or TENANT/ID)");
+    if (!c.live())
+        return usage_error(command +
+                           " acts on a running server: give --server HOST:PORT or "
+                           "--config cluster.yaml");
+    int code = 0;
+    auto live = connect_live(c, &code);
+    if (!live) return code;
+    // ID alone names the session of that id when one tenant has it (as the views do).
+    std::string tenant, sid = id;
+    if (const size_t slash = id.rfind('/'); slash != std::string::npos) {
+        tenant = id.substr(0, slash);
+        sid = id.substr(slash + 1);
+    } else {
+        auto rows = live->sessions(api::kMaxSessionPage);
+        if (!rows.ok()) return store_error(rows.status());
+        int matches = 0;
+        for (const auto& r : *rows) {
+            if (r.info.id == id) {
+                tenant = r.info.tenant;
+                ++matches;
+            }
+        }
+        if (matches > 1)
+            return usage_error("session id " + id + " is held by " + std::to_string(matches) +
+                               " tenants: name it as TENANT/ID");
+    }
+    const Status s =
+        std::string(verb) == "drop" ? live->drop(tenant, sid) : live->evict(tenant, sid);
+    if (!s.ok()) return store_error(s);
+    std::printf("%s %s\n", std::string(verb) == "drop" ? "dropped" : "evicted", id.c_str());
+    return 0;
+}
+
+int drop_main(int argc, char** argv) { return act_main("drop", argc, argv); }
+int evict_main(int argc, char** argv) { return act_main("evict", argc, argv); }
+
 }  // namespace deltaserve::ops

@@ -357,6 +357,16 @@ TEST_F(ClusterTest, ASessionSurvivesTheWholeClusterKilledAndRestarted) {
     ASSERT_EQ(copy.exit_code, 0) << copy.describe();
     EXPECT_EQ(json::parse(copy.out)[0]["node"], "d0") << copy.out;
     EXPECT_EQ(json::parse(copy.out)[0]["turns"], 2) << copy.out;
+    // An operator's evict, through the gateway to the decode node over RPC: ada's KV leaves
+    // decode memory and stays in the tiers.
+    const CliResult evict =
+        run_binary(deltactl_binary(), {"evict", "ada", "--config", cluster.config()});
+    ASSERT_EQ(evict.exit_code, 0) << evict.describe() << cluster.logs();
+    const CliResult after =
+        run_binary(deltactl_binary(), {"sessions", "--config", cluster.config(), "--json"});
+    ASSERT_EQ(after.exit_code, 0) << after.describe();
+    EXPECT_TRUE(json::parse(after.out)[0]["decode_bytes"].is_null()) << after.out;
+    EXPECT_GT(json::parse(after.out)[0]["host_bytes"].get<int64_t>(), 0) << after.out;
     EXPECT_EQ(cluster.gateway().stop(), 0);
     EXPECT_EQ(cluster.decode().stop(), 0);
     const CliResult offline =

@@ -1,8 +1,9 @@
 // deltactl's live views through a running server's admin service (deltaserve serve
 // --rpc-port, Cap'n Proto, the admin key): sessions and tiers say what the server holds and
 // where (decode memory, host, disk), page by page; they agree with the offline view of the
-// same data dir once the server stopped; a wrong or missing key, a server that is gone and
-// bad usage get their exit codes.
+// same data dir once the server stopped; a session evicted to the tiers comes back from the
+// host tier, one dropped is gone; a checkpoint is read while the server runs; a wrong or
+// missing key, a server that is gone and bad usage get their exit codes.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -86,6 +87,25 @@ TEST(LiveCommandsTest, SessionsAndTiersFromARunningServer) {
         EXPECT_EQ(shape["decode"][0]["rpc_address"], "in-process") << shape.dump();
         EXPECT_EQ(shape["decode"][0]["sessions"], 3);
         EXPECT_EQ(shape["gateway"]["model"], "SmolLM2-135M-Instruct.Q4_1.gguf") << shape.dump();
+        // Acts: s3 evicted to the tiers (its next turn takes it from the host tier), then
+        // dropped; unknown sessions are errors.
+        const CliResult evicted = deltactl({"evict", "s3", "--server", at, "--admin-key", kKey});
+        EXPECT_EQ(evicted.exit_code, 0) << evicted.describe();
+        const auto after =
+            by_id(json_of(deltactl({"sessions", "--server", at, "--admin-key", kKey, "--json"})));
+        EXPECT_TRUE(after.at("s3")["decode_bytes"].is_null()) << after.at("s3").dump();
+        EXPECT_GT(after.at("s3")["host_bytes"].get<int64_t>(), 0) << after.at("s3").dump();
+        EXPECT_EQ(deltactl({"evict", "s3", "--server", at, "--admin-key", kKey}).exit_code, 1)
+            << "not in decode memory any more";
+        const HttpResponse again =
+            post_chat(server.port(), chat_body("And again.", 4), "X-Session-ID: s3\r\n");
+        ASSERT_EQ(again.status, 200) << again.body;
+        EXPECT_EQ(json::parse(again.body)["usage"]["prompt_tokens_details"]["kv_source"], "host")
+            << again.body;
+        EXPECT_EQ(deltactl({"drop", "s3", "--server", at, "--admin-key", kKey}).exit_code, 0);
+        EXPECT_EQ(http_request(server.port(), "GET", "/v1/sessions/s3").status, 404);
+        EXPECT_EQ(deltactl({"drop", "nobody", "--server", at, "--admin-key", kKey}).exit_code, 1);
+        EXPECT_EQ(deltactl({"evict", "--server", at}).exit_code, 2);
         // A checkpoint: the offline views read it while the server runs.
         const json cp = json_of(deltactl(
             {"checkpoint", "--server", at, "--admin-key", kKey, "--name", "cp1", "--json"}));
@@ -141,6 +161,10 @@ TEST(LiveCommandsTest, SessionsAndTiersFromARunningServer) {
     // The offline view of the same store, now that it stopped, says the same.
     const auto offline = by_id(json_of(deltactl({"sessions", "--data-dir", dir, "--json"})));
     for (const auto& [id, s] : by_id(live)) {
+        if (id == "s3") {  // dropped since
+            EXPECT_EQ(offline.count(id), 0u);
+            continue;
+        }
         ASSERT_TRUE(offline.count(id)) << id;
         EXPECT_EQ(offline.at(id)["disk_bytes"], s["disk_bytes"]) << id;
         EXPECT_EQ(offline.at(id)["stored_tokens"], s["stored_tokens"]) << id;

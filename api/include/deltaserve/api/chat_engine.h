@@ -139,6 +139,10 @@ class ChatEngine {
     // the data dir's layout under <data dir>/checkpoints/<name>: the folders written.
     // Errors: the first node's that failed (the others' copies stay).
     virtual Result<std::vector<std::string>> checkpoint(const std::string& name) const = 0;
+    // An idle session's KV out of decode memory into the tiers, on its node (an operator's
+    // evict). Errors: kNotFound (no such session, or none of its KV in decode memory),
+    // kFailedPrecondition (a turn runs for it).
+    virtual Status evict_session(const std::string& tenant, const std::string& id) = 0;
 };
 
 }  // namespace deltaserve::api

@@ -67,6 +67,7 @@ class ClusterChatEngine : public ChatEngine {
     std::vector<NodeStats> node_stats() const override;
     ClusterView cluster() const override;
     Result<std::vector<std::string>> checkpoint(const std::string& name) const override;
+    Status evict_session(const std::string& tenant, const std::string& id) override;
 
   private:
     struct Session {

@@ -30,6 +30,8 @@ class DecodeNode {
         const std::vector<std::string>& ids) = 0;
     // As DecodeWorker::checkpoint: the folder written, on the node's machine.
     virtual Result<std::string> checkpoint(const std::string& name) = 0;
+    // As DecodeWorker::evict_session.
+    virtual Status evict_session(const std::string& session_id) = 0;
     // Where prefill nodes ship this node's KV.
     virtual std::string data_address() const = 0;
     // Where the gateway reaches it ("in-process" for this process's worker), and its version.

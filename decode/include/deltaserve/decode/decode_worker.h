@@ -169,6 +169,10 @@ class DecodeWorker {
     // (1-64 of A-Z a-z 0-9 . _ -): its folder. Errors: kInvalidArgument (the name),
     // kFailedPrecondition (no disk tier), kAlreadyExists, kUnavailable.
     virtual Result<std::string> checkpoint(const std::string& name) const = 0;
+    // Takes an idle session's KV out of decode memory into the tiers (as the LRU does;
+    // nothing to write when its turns were stored as they ended): its next turn promotes it.
+    // Errors: kNotFound (not in decode memory), kFailedPrecondition (a turn runs for it).
+    virtual Status evict_session(const std::string& session_id) = 0;
 };
 
 }  // namespace deltaserve::decode
