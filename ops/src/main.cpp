@@ -15,6 +15,7 @@ constexpr const char* kUsage =
     "  blocks      stored blocks, the sessions sharing them and what sharing saves\n"
     "  tiers       each tier's capacity and use, and the disk tier's index\n"
     "  verify      check every stored block and record (--drop removes what is bad)\n"
+    "  explain     ID: which stored blocks its next turn takes, and why the others not\n"
     "  export      ID -o FILE: a session's records and blocks in one file\n"
     "  import      FILE: a session exported elsewhere, into a data dir\n"
     "  cluster     the gateway and its nodes: addresses, versions, load, tiers (live)\n"
@@ -55,6 +56,7 @@ int main(int argc, char** argv) {
     if (cmd == "checkpoint") return o::checkpoint_main(argc - 2, argv + 2);
     if (cmd == "evict") return o::evict_main(argc - 2, argv + 2);
     if (cmd == "drop") return o::drop_main(argc - 2, argv + 2);
+    if (cmd == "explain") return o::explain_main(argc - 2, argv + 2);
     std::fprintf(stderr, "deltactl: error: unknown command '%s' (see deltactl --help)\n",
                  cmd.c_str());
     return 2;

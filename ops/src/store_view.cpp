@@ -124,6 +124,10 @@ std::vector<StoredSession> StoreView::sessions() {
             StoredSession& s = by_key[key];
             s.key = key;
             if (!s.has_gateway_record) split_key(key, &s.tenant, &s.id);
+            if (s.has_kv_record) {  // one more, of another KV identity: the first stays
+                s.other_fingerprints.push_back(fp);
+                continue;
+            }
             s.has_kv_record = true;
             s.store = store.get();
             s.fingerprint = fp;

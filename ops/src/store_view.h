@@ -46,6 +46,9 @@ struct StoredSession {
     const Store* store = nullptr;
     uint64_t fingerprint = 0;
     decode::SessionRecord record;
+    // Records of the session under other KV identities (another model, tokenizer, profile
+    // or policy wrote them): a server uses only its own.
+    std::vector<uint64_t> other_fingerprints;
     uint64_t disk_bytes = 0;  // of its blocks the index holds
     int32_t blocks_held = 0;  // of record.keys
 };

@@ -18,6 +18,7 @@ void Table::print(std::FILE* out) const {
             line += row[c];
             if (c + 1 < row.size()) line.append(width[c] - row[c].size() + 2, ' ');
         }
+        while (!line.empty() && line.back() == ' ') line.pop_back();  // an empty last cell
         std::fprintf(out, "%s\n", line.c_str());
     }
 }

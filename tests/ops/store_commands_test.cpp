@@ -170,6 +170,16 @@ TEST_F(StoreCommandsTest, DescribeGivesTurnsLayersAndBlocks) {
                              "Blocks:\nBLOCK  KEY"})
         EXPECT_NE(table.out.find(part), std::string::npos) << part << "\n" << table.out;
 
+    // explain, whole: every block taken.
+    const json why = json_of(deltactl({"explain", "ada", "--data-dir", dir_, "--json"}));
+    EXPECT_EQ(why["taken_blocks"], d["block_list"].size()) << why.dump();
+    EXPECT_EQ(why["recomputed_tokens"], 0);
+    const CliResult why_table = deltactl({"explain", "ada", "--data-dir", dir_});
+    EXPECT_NE(why_table.out.find("its next turn takes " + std::to_string(d["block_list"].size()) +
+                                 " of " + std::to_string(d["block_list"].size()) + " blocks"),
+              std::string::npos)
+        << why_table.out;
+
     const CliResult missing = deltactl({"session", "describe", "carol", "--data-dir", dir_});
     EXPECT_EQ(missing.exit_code, 1) << missing.describe();
     EXPECT_NE(missing.err.find("no session carol"), std::string::npos) << missing.err;
@@ -242,6 +252,17 @@ TEST_F(StoreCommandsTest, VerifyFindsAFlippedBitAndDropsItOnlyWhenAsked) {
     const json described =
         json_of(deltactl({"session", "describe", "ada", "--data-dir", copy, "--json"}));
     EXPECT_EQ(described["block_list"][1]["check"], "checksum");
+    // explain: the next turn takes block 0 and computes the rest again, saying why.
+    const json why = json_of(deltactl({"explain", "ada", "--data-dir", copy, "--json"}));
+    EXPECT_EQ(why["taken_blocks"], 1) << why.dump();
+    EXPECT_EQ(why["taken_tokens"], why["blocks"][0]["end"]);
+    EXPECT_EQ(why["blocks"][1]["taken"], false);
+    EXPECT_NE(why["blocks"][1]["reason"].get<std::string>().find("checksum failed"),
+              std::string::npos)
+        << why.dump();
+    EXPECT_NE(why["blocks"][2]["reason"].get<std::string>().find("follows a block"),
+              std::string::npos)
+        << why.dump();
 
     const json dropped = json::parse(
         deltactl({"verify", "--data-dir", copy, "--drop", "--json"}).out, nullptr, false);
@@ -251,6 +272,10 @@ TEST_F(StoreCommandsTest, VerifyFindsAFlippedBitAndDropsItOnlyWhenAsked) {
     const json gone =
         json_of(deltactl({"session", "describe", "ada", "--data-dir", copy, "--json"}));
     EXPECT_EQ(gone["block_list"][1]["check"], "missing");
+    const json dropped_why = json_of(deltactl({"explain", "ada", "--data-dir", copy, "--json"}));
+    EXPECT_NE(dropped_why["blocks"][1]["reason"].get<std::string>().find("not in the disk tier"),
+              std::string::npos)
+        << dropped_why.dump();
     fs::remove_all(copy);
 }
 
