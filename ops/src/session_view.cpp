@@ -1,0 +1,110 @@
+#include "session_view.h"
+
+#include "deltaserve/common/crc32c.h"
+#include "deltaserve/kvstore/kv_rows_info.h"
+#include "table.h"
+
+namespace deltaserve::ops {
+
+Described describe_blocks(StoreView& view, const StoredSession& s) {
+    Described d;
+    uint64_t good_bytes = 0, full_token_bytes = 0;
+    int32_t prev_end = 0;
+    for (size_t i = 0; i < s.record.keys.size(); ++i) {
+        BlockRow b;
+        b.key = s.record.keys[i];
+        b.begin = prev_end;
+        b.end = prev_end = s.record.ends[i];
+        auto bytes = view.read_block(*s.store, b.key);
+        if (!bytes.ok()) {
+            b.check = bytes.status().code() == StatusCode::kNotFound ? "missing" : "unreadable";
+            d.blocks.push_back(b);
+            continue;
+        }
+        b.held = true;
+        b.bytes = bytes->size();
+        std::string fault;
+        auto v = parse_any_block(*bytes, &fault);
+        if (!v.ok()) {
+            b.check = fault;
+            d.blocks.push_back(b);
+            continue;
+        }
+        const kvstore::KvBlockMeta& m = v->meta;
+        if (m.key != b.key || m.begin != b.begin || m.end != b.end) {
+            b.check = "another block";
+        } else if (s.record.crcs[i] != 0 && s.record.crcs[i] != crc32c(*bytes)) {
+            b.check = "another export";
+        } else {
+            b.check = "ok";
+        }
+        d.policy = codec_name(m.codec);
+        if (d.layers.size() < static_cast<size_t>(m.n_layers())) d.layers.resize(m.n_layers());
+        double err_sum = 0.0;
+        int err_n = 0;
+        const int32_t n = m.end - m.begin;
+        for (int32_t l = 0; l < m.n_layers(); ++l) {
+            auto info = kvstore::kv_rows_info(m.codec, m.codec_state, l, m.begin, m.end,
+                                              v->parts[static_cast<size_t>(l)]);
+            if (!info.ok()) {
+                b.check = "layer " + std::to_string(l) + " does not parse";
+                break;
+            }
+            LayerSum& L = d.layers[static_cast<size_t>(l)];
+            L.full = info->full;
+            L.sinks += info->sinks;
+            L.references += info->references;
+            L.latents += info->latents;
+            L.buffer += info->buffer;
+            L.exact_bytes += info->exact_bytes;
+            L.latent_bytes += info->latent_bytes;
+            const float e = m.layer_error[static_cast<size_t>(l)];
+            if (!std::isnan(e) && info->latents > 0) {
+                L.err_sq += static_cast<double>(e) * e * info->latents;
+                L.err_latents += info->latents;
+            }
+            if (!std::isnan(e)) {
+                err_sum += e;
+                ++err_n;
+            }
+            if (info->full && full_token_bytes == 0 && n > 0) {
+                // A full layer's rows: K and V of every token; full KV's bytes per token.
+                full_token_bytes = info->exact_bytes / static_cast<uint64_t>(n) *
+                                   static_cast<uint64_t>(m.n_layers());
+            }
+        }
+        if (err_n > 0) b.error = err_sum / err_n;
+        if (b.check == "ok") {
+            good_bytes += b.bytes;
+            d.tokens_readable += n;
+        }
+        d.blocks.push_back(b);
+    }
+    if (full_token_bytes > 0 && d.tokens_readable > 0)
+        d.keep = static_cast<double>(good_bytes) /
+                 (static_cast<double>(full_token_bytes) * static_cast<double>(d.tokens_readable));
+    return d;
+}
+
+json session_json(const StoredSession& s) {
+    return {{"key", s.key},
+            {"tenant", s.tenant},
+            {"id", s.id},
+            {"node", s.has_gateway_record ? json(s.node) : json()},
+            {"turns", or_null(int64_t{s.turns})},
+            {"messages", or_null(int64_t{s.messages})},
+            {"tokens", or_null(s.tokens)},
+            {"stored_tokens", s.has_kv_record ? json(s.record.tokens.size()) : json()},
+            {"blocks", s.has_kv_record ? json(s.record.keys.size()) : json()},
+            {"blocks_held", s.has_kv_record ? json(s.blocks_held) : json()},
+            {"disk_bytes", s.has_kv_record ? json(s.disk_bytes) : json()},
+            {"host_bytes", json()},
+            {"decode_bytes", json()},
+            {"last_used", s.last_used > 0 ? json(s.last_used) : json()},
+            {"ttl_left_seconds", json()},
+            {"pinned", json()},
+            {"store", s.store != nullptr ? json(s.store->dir) : json()},
+            {"fingerprint", s.has_kv_record ? json(hex64(s.fingerprint)) : json()}};
+}
+
+}  // namespace deltaserve::ops

@@ -1,0 +1,50 @@
+// What one stored session holds, read and checked block by block (deltactl session describe
+// and explain): per layer its tokens by kind, bytes and recorded reconstruction error; per
+// block its range, bytes and the check a node would make of it.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "command_support.h"
+#include "store_view.h"
+#include "table.h"
+
+namespace deltaserve::ops {
+
+// What one session's stored blocks hold, read and checked block by block.
+struct LayerSum {
+    bool full = true;
+    int64_t sinks = 0, references = 0, latents = 0, buffer = 0;
+    uint64_t exact_bytes = 0, latent_bytes = 0;
+    double err_sq = 0.0;
+    int64_t err_latents = 0;
+    double error() const {
+        if (full) return NAN;
+        if (latents == 0) return 0.0;
+        return err_latents > 0 ? std::sqrt(err_sq / static_cast<double>(err_latents)) : NAN;
+    }
+};
+struct BlockRow {
+    uint64_t key = 0;
+    int32_t begin = 0, end = 0;
+    uint64_t bytes = 0;
+    bool held = false;
+    std::string check;   // ok, or why not
+    double error = NAN;  // mean over the layers that measured
+};
+struct Described {
+    std::vector<LayerSum> layers;
+    std::vector<BlockRow> blocks;
+    std::string policy = kUnknown;
+    double keep = NAN;  // bytes over full KV's fp16
+    int64_t tokens_readable = 0;
+};
+
+Described describe_blocks(StoreView& view, const StoredSession& s);
+// The fields the offline views know of a session (null where only a server would).
+json session_json(const StoredSession& s);
+
+}  // namespace deltaserve::ops
