@@ -76,20 +76,27 @@ class StoreCommandsTest : public ::testing::Test {
         ASSERT_FALSE(dir_.empty());
     }
 
+    // The views, each on the store the suite's server left (one test: the server runs once
+    // per test process).
+    void running_store_refused();
+    void sessions_listed();
+    void described();
+    void blocks_and_tiers();
+
     static inline std::string dir_;
     static inline json ada_info_;
     static inline CliResult running_;
     static inline pid_t running_pid_ = 0;
 };
 
-TEST_F(StoreCommandsTest, ARunningServersStoreIsRefusedNamingItsProcess) {
+void StoreCommandsTest::running_store_refused() {
     EXPECT_EQ(running_.exit_code, 1) << running_.describe();
     EXPECT_NE(running_.err.find("running server (pid " + std::to_string(running_pid_) + ")"),
               std::string::npos)
         << running_.err;
 }
 
-TEST_F(StoreCommandsTest, SessionsListsWhatTheServerHeld) {
+void StoreCommandsTest::sessions_listed() {
     const json all = json_of(deltactl({"sessions", "--data-dir", dir_, "--json"}));
     ASSERT_TRUE(all.is_array()) << all.dump();
     ASSERT_EQ(all.size(), 2u) << all.dump();
@@ -127,7 +134,7 @@ TEST_F(StoreCommandsTest, SessionsListsWhatTheServerHeld) {
     EXPECT_EQ(none.out, "");
 }
 
-TEST_F(StoreCommandsTest, DescribeGivesTurnsLayersAndBlocks) {
+void StoreCommandsTest::described() {
     const json d = json_of(deltactl({"session", "describe", "ada", "--data-dir", dir_, "--json"}));
     const int64_t tokens = ada_info_["tokens"].get<int64_t>() - 1;  // with KV (above)
     ASSERT_EQ(d["turn_list"].size(), 2u) << d.dump();
@@ -185,7 +192,7 @@ TEST_F(StoreCommandsTest, DescribeGivesTurnsLayersAndBlocks) {
     EXPECT_NE(missing.err.find("no session carol"), std::string::npos) << missing.err;
 }
 
-TEST_F(StoreCommandsTest, BlocksAndTiersAgreeWithTheSessions) {
+void StoreCommandsTest::blocks_and_tiers() {
     const json sessions = json_of(deltactl({"sessions", "--data-dir", dir_, "--json"}));
     int64_t blocks = 0, bytes = 0;
     for (const json& s : sessions) {
@@ -214,6 +221,13 @@ TEST_F(StoreCommandsTest, BlocksAndTiersAgreeWithTheSessions) {
     EXPECT_EQ(t[0]["session_records"], 2);
     EXPECT_TRUE(t[0]["capacity"].is_null());
     EXPECT_GT(t[0]["index"]["rocksdb.estimate-num-keys"].get<int64_t>(), 0);
+}
+
+TEST_F(StoreCommandsTest, TheViewsSayWhatTheServerHeld) {
+    running_store_refused();
+    sessions_listed();
+    described();
+    blocks_and_tiers();
 }
 
 TEST_F(StoreCommandsTest, VerifyFindsAFlippedBitAndDropsItOnlyWhenAsked) {
@@ -279,7 +293,9 @@ TEST_F(StoreCommandsTest, VerifyFindsAFlippedBitAndDropsItOnlyWhenAsked) {
     fs::remove_all(copy);
 }
 
-TEST_F(StoreCommandsTest, UsageErrorsExit2AndStoreErrors1) {
+TEST(StoreCommandsUsage, UsageErrorsExit2AndStoreErrors1) {
+    const std::string dir_ =
+        (fs::temp_directory_path() / ("ds_store_usage_" + std::to_string(::getpid()))).string();
     EXPECT_EQ(deltactl({"session"}).exit_code, 2);
     EXPECT_EQ(deltactl({"session", "describe"}).exit_code, 2);
     EXPECT_EQ(deltactl({"sessions", "--bogus"}).exit_code, 2);
