@@ -181,10 +181,12 @@ TEST_P(KvBlocksTest, BadBlocksAreRefusedAndNothingStays) {
 TEST_P(KvBlocksTest, EachBlockRecordsEachLayersReconstructionError) {
     auto original = context(GetParam());
     ASSERT_TRUE(original);
-    const auto tokens = text_tokens(1000);
-    for (size_t at = 0; at < tokens.size(); at += 250)
-        ASSERT_TRUE(original->eval({tokens.data() + at, 250}).ok());
-    const KvBlocksOptions o = options(GetParam());
+    // 512 tokens in turns of 128, blocks of 128: DeltaKV compresses all but its recent buffer.
+    const auto tokens = text_tokens(512);
+    for (size_t at = 0; at < tokens.size(); at += 128)
+        ASSERT_TRUE(original->eval({tokens.data() + at, 128}).ok());
+    KvBlocksOptions o = options(GetParam());
+    o.block_tokens = 128;
     auto e = export_kv_blocks(*original, tokens, o);
     ASSERT_TRUE(e.ok()) << e.status().to_string();
     ASSERT_EQ(e->blocks.size(), 4u);
@@ -199,30 +201,30 @@ TEST_P(KvBlocksTest, EachBlockRecordsEachLayersReconstructionError) {
         for (int32_t l = 0; l < n_layers; ++l) {
             if (std::isnan(err[l])) continue;
             ++measured_in[l];
-            // The compressors' relative RMS errors are a few percent to a few tens of percent.
-            EXPECT_GT(err[l], 0.005f) << "block " << b << " layer " << l;
+            // The compressors' relative RMS errors are a few percent to a few tens of percent
+            // (0 in a block of the recent buffer, which holds no latents).
+            if (b < 2) EXPECT_GT(err[l], 0.005f) << "block " << b << " layer " << l;
             EXPECT_LT(err[l], 0.7f) << "block " << b << " layer " << l;
         }
-        EXPECT_TRUE(same_bits(err, original->kv_rows_error(
-                                       256 * static_cast<int32_t>(b),
-                                       std::min(1000, 256 * (static_cast<int32_t>(b) + 1)))) ||
+        const int32_t begin = 128 * static_cast<int32_t>(b);
+        EXPECT_TRUE(same_bits(err, original->kv_rows_error(begin, begin + 128)) ||
                     GetParam() == std::string("full"));
     }
     const auto measured =
         std::count_if(measured_in.begin(), measured_in.end(), [](int32_t n) { return n > 0; });
     if (GetParam() == std::string("full")) {
         EXPECT_EQ(measured, 0);
-        EXPECT_TRUE(original->kv_rows_error(0, 1000).empty());
+        EXPECT_TRUE(original->kv_rows_error(0, 512).empty());
         return;
     }
-    // The first blocks are compressed in every sparse layer; a few layers are kept full.
+    // The sparse layers measured every block; a few layers are kept full.
     EXPECT_GT(measured, n_layers / 2);
     EXPECT_LT(measured, n_layers);
-    for (int32_t l = 0; l < n_layers; ++l) EXPECT_TRUE(measured_in[l] == 0 || measured_in[l] >= 3);
+    for (int32_t l = 0; l < n_layers; ++l) EXPECT_TRUE(measured_in[l] == 0 || measured_in[l] == 4);
 
     auto restored = context(GetParam());
     ASSERT_TRUE(import_kv_blocks(*restored, views(*e), e->hints, o).ok());
-    EXPECT_TRUE(same_bits(restored->kv_rows_error(0, 1000), original->kv_rows_error(0, 1000)));
+    EXPECT_TRUE(same_bits(restored->kv_rows_error(0, 512), original->kv_rows_error(0, 512)));
     auto again = export_kv_blocks(*restored, tokens, o);
     ASSERT_TRUE(again.ok()) << again.status().to_string();
     EXPECT_EQ(again->blocks, e->blocks);
@@ -232,8 +234,9 @@ TEST_P(KvBlocksTest, EachBlockRecordsEachLayersReconstructionError) {
 // (--kv-exact) lowers what the blocks record.
 TEST_P(KvBlocksTest, TokensKeptExactLowerTheRecordedError) {
     if (GetParam() == std::string("full")) GTEST_SKIP() << "full KV compresses nothing";
-    const auto tokens = text_tokens(1000);
-    const KvBlocksOptions o = options(GetParam());
+    const auto tokens = text_tokens(512);
+    KvBlocksOptions o = options(GetParam());
+    o.block_tokens = 128;
     double mean[2] = {0.0, 0.0};
     for (int i = 0; i < 2; ++i) {
         auto ctx = context(GetParam(), i == 0 ? 0.0f : 0.25f);
@@ -245,7 +248,7 @@ TEST_P(KvBlocksTest, TokensKeptExactLowerTheRecordedError) {
     }
     std::printf("mean recorded error of blocks 0-2: %.4f, with 25%% kept exact %.4f\n", mean[0],
                 mean[1]);
-    EXPECT_LT(mean[1], mean[0] * 0.97) << "exact 0: " << mean[0] << ", exact 0.1: " << mean[1];
+    EXPECT_LT(mean[1], mean[0] * 0.97) << "exact 0: " << mean[0] << ", exact 0.25: " << mean[1];
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, KvBlocksTest, ::testing::Values("full", "deltakv"));
