@@ -15,6 +15,7 @@ int checkpoint_main(int argc, char** argv);
 int drop_main(int argc, char** argv);
 int evict_main(int argc, char** argv);
 int explain_main(int argc, char** argv);
+int fidelity_main(int argc, char** argv);
 // A session moved between data dirs (bundle_commands.cpp).
 int export_main(int argc, char** argv);
 int import_main(int argc, char** argv);

@@ -16,6 +16,7 @@ constexpr const char* kUsage =
     "  tiers       each tier's capacity and use, and the disk tier's index\n"
     "  verify      check every stored block and record (--drop removes what is bad)\n"
     "  explain     ID: which stored blocks its next turn takes, and why the others not\n"
+    "  fidelity    ID --model M: what compression costs it (KL against full KV)\n"
     "  export      ID -o FILE: a session's records and blocks in one file\n"
     "  import      FILE: a session exported elsewhere, into a data dir\n"
     "  cluster     the gateway and its nodes: addresses, versions, load, tiers (live)\n"
@@ -57,6 +58,7 @@ int main(int argc, char** argv) {
     if (cmd == "evict") return o::evict_main(argc - 2, argv + 2);
     if (cmd == "drop") return o::drop_main(argc - 2, argv + 2);
     if (cmd == "explain") return o::explain_main(argc - 2, argv + 2);
+    if (cmd == "fidelity") return o::fidelity_main(argc - 2, argv + 2);
     std::fprintf(stderr, "deltactl: error: unknown command '%s' (see deltactl --help)\n",
                  cmd.c_str());
     return 2;

@@ -82,6 +82,7 @@ class StoreCommandsTest : public ::testing::Test {
     void sessions_listed();
     void described();
     void blocks_and_tiers();
+    void fidelity();
 
     static inline std::string dir_;
     static inline json ada_info_;
@@ -228,6 +229,29 @@ TEST_F(StoreCommandsTest, TheViewsSayWhatTheServerHeld) {
     sessions_listed();
     described();
     blocks_and_tiers();
+    fidelity();
+}
+
+// What compression costs ada, recomputed with the model: the stored cache's next-token KL
+// against full KV over its last tokens (full KV's own, in the test below, is 0).
+void StoreCommandsTest::fidelity() {
+    const json f =
+        json_of(deltactl({"fidelity", "ada", "--data-dir", dir_, "--model", default_gguf_model(),
+                          "--kv-profile", default_deltakv_profile(), "--json"}));
+    EXPECT_EQ(f["compared"], 32) << f.dump();
+    EXPECT_EQ(f["kl"].size(), 32u);
+    EXPECT_GE(f["kl_mean"].get<double>(), 0.0);
+    EXPECT_LT(f["kl_mean"].get<double>(), 2.0) << f.dump();
+    EXPECT_GT(f["kl_max"].get<double>(), 0.0) << "a compressed cache differs somewhere";
+    EXPECT_GE(f["top1_agree"].get<int>(), 16) << f.dump();
+    EXPECT_EQ(f["layers"].size(), 30u);
+    // Other settings than the server's: said, not measured.
+    const CliResult other =
+        deltactl({"fidelity", "ada", "--data-dir", dir_, "--model", default_gguf_model(),
+                  "--kv-profile", default_deltakv_profile(), "--kv-keep", "0.6"});
+    EXPECT_EQ(other.exit_code, 1) << other.describe();
+    EXPECT_NE(other.err.find("does not fit"), std::string::npos) << other.err;
+    EXPECT_EQ(deltactl({"fidelity", "ada", "--data-dir", dir_}).exit_code, 2) << "no --model";
 }
 
 TEST_F(StoreCommandsTest, VerifyFindsAFlippedBitAndDropsItOnlyWhenAsked) {
@@ -333,6 +357,11 @@ TEST(StoreCommandsFullKv, SessionsThatBeginAlikeShareBlocks) {
     ASSERT_EQ(s.size(), 2u);
     EXPECT_EQ(s[0]["policy"], "full");
     EXPECT_NEAR(s[0]["keep_ratio"].get<double>(), 1.0, 0.05);
+    // Full KV's stored cache is the exact one: fed again, the same logits.
+    const json f = json_of(
+        deltactl({"fidelity", "a1", "--data-dir", dir, "--model", default_gguf_model(), "--json"}));
+    EXPECT_LT(f["kl_max"].get<double>(), 1e-6) << f.dump();
+    EXPECT_EQ(f["top1_agree"], f["compared"]);
     fs::remove_all(dir);
 }
 

@@ -1,0 +1,155 @@
+// deltactl fidelity ID: what compression costs a stored session, recomputed offline with the
+// model. Its blocks are taken into a context of the same policy (the stored cache, as a node
+// would resume it) and its history into a full KV one; both step back over the session's last
+// tokens and feed them again one at a time: the next-token KL of the stored cache against
+// full KV there, and whether their top tokens agree. Beside it, per layer, the
+// reconstruction error recorded when the tokens were compressed.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "command_support.h"
+#include "commands.h"
+#include "deltaserve/common/logging.h"
+#include "deltaserve/model/inference_context.h"
+#include "deltaserve/model/kv_blocks.h"
+#include "deltaserve/model/model.h"
+#include "deltaserve/model/sampler.h"
+#include "deltaserve/model/scoring.h"
+#include "session_view.h"
+#include "table.h"
+
+namespace deltaserve::ops {
+
+int fidelity_main(int argc, char** argv) {
+    std::string id;
+    if (argc >= 1 && argv[0][0] != '-') {
+        id = argv[0];
+        --argc, ++argv;
+    }
+    Common c;
+    std::string model_path, profile;
+    float keep = 0.3f;
+    int32_t tail = 32, threads = 0;
+    ArgParser p("deltactl fidelity ID",
+                "Recomputes a stored session's history with full KV (offline, with the model) "
+                "and reports the next-token KL of its stored cache against full KV over its last "
+                "tokens, and each layer's reconstruction error recorded at compression.");
+    add_common(p, c);
+    p.add("model", &model_path, "the model the server ran (GGUF, Hugging Face folder)");
+    p.add("kv-profile", &profile, "the DeltaKV profile the server ran (deltakv.json)");
+    p.add("kv-keep", &keep, "the server's --kv-keep (its layer roles follow from it)");
+    p.add("tail", &tail, "the session's last tokens fed again and compared");
+    p.add("threads", &threads, "threads for the model; 0 = one per core");
+    if (auto code = parse_flags(p, argc, argv)) return *code;
+    if (int code = offline_only(c, "deltactl fidelity")) return code;
+    init_logging("warn");
+    if (id.empty()) return usage_error("deltactl fidelity: which session? (ID or TENANT/ID)");
+    if (model_path.empty()) return usage_error("deltactl fidelity: --model is required");
+    if (tail < 1) return usage_error("--tail must be at least 1");
+    int code = 0;
+    auto view = open_view(c, &code);
+    if (!view) return code;
+    auto s = view->session(id);
+    if (!s.ok()) return store_error(s.status());
+    if (!s->has_kv_record) return store_error(not_found("session " + id + " has no stored KV"));
+    const Described d = describe_blocks(*view, *s);
+    std::vector<std::vector<uint8_t>> blocks;
+    for (const BlockRow& b : d.blocks) {
+        if (b.check != "ok")
+            return store_error(data_loss("session " + id + ": block " + short_hash(b.key) + " is " +
+                                         b.check + " (deltactl explain)"));
+        auto bytes = view->read_block(*s->store, b.key);
+        if (!bytes.ok()) return store_error(bytes.status());
+        blocks.push_back(std::move(*bytes));
+    }
+    auto first = parse_any_block_header(blocks.front());
+    if (!first.ok()) return store_error(first.status());
+
+    model::LoadOptions lo;
+    lo.show_progress = false;
+    auto m = model::load_model(model_path, lo);
+    if (!m.ok()) return store_error(m.status());
+    const std::vector<int32_t>& tokens = s->record.tokens;
+    const int32_t n = static_cast<int32_t>(tokens.size());
+    const int32_t k = std::min(tail, n - 1);
+    if (k < 1) return store_error(failed_precondition("session " + id + " holds one token"));
+    model::ContextOptions co;
+    co.n_ctx = n + 16;
+    co.n_threads = threads;
+    const bool deltakv = first->codec == kvstore::KvCodecId::kDeltaKv;
+    auto full = model::InferenceContext::create(**m, co);
+    if (!full.ok()) return store_error(full.status());
+    co.kv.policy = deltakv ? "deltakv" : "full";
+    co.kv.keep = deltakv ? keep : 1.0f;
+    co.kv_profile = profile;
+    auto stored = model::InferenceContext::create(**m, co);
+    if (!stored.ok()) return store_error(stored.status());
+    model::KvBlocksOptions ko;
+    ko.fingerprint = s->fingerprint;
+    ko.root = first->parent;
+    ko.codec = first->codec;
+    const std::vector<std::span<const uint8_t>> views(blocks.begin(), blocks.end());
+    if (Status st = model::import_kv_blocks(**stored, views, s->record.hints, ko); !st.ok()) {
+        return store_error(Status(st.code(),
+                                  "the stored cache does not fit this model and these "
+                                  "settings (give the server's --model, --kv-profile "
+                                  "and --kv-keep): " +
+                                      st.message()));
+    }
+    if (auto r = (*full)->eval(tokens); !r.ok()) return store_error(r.status());
+    (*stored)->truncate(n - k);
+    (*full)->truncate(n - k);
+    std::vector<double> kl, lf, ls;
+    int32_t agree = 0;
+    for (int32_t i = n - k; i < n; ++i) {
+        auto a = (*full)->eval({&tokens[i], 1});
+        if (!a.ok()) return store_error(a.status());
+        const std::vector<float> fa(a->begin(), a->end());
+        auto b = (*stored)->eval({&tokens[i], 1});
+        if (!b.ok()) return store_error(b.status());
+        model::log_softmax(fa.data(), static_cast<int32_t>(fa.size()), lf);
+        model::log_softmax(b->data(), static_cast<int32_t>(b->size()), ls);
+        kl.push_back(model::kl_divergence(lf, ls));
+        agree += model::greedy(fa) == model::greedy(*b);
+    }
+    double mean = 0.0, worst = 0.0;
+    for (double x : kl) {
+        mean += x / static_cast<double>(kl.size());
+        worst = std::max(worst, x);
+    }
+    if (c.as_json) {
+        json layers = json::array();
+        for (size_t l = 0; l < d.layers.size(); ++l) {
+            layers.push_back({{"layer", l},
+                              {"role", d.layers[l].full ? "full" : "sparse"},
+                              {"recorded_error", or_null(d.layers[l].error())}});
+        }
+        std::printf("%s\n", json({{"session", s->name()},
+                                  {"policy", d.policy},
+                                  {"tokens", n},
+                                  {"compared", k},
+                                  {"kl_mean", mean},
+                                  {"kl_max", worst},
+                                  {"top1_agree", agree},
+                                  {"kl", kl},
+                                  {"layers", std::move(layers)}})
+                                .dump(2)
+                                .c_str());
+        return 0;
+    }
+    std::printf(
+        "Session %s (%s, %d tokens): over its last %d tokens, fed again one at a time\n"
+        "after its stored cache and after full KV of the same history:\n"
+        "  next-token KL(full KV || stored): mean %.4f, max %.4f\n"
+        "  top tokens agree: %d of %d\n\n",
+        s->name().c_str(), d.policy.c_str(), n, k, mean, worst, agree, k);
+    Table t({"LAYER", "ROLE", "RECORDED ERROR"});
+    for (size_t l = 0; l < d.layers.size(); ++l)
+        t.add(
+            {std::to_string(l), d.layers[l].full ? "full" : "sparse", fixed3(d.layers[l].error())});
+    t.print();
+    return 0;
+}
+
+}  // namespace deltaserve::ops
