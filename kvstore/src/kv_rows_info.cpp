@@ -17,9 +17,11 @@ namespace {
 Status bad(const std::string& what) { return data_loss("KV rows: " + what); }
 
 // Exact rows only: K then V, `row` bytes each (0: any size that divides evenly).
-Result<KvRowsInfo> exact_rows(int32_t n, int32_t row, std::span<const uint8_t> part) {
+Result<KvRowsInfo> exact_rows(int32_t n, int32_t row, std::span<const uint8_t> part,
+                              bool with_kinds) {
     KvRowsInfo info;
     info.buffer = n;
+    if (with_kinds) info.kinds.assign(static_cast<size_t>(n), KvRowsInfo::Kind::kExact);
     info.exact_bytes = part.size();
     const uint64_t per_token = 2 * static_cast<uint64_t>(row);
     if (row > 0 ? part.size() != per_token * static_cast<uint64_t>(n)
@@ -33,7 +35,8 @@ Result<KvRowsInfo> exact_rows(int32_t n, int32_t row, std::span<const uint8_t> p
 }  // namespace
 
 Result<KvRowsInfo> kv_rows_info(KvCodecId codec, std::span<const uint8_t> state, int32_t layer,
-                                int32_t begin, int32_t end, std::span<const uint8_t> part) {
+                                int32_t begin, int32_t end, std::span<const uint8_t> part,
+                                bool with_kinds) {
     if (begin < 0 || end < begin) return bad("an invalid token range");
     const int32_t n = end - begin;
     ByteReader r(state);
@@ -41,7 +44,7 @@ Result<KvRowsInfo> kv_rows_info(KvCodecId codec, std::span<const uint8_t> state,
         int32_t n_tokens = 0, row = 0;
         if (!r.i32(n_tokens) || !r.i32(row) || r.remaining() != 0 || row <= 0 || end > n_tokens)
             return bad("a full-KV rows state that does not parse");
-        return exact_rows(n, row, part);
+        return exact_rows(n, row, part, with_kinds);
     }
     if (codec != KvCodecId::kDeltaKv) return invalid_argument("KV rows: a codec with no rows");
     // DeltaKvCodec::state_head with kRowsState: n_tokens, -1, sinks, k, latent bits, m,
@@ -59,7 +62,7 @@ Result<KvRowsInfo> kv_rows_info(KvCodecId codec, std::span<const uint8_t> state,
     if (layer < 0 || static_cast<size_t>(layer) >= n_layers)
         return invalid_argument("KV rows: no layer " + std::to_string(layer));
     const auto roles = r.take(n_layers);
-    if (roles[static_cast<size_t>(layer)] != 0) return exact_rows(n, 0, part);
+    if (roles[static_cast<size_t>(layer)] != 0) return exact_rows(n, 0, part, with_kinds);
 
     ByteReader p(part);
     int32_t region = 0;
@@ -88,6 +91,19 @@ Result<KvRowsInfo> kv_rows_info(KvCodecId codec, std::span<const uint8_t> state,
                    " exact tokens and " + std::to_string(info.latents) + " latents take");
     }
     info.exact_bytes = part.size() - info.latent_bytes;
+    if (with_kinds) {
+        using K = KvRowsInfo::Kind;
+        for (int32_t p = begin; p < end; ++p) {
+            if (p < sinks) {
+                info.kinds.push_back(K::kSink);
+            } else if (p >= rb && p < re) {
+                const bool ref = (bitmap[(p - rb) / 8] >> ((p - rb) % 8)) & 1;
+                info.kinds.push_back(ref ? K::kReference : K::kLatent);
+            } else {
+                info.kinds.push_back(K::kBuffer);
+            }
+        }
+    }
     return info;
 }
 

@@ -86,6 +86,44 @@ Described describe_blocks(StoreView& view, const StoredSession& s) {
     return d;
 }
 
+Result<std::vector<TokenRow>> token_kinds(StoreView& view, const StoredSession& s, int32_t begin,
+                                          int32_t end) {
+    const int32_t n = static_cast<int32_t>(s.record.tokens.size());
+    if (begin < 0 || end > n || begin >= end)
+        return out_of_range("tokens " + std::to_string(begin) + ":" + std::to_string(end) +
+                            " are not in the session's " + std::to_string(n));
+    std::vector<TokenRow> out;
+    int32_t block_begin = 0;
+    for (size_t i = 0; i < s.record.keys.size(); ++i) {
+        const int32_t block_end = s.record.ends[i];
+        if (block_end > begin && block_begin < end) {
+            DS_ASSIGN_OR_RETURN(auto bytes, view.read_block(*s.store, s.record.keys[i]));
+            DS_ASSIGN_OR_RETURN(auto v, parse_any_block(bytes));
+            const kvstore::KvBlockMeta& m = v.meta;
+            // The first sparse layer (one whose error was measured, or any when none).
+            int32_t layer = 0;
+            for (int32_t l = 0; l < m.n_layers(); ++l) {
+                if (!std::isnan(m.layer_error[static_cast<size_t>(l)])) {
+                    layer = l;
+                    break;
+                }
+            }
+            DS_ASSIGN_OR_RETURN(auto info,
+                                kvstore::kv_rows_info(m.codec, m.codec_state, layer, m.begin, m.end,
+                                                      v.parts[static_cast<size_t>(layer)], true));
+            for (int32_t p = std::max(begin, m.begin); p < std::min(end, m.end); ++p) {
+                static constexpr const char* kNames[] = {"exact", "sink", "reference", "latent",
+                                                         "buffer"};
+                out.push_back(
+                    {p, m.tokens[static_cast<size_t>(p - m.begin)],
+                     kNames[static_cast<int>(info.kinds[static_cast<size_t>(p - m.begin)])]});
+            }
+        }
+        block_begin = block_end;
+    }
+    return out;
+}
+
 json session_json(const StoredSession& s) {
     return {{"key", s.key},
             {"tenant", s.tenant},

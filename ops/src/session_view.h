@@ -44,6 +44,16 @@ struct Described {
 };
 
 Described describe_blocks(StoreView& view, const StoredSession& s);
+
+// Tokens [begin, end) of the session: each one's id and kind (sink, reference, latent, recent
+// buffer; exact under full KV), read from its blocks' first sparse layer (DeltaKV's kinds are
+// the same in every sparse layer). Errors: kOutOfRange, or a block that cannot be read.
+struct TokenRow {
+    int32_t position = 0, id = 0;
+    std::string kind;
+};
+Result<std::vector<TokenRow>> token_kinds(StoreView& view, const StoredSession& s, int32_t begin,
+                                          int32_t end);
 // The fields the offline views know of a session (null where only a server would).
 json session_json(const StoredSession& s);
 

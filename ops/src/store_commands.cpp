@@ -11,6 +11,7 @@
 #include "commands.h"
 #include "deltaserve/common/crc32c.h"
 #include "deltaserve/common/logging.h"
+#include "deltaserve/model/model.h"
 #include "live_commands.h"
 #include "session_view.h"
 #include "table.h"
@@ -151,9 +152,18 @@ int session_main(int argc, char** argv) {
                 "Everything about one session: its records, each layer's tokens by kind, bytes "
                 "and reconstruction error, and its blocks with their checks.");
     add_common(p, c);
+    std::string tokens_range, model_path;
+    p.add("tokens", &tokens_range,
+          "B:E: also the tokens [B, E) of the session, each with its kind (sink, reference, "
+          "latent, buffer) and, with --model, its text");
+    p.add("model", &model_path, "the model whose tokenizer gives the tokens' text");
     if (auto code = parse_flags(p, argc, argv)) return *code;
     if (id.empty())
         return usage_error("deltactl session describe: which session? (ID or TENANT/ID)");
+    int32_t tb = 0, te = 0;
+    if (p.given("tokens") &&
+        (std::sscanf(tokens_range.c_str(), "%d:%d", &tb, &te) != 2 || tb < 0 || te <= tb))
+        return usage_error("--tokens must be B:E with 0 <= B < E, not '" + tokens_range + "'");
     if (int code = offline_only(c, "deltactl session describe")) return code;
     init_logging("warn");
     int code = 0;
@@ -162,6 +172,24 @@ int session_main(int argc, char** argv) {
     auto s = view->session(id);
     if (!s.ok()) return store_error(s.status());
     const Described d = s->has_kv_record ? describe_blocks(*view, *s) : Described{};
+    std::vector<TokenRow> token_rows;
+    std::vector<std::string> texts;
+    if (p.given("tokens")) {
+        if (!s->has_kv_record) return store_error(not_found("session " + id + " has no stored KV"));
+        auto rows = token_kinds(*view, *s, tb, te);
+        if (!rows.ok()) return store_error(rows.status());
+        token_rows = std::move(*rows);
+        if (!model_path.empty()) {
+            model::LoadOptions lo;
+            lo.show_progress = false;
+            auto m = model::load_model(model_path, lo);
+            if (!m.ok()) return store_error(m.status());
+            if (!(*m)->tokenizer)
+                return store_error(failed_precondition("the model has no tokenizer"));
+            for (const TokenRow& t : token_rows)
+                texts.push_back((*m)->tokenizer->token_to_piece(t.id));
+        }
+    }
     if (c.as_json) {
         json j = session_json(*s);
         j["policy"] = d.policy == kUnknown ? json() : json(d.policy);
@@ -196,6 +224,16 @@ int session_main(int argc, char** argv) {
             prev = e;
         }
         j["turn_list"] = std::move(turns);
+        if (p.given("tokens")) {
+            json tl = json::array();
+            for (size_t i = 0; i < token_rows.size(); ++i) {
+                tl.push_back({{"position", token_rows[i].position},
+                              {"id", token_rows[i].id},
+                              {"kind", token_rows[i].kind},
+                              {"text", texts.empty() ? json() : json(texts[i])}});
+            }
+            j["token_list"] = std::move(tl);
+        }
         j["layers"] = std::move(layers);
         j["block_list"] = std::move(blocks);
         std::printf("%s\n", j.dump(2).c_str());
@@ -249,6 +287,16 @@ int session_main(int argc, char** argv) {
                    std::to_string(L.sinks + L.references + L.buffer), kind(L.sinks),
                    kind(L.references), kind(L.buffer), L.full ? "0" : std::to_string(L.latents),
                    human_bytes(L.exact_bytes + L.latent_bytes), fixed3(L.error())});
+        }
+        t.print();
+    }
+    if (!token_rows.empty()) {
+        std::printf("\nTokens %d-%d:\n", tb, te);
+        Table t({"POSITION", "ID", "KIND", "TEXT"});
+        for (size_t i = 0; i < token_rows.size(); ++i) {
+            std::string text = texts.empty() ? kUnknown : json(texts[i]).dump();
+            t.add({std::to_string(token_rows[i].position), std::to_string(token_rows[i].id),
+                   token_rows[i].kind, text});
         }
         t.print();
     }

@@ -47,7 +47,8 @@ void check(std::span<const uint8_t> bytes, uint64_t fingerprint) {
     const kvstore::KvBlockMeta& m = v->meta;
     for (int32_t l = 0; l < m.n_layers(); ++l) {
         auto info = kvstore::kv_rows_info(m.codec, m.codec_state, l, m.begin, m.end,
-                                          v->parts[static_cast<size_t>(l)]);
+                                          v->parts[static_cast<size_t>(l)], true);
+        if (info.ok() && info->kinds.size() != static_cast<size_t>(m.end - m.begin)) std::abort();
         if (info.ok() &&
             (info->sinks < 0 || info->references < 0 || info->latents < 0 || info->buffer < 0 ||
              info->sinks + info->references + info->latents + info->buffer != m.end - m.begin ||

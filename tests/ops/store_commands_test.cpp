@@ -188,6 +188,21 @@ void StoreCommandsTest::described() {
               std::string::npos)
         << why_table.out;
 
+    // A range of tokens with their kinds and text: the 16 sinks, then a reference every
+    // 40th token (the profile's stride), latents between.
+    const json t = json_of(deltactl({"session", "describe", "ada", "--data-dir", dir_, "--tokens",
+                                     "0:60", "--model", default_gguf_model(), "--json"}));
+    ASSERT_EQ(t["token_list"].size(), 60u) << t.dump();
+    for (const json& x : t["token_list"]) {
+        const int pos = x["position"];
+        const std::string want = pos < 16 ? "sink" : (pos - 16) % 40 == 0 ? "reference" : "latent";
+        EXPECT_EQ(x["kind"], want) << x.dump();
+        EXPECT_TRUE(x["text"].is_string()) << x.dump();
+    }
+    EXPECT_EQ(
+        deltactl({"session", "describe", "ada", "--data-dir", dir_, "--tokens", "9:3"}).exit_code,
+        2);
+
     const CliResult missing = deltactl({"session", "describe", "carol", "--data-dir", dir_});
     EXPECT_EQ(missing.exit_code, 1) << missing.describe();
     EXPECT_NE(missing.err.find("no session carol"), std::string::npos) << missing.err;

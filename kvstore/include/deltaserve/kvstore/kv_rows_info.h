@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "deltaserve/common/status.h"
 #include "deltaserve/kvstore/kv_policy.h"
@@ -19,13 +20,18 @@ struct KvRowsInfo {
     int32_t sinks = 0, references = 0, latents = 0, buffer = 0;
     uint64_t exact_bytes = 0;   // fp16 (or fp32) K and V rows
     uint64_t latent_bytes = 0;  // latents, their reference ordinals and error codes
+    // Each token's kind, in order (filled when asked for).
+    enum class Kind : uint8_t { kExact, kSink, kReference, kLatent, kBuffer };
+    std::vector<Kind> kinds;
 };
 
 // One layer's part of rows [begin, end), given the rows state the block carries (its
 // codec_state). Errors: kDataLoss when the state or the part does not parse or their counts
 // disagree with the part's size; kInvalidArgument for a codec that ships no rows or a layer
 // the state does not have.
+// with_kinds: also each token's kind (kExact for every token of a full layer).
 Result<KvRowsInfo> kv_rows_info(KvCodecId codec, std::span<const uint8_t> rows_state, int32_t layer,
-                                int32_t begin, int32_t end, std::span<const uint8_t> part);
+                                int32_t begin, int32_t end, std::span<const uint8_t> part,
+                                bool with_kinds = false);
 
 }  // namespace deltaserve::kvstore
