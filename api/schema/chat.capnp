@@ -108,6 +108,8 @@ interface Admin {
   # Forgets a session: its history and its KV wherever it is (as its owner's close).
   evictSession @7 (tenant :Text, id :Text) -> (error :Cluster.Error);
   # Takes an idle session's KV out of decode memory into the tiers; its next turn promotes it.
+  pinSession @8 (tenant :Text, id :Text, pinned :Bool) -> (error :Cluster.Error);
+  # Keeps a session and its KV in memory (unpinned: the LRU and TTL have it again).
   # A copy of every store (each decode node's, the gateway's records) under
   # <data dir>/checkpoints/<name>, in the data dir's layout, for deltactl's offline views
   # while the server runs. name: 1-64 of A-Z a-z 0-9 . _ -.

@@ -130,6 +130,7 @@ struct SessionKv {
   hostBytes @7 :Int64;
   diskBytes @8 :Int64;
   blocks @9 :Int32;
+  pinned @10 :Bool;
 }
 
 interface DecodeNode {
@@ -146,6 +147,8 @@ interface DecodeNode {
   # A copy of the node's store for the tools (decode::DecodeWorker::checkpoint).
   evictSession @6 (sessionId :Text) -> (error :Error);
   # An idle session's KV out of decode memory into the tiers (an operator's evict).
+  pinSession @7 (sessionId :Text, pinned :Bool) -> (error :Error);
+  # Keeps a session's KV in decode memory, or lets the LRU have it again.
 }
 
 struct PrefillRequest {

@@ -296,6 +296,12 @@ class AdminImpl final : public rpc::Admin::Server {
         if (!s.ok()) rpc::to_capnp(s, context.getResults().initError());
         return kj::READY_NOW;
     }
+    kj::Promise<void> pinSession(PinSessionContext context) override {
+        const auto p = context.getParams();
+        const Status s = engine_.pin_session(p.getTenant().cStr(), p.getId().cStr(), p.getPinned());
+        if (!s.ok()) rpc::to_capnp(s, context.getResults().initError());
+        return kj::READY_NOW;
+    }
     kj::Promise<void> checkpoint(CheckpointContext context) override {
         auto r = context.getResults();
         auto paths = engine_.checkpoint(context.getParams().getName().cStr());

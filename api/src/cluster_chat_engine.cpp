@@ -417,6 +417,25 @@ Status ClusterChatEngine::evict_session(const std::string& tenant, const std::st
     return s;
 }
 
+Status ClusterChatEngine::pin_session(const std::string& tenant, const std::string& id,
+                                      bool pinned) {
+    const std::string key = key_of(tenant, id);
+    DecodeNode* node = nullptr;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        Session* s = find_locked(key);
+        if (s == nullptr) return not_found("no session '" + id + "'");
+        node = s->node;
+        if (node == nullptr) return not_found("session '" + id + "' has no KV on any node yet");
+        s->pinned = pinned;
+    }
+    const Status s = node->pin_session(key, pinned);
+    if (s.code() == StatusCode::kNotFound)
+        return not_found("session '" + id + "' is not in decode memory (" + node->name() +
+                         "): its next turn brings it back, then pin it");
+    return s;
+}
+
 ClusterView ClusterChatEngine::cluster() const {
     ClusterView v;
     v.version = deltaserve_version();
@@ -554,7 +573,7 @@ Status ClusterChatEngine::prefill_turn(const decode::TurnSpec& spec, DecodeNode&
 void ClusterChatEngine::forget_stale(int64_t now,
                                      std::vector<std::pair<DecodeNode*, std::string>>& dropped) {
     for (auto it = sessions_.begin(); it != sessions_.end();) {
-        const bool stale = it->second.running_turn == 0 &&
+        const bool stale = it->second.running_turn == 0 && !it->second.pinned &&
                            now - it->second.last_used > options_.session_ttl_seconds;
         if (!stale) {
             ++it;
@@ -572,12 +591,12 @@ void ClusterChatEngine::make_room_locked(
     while (static_cast<int32_t>(sessions_.size()) >= options_.max_sessions) {
         auto oldest = sessions_.end();
         for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
-            if (it->second.running_turn != 0) continue;
+            if (it->second.running_turn != 0 || it->second.pinned) continue;
             if (oldest == sessions_.end() || it->second.last_used < oldest->second.last_used) {
                 oldest = it;
             }
         }
-        if (oldest == sessions_.end()) break;  // all running
+        if (oldest == sessions_.end()) break;  // all running or pinned
         // With a record store a session leaves memory only: it is stored.
         if (!options_.records) dropped.emplace_back(oldest->second.node, oldest->first);
         sessions_.erase(oldest);

@@ -160,6 +160,12 @@ class DecodeNodeImpl final : public rpc::DecodeNode::Server {
         if (!s.ok()) rpc::to_capnp(s, context.getResults().initError());
         return kj::READY_NOW;
     }
+    kj::Promise<void> pinSession(PinSessionContext context) override {
+        const auto p = context.getParams();
+        const Status s = w_.pin_session(p.getSessionId().cStr(), p.getPinned());
+        if (!s.ok()) rpc::to_capnp(s, context.getResults().initError());
+        return kj::READY_NOW;
+    }
     kj::Promise<void> checkpoint(CheckpointContext context) override {
         auto r = context.getResults();
         auto path = w_.checkpoint(context.getParams().getName().cStr());

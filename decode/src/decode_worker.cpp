@@ -53,7 +53,8 @@ struct Session {
     std::vector<int32_t> tokens;                   // the tokens in ctx, in order
     std::string scope;                             // its turns' cache scope (the tenant)
     int64_t last_used = 0;
-    bool busy = false;  // a turn runs for it
+    bool busy = false;    // a turn runs for it
+    bool pinned = false;  // kept in decode memory (pin_session)
 };
 
 }  // namespace
@@ -211,6 +212,14 @@ class DecodeWorkerImpl final : public DecodeWorker {
         drop_idle_locked(it);
         return Status();
     }
+    Status pin_session(const std::string& session_id, bool pinned) override {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = sessions_.find(session_id);
+        if (it == sessions_.end() || (!it->second.ctx && !it->second.busy))
+            return not_found("session " + session_id + " is not in decode memory");
+        it->second.pinned = pinned;
+        return Status();
+    }
     Result<std::string> checkpoint(const std::string& name) const override {
         DS_RETURN_IF_ERROR(check_checkpoint_name(name));
         if (!options_.disk_tier || options_.checkpoint_root.empty())
@@ -233,6 +242,7 @@ class DecodeWorkerImpl final : public DecodeWorker {
                 auto it = sessions_.find(ids[i]);
                 if (it == sessions_.end()) continue;
                 k.running = it->second.busy;
+                k.pinned = it->second.pinned;
                 if (const auto& ctx = it->second.ctx) {
                     k.tokens = ctx->n_past();
                     k.decode_bytes = static_cast<int64_t>(ctx->kv_held_bytes());
@@ -554,6 +564,12 @@ Status DecodeWorkerImpl::book_locked(Turn& t, int32_t prefill_here) {
         if (oldest->second.ctx) idle -= oldest->second.ctx->kv_held_bytes();
         drop_idle_locked(oldest);  // demoted, or recomputed on its next turn
     }
+    if (booked_ + idle + need > budget) {  // what is left idle is pinned
+        return resource_exhausted("KV memory is full: pinned sessions hold " +
+                                  format_byte_size(idle) + " of " + format_byte_size(budget) +
+                                  " (--kv-memory), this turn needs " + format_byte_size(need) +
+                                  " (deltactl unpin frees them for the LRU)");
+    }
     t.booked = need;
     t.prefill_booked = prefill;
     booked_ += need;
@@ -684,7 +700,8 @@ void DecodeWorkerImpl::end_turn(const std::shared_ptr<Turn>& t, Result<TurnEnd> 
 
 void DecodeWorkerImpl::forget_stale(int64_t now) {
     for (auto it = sessions_.begin(); it != sessions_.end();) {
-        const bool stale = !it->second.busy && now - it->second.last_used > options_.session_ttl_ms;
+        const bool stale = !it->second.busy && !it->second.pinned &&
+                           now - it->second.last_used > options_.session_ttl_ms;
         it = stale ? drop_idle_locked(it) : std::next(it);
     }
     while (static_cast<int32_t>(sessions_.size()) > options_.max_sessions) {
@@ -747,7 +764,8 @@ std::map<std::string, Session>::iterator DecodeWorkerImpl::oldest_idle_locked(
     const std::string& except) {
     auto oldest = sessions_.end();
     for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
-        if (it->second.busy || (!except.empty() && it->first == except)) continue;
+        if (it->second.busy || it->second.pinned || (!except.empty() && it->first == except))
+            continue;
         if (oldest == sessions_.end() || it->second.last_used < oldest->second.last_used)
             oldest = it;
     }

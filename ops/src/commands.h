@@ -14,6 +14,8 @@ int cluster_main(int argc, char** argv);
 int checkpoint_main(int argc, char** argv);
 int drop_main(int argc, char** argv);
 int evict_main(int argc, char** argv);
+int pin_main(int argc, char** argv);
+int unpin_main(int argc, char** argv);
 int explain_main(int argc, char** argv);
 int fidelity_main(int argc, char** argv);
 // A session moved between data dirs (bundle_commands.cpp).

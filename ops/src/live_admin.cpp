@@ -159,6 +159,19 @@ Status LiveAdmin::evict(const std::string& tenant, const std::string& id) {
     }
 }
 
+Status LiveAdmin::pin(const std::string& tenant, const std::string& id, bool pinned) {
+    try {
+        auto req = impl_->admin->pinSessionRequest();
+        req.setTenant(tenant);
+        req.setId(id);
+        req.setPinned(pinned);
+        auto r = req.send().wait(impl_->client->getWaitScope());
+        return r.hasError() ? rpc::from_capnp(r.getError()) : Status();
+    } catch (const kj::Exception& e) {
+        return impl_->lost(e);
+    }
+}
+
 Result<api::ClusterView> LiveAdmin::cluster() {
     api::ClusterView v;
     try {

@@ -30,6 +30,7 @@ class LiveAdmin {
     // An operator's acts on one session (Admin.dropSession / evictSession).
     Status drop(const std::string& tenant, const std::string& id);
     Status evict(const std::string& tenant, const std::string& id);
+    Status pin(const std::string& tenant, const std::string& id, bool pinned);
 
   private:
     struct Impl;

@@ -58,7 +58,7 @@ int print_live_sessions(std::vector<api::SessionRow> rows, const Common& c,
                            {"disk_bytes", known(r.kv.disk_bytes)},
                            {"last_used", r.last_use_unix > 0 ? json(r.last_use_unix) : json()},
                            {"ttl_left_seconds", or_null(r.ttl_left_seconds)},
-                           {"pinned", json()}});
+                           {"pinned", kv ? json(r.kv.pinned) : json()}});
         }
         std::printf("%s\n", out.dump(2).c_str());
         return 0;
@@ -81,7 +81,7 @@ int print_live_sessions(std::vector<api::SessionRow> rows, const Common& c,
                kv ? bytes_or_unknown(r.kv.host_bytes) : kUnknown,
                kv ? bytes_or_unknown(r.kv.disk_bytes) : kUnknown, human_age(r.last_use_unix, now),
                r.ttl_left_seconds < 0 ? kUnknown : human_age(now - r.ttl_left_seconds, now),
-               kUnknown});
+               kv ? (r.kv.pinned ? "yes" : "no") : kUnknown});
     }
     if (t.rows() == 0) {
         std::fprintf(stderr, "No sessions on %s.\n", c.server.c_str());
@@ -331,12 +331,16 @@ int act_main(const char* verb, int argc, char** argv) {
         --argc, ++argv;
     }
     Common c;
-    ArgParser p(command + " ID",
-                std::string(verb) == "drop"
-                    ? "Forgets a session on a running server: its history and its KV wherever it "
-                      "is (as its owner closing it)."
-                    : "Takes an idle session's KV out of decode memory into the host and disk "
-                      "tiers on a running server; its next turn takes it back.");
+    const std::string v = verb;
+    const char* what =
+        v == "drop"    ? "Forgets a session on a running server: its history and its KV wherever "
+                         "it is (as its owner closing it)."
+        : v == "evict" ? "Takes an idle session's KV out of decode memory into the host and disk "
+                         "tiers on a running server; its next turn takes it back."
+        : v == "pin"   ? "Keeps a session and its KV in a running server's memory: neither its "
+                         "TTL nor the LRU drops it (an evict, a drop or a restart ends the pin)."
+                       : "Lets the TTL and the LRU have a pinned session again.";
+    ArgParser p(command + " ID", what);
     add_common(p, c);
     if (auto code = parse_flags(p, argc, argv)) return *code;
     init_logging("warn");
@@ -367,14 +371,22 @@ int act_main(const char* verb, int argc, char** argv) {
             return usage_error("session id " + id + " is held by " + std::to_string(matches) +
                                " tenants: name it as TENANT/ID");
     }
-    const Status s =
-        std::string(verb) == "drop" ? live->drop(tenant, sid) : live->evict(tenant, sid);
+    const Status s = v == "drop"    ? live->drop(tenant, sid)
+                     : v == "evict" ? live->evict(tenant, sid)
+                                    : live->pin(tenant, sid, v == "pin");
     if (!s.ok()) return store_error(s);
-    std::printf("%s %s\n", std::string(verb) == "drop" ? "dropped" : "evicted", id.c_str());
+    std::printf("%s %s\n",
+                v == "drop"    ? "dropped"
+                : v == "evict" ? "evicted"
+                : v == "pin"   ? "pinned"
+                               : "unpinned",
+                id.c_str());
     return 0;
 }
 
 int drop_main(int argc, char** argv) { return act_main("drop", argc, argv); }
 int evict_main(int argc, char** argv) { return act_main("evict", argc, argv); }
+int pin_main(int argc, char** argv) { return act_main("pin", argc, argv); }
+int unpin_main(int argc, char** argv) { return act_main("unpin", argc, argv); }
 
 }  // namespace deltaserve::ops

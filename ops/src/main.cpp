@@ -23,6 +23,7 @@ constexpr const char* kUsage =
     "  checkpoint  a running server's stores copied for the offline views (live)\n"
     "  evict       ID: a session's KV out of decode memory into the tiers (live)\n"
     "  drop        ID: forget a session, its history and KV (live)\n"
+    "  pin, unpin  ID: keep a session's KV in decode memory, or let the LRU have it (live)\n"
     "  calibrate   train a model's DeltaKV compressors from text and write a profile\n"
     "\n"
     "The cache views read a stopped node's --data-dir (default: serve's), or a checkpoint\n"
@@ -57,6 +58,8 @@ int main(int argc, char** argv) {
     if (cmd == "checkpoint") return o::checkpoint_main(argc - 2, argv + 2);
     if (cmd == "evict") return o::evict_main(argc - 2, argv + 2);
     if (cmd == "drop") return o::drop_main(argc - 2, argv + 2);
+    if (cmd == "pin") return o::pin_main(argc - 2, argv + 2);
+    if (cmd == "unpin") return o::unpin_main(argc - 2, argv + 2);
     if (cmd == "explain") return o::explain_main(argc - 2, argv + 2);
     if (cmd == "fidelity") return o::fidelity_main(argc - 2, argv + 2);
     std::fprintf(stderr, "deltactl: error: unknown command '%s' (see deltactl --help)\n",

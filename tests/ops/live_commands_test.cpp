@@ -174,6 +174,47 @@ TEST(LiveCommandsTest, SessionsAndTiersFromARunningServer) {
     fs::remove_all(dir);
 }
 
+// A server keeping one idle session's KV in decode memory (--kv-sessions 1): the one pinned
+// stays there while others' turns come and go, and goes when unpinned.
+TEST(LiveCommandsTest, APinnedSessionStaysInDecodeMemory) {
+    DS_REQUIRE_FILE(default_gguf_model(), "default GGUF model");
+    const std::string dir =
+        (fs::temp_directory_path() / ("ds_live_pin_" + std::to_string(::getpid()))).string();
+    fs::remove_all(dir);
+    ServingProcess server(serve_args(
+        {"--data-dir", dir, "--rpc-port", "0", "--admin-key", kKey, "--kv-sessions", "1"}));
+    ASSERT_NE(server.port(), 0) << server.log();
+    const std::string at = "127.0.0.1:" + std::to_string(rpc_port(server));
+    const auto ask = [&](const std::string& id) {
+        const HttpResponse r = post_chat(server.port(), chat_body("Hello there, " + id + ".", 4),
+                                         "X-Session-ID: " + id + "\r\n");
+        ASSERT_EQ(r.status, 200) << r.body;
+    };
+    const auto rows = [&] {
+        return by_id(
+            json_of(deltactl({"sessions", "--server", at, "--admin-key", kKey, "--json"})));
+    };
+    for (const char* id : {"a", "b"}) ASSERT_EQ(open_session(server.port(), id), 200);
+    ask("a");
+    const CliResult pinned = deltactl({"pin", "a", "--server", at, "--admin-key", kKey});
+    ASSERT_EQ(pinned.exit_code, 0) << pinned.describe();
+    ask("b");
+    ask("b");
+    auto now = rows();
+    EXPECT_EQ(now.at("a")["pinned"], true) << now.at("a").dump();
+    EXPECT_GT(now.at("a")["decode_bytes"].get<int64_t>(), 0) << "pinned: still in decode memory";
+    EXPECT_EQ(now.at("b")["pinned"], false);
+    EXPECT_EQ(deltactl({"unpin", "a", "--server", at, "--admin-key", kKey}).exit_code, 0);
+    ask("b");
+    now = rows();
+    EXPECT_EQ(now.at("a")["pinned"], false);
+    EXPECT_TRUE(now.at("a")["decode_bytes"].is_null()) << "unpinned: the LRU took it";
+    EXPECT_EQ(deltactl({"pin", "a", "--server", at, "--admin-key", kKey}).exit_code, 1)
+        << "not in decode memory";
+    EXPECT_EQ(server.stop(), 0);
+    fs::remove_all(dir);
+}
+
 TEST(LiveCommandsTest, BadServerAddressesAreUsageErrors) {
     EXPECT_EQ(deltactl({"sessions", "--server", "nonsense"}).exit_code, 2);
     EXPECT_EQ(deltactl({"sessions", "--server", "127.0.0.1:99999"}).exit_code, 2);

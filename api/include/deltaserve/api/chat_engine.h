@@ -143,6 +143,9 @@ class ChatEngine {
     // evict). Errors: kNotFound (no such session, or none of its KV in decode memory),
     // kFailedPrecondition (a turn runs for it).
     virtual Status evict_session(const std::string& tenant, const std::string& id) = 0;
+    // Keeps a session in memory (the gateway's and its KV in its node's decode memory) until
+    // unpinned, evicted, dropped or restarted (DecodeWorker::pin_session).
+    virtual Status pin_session(const std::string& tenant, const std::string& id, bool pinned) = 0;
 };
 
 }  // namespace deltaserve::api

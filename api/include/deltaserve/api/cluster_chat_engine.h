@@ -68,6 +68,7 @@ class ClusterChatEngine : public ChatEngine {
     ClusterView cluster() const override;
     Result<std::vector<std::string>> checkpoint(const std::string& name) const override;
     Status evict_session(const std::string& tenant, const std::string& id) override;
+    Status pin_session(const std::string& tenant, const std::string& id, bool pinned) override;
 
   private:
     struct Session {
@@ -78,6 +79,7 @@ class ClusterChatEngine : public ChatEngine {
         int32_t turns = 0;
         int64_t tokens = 0, cached_tokens = 0;
         uint64_t running_turn = 0;  // 0: none
+        bool pinned = false;        // kept in memory (pin_session)
     };
     // The map's key (and the decode nodes' session id): tenant and id, which cannot clash.
     static std::string key_of(const std::string& tenant, const std::string& id) {

@@ -222,6 +222,7 @@ inline void to_capnp(const decode::SessionKv& k, SessionKv::Builder b) {
     b.setHostBytes(k.host_bytes);
     b.setDiskBytes(k.disk_bytes);
     b.setBlocks(k.blocks);
+    b.setPinned(k.pinned);
 }
 inline decode::SessionKv from_capnp(SessionKv::Reader r) {
     decode::SessionKv k;
@@ -235,6 +236,7 @@ inline decode::SessionKv from_capnp(SessionKv::Reader r) {
     k.host_bytes = r.getHostBytes();
     k.disk_bytes = r.getDiskBytes();
     k.blocks = r.getBlocks();
+    k.pinned = r.getPinned();
     return k;
 }
 

@@ -130,6 +130,7 @@ struct SessionKv {
     int64_t stored_tokens = -1;  // in the host and disk tiers (its record)
     int64_t host_bytes = -1, disk_bytes = -1;
     int32_t blocks = -1;  // its record's blocks
+    bool pinned = false;  // kept in decode memory (pin_session)
 };
 
 // A checkpoint's name: 1-64 of A-Z a-z 0-9 . _ - (not "." or ".."). kInvalidArgument else.
@@ -173,6 +174,10 @@ class DecodeWorker {
     // nothing to write when its turns were stored as they ended): its next turn promotes it.
     // Errors: kNotFound (not in decode memory), kFailedPrecondition (a turn runs for it).
     virtual Status evict_session(const std::string& session_id) = 0;
+    // A pinned session's KV stays in decode memory: neither its TTL, the session count nor
+    // the room other turns need drops it (a turn that would need its memory is refused); an
+    // evict, a drop or a restart ends the pin. Errors: kNotFound (not in decode memory).
+    virtual Status pin_session(const std::string& session_id, bool pinned) = 0;
 };
 
 }  // namespace deltaserve::decode
