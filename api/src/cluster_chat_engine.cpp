@@ -32,6 +32,13 @@ int64_t unix_seconds() {
         .count();
 }
 
+// Wall-clock seconds at steady-clock second 0, taken once: a session's last use shows the
+// same in every page (two clocks read apart would move it by a second now and then).
+int64_t wall_offset() {
+    static const int64_t offset = unix_seconds() - now_seconds();
+    return offset;
+}
+
 // A session's record in the store: "gw/" and the session's key.
 constexpr std::string_view kRecordPrefix = "gw/";
 constexpr int kRecordVersion = 1;
@@ -103,7 +110,7 @@ void ClusterChatEngine::save(const Session& s) const {
                               {"turns", s.turns},
                               {"tokens", s.tokens},
                               {"cached_tokens", s.cached_tokens},
-                              {"last_used", unix_seconds() - (now_seconds() - s.last_used)},
+                              {"last_used", s.last_used + wall_offset()},
                               {"history", std::move(history)}};
     const kvstore::DiskTier::Record r[] = {
         {std::string(kRecordPrefix) + key_of(s.tenant, s.id),
@@ -124,7 +131,7 @@ void ClusterChatEngine::unsave(const std::string& key) const {
 std::optional<ClusterChatEngine::Session> ClusterChatEngine::parse_record(
     const std::string& key, const std::string& value) const {
     // A record is read as any outside input: what does not parse is dropped, not served.
-    const int64_t now = now_seconds(), wall = unix_seconds();
+    const int64_t now = now_seconds();
     Session s;
     try {
         const auto j = nlohmann::json::parse(value);
@@ -134,7 +141,8 @@ std::optional<ClusterChatEngine::Session> ClusterChatEngine::parse_record(
         s.turns = j.at("turns").get<int32_t>();
         s.tokens = j.at("tokens").get<int64_t>();
         s.cached_tokens = j.at("cached_tokens").get<int64_t>();
-        s.last_used = now - std::max<int64_t>(0, wall - j.at("last_used").get<int64_t>());
+        // Not later than now (a record from a clock ahead of this one).
+        s.last_used = std::min(now, j.at("last_used").get<int64_t>() - wall_offset());
         for (const auto& m : j.at("history")) {
             std::string role = m.at("role").get<std::string>();
             if (role != "system" && role != "user" && role != "assistant")
@@ -298,7 +306,7 @@ SessionPage ClusterChatEngine::session_page(const std::string& after, int32_t li
     bool more = false;
     {
         std::lock_guard<std::mutex> lock(mu_);
-        const int64_t now = now_seconds(), wall = unix_seconds();
+        const int64_t now = now_seconds();
         std::map<std::string, const Session*> keys;  // the page's, from memory then records
         for (auto it = sessions_.upper_bound(after);
              it != sessions_.end() && static_cast<int32_t>(keys.size()) <= limit; ++it)
@@ -332,9 +340,10 @@ SessionPage ClusterChatEngine::session_page(const std::string& after, int32_t li
             row.key = key;
             row.info = info_of(s, now);
             row.node = s.node != nullptr ? s.node->name() : "";
-            row.last_use_unix = wall - (now - s.last_used);
+            row.last_use_unix = s.last_used + wall_offset();
             row.ttl_left_seconds =
-                row.info.running
+                s.pinned ? -1  // not forgotten while pinned
+                : row.info.running
                     ? options_.session_ttl_seconds
                     : std::max<int64_t>(0, options_.session_ttl_seconds - row.info.idle_seconds);
             row.in_memory = entry.second;
@@ -411,10 +420,13 @@ Status ClusterChatEngine::evict_session(const std::string& tenant, const std::st
         node = s->node;
     }
     if (node == nullptr) return not_found("session '" + id + "' has no KV on any node yet");
-    const Status s = node->evict_session(key);
-    if (s.code() == StatusCode::kNotFound)
+    const Status st = node->evict_session(key);
+    if (st.code() == StatusCode::kNotFound)
         return not_found("session '" + id + "' is not in decode memory (" + node->name() + ")");
-    return s;
+    if (!st.ok()) return st;
+    std::lock_guard<std::mutex> lock(mu_);  // an evict ends a pin
+    if (Session* s = find_locked(key)) s->pinned = false;
+    return Status();
 }
 
 Status ClusterChatEngine::pin_session(const std::string& tenant, const std::string& id,
@@ -427,13 +439,15 @@ Status ClusterChatEngine::pin_session(const std::string& tenant, const std::stri
         if (s == nullptr) return not_found("no session '" + id + "'");
         node = s->node;
         if (node == nullptr) return not_found("session '" + id + "' has no KV on any node yet");
-        s->pinned = pinned;
     }
-    const Status s = node->pin_session(key, pinned);
-    if (s.code() == StatusCode::kNotFound)
+    const Status st = node->pin_session(key, pinned);
+    if (st.code() == StatusCode::kNotFound)
         return not_found("session '" + id + "' is not in decode memory (" + node->name() +
                          "): its next turn brings it back, then pin it");
-    return s;
+    if (!st.ok()) return st;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (Session* s = find_locked(key)) s->pinned = pinned;
+    return Status();
 }
 
 ClusterView ClusterChatEngine::cluster() const {
