@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <thread>
+#include <vector>
 
 #include "chat.capnp.h"
 #include "deltaserve/common/status.h"
@@ -81,6 +83,52 @@ class ChatRpcTest : public ::testing::Test {
   protected:
     void SetUp() override { DS_REQUIRE_FILE(default_gguf_model(), "default GGUF model"); }
 };
+
+// The admin service pages sessions with where their KV is while a turn streams on the same
+// decode worker (the page's lookups take the worker's lock between its steps): every session
+// once, in key order, and the stream ends whole. Under TSan this is the admin path's race
+// check.
+TEST_F(ChatRpcTest, AdminPagesSessionsWhileATurnStreams) {
+    ServingProcess server(serve_args({"--rpc-port", "0", "--admin-key", "k"}));
+    ASSERT_NE(server.port(), 0) << server.log();
+    for (int i = 0; i < 5; ++i) {
+        const std::string id = "s" + std::to_string(i);
+        ASSERT_EQ(open_session(server.port(), id), 200);
+        ASSERT_EQ(
+            post_chat(server.port(), chat_body("Hi.", 2), "X-Session-ID: " + id + "\r\n").status,
+            200);
+    }
+    std::thread streamer([&] {
+        const HttpResponse r = post_chat(server.port(), chat_body("Count to fifty.", 96, true));
+        EXPECT_EQ(r.status, 200);
+        EXPECT_NE(r.body.find("data: [DONE]"), std::string::npos);
+    });
+    capnp::EzRpcClient client("127.0.0.1", rpc_port(server));
+    auto& ws = client.getWaitScope();
+    auto req = client.getMain<rpc::Gateway>().adminRequest();
+    req.setAdminKey("k");
+    auto admin = req.send().wait(ws).getAdmin();
+    for (int round = 0; round < 50; ++round) {
+        std::vector<std::string> ids;
+        std::string after;
+        do {
+            auto page = admin.sessionPageRequest();
+            page.setAfter(after);
+            page.setLimit(2);
+            auto r = page.send().wait(ws);
+            for (auto row : r.getSessions()) {
+                ids.emplace_back(row.getId().cStr());
+                EXPECT_EQ(row.getNode(), "decode-0");
+                EXPECT_EQ(row.getKv().getId(), "/" + ids.back());
+                EXPECT_EQ(row.getKv().getTokens() > 0, true);
+            }
+            after = r.getNext().cStr();
+        } while (!after.empty());
+        EXPECT_EQ(ids, (std::vector<std::string>{"s0", "s1", "s2", "s3", "s4"}));
+    }
+    streamer.join();
+    EXPECT_EQ(server.stop(), 0) << server.log();
+}
 
 TEST_F(ChatRpcTest, SessionsStreamLikeHttpAndAdminSeesThem) {
     ServingProcess server(serve_args({"--rpc-port", "0"}));
