@@ -304,30 +304,28 @@ SessionPage ClusterChatEngine::session_page(const std::string& after, int32_t li
     SessionPage page;
     std::map<std::string, DecodeNode*> node_of;  // key -> its node
     bool more = false;
-    {
-        std::lock_guard<std::mutex> lock(mu_);
-        const int64_t now = now_seconds();
-        std::map<std::string, const Session*> keys;  // the page's, from memory then records
-        for (auto it = sessions_.upper_bound(after);
-             it != sessions_.end() && static_cast<int32_t>(keys.size()) <= limit; ++it)
-            keys.emplace(it->first, &it->second);
-        std::vector<Session> stored;
-        if (options_.records) {
-            auto records = options_.records->records(std::string(kRecordPrefix), after,
-                                                     static_cast<size_t>(limit) + 1);
-            if (records.ok()) {
-                stored.reserve(records->size());
-                for (const auto& [record_key, value] : *records) {
-                    const std::string key = record_key.substr(kRecordPrefix.size());
-                    if (keys.count(key) != 0) continue;
-                    auto s = parse_record(key, value);
-                    if (!s || now - s->last_used > options_.session_ttl_seconds) continue;
+    // The page's stored records, read and parsed before the lock (a record holds its whole
+    // conversation); those of sessions in memory are passed over below.
+    const int64_t now = now_seconds();
+    std::vector<Session> stored;
+    if (options_.records) {
+        auto records = options_.records->records(std::string(kRecordPrefix), after,
+                                                 static_cast<size_t>(limit) + 1);
+        if (records.ok()) {
+            for (const auto& [record_key, value] : *records) {
+                auto s = parse_record(record_key.substr(kRecordPrefix.size()), value);
+                if (s && now - s->last_used <= options_.session_ttl_seconds)
                     stored.push_back(std::move(*s));
-                }
             }
         }
-        std::map<std::string, std::pair<const Session*, bool>> merged;  // key -> (it, in memory)
-        for (const auto& [k, s] : keys) merged.emplace(k, std::make_pair(s, true));
+    }
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        // key -> (the session, in memory): the page's from memory, then the stored rest.
+        std::map<std::string, std::pair<const Session*, bool>> merged;
+        for (auto it = sessions_.upper_bound(after);
+             it != sessions_.end() && static_cast<int32_t>(merged.size()) <= limit; ++it)
+            merged.emplace(it->first, std::make_pair(&it->second, true));
         for (const auto& s : stored)
             merged.emplace(key_of(s.tenant, s.id), std::make_pair(&s, false));
         for (const auto& [key, entry] : merged) {

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "byte_fields.h"
 #include "deltaserve/common/crc32c.h"
 #include "deltaserve/kvstore/kv_block.h"
 
@@ -11,57 +12,28 @@ namespace {
 constexpr char kMagic[4] = {'D', 'S', 'B', 'N'};
 constexpr uint32_t kVersion = 1;
 
-template <typename T>
-void put(std::vector<uint8_t>& out, T v) {
-    uint8_t b[sizeof(T)];
-    std::memcpy(b, &v, sizeof(T));
-    out.insert(out.end(), b, b + sizeof(T));
-}
-
-void put_bytes(std::vector<uint8_t>& out, const void* p, size_t n) {
-    const auto* b = static_cast<const uint8_t*>(p);
-    out.insert(out.end(), b, b + n);
-}
-
-struct Reader {
-    std::span<const uint8_t> s;
-    template <typename T>
-    bool get(T& v) {
-        if (s.size() < sizeof(T)) return false;
-        std::memcpy(&v, s.data(), sizeof(T));
-        s = s.subspan(sizeof(T));
-        return true;
-    }
-    bool take(uint64_t n, std::span<const uint8_t>& out) {
-        if (n > s.size()) return false;
-        out = s.subspan(0, n);
-        s = s.subspan(n);
-        return true;
-    }
-};
-
 Status bad(const std::string& what) { return data_loss("session bundle: " + what); }
 
 }  // namespace
 
 std::vector<uint8_t> encode_session_bundle(const SessionBundle& b) {
     std::vector<uint8_t> out(kMagic, kMagic + 4);
-    put<uint32_t>(out, kVersion);
-    put<uint64_t>(out, b.fingerprint);
-    put<uint32_t>(out, static_cast<uint32_t>(b.session.size()));
+    put_field<uint32_t>(out, kVersion);
+    put_field<uint64_t>(out, b.fingerprint);
+    put_field<uint32_t>(out, static_cast<uint32_t>(b.session.size()));
     put_bytes(out, b.session.data(), b.session.size());
-    put<uint32_t>(out, static_cast<uint32_t>(b.gateway_record.size()));
+    put_field<uint32_t>(out, static_cast<uint32_t>(b.gateway_record.size()));
     put_bytes(out, b.gateway_record.data(), b.gateway_record.size());
     const std::string record = encode_session_record(b.record);
-    put<uint32_t>(out, static_cast<uint32_t>(record.size()));
+    put_field<uint32_t>(out, static_cast<uint32_t>(record.size()));
     put_bytes(out, record.data(), record.size());
-    put<uint32_t>(out, static_cast<uint32_t>(b.blocks.size()));
+    put_field<uint32_t>(out, static_cast<uint32_t>(b.blocks.size()));
     for (const auto& [key, bytes] : b.blocks) {
-        put<uint64_t>(out, key);
-        put<uint64_t>(out, bytes.size());
+        put_field<uint64_t>(out, key);
+        put_field<uint64_t>(out, bytes.size());
         put_bytes(out, bytes.data(), bytes.size());
     }
-    put<uint32_t>(out, crc32c(out));
+    put_field<uint32_t>(out, crc32c(out));
     return out;
 }
 
@@ -71,7 +43,7 @@ Result<SessionBundle> decode_session_bundle(std::span<const uint8_t> bytes) {
     uint32_t crc = 0;
     std::memcpy(&crc, bytes.data() + bytes.size() - 4, 4);
     if (crc32c(bytes.subspan(0, bytes.size() - 4)) != crc) return bad("checksum mismatch");
-    Reader in{bytes.subspan(4, bytes.size() - 8)};
+    FieldReader in{bytes.subspan(4, bytes.size() - 8)};
     uint32_t version = 0, n = 0;
     SessionBundle b;
     std::span<const uint8_t> s;

@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "byte_fields.h"
+
 namespace deltaserve::decode {
 namespace {
 
@@ -10,46 +12,28 @@ constexpr char kMagic[4] = {'D', 'S', 'S', 'R'};
 constexpr uint32_t kVersion = 2;
 constexpr uint32_t kMaxTokens = 1u << 24;
 
-template <typename T>
-void put(std::string& s, T v) {
-    char b[sizeof(T)];
-    std::memcpy(b, &v, sizeof(T));
-    s.append(b, sizeof(T));
-}
-
-struct Reader {
-    std::string_view s;
-    template <typename T>
-    bool get(T& v) {
-        if (s.size() < sizeof(T)) return false;
-        std::memcpy(&v, s.data(), sizeof(T));
-        s.remove_prefix(sizeof(T));
-        return true;
-    }
-};
-
 }  // namespace
 
 std::string encode_session_record(const SessionRecord& r) {
     std::string s(kMagic, 4);
-    put<uint32_t>(s, kVersion);
-    put<uint32_t>(s, static_cast<uint32_t>(r.keys.size()));
+    put_field<uint32_t>(s, kVersion);
+    put_field<uint32_t>(s, static_cast<uint32_t>(r.keys.size()));
     for (size_t i = 0; i < r.keys.size(); ++i) {
-        put<uint64_t>(s, r.keys[i]);
-        put<int32_t>(s, r.ends[i]);
-        put<uint32_t>(s, r.crcs[i]);
+        put_field<uint64_t>(s, r.keys[i]);
+        put_field<int32_t>(s, r.ends[i]);
+        put_field<uint32_t>(s, r.crcs[i]);
     }
-    put<uint32_t>(s, static_cast<uint32_t>(r.tokens.size()));
-    for (int32_t t : r.tokens) put<int32_t>(s, t);
-    put<uint32_t>(s, static_cast<uint32_t>(r.hints.size()));
-    s.append(reinterpret_cast<const char*>(r.hints.data()), r.hints.size());
-    put<uint32_t>(s, static_cast<uint32_t>(r.turn_ends.size()));
-    for (int32_t e : r.turn_ends) put<int32_t>(s, e);
+    put_field<uint32_t>(s, static_cast<uint32_t>(r.tokens.size()));
+    for (int32_t t : r.tokens) put_field<int32_t>(s, t);
+    put_field<uint32_t>(s, static_cast<uint32_t>(r.hints.size()));
+    put_bytes(s, r.hints.data(), r.hints.size());
+    put_field<uint32_t>(s, static_cast<uint32_t>(r.turn_ends.size()));
+    for (int32_t e : r.turn_ends) put_field<int32_t>(s, e);
     return s;
 }
 
 std::optional<SessionRecord> decode_session_record(std::string_view bytes) {
-    Reader in{bytes};
+    FieldReader in{{reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}};
     char magic[4];
     uint32_t version = 0, n = 0;
     if (!in.get(magic) || std::memcmp(magic, kMagic, 4) != 0) return std::nullopt;
@@ -75,9 +59,9 @@ std::optional<SessionRecord> decode_session_record(std::string_view bytes) {
     }
     r.tokens.resize(n_tokens);
     for (int32_t& t : r.tokens) in.get(t);
-    if (!in.get(n_hints) || n_hints > in.s.size()) return std::nullopt;
-    r.hints.assign(in.s.begin(), in.s.begin() + n_hints);
-    in.s.remove_prefix(n_hints);
+    std::span<const uint8_t> hints;
+    if (!in.get(n_hints) || !in.take(n_hints, hints)) return std::nullopt;
+    r.hints.assign(hints.begin(), hints.end());
     if (version == 1)
         return in.s.empty() ? std::optional<SessionRecord>(std::move(r)) : std::nullopt;
     uint32_t n_turns = 0;

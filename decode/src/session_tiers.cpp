@@ -239,16 +239,31 @@ int32_t SessionTiers::stored_tokens(const std::string& session) {
     return r == nullptr ? 0 : static_cast<int32_t>(r->tokens.size());
 }
 
-bool SessionTiers::held(const std::string& session, Held* out) {
+bool SessionTiers::held(const std::string& session, Held* out) const {
+    // A look, not a use: a record only on disk is read outside the lock and not kept (an
+    // operator listing every session must not load every record into memory).
     std::vector<uint64_t> keys;
+    bool found = false;
     {
         std::lock_guard lock(mu_);
-        const Record* r = find_locked(session);
-        if (r == nullptr) return false;
-        keys = r->keys;
-        out->tokens = static_cast<int64_t>(r->tokens.size());
-        out->blocks = static_cast<int32_t>(r->keys.size());
+        if (auto it = records_.find(session); it != records_.end()) {
+            keys = it->second.keys;
+            out->tokens = static_cast<int64_t>(it->second.tokens.size());
+            found = true;
+        }
     }
+    if (!found && options_.disk) {
+        auto bytes = options_.disk->get_record(record_key(session));
+        std::optional<Record> r;
+        if (bytes.ok() && bytes->has_value()) r = decode_session_record(**bytes);
+        if (r) {
+            keys = std::move(r->keys);
+            out->tokens = static_cast<int64_t>(r->tokens.size());
+            found = true;
+        }
+    }
+    if (!found) return false;
+    out->blocks = static_cast<int32_t>(keys.size());
     for (uint64_t k : keys) {
         out->host_bytes += static_cast<int64_t>(options_.host->size_of(k).value_or(0));
         if (options_.disk)

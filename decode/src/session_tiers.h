@@ -81,7 +81,7 @@ class SessionTiers {
         int64_t tokens = 0, host_bytes = 0, disk_bytes = 0;
         int32_t blocks = 0;
     };
-    bool held(const std::string& session, Held* out);
+    bool held(const std::string& session, Held* out) const;
     // Forgets the session: its record here and on disk, and its own blocks.
     void forget(const std::string& session);
     // Forgets the records in memory last used before `cutoff_ms` (their blocks age out of

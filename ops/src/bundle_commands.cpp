@@ -129,6 +129,24 @@ int import_main(int argc, char** argv) {
                                      std::istreambuf_iterator<char>());
     auto b = decode::decode_session_bundle(bytes);
     if (!b.ok()) return fail(file + ": " + b.status().message());
+    // The gateway's record must name this session (a server drops one that names another);
+    // into a cluster it names the node that takes the KV. Checked before anything is written.
+    std::string gateway_record = b->gateway_record;
+    if (!gateway_record.empty()) {
+        try {
+            auto j = nlohmann::json::parse(gateway_record);
+            const std::string key =
+                j.at("tenant").get<std::string>() + "/" + j.at("id").get<std::string>();
+            if (key != b->session)
+                return fail(file + ": the gateway's record names another session (" + key + ")");
+            if (!node.empty()) {
+                j["node"] = node;
+                gateway_record = j.dump();
+            }
+        } catch (const std::exception& e) {
+            return fail(file + ": the gateway's record does not parse: " + e.what());
+        }
+    }
     // Where: DIR/kv (serve), or DIR/<node>/kv and DIR/gateway/kv (a cluster).
     const fs::path root(data_dir);
     const std::string kv_dir = (node.empty() ? root / "kv" : root / node / "kv").string();
@@ -160,16 +178,6 @@ int import_main(int argc, char** argv) {
     auto gw_existing = gw->get_record(gw_key);
     if (gw_existing.ok() && gw_existing->has_value())
         return fail("session " + b->session + " is recorded in " + gw_dir + " already");
-    std::string gateway_record = b->gateway_record;
-    if (!node.empty() && !gateway_record.empty()) {
-        try {
-            auto j = nlohmann::json::parse(gateway_record);
-            j["node"] = node;
-            gateway_record = j.dump();
-        } catch (const std::exception& e) {
-            return fail(file + ": the gateway's record does not parse: " + e.what());
-        }
-    }
     // The blocks, then the records with the last one (one commit): a crash leaves no record
     // naming a block that is not there.
     uint64_t total = 0;

@@ -118,4 +118,9 @@ std::string bytes_or_unknown(int64_t b) {
     return b < 0 ? kUnknown : human_bytes(static_cast<uint64_t>(b));
 }
 
+std::vector<std::string> session_columns() {
+    return {"SESSION", "NODE", "TURNS", "TOKENS",   "POLICY",   "KEEP",
+            "DECODE",  "HOST", "DISK",  "LAST USE", "TTL LEFT", "PINNED"};
+}
+
 }  // namespace deltaserve::ops

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -46,5 +47,7 @@ std::string utc(int64_t unix_seconds);
 std::string codec_name(kvstore::KvCodecId c);
 std::string node_of(const Store* s);
 std::string bytes_or_unknown(int64_t b);
+// The header of deltactl sessions' table, live or offline.
+std::vector<std::string> session_columns();
 
 }  // namespace deltaserve::ops

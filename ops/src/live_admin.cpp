@@ -135,9 +135,10 @@ Result<std::vector<std::string>> LiveAdmin::checkpoint(const std::string& name) 
     return out;
 }
 
-Status LiveAdmin::drop(const std::string& tenant, const std::string& id) {
+// An act on one session: its request sent, its error (if any) the result.
+template <typename Request>
+Status LiveAdmin::act(Request req, const std::string& tenant, const std::string& id) {
     try {
-        auto req = impl_->admin->dropSessionRequest();
         req.setTenant(tenant);
         req.setId(id);
         auto r = req.send().wait(impl_->client->getWaitScope());
@@ -145,31 +146,20 @@ Status LiveAdmin::drop(const std::string& tenant, const std::string& id) {
     } catch (const kj::Exception& e) {
         return impl_->lost(e);
     }
+}
+
+Status LiveAdmin::drop(const std::string& tenant, const std::string& id) {
+    return act(impl_->admin->dropSessionRequest(), tenant, id);
 }
 
 Status LiveAdmin::evict(const std::string& tenant, const std::string& id) {
-    try {
-        auto req = impl_->admin->evictSessionRequest();
-        req.setTenant(tenant);
-        req.setId(id);
-        auto r = req.send().wait(impl_->client->getWaitScope());
-        return r.hasError() ? rpc::from_capnp(r.getError()) : Status();
-    } catch (const kj::Exception& e) {
-        return impl_->lost(e);
-    }
+    return act(impl_->admin->evictSessionRequest(), tenant, id);
 }
 
 Status LiveAdmin::pin(const std::string& tenant, const std::string& id, bool pinned) {
-    try {
-        auto req = impl_->admin->pinSessionRequest();
-        req.setTenant(tenant);
-        req.setId(id);
-        req.setPinned(pinned);
-        auto r = req.send().wait(impl_->client->getWaitScope());
-        return r.hasError() ? rpc::from_capnp(r.getError()) : Status();
-    } catch (const kj::Exception& e) {
-        return impl_->lost(e);
-    }
+    auto req = impl_->admin->pinSessionRequest();
+    req.setPinned(pinned);
+    return act(std::move(req), tenant, id);
 }
 
 Result<api::ClusterView> LiveAdmin::cluster() {

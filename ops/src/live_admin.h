@@ -33,6 +33,9 @@ class LiveAdmin {
     Status pin(const std::string& tenant, const std::string& id, bool pinned);
 
   private:
+    template <typename Request>
+    Status act(Request req, const std::string& tenant, const std::string& id);
+
     struct Impl;
     explicit LiveAdmin(std::unique_ptr<Impl> impl);
     std::unique_ptr<Impl> impl_;

@@ -63,8 +63,7 @@ int print_live_sessions(std::vector<api::SessionRow> rows, const Common& c,
         std::printf("%s\n", out.dump(2).c_str());
         return 0;
     }
-    Table t({"SESSION", "NODE", "TURNS", "TOKENS", "POLICY", "KEEP", "DECODE", "HOST", "DISK",
-             "LAST USE", "TTL LEFT", "PINNED"});
+    Table t(session_columns());
     const int64_t now = unix_now();
     for (const auto& r : rows) {
         const bool kv = !r.kv.id.empty();

@@ -83,14 +83,11 @@ int sessions_main(int argc, char** argv) {
     }
     // The policy and keep ratio: from each session's first block header.
     std::map<std::string, std::pair<std::string, double>> policy;
-    std::map<uint64_t, const BlockHead*> heads;
-    const std::vector<BlockHead> blocks = view->blocks();
-    for (const auto& h : blocks) heads[h.entry.key] = &h;
     for (const auto& s : all) {
         if (!s.has_kv_record || s.record.keys.empty()) continue;
-        auto it = heads.find(s.record.keys[0]);
-        if (it == heads.end() || !it->second->meta) continue;
-        const kvstore::KvBlockMeta& m = *it->second->meta;
+        const auto head = view->read_header(*s.store, s.record.keys[0]);
+        if (!head.ok()) continue;
+        const kvstore::KvBlockMeta& m = *head;
         // Bytes per token of full KV's fp16 rows, from a full layer's part (K and V rows).
         double full_token = NAN;
         for (int32_t l = 0; l < m.n_layers() && std::isnan(full_token); ++l) {
@@ -116,8 +113,7 @@ int sessions_main(int argc, char** argv) {
         std::printf("%s\n", out.dump(2).c_str());
         return 0;
     }
-    Table t({"SESSION", "NODE", "TURNS", "TOKENS", "POLICY", "KEEP", "DECODE", "HOST", "DISK",
-             "LAST USE", "TTL LEFT", "PINNED"});
+    Table t(session_columns());
     const int64_t now = unix_now();
     for (const auto& s : all) {
         auto it = policy.find(s.key);

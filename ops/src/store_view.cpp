@@ -134,18 +134,11 @@ std::vector<StoredSession> StoreView::sessions() {
             s.record = std::move(*record);
         }
     }
-    std::map<const Store*, std::map<uint64_t, uint64_t>> sizes;
-    for (const auto& store : stores_) {
-        for (const auto& b : store->tier->blocks()) sizes[store.get()][b.key] = b.bytes;
-    }
     std::vector<StoredSession> out;
     for (auto& [key, s] : by_key) {
-        if (s.has_kv_record) {
-            const auto& size = sizes[s.store];
-            for (uint64_t k : s.record.keys) {
-                auto it = size.find(k);
-                if (it == size.end()) continue;
-                s.disk_bytes += it->second;
+        for (uint64_t k : s.has_kv_record ? s.record.keys : std::vector<uint64_t>()) {
+            if (auto size = s.store->tier->size_of(k)) {
+                s.disk_bytes += *size;
                 ++s.blocks_held;
             }
         }
@@ -171,6 +164,23 @@ Result<std::vector<uint8_t>> StoreView::read_block(const Store& store, uint64_t 
     return store.tier->peek(key, UINT64_MAX);
 }
 
+Result<kvstore::KvBlockMeta> StoreView::read_header(const Store& store, uint64_t key,
+                                                    std::string* fault) const {
+    // A header of a short block fits in 64 KiB; a longer one is read whole (kv_block.h: its
+    // size is at offset 8).
+    auto bytes = store.tier->peek(key, 64 << 10);
+    if (bytes.ok() && bytes->size() >= 12) {
+        uint32_t header = 0;
+        std::memcpy(&header, bytes->data() + 8, 4);
+        if (header > bytes->size()) bytes = store.tier->peek(key, header);
+    }
+    if (!bytes.ok()) {
+        if (fault != nullptr) *fault = bytes.status().message();
+        return bytes.status();
+    }
+    return parse_any_block_header(*bytes, fault);
+}
+
 std::vector<BlockHead> StoreView::blocks() const {
     std::vector<BlockHead> out;
     for (const auto& store : stores_) {
@@ -178,20 +188,7 @@ std::vector<BlockHead> StoreView::blocks() const {
             BlockHead h;
             h.store = store.get();
             h.entry = e;
-            // A header of a short block fits in 64 KiB; a longer one is read whole.
-            auto bytes = store->tier->peek(e.key, 64 << 10);
-            if (bytes.ok() && bytes->size() >= 12) {
-                uint32_t header = 0;
-                std::memcpy(&header, bytes->data() + 8, 4);
-                if (header > bytes->size() && header <= e.bytes)
-                    bytes = store->tier->peek(e.key, header);
-            }
-            if (!bytes.ok()) {
-                h.fault = bytes.status().message();
-            } else {
-                auto m = parse_any_block_header(*bytes, &h.fault);
-                if (m.ok()) h.meta = std::move(*m);
-            }
+            if (auto m = read_header(*store, e.key, &h.fault); m.ok()) h.meta = std::move(*m);
             out.push_back(std::move(h));
         }
     }

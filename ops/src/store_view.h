@@ -77,6 +77,9 @@ class StoreView {
     Result<StoredSession> session(const std::string& key_or_id);
     // A block's whole bytes (kNotFound when its store does not hold it).
     Result<std::vector<uint8_t>> read_block(const Store& store, uint64_t key) const;
+    // A block's header, read from the first bytes of its file (`fault`: why not).
+    Result<kvstore::KvBlockMeta> read_header(const Store& store, uint64_t key,
+                                             std::string* fault = nullptr) const;
     // Every block of every store with its header.
     std::vector<BlockHead> blocks() const;
 
