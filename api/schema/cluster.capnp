@@ -147,8 +147,9 @@ interface DecodeNode {
   # A copy of the node's store for the tools (decode::DecodeWorker::checkpoint).
   evictSession @6 (sessionId :Text) -> (error :Error);
   # An idle session's KV out of decode memory into the tiers (an operator's evict).
-  pinSession @7 (sessionId :Text, pinned :Bool) -> (error :Error);
-  # Keeps a session's KV in decode memory, or lets the LRU have it again.
+  pinSession @7 (sessionId :Text, pinned :Bool, scope :Text) -> (error :Error);
+  # Keeps a session's KV in decode memory (brought back from the tiers, under its turns'
+  # cache scope, when they hold it), or lets the LRU have it again.
 }
 
 struct PrefillRequest {

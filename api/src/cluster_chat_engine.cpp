@@ -96,6 +96,25 @@ ClusterChatEngine::ClusterChatEngine(const model::Model& model, std::string mode
       options_(options),
       watch_(std::make_unique<PrefillWatch>()) {
     if (options_.records) recover();
+    // Pins outlive a restart: the pinned sessions' KV back in their nodes' memory, off the
+    // caller's thread (a node may be slow to answer).
+    std::vector<std::pair<DecodeNode*, Session>> pinned;
+    for (const auto& [key, s] : sessions_) {
+        if (s.pinned && s.node != nullptr) pinned.emplace_back(s.node, s);
+    }
+    if (!pinned.empty()) {
+        repin_ = std::thread([this, pinned = std::move(pinned)] {
+            for (const auto& [node, s] : pinned) {
+                const Status st = node->pin_session(key_of(s.tenant, s.id), true, s.tenant);
+                if (!st.ok()) {
+                    spdlog::warn(
+                        "gateway: session {} stays pinned but its KV is not in {}'s "
+                        "memory: {}",
+                        s.id, node->name(), st.to_string());
+                }
+            }
+        });
+    }
 }
 
 void ClusterChatEngine::save(const Session& s) const {
@@ -110,6 +129,7 @@ void ClusterChatEngine::save(const Session& s) const {
                               {"turns", s.turns},
                               {"tokens", s.tokens},
                               {"cached_tokens", s.cached_tokens},
+                              {"pinned", s.pinned},
                               {"last_used", s.last_used + wall_offset()},
                               {"history", std::move(history)}};
     const kvstore::DiskTier::Record r[] = {
@@ -141,6 +161,7 @@ std::optional<ClusterChatEngine::Session> ClusterChatEngine::parse_record(
         s.turns = j.at("turns").get<int32_t>();
         s.tokens = j.at("tokens").get<int64_t>();
         s.cached_tokens = j.at("cached_tokens").get<int64_t>();
+        s.pinned = j.contains("pinned") && j.at("pinned").get<bool>();
         // Not later than now (a record from a clock ahead of this one).
         s.last_used = std::min(now, j.at("last_used").get<int64_t>() - wall_offset());
         for (const auto& m : j.at("history")) {
@@ -172,7 +193,7 @@ std::optional<ClusterChatEngine::Session> ClusterChatEngine::stored_locked(
     auto value = options_.records->get_record(std::string(kRecordPrefix) + key);
     if (!value.ok() || !value->has_value()) return std::nullopt;
     auto s = parse_record(key, **value);
-    if (!s || now_seconds() - s->last_used > options_.session_ttl_seconds) {
+    if (!s || (!s->pinned && now_seconds() - s->last_used > options_.session_ttl_seconds)) {
         unsave(key);  // unreadable, or expired while it was out of memory
         return std::nullopt;
     }
@@ -208,7 +229,7 @@ void ClusterChatEngine::recover() {
         if (!s) {
             ++bad;
             unsave(key);
-        } else if (now - s->last_used > options_.session_ttl_seconds) {
+        } else if (!s->pinned && now - s->last_used > options_.session_ttl_seconds) {
             expired.emplace_back(s->node, key);  // past its TTL while the server was down
             unsave(key);
         } else {
@@ -216,9 +237,11 @@ void ClusterChatEngine::recover() {
         }
     }
     drop(expired);
-    // The most recently used in memory, up to max_sessions; the rest are read when they come.
-    std::sort(live.begin(), live.end(),
-              [](const Session& a, const Session& b) { return a.last_used > b.last_used; });
+    // The pinned and the most recently used in memory, up to max_sessions; the rest are read
+    // when they come.
+    std::sort(live.begin(), live.end(), [](const Session& a, const Session& b) {
+        return a.pinned != b.pinned ? a.pinned : a.last_used > b.last_used;
+    });
     for (size_t i = 0; i < live.size() && i < static_cast<size_t>(options_.max_sessions); ++i)
         sessions_[key_of(live[i].tenant, live[i].id)] = std::move(live[i]);
     recovered_ = static_cast<int64_t>(live.size());
@@ -230,7 +253,9 @@ void ClusterChatEngine::recover() {
         recovered_, recovery_ms_, sessions_.size(), expired.size(), bad);
 }
 
-ClusterChatEngine::~ClusterChatEngine() = default;
+ClusterChatEngine::~ClusterChatEngine() {
+    if (repin_.joinable()) repin_.join();
+}
 
 EngineStats ClusterChatEngine::stats() const {
     EngineStats s;
@@ -423,7 +448,10 @@ Status ClusterChatEngine::evict_session(const std::string& tenant, const std::st
         return not_found("session '" + id + "' is not in decode memory (" + node->name() + ")");
     if (!st.ok()) return st;
     std::lock_guard<std::mutex> lock(mu_);  // an evict ends a pin
-    if (Session* s = find_locked(key)) s->pinned = false;
+    if (Session* s = find_locked(key); s != nullptr && s->pinned) {
+        s->pinned = false;
+        save(*s);
+    }
     return Status();
 }
 
@@ -438,13 +466,16 @@ Status ClusterChatEngine::pin_session(const std::string& tenant, const std::stri
         node = s->node;
         if (node == nullptr) return not_found("session '" + id + "' has no KV on any node yet");
     }
-    const Status st = node->pin_session(key, pinned);
+    const Status st = node->pin_session(key, pinned, tenant);
     if (st.code() == StatusCode::kNotFound)
-        return not_found("session '" + id + "' is not in decode memory (" + node->name() +
-                         "): its next turn brings it back, then pin it");
+        return not_found("session '" + id + "' has no KV on " + node->name() +
+                         " (neither in decode memory nor stored)");
     if (!st.ok()) return st;
     std::lock_guard<std::mutex> lock(mu_);
-    if (Session* s = find_locked(key)) s->pinned = pinned;
+    if (Session* s = find_locked(key); s != nullptr && s->pinned != pinned) {
+        s->pinned = pinned;
+        save(*s);  // a pin outlives a restart
+    }
     return Status();
 }
 
@@ -646,13 +677,14 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
     // However the turn ends, the session is free for the next one.
     auto release = [&](DecodeNode* on, const TurnResult* done) {
         if (!in_session) return;
-        bool closed = false;
+        bool closed = false, pinned = false;
         {
             std::lock_guard<std::mutex> lock(mu_);
             auto it = sessions_.find(key);
             closed = it == sessions_.end() || it->second.running_turn != turn_id;
             if (!closed) {
                 Session& s = it->second;
+                pinned = s.pinned;
                 s.running_turn = 0;
                 s.last_used = now_seconds();
                 // A turn cancelled before it said anything leaves the conversation as it
@@ -672,6 +704,13 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
             }
         }
         if (closed && on != nullptr) on->drop_session(key);  // closed while it ran
+        // A pinned session's KV stays where its turn left it (its node may have restarted
+        // since, or it moved).
+        if (!closed && pinned && on != nullptr) {
+            if (Status st = on->pin_session(key, true, request.tenant); !st.ok())
+                spdlog::warn("gateway: session {}'s pin on {}: {}", key, on->name(),
+                             st.to_string());
+        }
     };
     conversation.insert(conversation.end(), request.messages.begin(), request.messages.end());
     const model::Tokenizer& tok = *model_.tokenizer;

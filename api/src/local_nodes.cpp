@@ -22,8 +22,8 @@ class LocalDecodeNode final : public DecodeNode {
         return w_.session_kv(ids);
     }
     Status evict_session(const std::string& id) override { return w_.evict_session(id); }
-    Status pin_session(const std::string& id, bool pinned) override {
-        return w_.pin_session(id, pinned);
+    Status pin_session(const std::string& id, bool pinned, const std::string& scope) override {
+        return w_.pin_session(id, pinned, scope);
     }
     Result<std::string> checkpoint(const std::string& name) override { return w_.checkpoint(name); }
     std::string data_address() const override { return address_; }

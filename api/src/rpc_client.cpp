@@ -62,7 +62,7 @@ class RemoteDecode final : public DecodeNode {
     Result<std::vector<decode::SessionKv>> session_kv(const std::vector<std::string>& ids) override;
     Result<std::string> checkpoint(const std::string& name) override;
     Status evict_session(const std::string& id) override;
-    Status pin_session(const std::string& id, bool pinned) override;
+    Status pin_session(const std::string& id, bool pinned, const std::string& scope) override;
     std::string data_address() const override { return address_; }
     std::string rpc_address() const override;
     std::string version() const override;
@@ -381,11 +381,12 @@ Status RemoteDecode::evict_session(const std::string& id) {
     });
 }
 
-Status RemoteDecode::pin_session(const std::string& id, bool pinned) {
+Status RemoteDecode::pin_session(const std::string& id, bool pinned, const std::string& scope) {
     return c_.call<Status>([&]() -> kj::Promise<Status> {
         auto req = c_.decode_cap().pinSessionRequest();
         req.setSessionId(id);
         req.setPinned(pinned);
+        req.setScope(scope);
         return req.send().then([](auto&& r) -> Status {
             return r.hasError() ? rpc::from_capnp(r.getError()) : Status();
         });

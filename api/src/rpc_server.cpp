@@ -162,7 +162,8 @@ class DecodeNodeImpl final : public rpc::DecodeNode::Server {
     }
     kj::Promise<void> pinSession(PinSessionContext context) override {
         const auto p = context.getParams();
-        const Status s = w_.pin_session(p.getSessionId().cStr(), p.getPinned());
+        const Status s =
+            w_.pin_session(p.getSessionId().cStr(), p.getPinned(), p.getScope().cStr());
         if (!s.ok()) rpc::to_capnp(s, context.getResults().initError());
         return kj::READY_NOW;
     }

@@ -212,11 +212,18 @@ class DecodeWorkerImpl final : public DecodeWorker {
         drop_idle_locked(it);
         return Status();
     }
-    Status pin_session(const std::string& session_id, bool pinned) override {
+    Status pin_session(const std::string& session_id, bool pinned,
+                       const std::string& scope) override {
+        if (pinned) {  // from the tiers, when they hold it and decode memory does not
+            TurnSpec spec;
+            spec.session_id = session_id;
+            spec.cache_scope = scope;
+            promote(spec);
+        }
         std::lock_guard<std::mutex> lock(mu_);
         auto it = sessions_.find(session_id);
         if (it == sessions_.end() || (!it->second.ctx && !it->second.busy))
-            return not_found("session " + session_id + " is not in decode memory");
+            return not_found("session " + session_id + " is neither in decode memory nor stored");
         it->second.pinned = pinned;
         return Status();
     }

@@ -1,9 +1,13 @@
 #include "command_support.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <thread>
+
+#include <unistd.h>
 
 #include "deltaserve/api/cluster_config.h"
 #include "deltaserve/common/user_dirs.h"
@@ -26,6 +30,46 @@ void add_common(ArgParser& p, Common& c) {
           "and --admin-key");
     p.add_switch("json", &c.as_json, "raw numbers as JSON (null where not known)");
 }
+
+void add_watch(ArgParser& p, Common& c) {
+    p.add_switch("watch", &c.watch,
+                 "show the view again every --interval seconds until interrupted (--server)");
+    p.add("interval", &c.interval, "--watch: seconds between views (default 2)");
+    p.add("count", &c.count, "--watch: stop after this many views (default: never)");
+}
+
+int watch_loop(const Common& c, const char* command, const std::function<int()>& show) {
+    if (!c.watch) return show();
+    if (!c.live())
+        return usage_error(std::string(command) +
+                           " --watch follows a running server: give --server HOST:PORT or "
+                           "--config cluster.yaml");
+    if (!(c.interval >= 0.1f && c.interval <= 86400.0f))
+        return usage_error("--interval must be in [0.1, 86400] seconds");
+    if (c.count < 0) return usage_error("--count must be 0 (never stop) or more");
+    const bool terminal = !c.as_json && isatty(STDOUT_FILENO) != 0;
+    for (int32_t n = 0; c.count == 0 || n < c.count; ++n) {
+        if (n > 0) {
+            std::this_thread::sleep_for(
+                std::chrono::milliseconds(static_cast<int64_t>(c.interval * 1000.0f)));
+        }
+        if (terminal) {
+            // Home and clear, as watch(1) redraws.
+            std::printf("\033[H\033[2J");
+        }
+        if (!c.as_json) {
+            std::printf("Every %.1fs: %s on %s  %s\n\n", static_cast<double>(c.interval), command,
+                        c.server.c_str(), utc(unix_now()).c_str());
+        }
+        const int code = show();
+        std::fflush(stdout);
+        if (code != 0) return code;
+        if (!terminal && !c.as_json) std::printf("\n");
+    }
+    return 0;
+}
+
+std::string json_text(const Common& c, const json& j) { return j.dump(c.watch ? -1 : 2); }
 
 int usage_error(const std::string& what) {
     std::fprintf(stderr, "deltactl: error: %s\n", what.c_str());

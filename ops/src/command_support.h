@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,11 +24,24 @@ using json = nlohmann::json;
 struct Common {
     std::string data_dir, server, admin_key, config;
     bool as_json = false;
+    // --watch: the view again every `interval` seconds, `count` times (0: until interrupted).
+    bool watch = false;
+    float interval = 2.0f;
+    int32_t count = 0;
     bool live() const { return !server.empty() || !config.empty(); }
 };
 
 // --data-dir (default serve's), --server, --admin-key, --config, --json.
 void add_common(ArgParser& p, Common& c);
+// --watch, --interval, --count: for the live views that change (sessions, tiers, cluster).
+void add_watch(ArgParser& p, Common& c);
+// Runs `show` once, or with --watch again every interval (a live server only): on a terminal
+// the screen is redrawn under a header line, elsewhere each view follows a line with its
+// time; with --json each view is one line (JSON lines). Returns the first nonzero exit code
+// of `show`, or 0 (or 2 for --watch on a data dir).
+int watch_loop(const Common& c, const char* command, const std::function<int()>& show);
+// A JSON document as the command prints it: indented, or one line under --watch.
+std::string json_text(const Common& c, const json& j);
 // Print "deltactl: error: ..." and return the exit code: 2, or 1.
 int usage_error(const std::string& what);
 int store_error(const Status& s);

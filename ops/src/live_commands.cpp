@@ -60,7 +60,7 @@ int print_live_sessions(std::vector<api::SessionRow> rows, const Common& c,
                            {"ttl_left_seconds", or_null(r.ttl_left_seconds)},
                            {"pinned", kv ? json(r.kv.pinned) : json()}});
         }
-        std::printf("%s\n", out.dump(2).c_str());
+        std::printf("%s\n", json_text(c, out).c_str());
         return 0;
     }
     Table t(session_columns());
@@ -130,7 +130,7 @@ int print_live_tiers(const std::vector<api::NodeStats>& nodes, const Common& c) 
             j["load_ms_mean"] = mean_ms(t.load_seconds);
             out.push_back(std::move(j));
         }
-        std::printf("%s\n", out.dump(2).c_str());
+        std::printf("%s\n", json_text(c, out).c_str());
         return 0;
     }
     Table t({"NODE", "TIER", "CAPACITY", "USED", "BLOCKS", "SESSIONS", "PROMOTED", "DEMOTED",
@@ -179,12 +179,15 @@ int print_live_tiers(const std::vector<api::NodeStats>& nodes, const Common& c) 
     return 0;
 }
 
+int print_cluster(const api::ClusterView& view, const Common& c);
+
 int cluster_main(int argc, char** argv) {
     Common c;
     ArgParser p("deltactl cluster",
                 "The gateway and every node behind it: roles, addresses, versions, load, sessions "
                 "and tier use (a running server's admin service).");
     add_common(p, c);
+    add_watch(p, c);
     if (auto code = parse_flags(p, argc, argv)) return *code;
     init_logging("warn");
     if (!c.live())
@@ -194,8 +197,15 @@ int cluster_main(int argc, char** argv) {
     int code = 0;
     auto live = connect_live(c, &code);
     if (!live) return code;
-    auto v = live->cluster();
-    if (!v.ok()) return store_error(v.status());
+    return watch_loop(c, "deltactl cluster", [&] {
+        auto v = live->cluster();
+        if (!v.ok()) return store_error(v.status());
+        return print_cluster(*v, c);
+    });
+}
+
+int print_cluster(const api::ClusterView& view, const Common& c) {
+    const api::ClusterView* v = &view;
     if (c.as_json) {
         json decode = json::array(), prefill = json::array();
         for (const auto& n : v->decode) {
@@ -232,14 +242,14 @@ int cluster_main(int argc, char** argv) {
             }
             prefill.push_back(std::move(j));
         }
-        std::printf("%s\n", json({{"gateway",
-                                   {{"address", c.server.empty() ? json() : json(c.server)},
-                                    {"version", v->version},
-                                    {"model", v->model_id}}},
-                                  {"decode", std::move(decode)},
-                                  {"prefill", std::move(prefill)}})
-                                .dump(2)
-                                .c_str());
+        std::printf("%s\n",
+                    json_text(c, json({{"gateway",
+                                        {{"address", c.server.empty() ? json() : json(c.server)},
+                                         {"version", v->version},
+                                         {"model", v->model_id}}},
+                                       {"decode", std::move(decode)},
+                                       {"prefill", std::move(prefill)}}))
+                        .c_str());
         return 0;
     }
     Table t({"NODE", "ROLE", "ADDRESS", "DATA", "VERSION", "STATE", "LOAD", "SESSIONS", "KV",
@@ -337,7 +347,8 @@ int act_main(const char* verb, int argc, char** argv) {
         : v == "evict" ? "Takes an idle session's KV out of decode memory into the host and disk "
                          "tiers on a running server; its next turn takes it back."
         : v == "pin"   ? "Keeps a session and its KV in a running server's memory: neither its "
-                         "TTL nor the LRU drops it (an evict, a drop or a restart ends the pin)."
+                         "TTL nor the LRU drops it, and a restart brings it back (an evict or a drop "
+                         "ends the pin)."
                        : "Lets the TTL and the LRU have a pinned session again.";
     ArgParser p(command + " ID", what);
     add_common(p, c);

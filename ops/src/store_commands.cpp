@@ -41,6 +41,7 @@ int sessions_main(int argc, char** argv) {
     ArgParser p("deltactl sessions",
                 "Lists the sessions a store holds: one row each (--json: every field).");
     add_common(p, c);
+    add_watch(p, c);
     p.add("sort-by", &sort_by, "last-use, tokens, turns, bytes or name");
     p.add("tenant", &tenant, "only this tenant's sessions");
     p.add("node", &node, "only the sessions on this node");
@@ -58,12 +59,15 @@ int sessions_main(int argc, char** argv) {
     if (c.live()) {
         auto live = connect_live(c, &code);
         if (!live) return code;
-        auto rows = live->sessions(page_size);
-        if (!rows.ok()) return store_error(rows.status());
-        return print_live_sessions(std::move(*rows), c, sort_by,
-                                   p.given("tenant") ? &tenant : nullptr,
-                                   p.given("node") ? &node : nullptr);
+        return watch_loop(c, "deltactl sessions", [&] {
+            auto rows = live->sessions(page_size);
+            if (!rows.ok()) return store_error(rows.status());
+            return print_live_sessions(std::move(*rows), c, sort_by,
+                                       p.given("tenant") ? &tenant : nullptr,
+                                       p.given("node") ? &node : nullptr);
+        });
     }
+    if (c.watch) return watch_loop(c, "deltactl sessions", [] { return 0; });
     auto view = open_view(c, &code);
     if (!view) return code;
     std::vector<StoredSession> all = view->sessions();
@@ -392,16 +396,20 @@ int tiers_main(int argc, char** argv) {
     ArgParser p("deltactl tiers",
                 "Each tier's capacity and use, and the disk tier's index (RocksDB's figures).");
     add_common(p, c);
+    add_watch(p, c);
     if (auto code = parse_flags(p, argc, argv)) return *code;
     init_logging("warn");
     int code = 0;
     if (c.live()) {
         auto live = connect_live(c, &code);
         if (!live) return code;
-        auto nodes = live->nodes();
-        if (!nodes.ok()) return store_error(nodes.status());
-        return print_live_tiers(*nodes, c);
+        return watch_loop(c, "deltactl tiers", [&] {
+            auto nodes = live->nodes();
+            if (!nodes.ok()) return store_error(nodes.status());
+            return print_live_tiers(*nodes, c);
+        });
     }
+    if (c.watch) return watch_loop(c, "deltactl tiers", [] { return 0; });
     auto view = open_view(c, &code);
     if (!view) return code;
     json out = json::array();

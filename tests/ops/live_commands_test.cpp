@@ -9,6 +9,8 @@
 
 #include <filesystem>
 #include <map>
+#include <sstream>
+#include <thread>
 
 #include "cli_runner.h"
 #include "http_client.h"
@@ -175,18 +177,20 @@ TEST(LiveCommandsTest, SessionsAndTiersFromARunningServer) {
 }
 
 // A server keeping one idle session's KV in decode memory (--kv-sessions 1): the one pinned
-// stays there while others' turns come and go, and goes when unpinned.
+// stays there while others' turns come and go, and goes when unpinned; pinned again it comes
+// back from the tiers, and a restart keeps the pin and brings its KV back from disk.
 TEST(LiveCommandsTest, APinnedSessionStaysInDecodeMemory) {
     DS_REQUIRE_FILE(default_gguf_model(), "default GGUF model");
     const std::string dir =
         (fs::temp_directory_path() / ("ds_live_pin_" + std::to_string(::getpid()))).string();
     fs::remove_all(dir);
-    ServingProcess server(serve_args(
-        {"--data-dir", dir, "--rpc-port", "0", "--admin-key", kKey, "--kv-sessions", "1"}));
-    ASSERT_NE(server.port(), 0) << server.log();
-    const std::string at = "127.0.0.1:" + std::to_string(rpc_port(server));
+    const std::vector<std::string> args = {"--data-dir",  dir,  "--rpc-port",    "0",
+                                           "--admin-key", kKey, "--kv-sessions", "1"};
+    auto server = std::make_unique<ServingProcess>(serve_args(args));
+    ASSERT_NE(server->port(), 0) << server->log();
+    std::string at = "127.0.0.1:" + std::to_string(rpc_port(*server));
     const auto ask = [&](const std::string& id) {
-        const HttpResponse r = post_chat(server.port(), chat_body("Hello there, " + id + ".", 4),
+        const HttpResponse r = post_chat(server->port(), chat_body("Hello there, " + id + ".", 4),
                                          "X-Session-ID: " + id + "\r\n");
         ASSERT_EQ(r.status, 200) << r.body;
     };
@@ -194,7 +198,7 @@ TEST(LiveCommandsTest, APinnedSessionStaysInDecodeMemory) {
         return by_id(
             json_of(deltactl({"sessions", "--server", at, "--admin-key", kKey, "--json"})));
     };
-    for (const char* id : {"a", "b"}) ASSERT_EQ(open_session(server.port(), id), 200);
+    for (const char* id : {"a", "b"}) ASSERT_EQ(open_session(server->port(), id), 200);
     ask("a");
     const CliResult pinned = deltactl({"pin", "a", "--server", at, "--admin-key", kKey});
     ASSERT_EQ(pinned.exit_code, 0) << pinned.describe();
@@ -209,9 +213,54 @@ TEST(LiveCommandsTest, APinnedSessionStaysInDecodeMemory) {
     now = rows();
     EXPECT_EQ(now.at("a")["pinned"], false);
     EXPECT_TRUE(now.at("a")["decode_bytes"].is_null()) << "unpinned: the LRU took it";
-    EXPECT_EQ(deltactl({"pin", "a", "--server", at, "--admin-key", kKey}).exit_code, 1)
-        << "not in decode memory";
-    EXPECT_EQ(server.stop(), 0);
+    // Pinned again: its KV comes back from the tiers.
+    const CliResult again = deltactl({"pin", "a", "--server", at, "--admin-key", kKey});
+    ASSERT_EQ(again.exit_code, 0) << again.describe();
+    now = rows();
+    EXPECT_GT(now.at("a")["decode_bytes"].get<int64_t>(), 0) << now.at("a").dump();
+    EXPECT_EQ(now.at("a")["decode_tokens"], now.at("a")["stored_tokens"]) << now.at("a").dump();
+    EXPECT_EQ(deltactl({"pin", "nobody", "--server", at, "--admin-key", kKey}).exit_code, 1);
+    // A restart keeps the pin, and the server takes a's KV back from disk as it starts.
+    EXPECT_EQ(server->stop(), 0);
+    server = std::make_unique<ServingProcess>(serve_args(args));
+    ASSERT_NE(server->port(), 0) << server->log();
+    at = "127.0.0.1:" + std::to_string(rpc_port(*server));
+    for (int i = 0; i < 100; ++i) {  // the pins are taken off the start's path
+        now = rows();
+        if (!now.at("a")["decode_bytes"].is_null()) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    EXPECT_EQ(now.at("a")["pinned"], true) << now.at("a").dump();
+    EXPECT_GT(now.at("a")["decode_bytes"].get<int64_t>(), 0) << now.at("a").dump();
+    EXPECT_TRUE(now.at("b")["decode_bytes"].is_null()) << now.at("b").dump();
+    ask("b");
+    ask("b");
+    now = rows();
+    EXPECT_GT(now.at("a")["decode_bytes"].get<int64_t>(), 0) << "pinned across the restart";
+    EXPECT_EQ(now.at("b")["pinned"], false);
+    // --watch: the view again each interval, one JSON document a line.
+    const CliResult watched = deltactl({"sessions", "--server", at, "--admin-key", kKey, "--json",
+                                        "--watch", "--interval", "0.2", "--count", "3"});
+    EXPECT_EQ(watched.exit_code, 0) << watched.describe();
+    std::istringstream lines(watched.out);
+    int views = 0;
+    for (std::string line; std::getline(lines, line); ++views) {
+        const auto view = by_id(json::parse(line, nullptr, false));
+        EXPECT_EQ(view.size(), 2u) << line;
+    }
+    EXPECT_EQ(views, 3) << watched.out;
+    const CliResult table = deltactl({"tiers", "--server", at, "--admin-key", kKey, "--watch",
+                                      "--interval", "0.1", "--count", "2"});
+    EXPECT_EQ(table.exit_code, 0) << table.describe();
+    size_t headers = 0;
+    for (size_t i = table.out.find("Every 0.1s: deltactl tiers"); i != std::string::npos;
+         i = table.out.find("Every 0.1s: deltactl tiers", i + 1))
+        ++headers;
+    EXPECT_NE(table.out.find("decode-0  disk"), std::string::npos) << table.out;
+    EXPECT_EQ(headers, 2u) << table.out;
+    EXPECT_EQ(deltactl({"sessions", "--watch", "--data-dir", dir}).exit_code, 2)
+        << "a data dir does not change: --watch is for a running server";
+    EXPECT_EQ(server->stop(), 0);
     fs::remove_all(dir);
 }
 

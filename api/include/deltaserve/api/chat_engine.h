@@ -144,7 +144,8 @@ class ChatEngine {
     // kFailedPrecondition (a turn runs for it).
     virtual Status evict_session(const std::string& tenant, const std::string& id) = 0;
     // Keeps a session in memory (the gateway's and its KV in its node's decode memory) until
-    // unpinned, evicted, dropped or restarted (DecodeWorker::pin_session).
+    // unpinned, evicted or dropped (DecodeWorker::pin_session). The pin is stored with the
+    // session's record: a restarted server takes its KV back into memory as it starts.
     virtual Status pin_session(const std::string& tenant, const std::string& id, bool pinned) = 0;
 };
 

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "deltaserve/api/chat_engine.h"
@@ -118,6 +119,7 @@ class ClusterChatEngine : public ChatEngine {
     const std::vector<PrefillNode*> prefill_;
     const ClusterEngineOptions options_;
     std::atomic<int64_t> prefill_retries_{0};
+    std::thread repin_;  // the stored pins taken again at start (joined in the destructor)
     // The turns waiting on a prefill node (prefill_watch.h).
     std::unique_ptr<PrefillWatch> watch_;
     mutable std::mutex mu_;

@@ -32,7 +32,9 @@ class DecodeNode {
     virtual Result<std::string> checkpoint(const std::string& name) = 0;
     // As DecodeWorker::evict_session.
     virtual Status evict_session(const std::string& session_id) = 0;
-    virtual Status pin_session(const std::string& session_id, bool pinned) = 0;
+    // As DecodeWorker::pin_session.
+    virtual Status pin_session(const std::string& session_id, bool pinned,
+                               const std::string& scope) = 0;
     // Where prefill nodes ship this node's KV.
     virtual std::string data_address() const = 0;
     // Where the gateway reaches it ("in-process" for this process's worker), and its version.

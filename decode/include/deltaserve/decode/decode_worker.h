@@ -176,8 +176,11 @@ class DecodeWorker {
     virtual Status evict_session(const std::string& session_id) = 0;
     // A pinned session's KV stays in decode memory: neither its TTL, the session count nor
     // the room other turns need drops it (a turn that would need its memory is refused); an
-    // evict, a drop or a restart ends the pin. Errors: kNotFound (not in decode memory).
-    virtual Status pin_session(const std::string& session_id, bool pinned) = 0;
+    // evict or a drop ends the pin. A session out of decode memory whose KV the tiers hold is
+    // brought back first (its turns' cache scope: `scope`), as its next turn would. Errors:
+    // kNotFound (neither decode memory nor the tiers hold it).
+    virtual Status pin_session(const std::string& session_id, bool pinned,
+                               const std::string& scope) = 0;
 };
 
 }  // namespace deltaserve::decode
