@@ -104,15 +104,20 @@ interface Admin {
                     prefill :List(PrefillNodeStats));
   # The gateway's version and model, and every node behind it.
   checkpoint @5 (name :Text) -> (paths :List(Text), error :Cluster.Error);
+  # A copy of every store (each decode node's, the gateway's records) under
+  # <data dir>/checkpoints/<name>, in the data dir's layout, for deltactl's offline views
+  # while the server runs. name: 1-64 of A-Z a-z 0-9 . _ -.
   dropSession @6 (tenant :Text, id :Text) -> (error :Cluster.Error);
   # Forgets a session: its history and its KV wherever it is (as its owner's close).
   evictSession @7 (tenant :Text, id :Text) -> (error :Cluster.Error);
   # Takes an idle session's KV out of decode memory into the tiers; its next turn promotes it.
   pinSession @8 (tenant :Text, id :Text, pinned :Bool) -> (error :Cluster.Error);
   # Keeps a session and its KV in memory (unpinned: the LRU and TTL have it again).
-  # A copy of every store (each decode node's, the gateway's records) under
-  # <data dir>/checkpoints/<name>, in the data dir's layout, for deltactl's offline views
-  # while the server runs. name: 1-64 of A-Z a-z 0-9 . _ -.
+  sessionBlocks @9 (tenant :Text, id :Text) -> (node :Text, blocks :Cluster.SessionBlocks,
+                                                error :Cluster.Error);
+  # The session's stored record on its node, and where each block is (tiers, leases).
+  readBlock @10 (node :Text, key :UInt64, limit :UInt64) -> (bytes :Data, error :Cluster.Error);
+  # A stored block's first `limit` bytes (0: all) on a decode node, for the tools' checks.
 }
 
 interface Gateway {

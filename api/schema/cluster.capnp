@@ -133,6 +133,27 @@ struct SessionKv {
   pinned @10 :Bool;
 }
 
+struct StoredBlockPlace {
+  # decode::StoredBlockPlace: -1 where a tier does not hold the block.
+  key @0 :UInt64;
+  hostBytes @1 :Int64;
+  diskBytes @2 :Int64;
+  leases @3 :List(LeaseHolder);
+}
+
+struct LeaseHolder {
+  owner @0 :Text;
+  secondsLeft @1 :Float64;
+}
+
+struct SessionBlocks {
+  # decode::SessionBlocks: the session's stored record (decode/session_record.h) and where
+  # each of its blocks is.
+  record @0 :Data;
+  fingerprint @1 :UInt64;
+  blocks @2 :List(StoredBlockPlace);
+}
+
 interface DecodeNode {
   startTurn @0 (spec :TurnSpec, sink :TokenSink) -> (plan :TurnPlan, turn :Turn, error :Error);
   # error is set (and the rest unset) when the turn was refused.
@@ -148,6 +169,10 @@ interface DecodeNode {
   evictSession @6 (sessionId :Text) -> (error :Error);
   # An idle session's KV out of decode memory into the tiers (an operator's evict).
   pinSession @7 (sessionId :Text, pinned :Bool, scope :Text) -> (error :Error);
+  sessionBlocks @8 (sessionId :Text) -> (blocks :SessionBlocks, error :Error);
+  # A session's stored record and its blocks' places (decode::DecodeWorker::session_blocks).
+  readBlock @9 (key :UInt64, limit :UInt64) -> (bytes :Data, error :Error);
+  # A stored block's first `limit` bytes (0: all), for the tools.
   # Keeps a session's KV in decode memory (brought back from the tiers, under its turns'
   # cache scope, when they hold it), or lets the LRU have it again.
 }

@@ -302,6 +302,30 @@ class AdminImpl final : public rpc::Admin::Server {
         if (!s.ok()) rpc::to_capnp(s, context.getResults().initError());
         return kj::READY_NOW;
     }
+    kj::Promise<void> sessionBlocks(SessionBlocksContext context) override {
+        const auto p = context.getParams();
+        auto r = context.getResults();
+        std::string node;
+        auto b = engine_.session_blocks(p.getTenant().cStr(), p.getId().cStr(), &node);
+        if (!b.ok()) {
+            rpc::to_capnp(b.status(), r.initError());
+            return kj::READY_NOW;
+        }
+        r.setNode(node);
+        rpc::to_capnp(*b, r.initBlocks());
+        return kj::READY_NOW;
+    }
+    kj::Promise<void> readBlock(ReadBlockContext context) override {
+        const auto p = context.getParams();
+        auto r = context.getResults();
+        auto b = engine_.read_block(p.getNode().cStr(), p.getKey(), p.getLimit());
+        if (!b.ok()) {
+            rpc::to_capnp(b.status(), r.initError());
+            return kj::READY_NOW;
+        }
+        r.setBytes(kj::arrayPtr(reinterpret_cast<const kj::byte*>(b->data()), b->size()));
+        return kj::READY_NOW;
+    }
     kj::Promise<void> checkpoint(CheckpointContext context) override {
         auto r = context.getResults();
         auto paths = engine_.checkpoint(context.getParams().getName().cStr());

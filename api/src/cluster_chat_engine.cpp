@@ -455,6 +455,30 @@ Status ClusterChatEngine::evict_session(const std::string& tenant, const std::st
     return Status();
 }
 
+Result<decode::SessionBlocks> ClusterChatEngine::session_blocks(const std::string& tenant,
+                                                                const std::string& id,
+                                                                std::string* node_name) {
+    const std::string key = key_of(tenant, id);
+    DecodeNode* node = nullptr;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        Session* s = find_locked(key);
+        if (s == nullptr) return not_found("no session '" + id + "'");
+        node = s->node;
+        if (node == nullptr) return not_found("session '" + id + "' has no KV on any node yet");
+    }
+    *node_name = node->name();
+    return node->session_blocks(key);
+}
+
+Result<std::string> ClusterChatEngine::read_block(const std::string& node, uint64_t key,
+                                                  uint64_t limit) {
+    for (auto* d : decode_) {
+        if (d->name() == node) return d->read_block(key, limit);
+    }
+    return not_found("no decode node '" + node + "'");
+}
+
 Status ClusterChatEngine::pin_session(const std::string& tenant, const std::string& id,
                                       bool pinned) {
     const std::string key = key_of(tenant, id);

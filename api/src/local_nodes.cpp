@@ -22,6 +22,12 @@ class LocalDecodeNode final : public DecodeNode {
         return w_.session_kv(ids);
     }
     Status evict_session(const std::string& id) override { return w_.evict_session(id); }
+    Result<decode::SessionBlocks> session_blocks(const std::string& id) override {
+        return w_.session_blocks(id);
+    }
+    Result<std::string> read_block(uint64_t key, uint64_t limit) override {
+        return w_.read_block(key, limit);
+    }
     Status pin_session(const std::string& id, bool pinned, const std::string& scope) override {
         return w_.pin_session(id, pinned, scope);
     }

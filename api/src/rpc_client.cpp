@@ -63,6 +63,8 @@ class RemoteDecode final : public DecodeNode {
     Result<std::string> checkpoint(const std::string& name) override;
     Status evict_session(const std::string& id) override;
     Status pin_session(const std::string& id, bool pinned, const std::string& scope) override;
+    Result<decode::SessionBlocks> session_blocks(const std::string& id) override;
+    Result<std::string> read_block(uint64_t key, uint64_t limit) override;
     std::string data_address() const override { return address_; }
     std::string rpc_address() const override;
     std::string version() const override;
@@ -356,6 +358,32 @@ Result<std::vector<decode::SessionKv>> RemoteDecode::session_kv(
             std::vector<decode::SessionKv> out;
             for (auto k : r.getSessions()) out.push_back(rpc::from_capnp(k));
             return out;
+        });
+    });
+}
+
+Result<decode::SessionBlocks> RemoteDecode::session_blocks(const std::string& id) {
+    using Out = Result<decode::SessionBlocks>;
+    return c_.call<Out>([&]() -> kj::Promise<Out> {
+        auto req = c_.decode_cap().sessionBlocksRequest();
+        req.setSessionId(id);
+        return req.send().then([](auto&& r) -> Out {
+            if (r.hasError()) return rpc::from_capnp(r.getError());
+            return rpc::from_capnp(r.getBlocks());
+        });
+    });
+}
+
+Result<std::string> RemoteDecode::read_block(uint64_t key, uint64_t limit) {
+    using Out = Result<std::string>;
+    return c_.call<Out>([&]() -> kj::Promise<Out> {
+        auto req = c_.decode_cap().readBlockRequest();
+        req.setKey(key);
+        req.setLimit(limit);
+        return req.send().then([](auto&& r) -> Out {
+            if (r.hasError()) return rpc::from_capnp(r.getError());
+            const auto b = r.getBytes();
+            return std::string(reinterpret_cast<const char*>(b.begin()), b.size());
         });
     });
 }

@@ -177,6 +177,27 @@ class DecodeNodeImpl final : public rpc::DecodeNode::Server {
         }
         return kj::READY_NOW;
     }
+    kj::Promise<void> sessionBlocks(SessionBlocksContext context) override {
+        auto r = context.getResults();
+        auto b = w_.session_blocks(context.getParams().getSessionId().cStr());
+        if (b.ok()) {
+            rpc::to_capnp(*b, r.initBlocks());
+        } else {
+            rpc::to_capnp(b.status(), r.initError());
+        }
+        return kj::READY_NOW;
+    }
+    kj::Promise<void> readBlock(ReadBlockContext context) override {
+        const auto p = context.getParams();
+        auto r = context.getResults();
+        auto b = w_.read_block(p.getKey(), p.getLimit());
+        if (b.ok()) {
+            r.setBytes(kj::arrayPtr(reinterpret_cast<const kj::byte*>(b->data()), b->size()));
+        } else {
+            rpc::to_capnp(b.status(), r.initError());
+        }
+        return kj::READY_NOW;
+    }
     kj::Promise<void> sessionKv(SessionKvContext context) override {
         const auto ids = context.getParams().getIds();
         auto r = context.getResults();

@@ -227,6 +227,20 @@ class DecodeWorkerImpl final : public DecodeWorker {
         it->second.pinned = pinned;
         return Status();
     }
+    Result<SessionBlocks> session_blocks(const std::string& session_id) const override {
+        if (!tiers_) return failed_precondition("this node keeps no tiered store");
+        auto r = tiers_->look(session_id);
+        if (!r) return not_found("session " + session_id + " has no stored KV on this node");
+        SessionBlocks out;
+        out.record = encode_session_record(*r);
+        out.fingerprint = tiers_->fingerprint();
+        out.blocks = tiers_->places(r->keys);
+        return out;
+    }
+    Result<std::string> read_block(uint64_t key, uint64_t limit) const override {
+        if (!tiers_) return failed_precondition("this node keeps no tiered store");
+        return tiers_->read_block(key, limit);
+    }
     Result<std::string> checkpoint(const std::string& name) const override {
         DS_RETURN_IF_ERROR(check_checkpoint_name(name));
         if (!options_.disk_tier || options_.checkpoint_root.empty())

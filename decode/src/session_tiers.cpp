@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <limits>
 
 #include "deltaserve/common/chain_hash.h"
 #include "deltaserve/common/crc32c.h"
@@ -239,30 +240,56 @@ int32_t SessionTiers::stored_tokens(const std::string& session) {
     return r == nullptr ? 0 : static_cast<int32_t>(r->tokens.size());
 }
 
-bool SessionTiers::held(const std::string& session, Held* out) const {
+std::optional<SessionRecord> SessionTiers::look(const std::string& session) const {
     // A look, not a use: a record only on disk is read outside the lock and not kept (an
     // operator listing every session must not load every record into memory).
-    std::vector<uint64_t> keys;
-    bool found = false;
     {
         std::lock_guard lock(mu_);
-        if (auto it = records_.find(session); it != records_.end()) {
-            keys = it->second.keys;
-            out->tokens = static_cast<int64_t>(it->second.tokens.size());
-            found = true;
-        }
+        if (auto it = records_.find(session); it != records_.end()) return it->second;
     }
-    if (!found && options_.disk) {
-        auto bytes = options_.disk->get_record(record_key(session));
-        std::optional<Record> r;
-        if (bytes.ok() && bytes->has_value()) r = decode_session_record(**bytes);
-        if (r) {
-            keys = std::move(r->keys);
-            out->tokens = static_cast<int64_t>(r->tokens.size());
-            found = true;
-        }
+    if (!options_.disk) return std::nullopt;
+    auto bytes = options_.disk->get_record(record_key(session));
+    if (!bytes.ok() || !bytes->has_value()) return std::nullopt;
+    return decode_session_record(**bytes);
+}
+
+std::vector<StoredBlockPlace> SessionTiers::places(const std::vector<uint64_t>& keys) const {
+    std::vector<StoredBlockPlace> out(keys.size());
+    std::map<uint64_t, std::vector<size_t>> at;
+    for (size_t i = 0; i < keys.size(); ++i) {
+        out[i].key = keys[i];
+        out[i].host_bytes = static_cast<int64_t>(options_.host->size_of(keys[i]).value_or(-1));
+        if (options_.disk)
+            out[i].disk_bytes = static_cast<int64_t>(options_.disk->size_of(keys[i]).value_or(-1));
+        at[keys[i]].push_back(i);
     }
-    if (!found) return false;
+    const auto now = kvstore::HostTier::Clock::now();
+    for (const auto& l : options_.host->leases()) {
+        auto it = at.find(l.key);
+        if (it == at.end()) continue;
+        for (size_t i : it->second)
+            out[i].leases.push_back(
+                {l.owner, std::chrono::duration<double>(l.deadline - now).count()});
+    }
+    return out;
+}
+
+Result<std::string> SessionTiers::read_block(uint64_t key, uint64_t limit) const {
+    const uint64_t want = limit == 0 ? std::numeric_limits<uint64_t>::max() : limit;
+    if (auto bytes = options_.host->peek(key)) {
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(want, bytes->size()));
+        return std::string(reinterpret_cast<const char*>(bytes->data()), n);
+    }
+    if (!options_.disk) return not_found("no block " + std::to_string(key) + " in the tiers");
+    DS_ASSIGN_OR_RETURN(auto bytes, options_.disk->peek(key, want));
+    return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+bool SessionTiers::held(const std::string& session, Held* out) const {
+    auto r = look(session);
+    if (!r) return false;
+    out->tokens = static_cast<int64_t>(r->tokens.size());
+    const std::vector<uint64_t>& keys = r->keys;
     out->blocks = static_cast<int32_t>(keys.size());
     for (uint64_t k : keys) {
         out->host_bytes += static_cast<int64_t>(options_.host->size_of(k).value_or(0));

@@ -29,6 +29,7 @@
 #include <string_view>
 #include <vector>
 
+#include "deltaserve/decode/decode_worker.h"
 #include "deltaserve/decode/session_record.h"
 #include "deltaserve/decode/tier_stats.h"
 #include "deltaserve/kvstore/disk_tier.h"
@@ -82,6 +83,13 @@ class SessionTiers {
         int32_t blocks = 0;
     };
     bool held(const std::string& session, Held* out) const;
+    // The session's record, from memory or from disk (a look: not kept in memory).
+    std::optional<SessionRecord> look(const std::string& session) const;
+    uint64_t fingerprint() const { return options_.fingerprint; }
+    // Where the blocks `keys` are: the tiers holding them and their leases.
+    std::vector<StoredBlockPlace> places(const std::vector<uint64_t>& keys) const;
+    // A block's first `limit` bytes (0: all), from the host tier or disk. kNotFound.
+    Result<std::string> read_block(uint64_t key, uint64_t limit) const;
     // Forgets the session: its record here and on disk, and its own blocks.
     void forget(const std::string& session);
     // Forgets the records in memory last used before `cutoff_ms` (their blocks age out of

@@ -153,6 +153,12 @@ std::optional<uint64_t> HostTier::size_of(uint64_t key) const {
     return it->second.bytes->size();
 }
 
+HostTier::Bytes HostTier::peek(uint64_t key) const {
+    std::lock_guard lock(state_->mu);
+    auto it = state_->blocks.find(key);
+    return it == state_->blocks.end() ? nullptr : it->second.bytes;
+}
+
 std::vector<uint64_t> HostTier::keys() const {
     std::lock_guard lock(state_->mu);
     std::vector<uint64_t> out;

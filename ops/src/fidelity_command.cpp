@@ -53,7 +53,7 @@ int fidelity_main(int argc, char** argv) {
     auto s = view->session(id);
     if (!s.ok()) return store_error(s.status());
     if (!s->has_kv_record) return store_error(not_found("session " + id + " has no stored KV"));
-    const Described d = describe_blocks(*view, *s);
+    const Described d = describe_blocks(*s, store_reader(*view, *s->store));
     std::vector<std::vector<uint8_t>> blocks;
     for (const BlockRow& b : d.blocks) {
         if (b.check != "ok")

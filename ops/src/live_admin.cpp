@@ -162,6 +162,37 @@ Status LiveAdmin::pin(const std::string& tenant, const std::string& id, bool pin
     return act(std::move(req), tenant, id);
 }
 
+Result<decode::SessionBlocks> LiveAdmin::session_blocks(const std::string& tenant,
+                                                        const std::string& id, std::string* node) {
+    try {
+        auto req = impl_->admin->sessionBlocksRequest();
+        req.setTenant(tenant);
+        req.setId(id);
+        auto r = req.send().wait(impl_->client->getWaitScope());
+        if (r.hasError()) return rpc::from_capnp(r.getError());
+        *node = r.getNode().cStr();
+        return rpc::from_capnp(r.getBlocks());
+    } catch (const kj::Exception& e) {
+        return impl_->lost(e);
+    }
+}
+
+Result<std::vector<uint8_t>> LiveAdmin::read_block(const std::string& node, uint64_t key,
+                                                   uint64_t limit) {
+    try {
+        auto req = impl_->admin->readBlockRequest();
+        req.setNode(node);
+        req.setKey(key);
+        req.setLimit(limit);
+        auto r = req.send().wait(impl_->client->getWaitScope());
+        if (r.hasError()) return rpc::from_capnp(r.getError());
+        const auto b = r.getBytes();
+        return std::vector<uint8_t>(b.begin(), b.end());
+    } catch (const kj::Exception& e) {
+        return impl_->lost(e);
+    }
+}
+
 Result<api::ClusterView> LiveAdmin::cluster() {
     api::ClusterView v;
     try {

@@ -31,6 +31,12 @@ class LiveAdmin {
     Status drop(const std::string& tenant, const std::string& id);
     Status evict(const std::string& tenant, const std::string& id);
     Status pin(const std::string& tenant, const std::string& id, bool pinned);
+    // The session's stored record on its node and where each block is (`node`: its name).
+    Result<decode::SessionBlocks> session_blocks(const std::string& tenant, const std::string& id,
+                                                 std::string* node);
+    // A stored block's first `limit` bytes (0: all) on a decode node.
+    Result<std::vector<uint8_t>> read_block(const std::string& node, uint64_t key,
+                                            uint64_t limit = 0);
 
   private:
     template <typename Request>

@@ -6,7 +6,11 @@
 
 namespace deltaserve::ops {
 
-Described describe_blocks(StoreView& view, const StoredSession& s) {
+BlockReader store_reader(const StoreView& view, const Store& store) {
+    return [&view, &store](uint64_t key) { return view.read_block(store, key); };
+}
+
+Described describe_blocks(const StoredSession& s, const BlockReader& read) {
     Described d;
     uint64_t good_bytes = 0, full_token_bytes = 0;
     int32_t prev_end = 0;
@@ -15,7 +19,7 @@ Described describe_blocks(StoreView& view, const StoredSession& s) {
         b.key = s.record.keys[i];
         b.begin = prev_end;
         b.end = prev_end = s.record.ends[i];
-        auto bytes = view.read_block(*s.store, b.key);
+        auto bytes = read(b.key);
         if (!bytes.ok()) {
             b.check = bytes.status().code() == StatusCode::kNotFound ? "missing" : "unreadable";
             d.blocks.push_back(b);
@@ -23,6 +27,7 @@ Described describe_blocks(StoreView& view, const StoredSession& s) {
         }
         b.held = true;
         b.bytes = bytes->size();
+        if (s.store != nullptr) b.tiers = {"disk"};
         std::string fault;
         auto v = parse_any_block(*bytes, &fault);
         if (!v.ok()) {
@@ -86,8 +91,8 @@ Described describe_blocks(StoreView& view, const StoredSession& s) {
     return d;
 }
 
-Result<std::vector<TokenRow>> token_kinds(StoreView& view, const StoredSession& s, int32_t begin,
-                                          int32_t end) {
+Result<std::vector<TokenRow>> token_kinds(const StoredSession& s, const BlockReader& read,
+                                          int32_t begin, int32_t end) {
     const int32_t n = static_cast<int32_t>(s.record.tokens.size());
     if (begin < 0 || end > n || begin >= end)
         return out_of_range("tokens " + std::to_string(begin) + ":" + std::to_string(end) +
@@ -97,7 +102,7 @@ Result<std::vector<TokenRow>> token_kinds(StoreView& view, const StoredSession& 
     for (size_t i = 0; i < s.record.keys.size(); ++i) {
         const int32_t block_end = s.record.ends[i];
         if (block_end > begin && block_begin < end) {
-            DS_ASSIGN_OR_RETURN(auto bytes, view.read_block(*s.store, s.record.keys[i]));
+            DS_ASSIGN_OR_RETURN(auto bytes, read(s.record.keys[i]));
             DS_ASSIGN_OR_RETURN(auto v, parse_any_block(bytes));
             const kvstore::KvBlockMeta& m = v.meta;
             // The first sparse layer (one whose error was measured, or any when none).

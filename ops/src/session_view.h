@@ -5,10 +5,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "command_support.h"
+#include "deltaserve/decode/decode_worker.h"
 #include "store_view.h"
 #include "table.h"
 
@@ -34,6 +36,9 @@ struct BlockRow {
     bool held = false;
     std::string check;   // ok, or why not
     double error = NAN;  // mean over the layers that measured
+    // Live only (a running node's view): the tiers holding it and who leases it.
+    std::vector<std::string> tiers;
+    std::vector<decode::StoredBlockPlace::Holder> leases;
 };
 struct Described {
     std::vector<LayerSum> layers;
@@ -43,7 +48,12 @@ struct Described {
     int64_t tokens_readable = 0;
 };
 
-Described describe_blocks(StoreView& view, const StoredSession& s);
+// A stored block's bytes (kNotFound when its store does not hold it): from a store, or from
+// a running node's tiers (LiveAdmin::read_block).
+using BlockReader = std::function<Result<std::vector<uint8_t>>(uint64_t key)>;
+BlockReader store_reader(const StoreView& view, const Store& store);
+
+Described describe_blocks(const StoredSession& s, const BlockReader& read);
 
 // Tokens [begin, end) of the session: each one's id and kind (sink, reference, latent, recent
 // buffer; exact under full KV), read from its blocks' first sparse layer (DeltaKV's kinds are
@@ -52,8 +62,8 @@ struct TokenRow {
     int32_t position = 0, id = 0;
     std::string kind;
 };
-Result<std::vector<TokenRow>> token_kinds(StoreView& view, const StoredSession& s, int32_t begin,
-                                          int32_t end);
+Result<std::vector<TokenRow>> token_kinds(const StoredSession& s, const BlockReader& read,
+                                          int32_t begin, int32_t end);
 // The fields the offline views know of a session (null where only a server would).
 json session_json(const StoredSession& s);
 

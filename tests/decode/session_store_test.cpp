@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <string>
 
+#include "deltaserve/decode/session_record.h"
 #include "deltaserve/kvstore/disk_tier.h"
 #include "kv_memory_fixture.h"
 
@@ -88,6 +89,40 @@ TEST_P(SessionStoreTest, ATurnIsStoredBeforeItsEndAndARestartedWorkerResumesIt) 
     EXPECT_EQ(kv[0].policy, GetParam());
     EXPECT_EQ(kv[1].tokens, -1);
     EXPECT_EQ(kv[1].stored_tokens, -1);
+    // Its blocks, as deltactl session describe asks (session_blocks, read_block): the record,
+    // each block in both tiers, and a lease's holder while one lasts.
+    auto blocks = decode_->session_blocks("s");
+    ASSERT_TRUE(blocks.ok()) << blocks.status().to_string();
+    const auto record = decode::decode_session_record(blocks->record);
+    ASSERT_TRUE(record.has_value());
+    EXPECT_EQ(record->tokens.size(), 107u);
+    ASSERT_EQ(blocks->blocks.size(), record->keys.size());
+    ASSERT_EQ(static_cast<int32_t>(blocks->blocks.size()), kv[0].blocks);
+    int64_t disk_bytes = 0;
+    for (const auto& b : blocks->blocks) {
+        EXPECT_GT(b.disk_bytes, 0);
+        EXPECT_EQ(b.host_bytes, b.disk_bytes);
+        EXPECT_TRUE(b.leases.empty());
+        disk_bytes += b.disk_bytes;
+        auto whole = decode_->read_block(b.key, 0);
+        ASSERT_TRUE(whole.ok()) << whole.status().to_string();
+        EXPECT_EQ(static_cast<int64_t>(whole->size()), b.disk_bytes);
+        EXPECT_EQ(decode_->read_block(b.key, 16)->size(), 16u);
+    }
+    EXPECT_EQ(disk_bytes, kv[0].disk_bytes);
+    {
+        auto lease = host_tier_->get(record->keys[0], "turn 99",
+                                     kvstore::HostTier::Clock::now() + std::chrono::seconds(30));
+        ASSERT_TRUE(lease.ok());
+        auto leased = decode_->session_blocks("s");
+        ASSERT_TRUE(leased.ok());
+        ASSERT_EQ(leased->blocks[0].leases.size(), 1u);
+        EXPECT_EQ(leased->blocks[0].leases[0].owner, "turn 99");
+        EXPECT_GT(leased->blocks[0].leases[0].seconds_left, 20.0);
+        EXPECT_LE(leased->blocks[0].leases[0].seconds_left, 30.0);
+    }
+    EXPECT_EQ(decode_->session_blocks("nobody").status().code(), StatusCode::kNotFound);
+    EXPECT_EQ(decode_->read_block(12345, 0).status().code(), StatusCode::kNotFound);
 
     // Another worker on the same store (the process restarted): the session comes from disk.
     restart(true);
@@ -143,6 +178,23 @@ TEST_P(SessionStoreTest, ACancelledTurnLeavesNoLeaseAndNothingHeld) {
     EXPECT_EQ(st.kv_pool_used, 0);
     EXPECT_EQ(host_tier_->stats().leases, 0u);
     if (std::string(GetParam()) == "full") EXPECT_GE(disk_tier_->stats().blocks, stored);
+}
+
+// A pin on a session whose KV only the store holds (a restarted worker) brings it back into
+// decode memory: its next turn takes it from there.
+TEST_P(SessionStoreTest, APinBringsAStoredSessionBack) {
+    restart(true);
+    ASSERT_TRUE(run(testing::greedy_turn(1, text_tokens(100, 0, true), "s", 8)).ok());
+    restart(true);
+    EXPECT_EQ(decode_->session_kv({"s"})[0].tokens, -1) << "not in decode memory";
+    ASSERT_TRUE(decode_->pin_session("s", true, "").ok());
+    const auto kv = decode_->session_kv({"s"});
+    EXPECT_EQ(kv[0].tokens, 107);
+    EXPECT_TRUE(kv[0].pinned);
+    auto next = run(testing::greedy_turn(2, text_tokens(140, 0, true), "s", 8));
+    ASSERT_TRUE(next.ok()) << next.status().to_string();
+    EXPECT_EQ(next->kv_source, "decode");
+    EXPECT_EQ(decode_->pin_session("nobody", true, "").code(), StatusCode::kNotFound);
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, SessionStoreTest, ::testing::Values("full", "deltakv"));

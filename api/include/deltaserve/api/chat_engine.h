@@ -147,6 +147,15 @@ class ChatEngine {
     // unpinned, evicted or dropped (DecodeWorker::pin_session). The pin is stored with the
     // session's record: a restarted server takes its KV back into memory as it starts.
     virtual Status pin_session(const std::string& tenant, const std::string& id, bool pinned) = 0;
+    // The session's stored record on its node and where each block is (tiers, leases), for
+    // deltactl session describe: `node` is set to the node's name. Errors: kNotFound.
+    virtual Result<decode::SessionBlocks> session_blocks(const std::string& tenant,
+                                                         const std::string& id,
+                                                         std::string* node) = 0;
+    // A stored block's first `limit` bytes (0: all) on the decode node named `node`.
+    // Errors: kNotFound (no such node or block), kUnavailable.
+    virtual Result<std::string> read_block(const std::string& node, uint64_t key,
+                                           uint64_t limit) = 0;
 };
 
 }  // namespace deltaserve::api

@@ -70,6 +70,9 @@ class ClusterChatEngine : public ChatEngine {
     Result<std::vector<std::string>> checkpoint(const std::string& name) const override;
     Status evict_session(const std::string& tenant, const std::string& id) override;
     Status pin_session(const std::string& tenant, const std::string& id, bool pinned) override;
+    Result<decode::SessionBlocks> session_blocks(const std::string& tenant, const std::string& id,
+                                                 std::string* node) override;
+    Result<std::string> read_block(const std::string& node, uint64_t key, uint64_t limit) override;
 
   private:
     struct Session {

@@ -32,6 +32,9 @@ class DecodeNode {
     virtual Result<std::string> checkpoint(const std::string& name) = 0;
     // As DecodeWorker::evict_session.
     virtual Status evict_session(const std::string& session_id) = 0;
+    // As DecodeWorker::session_blocks and read_block.
+    virtual Result<decode::SessionBlocks> session_blocks(const std::string& session_id) = 0;
+    virtual Result<std::string> read_block(uint64_t key, uint64_t limit) = 0;
     // As DecodeWorker::pin_session.
     virtual Status pin_session(const std::string& session_id, bool pinned,
                                const std::string& scope) = 0;

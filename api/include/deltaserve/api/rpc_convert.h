@@ -240,6 +240,38 @@ inline decode::SessionKv from_capnp(SessionKv::Reader r) {
     return k;
 }
 
+inline void to_capnp(const decode::SessionBlocks& s, SessionBlocks::Builder b) {
+    b.setRecord(kj::arrayPtr(reinterpret_cast<const kj::byte*>(s.record.data()), s.record.size()));
+    b.setFingerprint(s.fingerprint);
+    auto list = b.initBlocks(static_cast<unsigned>(s.blocks.size()));
+    for (unsigned i = 0; i < s.blocks.size(); ++i) {
+        const decode::StoredBlockPlace& p = s.blocks[i];
+        list[i].setKey(p.key);
+        list[i].setHostBytes(p.host_bytes);
+        list[i].setDiskBytes(p.disk_bytes);
+        auto leases = list[i].initLeases(static_cast<unsigned>(p.leases.size()));
+        for (unsigned j = 0; j < p.leases.size(); ++j) {
+            leases[j].setOwner(p.leases[j].owner);
+            leases[j].setSecondsLeft(p.leases[j].seconds_left);
+        }
+    }
+}
+inline decode::SessionBlocks from_capnp(SessionBlocks::Reader r) {
+    decode::SessionBlocks s;
+    const auto record = r.getRecord();
+    s.record.assign(reinterpret_cast<const char*>(record.begin()), record.size());
+    s.fingerprint = r.getFingerprint();
+    for (auto p : r.getBlocks()) {
+        decode::StoredBlockPlace b;
+        b.key = p.getKey();
+        b.host_bytes = p.getHostBytes();
+        b.disk_bytes = p.getDiskBytes();
+        for (auto l : p.getLeases()) b.leases.push_back({l.getOwner().cStr(), l.getSecondsLeft()});
+        s.blocks.push_back(std::move(b));
+    }
+    return s;
+}
+
 inline void to_capnp(const prefill::PrefillStats& s, PrefillStats::Builder b) {
     b.setQueued(s.queued);
     b.setRequests(s.requests);

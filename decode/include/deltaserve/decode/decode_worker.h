@@ -133,6 +133,23 @@ struct SessionKv {
     bool pinned = false;  // kept in decode memory (pin_session)
 };
 
+// Where each of a session's stored blocks is now, for deltactl session describe on a running
+// node: the tiers that hold it and who leases it.
+struct StoredBlockPlace {
+    uint64_t key = 0;
+    int64_t host_bytes = -1, disk_bytes = -1;  // -1: that tier does not hold it
+    struct Holder {
+        std::string owner;  // "turn N", or a transfer
+        double seconds_left = 0.0;
+    };
+    std::vector<Holder> leases;
+};
+struct SessionBlocks {
+    std::string record;  // its stored record (session_record.h), encoded
+    uint64_t fingerprint = 0;
+    std::vector<StoredBlockPlace> blocks;  // of the record's keys, in order
+};
+
 // A checkpoint's name: 1-64 of A-Z a-z 0-9 . _ - (not "." or ".."). kInvalidArgument else.
 Status check_checkpoint_name(const std::string& name);
 
@@ -166,6 +183,12 @@ class DecodeWorker {
     // Each session's KV (SessionKv; ids it does not know get -1s), the worker's lock held
     // once for them all: callers ask a page at a time.
     virtual std::vector<SessionKv> session_kv(const std::vector<std::string>& ids) const = 0;
+    // The session's stored record and where each of its blocks is (the tiers' locks only,
+    // never the loop's). Errors: kNotFound (nothing stored), kFailedPrecondition (no tiers).
+    virtual Result<SessionBlocks> session_blocks(const std::string& session_id) const = 0;
+    // A stored block's bytes, the first `limit` of them (0: all), from the host tier or disk,
+    // without a lease or a hit counted. Errors: kNotFound.
+    virtual Result<std::string> read_block(uint64_t key, uint64_t limit) const = 0;
     // A copy of the disk tier for the tools (kvstore::DiskTier::checkpoint), named `name`
     // (1-64 of A-Z a-z 0-9 . _ -): its folder. Errors: kInvalidArgument (the name),
     // kFailedPrecondition (no disk tier), kAlreadyExists, kUnavailable.

@@ -66,8 +66,10 @@ class HostTier {
     // The block under `key`, leased to `owner` until `deadline` (a hit), or kNotFound (a miss).
     Result<Lease> get(uint64_t key, std::string owner, Clock::time_point deadline);
     bool contains(uint64_t key) const;
-    // A block's bytes, without a lease (nullopt: not held).
-    std::optional<uint64_t> size_of(uint64_t key) const;
+    std::optional<uint64_t> size_of(uint64_t key) const;  // nullopt: not held
+    // A block's bytes for a look (the tools): no lease, no hit counted, its place in the LRU
+    // unchanged. Null when not held.
+    Bytes peek(uint64_t key) const;
     std::vector<uint64_t> keys() const;
     // Drops a block (it failed verification, or an operator dropped it); leases on it end.
     void erase(uint64_t key);
