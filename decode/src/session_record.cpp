@@ -1,9 +1,11 @@
 #include "deltaserve/decode/session_record.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
 #include "byte_fields.h"
+#include "deltaserve/common/chain_hash.h"
 
 namespace deltaserve::decode {
 namespace {
@@ -93,6 +95,23 @@ bool parse_session_record_key(std::string_view k, uint64_t* fingerprint, std::st
     *fingerprint = fp;
     *session = std::string(k.substr(20));
     return true;
+}
+
+uint64_t prefix_root(uint64_t fingerprint, const std::string& scope) {
+    // Shared blocks are shared within a cache scope (a tenant) only, as the prefix cache's.
+    return hash_string(fingerprint, "prefix:" + scope);
+}
+
+std::vector<uint64_t> prefix_chain(uint64_t fingerprint, const std::string& scope,
+                                   std::span<const int32_t> tokens, int32_t block_tokens) {
+    std::vector<uint64_t> keys;
+    uint64_t key = prefix_root(fingerprint, scope);
+    const size_t b = static_cast<size_t>(std::max(1, block_tokens));
+    for (size_t end = b; end < tokens.size(); end += b) {
+        key = hash_tokens(key, tokens.subspan(end - b, b));
+        keys.push_back(key);
+    }
+    return keys;
 }
 
 }  // namespace deltaserve::decode

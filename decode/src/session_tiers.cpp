@@ -36,7 +36,7 @@ SessionTiers::SessionTiers(Options options) : options_(std::move(options)) {}
 
 uint64_t SessionTiers::root_of(const std::string& session, const std::string& scope) const {
     // Shared blocks are shared within a cache scope (a tenant) only, as the prefix cache's.
-    if (options_.shared_prefix) return hash_string(options_.fingerprint, "prefix:" + scope);
+    if (options_.shared_prefix) return prefix_root(options_.fingerprint, scope);
     return hash_string(options_.fingerprint, "session:" + session);
 }
 
@@ -429,17 +429,14 @@ std::optional<SessionTiers::Promoted> SessionTiers::promote(const std::string& s
 
 std::vector<uint64_t> SessionTiers::prefix_keys(std::span<const int32_t> tokens,
                                                 const std::string& scope) const {
-    std::vector<uint64_t> keys;
-    if (!options_.shared_prefix) return keys;
-    uint64_t key = root_of("", scope);
-    const size_t b = static_cast<size_t>(options_.block_tokens);
+    if (!options_.shared_prefix) return {};
     // At least one token is left to evaluate: the turn needs its logits.
-    for (size_t end = b; end < tokens.size(); end += b) {
-        key = hash_tokens(key, tokens.subspan(end - b, b));
-        if (!options_.host->contains(key) && !(options_.disk && options_.disk->contains(key)))
-            break;
-        keys.push_back(key);
-    }
+    std::vector<uint64_t> keys =
+        prefix_chain(options_.fingerprint, scope, tokens, options_.block_tokens);
+    const auto held = [&](uint64_t key) {
+        return options_.host->contains(key) || (options_.disk && options_.disk->contains(key));
+    };
+    keys.erase(std::find_if_not(keys.begin(), keys.end(), held), keys.end());
     return keys;
 }
 

@@ -1,6 +1,6 @@
-// deltactl's views of a stored cache (store_view.h): sessions, session describe, blocks,
-// tiers, verify and explain on a stopped node's data dir or a checkpoint; sessions and tiers
-// ask a running server instead with --server (live_commands.cpp).
+// deltactl's views of a stored cache (store_view.h): sessions, tiers and verify on a stopped
+// node's data dir or a checkpoint; sessions and tiers ask a running server instead with
+// --server (live_commands.cpp).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -17,23 +17,6 @@
 #include "table.h"
 
 namespace deltaserve::ops {
-
-namespace {
-
-// Why a stored block of a session would not be taken by its next turn.
-std::string miss_reason(const std::string& check) {
-    if (check == "missing")
-        return "not in the disk tier: evicted by its cap (least recently written first), or "
-               "dropped as bad";
-    if (check == "checksum") return "checksum failed: a node refuses it and recomputes";
-    if (check == "another export")
-        return "another export of the session than its record names: refused";
-    if (check == "fingerprint") return "made for another model, tokenizer or profile";
-    if (check == "unreadable") return "its file cannot be read";
-    return check + ": refused";
-}
-
-}  // namespace
 
 int sessions_main(int argc, char** argv) {
     Common c;
@@ -321,113 +304,6 @@ int verify_main(int argc, char** argv) {
                     drop ? (", " + std::to_string(dropped) + " dropped").c_str() : "");
     }
     return problems.empty() ? 0 : 1;
-}
-
-int explain_main(int argc, char** argv) {
-    std::string id;
-    if (argc >= 1 && argv[0][0] != '-') {
-        id = argv[0];
-        --argc, ++argv;
-    }
-    Common c;
-    ArgParser p("deltactl explain ID",
-                "What the session's next turn would take from the stored tiers, block by block, "
-                "and why each block that would not be taken is not (a stopped node's store, or "
-                "a checkpoint of a running one).");
-    add_common(p, c);
-    if (auto code = parse_flags(p, argc, argv)) return *code;
-    if (int code = offline_only(c, "deltactl explain")) return code;
-    init_logging("warn");
-    if (id.empty()) return usage_error("deltactl explain: which session? (ID or TENANT/ID)");
-    int code = 0;
-    auto view = open_view(c, &code);
-    if (!view) return code;
-    auto s = view->session(id);
-    if (!s.ok()) return store_error(s.status());
-    json out = {{"session", s->name()}};
-    std::vector<std::string> others;
-    for (uint64_t fp : s->other_fingerprints) others.push_back(hex64(fp));
-    out["other_fingerprints"] = others;
-    if (!s->has_kv_record) {
-        out["stored"] = false;
-        out["reason"] =
-            "never stored: no KV record (a server without a data dir, or no turn of it ended)";
-        out["blocks"] = json::array();
-    } else {
-        const Described d = describe_blocks(*s, store_reader(*view, *s->store));
-        json blocks = json::array();
-        int64_t taken_tokens = 0;
-        bool broken = false;
-        size_t taken = 0;
-        for (size_t i = 0; i < d.blocks.size(); ++i) {
-            const BlockRow& b = d.blocks[i];
-            json j = {{"block", i},
-                      {"key", hex64(b.key)},
-                      {"begin", b.begin},
-                      {"end", b.end},
-                      {"check", b.check}};
-            if (broken) {
-                j["taken"] = false;
-                j["reason"] =
-                    "follows a block that is not taken (blocks chain: each needs those before it)";
-            } else if (b.check == "ok") {
-                j["taken"] = true;
-                j["tier"] = "disk";
-                taken_tokens = b.end;
-                ++taken;
-            } else {
-                broken = true;
-                j["taken"] = false;
-                j["reason"] = miss_reason(b.check);
-            }
-            blocks.push_back(std::move(j));
-        }
-        out["stored"] = true;
-        out["fingerprint"] = hex64(s->fingerprint);
-        out["policy"] = d.policy == kUnknown ? json() : json(d.policy);
-        out["stored_tokens"] = s->record.tokens.size();
-        out["taken_tokens"] = taken_tokens;
-        out["taken_blocks"] = taken;
-        out["recomputed_tokens"] = static_cast<int64_t>(s->record.tokens.size()) - taken_tokens;
-        out["blocks"] = std::move(blocks);
-    }
-    if (c.as_json) {
-        std::printf("%s\n", out.dump(2).c_str());
-        return 0;
-    }
-    std::printf("Session %s", s->name().c_str());
-    if (!s->has_kv_record) {
-        std::printf(": %s.\n", out["reason"].get<std::string>().c_str());
-    } else {
-        const int64_t stored = out["stored_tokens"], taken_tokens = out["taken_tokens"];
-        const std::string policy = out["policy"].is_null() ? kUnknown : out["policy"];
-        std::printf(
-            " (%s, fingerprint %s), out of decode memory or after a restart: its next "
-            "turn takes %zu of %zu blocks (tokens 0-%lld) from disk",
-            policy.c_str(), short_hash(s->fingerprint).c_str(), out["taken_blocks"].get<size_t>(),
-            out["blocks"].size(), static_cast<long long>(taken_tokens));
-        if (taken_tokens < stored) {
-            std::printf(", computes tokens %lld-%lld again", static_cast<long long>(taken_tokens),
-                        static_cast<long long>(stored));
-        }
-        std::printf(", then its new message.\n\n");
-        Table t({"BLOCK", "KEY", "TOKENS", "TAKEN", "WHY NOT"});
-        for (const json& b : out["blocks"]) {
-            t.add(
-                {std::to_string(b["block"].get<int>()), b["key"].get<std::string>().substr(0, 12),
-                 std::to_string(b["begin"].get<int>()) + "-" + std::to_string(b["end"].get<int>()),
-                 b["taken"].get<bool>() ? "disk" : "no",
-                 b.contains("reason") ? b["reason"].get<std::string>() : ""});
-        }
-        t.print();
-    }
-    if (!others.empty()) {
-        std::printf(
-            "\nAlso stored under %zu other fingerprint(s) (another model, tokenizer, "
-            "profile or policy): a server uses only the records of its own.\n",
-            others.size());
-    }
-    return 0;
 }
 
 }  // namespace deltaserve::ops

@@ -134,6 +134,65 @@ TEST_F(DiskTierTest, RecoveryRemovesStrayFilesAndLostEntries) {
     EXPECT_EQ(*t->get(1), bytes_of(1, 100));
 }
 
+// Every removal is logged with its time and reason in the commit that makes it, kept across
+// a reopen, the oldest going beyond removals_kept.
+TEST_F(DiskTierTest, RemovalsAreLoggedWithTheirReason) {
+    const auto before = std::chrono::system_clock::now();
+    const auto reasons = [](const DiskTier& t) {
+        std::vector<std::pair<uint64_t, std::string>> out;
+        auto r = t.removals();
+        EXPECT_TRUE(r.ok()) << r.status().to_string();
+        for (const auto& e : r.ok() ? *r : std::vector<DiskTier::Removal>{})
+            out.emplace_back(e.key, e.reason);
+        return out;
+    };
+    {
+        auto t = open(3000);
+        for (uint64_t k : {1, 2, 3}) ASSERT_TRUE(t->put(k, bytes_of(k, 1000)).ok());
+        ASSERT_TRUE(t->put(4, bytes_of(4, 1000)).ok());  // 1 goes: the cap
+        t->erase(2, /*refused=*/true);
+        t->erase(3);
+        t->erase(99);  // not held: nothing to log
+        using R = std::vector<std::pair<uint64_t, std::string>>;
+        EXPECT_EQ(reasons(*t), (R{{1, "cap"}, {2, "refused"}, {3, "erased"}}));
+        const auto all = *t->removals();
+        EXPECT_EQ(all[0].bytes, 1000u);
+        const int64_t t0 =
+            std::chrono::duration_cast<std::chrono::milliseconds>(before.time_since_epoch())
+                .count();
+        EXPECT_GE(all[0].unix_ms, t0);
+        EXPECT_LE(all[0].unix_ms, t0 + 60000);
+        // Records of other kinds are not removals.
+        const DiskTier::Record rec[] = {{"ds/x", "y"}};
+        ASSERT_TRUE(t->put_records(rec).ok());
+    }
+    // A file gone at open: "lost". The log survives the reopen, and a read-only open reads it.
+    for (const auto& f : fs::directory_iterator(dir_ / "payload")) fs::remove(f.path());
+    {
+        auto t = open(3000);
+        EXPECT_EQ(reasons(*t).size(), 4u);
+        EXPECT_EQ(reasons(*t).back(), std::make_pair(uint64_t{4}, std::string("lost")));
+    }
+    DiskTier::Options o;
+    o.dir = dir_.string();
+    o.read_only = true;
+    auto ro = DiskTier::open(o);
+    ASSERT_TRUE(ro.ok());
+    EXPECT_EQ(reasons(**ro).size(), 4u);
+    ro->reset();
+    // Only the last removals_kept are kept.
+    o.read_only = false;
+    o.capacity_bytes = 1000;
+    o.removals_kept = 3;
+    auto t = DiskTier::open(o);
+    ASSERT_TRUE(t.ok());
+    for (uint64_t k = 10; k < 16; ++k) ASSERT_TRUE((*t)->put(k, bytes_of(k, 1000)).ok());
+    const auto kept = reasons(**t);
+    ASSERT_EQ(kept.size(), 3u);
+    EXPECT_EQ(kept[0].first, 12u);
+    EXPECT_EQ(kept[2].first, 14u);
+}
+
 // A write that fails (here the process's file size limit, as a full disk would) stops
 // admission; reads go on, and nothing half-written is left.
 TEST_F(DiskTierTest, AnIoErrorStopsAdmissionAndReadsGoOn) {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -326,7 +327,9 @@ TEST_F(StoreCommandsTest, VerifyFindsAFlippedBitAndDropsItOnlyWhenAsked) {
         json_of(deltactl({"session", "describe", "ada", "--data-dir", copy, "--json"}));
     EXPECT_EQ(gone["block_list"][1]["check"], "missing");
     const json dropped_why = json_of(deltactl({"explain", "ada", "--data-dir", copy, "--json"}));
-    EXPECT_NE(dropped_why["blocks"][1]["reason"].get<std::string>().find("not in the disk tier"),
+    // The tier logged the drop: explain says when and why.
+    EXPECT_EQ(dropped_why["blocks"][1]["removed"]["reason"], "refused") << dropped_why.dump();
+    EXPECT_NE(dropped_why["blocks"][1]["reason"].get<std::string>().find("as bad"),
               std::string::npos)
         << dropped_why.dump();
     fs::remove_all(copy);
@@ -377,6 +380,86 @@ TEST(StoreCommandsFullKv, SessionsThatBeginAlikeShareBlocks) {
         deltactl({"fidelity", "a1", "--data-dir", dir, "--model", default_gguf_model(), "--json"}));
     EXPECT_LT(f["kl_max"].get<double>(), 1e-6) << f.dump();
     EXPECT_EQ(f["top1_agree"], f["compared"]);
+    fs::remove_all(dir);
+}
+
+// A full KV server whose disk tier holds one session's blocks only (--kv-disk): the second
+// session's turn evicts the first's. explain says why, with the time the tier logged; for a
+// prompt file, which of its blocks a new session would take from disk.
+TEST(StoreCommandsFullKv, ExplainNamesEvictionsAndAPromptsBlocks) {
+    DS_REQUIRE_FILE(default_gguf_model(), "default GGUF model");
+    const std::string dir =
+        (fs::temp_directory_path() / ("ds_store_explain_" + std::to_string(::getpid()))).string();
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    const std::string other =
+        "Bees are not the only insects that make honey. Some wasps do too, and in the forests "
+        "of South America the Mexican honey wasp stores it in paper nests as large as a man's "
+        "head. The honey is said to taste much like that of bees, though few have tried it, "
+        "because the wasps defend their nests fiercely. Tell me more about wasps and the ways "
+        "they differ from bees in the care of their young and the building of their nests.";
+    const int64_t t0 = static_cast<int64_t>(std::time(nullptr));
+    {
+        ServingProcess server(serve_args({"--data-dir", dir + "/data", "--kv-disk", "6MiB"}));
+        ASSERT_NE(server.port(), 0) << server.log();
+        ASSERT_EQ(open_session(server.port(), "first"), 200);
+        chat(server.port(), "first", kLong);
+        ASSERT_EQ(open_session(server.port(), "second"), 200);
+        chat(server.port(), "second", other);
+        EXPECT_EQ(server.stop(), 0);
+    }
+    const json e = json_of(deltactl({"explain", "first", "--data-dir", dir + "/data", "--json"}));
+    ASSERT_FALSE(e["blocks"].empty()) << e.dump();
+    const json& b0 = e["blocks"][0];
+    EXPECT_EQ(b0["taken"], false) << e.dump();
+    EXPECT_EQ(b0["check"], "missing");
+    EXPECT_EQ(b0["removed"]["reason"], "cap") << b0.dump();
+    EXPECT_GE(b0["removed"]["unix_ms"].get<int64_t>() / 1000, t0);
+    EXPECT_NE(b0["reason"].get<std::string>().find("evicted by the disk tier's cap at "),
+              std::string::npos)
+        << b0.dump();
+    EXPECT_EQ(e["taken_tokens"], 0);
+    // The prompts, as files: the first's blocks went, the second's are there but its tail.
+    std::ofstream(dir + "/first.json") << chat_body(kLong, 16).dump();
+    std::ofstream(dir + "/second.txt") << other;
+    const auto prompt = [&](const std::string& file) {
+        return json_of(deltactl({"explain", "--prompt", dir + "/" + file, "--model",
+                                 default_gguf_model(), "--data-dir", dir + "/data", "--json"}));
+    };
+    const json p1 = prompt("first.json");
+    ASSERT_EQ(p1["identities"].size(), 1u) << p1.dump();
+    const json& id1 = p1["identities"][0];
+    EXPECT_EQ(id1["policy"], "full");
+    EXPECT_EQ(id1["taken_tokens"], 0);
+    ASSERT_FALSE(id1["blocks"].empty());
+    EXPECT_EQ(id1["blocks"][0]["key"], b0["key"]) << "a prompt's blocks are its session's";
+    EXPECT_EQ(id1["blocks"][0]["removed"]["reason"], "cap");
+    const json p2 = prompt("second.txt");
+    const json& id2 = p2["identities"][0];
+    const int64_t n = p2["prompt_tokens"];
+    const int64_t whole = (n - 1) / 64 * 64;
+    EXPECT_EQ(id2["taken_tokens"], whole) << p2.dump();
+    EXPECT_EQ(id2["prefilled_tokens"], n - whole);
+    for (const json& b : id2["blocks"]) EXPECT_EQ(b["tier"], "disk") << b.dump();
+    EXPECT_EQ(id2["tail"]["begin"], whole);
+    // Under another tenant nothing is shared.
+    const json p3 = json_of(
+        deltactl({"explain", "--prompt", dir + "/second.txt", "--model", default_gguf_model(),
+                  "--tenant", "acme", "--data-dir", dir + "/data", "--json"}));
+    EXPECT_EQ(p3["identities"][0]["taken_tokens"], 0);
+    EXPECT_EQ(p3["identities"][0]["blocks"][0]["reason"], "never stored");
+    const CliResult table = deltactl({"explain", "--prompt", dir + "/second.txt", "--model",
+                                      default_gguf_model(), "--data-dir", dir + "/data"});
+    EXPECT_EQ(table.exit_code, 0) << table.describe();
+    EXPECT_NE(table.out.find("shorter than a block: prefilled"), std::string::npos) << table.out;
+    EXPECT_EQ(deltactl({"explain", "--prompt", dir + "/second.txt", "--data-dir", dir + "/data"})
+                  .exit_code,
+              2)
+        << "--prompt needs --model";
+    EXPECT_EQ(deltactl({"explain", "--prompt", dir + "/nothing.txt", "--model",
+                        default_gguf_model(), "--data-dir", dir + "/data"})
+                  .exit_code,
+              1);
     fs::remove_all(dir);
 }
 

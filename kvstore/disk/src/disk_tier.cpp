@@ -12,8 +12,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cinttypes>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -126,6 +128,23 @@ int read_all(int fd, std::vector<uint8_t>& out) {
     return err;
 }
 
+// A removal's record: "ev/", the time (unix ms) and the block's key, 16 hex digits each, so
+// that they sort oldest first; its value: the reason, a space and the block's bytes.
+constexpr std::string_view kRemovalPrefix = "ev/";
+
+std::string removal_key(int64_t unix_ms, uint64_t key) {
+    char buf[40];
+    std::snprintf(buf, sizeof(buf), "ev/%016" PRIx64 "%016" PRIx64, static_cast<uint64_t>(unix_ms),
+                  key);
+    return buf;
+}
+
+int64_t unix_ms_now() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
 }  // namespace
 
 struct DiskTier::Impl {
@@ -137,6 +156,7 @@ struct DiskTier::Impl {
     rocksdb::ColumnFamilyHandle* records_cf = nullptr;
 
     mutable std::mutex mu;
+    std::deque<std::string> removals;  // the removal records' keys, oldest first
     std::unordered_map<uint64_t, Entry> entries;
     std::map<uint64_t, uint64_t> by_seq;  // seq -> key: least recently written first
     uint64_t next_gen = 1, next_seq = 1;
@@ -166,6 +186,18 @@ struct DiskTier::Impl {
         by_seq.erase(it->second.seq);
         stats.bytes -= it->second.size;
         entries.erase(it);
+    }
+    // Logs the removal of `key` (its entry `e`) in `batch`, the oldest beyond removals_kept
+    // going. Under mu (or at open).
+    void log_removal(rocksdb::WriteBatch& batch, uint64_t key, const Entry& e,
+                     std::string_view reason) {
+        const std::string k = removal_key(unix_ms_now(), key);
+        batch.Put(records_cf, k, std::string(reason) + " " + std::to_string(e.size));
+        removals.push_back(k);
+        while (removals.size() > options.removals_kept) {
+            batch.Delete(records_cf, removals.front());
+            removals.pop_front();
+        }
     }
     void stop_admitting_locked(const std::string& why) {
         ++stats.io_errors;
@@ -222,6 +254,13 @@ Result<std::unique_ptr<DiskTier>> DiskTier::open(const Options& options) {
     impl->default_cf = handles[0];
     impl->blocks_cf = handles[1];
     impl->records_cf = handles[2];
+    {
+        std::unique_ptr<rocksdb::Iterator> it(
+            db->NewIterator(rocksdb::ReadOptions(), impl->records_cf));
+        for (it->Seek(kRemovalPrefix); it->Valid() && it->key().starts_with(kRemovalPrefix);
+             it->Next())
+            impl->removals.push_back(it->key().ToString());
+    }
 
     // The index, then the payload files it does not name.
     rocksdb::WriteBatch cleanup;
@@ -274,6 +313,7 @@ Result<std::unique_ptr<DiskTier>> DiskTier::open(const Options& options) {
             continue;
         }
         cleanup.Delete(impl->blocks_cf, index_key(it->first));
+        impl->log_removal(cleanup, it->first, it->second, "lost");
         ++impl->stats.entries_lost;
         impl->by_seq.erase(it->second.seq);
         impl->stats.bytes -= it->second.size;
@@ -334,7 +374,10 @@ Status DiskTier::put(uint64_t key, std::span<const uint8_t> bytes,
             held -= t.entries.at(it->second).size;
         }
         rocksdb::WriteBatch batch;
-        for (uint64_t v : victims) batch.Delete(t.blocks_cf, index_key(v));
+        for (uint64_t v : victims) {
+            batch.Delete(t.blocks_cf, index_key(v));
+            t.log_removal(batch, v, t.entries.at(v), "cap");
+        }
         const Entry e{gen, bytes.size(), t.next_seq++};
         batch.Put(t.blocks_cf, index_key(key), encode_entry(e));
         t.add_records(batch, records);
@@ -524,7 +567,13 @@ void DiskTier::erase(uint64_t key, bool refused) {
         auto it = t.entries.find(key);
         if (it == t.entries.end()) return;
         // Index first: a crash after it leaves an orphan file, which open() removes.
-        if (!t.db->Delete(t.write_options(), t.blocks_cf, index_key(key)).ok()) return;
+        rocksdb::WriteBatch batch;
+        batch.Delete(t.blocks_cf, index_key(key));
+        t.log_removal(batch, key, it->second, refused ? "refused" : "erased");
+        if (!t.db->Write(t.write_options(), &batch).ok()) {
+            t.removals.pop_back();  // not written
+            return;
+        }
         path = t.path_of(key, it->second.gen);
         t.forget_locked(key);
         t.stats.dropped += refused;
@@ -568,6 +617,26 @@ Result<std::vector<DiskTier::Record>> DiskTier::records(const std::string& prefi
         out.emplace_back(it->key().ToString(), it->value().ToString());
     if (!it->status().ok())
         return unavailable("disk tier: reading records: " + it->status().ToString());
+    return out;
+}
+
+Result<std::vector<DiskTier::Removal>> DiskTier::removals() const {
+    DS_ASSIGN_OR_RETURN(auto records, records(std::string(kRemovalPrefix)));
+    std::vector<Removal> out;
+    for (const auto& [k, v] : records) {
+        Removal r;
+        uint64_t ms = 0, size = 0;
+        const size_t space = v.find(' ');
+        const std::string_view body = std::string_view(k).substr(kRemovalPrefix.size());
+        if (body.size() != 32 || space == std::string::npos ||
+            !parse_hex(body.substr(0, 16), &ms) || !parse_hex(body.substr(16), &r.key) ||
+            std::from_chars(v.data() + space + 1, v.data() + v.size(), size).ec != std::errc())
+            continue;  // not one of ours: skipped, as any stored bytes that do not parse
+        r.unix_ms = static_cast<int64_t>(ms);
+        r.bytes = size;
+        r.reason = v.substr(0, space);
+        out.push_back(std::move(r));
+    }
     return out;
 }
 

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,6 +30,14 @@ struct SessionRecord {
 
 std::string encode_session_record(const SessionRecord& r);
 std::optional<SessionRecord> decode_session_record(std::string_view bytes);
+
+// The keys of the blocks a prompt's shared prefix would be stored under (full KV's blocks,
+// which depend on their tokens alone: SessionTiers), for a store's KV identity `fingerprint`
+// and a cache scope (the tenant): one per whole block of `block_tokens` before the prompt's
+// last token (a turn evaluates one token at least).
+uint64_t prefix_root(uint64_t fingerprint, const std::string& scope);
+std::vector<uint64_t> prefix_chain(uint64_t fingerprint, const std::string& scope,
+                                   std::span<const int32_t> tokens, int32_t block_tokens);
 
 // "ds/<fingerprint, 16 hex digits>/<session>": one record per session and KV identity.
 std::string session_record_key(uint64_t fingerprint, const std::string& session);

@@ -7,7 +7,10 @@
 // only whole files; open() recovers from the index alone and removes payload files no entry
 // names (a put cut short). An I/O error (ENOSPC, EIO, a file size limit) makes the tier stop
 // admitting; reads and everything else go on. Least recently written blocks go first when
-// room is needed (reads reorder them until a restart). Thread-safe.
+// room is needed (reads reorder them until a restart). Each block removed (by the cap, as
+// bad, by its owner, or found lost at open) is logged with the time and why, in the commit
+// that removes it: the last Options::removals_kept, as records under "ev/" (removals()).
+// Thread-safe.
 #pragma once
 
 #include <chrono>
@@ -35,6 +38,8 @@ class DiskTier {
         // read-only, nothing created, removed or written (put, put_records and erase are
         // kFailedPrecondition or nothing; a bad file is reported, not dropped).
         bool read_only = false;
+        // How many removals are logged (the oldest go).
+        size_t removals_kept = 10000;
     };
 
     // A block as the index holds it.
@@ -57,6 +62,15 @@ class DiskTier {
     };
 
     using Record = std::pair<std::string, std::string>;
+
+    // A block the tier removed, and why: "cap" (the least recently written, to make room),
+    // "refused" (a reader found it bad), "erased" (its owner dropped it), "lost" (its file
+    // was gone at open).
+    struct Removal {
+        uint64_t key = 0, bytes = 0;
+        int64_t unix_ms = 0;
+        std::string reason;
+    };
 
     // Opens (creating) the tier in options.dir and recovers its index. Errors: kUnavailable
     // when the directory or the index cannot be opened (kNotFound read-only, where there is
@@ -98,6 +112,8 @@ class DiskTier {
                                         size_t limit) const;
 
     Stats stats() const;
+    // The logged removals, oldest first (read from the index: a read-only store's too).
+    Result<std::vector<Removal>> removals() const;
     // A consistent copy of the store in `out_dir` (which must not exist), for the tools while
     // the server runs: RocksDB's checkpoint of the index (hard links) and a hard link to each
     // payload file it names (a copy across file systems), taken under the tier's lock, so
