@@ -2,8 +2,9 @@
 // model. Its blocks are taken into a context of the same policy (the stored cache, as a node
 // would resume it) and its history into a full KV one; both step back over the session's last
 // tokens and feed them again one at a time: the next-token KL of the stored cache against
-// full KV there, and whether their top tokens agree. Beside it, per layer, the
-// reconstruction error recorded when the tokens were compressed.
+// full KV there, and whether their top tokens agree. Per layer: how far the stored cache moves
+// the hidden state the layer hands on (over the same tokens, against full KV's), and the
+// reconstruction error recorded when its tokens were compressed.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -34,7 +35,8 @@ int fidelity_main(int argc, char** argv) {
     ArgParser p("deltactl fidelity ID",
                 "Recomputes a stored session's history with full KV (offline, with the model) "
                 "and reports the next-token KL of its stored cache against full KV over its last "
-                "tokens, and each layer's reconstruction error recorded at compression.");
+                "tokens; per layer, how far it moves the hidden state there, and the "
+                "reconstruction error recorded at compression.");
     add_common(p, c);
     p.add("model", &model_path, "the model the server ran (GGUF, Hugging Face folder)");
     p.add("kv-profile", &profile, "the DeltaKV profile the server ran (deltakv.json)");
@@ -100,6 +102,21 @@ int fidelity_main(int argc, char** argv) {
     if (auto r = (*full)->eval(tokens); !r.ok()) return store_error(r.status());
     (*stored)->truncate(n - k);
     (*full)->truncate(n - k);
+    // Each layer's input (the normed hidden state the layers before it made) on both sides:
+    // the stored cache's drift after each layer, over the tokens compared.
+    const model::ModelConfig& mc = (*m)->config;
+    const size_t dm = static_cast<size_t>(mc.d_model);
+    std::vector<float> in_full(static_cast<size_t>(mc.n_layers) * dm), in_stored(in_full.size());
+    const auto tap = [dm](std::vector<float>& into) {
+        return [&into, dm](int32_t layer, const float* h, int64_t ldh, const float*, int64_t,
+                           const float*, int64_t, int64_t n) {
+            const float* last = h + (n - 1) * ldh;
+            std::copy(last, last + dm, into.begin() + static_cast<ptrdiff_t>(layer * dm));
+        };
+    };
+    (*full)->set_attention_tap(tap(in_full));
+    (*stored)->set_attention_tap(tap(in_stored));
+    std::vector<double> drift_sq(static_cast<size_t>(mc.n_layers)), norm_sq(drift_sq.size());
     std::vector<double> kl, lf, ls;
     int32_t agree = 0;
     for (int32_t i = n - k; i < n; ++i) {
@@ -108,11 +125,22 @@ int fidelity_main(int argc, char** argv) {
         const std::vector<float> fa(a->begin(), a->end());
         auto b = (*stored)->eval({&tokens[i], 1});
         if (!b.ok()) return store_error(b.status());
+        for (size_t j = 0; j < in_full.size(); ++j) {
+            const double e = static_cast<double>(in_stored[j]) - in_full[j];
+            drift_sq[j / dm] += e * e;
+            norm_sq[j / dm] += static_cast<double>(in_full[j]) * in_full[j];
+        }
         model::log_softmax(fa.data(), static_cast<int32_t>(fa.size()), lf);
         model::log_softmax(b->data(), static_cast<int32_t>(b->size()), ls);
         kl.push_back(model::kl_divergence(lf, ls));
         agree += model::greedy(fa) == model::greedy(*b);
     }
+    // After layer l: the input of layer l + 1 (the last layer's output is the logits: the KL).
+    const auto drift = [&](size_t l) {
+        return l + 1 < drift_sq.size() && norm_sq[l + 1] > 0.0
+                   ? std::sqrt(drift_sq[l + 1] / norm_sq[l + 1])
+                   : NAN;
+    };
     double mean = 0.0, worst = 0.0;
     for (double x : kl) {
         mean += x / static_cast<double>(kl.size());
@@ -123,18 +151,18 @@ int fidelity_main(int argc, char** argv) {
         for (size_t l = 0; l < d.layers.size(); ++l) {
             layers.push_back({{"layer", l},
                               {"role", d.layers[l].full ? "full" : "sparse"},
+                              {"drift", or_null(drift(l))},
                               {"recorded_error", or_null(d.layers[l].error())}});
         }
-        std::printf("%s\n", json({{"session", s->name()},
-                                  {"policy", d.policy},
-                                  {"tokens", n},
-                                  {"compared", k},
-                                  {"kl_mean", mean},
-                                  {"kl_max", worst},
-                                  {"top1_agree", agree},
-                                  {"kl", kl},
-                                  {"layers", std::move(layers)}})
-                                .dump(2)
+        std::printf("%s\n", json_text(c, json({{"session", s->name()},
+                                               {"policy", d.policy},
+                                               {"tokens", n},
+                                               {"compared", k},
+                                               {"kl_mean", mean},
+                                               {"kl_max", worst},
+                                               {"top1_agree", agree},
+                                               {"kl", kl},
+                                               {"layers", std::move(layers)}}))
                                 .c_str());
         return 0;
     }
@@ -144,11 +172,15 @@ int fidelity_main(int argc, char** argv) {
         "  next-token KL(full KV || stored): mean %.4f, max %.4f\n"
         "  top tokens agree: %d of %d\n\n",
         s->name().c_str(), d.policy.c_str(), n, k, mean, worst, agree, k);
-    Table t({"LAYER", "ROLE", "RECORDED ERROR"});
+    Table t({"LAYER", "ROLE", "DRIFT", "RECORDED ERROR"});
     for (size_t l = 0; l < d.layers.size(); ++l)
-        t.add(
-            {std::to_string(l), d.layers[l].full ? "full" : "sparse", fixed3(d.layers[l].error())});
+        t.add({std::to_string(l), d.layers[l].full ? "full" : "sparse", fixed3(drift(l)),
+               fixed3(d.layers[l].error())});
     t.print();
+    std::printf(
+        "\nDRIFT: |h - h_full| / |h_full| of the hidden state after the layer (the next one's "
+        "normed input), over those tokens;\nRECORDED ERROR: the root mean |x^ - x|^2 / |x|^2 of "
+        "the layer's latents, measured as they were compressed.\n");
     return 0;
 }
 

@@ -260,7 +260,13 @@ void StoreCommandsTest::fidelity() {
     EXPECT_LT(f["kl_mean"].get<double>(), 2.0) << f.dump();
     EXPECT_GT(f["kl_max"].get<double>(), 0.0) << "a compressed cache differs somewhere";
     EXPECT_GE(f["top1_agree"].get<int>(), 16) << f.dump();
-    EXPECT_EQ(f["layers"].size(), 30u);
+    ASSERT_EQ(f["layers"].size(), 30u);
+    // The drift the stored cache makes in the hidden state: some after the first layer,
+    // more deep in the stack; the last layer's output is the logits (the KL).
+    EXPECT_GT(f["layers"][0]["drift"].get<double>(), 0.0) << f.dump();
+    EXPECT_LT(f["layers"][0]["drift"].get<double>(), 0.5) << f.dump();
+    EXPECT_GT(f["layers"][28]["drift"].get<double>(), f["layers"][0]["drift"].get<double>());
+    EXPECT_TRUE(f["layers"][29]["drift"].is_null());
     // Other settings than the server's: said, not measured.
     const CliResult other =
         deltactl({"fidelity", "ada", "--data-dir", dir_, "--model", default_gguf_model(),
@@ -379,6 +385,8 @@ TEST(StoreCommandsFullKv, SessionsThatBeginAlikeShareBlocks) {
     const json f = json_of(
         deltactl({"fidelity", "a1", "--data-dir", dir, "--model", default_gguf_model(), "--json"}));
     EXPECT_LT(f["kl_max"].get<double>(), 1e-6) << f.dump();
+    for (size_t l = 0; l + 1 < f["layers"].size(); ++l)
+        EXPECT_LT(f["layers"][l]["drift"].get<double>(), 1e-4) << f["layers"][l].dump();
     EXPECT_EQ(f["top1_agree"], f["compared"]);
     fs::remove_all(dir);
 }
