@@ -113,6 +113,44 @@ void DeltaKvSequenceCache::reconstruct(int32_t layer) {
     });
 }
 
+void DeltaKvSequenceCache::attended_rows(int32_t layer, std::span<const int32_t> positions,
+                                         float* out, uint8_t* latent) {
+    const int32_t d = profile_.d, m = profile_.m, kv_dim = d / 2;
+    const int32_t li = layer_index_[layer];
+    const bool full = options_.full_layer[layer];
+    std::vector<int32_t> lat;
+    std::vector<size_t> lat_at;
+    for (size_t i = 0; i < positions.size(); ++i) {
+        const int32_t pos = positions[i];
+        float* x = out + i * static_cast<size_t>(d);
+        latent[i] = !full && sparse_slot_[pos] < 0;
+        if (latent[i]) {
+            lat.push_back(pos);
+            lat_at.push_back(i);
+        } else if (full) {
+            read_row(k::DType::kF16, full_pool_->k_row(li, full_slot_[pos]), x, kv_dim);
+            read_row(k::DType::kF16, full_pool_->v_row(li, full_slot_[pos]), x + kv_dim, kv_dim);
+            k::rope_inverse(x, options_.n_kv_heads, options_.head_dim, pos, options_.rope_theta,
+                            options_.rope_style);
+        } else {
+            load_x(li, pos, x);
+        }
+    }
+    if (lat.empty()) return;
+    gather_refs(li, lat, d);
+    std::vector<float> z(static_cast<size_t>(m));
+    for (size_t j = 0; j < lat.size(); ++j) {
+        float* x = out + lat_at[j] * static_cast<size_t>(d);
+        if (options_.latent_bits == 4) {
+            k::deltakv_decode_int4(profile_.int4[layer], latent_ptrs_.data() + j, 1, x, d);
+        } else {
+            read_row(k::DType::kF16, latent_ptrs_[j], z.data(), m);
+            k::matmul(profile_.layers[layer].wd, z.data(), m, 1, x, d, *threads_);
+        }
+        add_ref_mean(li, lat[j], d, x, nullptr);
+    }
+}
+
 void DeltaKvSequenceCache::add_ref_mean(int32_t sl, int32_t pos, int32_t dims, float* x,
                                         int32_t* rows) const {
     const int32_t kk = options_.k;

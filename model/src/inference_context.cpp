@@ -153,6 +153,21 @@ class InferenceContextImpl final : public InferenceContext {
         const kvstore::SequenceCodec* c = cache_->codec();
         return c != nullptr ? c->rows_error(begin, end) : std::vector<float>();
     }
+    Status kv_attended_rows(int32_t layer, std::span<const int32_t> positions,
+                            std::vector<float>* rows, std::vector<uint8_t>* latent) override {
+        auto* dkv = dynamic_cast<kvstore::DeltaKvSequenceCache*>(cache_.get());
+        if (dkv == nullptr)
+            return failed_precondition("only a DeltaKV cache reconstructs its rows");
+        if (layer < 0 || layer >= model_.config.n_layers)
+            return out_of_range("no layer " + std::to_string(layer));
+        for (int32_t p : positions) {
+            if (p < 0 || p >= n_past()) return out_of_range("no position " + std::to_string(p));
+        }
+        rows->resize(positions.size() * static_cast<size_t>(2 * model_.config.kv_dim()));
+        latent->resize(positions.size());
+        dkv->attended_rows(layer, positions, rows->data(), latent->data());
+        return Status();
+    }
     void set_layer_observer(LayerObserver observer) override {
         forward_.set_layer_observer(std::move(observer));
     }

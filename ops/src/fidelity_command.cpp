@@ -2,9 +2,10 @@
 // model. Its blocks are taken into a context of the same policy (the stored cache, as a node
 // would resume it) and its history into a full KV one; both step back over the session's last
 // tokens and feed them again one at a time: the next-token KL of the stored cache against
-// full KV there, and whether their top tokens agree. Per layer: how far the stored cache moves
-// the hidden state the layer hands on (over the same tokens, against full KV's), and the
-// reconstruction error recorded when its tokens were compressed.
+// full KV there, and whether their top tokens agree. Per layer: the error of the stored rows
+// as attention gets them (latents reconstructed) against full KV's rows of the same history,
+// the reconstruction error recorded when its tokens were compressed, and how far the stored
+// cache moves the hidden state the layer hands on (over the same tokens).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -99,7 +100,59 @@ int fidelity_main(int argc, char** argv) {
                                   "and --kv-keep): " +
                                       st.message()));
     }
+    // The exact KV of the history (pre-RoPE K and V as full KV's forward pass makes them) at
+    // up to kSampled positions spread over it, against the stored cache's rows there.
+    const model::ModelConfig& cfg = (*m)->config;
+    const size_t row = static_cast<size_t>(2 * cfg.kv_dim());
+    constexpr int32_t kSampled = 1024;
+    const int32_t step = std::max(1, (n + kSampled - 1) / kSampled);
+    std::vector<int32_t> sampled;
+    for (int32_t p0 = 0; p0 < n; p0 += step) sampled.push_back(p0);
+    std::vector<std::vector<float>> exact(static_cast<size_t>(cfg.n_layers),
+                                          std::vector<float>(sampled.size() * row));
+    std::vector<int32_t> seen(static_cast<size_t>(cfg.n_layers), 0);
+    (*full)->set_kv_tap([&](int32_t layer, const float* kk, const float* v, int64_t rows,
+                            int64_t ld) {
+        const size_t kv = row / 2;
+        for (int64_t i = 0; i < rows; ++i) {
+            const int32_t pos = seen[static_cast<size_t>(layer)]++;
+            if (pos % step != 0 || pos / step >= static_cast<int32_t>(sampled.size())) continue;
+            float* x =
+                exact[static_cast<size_t>(layer)].data() + static_cast<size_t>(pos / step) * row;
+            std::copy(kk + i * ld, kk + i * ld + kv, x);
+            std::copy(v + i * ld, v + i * ld + kv, x + kv);
+        }
+    });
     if (auto r = (*full)->eval(tokens); !r.ok()) return store_error(r.status());
+    (*full)->set_kv_tap(nullptr);
+    // Per layer: the root mean of |x_stored - x_exact|^2 / |x_exact|^2, over the latents and
+    // over the exact rows (NaN where none, or where the cache keeps no rows of its own).
+    std::vector<double> err_latent(static_cast<size_t>(cfg.n_layers), NAN),
+        err_exact(err_latent.size(), NAN);
+    if (deltakv) {
+        std::vector<float> rows;
+        std::vector<uint8_t> latent;
+        for (int32_t l = 0; l < cfg.n_layers; ++l) {
+            if (Status st = (*stored)->kv_attended_rows(l, sampled, &rows, &latent); !st.ok())
+                return store_error(st);
+            double sum[2] = {0.0, 0.0};
+            int64_t count[2] = {0, 0};
+            for (size_t j = 0; j < sampled.size(); ++j) {
+                const float* a = rows.data() + j * row;
+                const float* b = exact[static_cast<size_t>(l)].data() + j * row;
+                double e = 0.0, x = 0.0;
+                for (size_t t = 0; t < row; ++t) {
+                    e += (static_cast<double>(a[t]) - b[t]) * (static_cast<double>(a[t]) - b[t]);
+                    x += static_cast<double>(b[t]) * b[t];
+                }
+                if (x <= 0.0) continue;
+                sum[latent[j]] += e / x;
+                ++count[latent[j]];
+            }
+            if (count[1] > 0) err_latent[static_cast<size_t>(l)] = std::sqrt(sum[1] / count[1]);
+            if (count[0] > 0) err_exact[static_cast<size_t>(l)] = std::sqrt(sum[0] / count[0]);
+        }
+    }
     (*stored)->truncate(n - k);
     (*full)->truncate(n - k);
     // Each layer's input (the normed hidden state the layers before it made) on both sides:
@@ -152,6 +205,8 @@ int fidelity_main(int argc, char** argv) {
             layers.push_back({{"layer", l},
                               {"role", d.layers[l].full ? "full" : "sparse"},
                               {"drift", or_null(drift(l))},
+                              {"latent_error", or_null(err_latent[l])},
+                              {"exact_rows_error", or_null(err_exact[l])},
                               {"recorded_error", or_null(d.layers[l].error())}});
         }
         std::printf("%s\n", json_text(c, json({{"session", s->name()},
@@ -161,6 +216,7 @@ int fidelity_main(int argc, char** argv) {
                                                {"kl_mean", mean},
                                                {"kl_max", worst},
                                                {"top1_agree", agree},
+                                               {"positions_compared", sampled.size()},
                                                {"kl", kl},
                                                {"layers", std::move(layers)}}))
                                 .c_str());
@@ -172,15 +228,20 @@ int fidelity_main(int argc, char** argv) {
         "  next-token KL(full KV || stored): mean %.4f, max %.4f\n"
         "  top tokens agree: %d of %d\n\n",
         s->name().c_str(), d.policy.c_str(), n, k, mean, worst, agree, k);
-    Table t({"LAYER", "ROLE", "DRIFT", "RECORDED ERROR"});
+    Table t(
+        {"LAYER", "ROLE", "LATENTS VS EXACT", "EXACT ROWS VS EXACT", "RECORDED ERROR", "DRIFT"});
     for (size_t l = 0; l < d.layers.size(); ++l)
-        t.add({std::to_string(l), d.layers[l].full ? "full" : "sparse", fixed3(drift(l)),
-               fixed3(d.layers[l].error())});
+        t.add({std::to_string(l), d.layers[l].full ? "full" : "sparse", fixed3(err_latent[l]),
+               fixed3(err_exact[l]), fixed3(d.layers[l].error()), fixed3(drift(l))});
     t.print();
     std::printf(
-        "\nDRIFT: |h - h_full| / |h_full| of the hidden state after the layer (the next one's "
-        "normed input), over those tokens;\nRECORDED ERROR: the root mean |x^ - x|^2 / |x|^2 of "
-        "the layer's latents, measured as they were compressed.\n");
+        "\nVS EXACT: the root mean |x - x_full|^2 / |x_full|^2 of the layer's [K; V] rows as the "
+        "stored cache gives them to attention (latents reconstructed; exact rows as stored)\n"
+        "against full KV's of the same history, at %zu positions; RECORDED ERROR: that of the "
+        "latents against the KV they were made from, measured as they were compressed;\nDRIFT: "
+        "|h - h_full| / |h_full| of the hidden state after the layer (the next one's normed "
+        "input), over the last tokens.\n",
+        sampled.size());
     return 0;
 }
 

@@ -267,6 +267,16 @@ void StoreCommandsTest::fidelity() {
     EXPECT_LT(f["layers"][0]["drift"].get<double>(), 0.5) << f.dump();
     EXPECT_GT(f["layers"][28]["drift"].get<double>(), f["layers"][0]["drift"].get<double>());
     EXPECT_TRUE(f["layers"][29]["drift"].is_null());
+    // The stored rows against full KV's of the same history: layer 0's exact rows are the
+    // same tokens' (nothing before it differs; fp16 rounding only), its latents as far off as
+    // compression measured them; a full layer has no latents.
+    const json& l0 = f["layers"][0];
+    EXPECT_LT(l0["exact_rows_error"].get<double>(), 2e-3) << l0.dump();
+    EXPECT_GT(l0["latent_error"].get<double>(), 0.5 * l0["recorded_error"].get<double>());
+    EXPECT_LT(l0["latent_error"].get<double>(), 2.0 * l0["recorded_error"].get<double>());
+    EXPECT_TRUE(f["layers"][3]["latent_error"].is_null()) << f["layers"][3].dump();
+    EXPECT_GT(f["layers"][3]["exact_rows_error"].get<double>(), 0.0) << "the layers before";
+    EXPECT_EQ(f["positions_compared"], f["tokens"]);
     // Other settings than the server's: said, not measured.
     const CliResult other =
         deltactl({"fidelity", "ada", "--data-dir", dir_, "--model", default_gguf_model(),
@@ -387,6 +397,7 @@ TEST(StoreCommandsFullKv, SessionsThatBeginAlikeShareBlocks) {
     EXPECT_LT(f["kl_max"].get<double>(), 1e-6) << f.dump();
     for (size_t l = 0; l + 1 < f["layers"].size(); ++l)
         EXPECT_LT(f["layers"][l]["drift"].get<double>(), 1e-4) << f["layers"][l].dump();
+    EXPECT_TRUE(f["layers"][0]["latent_error"].is_null()) << "full KV keeps every row exact";
     EXPECT_EQ(f["top1_agree"], f["compared"]);
     fs::remove_all(dir);
 }

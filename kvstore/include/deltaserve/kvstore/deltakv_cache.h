@@ -211,6 +211,13 @@ class DeltaKvSequenceCache final : public SequenceCache {
     kernels::KvView reconstructed_view() const;
     // The latent tokens the last single-token attend() of a sparse layer attended.
     int32_t attended_latent_tokens() const { return attended_latents_; }
+    // Layer `layer`'s [K; V] row (K before RoPE) of each of `positions` (below n_tokens()),
+    // d floats each into out, as this cache gives them to attention: exact rows as stored,
+    // a latent token as a decode step reconstructs it (Dec(z) plus the mean of its
+    // references); latent[i] says which. For the tools: deltactl fidelity compares them with
+    // a full KV history's. Between forward calls only (it uses the step's scratch).
+    void attended_rows(int32_t layer, std::span<const int32_t> positions, float* out,
+                       uint8_t* latent);
 
   private:
     friend class DeltaKvCodec;

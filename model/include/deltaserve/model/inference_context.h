@@ -160,6 +160,12 @@ class InferenceContext {
     // Per layer, the reconstruction error of positions [begin, end) measured when they were
     // compressed (kvstore::SequenceCodec::rows_error); empty when the cache keeps them exact.
     virtual std::vector<float> kv_rows_error(int32_t begin, int32_t end) const = 0;
+    // Layer `layer`'s [K; V] rows (K before RoPE; 2 * kv_dim floats a position) of
+    // `positions` as the cache gives them to attention, and whether each is a latent
+    // (kvstore::DeltaKvSequenceCache::attended_rows). Errors: kFailedPrecondition for other
+    // caches than DeltaKV's, kOutOfRange for a position or layer the cache does not hold.
+    virtual Status kv_attended_rows(int32_t layer, std::span<const int32_t> positions,
+                                    std::vector<float>* rows, std::vector<uint8_t>* latent) = 0;
     // Called after each layer of every forward pass with the layer index, while the chunk's
     // positions [n_past(), n_past() + chunk) are stored but not yet committed.
     virtual void set_layer_observer(LayerObserver observer) = 0;
