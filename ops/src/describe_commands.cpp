@@ -76,7 +76,7 @@ int print_session(const Common& c, const StoredSession& session, const Described
         for (size_t l = 0; l < d.layers.size(); ++l) {
             const LayerSum& L = d.layers[l];
             layers.push_back({{"layer", l},
-                              {"role", L.full ? "full" : "sparse"},
+                              {"role", layer_role(d, l)},
                               {"sinks", L.sinks},
                               {"references", L.references},
                               {"latents", L.latents},
@@ -179,7 +179,7 @@ int print_session(const Common& c, const StoredSession& session, const Described
         for (size_t l = 0; l < d.layers.size(); ++l) {
             const LayerSum& L = d.layers[l];
             const auto kind = [&](int64_t n) { return L.full ? kUnknown : std::to_string(n); };
-            t.add({std::to_string(l), L.full ? "full" : "sparse",
+            t.add({std::to_string(l), layer_role(d, l),
                    std::to_string(L.sinks + L.references + L.buffer), kind(L.sinks),
                    kind(L.references), kind(L.buffer), L.full ? "0" : std::to_string(L.latents),
                    human_bytes(L.exact_bytes + L.latent_bytes), fixed3(L.error())});

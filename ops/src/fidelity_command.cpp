@@ -203,7 +203,7 @@ int fidelity_main(int argc, char** argv) {
         json layers = json::array();
         for (size_t l = 0; l < d.layers.size(); ++l) {
             layers.push_back({{"layer", l},
-                              {"role", d.layers[l].full ? "full" : "sparse"},
+                              {"role", layer_role(d, l)},
                               {"drift", or_null(drift(l))},
                               {"latent_error", or_null(err_latent[l])},
                               {"exact_rows_error", or_null(err_exact[l])},
@@ -231,8 +231,8 @@ int fidelity_main(int argc, char** argv) {
     Table t(
         {"LAYER", "ROLE", "LATENTS VS EXACT", "EXACT ROWS VS EXACT", "RECORDED ERROR", "DRIFT"});
     for (size_t l = 0; l < d.layers.size(); ++l)
-        t.add({std::to_string(l), d.layers[l].full ? "full" : "sparse", fixed3(err_latent[l]),
-               fixed3(err_exact[l]), fixed3(d.layers[l].error()), fixed3(drift(l))});
+        t.add({std::to_string(l), layer_role(d, l), fixed3(err_latent[l]), fixed3(err_exact[l]),
+               fixed3(d.layers[l].error()), fixed3(drift(l))});
     t.print();
     std::printf(
         "\nVS EXACT: the root mean |x - x_full|^2 / |x_full|^2 of the layer's [K; V] rows as the "

@@ -91,6 +91,14 @@ Described describe_blocks(const StoredSession& s, const BlockReader& read) {
     return d;
 }
 
+std::string layer_role(const Described& d, size_t layer) {
+    if (!d.layers[layer].full) return "sparse";
+    for (size_t l = layer + 1; l < d.layers.size(); ++l) {
+        if (!d.layers[l].full) return "observation";
+    }
+    return "full";
+}
+
 Result<std::vector<TokenRow>> token_kinds(const StoredSession& s, const BlockReader& read,
                                           int32_t begin, int32_t end) {
     const int32_t n = static_cast<int32_t>(s.record.tokens.size());

@@ -54,6 +54,9 @@ using BlockReader = std::function<Result<std::vector<uint8_t>>(uint64_t key)>;
 BlockReader store_reader(const StoreView& view, const Store& store);
 
 Described describe_blocks(const StoredSession& s, const BlockReader& read);
+// A layer's role: "sparse" (compressed), "observation" (a full layer before sparse ones,
+// whose queries pick the tokens they reconstruct) or "full".
+std::string layer_role(const Described& d, size_t layer);
 
 // Tokens [begin, end) of the session: each one's id and kind (sink, reference, latent, recent
 // buffer; exact under full KV), read from its blocks' first sparse layer (DeltaKV's kinds are

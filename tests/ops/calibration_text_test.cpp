@@ -3,10 +3,10 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <unistd.h>
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 
 #include "calibration_text.h"
 
@@ -59,8 +59,7 @@ TEST_F(ReadTextTest, RefusesMissingAndTruncatedFilesByName) {
     fs::resize_file(path, fs::file_size(path) / 2);
     auto cut = read_text(path);
     ASSERT_FALSE(cut.ok());
-    EXPECT_NE(cut.error().message().find("cut.txt.gz"), std::string::npos)
-        << cut.error().message();
+    EXPECT_NE(cut.error().message().find("cut.txt.gz"), std::string::npos) << cut.error().message();
 }
 
 int64_t total(const std::vector<TokenSpan>& spans) {

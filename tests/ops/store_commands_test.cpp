@@ -149,11 +149,12 @@ void StoreCommandsTest::described() {
         const int64_t held = l["sinks"].get<int64_t>() + l["references"].get<int64_t>() +
                              l["buffer"].get<int64_t>() + l["latents"].get<int64_t>();
         EXPECT_EQ(held, tokens) << l.dump();  // every token, once, in every layer
-        if (l["role"] == "full") {
+        if (l["role"] == "observation") {     // a full layer before sparse ones
             ++full;
             EXPECT_TRUE(l["error"].is_null());
             EXPECT_EQ(l["latents"], 0);
         } else if (l["latents"].get<int64_t>() > 0) {
+            EXPECT_EQ(l["role"], "sparse");
             ++compressed;
             EXPECT_GT(l["error"].get<double>(), 0.005) << l.dump();
             EXPECT_LT(l["error"].get<double>(), 0.7) << l.dump();
