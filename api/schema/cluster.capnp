@@ -169,12 +169,12 @@ interface DecodeNode {
   evictSession @6 (sessionId :Text) -> (error :Error);
   # An idle session's KV out of decode memory into the tiers (an operator's evict).
   pinSession @7 (sessionId :Text, pinned :Bool, scope :Text) -> (error :Error);
+  # Keeps a session's KV in decode memory (brought back from the tiers, under its turns'
+  # cache scope, when they hold it), or lets the LRU have it again.
   sessionBlocks @8 (sessionId :Text) -> (blocks :SessionBlocks, error :Error);
   # A session's stored record and its blocks' places (decode::DecodeWorker::session_blocks).
   readBlock @9 (key :UInt64, limit :UInt64) -> (bytes :Data, error :Error);
   # A stored block's first `limit` bytes (0: all), for the tools.
-  # Keeps a session's KV in decode memory (brought back from the tiers, under its turns'
-  # cache scope, when they hold it), or lets the LRU have it again.
 }
 
 struct PrefillRequest {

@@ -461,10 +461,15 @@ Result<decode::SessionBlocks> ClusterChatEngine::session_blocks(const std::strin
     const std::string key = key_of(tenant, id);
     DecodeNode* node = nullptr;
     {
+        // A look: a session only the record store holds is not read back into memory.
         std::lock_guard<std::mutex> lock(mu_);
-        Session* s = find_locked(key);
-        if (s == nullptr) return not_found("no session '" + id + "'");
-        node = s->node;
+        if (auto it = sessions_.find(key); it != sessions_.end()) {
+            node = it->second.node;
+        } else if (auto s = stored_locked(key)) {
+            node = s->node;
+        } else {
+            return not_found("no session '" + id + "'");
+        }
         if (node == nullptr) return not_found("session '" + id + "' has no KV on any node yet");
     }
     *node_name = node->name();

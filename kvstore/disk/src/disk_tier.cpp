@@ -570,10 +570,9 @@ void DiskTier::erase(uint64_t key, bool refused) {
         rocksdb::WriteBatch batch;
         batch.Delete(t.blocks_cf, index_key(key));
         t.log_removal(batch, key, it->second, refused ? "refused" : "erased");
-        if (!t.db->Write(t.write_options(), &batch).ok()) {
-            t.removals.pop_back();  // not written
-            return;
-        }
+        // (Not written: the log's keys in memory may name one that is not stored, whose
+        // later delete does nothing.)
+        if (!t.db->Write(t.write_options(), &batch).ok()) return;
         path = t.path_of(key, it->second.gen);
         t.forget_locked(key);
         t.stats.dropped += refused;
