@@ -162,9 +162,25 @@ TEST_F(DiskTierTest, RemovalsAreLoggedWithTheirReason) {
                 .count();
         EXPECT_GE(all[0].unix_ms, t0);
         EXPECT_LE(all[0].unix_ms, t0 + 60000);
-        // Records of other kinds are not removals.
-        const DiskTier::Record rec[] = {{"ds/x", "y"}};
+        // Records of other kinds are not removals, and stored bytes that do not parse as one
+        // (written over by hand, or by another version) are skipped.
+        const std::string hex32(32, 'a');
+        const DiskTier::Record rec[] = {{"ds/x", "y"},
+                                        {"ev/zz", "cap 1"},
+                                        {"ev/" + hex32, "cap"},
+                                        {"ev/" + hex32.substr(1) + "g", "cap 1"},
+                                        {"ev/" + hex32 + "0", "cap 1"},
+                                        {"ev/" + std::string(32, 'f'), "cap 12x"},
+                                        {"ev/" + std::string(32, 'b'), " "}};
         ASSERT_TRUE(t->put_records(rec).ok());
+        EXPECT_EQ(reasons(*t), (R{{1, "cap"}, {2, "refused"}, {3, "erased"}}));
+        const DiskTier::Record junk[] = {{"ev/zz", ""},
+                                         {"ev/" + hex32, ""},
+                                         {"ev/" + hex32.substr(1) + "g", ""},
+                                         {"ev/" + hex32 + "0", ""},
+                                         {"ev/" + std::string(32, 'f'), ""},
+                                         {"ev/" + std::string(32, 'b'), ""}};
+        ASSERT_TRUE(t->put_records(junk).ok());
     }
     // A file gone at open: "lost". The log survives the reopen, and a read-only open reads it.
     for (const auto& f : fs::directory_iterator(dir_ / "payload")) fs::remove(f.path());

@@ -625,12 +625,15 @@ Result<std::vector<DiskTier::Removal>> DiskTier::removals() const {
     for (const auto& [k, v] : records) {
         Removal r;
         uint64_t ms = 0, size = 0;
+        // Anything that is not one of ours is skipped, as any stored bytes that do not parse.
         const size_t space = v.find(' ');
+        if (space == 0 || space == std::string::npos) continue;
         const std::string_view body = std::string_view(k).substr(kRemovalPrefix.size());
-        if (body.size() != 32 || space == std::string::npos ||
-            !parse_hex(body.substr(0, 16), &ms) || !parse_hex(body.substr(16), &r.key) ||
-            std::from_chars(v.data() + space + 1, v.data() + v.size(), size).ec != std::errc())
-            continue;  // not one of ours: skipped, as any stored bytes that do not parse
+        const char* end = v.data() + v.size();
+        const auto bytes = std::from_chars(v.data() + space + 1, end, size);
+        if (body.size() != 32 || !parse_hex(body.substr(0, 16), &ms) ||
+            !parse_hex(body.substr(16), &r.key) || bytes.ec != std::errc() || bytes.ptr != end)
+            continue;
         r.unix_ms = static_cast<int64_t>(ms);
         r.bytes = size;
         r.reason = v.substr(0, space);
