@@ -1,11 +1,12 @@
-// The backend registry, seeded with the CPU reference backend.
+// The backend registry, seeded with the CPU reference backend, and what every backend
+// shares: validation, Buffer, and the defaults of the ops it does not implement.
 #include <map>
 #include <mutex>
 #include <string>
 #include <utility>
 
+#include "cpu_backend.h"
 #include "deltaserve/kernels/backend.h"
-#include "deltaserve/kernels/ops.h"
 
 namespace deltaserve::kernels {
 
@@ -31,25 +32,85 @@ Status Backend::rms_norm_rope(const RmsNormRopeParams&, const float*, const floa
     return unimplemented(std::string(name()) + ": rms_norm_rope is not implemented");
 }
 
+Buffer::Buffer(Buffer&& other) noexcept
+    : owner_(std::exchange(other.owner_, nullptr)),
+      data_(std::exchange(other.data_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)) {}
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+    if (this != &other) {
+        if (owner_ != nullptr) owner_->deallocate(data_, bytes_);
+        owner_ = std::exchange(other.owner_, nullptr);
+        data_ = std::exchange(other.data_, nullptr);
+        bytes_ = std::exchange(other.bytes_, 0);
+    }
+    return *this;
+}
+
+Buffer::~Buffer() {
+    if (owner_ != nullptr) owner_->deallocate(data_, bytes_);
+}
+
+Result<Buffer> Backend::alloc(size_t bytes) {
+    void* p = allocate(bytes);
+    if (p == nullptr && bytes > 0)
+        return resource_exhausted(std::string(name()) + ": cannot allocate " +
+                                  std::to_string(bytes) + " bytes");
+    return Buffer(p != nullptr ? this : nullptr, p, bytes);
+}
+
+void* Backend::allocate(size_t) { return nullptr; }
+void Backend::deallocate(void*, size_t) {}
+
 namespace {
 
-// The reference: the ops.h functions row by row.
-class CpuBackend final : public Backend {
-  public:
-    std::string_view name() const override { return "cpu"; }
-    bool available() const override { return true; }
+Status not_here(const Backend& b, const char* op) {
+    return unimplemented(std::string(b.name()) + ": " + op + " is not implemented");
+}
 
-    Status rms_norm_rope(const RmsNormRopeParams& p, const float* x, const float* weight,
-                         const int64_t* positions, float* out) override {
-        DS_RETURN_IF_ERROR(validate(p));
-        for (int64_t r = 0; r < p.n_rows; ++r) {
-            float* row = out + r * p.d_model;
-            rms_norm(row, x + r * p.d_model, weight, p.d_model, p.eps);
-            if (p.n_heads > 0) rope(row, p.n_heads, p.head_dim, positions[r], p.rope_base, p.style);
-        }
-        return Status();
-    }
-};
+}  // namespace
+
+Status Backend::copy_in(void*, const void*, size_t, const Exec&) {
+    return not_here(*this, "copy_in");
+}
+Status Backend::copy_out(void*, const void*, size_t, const Exec&) {
+    return not_here(*this, "copy_out");
+}
+Result<WeightMatrix> Backend::upload_weight(const WeightMatrix&) {
+    return not_here(*this, "upload_weight");
+}
+Status Backend::rms_norm_rows(const float*, int64_t, const float*, int64_t, int64_t, float, float*,
+                              int64_t, const Exec&) {
+    return not_here(*this, "rms_norm_rows");
+}
+Status Backend::matmul(const WeightMatrix&, const float*, int64_t, int64_t, float*, int64_t,
+                       const Exec&) {
+    return not_here(*this, "matmul");
+}
+Status Backend::matmul_shared_input(std::span<const MatmulOutput>, const float*, int64_t, int64_t,
+                                    const Exec&) {
+    return not_here(*this, "matmul_shared_input");
+}
+Status Backend::rope_rows(float*, int64_t, int64_t, int, int, const int32_t*, float, RopeStyle,
+                          const Exec&) {
+    return not_here(*this, "rope_rows");
+}
+Status Backend::silu_mul(float*, const float*, const float*, int64_t, const Exec&) {
+    return not_here(*this, "silu_mul");
+}
+Status Backend::add(float*, const float*, int64_t, const Exec&) { return not_here(*this, "add"); }
+Status Backend::embed_rows(const WeightMatrix&, const int32_t*, int64_t, float*, const Exec&) {
+    return not_here(*this, "embed_rows");
+}
+Status Backend::attention(const AttentionShape&, const KvView&, const float*, int64_t, int32_t,
+                          float*, int64_t, const Exec&) {
+    return not_here(*this, "attention");
+}
+Status Backend::top_k(const float*, int64_t, int64_t, int32_t, int32_t*, float*, const Exec&) {
+    return not_here(*this, "top_k");
+}
+
+namespace {
 
 struct Registry {
     std::mutex mu;
@@ -62,7 +123,7 @@ struct Registry {
 Registry& registry() {
     static Registry* r = [] {
         auto* reg = new Registry();  // never destroyed: backends outlive every static user
-        reg->backends.emplace("cpu", std::make_unique<CpuBackend>());
+        reg->backends.emplace("cpu", make_cpu_backend());
         return reg;
     }();
     return *r;

@@ -8,18 +8,62 @@
 //
 // Ops a backend does not implement return kUnimplemented (the default), so callers fall
 // back to the CPU.
+//
+// The forward pass's ops (alloc .. top_k) work on memory the backend owns (Buffer: host
+// memory on the CPU backend, device memory on a GPU), fp32 activations in rows `ld` floats
+// apart, and weights as the backend's matmuls read them (upload_weight). They run as an Exec
+// says: the CPU backend's threads and dot order, a device backend's stream. The CPU
+// backend's are today's kernels, bit for bit as the forward pass calls them.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "deltaserve/common/status.h"
+#include "deltaserve/common/thread_pool.h"
+#include "deltaserve/kernels/attention.h"
+#include "deltaserve/kernels/dtype.h"
+#include "deltaserve/kernels/matmul.h"
 #include "deltaserve/kernels/ops.h"
 
 namespace deltaserve::kernels {
+
+class Backend;
+
+// How an op runs: the CPU backend's threads (required there) and quantized dot order; a
+// device backend's stream (nullptr: its default one).
+struct Exec {
+    ThreadPool* pool = nullptr;
+    DotOrder order = DotOrder::kBlock;
+    void* stream = nullptr;
+};
+
+// Memory a backend allocated (Backend::alloc): host memory on the CPU backend, device memory
+// on a GPU. Given back when destroyed; move-only. An empty one holds nothing.
+class Buffer {
+  public:
+    Buffer() = default;
+    Buffer(Buffer&& other) noexcept;
+    Buffer& operator=(Buffer&& other) noexcept;
+    Buffer(const Buffer&) = delete;
+    Buffer& operator=(const Buffer&) = delete;
+    ~Buffer();
+
+    void* data() const { return data_; }
+    float* f32() const { return static_cast<float*>(data_); }
+    size_t bytes() const { return bytes_; }
+
+  private:
+    friend class Backend;
+    Buffer(Backend* owner, void* data, size_t bytes) : owner_(owner), data_(data), bytes_(bytes) {}
+    Backend* owner_ = nullptr;
+    void* data_ = nullptr;
+    size_t bytes_ = 0;
+};
 
 // Shape and constants of the fused RMSNorm + RoPE over a batch of rows.
 // For each row r: out[r] = rms_norm(x[r], weight, eps) over d_model elements, then
@@ -57,6 +101,54 @@ class Backend {
     // kUnimplemented (the default for a backend without this op).
     virtual Status rms_norm_rope(const RmsNormRopeParams& params, const float* x,
                                  const float* weight, const int64_t* positions, float* out);
+
+    // --- The forward pass's ops. Errors: kInvalidArgument (an Exec or shape the backend
+    // cannot run), kUnavailable (no device), kResourceExhausted, kUnimplemented (the default).
+
+    // `bytes` of this backend's memory (uninitialised).
+    Result<Buffer> alloc(size_t bytes);
+    // Copies between host memory and this backend's memory (the same on the CPU backend).
+    virtual Status copy_in(void* dst, const void* host_src, size_t bytes, const Exec& exec);
+    virtual Status copy_out(void* host_dst, const void* src, size_t bytes, const Exec& exec);
+    // A weight matrix as this backend's matmuls read it, uploaded once: the CPU backend reads
+    // the model's own (returned as it is); a device backend's points into its memory (its
+    // bytes live until the backend goes).
+    virtual Result<WeightMatrix> upload_weight(const WeightMatrix& host);
+    // out[r] = rms_norm(x[r], weight) for n rows of d (kernels::rms_norm).
+    virtual Status rms_norm_rows(const float* x, int64_t ldx, const float* weight, int64_t d,
+                                 int64_t n, float eps, float* out, int64_t ldo, const Exec& exec);
+    // kernels::matmul and matmul_shared_input, with w from upload_weight.
+    virtual Status matmul(const WeightMatrix& w, const float* x, int64_t ldx, int64_t n, float* y,
+                          int64_t ldy, const Exec& exec);
+    virtual Status matmul_shared_input(std::span<const MatmulOutput> outputs, const float* x,
+                                       int64_t ldx, int64_t n, const Exec& exec);
+    // RoPE on the first n_heads heads of each of n rows, row r at positions[r] (host memory).
+    virtual Status rope_rows(float* x, int64_t ldx, int64_t n, int n_heads, int head_dim,
+                             const int32_t* positions, float base, RopeStyle style,
+                             const Exec& exec);
+    // out[i] = silu(gate[i]) * up[i]; y[i] += x[i]; over n values.
+    virtual Status silu_mul(float* out, const float* gate, const float* up, int64_t n,
+                            const Exec& exec);
+    virtual Status add(float* y, const float* x, int64_t n, const Exec& exec);
+    // out[i] = row tokens[i] of `table` (an embedding; tokens in host memory, checked by the
+    // caller against table.rows).
+    virtual Status embed_rows(const WeightMatrix& table, const int32_t* tokens, int64_t n,
+                              float* out, const Exec& exec);
+    // kernels::attention over a KvView in this backend's memory.
+    virtual Status attention(const AttentionShape& shape, const KvView& kv, const float* q,
+                             int64_t ldq, int32_t n_q, float* out, int64_t ldo, const Exec& exec);
+    // The k largest of each of n_rows rows of n_vocab logits, largest first (ties: the lower
+    // id first), into ids and values (host memory, n_rows * k each); k <= n_vocab.
+    virtual Status top_k(const float* logits, int64_t n_vocab, int64_t n_rows, int32_t k,
+                         int32_t* ids, float* values, const Exec& exec);
+
+  protected:
+    // alloc's and Buffer's halves: memory of `bytes` (nullptr when it cannot), and its end.
+    virtual void* allocate(size_t bytes);
+    virtual void deallocate(void* data, size_t bytes);
+
+  private:
+    friend class Buffer;
 };
 
 // Adds a backend to the process-wide registry. Called from a backend's own source file,

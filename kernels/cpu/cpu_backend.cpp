@@ -1,0 +1,143 @@
+// The CPU backend: today's kernels behind kernels::Backend, called as the forward pass calls
+// them (the same row splits over the pool, the same dot order), so that its results are the
+// same bits. Its memory is host memory, 64-byte aligned.
+#include "cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <new>
+#include <numeric>
+#include <string>
+
+#include "deltaserve/kernels/repack.h"
+
+namespace deltaserve::kernels {
+
+namespace {
+
+constexpr std::align_val_t kAlign{64};
+
+Status need_pool(const Exec& exec, const char* op) {
+    if (exec.pool == nullptr)
+        return invalid_argument(std::string("cpu: ") + op + " needs Exec::pool");
+    return Status();
+}
+
+class CpuBackend final : public Backend {
+  public:
+    std::string_view name() const override { return "cpu"; }
+    bool available() const override { return true; }
+
+    Status rms_norm_rope(const RmsNormRopeParams& p, const float* x, const float* weight,
+                         const int64_t* positions, float* out) override {
+        DS_RETURN_IF_ERROR(validate(p));
+        for (int64_t r = 0; r < p.n_rows; ++r) {
+            float* row = out + r * p.d_model;
+            rms_norm(row, x + r * p.d_model, weight, p.d_model, p.eps);
+            if (p.n_heads > 0) rope(row, p.n_heads, p.head_dim, positions[r], p.rope_base, p.style);
+        }
+        return Status();
+    }
+
+    Status copy_in(void* dst, const void* src, size_t bytes, const Exec&) override {
+        if (bytes > 0) std::memcpy(dst, src, bytes);
+        return Status();
+    }
+    Status copy_out(void* dst, const void* src, size_t bytes, const Exec&) override {
+        if (bytes > 0) std::memcpy(dst, src, bytes);
+        return Status();
+    }
+    Result<WeightMatrix> upload_weight(const WeightMatrix& host) override { return host; }
+
+    Status rms_norm_rows(const float* x, int64_t ldx, const float* weight, int64_t d, int64_t n,
+                         float eps, float* out, int64_t ldo, const Exec& exec) override {
+        DS_RETURN_IF_ERROR(need_pool(exec, "rms_norm_rows"));
+        exec.pool->parallel_for(n, 16, [&](int64_t b, int64_t e) {
+            for (int64_t t = b; t < e; ++t) rms_norm(out + t * ldo, x + t * ldx, weight, d, eps);
+        });
+        return Status();
+    }
+    Status matmul(const WeightMatrix& w, const float* x, int64_t ldx, int64_t n, float* y,
+                  int64_t ldy, const Exec& exec) override {
+        DS_RETURN_IF_ERROR(need_pool(exec, "matmul"));
+        kernels::matmul(w, x, ldx, n, y, ldy, *exec.pool, exec.order);
+        return Status();
+    }
+    Status matmul_shared_input(std::span<const MatmulOutput> outputs, const float* x, int64_t ldx,
+                               int64_t n, const Exec& exec) override {
+        DS_RETURN_IF_ERROR(need_pool(exec, "matmul_shared_input"));
+        kernels::matmul_shared_input(outputs, x, ldx, n, *exec.pool, exec.order);
+        return Status();
+    }
+    Status rope_rows(float* x, int64_t ldx, int64_t n, int n_heads, int head_dim,
+                     const int32_t* positions, float base, RopeStyle style,
+                     const Exec& exec) override {
+        DS_RETURN_IF_ERROR(need_pool(exec, "rope_rows"));
+        exec.pool->parallel_for(n, 16, [&](int64_t b, int64_t e) {
+            for (int64_t t = b; t < e; ++t)
+                rope(x + t * ldx, n_heads, head_dim, positions[t], base, style);
+        });
+        return Status();
+    }
+    Status silu_mul(float* out, const float* gate, const float* up, int64_t n,
+                    const Exec& exec) override {
+        DS_RETURN_IF_ERROR(need_pool(exec, "silu_mul"));
+        // Elementwise: any split gives the same bits.
+        exec.pool->parallel_for(n, 16384, [&](int64_t b, int64_t e) {
+            kernels::silu_mul(out + b, gate + b, up + b, e - b);
+        });
+        return Status();
+    }
+    Status add(float* y, const float* x, int64_t n, const Exec&) override {
+        add_inplace(y, x, n);
+        return Status();
+    }
+    Status embed_rows(const WeightMatrix& table, const int32_t* tokens, int64_t n, float* out,
+                      const Exec&) override {
+        for (int64_t i = 0; i < n; ++i)
+            dequantize_weight_row(table, tokens[i], out + i * table.cols);
+        return Status();
+    }
+    Status attention(const AttentionShape& shape, const KvView& kv, const float* q, int64_t ldq,
+                     int32_t n_q, float* out, int64_t ldo, const Exec& exec) override {
+        DS_RETURN_IF_ERROR(need_pool(exec, "attention"));
+        kernels::attention(shape, kv, q, ldq, n_q, out, ldo, *exec.pool);
+        return Status();
+    }
+    Status top_k(const float* logits, int64_t n_vocab, int64_t n_rows, int32_t k, int32_t* ids,
+                 float* values, const Exec&) override {
+        if (k < 1 || k > n_vocab)
+            return invalid_argument("cpu: top_k: k must be in [1, n_vocab], got " +
+                                    std::to_string(k));
+        std::vector<int32_t> order(static_cast<size_t>(n_vocab));
+        for (int64_t r = 0; r < n_rows; ++r) {
+            const float* row = logits + r * n_vocab;
+            // NaN sorts last: a strict weak order whatever the logits hold.
+            const auto key = [row](int32_t i) { return std::isnan(row[i]) ? -INFINITY : row[i]; };
+            std::iota(order.begin(), order.end(), 0);
+            std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                              [&](int32_t a, int32_t b) {
+                                  const float ka = key(a), kb = key(b);
+                                  return ka != kb ? ka > kb : a < b;
+                              });
+            for (int32_t j = 0; j < k; ++j) {
+                ids[r * k + j] = order[static_cast<size_t>(j)];
+                values[r * k + j] = row[order[static_cast<size_t>(j)]];
+            }
+        }
+        return Status();
+    }
+
+  protected:
+    void* allocate(size_t bytes) override {
+        return bytes == 0 ? nullptr : ::operator new(bytes, kAlign, std::nothrow);
+    }
+    void deallocate(void* data, size_t) override { ::operator delete(data, kAlign); }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace deltaserve::kernels

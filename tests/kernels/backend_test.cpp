@@ -1,0 +1,219 @@
+// The forward pass's ops behind kernels::Backend on the CPU backend: each gives the same bits
+// as the kernel the forward pass calls today (its promise: no change of results or speed),
+// top_k the order of a full sort; its Buffers are aligned host memory that moves, not
+// copies; an Exec without threads is refused; a backend without an op says so.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "deltaserve/common/thread_pool.h"
+#include "deltaserve/kernels/backend.h"
+#include "deltaserve/kernels/quant.h"
+#include "deltaserve/kernels/repack.h"
+
+namespace deltaserve::kernels {
+namespace {
+
+std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> dist(0.0f, scale);
+    std::vector<float> v(n);
+    for (float& x : v) x = dist(rng);
+    return v;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+class CpuBackendTest : public ::testing::Test {
+  protected:
+    Backend& cpu() { return *find_backend("cpu"); }
+    ThreadPool pool_{2};
+    Exec exec_{&pool_, DotOrder::kBlock, nullptr};
+};
+
+TEST_F(CpuBackendTest, BuffersAreAlignedHostMemoryThatMoves) {
+    auto a = cpu().alloc(1000);
+    ASSERT_TRUE(a.ok()) << a.status().to_string();
+    EXPECT_EQ(a->bytes(), 1000u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(a->data()) % 64, 0u);
+    const std::vector<float> in = random_floats(250, 1);
+    ASSERT_TRUE(cpu().copy_in(a->data(), in.data(), 1000, exec_).ok());
+    Buffer moved = std::move(*a);
+    EXPECT_EQ(a->data(), nullptr);
+    std::vector<float> out(250);
+    ASSERT_TRUE(cpu().copy_out(out.data(), moved.data(), 1000, exec_).ok());
+    EXPECT_TRUE(same_bits(in, out));
+    auto none = cpu().alloc(0);
+    ASSERT_TRUE(none.ok());
+    EXPECT_EQ(none->data(), nullptr);
+}
+
+TEST_F(CpuBackendTest, NormRopeSiluAddAndEmbedAreTheKernelsBits) {
+    const int64_t n = 37, d = 192, ld = 200;
+    const std::vector<float> x = random_floats(n * ld, 2), w = random_floats(d, 3);
+    std::vector<float> got(n * ld, 0.0f), want(n * ld, 0.0f);
+    ASSERT_TRUE(
+        cpu().rms_norm_rows(x.data(), ld, w.data(), d, n, 1e-5f, got.data(), ld, exec_).ok());
+    for (int64_t t = 0; t < n; ++t)
+        rms_norm(want.data() + t * ld, x.data() + t * ld, w.data(), d, 1e-5f);
+    EXPECT_TRUE(same_bits(got, want));
+
+    std::vector<int32_t> pos(n);
+    std::iota(pos.begin(), pos.end(), 1000);
+    for (RopeStyle style : {RopeStyle::kInterleaved, RopeStyle::kSplitHalf}) {
+        got = x;
+        want = x;
+        ASSERT_TRUE(
+            cpu().rope_rows(got.data(), ld, n, 3, 64, pos.data(), 10000.0f, style, exec_).ok());
+        for (int64_t t = 0; t < n; ++t) rope(want.data() + t * ld, 3, 64, pos[t], 10000.0f, style);
+        EXPECT_TRUE(same_bits(got, want));
+    }
+
+    const int64_t m = 50000;  // more than one of the pool's splits
+    const std::vector<float> g = random_floats(m, 4), u = random_floats(m, 5);
+    got.assign(m, 0.0f);
+    want.assign(m, 0.0f);
+    ASSERT_TRUE(cpu().silu_mul(got.data(), g.data(), u.data(), m, exec_).ok());
+    silu_mul(want.data(), g.data(), u.data(), m);
+    EXPECT_TRUE(same_bits(got, want));
+    got = g;
+    want = g;
+    ASSERT_TRUE(cpu().add(got.data(), u.data(), m, exec_).ok());
+    add_inplace(want.data(), u.data(), m);
+    EXPECT_TRUE(same_bits(got, want));
+
+    // An embedding table in Q8_0: rows dequantized as the forward pass looks them up.
+    const int64_t rows = 100, cols = 64;
+    const std::vector<float> table_f = random_floats(rows * cols, 6);
+    std::vector<uint8_t> q(row_bytes(DType::kQ8_0, cols) * rows);
+    for (int64_t r = 0; r < rows; ++r)
+        quantize_row(DType::kQ8_0, table_f.data() + r * cols,
+                     q.data() + r * row_bytes(DType::kQ8_0, cols), cols);
+    const WeightMatrix table{DType::kQ8_0, rows, cols, q.data(), 1};
+    const int32_t tokens[] = {0, 99, 42, 42};
+    got.assign(4 * cols, 0.0f);
+    want.assign(4 * cols, 0.0f);
+    ASSERT_TRUE(cpu().embed_rows(table, tokens, 4, got.data(), exec_).ok());
+    for (int i = 0; i < 4; ++i) dequantize_weight_row(table, tokens[i], want.data() + i * cols);
+    EXPECT_TRUE(same_bits(got, want));
+}
+
+TEST_F(CpuBackendTest, MatmulAndAttentionAreTheKernelsBits) {
+    const int64_t rows = 96, cols = 128, n = 5;
+    const std::vector<float> wf = random_floats(rows * cols, 7);
+    std::vector<uint8_t> q(row_bytes(DType::kQ4_0, cols) * rows);
+    for (int64_t r = 0; r < rows; ++r)
+        quantize_row(DType::kQ4_0, wf.data() + r * cols,
+                     q.data() + r * row_bytes(DType::kQ4_0, cols), cols);
+    const WeightMatrix host{DType::kQ4_0, rows, cols, q.data(), 1};
+    auto w = cpu().upload_weight(host);
+    ASSERT_TRUE(w.ok());
+    EXPECT_EQ(w->data, host.data) << "the CPU reads the model's own weights";
+    const std::vector<float> x = random_floats(n * cols, 8);
+    for (DotOrder order : {DotOrder::kBlock, DotOrder::kGgml}) {
+        Exec exec = exec_;
+        exec.order = order;
+        std::vector<float> got(n * rows), want(n * rows), got2(n * rows), want2(n * rows);
+        ASSERT_TRUE(cpu().matmul(*w, x.data(), cols, n, got.data(), rows, exec).ok());
+        matmul(host, x.data(), cols, n, want.data(), rows, pool_, order);
+        EXPECT_TRUE(same_bits(got, want));
+        const MatmulOutput outs[] = {{&*w, got.data(), rows}, {&*w, got2.data(), rows}};
+        ASSERT_TRUE(cpu().matmul_shared_input(outs, x.data(), cols, n, exec).ok());
+        const MatmulOutput ref[] = {{&host, want.data(), rows}, {&host, want2.data(), rows}};
+        matmul_shared_input(ref, x.data(), cols, n, pool_, order);
+        EXPECT_TRUE(same_bits(got, want));
+        EXPECT_TRUE(same_bits(got2, want2));
+    }
+
+    // Attention over fp32 rows through a slot map, 4 query heads over 2 KV heads.
+    const AttentionShape shape{4, 2, 64, 0.125f};
+    const int32_t n_kv = 40, n_q = 3;
+    const std::vector<float> k = random_floats(n_kv * 128, 9), v = random_floats(n_kv * 128, 10);
+    std::vector<int32_t> slots(n_kv);
+    std::iota(slots.rbegin(), slots.rend(), 0);
+    KvView view;
+    view.dtype = DType::kF32;
+    view.k = reinterpret_cast<const uint8_t*>(k.data());
+    view.v = reinterpret_cast<const uint8_t*>(v.data());
+    view.row_stride = 128 * sizeof(float);
+    view.head_stride = 64 * sizeof(float);
+    view.slots = slots.data();
+    view.n = n_kv;
+    const std::vector<float> qv = random_floats(n_q * 256, 11);
+    std::vector<float> got(n_q * 256), want(n_q * 256);
+    ASSERT_TRUE(cpu().attention(shape, view, qv.data(), 256, n_q, got.data(), 256, exec_).ok());
+    attention(shape, view, qv.data(), 256, n_q, want.data(), 256, pool_);
+    EXPECT_TRUE(same_bits(got, want));
+}
+
+TEST_F(CpuBackendTest, TopKIsAFullSortsHead) {
+    const int64_t vocab = 1000, rows = 3;
+    std::vector<float> logits = random_floats(vocab * rows, 12);
+    logits[5] = logits[6] = 50.0f;  // a tie: the lower id first
+    logits[7] = std::nanf("");      // NaN sorts last
+    std::vector<int32_t> ids(rows * 10);
+    std::vector<float> values(rows * 10);
+    ASSERT_TRUE(cpu().top_k(logits.data(), vocab, rows, 10, ids.data(), values.data(), exec_).ok());
+    for (int64_t r = 0; r < rows; ++r) {
+        std::vector<int32_t> all(vocab);
+        std::iota(all.begin(), all.end(), 0);
+        const float* row = logits.data() + r * vocab;
+        std::stable_sort(all.begin(), all.end(), [&](int32_t a, int32_t b) {
+            const float ka = std::isnan(row[a]) ? -INFINITY : row[a];
+            const float kb = std::isnan(row[b]) ? -INFINITY : row[b];
+            return ka > kb;
+        });
+        for (int j = 0; j < 10; ++j) {
+            EXPECT_EQ(ids[r * 10 + j], all[j]) << r << " " << j;
+            EXPECT_EQ(values[r * 10 + j], row[all[j]]);
+        }
+    }
+    EXPECT_EQ(ids[0], 5);
+    EXPECT_EQ(ids[1], 6);
+    EXPECT_EQ(cpu().top_k(logits.data(), vocab, 1, 0, ids.data(), values.data(), exec_).code(),
+              StatusCode::kInvalidArgument);
+    EXPECT_EQ(cpu().top_k(logits.data(), vocab, 1, 1001, ids.data(), values.data(), exec_).code(),
+              StatusCode::kInvalidArgument);
+}
+
+TEST_F(CpuBackendTest, AnExecWithoutThreadsIsRefused) {
+    const Exec none;
+    float x[64] = {}, w[64] = {};
+    EXPECT_EQ(cpu().rms_norm_rows(x, 64, w, 64, 1, 1e-5f, x, 64, none).code(),
+              StatusCode::kInvalidArgument);
+    EXPECT_EQ(cpu().silu_mul(x, x, x, 64, none).code(), StatusCode::kInvalidArgument);
+}
+
+// A backend that implements none of the forward pass's ops says so for each.
+class NothingBackend final : public Backend {
+  public:
+    std::string_view name() const override { return "nothing"; }
+    bool available() const override { return true; }
+};
+
+TEST(BackendDefaults, OpsNotImplementedSaySo) {
+    NothingBackend b;
+    const Exec exec;
+    float x[4] = {};
+    int32_t id = 0;
+    EXPECT_EQ(b.alloc(16).status().code(), StatusCode::kResourceExhausted);
+    EXPECT_EQ(b.copy_in(x, x, 4, exec).code(), StatusCode::kUnimplemented);
+    EXPECT_EQ(b.upload_weight(WeightMatrix{}).status().code(), StatusCode::kUnimplemented);
+    EXPECT_EQ(b.matmul(WeightMatrix{}, x, 1, 1, x, 1, exec).code(), StatusCode::kUnimplemented);
+    EXPECT_EQ(b.add(x, x, 4, exec).code(), StatusCode::kUnimplemented);
+    EXPECT_EQ(b.top_k(x, 4, 1, 1, &id, x, exec).code(), StatusCode::kUnimplemented);
+    const Status s = b.attention(AttentionShape{}, KvView{}, x, 1, 1, x, 1, exec);
+    EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
+    EXPECT_NE(s.message().find("nothing: attention"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace deltaserve::kernels
