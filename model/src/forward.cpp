@@ -4,17 +4,17 @@
 #include <string>
 
 #include "deltaserve/kernels/attention.h"
-#include "deltaserve/kernels/matmul.h"
 #include "deltaserve/kernels/ops.h"
-#include "deltaserve/kernels/quant.h"
-#include "deltaserve/kernels/repack.h"
 
 namespace deltaserve::model {
 
 namespace k = deltaserve::kernels;
 
-Forward::Forward(const Model& model, ThreadPool& pool)
-    : model_(model), cfg_(model.config), pool_(pool) {}
+Forward::Forward(const Model& model, ThreadPool& pool, kernels::Backend* backend)
+    : model_(model),
+      cfg_(model.config),
+      pool_(pool),
+      backend_(backend != nullptr ? *backend : *k::find_backend("cpu")) {}
 
 void Forward::ensure_scratch(int64_t n) {
     if (n <= capacity_) return;
@@ -31,13 +31,11 @@ void Forward::ensure_scratch(int64_t n) {
     capacity_ = n;
 }
 
-void Forward::norm_rows(const std::vector<float>& weight, const float* in, float* out,
-                        int64_t n_rows) {
+Status Forward::norm_rows(const std::vector<float>& weight, const float* in, float* out,
+                          int64_t n_rows) {
     const int64_t d = cfg_.d_model;
-    pool_.parallel_for(n_rows, 16, [&](int64_t b, int64_t e) {
-        for (int64_t t = b; t < e; ++t)
-            k::rms_norm(out + t * d, in + t * d, weight.data(), d, cfg_.rms_eps);
-    });
+    return backend_.rms_norm_rows(in, d, weight.data(), d, n_rows, cfg_.rms_eps, out, d,
+                                  exec(pool_));
 }
 
 Status Forward::run(std::span<const SequenceInput> batch, std::vector<float>& logits) {
@@ -64,19 +62,31 @@ Status Forward::run(std::span<const SequenceInput> batch, std::vector<float>& lo
         }
     }
     ensure_scratch(n_tokens);
+    if (Status st = layers(batch, n_tokens, logits); !st.ok()) {
+        for (const auto& s : batch) s.cache->truncate(s.cache->n_tokens());  // nothing kept
+        return st;
+    }
+    for (const auto& s : batch) s.cache->commit(static_cast<int32_t>(s.tokens.size()));
+    return Status();
+}
+
+Status Forward::layers(std::span<const SequenceInput> batch, int64_t n_tokens,
+                       std::vector<float>& logits) {
     positions_.clear();
     int64_t row = 0;
     const int64_t d = cfg_.d_model;
     for (const auto& s : batch) {
-        for (size_t i = 0; i < s.tokens.size(); ++i, ++row) {
+        for (size_t i = 0; i < s.tokens.size(); ++i)
             positions_.push_back(s.cache->n_tokens() + static_cast<int32_t>(i));
-            k::dequantize_weight_row(model_.weights.token_embd, s.tokens[i], x_.data() + row * d);
-        }
+        DS_RETURN_IF_ERROR(backend_.embed_rows(model_.weights.token_embd, s.tokens.data(),
+                                               static_cast<int64_t>(s.tokens.size()),
+                                               x_.data() + row * d, exec(pool_)));
+        row += static_cast<int64_t>(s.tokens.size());
     }
 
     for (int32_t layer = 0; layer < cfg_.n_layers; ++layer) {
-        attention_layer(layer, batch);
-        ffn_layer(layer, n_tokens);
+        DS_RETURN_IF_ERROR(attention_layer(layer, batch));
+        DS_RETURN_IF_ERROR(ffn_layer(layer, n_tokens));
         if (observer_) observer_(layer);
     }
 
@@ -91,40 +101,35 @@ Status Forward::run(std::span<const SequenceInput> batch, std::vector<float>& lo
         }
         row += n;
     }
-    norm_rows(model_.weights.output_norm, tmp_.data(), xn_.data(), n_out);
+    DS_RETURN_IF_ERROR(norm_rows(model_.weights.output_norm, tmp_.data(), xn_.data(), n_out));
     logits.resize(static_cast<size_t>(n_out * cfg_.n_vocab));
-    k::matmul(model_.weights.output, xn_.data(), d, n_out, logits.data(), cfg_.n_vocab, pool_,
-              dot_order());
-    for (const auto& s : batch) s.cache->commit(static_cast<int32_t>(s.tokens.size()));
-    return Status();
+    return backend_.matmul(model_.weights.output, xn_.data(), d, n_out, logits.data(), cfg_.n_vocab,
+                           exec(pool_));
 }
 
-void Forward::attention_layer(int32_t layer, std::span<const SequenceInput> batch) {
+Status Forward::attention_layer(int32_t layer, std::span<const SequenceInput> batch) {
     const LayerWeights& w = model_.weights.layers[layer];
     const int64_t n = static_cast<int64_t>(positions_.size());
     const int64_t d = cfg_.d_model, qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
-    norm_rows(w.attn_norm, x_.data(), xn_.data(), n);
+    const k::Exec all = exec(pool_);
+    DS_RETURN_IF_ERROR(norm_rows(w.attn_norm, x_.data(), xn_.data(), n));
     const k::MatmulOutput qkv[] = {
         {&w.wq, q_.data(), qd}, {&w.wk, k_.data(), kvd}, {&w.wv, v_.data(), kvd}};
-    k::matmul_shared_input(qkv, xn_.data(), d, n, pool_, dot_order());
+    DS_RETURN_IF_ERROR(backend_.matmul_shared_input(qkv, xn_.data(), d, n, all));
     if (!w.bq.empty()) {
         for (int64_t t = 0; t < n; ++t) {
-            k::add_inplace(q_.data() + t * qd, w.bq.data(), qd);
-            k::add_inplace(k_.data() + t * kvd, w.bk.data(), kvd);
-            k::add_inplace(v_.data() + t * kvd, w.bv.data(), kvd);
+            DS_RETURN_IF_ERROR(backend_.add(q_.data() + t * qd, w.bq.data(), qd, all));
+            DS_RETURN_IF_ERROR(backend_.add(k_.data() + t * kvd, w.bk.data(), kvd, all));
+            DS_RETURN_IF_ERROR(backend_.add(v_.data() + t * kvd, w.bv.data(), kvd, all));
         }
     }
     if (kv_tap_) kv_tap_(layer, k_.data(), v_.data(), n, kvd);
-    pool_.parallel_for(n, 16, [&](int64_t b, int64_t e) {
-        for (int64_t t = b; t < e; ++t) {
-            float* q = q_.data() + t * qd;
-            float* kk = k_.data() + t * kvd;
-            k::rope(q, cfg_.n_heads, cfg_.head_dim, positions_[t], cfg_.rope_theta,
-                    cfg_.rope_style);
-            k::rope(kk, cfg_.n_kv_heads, cfg_.head_dim, positions_[t], cfg_.rope_theta,
-                    cfg_.rope_style);
-        }
-    });
+    DS_RETURN_IF_ERROR(backend_.rope_rows(q_.data(), qd, n, cfg_.n_heads, cfg_.head_dim,
+                                          positions_.data(), cfg_.rope_theta, cfg_.rope_style,
+                                          all));
+    DS_RETURN_IF_ERROR(backend_.rope_rows(k_.data(), kvd, n, cfg_.n_kv_heads, cfg_.head_dim,
+                                          positions_.data(), cfg_.rope_theta, cfg_.rope_style,
+                                          all));
     if (attention_tap_) attention_tap_(layer, xn_.data(), d, q_.data(), qd, k_.data(), kvd, n);
     k::AttentionShape shape{cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim,
                             1.0f / std::sqrt(static_cast<float>(cfg_.head_dim))};
@@ -143,13 +148,17 @@ void Forward::attention_layer(int32_t layer, std::span<const SequenceInput> batc
         if (ns == 1) steps_.push_back(i);
         row += ns;
     }
+    // Each sequence's status; a step's side-by-side runs report here.
+    step_status_.assign(batch.size(), Status());
     const auto attend = [&](size_t i, ThreadPool& pool) {
         kvstore::SequenceCache& cache = *batch[i].cache;
         const int32_t ns = static_cast<int32_t>(batch[i].tokens.size());
         const float* q = q_.data() + first_row_[i] * qd;
         float* out = attn_.data() + first_row_[i] * qd;
-        if (!cache.attend(layer, shape, q, qd, ns, out, qd, pool))
-            attend_view({cache.view(layer, ns), q, out, ns, cache.n_tokens()}, pool);
+        if (!cache.attend(layer, shape, q, qd, ns, out, qd, pool)) {
+            step_status_[i] =
+                attend_view({cache.view(layer, ns), q, out, ns, cache.n_tokens()}, pool);
+        }
         cache.observe(layer, shape, q, qd, xn_.data() + first_row_[i] * d, d, ns, pool);
     };
     for (size_t i = 0; i < batch.size(); ++i) {
@@ -162,35 +171,35 @@ void Forward::attention_layer(int32_t layer, std::span<const SequenceInput> batc
             for (int64_t j = b; j < e; ++j) attend(steps_[static_cast<size_t>(j)], one_thread_);
         });
     }
-    k::matmul(w.wo, attn_.data(), qd, n, tmp_.data(), d, pool_, dot_order());
-    k::add_inplace(x_.data(), tmp_.data(), n * d);
+    for (const Status& st : step_status_) DS_RETURN_IF_ERROR(st);
+    DS_RETURN_IF_ERROR(backend_.matmul(w.wo, attn_.data(), qd, n, tmp_.data(), d, all));
+    return backend_.add(x_.data(), tmp_.data(), n * d, all);
 }
 
-void Forward::attend_view(const ViewAttention& job, ThreadPool& pool) {
+Status Forward::attend_view(const ViewAttention& job, ThreadPool& pool) {
     const k::AttentionShape shape{cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim,
                                   1.0f / std::sqrt(static_cast<float>(cfg_.head_dim))};
     const int64_t qd = cfg_.q_dim();
     if (numerics_ == AttentionNumerics::kGgml) {
-        // ggml's cell split follows the thread count, not the pool that runs it.
+        // llama.cpp's rounding, on the CPU only. ggml's cell split follows the thread count,
+        // not the pool that runs it.
         k::attention_ggml(shape, job.view, job.q, qd, job.n, job.n_past, job.out, qd, pool_.size(),
                           pool);
-    } else {
-        k::attention(shape, job.view, job.q, qd, job.n, job.out, qd, pool);
+        return Status();
     }
+    return backend_.attention(shape, job.view, job.q, qd, job.n, job.out, qd, exec(pool));
 }
 
-void Forward::ffn_layer(int32_t layer, int64_t n) {
+Status Forward::ffn_layer(int32_t layer, int64_t n) {
     const LayerWeights& w = model_.weights.layers[layer];
     const int64_t d = cfg_.d_model, ff = cfg_.d_ff;
-    norm_rows(w.ffn_norm, x_.data(), xn_.data(), n);
+    const k::Exec all = exec(pool_);
+    DS_RETURN_IF_ERROR(norm_rows(w.ffn_norm, x_.data(), xn_.data(), n));
     const k::MatmulOutput gate_up[] = {{&w.w_gate, gate_.data(), ff}, {&w.w_up, up_.data(), ff}};
-    k::matmul_shared_input(gate_up, xn_.data(), d, n, pool_, dot_order());
-    pool_.parallel_for(n, 16, [&](int64_t b, int64_t e) {
-        k::silu_mul(gate_.data() + b * ff, gate_.data() + b * ff, up_.data() + b * ff,
-                    (e - b) * ff);
-    });
-    k::matmul(w.w_down, gate_.data(), ff, n, tmp_.data(), d, pool_, dot_order());
-    k::add_inplace(x_.data(), tmp_.data(), n * d);
+    DS_RETURN_IF_ERROR(backend_.matmul_shared_input(gate_up, xn_.data(), d, n, all));
+    DS_RETURN_IF_ERROR(backend_.silu_mul(gate_.data(), gate_.data(), up_.data(), n * ff, all));
+    DS_RETURN_IF_ERROR(backend_.matmul(w.w_down, gate_.data(), ff, n, tmp_.data(), d, all));
+    return backend_.add(x_.data(), tmp_.data(), n * d, all);
 }
 
 }  // namespace deltaserve::model

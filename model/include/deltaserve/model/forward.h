@@ -11,6 +11,7 @@
 #include "deltaserve/common/status.h"
 #include "deltaserve/common/thread_pool.h"
 #include "deltaserve/kernels/attention.h"
+#include "deltaserve/kernels/backend.h"
 #include "deltaserve/kernels/matmul.h"
 #include "deltaserve/kvstore/kv_cache.h"
 #include "deltaserve/model/model.h"
@@ -43,9 +44,13 @@ using AttentionTap =
     std::function<void(int32_t layer, const float* hidden, int64_t ldh, const float* q, int64_t ldq,
                        const float* k, int64_t ldk, int64_t n)>;
 
+// The forward pass's dense ops (norms, matmuls, RoPE, SwiGLU, the embedding and the logits,
+// attention over a cache's view) go through a kernels::Backend: the CPU backend's are the
+// kernels themselves. The caches (their stores, views and own attention) are host memory.
 class Forward {
   public:
-    Forward(const Model& model, ThreadPool& pool);
+    // backend: nullptr for the CPU backend.
+    Forward(const Model& model, ThreadPool& pool, kernels::Backend* backend = nullptr);
 
     // Runs the batch through every layer and appends the new tokens to their caches.
     // Logits go to `logits` as rows of n_vocab: for each sequence in order, its last token
@@ -64,10 +69,14 @@ class Forward {
         return numerics_ == AttentionNumerics::kGgml ? kernels::DotOrder::kGgml
                                                      : kernels::DotOrder::kBlock;
     }
+    kernels::Exec exec(ThreadPool& pool) const { return {&pool, dot_order(), nullptr}; }
     void ensure_scratch(int64_t n_tokens);
-    void attention_layer(int32_t layer, std::span<const SequenceInput> batch);
-    void ffn_layer(int32_t layer, int64_t n_tokens);
-    void norm_rows(const std::vector<float>& weight, const float* in, float* out, int64_t n_rows);
+    // The embedding, every layer and the logits (run() commits or gives back the caches).
+    Status layers(std::span<const SequenceInput> batch, int64_t n_tokens,
+                  std::vector<float>& logits);
+    Status attention_layer(int32_t layer, std::span<const SequenceInput> batch);
+    Status ffn_layer(int32_t layer, int64_t n_tokens);
+    Status norm_rows(const std::vector<float>& weight, const float* in, float* out, int64_t n_rows);
     // One sequence's attention over its cache's view (the caches that do not attend
     // themselves), on `pool`.
     struct ViewAttention {
@@ -77,19 +86,21 @@ class Forward {
         int32_t n = 0;       // new tokens
         int32_t n_past = 0;  // tokens before them
     };
-    void attend_view(const ViewAttention& job, ThreadPool& pool);
+    Status attend_view(const ViewAttention& job, ThreadPool& pool);
 
     const Model& model_;
     const ModelConfig& cfg_;
     ThreadPool& pool_;
+    kernels::Backend& backend_;
     LayerObserver observer_;
     KvTap kv_tap_;
     AttentionTap attention_tap_;
     AttentionNumerics numerics_ = AttentionNumerics::kNative;
-    std::vector<int32_t> positions_;  // absolute position of every new token
-    std::vector<int64_t> first_row_;  // a batch's sequences' first rows in the scratch
-    std::vector<size_t> steps_;       // the batch's one-token sequences
-    ThreadPool one_thread_{1};        // a decode step's sequences share pool_, each on one thread
+    std::vector<int32_t> positions_;   // absolute position of every new token
+    std::vector<int64_t> first_row_;   // a batch's sequences' first rows in the scratch
+    std::vector<size_t> steps_;        // the batch's one-token sequences
+    std::vector<Status> step_status_;  // each sequence's attention, this layer
+    ThreadPool one_thread_{1};         // a decode step's sequences share pool_, each on one thread
     // Scratch, [n_tokens][width] each.
     std::vector<float> x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_;
     int64_t capacity_ = 0;
