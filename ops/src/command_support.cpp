@@ -38,8 +38,8 @@ void add_watch(ArgParser& p, Common& c) {
     p.add("count", &c.count, "--watch: stop after this many views (default: never)");
 }
 
-int watch_loop(const Common& c, const char* command, const std::function<int()>& show) {
-    if (!c.watch) return show();
+int watch_usage(const Common& c, const char* command) {
+    if (!c.watch) return 0;
     if (!c.live())
         return usage_error(std::string(command) +
                            " --watch follows a running server: give --server HOST:PORT or "
@@ -47,6 +47,11 @@ int watch_loop(const Common& c, const char* command, const std::function<int()>&
     if (!(c.interval >= 0.1f && c.interval <= 86400.0f))
         return usage_error("--interval must be in [0.1, 86400] seconds");
     if (c.count < 0) return usage_error("--count must be 0 (never stop) or more");
+    return 0;
+}
+
+int watch_loop(const Common& c, const char* command, const std::function<int()>& show) {
+    if (!c.watch) return show();
     const bool terminal = !c.as_json && isatty(STDOUT_FILENO) != 0;
     for (int32_t n = 0; c.count == 0 || n < c.count; ++n) {
         if (n > 0) {
@@ -67,6 +72,12 @@ int watch_loop(const Common& c, const char* command, const std::function<int()>&
         if (!terminal && !c.as_json) std::printf("\n");
     }
     return 0;
+}
+
+std::string take_id(int& argc, char**& argv) {
+    if (argc < 1 || argv[0][0] == '-') return "";
+    --argc;
+    return *argv++;
 }
 
 std::string json_text(const Common& c, const json& j) { return j.dump(c.watch ? -1 : 2); }

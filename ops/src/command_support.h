@@ -35,11 +35,15 @@ struct Common {
 void add_common(ArgParser& p, Common& c);
 // --watch, --interval, --count: for the live views that change (sessions, tiers, cluster).
 void add_watch(ArgParser& p, Common& c);
-// Runs `show` once, or with --watch again every interval (a live server only): on a terminal
-// the screen is redrawn under a header line, elsewhere each view follows a line with its
-// time; with --json each view is one line (JSON lines). Returns the first nonzero exit code
-// of `show`, or 0 (or 2 for --watch on a data dir).
+// --watch's flags checked: 2 after printing why (--watch on a data dir, a bad --interval or
+// --count), else 0.
+int watch_usage(const Common& c, const char* command);
+// Runs `show` once, or with --watch again every interval: on a terminal the screen is
+// redrawn under a header line, elsewhere each view follows a line with its time; with --json
+// each view is one line (JSON lines). Returns the first nonzero exit code of `show`, or 0.
 int watch_loop(const Common& c, const char* command, const std::function<int()>& show);
+// A command's leading ID (an argument not starting with '-'), taken off argv; "" when none.
+std::string take_id(int& argc, char**& argv);
 // A JSON document as the command prints it: indented, or one line under --watch.
 std::string json_text(const Common& c, const json& j);
 // Print "deltactl: error: ..." and return the exit code: 2, or 1.

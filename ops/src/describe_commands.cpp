@@ -283,13 +283,8 @@ int session_main(int argc, char** argv) {
     // deltactl session describe ID [flags]
     if (argc < 1 || std::string(argv[0]) != "describe")
         return usage_error("usage: deltactl session describe ID [flags]");
-    std::string id;
-    if (argc >= 2 && argv[1][0] != '-') {
-        id = argv[1];
-        argc -= 2, argv += 2;
-    } else {
-        argc -= 1, argv += 1;
-    }
+    --argc, ++argv;
+    const std::string id = take_id(argc, argv);
     Common c;
     ArgParser p("deltactl session describe ID",
                 "Everything about one session: its records, each layer's tokens by kind, bytes "

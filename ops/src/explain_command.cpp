@@ -24,6 +24,9 @@ namespace {
 
 using Removal = kvstore::DiskTier::Removal;
 
+constexpr const char* kFollowsAMiss =
+    "follows a block that is not taken (blocks chain: each needs those before it)";
+
 // The last logged removal of each block of the store.
 std::map<uint64_t, Removal> removals_of(const Store& store) {
     std::map<uint64_t, Removal> out;
@@ -63,6 +66,18 @@ std::string miss_reason(const std::string& check, const Removal* removed) {
     return check + ": refused";
 }
 
+// The blocks of an explanation (its JSON "blocks"), one row each: taken, or why not.
+Table block_table(const json& blocks) {
+    Table t({"BLOCK", "KEY", "TOKENS", "TAKEN", "WHY NOT"});
+    for (const json& b : blocks) {
+        t.add({std::to_string(b["block"].get<int>()), b["key"].get<std::string>().substr(0, 12),
+               std::to_string(b["begin"].get<int>()) + "-" + std::to_string(b["end"].get<int>()),
+               b["taken"].get<bool>() ? "disk" : "no",
+               b.contains("reason") ? b["reason"].get<std::string>() : ""});
+    }
+    return t;
+}
+
 // A prompt file: a chat completion request's body, or text as one user message.
 Result<std::vector<model::ChatMessage>> prompt_messages(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
@@ -81,8 +96,6 @@ Result<std::vector<model::ChatMessage>> prompt_messages(const std::string& path)
 
 // One KV identity of a store, as its session records name it.
 struct Identity {
-    const Store* store = nullptr;
-    uint64_t fingerprint = 0;
     int32_t block_tokens = 0;  // the longest first block of its records
     uint64_t sample_block = 0;
     int32_t sessions = 0;
@@ -115,8 +128,6 @@ int explain_prompt(const Common& c, const std::string& path, const std::string& 
                 if (!decode::parse_session_record_key(k, &fp, &session) || !r || r->keys.empty())
                     continue;
                 Identity& id = ids[fp];
-                id.store = store.get();
-                id.fingerprint = fp;
                 ++id.sessions;
                 if (r->ends[0] > id.block_tokens) id.block_tokens = r->ends[0];
                 id.sample_block = r->keys[0];
@@ -151,9 +162,7 @@ int explain_prompt(const Common& c, const std::string& path, const std::string& 
                                {"end", b + id.block_tokens}};
                     std::string why;
                     if (broken) {
-                        why =
-                            "follows a block that is not taken (blocks chain: each needs "
-                            "those before it)";
+                        why = kFollowsAMiss;
                     } else if (!store->tier->contains(keys[i])) {
                         auto r = removed.find(keys[i]);
                         why = gone_reason(r != removed.end() ? &r->second : nullptr, false);
@@ -231,14 +240,7 @@ int explain_prompt(const Common& c, const std::string& path, const std::string& 
             std::printf("  %s.\n", s["note"].get<std::string>().c_str());
             continue;
         }
-        Table t({"BLOCK", "KEY", "TOKENS", "TAKEN", "WHY NOT"});
-        for (const json& b : s["blocks"]) {
-            t.add(
-                {std::to_string(b["block"].get<int>()), b["key"].get<std::string>().substr(0, 12),
-                 std::to_string(b["begin"].get<int>()) + "-" + std::to_string(b["end"].get<int>()),
-                 b["taken"].get<bool>() ? "disk" : "no",
-                 b.contains("reason") ? b["reason"].get<std::string>() : ""});
-        }
+        Table t = block_table(s["blocks"]);
         const json& tail = s["tail"];
         t.add({"tail", kUnknown,
                std::to_string(tail["begin"].get<int>()) + "-" +
@@ -252,11 +254,7 @@ int explain_prompt(const Common& c, const std::string& path, const std::string& 
 }  // namespace
 
 int explain_main(int argc, char** argv) {
-    std::string id;
-    if (argc >= 1 && argv[0][0] != '-') {
-        id = argv[0];
-        --argc, ++argv;
-    }
+    const std::string id = take_id(argc, argv);
     Common c;
     ArgParser p("deltactl explain ID | --prompt FILE --model M",
                 "What the session's next turn (or a new session's first turn with the prompt "
@@ -312,8 +310,7 @@ int explain_main(int argc, char** argv) {
                       {"check", b.check}};
             if (broken) {
                 j["taken"] = false;
-                j["reason"] =
-                    "follows a block that is not taken (blocks chain: each needs those before it)";
+                j["reason"] = kFollowsAMiss;
             } else if (b.check == "ok") {
                 j["taken"] = true;
                 j["tier"] = "disk";
@@ -359,14 +356,7 @@ int explain_main(int argc, char** argv) {
                         static_cast<long long>(stored));
         }
         std::printf(", then its new message.\n\n");
-        Table t({"BLOCK", "KEY", "TOKENS", "TAKEN", "WHY NOT"});
-        for (const json& b : out["blocks"]) {
-            t.add(
-                {std::to_string(b["block"].get<int>()), b["key"].get<std::string>().substr(0, 12),
-                 std::to_string(b["begin"].get<int>()) + "-" + std::to_string(b["end"].get<int>()),
-                 b["taken"].get<bool>() ? "disk" : "no",
-                 b.contains("reason") ? b["reason"].get<std::string>() : ""});
-        }
+        Table t = block_table(out["blocks"]);
         t.print();
     }
     if (!others.empty()) {

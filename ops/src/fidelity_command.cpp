@@ -24,11 +24,7 @@
 namespace deltaserve::ops {
 
 int fidelity_main(int argc, char** argv) {
-    std::string id;
-    if (argc >= 1 && argv[0][0] != '-') {
-        id = argv[0];
-        --argc, ++argv;
-    }
+    const std::string id = take_id(argc, argv);
     Common c;
     std::string model_path, profile;
     float keep = 0.3f;
@@ -157,9 +153,8 @@ int fidelity_main(int argc, char** argv) {
     (*full)->truncate(n - k);
     // Each layer's input (the normed hidden state the layers before it made) on both sides:
     // the stored cache's drift after each layer, over the tokens compared.
-    const model::ModelConfig& mc = (*m)->config;
-    const size_t dm = static_cast<size_t>(mc.d_model);
-    std::vector<float> in_full(static_cast<size_t>(mc.n_layers) * dm), in_stored(in_full.size());
+    const size_t dm = static_cast<size_t>(cfg.d_model);
+    std::vector<float> in_full(static_cast<size_t>(cfg.n_layers) * dm), in_stored(in_full.size());
     const auto tap = [dm](std::vector<float>& into) {
         return [&into, dm](int32_t layer, const float* h, int64_t ldh, const float*, int64_t,
                            const float*, int64_t, int64_t n) {
@@ -169,7 +164,7 @@ int fidelity_main(int argc, char** argv) {
     };
     (*full)->set_attention_tap(tap(in_full));
     (*stored)->set_attention_tap(tap(in_stored));
-    std::vector<double> drift_sq(static_cast<size_t>(mc.n_layers)), norm_sq(drift_sq.size());
+    std::vector<double> drift_sq(static_cast<size_t>(cfg.n_layers)), norm_sq(drift_sq.size());
     std::vector<double> kl, lf, ls;
     int32_t agree = 0;
     for (int32_t i = n - k; i < n; ++i) {

@@ -189,6 +189,7 @@ int cluster_main(int argc, char** argv) {
     add_common(p, c);
     add_watch(p, c);
     if (auto code = parse_flags(p, argc, argv)) return *code;
+    if (int code = watch_usage(c, "deltactl cluster")) return code;
     init_logging("warn");
     if (!c.live())
         return usage_error(
@@ -334,11 +335,7 @@ int checkpoint_main(int argc, char** argv) {
 // deltactl drop|evict ID: an operator's act on one session of a running server.
 int act_main(const char* verb, int argc, char** argv) {
     const std::string command = std::string("deltactl ") + verb;
-    std::string id;
-    if (argc >= 1 && argv[0][0] != '-') {
-        id = argv[0];
-        --argc, ++argv;
-    }
+    const std::string id = take_id(argc, argv);
     Common c;
     const std::string v = verb;
     const char* what =

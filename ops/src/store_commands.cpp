@@ -31,6 +31,7 @@ int sessions_main(int argc, char** argv) {
     int32_t page_size = 500;
     p.add("page-size", &page_size, "--server: sessions asked for per call");
     if (auto code = parse_flags(p, argc, argv)) return *code;
+    if (int code = watch_usage(c, "deltactl sessions")) return code;
     init_logging("warn");
     if (sort_by != "last-use" && sort_by != "tokens" && sort_by != "turns" && sort_by != "bytes" &&
         sort_by != "name")
@@ -50,7 +51,6 @@ int sessions_main(int argc, char** argv) {
                                        p.given("node") ? &node : nullptr);
         });
     }
-    if (c.watch) return watch_loop(c, "deltactl sessions", [] { return 0; });
     auto view = open_view(c, &code);
     if (!view) return code;
     std::vector<StoredSession> all = view->sessions();
@@ -126,6 +126,7 @@ int tiers_main(int argc, char** argv) {
     add_common(p, c);
     add_watch(p, c);
     if (auto code = parse_flags(p, argc, argv)) return *code;
+    if (int code = watch_usage(c, "deltactl tiers")) return code;
     init_logging("warn");
     int code = 0;
     if (c.live()) {
@@ -137,7 +138,6 @@ int tiers_main(int argc, char** argv) {
             return print_live_tiers(*nodes, c);
         });
     }
-    if (c.watch) return watch_loop(c, "deltactl tiers", [] { return 0; });
     auto view = open_view(c, &code);
     if (!view) return code;
     json out = json::array();
