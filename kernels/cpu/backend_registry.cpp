@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "cpu_backend.h"
+#include "deltaserve/common/logging.h"
 #include "deltaserve/kernels/backend.h"
 
 namespace deltaserve::kernels {
@@ -76,6 +77,11 @@ Status Backend::copy_in(void*, const void*, size_t, const Exec&) {
 Status Backend::copy_out(void*, const void*, size_t, const Exec&) {
     return not_here(*this, "copy_out");
 }
+Status Backend::availability() const {
+    if (available()) return Status();
+    return unavailable("the " + std::string(name()) + " backend cannot run here");
+}
+Status Backend::copy(void*, const void*, size_t, const Exec&) { return not_here(*this, "copy"); }
 Result<WeightMatrix> Backend::upload_weight(const WeightMatrix&) {
     return not_here(*this, "upload_weight");
 }
@@ -148,6 +154,31 @@ Backend* find_backend(std::string_view name) {
     std::lock_guard lock(reg.mu);
     auto it = reg.backends.find(name);
     return it == reg.backends.end() ? nullptr : it->second.get();
+}
+
+Result<Backend*> choose_backend(std::string_view device) {
+    if (device == "cpu") return find_backend("cpu");
+    if (device != "" && device != "cuda") {
+        return invalid_argument("--device must be cpu or cuda, not '" + std::string(device) + "'");
+    }
+    Backend* cuda = find_backend("cuda");
+    if (cuda != nullptr && cuda->available()) {
+        static std::once_flag said;
+        std::call_once(said, [cuda, device] {
+            if (device.empty()) {
+                spdlog::warn("running the forward pass on {} (--device cpu runs it on the CPU)",
+                             cuda->description());
+            }
+        });
+        return cuda;
+    }
+    if (device.empty()) return find_backend("cpu");
+    if (cuda == nullptr) {
+        return unavailable(
+            "--device cuda: this build has no CUDA backend (built without nvcc, "
+            "or with -DDELTASERVE_CUDA=OFF)");
+    }
+    return cuda->availability().with_context("--device cuda");
 }
 
 std::vector<std::string> backend_names() {

@@ -28,6 +28,7 @@ class CpuBackend final : public Backend {
   public:
     std::string_view name() const override { return "cpu"; }
     bool available() const override { return true; }
+    bool host_memory() const override { return true; }
 
     Status rms_norm_rope(const RmsNormRopeParams& p, const float* x, const float* weight,
                          const int64_t* positions, float* out) override {
@@ -45,6 +46,10 @@ class CpuBackend final : public Backend {
         return Status();
     }
     Status copy_out(void* dst, const void* src, size_t bytes, const Exec&) override {
+        if (bytes > 0) std::memcpy(dst, src, bytes);
+        return Status();
+    }
+    Status copy(void* dst, const void* src, size_t bytes, const Exec&) override {
         if (bytes > 0) std::memcpy(dst, src, bytes);
         return Status();
     }

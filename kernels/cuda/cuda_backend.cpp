@@ -1,4 +1,6 @@
 // The "cuda" backend: probes for a device on first use; registered by cuda_registrar.cpp.
+// The forward pass's ops run on the Exec's stream (nullptr: cudaStreamPerThread) over device
+// memory; their host side is forward_ops.cpp. Uploaded weights live until the backend goes.
 #include "cuda_backend.h"
 
 #include <cuda_runtime_api.h>
@@ -14,7 +16,10 @@
 #include "cuda_status.h"
 #include "deltaserve/common/logging.h"
 #include "deltaserve/kernels/backend.h"
+#include "deltaserve/kernels/repack.h"
+#include "forward_ops.h"
 #include "rms_norm_rope.h"
+#include "row_major.h"
 
 namespace deltaserve::kernels::cuda {
 namespace {
@@ -57,6 +62,11 @@ class DeviceBuffer {
     T* as() const {
         return static_cast<T*>(ptr_);
     }
+    // Hands the memory over to the caller (who frees it with cudaFree).
+    void* release() {
+        bytes_ = 0;
+        return std::exchange(ptr_, nullptr);
+    }
     Status copy_to_host(void* host) const {
         if (bytes_ == 0) return Status();
         return from_cuda(cudaMemcpy(host, ptr_, bytes_, cudaMemcpyDeviceToHost),
@@ -68,13 +78,28 @@ class DeviceBuffer {
     size_t bytes_ = 0;
 };
 
+cudaStream_t stream_of(const Exec& exec) {
+    return exec.stream != nullptr ? static_cast<cudaStream_t>(exec.stream) : cudaStreamPerThread;
+}
+
 class CudaBackend final : public Backend {
   public:
+    ~CudaBackend() override {
+        for (void* w : weights_) (void)cudaFree(w);  // at exit the runtime may be gone already
+    }
+
     std::string_view name() const override { return "cuda"; }
 
     bool available() const override {
         std::call_once(probe_once_, [this] { probe(); });
         return no_device_.ok();
+    }
+    Status availability() const override {
+        available();
+        return no_device_;
+    }
+    std::string description() const override {
+        return available() ? "cuda: " + device_ : "cuda (no device)";
     }
 
     Status rms_norm_rope(const RmsNormRopeParams& p, const float* x, const float* weight,
@@ -85,20 +110,10 @@ class CudaBackend final : public Backend {
         if (p.n_rows > 0x7fffffff) return invalid_argument("cuda rms_norm_rope: n_rows > 2^31-1");
         const size_t rows_bytes = static_cast<size_t>(p.n_rows * p.d_model) * sizeof(float);
 
-        // Same expression as kernels::rope() so theta matches the reference bit for bit.
-        std::vector<float> inv_freq(static_cast<size_t>(p.n_heads > 0 ? p.head_dim / 2 : 0));
-        for (size_t j = 0; j < inv_freq.size(); ++j) {
-            inv_freq[j] = std::pow(p.rope_base,
-                                   -2.0f * static_cast<float>(j) / static_cast<float>(p.head_dim));
-        }
-
         DS_ASSIGN_OR_RETURN(DeviceBuffer d_x, DeviceBuffer::copy_of(x, rows_bytes));
         DS_ASSIGN_OR_RETURN(
             DeviceBuffer d_w,
             DeviceBuffer::copy_of(weight, static_cast<size_t>(p.d_model) * sizeof(float)));
-        DS_ASSIGN_OR_RETURN(
-            DeviceBuffer d_freq,
-            DeviceBuffer::copy_of(inv_freq.data(), inv_freq.size() * sizeof(float)));
         DeviceBuffer d_pos;
         if (p.n_heads > 0) {
             DS_ASSIGN_OR_RETURN(
@@ -110,17 +125,128 @@ class CudaBackend final : public Backend {
         args.x = d_x.as<float>();
         args.weight = d_w.as<float>();
         args.positions = d_pos.as<int64_t>();
-        args.inv_freq = d_freq.as<float>();
         args.out = d_x.as<float>();  // in place on the device copy
         args.n_rows = p.n_rows;
         args.d_model = p.d_model;
         args.n_heads = p.n_heads;
         args.head_dim = p.head_dim;
         args.eps = p.eps;
+        // Same expression as kernels::rope() so theta matches the reference bit for bit.
+        args.theta_scale =
+            p.n_heads > 0 ? std::pow(p.rope_base, -2.0f / static_cast<float>(p.head_dim)) : 0.0f;
         args.interleaved = p.style == RopeStyle::kInterleaved;
         DS_RETURN_IF_ERROR(from_cuda(launch_rms_norm_rope(args, nullptr), "rms_norm_rope launch"));
         // Synchronous on the legacy default stream: also reports errors of the kernel run.
         return d_x.copy_to_host(out).with_context("cuda rms_norm_rope");
+    }
+
+    // --- The forward pass's ops: no device, no op (before any argument is looked at).
+
+    Status copy_in(void* dst, const void* host_src, size_t bytes, const Exec& exec) override {
+        if (!available()) return no_device_;
+        if (bytes == 0) return Status();
+        return from_cuda(
+            cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_of(exec)),
+            "cuda copy_in");
+    }
+    // Synchronizes the stream, so it reports the errors of the kernels queued before.
+    Status copy_out(void* host_dst, const void* src, size_t bytes, const Exec& exec) override {
+        if (!available()) return no_device_;
+        const cudaStream_t stream = stream_of(exec);
+        if (bytes > 0) {
+            DS_RETURN_IF_ERROR(
+                from_cuda(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream),
+                          "cuda copy_out"));
+        }
+        return from_cuda(cudaStreamSynchronize(stream), "cuda copy_out");
+    }
+    Status copy(void* dst, const void* src, size_t bytes, const Exec& exec) override {
+        if (!available()) return no_device_;
+        if (bytes == 0) return Status();
+        return from_cuda(
+            cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_of(exec)),
+            "cuda copy");
+    }
+
+    // Row-major on the device whatever the host layout (the kernels read one layout).
+    Result<WeightMatrix> upload_weight(const WeightMatrix& host) override {
+        if (!available()) return no_device_;
+        DS_RETURN_IF_ERROR(check_upload(host));
+        const size_t bytes = static_cast<size_t>(host.rows) * host.row_stride();
+        WeightMatrix on = host;
+        on.interleave = 1;
+        on.data = nullptr;
+        if (bytes == 0) return on;
+        std::vector<uint8_t> row_major;
+        const void* src = host.data;
+        if (host.interleave == kRowInterleave) {
+            row_major.resize(bytes);
+            deinterleave_rows(host, row_major.data());
+            src = row_major.data();
+        }
+        DS_ASSIGN_OR_RETURN(DeviceBuffer dev, DeviceBuffer::copy_of(src, bytes));
+        std::lock_guard lock(weights_mu_);
+        weights_.push_back(dev.as<void>());
+        on.data = dev.release();
+        return on;
+    }
+
+    Status rms_norm_rows(const float* x, int64_t ldx, const float* weight, int64_t d, int64_t n,
+                         float eps, float* out, int64_t ldo, const Exec& exec) override {
+        if (!available()) return no_device_;
+        return run_rms_norm_rows(x, ldx, weight, d, n, eps, out, ldo, stream_of(exec));
+    }
+    Status matmul(const WeightMatrix& w, const float* x, int64_t ldx, int64_t n, float* y,
+                  int64_t ldy, const Exec& exec) override {
+        if (!available()) return no_device_;
+        return run_matmul(w, x, ldx, n, y, ldy, stream_of(exec));
+    }
+    Status matmul_shared_input(std::span<const MatmulOutput> outputs, const float* x, int64_t ldx,
+                               int64_t n, const Exec& exec) override {
+        if (!available()) return no_device_;
+        return run_matmul_shared_input(outputs, x, ldx, n, stream_of(exec));
+    }
+    Status rope_rows(float* x, int64_t ldx, int64_t n, int n_heads, int head_dim,
+                     const int32_t* positions, float base, RopeStyle style,
+                     const Exec& exec) override {
+        if (!available()) return no_device_;
+        return run_rope_rows(x, ldx, n, n_heads, head_dim, positions, base, style, stream_of(exec));
+    }
+    Status silu_mul(float* out, const float* gate, const float* up, int64_t n,
+                    const Exec& exec) override {
+        if (!available()) return no_device_;
+        return run_silu_mul(out, gate, up, n, stream_of(exec));
+    }
+    Status add(float* y, const float* x, int64_t n, const Exec& exec) override {
+        if (!available()) return no_device_;
+        return run_add(y, x, n, stream_of(exec));
+    }
+    Status embed_rows(const WeightMatrix& table, const int32_t* tokens, int64_t n, float* out,
+                      const Exec& exec) override {
+        if (!available()) return no_device_;
+        return run_embed_rows(table, tokens, n, out, stream_of(exec));
+    }
+    Status attention(const AttentionShape& shape, const KvView& kv, const float* q, int64_t ldq,
+                     int32_t n_q, float* out, int64_t ldo, const Exec& exec) override {
+        if (!available()) return no_device_;
+        return run_attention(shape, kv, q, ldq, n_q, out, ldo, stream_of(exec));
+    }
+    Status top_k(const float* logits, int64_t n_vocab, int64_t n_rows, int32_t k, int32_t* ids,
+                 float* values, const Exec& exec) override {
+        if (!available()) return no_device_;
+        return run_top_k(logits, n_vocab, n_rows, k, ids, values, stream_of(exec));
+    }
+
+  protected:
+    // nullptr without a device or memory (alloc then says kResourceExhausted).
+    void* allocate(size_t bytes) override {
+        if (bytes == 0 || !available()) return nullptr;
+        void* p = nullptr;
+        if (!from_cuda(cudaMalloc(&p, bytes), "cudaMalloc").ok()) return nullptr;
+        return p;
+    }
+    void deallocate(void* data, size_t) override {
+        if (data != nullptr) (void)cudaFree(data);
     }
 
   private:
@@ -138,12 +264,26 @@ class CudaBackend final : public Backend {
         }
         if (!cause.empty()) {
             no_device_ = Status(StatusCode::kUnavailable, "no CUDA device (" + cause + ")");
-            spdlog::warn("no CUDA device; running on the CPU ({})", cause);
+            // Not a warning: most machines have none, and choose_backend says what runs.
+            spdlog::debug("no CUDA device ({})", cause);
+            return;
+        }
+        cudaDeviceProp prop{};
+        if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
+            device_ = std::string(prop.name) + " (sm_" + std::to_string(prop.major) +
+                      std::to_string(prop.minor) + ", " +
+                      std::to_string(prop.totalGlobalMem >> 30) + " GiB)";
+        } else {
+            (void)cudaGetLastError();
+            device_ = "device 0";
         }
     }
 
     mutable std::once_flag probe_once_;
-    mutable Status no_device_;  // OK once a device was found; written only inside probe_once_
+    mutable Status no_device_;    // OK once a device was found; written only inside probe_once_
+    mutable std::string device_;  // its name, compute capability and memory; likewise
+    std::mutex weights_mu_;
+    std::vector<void*> weights_;  // upload_weight's device copies, freed with the backend
 };
 
 }  // namespace

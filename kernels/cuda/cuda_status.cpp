@@ -27,6 +27,9 @@ StatusCode code_for(cudaError_t err) {
 
 Status from_cuda(cudaError_t err, std::string_view what) {
     if (err == cudaSuccess) return Status();
+    // The runtime also keeps it as the thread's last error: clear that, or the next launch
+    // check (cudaGetLastError) would report it again.
+    (void)cudaGetLastError();
     std::string msg(what);
     msg += ": ";
     msg += cudaGetErrorName(err);

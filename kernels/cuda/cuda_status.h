@@ -11,7 +11,7 @@ namespace deltaserve::kernels::cuda {
 
 // OK for cudaSuccess; otherwise "<what>: <cudaErrorName> (<code>): <description>" with
 // kResourceExhausted (out of memory), kUnavailable (no device or driver), kInvalidArgument
-// (invalid value) or kInternal (anything else).
+// (invalid value) or kInternal (anything else). Clears the thread's last CUDA error.
 Status from_cuda(cudaError_t err, std::string_view what);
 
 }  // namespace deltaserve::kernels::cuda

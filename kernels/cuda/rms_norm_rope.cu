@@ -2,11 +2,11 @@
 //
 // Parity with the CPU reference (kernels/cpu/ops.cpp) is the point of this kernel, so the
 // arithmetic mirrors it step for step with explicitly rounded intrinsics (no FMA
-// contraction): the same scale = 1 / sqrt(mean(x^2) + eps), the same (x * scale) * w, the
-// same theta = float(pos) * inv_freq[j] with inv_freq computed by the host's powf, and
-// sin/cos evaluated in double and rounded, which agrees with glibc's sinf/cosf to the last
-// bit almost always. Only the order of the sum of squares differs (a tree here).
+// contraction): the same scale = 1 / sqrt(mean(x^2) + eps), the same (x * scale) * w, and
+// the same angles (rope_table.cuh). Only the order of the sum of squares differs (a tree
+// here).
 #include "rms_norm_rope.h"
+#include "rope_table.cuh"
 
 namespace deltaserve::kernels::cuda {
 namespace {
@@ -49,14 +49,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_rope_kernel(RmsNormRopeLaun
     float* cos_t = trig;
     float* sin_t = trig + half;
     if (a.n_heads > 0) {
-        const float pos = static_cast<float>(a.positions[blockIdx.x]);
-        for (int j = threadIdx.x; j < half; j += kThreads) {
-            double s;
-            double c;
-            sincos(static_cast<double>(__fmul_rn(pos, a.inv_freq[j])), &s, &c);
-            cos_t[j] = static_cast<float>(c);
-            sin_t[j] = static_cast<float>(s);
-        }
+        rope_table(static_cast<float>(a.positions[blockIdx.x]), a.theta_scale, half, cos_t, sin_t);
         __syncthreads();
     }
 

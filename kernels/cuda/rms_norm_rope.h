@@ -13,14 +13,14 @@ struct RmsNormRopeLaunch {
     const float* x = nullptr;            // n_rows * d_model
     const float* weight = nullptr;       // d_model
     const int64_t* positions = nullptr;  // n_rows
-    const float* inv_freq = nullptr;     // head_dim / 2: base^(-2j / head_dim), from the host
     float* out = nullptr;                // n_rows * d_model; may alias x
     int64_t n_rows = 0;                  // <= INT32_MAX (one block per row)
     int64_t d_model = 0;
     int n_heads = 0;
     int head_dim = 0;
     float eps = 0.0f;
-    bool interleaved = true;  // RopeStyle::kInterleaved, else kSplitHalf
+    float theta_scale = 0.0f;  // base^(-2 / head_dim), from the host's powf as kernels::rope
+    bool interleaved = true;   // RopeStyle::kInterleaved, else kSplitHalf
 };
 
 // Enqueues the kernel on stream; returns the launch error (execution errors surface at

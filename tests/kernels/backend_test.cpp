@@ -16,17 +16,12 @@
 #include "deltaserve/kernels/backend.h"
 #include "deltaserve/kernels/quant.h"
 #include "deltaserve/kernels/repack.h"
+#include "random_data.h"
 
 namespace deltaserve::kernels {
 namespace {
 
-std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> dist(0.0f, scale);
-    std::vector<float> v(n);
-    for (float& x : v) x = dist(rng);
-    return v;
-}
+using testing::random_floats;
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;

@@ -93,6 +93,15 @@ class Backend {
     // True when the backend can run ops here (for "cuda": a device is present). Cheap
     // after the first call.
     virtual bool available() const = 0;
+    // OK when available(), else why not (kUnavailable).
+    virtual Status availability() const;
+
+    // The backend and its device, for a log line: "cuda: NVIDIA H200 (sm_90, 139 GiB)".
+    virtual std::string description() const { return std::string(name()); }
+
+    // True when this backend's memory (Buffer, upload_weight) is host memory that host code
+    // may read and write directly: the CPU backend. A device backend's is not.
+    virtual bool host_memory() const { return false; }
 
     // The fused RMSNorm + RoPE of RmsNormRopeParams. All pointers are host memory:
     // x and out hold n_rows * d_model floats (out may alias x), weight d_model floats,
@@ -110,6 +119,8 @@ class Backend {
     // Copies between host memory and this backend's memory (the same on the CPU backend).
     virtual Status copy_in(void* dst, const void* host_src, size_t bytes, const Exec& exec);
     virtual Status copy_out(void* host_dst, const void* src, size_t bytes, const Exec& exec);
+    // A copy within this backend's memory (ranges do not overlap).
+    virtual Status copy(void* dst, const void* src, size_t bytes, const Exec& exec);
     // A weight matrix as this backend's matmuls read it, uploaded once: the CPU backend reads
     // the model's own (returned as it is); a device backend's points into its memory (its
     // bytes live until the backend goes).
@@ -162,5 +173,11 @@ Backend* find_backend(std::string_view name);
 
 // Names of the registered backends, sorted.
 std::vector<std::string> backend_names();
+
+// The backend a run asked for with --device: "cpu", "cuda", or "" for the default, cuda when
+// that backend is built and finds a device (said once in the log), else cpu. Errors:
+// kInvalidArgument for another name, kUnavailable for "cuda" when it is not built or finds
+// no device (the message says which).
+Result<Backend*> choose_backend(std::string_view device);
 
 }  // namespace deltaserve::kernels

@@ -1,0 +1,351 @@
+#include "forward_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "attention.h"
+#include "cuda_status.h"
+#include "deltaserve/kernels/backend.h"
+#include "deltaserve/kernels/repack.h"
+#include "elementwise.h"
+#include "matmul.h"
+#include "stream_buffer.h"
+#include "top_k.h"
+
+namespace deltaserve::kernels::cuda {
+namespace {
+
+// Rows, tokens and (query, head) pairs go to gridDim.x, or are its multiple.
+constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();
+
+Status invalid(const char* op, const std::string& what) {
+    return invalid_argument(std::string("cuda ") + op + ": " + what);
+}
+
+Status launched(cudaError_t err, const char* op) {
+    return from_cuda(err, std::string("cuda ") + op);
+}
+
+std::string type_name(DType t) {
+    const DTypeTraits* traits = dtype_traits(static_cast<uint32_t>(t));
+    return traits != nullptr ? std::string(traits->name)
+                             : "type id " + std::to_string(static_cast<uint32_t>(t));
+}
+
+Status check_shape(const WeightMatrix& w, const char* op) {
+    if (!weight_type_supported(w.type)) {
+        return invalid(op, type_name(w.type) +
+                               " weights are not supported (F32, F16, BF16, Q4_0, Q4_1, Q8_0)");
+    }
+    if (w.cols <= 0) return invalid(op, "cols must be > 0");
+    if (uses_int8_activations(w.type) && w.cols % 32 != 0) {
+        return invalid(op, type_name(w.type) + " rows need a multiple of 32 columns, got " +
+                               std::to_string(w.cols));
+    }
+    if (w.rows < 0 || w.rows > kMaxRows) return invalid(op, "rows must be in [0, 2^31 - 1]");
+    return Status();
+}
+
+// A weight as upload_weight returns it.
+Status check_uploaded(const WeightMatrix& w, const char* op) {
+    DS_RETURN_IF_ERROR(check_shape(w, op));
+    if (w.interleave != 1) {
+        return invalid(op, "an interleaved weight: pass the matrix upload_weight returned");
+    }
+    if (w.rows > 0 && w.data == nullptr) return invalid(op, "the weight has no data");
+    return Status();
+}
+
+Status check_io(const WeightMatrix& w, const float* x, int64_t ldx, int64_t n, const float* y,
+                int64_t ldy, const char* op) {
+    if (n < 0) return invalid(op, "n < 0");
+    if (ldx < w.cols) return invalid(op, "ldx < cols");
+    if (ldy < w.rows) return invalid(op, "ldy < rows");
+    if (n > 0 && (x == nullptr || y == nullptr)) return invalid(op, "x or y is null");
+    return Status();
+}
+
+// x as the int8 blocks the quantized weight types multiply.
+Result<StreamBuffer> quantized(const float* x, int64_t ldx, int64_t n, int64_t cols,
+                               cudaStream_t stream) {
+    DS_ASSIGN_OR_RETURN(StreamBuffer xq, StreamBuffer::create(activation_bytes(n, cols), stream));
+    DS_RETURN_IF_ERROR(launched(launch_quantize_activations(x, ldx, n, cols, xq.data(), stream),
+                                "matmul (quantizing x)"));
+    return xq;
+}
+
+Status enqueue_matmul(const WeightMatrix& w, const float* x, int64_t ldx, const void* xq, int64_t n,
+                      float* y, int64_t ldy, cudaStream_t stream) {
+    MatmulLaunch a;
+    a.type = w.type;
+    a.w = w.data;
+    a.row_stride = w.row_stride();
+    a.rows = w.rows;
+    a.cols = w.cols;
+    a.x = x;
+    a.ldx = ldx;
+    a.xq = xq;
+    a.n = n;
+    a.y = y;
+    a.ldy = ldy;
+    return launched(launch_matmul(a, stream), "matmul");
+}
+
+// A copy in pageable memory, so that staging it has read it when the copy call returns,
+// whatever memory the caller's is.
+std::vector<int32_t> pageable_copy(const int32_t* host, int64_t n) {
+    return std::vector<int32_t>(host, host + n);
+}
+
+// k past kMaxDeviceTopK: the rows to the host, ordered there as the CPU backend orders them.
+Status top_k_on_host(const float* logits, int64_t n_vocab, int64_t n_rows, int32_t k, int32_t* ids,
+                     float* values, cudaStream_t stream) {
+    std::vector<float> rows(static_cast<size_t>(n_rows * n_vocab));
+    DS_RETURN_IF_ERROR(from_cuda(cudaMemcpyAsync(rows.data(), logits, rows.size() * sizeof(float),
+                                                 cudaMemcpyDeviceToHost, stream),
+                                 "cuda top_k: cudaMemcpyAsync to the host"));
+    DS_RETURN_IF_ERROR(from_cuda(cudaStreamSynchronize(stream), "cuda top_k"));
+    return find_backend("cpu")->top_k(rows.data(), n_vocab, n_rows, k, ids, values, Exec{});
+}
+
+}  // namespace
+
+Status check_upload(const WeightMatrix& w) {
+    DS_RETURN_IF_ERROR(check_shape(w, "upload_weight"));
+    const bool interleaved = w.interleave == kRowInterleave && uses_int8_activations(w.type) &&
+                             w.rows % kRowInterleave == 0;
+    if (w.interleave != 1 && !interleaved) {
+        return invalid("upload_weight", "interleave " + std::to_string(w.interleave) +
+                                            " is not a layout repack_rows makes");
+    }
+    if (w.rows > 0 && w.data == nullptr) return invalid("upload_weight", "the weight has no data");
+    return Status();
+}
+
+Status run_matmul(const WeightMatrix& w, const float* x, int64_t ldx, int64_t n, float* y,
+                  int64_t ldy, cudaStream_t stream) {
+    DS_RETURN_IF_ERROR(check_uploaded(w, "matmul"));
+    DS_RETURN_IF_ERROR(check_io(w, x, ldx, n, y, ldy, "matmul"));
+    if (n == 0 || w.rows == 0) return Status();
+    StreamBuffer xq;
+    if (uses_int8_activations(w.type)) {
+        DS_ASSIGN_OR_RETURN(xq, quantized(x, ldx, n, w.cols, stream));
+    }
+    return enqueue_matmul(w, x, ldx, xq.data(), n, y, ldy, stream);
+}
+
+Status run_matmul_shared_input(std::span<const MatmulOutput> outputs, const float* x, int64_t ldx,
+                               int64_t n, cudaStream_t stream) {
+    const char* op = "matmul_shared_input";
+    bool int8 = false;
+    for (const MatmulOutput& o : outputs) {
+        if (o.w == nullptr) return invalid(op, "an output without a weight");
+        DS_RETURN_IF_ERROR(check_uploaded(*o.w, op));
+        if (o.w->cols != outputs[0].w->cols) return invalid(op, "the weights' cols differ");
+        DS_RETURN_IF_ERROR(check_io(*o.w, x, ldx, n, o.y, o.ldy, op));
+        int8 = int8 || uses_int8_activations(o.w->type);
+    }
+    if (outputs.empty() || n == 0) return Status();
+    // One quantization of x serves every int8 weight: they have the same cols.
+    StreamBuffer xq;
+    if (int8) {
+        DS_ASSIGN_OR_RETURN(xq, quantized(x, ldx, n, outputs[0].w->cols, stream));
+    }
+    for (const MatmulOutput& o : outputs) {
+        DS_RETURN_IF_ERROR(enqueue_matmul(*o.w, x, ldx, xq.data(), n, o.y, o.ldy, stream));
+    }
+    return Status();
+}
+
+Status run_rms_norm_rows(const float* x, int64_t ldx, const float* weight, int64_t d, int64_t n,
+                         float eps, float* out, int64_t ldo, cudaStream_t stream) {
+    const char* op = "rms_norm_rows";
+    if (d <= 0) return invalid(op, "d must be > 0");
+    if (n < 0 || n > kMaxRows) return invalid(op, "n must be in [0, 2^31 - 1]");
+    if (ldx < d || ldo < d) return invalid(op, "ldx and ldo must be >= d");
+    if (n == 0) return Status();
+    if (x == nullptr || weight == nullptr || out == nullptr) return invalid(op, "a null pointer");
+    return launched(launch_rms_norm_rows(x, ldx, weight, d, n, eps, out, ldo, stream), op);
+}
+
+Status run_rope_rows(float* x, int64_t ldx, int64_t n, int n_heads, int head_dim,
+                     const int32_t* positions, float base, RopeStyle style, cudaStream_t stream) {
+    const char* op = "rope_rows";
+    if (n < 0 || n > kMaxRows) return invalid(op, "n must be in [0, 2^31 - 1]");
+    if (n_heads < 0) return invalid(op, "n_heads < 0");
+    if (n == 0 || n_heads == 0) return Status();
+    if (head_dim < 2 || head_dim > 1024 || head_dim % 2 != 0) {
+        return invalid(op,
+                       "head_dim must be even and in [2, 1024], got " + std::to_string(head_dim));
+    }
+    if (ldx < static_cast<int64_t>(n_heads) * head_dim)
+        return invalid(op, "ldx < n_heads * head_dim");
+    if (x == nullptr || positions == nullptr) return invalid(op, "a null pointer");
+    const std::vector<int32_t> pos = pageable_copy(positions, n);
+    DS_ASSIGN_OR_RETURN(StreamBuffer d_pos,
+                        StreamBuffer::copy_of(pos.data(), pos.size() * sizeof(int32_t), stream));
+    RopeRowsLaunch a;
+    a.x = x;
+    a.ldx = ldx;
+    a.n = n;
+    a.n_heads = n_heads;
+    a.head_dim = head_dim;
+    a.positions = d_pos.as<int32_t>();
+    // kernels::rope's expression, so that the angles round the same.
+    a.theta_scale = std::pow(base, -2.0f / static_cast<float>(head_dim));
+    a.interleaved = style == RopeStyle::kInterleaved;
+    return launched(launch_rope_rows(a, stream), op);
+}
+
+Status run_silu_mul(float* out, const float* gate, const float* up, int64_t n,
+                    cudaStream_t stream) {
+    if (n < 0) return invalid("silu_mul", "n < 0");
+    if (n > 0 && (out == nullptr || gate == nullptr || up == nullptr)) {
+        return invalid("silu_mul", "a null pointer");
+    }
+    return launched(launch_silu_mul(out, gate, up, n, stream), "silu_mul");
+}
+
+Status run_add(float* y, const float* x, int64_t n, cudaStream_t stream) {
+    if (n < 0) return invalid("add", "n < 0");
+    if (n > 0 && (y == nullptr || x == nullptr)) return invalid("add", "a null pointer");
+    return launched(launch_add(y, x, n, stream), "add");
+}
+
+Status run_embed_rows(const WeightMatrix& table, const int32_t* tokens, int64_t n, float* out,
+                      cudaStream_t stream) {
+    const char* op = "embed_rows";
+    DS_RETURN_IF_ERROR(check_uploaded(table, op));
+    if (n < 0 || n > kMaxRows) return invalid(op, "n must be in [0, 2^31 - 1]");
+    if (n == 0) return Status();
+    if (tokens == nullptr || out == nullptr) return invalid(op, "a null pointer");
+    const std::vector<int32_t> ids = pageable_copy(tokens, n);
+    for (size_t i = 0; i < ids.size(); ++i) {
+        // A device read out of bounds would be a fault, not a Status: checked here.
+        if (ids[i] < 0 || ids[i] >= table.rows) {
+            return invalid(op, "token " + std::to_string(ids[i]) + " (at " + std::to_string(i) +
+                                   ") is outside the table's " + std::to_string(table.rows) +
+                                   " rows");
+        }
+    }
+    DS_ASSIGN_OR_RETURN(StreamBuffer d_ids,
+                        StreamBuffer::copy_of(ids.data(), ids.size() * sizeof(int32_t), stream));
+    return launched(launch_embed_rows(table.type, table.data, table.row_stride(), table.cols,
+                                      d_ids.as<int32_t>(), n, out, stream),
+                    op);
+}
+
+Status run_attention(const AttentionShape& s, const KvView& kv, const float* q, int64_t ldq,
+                     int32_t n_q, float* out, int64_t ldo, cudaStream_t stream) {
+    const char* op = "attention";
+    if (s.head_dim <= 0 || s.head_dim % 8 != 0 || s.head_dim > 256) {
+        return invalid(
+            op, "head_dim must be a multiple of 8 in [8, 256], got " + std::to_string(s.head_dim));
+    }
+    if (s.n_heads <= 0 || s.n_kv_heads <= 0 || s.n_heads % s.n_kv_heads != 0) {
+        return invalid(op, "n_heads must be a positive multiple of n_kv_heads");
+    }
+    if (kv.dtype != DType::kF16 && kv.dtype != DType::kF32) {
+        return invalid(op, "the KV cache must be F16 or F32");
+    }
+    const int64_t width = static_cast<int64_t>(s.n_heads) * s.head_dim;
+    if (n_q < 0) return invalid(op, "n_q < 0");
+    if (ldq < width || ldo < width) return invalid(op, "ldq and ldo must be >= n_heads * head_dim");
+    if (static_cast<int64_t>(n_q) * s.n_heads > kMaxRows)
+        return invalid(op, "n_q * n_heads > 2^31 - 1");
+    if (n_q == 0) return Status();
+    if (q == nullptr || out == nullptr || kv.k == nullptr || kv.v == nullptr) {
+        return invalid(op, "a null pointer");
+    }
+    const int n_groups = s.n_kv_heads;
+    int32_t max_n = 0;
+    for (int g = 0; g < n_groups; ++g) {
+        if (kv.n_of(g) < n_q) {
+            return invalid(op, "KV head " + std::to_string(g) + " has " +
+                                   std::to_string(kv.n_of(g)) + " entries, fewer than the " +
+                                   std::to_string(n_q) + " queries");
+        }
+        if (kv.slots_of(g) == nullptr) return invalid(op, "a null slot list");
+        max_n = std::max(max_n, kv.n_of(g));
+    }
+
+    // Staged as one copy: each KV head's list start (int64), then the lists' lengths and the
+    // lists (int32), a shared list once.
+    std::vector<int64_t> start(static_cast<size_t>(n_groups), int64_t{n_groups});
+    std::vector<int32_t> lists(static_cast<size_t>(n_groups));
+    for (int g = 0; g < n_groups; ++g) lists[static_cast<size_t>(g)] = kv.n_of(g);
+    if (kv.head_slots == nullptr) {
+        lists.insert(lists.end(), kv.slots, kv.slots + max_n);
+    } else {
+        for (int g = 0; g < n_groups; ++g) {
+            start[static_cast<size_t>(g)] = static_cast<int64_t>(lists.size());
+            lists.insert(lists.end(), kv.head_slots[g], kv.head_slots[g] + kv.n_of(g));
+        }
+    }
+    const size_t start_bytes = start.size() * sizeof(int64_t);
+    std::vector<uint8_t> staged(start_bytes + lists.size() * sizeof(int32_t));
+    std::memcpy(staged.data(), start.data(), start_bytes);
+    std::memcpy(staged.data() + start_bytes, lists.data(), lists.size() * sizeof(int32_t));
+    DS_ASSIGN_OR_RETURN(StreamBuffer d_lists,
+                        StreamBuffer::copy_of(staged.data(), staged.size(), stream));
+
+    const AttentionPlan plan = attention_plan(n_q, s.n_heads, s.head_dim, max_n);
+    DS_ASSIGN_OR_RETURN(StreamBuffer partial, StreamBuffer::create(plan.partial_bytes, stream));
+    AttentionLaunch a;
+    a.k = kv.k;
+    a.v = kv.v;
+    a.f16 = kv.dtype == DType::kF16;
+    a.row_stride = kv.row_stride;
+    a.head_stride = kv.head_stride;
+    a.list_start = d_lists.as<int64_t>();
+    a.list_n = reinterpret_cast<const int32_t*>(d_lists.as<uint8_t>() + start_bytes);
+    a.slots = a.list_n;
+    a.q = q;
+    a.ldq = ldq;
+    a.out = out;
+    a.ldo = ldo;
+    a.n_q = n_q;
+    a.n_heads = s.n_heads;
+    a.n_kv_heads = s.n_kv_heads;
+    a.head_dim = s.head_dim;
+    a.scale = s.scale;
+    a.n_splits = plan.n_splits;
+    a.split_keys = plan.split_keys;
+    a.partial = partial.as<float>();
+    return launched(launch_attention(a, stream), op);
+}
+
+Status run_top_k(const float* logits, int64_t n_vocab, int64_t n_rows, int32_t k, int32_t* ids,
+                 float* values, cudaStream_t stream) {
+    const char* op = "top_k";
+    if (n_vocab <= 0 || n_vocab > kMaxRows) return invalid(op, "n_vocab must be in [1, 2^31 - 1]");
+    if (k < 1 || k > n_vocab) {
+        return invalid(op, "k must be in [1, n_vocab], got " + std::to_string(k));
+    }
+    if (n_rows < 0 || n_rows > kMaxRows) return invalid(op, "n_rows must be in [0, 2^31 - 1]");
+    if (n_rows == 0) return Status();
+    if (logits == nullptr || ids == nullptr || values == nullptr) {
+        return invalid(op, "a null pointer");
+    }
+    if (k > kMaxDeviceTopK) return top_k_on_host(logits, n_vocab, n_rows, k, ids, values, stream);
+    const size_t count = static_cast<size_t>(n_rows) * static_cast<size_t>(k);
+    DS_ASSIGN_OR_RETURN(StreamBuffer d_ids, StreamBuffer::create(count * sizeof(int32_t), stream));
+    DS_ASSIGN_OR_RETURN(StreamBuffer d_values, StreamBuffer::create(count * sizeof(float), stream));
+    DS_RETURN_IF_ERROR(launched(
+        launch_top_k(logits, n_vocab, n_rows, k, d_ids.as<int32_t>(), d_values.as<float>(), stream),
+        op));
+    DS_RETURN_IF_ERROR(from_cuda(
+        cudaMemcpyAsync(ids, d_ids.data(), count * sizeof(int32_t), cudaMemcpyDeviceToHost, stream),
+        "cuda top_k: cudaMemcpyAsync to the host"));
+    DS_RETURN_IF_ERROR(from_cuda(cudaMemcpyAsync(values, d_values.data(), count * sizeof(float),
+                                                 cudaMemcpyDeviceToHost, stream),
+                                 "cuda top_k: cudaMemcpyAsync to the host"));
+    return from_cuda(cudaStreamSynchronize(stream), "cuda top_k");
+}
+
+}  // namespace deltaserve::kernels::cuda
