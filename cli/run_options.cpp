@@ -21,6 +21,9 @@ void RunOptions::register_flags(ArgParser& p) {
     p.add("attention", &attention,
           "attention arithmetic: native, or ggml to round as llama.cpp's CPU flash attention "
           "does (same output token for token with the same --threads; slower)");
+    p.add("device", &device,
+          "where the forward pass runs: cpu or cuda (default: cuda when a CUDA device is present, "
+          "else cpu); the KV caches are host memory either way");
     p.add("kv-policy", &kv_policy,
           "KV cache policy: " + kvstore::kv_policy_names() + " (full keeps every token)");
     p.add("kv-keep", &kv_keep,
@@ -98,7 +101,14 @@ model::ContextOptions RunOptions::context() const {
     }
     c.attention =
         attention == "ggml" ? model::AttentionNumerics::kGgml : model::AttentionNumerics::kNative;
+    Result<kernels::Backend*> b = backend();  // checked by load_model_for_run
+    c.backend = b.ok() ? *b : nullptr;
     return c;
+}
+
+Result<kernels::Backend*> RunOptions::backend() const {
+    if (attention == "ggml" && device.empty()) return kernels::choose_backend("cpu");
+    return kernels::choose_backend(device);
 }
 
 Result<std::unique_ptr<model::Model>> load_model_for_run(const RunOptions& o) {
@@ -110,6 +120,10 @@ Result<std::unique_ptr<model::Model>> load_model_for_run(const RunOptions& o) {
     if (o.attention != "native" && o.attention != "ggml") {
         return invalid_argument("--attention must be native or ggml, not '" + o.attention + "'");
     }
+    if (o.attention == "ggml" && o.device == "cuda") {
+        return invalid_argument("--attention ggml (llama.cpp's rounding) runs on the CPU only");
+    }
+    DS_RETURN_IF_ERROR(o.backend().status());
     if (!(o.kv_select > 0.0f && o.kv_select <= 1.0f))
         return invalid_argument("--kv-select must be in (0, 1]");
     if (o.kv_score_every < 0) return invalid_argument("--kv-score-every must be >= 0");

@@ -20,6 +20,7 @@ struct RunOptions {
     int32_t batch_size = 512;
     std::string kv_type = "f16";
     std::string attention = "native";
+    std::string device;  // "" = cuda when present, else cpu
     std::string kv_policy = "full";
     float kv_keep = 1.0f;
     std::string kv_profile;
@@ -45,6 +46,8 @@ struct RunOptions {
     // Seed: the given one, or a random one when --seed was not given.
     model::SamplingParams sampling(const ArgParser& p) const;
     model::ContextOptions context() const;
+    // The --device flag's choice (--attention ggml alone takes the CPU).
+    Result<kernels::Backend*> backend() const;
 };
 
 struct LoadedModel {

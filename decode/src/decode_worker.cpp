@@ -81,7 +81,7 @@ class DecodeWorkerImpl final : public DecodeWorker {
           threads_(std::move(threads)),
           ids_{options_.model_id, options_.profile_id, kv_codec(options_.context)},
           probe_(std::move(probe)),
-          runner_(model, threads_, options_.context.attention) {
+          runner_(model, threads_, options_.context.attention, options_.context.backend) {
         if (options_.host_tier || options_.disk_tier) {
             auto policy = kvstore::find_kv_policy(options_.context.kv.policy);
             if (policy.ok() && (*policy)->storable) {

@@ -14,28 +14,41 @@ Forward::Forward(const Model& model, ThreadPool& pool, kernels::Backend* backend
     : model_(model),
       cfg_(model.config),
       pool_(pool),
-      backend_(backend != nullptr ? *backend : *k::find_backend("cpu")) {}
+      backend_(backend != nullptr ? *backend : *k::find_backend("cpu")),
+      cpu_(*k::find_backend("cpu")) {}
 
-void Forward::ensure_scratch(int64_t n) {
-    if (n <= capacity_) return;
-    const auto sz = [n](int64_t width) { return static_cast<size_t>(n * width); };
-    x_.resize(sz(cfg_.d_model));
-    xn_.resize(sz(cfg_.d_model));
-    tmp_.resize(sz(cfg_.d_model));
-    q_.resize(sz(cfg_.q_dim()));
-    attn_.resize(sz(cfg_.q_dim()));
-    k_.resize(sz(cfg_.kv_dim()));
-    v_.resize(sz(cfg_.kv_dim()));
-    gate_.resize(sz(cfg_.d_ff));
-    up_.resize(sz(cfg_.d_ff));
+Status Forward::ensure_scratch(int64_t n) {
+    if (n <= capacity_) return Status();
+    capacity_ = 0;  // until every buffer has its new size
+    const auto make = [this, n](k::Buffer& buf, int64_t width) -> Status {
+        buf = k::Buffer();  // the old one goes first: device memory may not hold both
+        DS_ASSIGN_OR_RETURN(buf, backend_.alloc(static_cast<size_t>(n * width) * sizeof(float)));
+        return Status();
+    };
+    DS_RETURN_IF_ERROR(make(x_, cfg_.d_model));
+    DS_RETURN_IF_ERROR(make(xn_, cfg_.d_model));
+    DS_RETURN_IF_ERROR(make(tmp_, cfg_.d_model));
+    DS_RETURN_IF_ERROR(make(q_, cfg_.q_dim()));
+    DS_RETURN_IF_ERROR(make(attn_, cfg_.q_dim()));
+    DS_RETURN_IF_ERROR(make(k_, cfg_.kv_dim()));
+    DS_RETURN_IF_ERROR(make(v_, cfg_.kv_dim()));
+    DS_RETURN_IF_ERROR(make(gate_, cfg_.d_ff));
+    DS_RETURN_IF_ERROR(make(up_, cfg_.d_ff));
     capacity_ = n;
+    return Status();
 }
 
-Status Forward::norm_rows(const std::vector<float>& weight, const float* in, float* out,
-                          int64_t n_rows) {
+Result<const float*> Forward::to_host(const float* src, int64_t n, std::vector<float>& host) {
+    if (on_host()) return src;
+    host.resize(static_cast<size_t>(n));
+    DS_RETURN_IF_ERROR(
+        backend_.copy_out(host.data(), src, host.size() * sizeof(float), exec(pool_)));
+    return static_cast<const float*>(host.data());
+}
+
+Status Forward::norm_rows(const float* weight, const float* in, float* out, int64_t n_rows) {
     const int64_t d = cfg_.d_model;
-    return backend_.rms_norm_rows(in, d, weight.data(), d, n_rows, cfg_.rms_eps, out, d,
-                                  exec(pool_));
+    return backend_.rms_norm_rows(in, d, weight, d, n_rows, cfg_.rms_eps, out, d, exec(pool_));
 }
 
 Status Forward::run(std::span<const SequenceInput> batch, std::vector<float>& logits) {
@@ -52,6 +65,16 @@ Status Forward::run(std::span<const SequenceInput> batch, std::vector<float>& lo
         }
         n_tokens += static_cast<int64_t>(s.tokens.size());
     }
+    if (numerics_ == AttentionNumerics::kGgml && !on_host()) {
+        return invalid_argument(
+            "llama.cpp's rounding (--attention ggml) runs on the CPU only, "
+            "not on the " +
+            std::string(backend_.name()) + " backend");
+    }
+    if (!weights_) {
+        DS_ASSIGN_OR_RETURN(weights_, BackendWeights::of(model_, backend_));
+    }
+    DS_RETURN_IF_ERROR(ensure_scratch(n_tokens));
     // Reserve every cache first; when one cannot take its tokens, the ones reserved before it
     // give their new slots back, so a failed batch holds nothing.
     for (size_t i = 0; i < batch.size(); ++i) {
@@ -61,7 +84,6 @@ Status Forward::run(std::span<const SequenceInput> batch, std::vector<float>& lo
             return st;
         }
     }
-    ensure_scratch(n_tokens);
     if (Status st = layers(batch, n_tokens, logits); !st.ok()) {
         for (const auto& s : batch) s.cache->truncate(s.cache->n_tokens());  // nothing kept
         return st;
@@ -78,9 +100,9 @@ Status Forward::layers(std::span<const SequenceInput> batch, int64_t n_tokens,
     for (const auto& s : batch) {
         for (size_t i = 0; i < s.tokens.size(); ++i)
             positions_.push_back(s.cache->n_tokens() + static_cast<int32_t>(i));
-        DS_RETURN_IF_ERROR(backend_.embed_rows(model_.weights.token_embd, s.tokens.data(),
+        DS_RETURN_IF_ERROR(backend_.embed_rows(weights_->token_embd, s.tokens.data(),
                                                static_cast<int64_t>(s.tokens.size()),
-                                               x_.data() + row * d, exec(pool_)));
+                                               x_.f32() + row * d, exec(pool_)));
         row += static_cast<int64_t>(s.tokens.size());
     }
 
@@ -93,44 +115,83 @@ Status Forward::layers(std::span<const SequenceInput> batch, int64_t n_tokens,
     // Rows whose logits are wanted, gathered into tmp_ and normalised into xn_.
     int64_t n_out = 0;
     row = 0;
+    const size_t row_bytes = static_cast<size_t>(d) * sizeof(float);
     for (const auto& s : batch) {
         const int64_t n = static_cast<int64_t>(s.tokens.size());
         for (int64_t i = s.all_logits ? 0 : n - 1; i < n; ++i) {
-            std::copy_n(x_.data() + (row + i) * d, d, tmp_.data() + n_out * d);
+            DS_RETURN_IF_ERROR(backend_.copy(tmp_.f32() + n_out * d, x_.f32() + (row + i) * d,
+                                             row_bytes, exec(pool_)));
             ++n_out;
         }
         row += n;
     }
-    DS_RETURN_IF_ERROR(norm_rows(model_.weights.output_norm, tmp_.data(), xn_.data(), n_out));
+    DS_RETURN_IF_ERROR(norm_rows(weights_->output_norm, tmp_.f32(), xn_.f32(), n_out));
     logits.resize(static_cast<size_t>(n_out * cfg_.n_vocab));
-    return backend_.matmul(model_.weights.output, xn_.data(), d, n_out, logits.data(), cfg_.n_vocab,
-                           exec(pool_));
+    if (on_host()) {
+        return backend_.matmul(weights_->output, xn_.f32(), d, n_out, logits.data(), cfg_.n_vocab,
+                               exec(pool_));
+    }
+    const size_t logit_bytes = logits.size() * sizeof(float);
+    if (logits_.bytes() < logit_bytes) {
+        logits_ = k::Buffer();
+        DS_ASSIGN_OR_RETURN(logits_, backend_.alloc(logit_bytes));
+    }
+    DS_RETURN_IF_ERROR(backend_.matmul(weights_->output, xn_.f32(), d, n_out, logits_.f32(),
+                                       cfg_.n_vocab, exec(pool_)));
+    return backend_.copy_out(logits.data(), logits_.data(), logit_bytes, exec(pool_));
 }
 
 Status Forward::attention_layer(int32_t layer, std::span<const SequenceInput> batch) {
-    const LayerWeights& w = model_.weights.layers[layer];
+    const LayerOnBackend& w = weights_->layers[static_cast<size_t>(layer)];
     const int64_t n = static_cast<int64_t>(positions_.size());
     const int64_t d = cfg_.d_model, qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
     const k::Exec all = exec(pool_);
-    DS_RETURN_IF_ERROR(norm_rows(w.attn_norm, x_.data(), xn_.data(), n));
-    const k::MatmulOutput qkv[] = {
-        {&w.wq, q_.data(), qd}, {&w.wk, k_.data(), kvd}, {&w.wv, v_.data(), kvd}};
-    DS_RETURN_IF_ERROR(backend_.matmul_shared_input(qkv, xn_.data(), d, n, all));
-    if (!w.bq.empty()) {
+    float* const q = q_.f32();
+    float* const kr = k_.f32();
+    float* const v = v_.f32();
+    DS_RETURN_IF_ERROR(norm_rows(w.attn_norm, x_.f32(), xn_.f32(), n));
+    const k::MatmulOutput qkv[] = {{&w.wq, q, qd}, {&w.wk, kr, kvd}, {&w.wv, v, kvd}};
+    DS_RETURN_IF_ERROR(backend_.matmul_shared_input(qkv, xn_.f32(), d, n, all));
+    if (w.bq != nullptr) {
         for (int64_t t = 0; t < n; ++t) {
-            DS_RETURN_IF_ERROR(backend_.add(q_.data() + t * qd, w.bq.data(), qd, all));
-            DS_RETURN_IF_ERROR(backend_.add(k_.data() + t * kvd, w.bk.data(), kvd, all));
-            DS_RETURN_IF_ERROR(backend_.add(v_.data() + t * kvd, w.bv.data(), kvd, all));
+            DS_RETURN_IF_ERROR(backend_.add(q + t * qd, w.bq, qd, all));
+            DS_RETURN_IF_ERROR(backend_.add(kr + t * kvd, w.bk, kvd, all));
+            DS_RETURN_IF_ERROR(backend_.add(v + t * kvd, w.bv, kvd, all));
         }
     }
-    if (kv_tap_) kv_tap_(layer, k_.data(), v_.data(), n, kvd);
-    DS_RETURN_IF_ERROR(backend_.rope_rows(q_.data(), qd, n, cfg_.n_heads, cfg_.head_dim,
+    if (kv_tap_) {
+        DS_ASSIGN_OR_RETURN(const float* hk, to_host(kr, n * kvd, host_k_));
+        DS_ASSIGN_OR_RETURN(const float* hv, to_host(v, n * kvd, host_v_));
+        kv_tap_(layer, hk, hv, n, kvd);
+    }
+    DS_RETURN_IF_ERROR(backend_.rope_rows(q, qd, n, cfg_.n_heads, cfg_.head_dim, positions_.data(),
+                                          cfg_.rope_theta, cfg_.rope_style, all));
+    DS_RETURN_IF_ERROR(backend_.rope_rows(kr, kvd, n, cfg_.n_kv_heads, cfg_.head_dim,
                                           positions_.data(), cfg_.rope_theta, cfg_.rope_style,
                                           all));
-    DS_RETURN_IF_ERROR(backend_.rope_rows(k_.data(), kvd, n, cfg_.n_kv_heads, cfg_.head_dim,
-                                          positions_.data(), cfg_.rope_theta, cfg_.rope_style,
-                                          all));
-    if (attention_tap_) attention_tap_(layer, xn_.data(), d, q_.data(), qd, k_.data(), kvd, n);
+    // The caches work on host memory: on a device backend, this layer's rows come over.
+    DS_ASSIGN_OR_RETURN(const float* hq, to_host(q, n * qd, host_q_));
+    DS_ASSIGN_OR_RETURN(const float* hk, to_host(kr, n * kvd, host_k_));
+    DS_ASSIGN_OR_RETURN(const float* hv, to_host(v, n * kvd, host_v_));
+    DS_ASSIGN_OR_RETURN(const float* hxn, to_host(xn_.f32(), n * d, host_xn_));
+    if (attention_tap_) attention_tap_(layer, hxn, d, hq, qd, hk, kvd, n);
+    float* hattn = attn_.f32();
+    if (!on_host()) {
+        host_attn_.resize(static_cast<size_t>(n * qd));
+        hattn = host_attn_.data();
+    }
+    DS_RETURN_IF_ERROR(attend_caches(layer, batch, hq, hk, hv, hxn, hattn));
+    if (!on_host()) {
+        DS_RETURN_IF_ERROR(backend_.copy_in(attn_.data(), hattn,
+                                            static_cast<size_t>(n * qd) * sizeof(float), all));
+    }
+    DS_RETURN_IF_ERROR(backend_.matmul(w.wo, attn_.f32(), qd, n, tmp_.f32(), d, all));
+    return backend_.add(x_.f32(), tmp_.f32(), n * d, all);
+}
+
+Status Forward::attend_caches(int32_t layer, std::span<const SequenceInput> batch, const float* q,
+                              const float* k, const float* v, const float* xn, float* attn) {
+    const int64_t d = cfg_.d_model, qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
     k::AttentionShape shape{cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim,
                             1.0f / std::sqrt(static_cast<float>(cfg_.head_dim))};
     // Every sequence's new rows in, then its attention and observation. A chunk's run over
@@ -143,7 +204,7 @@ Status Forward::attention_layer(int32_t layer, std::span<const SequenceInput> ba
     int64_t row = 0;
     for (size_t i = 0; i < batch.size(); ++i) {
         const int32_t ns = static_cast<int32_t>(batch[i].tokens.size());
-        batch[i].cache->store(layer, 0, ns, k_.data() + row * kvd, v_.data() + row * kvd, kvd);
+        batch[i].cache->store(layer, 0, ns, k + row * kvd, v + row * kvd, kvd);
         first_row_.push_back(row);
         if (ns == 1) steps_.push_back(i);
         row += ns;
@@ -153,13 +214,13 @@ Status Forward::attention_layer(int32_t layer, std::span<const SequenceInput> ba
     const auto attend = [&](size_t i, ThreadPool& pool) {
         kvstore::SequenceCache& cache = *batch[i].cache;
         const int32_t ns = static_cast<int32_t>(batch[i].tokens.size());
-        const float* q = q_.data() + first_row_[i] * qd;
-        float* out = attn_.data() + first_row_[i] * qd;
-        if (!cache.attend(layer, shape, q, qd, ns, out, qd, pool)) {
+        const float* qi = q + first_row_[i] * qd;
+        float* out = attn + first_row_[i] * qd;
+        if (!cache.attend(layer, shape, qi, qd, ns, out, qd, pool)) {
             step_status_[i] =
-                attend_view({cache.view(layer, ns), q, out, ns, cache.n_tokens()}, pool);
+                attend_view({cache.view(layer, ns), qi, out, ns, cache.n_tokens()}, pool);
         }
-        cache.observe(layer, shape, q, qd, xn_.data() + first_row_[i] * d, d, ns, pool);
+        cache.observe(layer, shape, qi, qd, xn + first_row_[i] * d, d, ns, pool);
     };
     for (size_t i = 0; i < batch.size(); ++i) {
         if (batch[i].tokens.size() != 1) attend(i, pool_);
@@ -172,8 +233,7 @@ Status Forward::attention_layer(int32_t layer, std::span<const SequenceInput> ba
         });
     }
     for (const Status& st : step_status_) DS_RETURN_IF_ERROR(st);
-    DS_RETURN_IF_ERROR(backend_.matmul(w.wo, attn_.data(), qd, n, tmp_.data(), d, all));
-    return backend_.add(x_.data(), tmp_.data(), n * d, all);
+    return Status();
 }
 
 Status Forward::attend_view(const ViewAttention& job, ThreadPool& pool) {
@@ -187,19 +247,21 @@ Status Forward::attend_view(const ViewAttention& job, ThreadPool& pool) {
                           pool);
         return Status();
     }
-    return backend_.attention(shape, job.view, job.q, qd, job.n, job.out, qd, exec(pool));
+    // The views are host memory: a device backend's caches attend on the CPU.
+    k::Backend& on = on_host() ? backend_ : cpu_;
+    return on.attention(shape, job.view, job.q, qd, job.n, job.out, qd, exec(pool));
 }
 
 Status Forward::ffn_layer(int32_t layer, int64_t n) {
-    const LayerWeights& w = model_.weights.layers[layer];
+    const LayerOnBackend& w = weights_->layers[static_cast<size_t>(layer)];
     const int64_t d = cfg_.d_model, ff = cfg_.d_ff;
     const k::Exec all = exec(pool_);
-    DS_RETURN_IF_ERROR(norm_rows(w.ffn_norm, x_.data(), xn_.data(), n));
-    const k::MatmulOutput gate_up[] = {{&w.w_gate, gate_.data(), ff}, {&w.w_up, up_.data(), ff}};
-    DS_RETURN_IF_ERROR(backend_.matmul_shared_input(gate_up, xn_.data(), d, n, all));
-    DS_RETURN_IF_ERROR(backend_.silu_mul(gate_.data(), gate_.data(), up_.data(), n * ff, all));
-    DS_RETURN_IF_ERROR(backend_.matmul(w.w_down, gate_.data(), ff, n, tmp_.data(), d, all));
-    return backend_.add(x_.data(), tmp_.data(), n * d, all);
+    DS_RETURN_IF_ERROR(norm_rows(w.ffn_norm, x_.f32(), xn_.f32(), n));
+    const k::MatmulOutput gate_up[] = {{&w.w_gate, gate_.f32(), ff}, {&w.w_up, up_.f32(), ff}};
+    DS_RETURN_IF_ERROR(backend_.matmul_shared_input(gate_up, xn_.f32(), d, n, all));
+    DS_RETURN_IF_ERROR(backend_.silu_mul(gate_.f32(), gate_.f32(), up_.f32(), n * ff, all));
+    DS_RETURN_IF_ERROR(backend_.matmul(w.w_down, gate_.f32(), ff, n, tmp_.f32(), d, all));
+    return backend_.add(x_.f32(), tmp_.f32(), n * d, all);
 }
 
 }  // namespace deltaserve::model

@@ -40,7 +40,7 @@ class InferenceContextImpl final : public InferenceContext {
           threads_(options.threads ? options.threads
                                    : std::make_shared<ThreadPool>(options.n_threads)),
           parts_(std::move(parts)),
-          forward_(model, *threads_) {
+          forward_(model, *threads_, options.backend) {
         forward_.set_attention_numerics(options.attention);
     }
 
@@ -195,17 +195,19 @@ class InferenceContextImpl final : public InferenceContext {
         auto* first = static_cast<InferenceContextImpl*>(contexts[0]);
         if (runner != nullptr &&
             (&runner->model() != &first->model_ || runner->threads() != first->threads_.get() ||
-             runner->numerics() != first->options_.attention)) {
+             runner->numerics() != first->options_.attention ||
+             runner->backend() != first->options_.backend)) {
             return invalid_argument(
-                "eval_batch: the contexts differ from the runner in model, thread pool or "
-                "numerics");
+                "eval_batch: the contexts differ from the runner in model, thread pool, "
+                "numerics or backend");
         }
         for (size_t i = 0; i < contexts.size(); ++i) {
             auto* c = static_cast<InferenceContextImpl*>(contexts[i]);
             if (&c->model_ != &first->model_ || c->threads_ != first->threads_ ||
-                c->options_.attention != first->options_.attention) {
+                c->options_.attention != first->options_.attention ||
+                c->options_.backend != first->options_.backend) {
                 return invalid_argument(
-                    "eval_batch: the contexts differ in model, thread pool or numerics");
+                    "eval_batch: the contexts differ in model, thread pool, numerics or backend");
             }
             for (size_t j = 0; j < i; ++j) {
                 if (contexts[j] == c)
@@ -293,6 +295,15 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
     ContextOptions opts = options;
     if (opts.n_ctx <= 0) opts.n_ctx = std::min(model.config.n_ctx_train, kDefaultMaxContext);
     if (opts.n_batch <= 0) return invalid_argument("n_batch must be positive");
+    if (opts.backend != nullptr && !opts.backend->host_memory()) {
+        if (opts.attention == AttentionNumerics::kGgml) {
+            return invalid_argument("llama.cpp's rounding (--attention ggml) runs on the CPU only");
+        }
+        if (!opts.backend->available()) {
+            return unavailable("the " + std::string(opts.backend->name()) +
+                               " backend has no device here");
+        }
+    }
     // A model the attention kernels cannot run is refused here, not at its first token.
     const ModelConfig& mc = model.config;
     DS_RETURN_IF_ERROR(
@@ -406,11 +417,12 @@ Status eval_batch(std::span<InferenceContext* const> contexts,
 }
 
 BatchRunner::BatchRunner(const Model& model, std::shared_ptr<ThreadPool> threads,
-                         AttentionNumerics numerics)
+                         AttentionNumerics numerics, kernels::Backend* backend)
     : model_(model),
       threads_(std::move(threads)),
       numerics_(numerics),
-      forward_(std::make_unique<Forward>(model, *threads_)) {
+      backend_(backend),
+      forward_(std::make_unique<Forward>(model, *threads_, backend)) {
     forward_->set_attention_numerics(numerics);
 }
 

@@ -288,5 +288,19 @@ TEST(CliBadInputTest, UnknownAttentionOrOneWithoutItsCache) {
                           "f16 KV cache");
 }
 
+TEST(CliBadInputTest, UnknownDeviceOrOneNotHere) {
+    DS_REQUIRE_FILE(stories_model(), "stories260K.bin");
+    DS_REQUIRE_FILE(stories_tokenizer(), "tok512.bin");
+    expect_one_line_error(generate_stories({"--prompt", "x", "--device", "tpu"}), -1,
+                          "--device must be cpu or cuda");
+    expect_one_line_error(
+        generate_stories({"--prompt", "x", "--device", "cuda", "--attention", "ggml"}), -1,
+        "CPU only");
+    if (std::filesystem::exists("/dev/nvidiactl"))
+        GTEST_SKIP() << "a GPU is here: --device cuda runs";
+    expect_one_line_error(generate_stories({"--prompt", "x", "--device", "cuda"}), -1,
+                          "--device cuda");
+}
+
 }  // namespace
 }  // namespace deltaserve::testing

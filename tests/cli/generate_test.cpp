@@ -1,6 +1,7 @@
 // End to end: `deltaserve generate` run as a subprocess on the test models.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -132,6 +133,23 @@ TEST(CliGenerateTest, GgmlAttentionGenerates) {
     EXPECT_FALSE(without_final_newline(a.out).empty()) << a.describe();
     EXPECT_EQ(a.out, b.out);
     EXPECT_NE(a.out.find("Paris"), std::string::npos) << a.out;
+}
+
+// --device cpu is what a machine without a GPU runs by default: the same text.
+TEST(CliGenerateTest, DeviceCpuIsTheDefaultHere) {
+    DS_REQUIRE_FILE(default_gguf_model(), "SmolLM2 GGUF");
+    if (std::filesystem::exists("/dev/nvidiactl"))
+        GTEST_SKIP() << "a GPU is here: the default is cuda";
+    std::vector<std::string> args = {"generate", "--model", default_gguf_model(), "--threads", "2",
+                                     "--prompt", "The capital of France is", "--max-tokens", "12",
+                                     "--temperature", "0"};
+    const CliResult a = run_deltaserve(args);
+    args.insert(args.end(), {"--device", "cpu"});
+    const CliResult b = run_deltaserve(args);
+    ASSERT_EQ(a.exit_code, 0) << a.describe();
+    ASSERT_EQ(b.exit_code, 0) << b.describe();
+    EXPECT_EQ(a.out, b.out);
+    EXPECT_EQ(a.err, b.err);  // nothing said about devices on a machine without one
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "deltaserve/kernels/backend.h"
 #include "deltaserve/kernels/matmul.h"
 #include "deltaserve/kvstore/kv_cache.h"
+#include "deltaserve/model/backend_weights.h"
 #include "deltaserve/model/model.h"
 
 namespace deltaserve::model {
@@ -46,17 +47,20 @@ using AttentionTap =
 
 // The forward pass's dense ops (norms, matmuls, RoPE, SwiGLU, the embedding and the logits,
 // attention over a cache's view) go through a kernels::Backend: the CPU backend's are the
-// kernels themselves. The caches (their stores, views and own attention) are host memory.
+// kernels themselves. The activations live in the backend's memory, the weights as the
+// backend holds them (BackendWeights). The caches (their stores, views and own attention)
+// are host memory: on a device backend each layer's new Q, K, V and normed rows come to the
+// host for them, attention runs there on the CPU backend, and its output goes back.
 class Forward {
   public:
-    // backend: nullptr for the CPU backend.
+    // backend: nullptr for the CPU backend. Its weights are made at the first run().
     Forward(const Model& model, ThreadPool& pool, kernels::Backend* backend = nullptr);
 
     // Runs the batch through every layer and appends the new tokens to their caches.
     // Logits go to `logits` as rows of n_vocab: for each sequence in order, its last token
     // or all its tokens. Errors (nothing is appended to any cache): kInvalidArgument for an
     // empty sequence or an out-of-vocabulary token, kResourceExhausted when a cache cannot
-    // take the tokens.
+    // take the tokens; the backend's (its memory, a weight it cannot hold).
     Status run(std::span<const SequenceInput> batch, std::vector<float>& logits);
 
     void set_layer_observer(LayerObserver observer) { observer_ = std::move(observer); }
@@ -70,13 +74,20 @@ class Forward {
                                                      : kernels::DotOrder::kBlock;
     }
     kernels::Exec exec(ThreadPool& pool) const { return {&pool, dot_order(), nullptr}; }
-    void ensure_scratch(int64_t n_tokens);
+    bool on_host() const { return backend_.host_memory(); }
+    Status ensure_scratch(int64_t n_tokens);
     // The embedding, every layer and the logits (run() commits or gives back the caches).
     Status layers(std::span<const SequenceInput> batch, int64_t n_tokens,
                   std::vector<float>& logits);
     Status attention_layer(int32_t layer, std::span<const SequenceInput> batch);
+    // The caches' part of a layer, on host memory: stores, attention, observation.
+    Status attend_caches(int32_t layer, std::span<const SequenceInput> batch, const float* q,
+                         const float* k, const float* v, const float* xn, float* attn);
     Status ffn_layer(int32_t layer, int64_t n_tokens);
-    Status norm_rows(const std::vector<float>& weight, const float* in, float* out, int64_t n_rows);
+    Status norm_rows(const float* weight, const float* in, float* out, int64_t n_rows);
+    // `n` floats of the backend's memory at `src` in host memory: `src` itself on the CPU
+    // backend, else copied into `host`.
+    Result<const float*> to_host(const float* src, int64_t n, std::vector<float>& host);
     // One sequence's attention over its cache's view (the caches that do not attend
     // themselves), on `pool`.
     struct ViewAttention {
@@ -92,6 +103,8 @@ class Forward {
     const ModelConfig& cfg_;
     ThreadPool& pool_;
     kernels::Backend& backend_;
+    kernels::Backend& cpu_;  // the caches' attention on a device backend
+    std::shared_ptr<const BackendWeights> weights_;
     LayerObserver observer_;
     KvTap kv_tap_;
     AttentionTap attention_tap_;
@@ -101,9 +114,11 @@ class Forward {
     std::vector<size_t> steps_;        // the batch's one-token sequences
     std::vector<Status> step_status_;  // each sequence's attention, this layer
     ThreadPool one_thread_{1};         // a decode step's sequences share pool_, each on one thread
-    // Scratch, [n_tokens][width] each.
-    std::vector<float> x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_;
+    // Scratch in the backend's memory, [n_tokens][width] each, and the logits' rows.
+    kernels::Buffer x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_, logits_;
     int64_t capacity_ = 0;
+    // On a device backend, host copies of a layer's rows for the caches and taps.
+    std::vector<float> host_q_, host_k_, host_v_, host_xn_, host_attn_;
 };
 
 }  // namespace deltaserve::model

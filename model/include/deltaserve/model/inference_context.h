@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "deltaserve/common/status.h"
+#include "deltaserve/kernels/backend.h"
 #include "deltaserve/kvstore/block_pool.h"
 #include "deltaserve/kvstore/deltakv_cache.h"
 #include "deltaserve/kvstore/eviction_policy.h"
@@ -38,6 +39,9 @@ struct ContextOptions {
     // Attention arithmetic. kGgml (llama.cpp's rounding, needs kv_type kF16) reproduces
     // llama.cpp's outputs token for token when both run with the same thread count.
     AttentionNumerics attention = AttentionNumerics::kNative;
+    // Where the forward pass's dense ops run (kernels::choose_backend). Default nullptr: the
+    // CPU backend. kGgml numerics need the CPU.
+    kernels::Backend* backend = nullptr;
     // KV cache policy and keep ratio. Default: "full" (every token, no eviction).
     kvstore::EvictionConfig kv;
     // The compression profile the deltakv policy (deltakv.json) or trimkv (trimkv.json) needs.
@@ -193,22 +197,25 @@ class Forward;
 // the contexts are not called.
 class BatchRunner {
   public:
-    BatchRunner(const Model& model, std::shared_ptr<ThreadPool> threads,
-                AttentionNumerics numerics);
+    BatchRunner(const Model& model, std::shared_ptr<ThreadPool> threads, AttentionNumerics numerics,
+                kernels::Backend* backend = nullptr);
     ~BatchRunner();
 
-    // As eval_batch; the contexts must also share this runner's model, pool and numerics.
+    // As eval_batch; the contexts must also share this runner's model, pool, numerics and
+    // backend.
     Status run(std::span<InferenceContext* const> contexts,
                std::span<const std::span<const int32_t>> tokens, std::vector<float>& logits);
 
     const Model& model() const { return model_; }
     const ThreadPool* threads() const { return threads_.get(); }
     AttentionNumerics numerics() const { return numerics_; }
+    const kernels::Backend* backend() const { return backend_; }
 
   private:
     const Model& model_;
     std::shared_ptr<ThreadPool> threads_;
     AttentionNumerics numerics_;
+    kernels::Backend* backend_;
     std::unique_ptr<Forward> forward_;
 };
 

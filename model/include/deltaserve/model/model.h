@@ -5,6 +5,7 @@
 #include <string>
 
 #include "deltaserve/common/status.h"
+#include "deltaserve/model/backend_weights.h"
 #include "deltaserve/model/chat_template.h"
 #include "deltaserve/model/model_config.h"
 #include "deltaserve/model/tokenizer.h"
@@ -18,6 +19,8 @@ struct Model {
     std::unique_ptr<Tokenizer> tokenizer;  // null when the format has none and none was given
     ChatTemplate chat_template;
     std::string format;  // "gguf", "hf", "llama2c"
+    // The weights as each backend's ops read them, made at a forward pass's first use.
+    mutable BackendWeightsCache on_backends;
 };
 
 struct LoadOptions {
