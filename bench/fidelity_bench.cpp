@@ -34,6 +34,7 @@
 #include "deltaserve/common/args.h"
 #include "deltaserve/common/logging.h"
 #include "deltaserve/common/thread_pool.h"
+#include "deltaserve/kernels/backend.h"
 #include "deltaserve/kvstore/kv_policy.h"
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/model.h"
@@ -55,7 +56,9 @@ struct Options {
     std::string policies = "deltakv,kvcompress,d2o,trimkv,snapkv,h2o,keydiff,streaming";
     std::string tasks = "ppl,decode,retrieval,multiturn";
     int32_t chunk = 256, threads = 2, decode_tail = 128, decode_steps = 16;
-    int32_t probes = 1;  // retrieval probes per task and length (means reported)
+    int32_t probes = 1;                   // retrieval probes per task and length (means reported)
+    std::string device = "cpu";           // --device: the forward pass's backend
+    kernels::Backend* backend = nullptr;  // its choice
     bool chunked_answer =
         false;                 // retrieval, multi-turn: the answer in one chunk, not step by step
     float select = 0.1f;       // deltakv: share of compressed tokens per decode step (besides pins)
@@ -112,6 +115,7 @@ Result<std::vector<Arm>> make_arms(const model::Model& m, const Options& o,
         co.kv.policy = policy;
         co.kv.keep = keep;
         co.kv_profile = o.profile;
+        co.backend = o.backend;
         co.deltakv_select = o.select;
         co.deltakv_score_every = o.score_every;
         co.deltakv_score_dims = o.score_dims;
@@ -492,9 +496,10 @@ int run(const Options& o) {
     const auto lengths = list<int32_t>(o.lengths);
     const int32_t n_ctx =
         (*std::max_element(lengths.begin(), lengths.end()) + 512 + 255) / 256 * 256;
-    Json result = {{"model", o.model}, {"profile", o.profile},
-                   {"text", o.text},   {"text_tokens", text->size()},
-                   {"chunk", o.chunk}, {"threads", o.threads}};
+    Json result = {{"model", o.model},  {"profile", o.profile},
+                   {"text", o.text},    {"text_tokens", text->size()},
+                   {"chunk", o.chunk},  {"threads", o.threads},
+                   {"device", o.device}};
     auto log = [&](const char* what, int32_t n) {
         std::fprintf(stderr, "[fidelity] %s at %d tokens\n", what, n);
     };
@@ -591,7 +596,14 @@ int main(int argc, char** argv) {
           "single-token steps timed per arm (the median is reported)");
     p.add("chunk", &o.chunk, "tokens per forward call (policies compress after each)");
     p.add("threads", &o.threads, "threads");
+    p.add("device", &o.device, "where the forward pass runs: cpu or cuda");
     if (auto code = parse_flags(p, argc - 1, argv + 1)) return *code;
+    auto backend = kernels::choose_backend(o.device);
+    if (!backend) {
+        std::fprintf(stderr, "error: %s\n", backend.error().message().c_str());
+        return 2;
+    }
+    o.backend = *backend;
     if (o.probes < 1) {
         std::fprintf(stderr, "error: --probes must be at least 1\n");
         return 2;

@@ -43,6 +43,7 @@
 
 #include "deltaserve/common/status.h"
 #include "deltaserve/common/thread_pool.h"
+#include "deltaserve/kernels/backend.h"
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/model.h"
 
@@ -76,6 +77,8 @@ struct BenchOptions {
     float batch_kv_keep = 1.0f;
     std::string batch_kv_profile;
     bool repack = true;  // --no-repack: the file's row-major layout
+    std::string device;  // --device cpu|cuda; "" = cuda when present (kernels::choose_backend)
+    deltaserve::kernels::Backend* backend = nullptr;  // its choice, made by main()
 };
 
 // Python's random.Random(seed) for a small int seed: MT19937 seeded by init_by_array({seed}),
@@ -182,8 +185,10 @@ Result<Engine> load_engine(const BenchOptions& opts, int32_t n_ctx) {
         deltaserve::model::load_model(opts.model, {.show_progress = false, .repack = opts.repack});
     if (!model) return model.error();
     e.model = std::move(*model);
-    auto ctx = InferenceContext::create(
-        *e.model, {.n_ctx = n_ctx, .n_threads = opts.threads, .n_batch = opts.n_batch});
+    auto ctx = InferenceContext::create(*e.model, {.n_ctx = n_ctx,
+                                                   .n_threads = opts.threads,
+                                                   .n_batch = opts.n_batch,
+                                                   .backend = opts.backend});
     if (!ctx) return ctx.error();
     e.ctx = std::move(*ctx);
     e.load_s = now_s() - t0;
@@ -289,6 +294,7 @@ Result<double> measure_batch(const BenchOptions& opts, const Model& model, int32
     for (int32_t b = 0; b < batch; ++b) {
         deltaserve::model::ContextOptions co{
             .n_ctx = n_ctx, .n_threads = opts.threads, .n_batch = opts.n_batch, .threads = pool};
+        co.backend = opts.backend;
         co.kv.policy = opts.batch_kv_policy;
         co.kv.keep = opts.batch_kv_keep;
         co.kv_profile = opts.batch_kv_profile;
@@ -347,6 +353,7 @@ Result<Json> run(const BenchOptions& opts) {
                      {"n_batch", opts.n_batch},
                      {"repack", opts.repack},
                      {"n_threads", opts.threads},
+                     {"device", std::string(opts.backend->name())},
                      {"kv_type", "f16"},
                      {"n_vocab", config.n_vocab},
                      {"decode_tokens", opts.decode_tokens},
@@ -435,7 +442,7 @@ constexpr const char* kUsage =
     "usage: deltaserve-bench-runtime [--model M.gguf] [--threads 2] [--json]\n"
     "       [--prefill-lens 512,2048,8000] [--decode-ctx 128,2048,8000]\n"
     "       [--decode-tokens 64] [--n-batch 512] [--reps 1]\n"
-    "       [--decode-batch 1,8,32] [--batch-ctx 200] [--no-repack]\n"
+    "       [--decode-batch 1,8,32] [--batch-ctx 200] [--no-repack] [--device cpu|cuda]\n"
     "       [--batch-kv-policy full] [--batch-kv-keep 1] [--batch-kv-profile deltakv.json]\n";
 
 Result<int> parse_int(const std::string& flag, const std::string& v, int min) {
@@ -494,6 +501,8 @@ Status parse_args(int argc, char** argv, BenchOptions& o) {
             }
         } else if (flag == "--batch-kv-profile") {
             o.batch_kv_profile = value;
+        } else if (flag == "--device") {
+            o.device = value;
         } else if (flag == "--reps") {
             DS_ASSIGN_OR_RETURN(o.reps, parse_int(flag, value, 1));
         } else {
@@ -513,6 +522,13 @@ int main(int argc, char** argv) {
         std::fputs(kUsage, help ? stdout : stderr);
         return help ? 0 : 2;
     }
+    Result<deltaserve::kernels::Backend*> backend =
+        deltaserve::kernels::choose_backend(opts.device);
+    if (!backend) {
+        std::fprintf(stderr, "deltaserve-bench-runtime: %s\n", backend.error().message().c_str());
+        return 2;
+    }
+    opts.backend = *backend;
     Result<Json> result = run(opts);
     if (!result) {
         std::fprintf(stderr, "deltaserve-bench-runtime: %s\n", result.error().to_string().c_str());

@@ -2,31 +2,50 @@
 # Gathers what the GPU checks run into one folder that travels to a lent device machine
 # (the library's `device` tool: a bare machine with a driver, nvcc and CMake, none of our
 # Debian libraries): the test programs, every shared library they load that is not the C
-# library's (found with ldd: libcudart, spdlog, fmt, libstdc++ ...), and
-# tests/gpu/device_check.sh; about 6 MiB. Built here, from build/ (Release, with the CUDA
-# backend: DELTASERVE_CUDA=AUTO finds /usr/local/cuda). The default model (94 MB) and its
-# profiles are larger than the 64 MiB a call carries: checks that need them must send them
-# in parts to a machine kept warm between calls.
+# library's (found with ldd: libcudart, spdlog, fmt, libstdc++ ...), the golden data,
+# tests/gpu/device_check.sh, and in BUNDLE/bench the GPU
+# benchmark (bench/gpu/run_gpu_bench.sh, its programs, and the tokenizer its random model
+# takes; llama.cpp's CUDA build in BUNDLE/llama when bench/gpu/build_llama_cpp_cuda.sh made one). Built here, from build/
+# (Release, with the CUDA backend: DELTASERVE_CUDA=AUTO finds /usr/local/cuda).
 #
 #   tests/gpu/bundle.sh [BUNDLE_DIR]     # default .gpu-bundle (ignored by git)
 #
-# Then, on the device: bash BUNDLE_DIR/device_check.sh (results under $OUT). Tried here on the
-# CPU path: the same script runs and the CUDA tests skip.
+# The default model (94 MB) and its DeltaKV profile (83 MB) are more than one call carries
+# (64 MiB): they go as one tar split into BUNDLE_DIR-model/part.aa, part.ab, ... (60 MiB at
+# most each), one per call while the machine is still warm, the last call running
+# device_check.sh, which joins them (tests/README.md, "On a lent GPU"). Without the parts
+# the checks that need them skip. Tried here on the CPU path: the same script runs and
+# the CUDA tests skip.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-.gpu-bundle}
 build=${DELTASERVE_BUILD_DIR:-build}
-programs=(kernels_cuda_parity_test kernels_backend_test)
+model=${DELTASERVE_MODELS_DIR:-models}/SmolLM2-135M-Instruct.Q4_1.gguf
+profile=${DELTASERVE_PROFILES_DIR:-profiles}/SmolLM2-135M-Instruct.Q4_1.gguf
+programs=(kernels_cuda_parity_test kernels_backend_test kernels_cuda_forward_ops_test
+          model_smollm2_golden_test)
+benches=(deltaserve-bench-kernels deltaserve-bench-runtime deltaserve-bench-fidelity)
 
-rm -rf "$out"
-mkdir -p "$out/bin" "$out/lib"
-for p in "${programs[@]}"; do
+rm -rf "$out" "$out-model"
+mkdir -p "$out/bin" "$out/lib" "$out/data" "$out/bench"
+for p in "${programs[@]}" "${benches[@]}"; do
     [ -x "$build/bin/$p" ] || { echo "bundle: $build/bin/$p is not built" >&2; exit 1; }
-    cp "$build/bin/$p" "$out/bin/"
 done
+for p in "${programs[@]}"; do cp "$build/bin/$p" "$out/bin/"; done
+for p in "${benches[@]}"; do cp "$build/bin/$p" "$out/bench/"; done
+cp bench/gpu/run_gpu_bench.sh bench/gpu/make_random_gguf.py "$out/bench/"
+if [ -s "$model" ]; then
+    python3 bench/gpu/make_random_gguf.py --tokenizer-from "$model" --tokenizer-only \
+        --out "$out/bench/tokenizer.gguf" >/dev/null
+fi
+llama=${DELTASERVE_CACHE_DIR:-$HOME/.cache/deltaserve}/llama.cpp-cuda
+if [ -x "$llama/bin/llama-bench" ]; then
+    mkdir -p "$out/llama"
+    cp -r "$llama/bin" "$out/llama/"
+fi
 # Every library ldd resolves, but the C library's own (the device machine has its own, and
 # the driver's libcuda comes from there too).
-for p in "${programs[@]}"; do
+for p in "${programs[@]}" "${benches[@]}"; do
     ldd "$build/bin/$p" | awk '/=> \// {print $3}'
 done | sort -u | while read -r lib; do
     case "$(basename "$lib")" in
@@ -34,5 +53,22 @@ done | sort -u | while read -r lib; do
         *) cp -L "$lib" "$out/lib/" ;;
     esac
 done
+cp tests/data/smollm2_golden.json "$out/data/"
+[ -s /usr/share/common-licenses/GPL-3 ] && cp /usr/share/common-licenses/GPL-3 "$out/data/"
 cp tests/gpu/device_check.sh "$out/"
 du -sh "$out" | awk '{print "bundle: " $1 " in '"$out"' (the device tool carries 64 MiB at most)"}'
+if [ -s "$model" ]; then
+    # models/ and profiles/ as the tests find them, links followed.
+    stage=$(mktemp -d)
+    trap 'rm -rf "$stage"' EXIT
+    mkdir -p "$stage/models" "$stage/profiles/$(basename "$profile")" "$out-model"
+    ln -s "$(realpath "$model")" "$stage/models/"
+    for f in deltakv.json deltakv.safetensors; do
+        [ -s "$profile/$f" ] && ln -s "$(realpath "$profile/$f")" "$stage/profiles/$(basename "$profile")/"
+    done
+    tar -chf "$out-model/payload.tar" -C "$stage" models profiles
+    split -b 60M "$out-model/payload.tar" "$out-model/part."
+    sha256sum "$out-model/payload.tar" | awk '{print $1}' > "$out-model/sha256"
+    rm "$out-model/payload.tar"
+    echo "bundle: the model and its DeltaKV profile in $out-model:" $(ls "$out-model")
+fi

@@ -20,7 +20,9 @@ int time_scale() {
     const int s = std::atoi(env_or("DELTASERVE_TEST_TIME_SCALE", "1").c_str());
     return s > 0 ? s : 1;
 }
-std::string test_data_dir() { return std::string(DELTASERVE_SOURCE_DIR) + "/tests/data"; }
+std::string test_data_dir() {
+    return env_or("DELTASERVE_TEST_DATA_DIR", std::string(DELTASERVE_SOURCE_DIR) + "/tests/data");
+}
 std::string source_dir() { return DELTASERVE_SOURCE_DIR; }
 std::string deltaserve_binary() { return DELTASERVE_BINARY_PATH; }
 std::string deltactl_binary() { return DELTASERVE_DELTACTL_PATH; }

@@ -15,7 +15,8 @@ std::string models_dir();
 // The repository's root (the checkout the tests were built from).
 std::string source_dir();
 
-// The repository's tests/data folder (committed golden data).
+// The repository's tests/data folder (committed golden data); $DELTASERVE_TEST_DATA_DIR where
+// the tests run from a bundle (tests/gpu/bundle.sh).
 std::string test_data_dir();
 
 // The deltaserve binary built beside the tests.
