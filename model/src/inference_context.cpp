@@ -295,14 +295,13 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
     ContextOptions opts = options;
     if (opts.n_ctx <= 0) opts.n_ctx = std::min(model.config.n_ctx_train, kDefaultMaxContext);
     if (opts.n_batch <= 0) return invalid_argument("n_batch must be positive");
-    if (opts.backend != nullptr && !opts.backend->host_memory()) {
+    // nullptr is the CPU backend: named, so that contexts compare equal however they got it.
+    if (opts.backend == nullptr) opts.backend = kernels::find_backend("cpu");
+    if (!opts.backend->host_memory()) {
         if (opts.attention == AttentionNumerics::kGgml) {
             return invalid_argument("llama.cpp's rounding (--attention ggml) runs on the CPU only");
         }
-        if (!opts.backend->available()) {
-            return unavailable("the " + std::string(opts.backend->name()) +
-                               " backend has no device here");
-        }
+        DS_RETURN_IF_ERROR(opts.backend->availability());
     }
     // A model the attention kernels cannot run is refused here, not at its first token.
     const ModelConfig& mc = model.config;
@@ -421,8 +420,8 @@ BatchRunner::BatchRunner(const Model& model, std::shared_ptr<ThreadPool> threads
     : model_(model),
       threads_(std::move(threads)),
       numerics_(numerics),
-      backend_(backend),
-      forward_(std::make_unique<Forward>(model, *threads_, backend)) {
+      backend_(backend != nullptr ? backend : kernels::find_backend("cpu")),
+      forward_(std::make_unique<Forward>(model, *threads_, backend_)) {
     forward_->set_attention_numerics(numerics);
 }
 
