@@ -41,6 +41,21 @@ constexpr double kAttention = 1e-8;
 
 using testing::random_floats;
 
+// Values as a KV cache stores them: fp16 or fp32.
+std::vector<uint8_t> kv_bytes(const std::vector<float>& f, DType dtype) {
+    const size_t elem = dtype == DType::kF16 ? 2 : 4;
+    std::vector<uint8_t> out(f.size() * elem);
+    for (size_t i = 0; i < f.size(); ++i) {
+        if (dtype == DType::kF16) {
+            const uint16_t h = fp32_to_fp16(f[i]);
+            std::memcpy(out.data() + 2 * i, &h, 2);
+        } else {
+            std::memcpy(out.data() + 4 * i, &f[i], 4);
+        }
+    }
+    return out;
+}
+
 double nmse(const std::vector<float>& got, const std::vector<float>& want) {
     double num = 0.0;
     double den = 0.0;
@@ -355,17 +370,7 @@ void CudaForwardOps::check_attention(const AttentionCase& c) {
     const std::vector<float> kf =
         random_floats(static_cast<size_t>(n_slots) * row_stride / elem, 30);
     const std::vector<float> vf = random_floats(kf.size(), 31);
-    std::vector<uint8_t> k(static_cast<size_t>(n_slots) * row_stride), v(k.size());
-    for (size_t i = 0; i < kf.size(); ++i) {
-        if (c.dtype == DType::kF16) {
-            const uint16_t hk = fp32_to_fp16(kf[i]), hv = fp32_to_fp16(vf[i]);
-            std::memcpy(k.data() + 2 * i, &hk, 2);
-            std::memcpy(v.data() + 2 * i, &hv, 2);
-        } else {
-            std::memcpy(k.data() + 4 * i, &kf[i], 4);
-            std::memcpy(v.data() + 4 * i, &vf[i], 4);
-        }
-    }
+    const std::vector<uint8_t> k = kv_bytes(kf, c.dtype), v = kv_bytes(vf, c.dtype);
     std::vector<int32_t> slots(static_cast<size_t>(n_slots));
     std::iota(slots.begin(), slots.end(), 0);
     std::shuffle(slots.begin(), slots.end(), std::mt19937(32));
@@ -434,17 +439,7 @@ TEST_F(CudaForwardOps, AttentionWithPerHeadEntriesMatchesCpu) {
             const size_t row_stride = head_dim * elem;
             const size_t values = 2 * static_cast<size_t>(arena) * head_dim;
             const std::vector<float> kf = random_floats(values, 40), vf = random_floats(values, 41);
-            std::vector<uint8_t> k(values * elem), v(values * elem);
-            for (size_t i = 0; i < values; ++i) {
-                if (dtype == DType::kF16) {
-                    const uint16_t hk = fp32_to_fp16(kf[i]), hv = fp32_to_fp16(vf[i]);
-                    std::memcpy(k.data() + 2 * i, &hk, 2);
-                    std::memcpy(v.data() + 2 * i, &hv, 2);
-                } else {
-                    std::memcpy(k.data() + 4 * i, &kf[i], 4);
-                    std::memcpy(v.data() + 4 * i, &vf[i], 4);
-                }
-            }
+            const std::vector<uint8_t> k = kv_bytes(kf, dtype), v = kv_bytes(vf, dtype);
             const int32_t head_n[2] = {n0, n1};
             std::vector<int32_t> lists[2];
             for (int g = 0; g < 2; ++g) {
