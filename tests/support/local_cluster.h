@@ -7,6 +7,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -17,17 +19,29 @@
 
 namespace deltaserve::testing {
 
-// A TCP port on 127.0.0.1 that was free a moment ago.
+// A TCP port on 127.0.0.1 that was free a moment ago. Taken below the kernel's ephemeral
+// range (32768 and up on Linux), where no outgoing connection of another test can land on
+// it between this check and the node's bind, from a point that differs per process and call,
+// so that tests running side by side try different ports.
 inline uint16_t free_port() {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    socklen_t len = sizeof a;
-    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    close(fd);
-    return ntohs(a.sin_port);
+    static std::atomic<uint32_t> calls{0};
+    constexpr uint32_t kFirst = 20000, kCount = 12000;
+    const uint32_t start = static_cast<uint32_t>(getpid()) * 7919u + calls.fetch_add(1) * 131u +
+                           static_cast<uint32_t>(std::chrono::steady_clock::now()
+                                                     .time_since_epoch()
+                                                     .count());
+    for (uint32_t i = 0; i < kCount; ++i) {
+        const auto port = static_cast<uint16_t>(kFirst + (start + i) % kCount);
+        const int fd = socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = htons(port);
+        const bool free = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+        close(fd);
+        if (free) return port;
+    }
+    return 0;
 }
 
 // Runs a shell command; true when it exits 0.
