@@ -26,10 +26,9 @@ namespace deltaserve::testing {
 inline uint16_t free_port() {
     static std::atomic<uint32_t> calls{0};
     constexpr uint32_t kFirst = 20000, kCount = 12000;
-    const uint32_t start = static_cast<uint32_t>(getpid()) * 7919u + calls.fetch_add(1) * 131u +
-                           static_cast<uint32_t>(std::chrono::steady_clock::now()
-                                                     .time_since_epoch()
-                                                     .count());
+    const uint32_t start =
+        static_cast<uint32_t>(getpid()) * 7919u + calls.fetch_add(1) * 131u +
+        static_cast<uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count());
     for (uint32_t i = 0; i < kCount; ++i) {
         const auto port = static_cast<uint16_t>(kFirst + (start + i) % kCount);
         const int fd = socket(AF_INET, SOCK_STREAM, 0);
