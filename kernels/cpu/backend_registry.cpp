@@ -163,13 +163,13 @@ Result<Backend*> choose_backend(std::string_view device) {
     }
     Backend* cuda = find_backend("cuda");
     if (cuda != nullptr && cuda->available()) {
-        static std::once_flag said;
-        std::call_once(said, [cuda, device] {
-            if (device.empty()) {
+        if (device.empty()) {  // the default: said once
+            static std::once_flag said;
+            std::call_once(said, [cuda] {
                 spdlog::warn("running the forward pass on {} (--device cpu runs it on the CPU)",
                              cuda->description());
-            }
-        });
+            });
+        }
         return cuda;
     }
     if (device.empty()) return find_backend("cpu");

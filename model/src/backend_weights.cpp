@@ -6,7 +6,7 @@ namespace deltaserve::model {
 
 namespace k = deltaserve::kernels;
 
-std::shared_ptr<const BackendWeights> BackendWeightsCache::find(const k::Backend* backend) const {
+BackendWeightsCache::Set BackendWeightsCache::find(const k::Backend* backend) const {
     std::lock_guard lock(mu_);
     for (const auto& [b, w] : sets_) {
         if (b == backend) return w;
@@ -14,20 +14,20 @@ std::shared_ptr<const BackendWeights> BackendWeightsCache::find(const k::Backend
     return nullptr;
 }
 
-void BackendWeightsCache::add(const k::Backend* backend,
-                              std::shared_ptr<const BackendWeights> weights) {
-    std::lock_guard lock(mu_);
-    sets_.emplace_back(backend, std::move(weights));
+Result<BackendWeightsCache::Set> BackendWeightsCache::get(
+    const k::Backend* backend, const std::function<Result<Set>()>& make) {
+    std::lock_guard lock(mu_);  // held while making: an upload happens once
+    for (const auto& [b, w] : sets_) {
+        if (b == backend) return w;
+    }
+    DS_ASSIGN_OR_RETURN(Set w, make());
+    sets_.emplace_back(backend, w);
+    return w;
 }
 
 Result<std::shared_ptr<const BackendWeights>> BackendWeights::of(const Model& model,
                                                                  k::Backend& backend) {
-    if (auto w = model.on_backends.find(&backend)) return w;
-    std::lock_guard making(model.on_backends.making());
-    if (auto w = model.on_backends.find(&backend)) return w;
-    DS_ASSIGN_OR_RETURN(std::shared_ptr<const BackendWeights> w, make(model, backend));
-    model.on_backends.add(&backend, w);
-    return w;
+    return model.on_backends.get(&backend, [&] { return make(model, backend); });
 }
 
 Result<const float*> BackendWeights::vector_on(k::Backend& backend,

@@ -283,9 +283,11 @@ TEST(CliBadInputTest, UnknownKvType) {
 TEST(CliBadInputTest, UnknownAttentionOrOneWithoutItsCache) {
     DS_REQUIRE_FILE(stories_model(), "stories260K.bin");
     DS_REQUIRE_FILE(stories_tokenizer(), "tok512.bin");
-    expect_one_line_error(generate_stories({"--prompt", "x", "--attention", "fast"}), -1, "--attention");
-    expect_one_line_error(generate_stories({"--prompt", "x", "--attention", "ggml", "--kv-type", "f32"}), -1,
-                          "f16 KV cache");
+    expect_one_line_error(generate_stories({"--prompt", "x", "--attention", "fast"}), -1,
+                          "--attention");
+    expect_one_line_error(
+        generate_stories({"--prompt", "x", "--attention", "ggml", "--kv-type", "f32"}), -1,
+        "f16 KV cache");
 }
 
 TEST(CliBadInputTest, UnknownDeviceOrOneNotHere) {

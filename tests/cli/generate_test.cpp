@@ -124,9 +124,10 @@ TEST(CliGenerateTest, SmolLm2ChatPrompt) {
 // numbers against llama.cpp's): greedy output is deterministic and not the prompt echoed.
 TEST(CliGenerateTest, GgmlAttentionGenerates) {
     DS_REQUIRE_FILE(default_gguf_model(), "SmolLM2 GGUF");
-    const std::vector<std::string> args = {"generate", "--model", default_gguf_model(), "--threads", "2",
-                                           "--attention", "ggml", "--prompt", "The capital of France is",
-                                           "--max-tokens", "12", "--temperature", "0"};
+    const std::vector<std::string> args = {
+        "generate", "--model",  default_gguf_model(),       "--threads",    "2",  "--attention",
+        "ggml",     "--prompt", "The capital of France is", "--max-tokens", "12", "--temperature",
+        "0"};
     const CliResult a = run_deltaserve(args);
     const CliResult b = run_deltaserve(args);
     ASSERT_EQ(a.exit_code, 0) << a.describe();
@@ -140,9 +141,17 @@ TEST(CliGenerateTest, DeviceCpuIsTheDefaultHere) {
     DS_REQUIRE_FILE(default_gguf_model(), "SmolLM2 GGUF");
     if (std::filesystem::exists("/dev/nvidiactl"))
         GTEST_SKIP() << "a GPU is here: the default is cuda";
-    std::vector<std::string> args = {"generate", "--model", default_gguf_model(), "--threads", "2",
-                                     "--prompt", "The capital of France is", "--max-tokens", "12",
-                                     "--temperature", "0"};
+    std::vector<std::string> args = {"generate",
+                                     "--model",
+                                     default_gguf_model(),
+                                     "--threads",
+                                     "2",
+                                     "--prompt",
+                                     "The capital of France is",
+                                     "--max-tokens",
+                                     "12",
+                                     "--temperature",
+                                     "0"};
     const CliResult a = run_deltaserve(args);
     args.insert(args.end(), {"--device", "cpu"});
     const CliResult b = run_deltaserve(args);

@@ -32,7 +32,7 @@ constexpr double kNearTie = 0.3;
 constexpr double kMaxDiffGgmlNumerics = 1e-4;
 
 class SmolLM2Golden : public ::testing::Test {
-protected:
+  protected:
     static void SetUpTestSuite() {
         const std::string path = testing::default_gguf_model();
         if (!testing::file_exists(path)) return;
@@ -63,7 +63,8 @@ double max_logit_diff(std::span<const float> logits, const json& ref, const json
     }
     const auto& probes = ref["probe_logits"];
     for (size_t i = 0; i < probes.size(); ++i) {
-        d = std::max(d, std::fabs(double(logits[probe_ids[i].get<int>()]) - probes[i].get<double>()));
+        d = std::max(d,
+                     std::fabs(double(logits[probe_ids[i].get<int>()]) - probes[i].get<double>()));
     }
     return d;
 }
@@ -83,7 +84,7 @@ struct GoldenRun {
     int identical = 0;     // 64-token greedy continuations equal to llama.cpp's
     int prompts = 0;
     std::vector<std::vector<int32_t>> continuations;  // each prompt's greedy tokens
-    std::vector<std::vector<float>> gaps;  // the top-2 logit gap before each of them
+    std::vector<std::vector<float>> gaps;             // the top-2 logit gap before each of them
 };
 
 double top2_gap(std::span<const float> l) {
@@ -150,8 +151,10 @@ GoldenRun run_golden(const Model& model, const json& g, AttentionNumerics numeri
         std::printf("%-28s logit diff %.4f  greedy agrees for %zu/%zu tokens\n",
                     p["name"].get<std::string>().c_str(), d, agree, want.size());
     }
-    std::printf("max logit diff: %.4f vs llama.cpp, %.4f vs the float64 reference; "
-                "%d/%d continuations identical\n", r.worst, r.worst_f64, r.identical, r.prompts);
+    std::printf(
+        "max logit diff: %.4f vs llama.cpp, %.4f vs the float64 reference; "
+        "%d/%d continuations identical\n",
+        r.worst, r.worst_f64, r.identical, r.prompts);
     return r;
 }
 
@@ -190,14 +193,15 @@ TEST_F(SmolLM2Golden, CudaBackendAgreesWithTheCpu) {
         while (agree < a.size() && a[agree] == b[agree]) ++agree;
         same += agree == a.size();
         if (agree < a.size()) {
-            std::printf("prompt %d parts from the CPU at step %zu: CPU top-2 gap %.4f, CUDA %.4f\n", p,
-                        agree, cpu.gaps[p][agree], gpu.gaps[p][agree]);
+            std::printf("prompt %d parts from the CPU at step %zu: CPU top-2 gap %.4f, CUDA %.4f\n",
+                        p, agree, cpu.gaps[p][agree], gpu.gaps[p][agree]);
             EXPECT_LT(cpu.gaps[p][agree], kNearTie) << "prompt " << p << ", step " << agree;
         }
     }
-    std::printf("CUDA: %d/%d continuations the CPU's; max logit diff %.4f vs llama.cpp "
-                "(CPU %.4f), %.4f vs float64 (CPU %.4f)\n", same, gpu.prompts, gpu.worst, cpu.worst,
-                gpu.worst_f64, cpu.worst_f64);
+    std::printf(
+        "CUDA: %d/%d continuations the CPU's; max logit diff %.4f vs llama.cpp "
+        "(CPU %.4f), %.4f vs float64 (CPU %.4f)\n",
+        same, gpu.prompts, gpu.worst, cpu.worst, gpu.worst_f64, cpu.worst_f64);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 // backends live until the process exits).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -52,14 +53,16 @@ class BackendWeights {
 // The sets of BackendWeights a model has made, one per backend.
 class BackendWeightsCache {
   public:
-    std::shared_ptr<const BackendWeights> find(const kernels::Backend* backend) const;
-    void add(const kernels::Backend* backend, std::shared_ptr<const BackendWeights> weights);
-    std::mutex& making() const { return making_; }
+    using Set = std::shared_ptr<const BackendWeights>;
+    // The set for `backend`, made by `make` when there is none (one at a time: a second
+    // caller waits and shares it; an error keeps nothing).
+    Result<Set> get(const kernels::Backend* backend, const std::function<Result<Set>()>& make);
+    // Null when none was made.
+    Set find(const kernels::Backend* backend) const;
 
   private:
     mutable std::mutex mu_;
-    mutable std::mutex making_;  // one upload at a time: a second caller waits and shares it
-    std::vector<std::pair<const kernels::Backend*, std::shared_ptr<const BackendWeights>>> sets_;
+    std::vector<std::pair<const kernels::Backend*, Set>> sets_;
 };
 
 }  // namespace deltaserve::model
