@@ -1184,7 +1184,15 @@ Result<std::unique_ptr<DecodeWorker>> DecodeWorker::create(const model::Model& m
     // The process's pool when the caller gives one (serve shares it with its prefill worker).
     auto threads = c.threads ? c.threads : std::make_shared<ThreadPool>(options.threads);
     c.threads = threads;
-    if (options.kv_memory == 0) options.kv_memory = default_kv_memory();
+    // Full KV on a device backend lives in the device's memory (BlockPool); by default it
+    // takes half of what the device has free.
+    kernels::Backend* const device =
+        c.backend != nullptr && !c.backend->host_memory() ? c.backend : nullptr;
+    if (options.kv_memory == 0) {
+        options.kv_memory = default_kv_memory();
+        if (policy.paged && device != nullptr && device->free_memory() > 0)
+            options.kv_memory = device->free_memory() / 2;
+    }
     // Only a policy whose prefix state is the prefix's alone shares blocks across prompts.
     const bool prefix_exact = policy.shareable;
     if (policy.paged && !c.kv_blocks) {  // one pool of blocks for every session's KV
@@ -1193,6 +1201,7 @@ Result<std::unique_ptr<DecodeWorker>> DecodeWorker::create(const model::Model& m
             mc.n_layers, mc.kv_dim(), mc.n_kv_heads,
             c.kv_type == model::KvType::kF16 ? kernels::DType::kF16 : kernels::DType::kF32, 0};
         po.n_blocks = kvstore::BlockPool::blocks_in(po, options.kv_memory);
+        po.backend = device;
         DS_ASSIGN_OR_RETURN(c.kv_blocks, kvstore::BlockPool::create(po));
     }
     DS_ASSIGN_OR_RETURN(auto probe, model::InferenceContext::create(model, c));

@@ -108,6 +108,14 @@ Status Backend::add(float*, const float*, int64_t, const Exec&) { return not_her
 Status Backend::embed_rows(const WeightMatrix&, const int32_t*, int64_t, float*, const Exec&) {
     return not_here(*this, "embed_rows");
 }
+Status Backend::store_rows(DType, int64_t, const float*, int64_t, int64_t, uint8_t*, size_t,
+                           const int32_t*, const Exec&) {
+    return not_here(*this, "store_rows");
+}
+Status Backend::copy_rows(uint8_t*, size_t, const int32_t*, const uint8_t*, size_t, const int32_t*,
+                          size_t, int64_t, const Exec&) {
+    return not_here(*this, "copy_rows");
+}
 Status Backend::attention(const AttentionShape&, const KvView&, const float*, int64_t, int32_t,
                           float*, int64_t, const Exec&) {
     return not_here(*this, "attention");

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <string>
 
+#include "deltaserve/kernels/kv_row.h"
 #include "deltaserve/kernels/repack.h"
 
 namespace deltaserve::kernels {
@@ -102,6 +103,26 @@ class CpuBackend final : public Backend {
                       const Exec&) override {
         for (int64_t i = 0; i < n; ++i)
             dequantize_weight_row(table, tokens[i], out + i * table.cols);
+        return Status();
+    }
+    Status store_rows(DType dtype, int64_t width, const float* src, int64_t ld, int64_t n,
+                      uint8_t* dst, size_t row_stride, const int32_t* slots, const Exec&) override {
+        if (dtype != DType::kF16 && dtype != DType::kF32)
+            return invalid_argument("cpu: store_rows: KV rows must be F16 or F32");
+        for (int64_t i = 0; i < n; ++i) {
+            write_kv_row(dtype, dst + static_cast<size_t>(slots[i]) * row_stride, src + i * ld,
+                         static_cast<int32_t>(width));
+        }
+        return Status();
+    }
+    Status copy_rows(uint8_t* dst, size_t dst_stride, const int32_t* dst_rows, const uint8_t* src,
+                     size_t src_stride, const int32_t* src_rows, size_t row_bytes, int64_t n,
+                     const Exec&) override {
+        for (int64_t i = 0; i < n; ++i) {
+            const auto d = static_cast<size_t>(dst_rows != nullptr ? dst_rows[i] : i);
+            const auto s = static_cast<size_t>(src_rows != nullptr ? src_rows[i] : i);
+            std::memcpy(dst + d * dst_stride, src + s * src_stride, row_bytes);
+        }
         return Status();
     }
     Status attention(const AttentionShape& shape, const KvView& kv, const float* q, int64_t ldq,

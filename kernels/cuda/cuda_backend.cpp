@@ -98,6 +98,14 @@ class CudaBackend final : public Backend {
         available();
         return no_device_;
     }
+    size_t free_memory() const override {
+        size_t free = 0, total = 0;
+        if (!available() || cudaMemGetInfo(&free, &total) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return 0;
+        }
+        return free;
+    }
     std::string description() const override {
         return available() ? "cuda: " + device_ : "cuda (no device)";
     }
@@ -159,6 +167,10 @@ class CudaBackend final : public Backend {
                           "cuda copy_out"));
         }
         return from_cuda(cudaStreamSynchronize(stream), "cuda copy_out");
+    }
+    Status synchronize(const Exec& exec) override {
+        if (!available()) return no_device_;
+        return from_cuda(cudaStreamSynchronize(stream_of(exec)), "cuda synchronize");
     }
     Status copy(void* dst, const void* src, size_t bytes, const Exec& exec) override {
         if (!available()) return no_device_;
@@ -225,6 +237,19 @@ class CudaBackend final : public Backend {
                       const Exec& exec) override {
         if (!available()) return no_device_;
         return run_embed_rows(table, tokens, n, out, stream_of(exec));
+    }
+    Status store_rows(DType dtype, int64_t width, const float* src, int64_t ld, int64_t n,
+                      uint8_t* dst, size_t row_stride, const int32_t* slots,
+                      const Exec& exec) override {
+        if (!available()) return no_device_;
+        return run_store_rows(dtype, width, src, ld, n, dst, row_stride, slots, stream_of(exec));
+    }
+    Status copy_rows(uint8_t* dst, size_t dst_stride, const int32_t* dst_rows, const uint8_t* src,
+                     size_t src_stride, const int32_t* src_rows, size_t row_bytes, int64_t n,
+                     const Exec& exec) override {
+        if (!available()) return no_device_;
+        return run_copy_rows(dst, dst_stride, dst_rows, src, src_stride, src_rows, row_bytes, n,
+                             stream_of(exec));
     }
     Status attention(const AttentionShape& shape, const KvView& kv, const float* q, int64_t ldq,
                      int32_t n_q, float* out, int64_t ldo, const Exec& exec) override {

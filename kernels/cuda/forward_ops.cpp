@@ -13,6 +13,7 @@
 #include "deltaserve/kernels/backend.h"
 #include "deltaserve/kernels/repack.h"
 #include "elementwise.h"
+#include "kv_rows.h"
 #include "matmul.h"
 #include "stream_buffer.h"
 #include "top_k.h"
@@ -238,6 +239,55 @@ Status run_embed_rows(const WeightMatrix& table, const int32_t* tokens, int64_t 
     return launched(launch_embed_rows(table.type, table.data, table.row_stride(), table.cols,
                                       d_ids.as<int32_t>(), n, out, stream),
                     op);
+}
+
+Status run_store_rows(DType dtype, int64_t width, const float* src, int64_t ld, int64_t n,
+                      uint8_t* dst, size_t row_stride, const int32_t* slots, cudaStream_t stream) {
+    const char* op = "store_rows";
+    if (dtype != DType::kF16 && dtype != DType::kF32) {
+        return invalid(op, "KV rows must be F16 or F32");
+    }
+    if (n < 0 || n > kMaxRows) return invalid(op, "n must be in [0, 2^31 - 1]");
+    if (width < 0 || ld < width) return invalid(op, "width must be in [0, ld]");
+    if (row_stride < static_cast<size_t>(width) * (dtype == DType::kF16 ? 2 : 4)) {
+        return invalid(op, "row_stride is shorter than a row");
+    }
+    if (n == 0 || width == 0) return Status();
+    if (src == nullptr || dst == nullptr || slots == nullptr) return invalid(op, "a null pointer");
+    const std::vector<int32_t> at = pageable_copy(slots, n);
+    for (int32_t slot : at) {
+        if (slot < 0) return invalid(op, "a negative slot");
+    }
+    DS_ASSIGN_OR_RETURN(StreamBuffer d_slots,
+                        StreamBuffer::copy_of(at.data(), at.size() * sizeof(int32_t), stream));
+    return launched(launch_store_rows(dtype == DType::kF16, width, src, ld, n, dst, row_stride,
+                                      d_slots.as<int32_t>(), stream),
+                    op);
+}
+
+Status run_copy_rows(uint8_t* dst, size_t dst_stride, const int32_t* dst_rows, const uint8_t* src,
+                     size_t src_stride, const int32_t* src_rows, size_t row_bytes, int64_t n,
+                     cudaStream_t stream) {
+    const char* op = "copy_rows";
+    if (n < 0 || n > kMaxRows) return invalid(op, "n must be in [0, 2^31 - 1]");
+    if (n == 0 || row_bytes == 0) return Status();
+    if (dst == nullptr || src == nullptr) return invalid(op, "a null pointer");
+    // Both lists in one staged copy.
+    std::vector<int32_t> rows;
+    for (const int32_t* list : {dst_rows, src_rows}) {
+        if (list == nullptr) continue;
+        for (int64_t i = 0; i < n; ++i) {
+            if (list[i] < 0) return invalid(op, "a negative row");
+            rows.push_back(list[i]);
+        }
+    }
+    DS_ASSIGN_OR_RETURN(StreamBuffer d_rows,
+                        StreamBuffer::copy_of(rows.data(), rows.size() * sizeof(int32_t), stream));
+    const int32_t* d_dst = dst_rows != nullptr ? d_rows.as<int32_t>() : nullptr;
+    const int32_t* d_src =
+        src_rows != nullptr ? d_rows.as<int32_t>() + (dst_rows != nullptr ? n : 0) : nullptr;
+    return launched(
+        launch_copy_rows(dst, dst_stride, d_dst, src, src_stride, d_src, row_bytes, n, stream), op);
 }
 
 Status run_attention(const AttentionShape& s, const KvView& kv, const float* q, int64_t ldq,

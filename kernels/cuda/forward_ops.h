@@ -33,6 +33,11 @@ Status run_silu_mul(float* out, const float* gate, const float* up, int64_t n, c
 Status run_add(float* y, const float* x, int64_t n, cudaStream_t stream);
 Status run_embed_rows(const WeightMatrix& table, const int32_t* tokens, int64_t n, float* out,
                       cudaStream_t stream);
+Status run_store_rows(DType dtype, int64_t width, const float* src, int64_t ld, int64_t n,
+                      uint8_t* dst, size_t row_stride, const int32_t* slots, cudaStream_t stream);
+Status run_copy_rows(uint8_t* dst, size_t dst_stride, const int32_t* dst_rows, const uint8_t* src,
+                     size_t src_stride, const int32_t* src_rows, size_t row_bytes, int64_t n,
+                     cudaStream_t stream);
 Status run_attention(const AttentionShape& shape, const KvView& kv, const float* q, int64_t ldq,
                      int32_t n_q, float* out, int64_t ldo, cudaStream_t stream);
 // Synchronizes the stream: ids and values are written when it returns.

@@ -33,6 +33,18 @@ Result<std::shared_ptr<BlockPool>> BlockPool::create(const BlockPoolOptions& opt
         return invalid_argument("block pool: KV type must be f16 or f32");
     }
     std::shared_ptr<BlockPool> pool(new BlockPool(options));
+    if (options.backend != nullptr && !options.backend->host_memory()) {
+        auto arena = options.backend->alloc(pool->bytes_);
+        if (!arena.ok()) {
+            return arena.status().with_context("block pool: " + std::to_string(pool->bytes_) +
+                                               " bytes of KV memory on " +
+                                               options.backend->description());
+        }
+        pool->device_ = options.backend;
+        pool->device_arena_ = std::move(*arena);
+        pool->arena_ = static_cast<uint8_t*>(pool->device_arena_.data());
+        return pool;
+    }
     // Mapped without reserving swap: a node's budget is address space until it is used.
     void* arena = mmap(nullptr, pool->bytes_, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -54,7 +66,7 @@ BlockPool::BlockPool(const BlockPoolOptions& options) : options_(options) {
 }
 
 BlockPool::~BlockPool() {
-    if (arena_ != nullptr) munmap(arena_, bytes_);
+    if (arena_ != nullptr && device_ == nullptr) munmap(arena_, bytes_);
 }
 
 bool BlockPool::take_locked(int32_t n, std::vector<int32_t>& out) {

@@ -48,11 +48,11 @@ void DeltaKvSequenceCache::gather_refs(int32_t sl, const std::vector<int32_t>& p
                                  2 * kv_dim);
             }
             float* xi = ref_x_.data() + i * dims;
-            read_row(k::DType::kF16, sparse_pool_->k_row(sl, sparse_slot_[ref_pos_[i]]), xi,
-                     kv_dim);
+            read_kv_row(k::DType::kF16, sparse_pool_->k_row(sl, sparse_slot_[ref_pos_[i]]), xi,
+                        kv_dim);
             if (dims == d) {
-                read_row(k::DType::kF16, sparse_pool_->v_row(sl, sparse_slot_[ref_pos_[i]]),
-                         xi + kv_dim, kv_dim);
+                read_kv_row(k::DType::kF16, sparse_pool_->v_row(sl, sparse_slot_[ref_pos_[i]]),
+                            xi + kv_dim, kv_dim);
             }
             const float* a = angle_table_.data() + angle_of_[ref_pos_[i]];
             k::rope_apply(xi, options_.n_kv_heads, options_.head_dim, a, a + half,
@@ -81,7 +81,7 @@ void DeltaKvSequenceCache::reconstruct(int32_t layer) {
         grow(x_, static_cast<size_t>(n) * d);
         grow(z_, static_cast<size_t>(n) * m);
         for (int64_t i = 0; i < n; ++i)
-            read_row(k::DType::kF16, latent_ptrs_[i], z_.data() + i * m, m);
+            read_kv_row(k::DType::kF16, latent_ptrs_[i], z_.data() + i * m, m);
         k::matmul(profile_.layers[layer].wd, z_.data(), m, n, x_.data(), d, *threads_);
     }
     // x = Dec(z) + mean of the references, RoPE on K, into the token's row of this layer's
@@ -106,8 +106,8 @@ void DeltaKvSequenceCache::reconstruct(int32_t layer) {
                 const float* a = angle_table_.data() + angle_of_[pos];
                 k::rope_apply(xi, options_.n_kv_heads, options_.head_dim, a, a + half,
                               options_.rope_style, false);
-                write_row(k::DType::kF16, recon_k_.data() + i * row, xi, kv_dim);
-                write_row(k::DType::kF16, recon_v_.data() + i * row, xi + kv_dim, kv_dim);
+                write_kv_row(k::DType::kF16, recon_k_.data() + i * row, xi, kv_dim);
+                write_kv_row(k::DType::kF16, recon_v_.data() + i * row, xi + kv_dim, kv_dim);
             }
         }
     });
@@ -128,8 +128,8 @@ void DeltaKvSequenceCache::attended_rows(int32_t layer, std::span<const int32_t>
             lat.push_back(pos);
             lat_at.push_back(i);
         } else if (full) {
-            read_row(k::DType::kF16, full_pool_->k_row(li, full_slot_[pos]), x, kv_dim);
-            read_row(k::DType::kF16, full_pool_->v_row(li, full_slot_[pos]), x + kv_dim, kv_dim);
+            read_kv_row(k::DType::kF16, full_pool_->k_row(li, full_slot_[pos]), x, kv_dim);
+            read_kv_row(k::DType::kF16, full_pool_->v_row(li, full_slot_[pos]), x + kv_dim, kv_dim);
             k::rope_inverse(x, options_.n_kv_heads, options_.head_dim, pos, options_.rope_theta,
                             options_.rope_style);
         } else {
@@ -144,7 +144,7 @@ void DeltaKvSequenceCache::attended_rows(int32_t layer, std::span<const int32_t>
         if (options_.latent_bits == 4) {
             k::deltakv_decode_int4(profile_.int4[layer], latent_ptrs_.data() + j, 1, x, d);
         } else {
-            read_row(k::DType::kF16, latent_ptrs_[j], z.data(), m);
+            read_kv_row(k::DType::kF16, latent_ptrs_[j], z.data(), m);
             k::matmul(profile_.layers[layer].wd, z.data(), m, 1, x, d, *threads_);
         }
         add_ref_mean(li, lat[j], d, x, nullptr);
@@ -182,7 +182,7 @@ void DeltaKvSequenceCache::latent_scores(int32_t layer, const kernels::Attention
         grow(z_, static_cast<size_t>(n) * m);
         grow(x_, static_cast<size_t>(n) * kv_dim);
         for (int64_t i = 0; i < n; ++i)
-            read_row(k::DType::kF16, latent_ptrs_[i], z_.data() + i * m, m);
+            read_kv_row(k::DType::kF16, latent_ptrs_[i], z_.data() + i * m, m);
         k::WeightMatrix wk = profile_.layers[layer].wd;
         wk.rows = kv_dim;
         k::matmul(wk, z_.data(), m, n, x_.data(), kv_dim, *threads_);

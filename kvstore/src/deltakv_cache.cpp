@@ -131,8 +131,8 @@ Status DeltaKvSequenceCache::reserve(int32_t n_new) {
     return Status();
 }
 
-void DeltaKvSequenceCache::store(int32_t layer, int32_t first, int32_t n, const float* kk,
-                                 const float* v, int64_t ld) {
+Status DeltaKvSequenceCache::store(int32_t layer, int32_t first, int32_t n, const float* kk,
+                                   const float* v, int64_t ld) {
     DS_CHECK(first + n <= n_reserved_, "store past reserve");
     const int32_t kv_dim = options_.n_kv_heads * options_.head_dim;
     const bool full = options_.full_layer[layer];
@@ -141,8 +141,8 @@ void DeltaKvSequenceCache::store(int32_t layer, int32_t first, int32_t n, const 
     for (int32_t i = 0; i < n; ++i) {
         const int32_t pos = n_tokens_ + first + i;
         const int32_t slot = full ? full_slot_[pos] : sparse_slot_[pos];
-        write_row(k::DType::kF16, pool.k_row(li, slot), kk + i * ld, kv_dim);
-        write_row(k::DType::kF16, pool.v_row(li, slot), v + i * ld, kv_dim);
+        write_kv_row(k::DType::kF16, pool.k_row(li, slot), kk + i * ld, kv_dim);
+        write_kv_row(k::DType::kF16, pool.v_row(li, slot), v + i * ld, kv_dim);
     }
     if (!full && !reconstructed_[layer]) {
         // Sparse layers before the first full layer (the lead) have no observation layer: the
@@ -154,6 +154,7 @@ void DeltaKvSequenceCache::store(int32_t layer, int32_t first, int32_t n, const 
         }
         reconstruct(layer);
     }
+    return Status();
 }
 
 kernels::KvView DeltaKvSequenceCache::view(int32_t layer, int32_t n_visible_new) const {
@@ -216,8 +217,8 @@ kernels::KvView DeltaKvSequenceCache::reconstructed_view() const {
 
 void DeltaKvSequenceCache::load_x(int32_t sl, int32_t pos, float* x) const {
     const int32_t kv_dim = options_.n_kv_heads * options_.head_dim;
-    read_row(k::DType::kF16, sparse_pool_->k_row(sl, sparse_slot_[pos]), x, kv_dim);
-    read_row(k::DType::kF16, sparse_pool_->v_row(sl, sparse_slot_[pos]), x + kv_dim, kv_dim);
+    read_kv_row(k::DType::kF16, sparse_pool_->k_row(sl, sparse_slot_[pos]), x, kv_dim);
+    read_kv_row(k::DType::kF16, sparse_pool_->v_row(sl, sparse_slot_[pos]), x + kv_dim, kv_dim);
     k::rope_inverse(x, options_.n_kv_heads, options_.head_dim, pos, options_.rope_theta,
                     options_.rope_style);
 }

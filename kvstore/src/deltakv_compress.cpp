@@ -146,7 +146,7 @@ void DeltaKvSequenceCache::compress_layer(int32_t s) {
             if (options_.latent_bits == 4) {
                 k::int4_pack(zi, profile_.m, lat.data() + at + i * lb);
             } else {
-                write_row(k::DType::kF16, lat.data() + at + i * lb, zi, profile_.m);
+                write_kv_row(k::DType::kF16, lat.data() + at + i * lb, zi, profile_.m);
             }
         }
         refs.insert(refs.end(), chosen.begin(), chosen.end());

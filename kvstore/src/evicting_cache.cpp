@@ -17,8 +17,9 @@ class PoolUnitView final : public UnitView {
         : pool_(pool), unit_(unit), slots_(slots) {}
     void key(int32_t j, float* out) const override {
         const size_t hb = pool_.head_bytes();
-        read_row(pool_.options().dtype, pool_.k_base(unit_) + static_cast<size_t>(slots_[j]) * hb,
-                 out, pool_.options().head_dim);
+        read_kv_row(pool_.options().dtype,
+                    pool_.k_base(unit_) + static_cast<size_t>(slots_[j]) * hb, out,
+                    pool_.options().head_dim);
     }
 
   private:
@@ -79,8 +80,8 @@ Status EvictingSequenceCache::reserve(int32_t n_new) {
     return Status();
 }
 
-void EvictingSequenceCache::store(int32_t layer, int32_t first, int32_t n, const float* k,
-                                  const float* v, int64_t ld) {
+Status EvictingSequenceCache::store(int32_t layer, int32_t first, int32_t n, const float* k,
+                                    const float* v, int64_t ld) {
     DS_CHECK(first + n <= n_reserved_, "store past reserve");
     const auto& o = pool_.options();
     for (int32_t g = 0; g < o.n_kv_heads; ++g) {
@@ -89,10 +90,11 @@ void EvictingSequenceCache::store(int32_t layer, int32_t first, int32_t n, const
         for (int32_t i = 0; i < n; ++i) {
             const int32_t slot = unit.slot[committed(unit) + first + i];
             const int64_t off = i * ld + static_cast<int64_t>(g) * o.head_dim;
-            write_row(o.dtype, pool_.k_row(u, slot), k + off, o.head_dim);
-            write_row(o.dtype, pool_.v_row(u, slot), v + off, o.head_dim);
+            write_kv_row(o.dtype, pool_.k_row(u, slot), k + off, o.head_dim);
+            write_kv_row(o.dtype, pool_.v_row(u, slot), v + off, o.head_dim);
         }
     }
+    return Status();
 }
 
 kernels::KvView EvictingSequenceCache::view(int32_t layer, int32_t n_visible_new) const {
@@ -228,19 +230,19 @@ void EvictingSequenceCache::apply_merges(int32_t u,
         const int32_t to = merges[order[i]].to;
         uint8_t* kt = pool_.k_row(u, unit.slot[to]);
         uint8_t* vt = pool_.v_row(u, unit.slot[to]);
-        read_row(o.dtype, kt, acc_k.data(), o.head_dim);
-        read_row(o.dtype, vt, acc_v.data(), o.head_dim);
+        read_kv_row(o.dtype, kt, acc_k.data(), o.head_dim);
+        read_kv_row(o.dtype, vt, acc_v.data(), o.head_dim);
         for (float& t : acc_k) t *= merges[order[i]].w_to;
         for (float& t : acc_v) t *= merges[order[i]].w_to;
         for (; i < order.size() && merges[order[i]].to == to; ++i) {
             const auto& m = merges[order[i]];
-            read_row(o.dtype, pool_.k_row(u, unit.slot[m.from]), x.data(), o.head_dim);
+            read_kv_row(o.dtype, pool_.k_row(u, unit.slot[m.from]), x.data(), o.head_dim);
             for (int32_t d = 0; d < o.head_dim; ++d) acc_k[d] += m.w_from * x[d];
-            read_row(o.dtype, pool_.v_row(u, unit.slot[m.from]), x.data(), o.head_dim);
+            read_kv_row(o.dtype, pool_.v_row(u, unit.slot[m.from]), x.data(), o.head_dim);
             for (int32_t d = 0; d < o.head_dim; ++d) acc_v[d] += m.w_from * x[d];
         }
-        write_row(o.dtype, kt, acc_k.data(), o.head_dim);
-        write_row(o.dtype, vt, acc_v.data(), o.head_dim);
+        write_kv_row(o.dtype, kt, acc_k.data(), o.head_dim);
+        write_kv_row(o.dtype, vt, acc_v.data(), o.head_dim);
     }
 }
 

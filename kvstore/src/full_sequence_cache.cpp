@@ -4,7 +4,6 @@
 
 #include "byte_io.h"
 #include "deltaserve/kvstore/kv_cache.h"
-#include "row_io.h"
 
 namespace deltaserve::kvstore {
 
@@ -29,12 +28,12 @@ Status FullSequenceCache::own_partial_block() {
         partial_ = true;  // looked at again by the next reserve
         return fresh.status();
     }
-    const size_t rows = static_cast<size_t>(n_committed_ % kB) * pool_->row_bytes();
-    for (int32_t l = 0; l < pool_->options().n_layers; ++l) {
-        std::memcpy(pool_->k_row(l, BlockPool::slot((*fresh)[0], 0)),
-                    pool_->k_row(l, BlockPool::slot(old, 0)), rows);
-        std::memcpy(pool_->v_row(l, BlockPool::slot((*fresh)[0], 0)),
-                    pool_->v_row(l, BlockPool::slot(old, 0)), rows);
+    if (Status st = pool_->copy_rows(BlockPool::slot((*fresh)[0], 0), BlockPool::slot(old, 0),
+                                     n_committed_ % kB);
+        !st.ok()) {
+        pool_->release(*fresh);
+        partial_ = true;
+        return st;
     }
     table_[n_committed_ / kB] = (*fresh)[0];
     const int32_t first = n_committed_ / kB * kB;
@@ -64,16 +63,11 @@ Status FullSequenceCache::reserve(int32_t n_new) {
     return Status();
 }
 
-void FullSequenceCache::store(int32_t layer, int32_t first, int32_t n, const float* k,
-                              const float* v, int64_t ld) {
-    const int32_t kv_dim = pool_->options().kv_dim;
+Status FullSequenceCache::store(int32_t layer, int32_t first, int32_t n, const float* k,
+                                const float* v, int64_t ld) {
     DS_CHECK(n_committed_ + first + n <= static_cast<int32_t>(slots_.size()), "store past reserve");
-    const kernels::DType dtype = pool_->options().dtype;
-    for (int32_t i = 0; i < n; ++i) {
-        const int32_t slot = slots_[n_committed_ + first + i];
-        write_row(dtype, pool_->k_row(layer, slot), k + i * ld, kv_dim);
-        write_row(dtype, pool_->v_row(layer, slot), v + i * ld, kv_dim);
-    }
+    return pool_->store(layer, std::span<const int32_t>(slots_).subspan(n_committed_ + first, n), k,
+                        v, ld);
 }
 
 kernels::KvView FullSequenceCache::view(int32_t layer, int32_t n_visible_new) const {
@@ -162,14 +156,11 @@ Result<std::vector<uint8_t>> FullSequenceCache::export_rows(int32_t layer, int32
         return invalid_argument("rows [" + std::to_string(begin) + ", " + std::to_string(end) +
                                 ") are not in the cache (" + std::to_string(slots_.size()) + ")");
     }
-    const size_t row = pool_->row_bytes();
     const size_t n = static_cast<size_t>(end - begin);
-    std::vector<uint8_t> out(2 * row * n);
-    for (size_t i = 0; i < n; ++i) {
-        const size_t slot = static_cast<size_t>(slots_[begin + i]);
-        std::memcpy(out.data() + i * row, pool_->k_base(layer) + slot * row, row);
-        std::memcpy(out.data() + (n + i) * row, pool_->v_base(layer) + slot * row, row);
-    }
+    std::vector<uint8_t> out(2 * pool_->row_bytes() * n);
+    DS_RETURN_IF_ERROR(pool_->read_rows(
+        layer, std::span<const int32_t>(slots_).subspan(static_cast<size_t>(begin), n),
+        out.data()));
     return out;
 }
 
@@ -188,9 +179,9 @@ Status FullSequenceCache::import_state(std::span<const uint8_t> state) {
     DS_RETURN_IF_ERROR(reserve(n));
     commit(n);
     for (int32_t l = 0; l < pool_->options().n_layers; ++l) {  // zeros until a layer comes
-        for (int32_t slot : slots_) {
-            std::memset(pool_->k_row(l, slot), 0, row);
-            std::memset(pool_->v_row(l, slot), 0, row);
+        if (Status st = pool_->write_rows(l, slots_, nullptr); !st.ok()) {
+            truncate(0);
+            return st;
         }
     }
     return {};
@@ -216,12 +207,9 @@ Status FullSequenceCache::import_rows(int32_t layer, int32_t begin, int32_t end,
                          "): " + std::to_string(part.size()) + " bytes, expected " +
                          std::to_string(2 * row * n));
     }
-    for (size_t i = 0; i < n; ++i) {
-        const size_t slot = static_cast<size_t>(slots_[begin + i]);
-        std::memcpy(pool_->k_row(layer, slot), part.data() + i * row, row);
-        std::memcpy(pool_->v_row(layer, slot), part.data() + (n + i) * row, row);
-    }
-    return {};
+    return pool_->write_rows(
+        layer, std::span<const int32_t>(slots_).subspan(static_cast<size_t>(begin), n),
+        part.data());
 }
 
 }  // namespace deltaserve::kvstore

@@ -71,6 +71,16 @@ Status Forward::run(std::span<const SequenceInput> batch, std::vector<float>& lo
             "not on the " +
             std::string(backend_.name()) + " backend");
     }
+    host_caches_ = false;
+    for (const auto& s : batch) {
+        const k::Backend* device = s.cache->device();
+        if (device != nullptr && device != &backend_) {
+            return invalid_argument("forward: a KV cache in the memory of " +
+                                    device->description() + " in a pass on the " +
+                                    std::string(backend_.name()) + " backend");
+        }
+        host_caches_ = host_caches_ || device == nullptr;
+    }
     if (!weights_) {
         DS_ASSIGN_OR_RETURN(weights_, BackendWeights::of(model_, backend_));
     }
@@ -169,61 +179,69 @@ Status Forward::attention_layer(int32_t layer, std::span<const SequenceInput> ba
     DS_RETURN_IF_ERROR(backend_.rope_rows(kr, kvd, n, cfg_.n_kv_heads, cfg_.head_dim,
                                           positions_.data(), cfg_.rope_theta, cfg_.rope_style,
                                           all));
-    // The caches work on host memory: on a device backend, this layer's rows come over.
-    DS_ASSIGN_OR_RETURN(const float* hq, to_host(q, n * qd, host_q_));
-    DS_ASSIGN_OR_RETURN(const float* hk, to_host(kr, n * kvd, host_k_));
-    DS_ASSIGN_OR_RETURN(const float* hv, to_host(v, n * kvd, host_v_));
-    DS_ASSIGN_OR_RETURN(const float* hxn, to_host(xn_.f32(), n * d, host_xn_));
-    if (attention_tap_) attention_tap_(layer, hxn, d, hq, qd, hk, kvd, n);
-    float* hattn = attn_.f32();
-    if (!on_host()) {
+    // The rows in the backend's memory, and (on a device backend, for caches in host memory
+    // and the tap) their host copies.
+    const LayerRows rows{q, kr, v, xn_.f32(), attn_.f32()};
+    LayerRows host = rows;
+    if (!on_host() && (host_caches_ || attention_tap_)) {
+        DS_ASSIGN_OR_RETURN(host.q, to_host(q, n * qd, host_q_));
+        DS_ASSIGN_OR_RETURN(host.k, to_host(kr, n * kvd, host_k_));
+        DS_ASSIGN_OR_RETURN(host.v, to_host(v, n * kvd, host_v_));
+        DS_ASSIGN_OR_RETURN(host.xn, to_host(xn_.f32(), n * d, host_xn_));
         host_attn_.resize(static_cast<size_t>(n * qd));
-        hattn = host_attn_.data();
+        host.attn = host_attn_.data();
     }
-    DS_RETURN_IF_ERROR(attend_caches(layer, batch, hq, hk, hv, hxn, hattn));
-    if (!on_host()) {
-        DS_RETURN_IF_ERROR(backend_.copy_in(attn_.data(), hattn,
-                                            static_cast<size_t>(n * qd) * sizeof(float), all));
-    }
+    if (attention_tap_) attention_tap_(layer, host.xn, d, host.q, qd, host.k, kvd, n);
+    DS_RETURN_IF_ERROR(attend_caches(layer, batch, rows, host));
     DS_RETURN_IF_ERROR(backend_.matmul(w.wo, attn_.f32(), qd, n, tmp_.f32(), d, all));
     return backend_.add(x_.f32(), tmp_.f32(), n * d, all);
 }
 
-Status Forward::attend_caches(int32_t layer, std::span<const SequenceInput> batch, const float* q,
-                              const float* k, const float* v, const float* xn, float* attn) {
+Status Forward::attend_caches(int32_t layer, std::span<const SequenceInput> batch,
+                              const LayerRows& rows, const LayerRows& host) {
     const int64_t d = cfg_.d_model, qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
     k::AttentionShape shape{cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim,
                             1.0f / std::sqrt(static_cast<float>(cfg_.head_dim))};
+    // A cache in the backend's memory gets the backend's rows; one in host memory, their host
+    // copies (the same rows on the CPU backend).
+    const auto rows_of = [&](size_t i) -> const LayerRows& {
+        return batch[i].cache->device() != nullptr ? rows : host;
+    };
     // Every sequence's new rows in, then its attention and observation. A chunk's run over
-    // the whole pool, one sequence after another. A batch's one-token steps run side by side,
-    // one sequence per thread, when there are at least as many as threads (alone, a short
-    // one would keep the other threads idle): the caches that attend themselves (DeltaKV's
-    // selection, reconstruction and latent attention) as well as the views of the others.
+    // the whole pool, one sequence after another. A batch's one-token steps on host caches
+    // run side by side, one sequence per thread, when there are at least as many as threads
+    // (alone, a short one would keep the other threads idle): the caches that attend
+    // themselves (DeltaKV's selection, reconstruction and latent attention) as well as the
+    // views of the others. Caches on a device run on this thread, on its stream.
     first_row_.clear();
     steps_.clear();
     int64_t row = 0;
     for (size_t i = 0; i < batch.size(); ++i) {
         const int32_t ns = static_cast<int32_t>(batch[i].tokens.size());
-        batch[i].cache->store(layer, 0, ns, k + row * kvd, v + row * kvd, kvd);
+        const LayerRows& r = rows_of(i);
+        DS_RETURN_IF_ERROR(
+            batch[i].cache->store(layer, 0, ns, r.k + row * kvd, r.v + row * kvd, kvd));
         first_row_.push_back(row);
-        if (ns == 1) steps_.push_back(i);
+        if (ns == 1 && batch[i].cache->device() == nullptr) steps_.push_back(i);
         row += ns;
     }
     // Each sequence's status; a step's side-by-side runs report here.
     step_status_.assign(batch.size(), Status());
     const auto attend = [&](size_t i, ThreadPool& pool) {
         kvstore::SequenceCache& cache = *batch[i].cache;
+        const LayerRows& r = rows_of(i);
         const int32_t ns = static_cast<int32_t>(batch[i].tokens.size());
-        const float* qi = q + first_row_[i] * qd;
-        float* out = attn + first_row_[i] * qd;
+        const float* qi = r.q + first_row_[i] * qd;
+        float* out = r.attn + first_row_[i] * qd;
         if (!cache.attend(layer, shape, qi, qd, ns, out, qd, pool)) {
-            step_status_[i] =
-                attend_view({cache.view(layer, ns), qi, out, ns, cache.n_tokens()}, pool);
+            step_status_[i] = attend_view(
+                {cache.view(layer, ns), qi, out, ns, cache.n_tokens(), cache.device() != nullptr},
+                pool);
         }
-        cache.observe(layer, shape, qi, qd, xn + first_row_[i] * d, d, ns, pool);
+        cache.observe(layer, shape, qi, qd, r.xn + first_row_[i] * d, d, ns, pool);
     };
     for (size_t i = 0; i < batch.size(); ++i) {
-        if (batch[i].tokens.size() != 1) attend(i, pool_);
+        if (batch[i].tokens.size() != 1 || batch[i].cache->device() != nullptr) attend(i, pool_);
     }
     if (steps_.size() < static_cast<size_t>(pool_.size())) {
         for (size_t i : steps_) attend(i, pool_);
@@ -233,6 +251,14 @@ Status Forward::attend_caches(int32_t layer, std::span<const SequenceInput> batc
         });
     }
     for (const Status& st : step_status_) DS_RETURN_IF_ERROR(st);
+    if (host.attn == rows.attn) return Status();
+    // The host caches' attention output goes back to the backend's memory.
+    for (size_t i = 0; i < batch.size(); ++i) {
+        if (batch[i].cache->device() != nullptr) continue;
+        const auto bytes = static_cast<size_t>(batch[i].tokens.size() * qd) * sizeof(float);
+        DS_RETURN_IF_ERROR(backend_.copy_in(rows.attn + first_row_[i] * qd,
+                                            host.attn + first_row_[i] * qd, bytes, exec(pool_)));
+    }
     return Status();
 }
 
@@ -247,8 +273,8 @@ Status Forward::attend_view(const ViewAttention& job, ThreadPool& pool) {
                           pool);
         return Status();
     }
-    // The views are host memory: a device backend's caches attend on the CPU.
-    k::Backend& on = on_host() ? backend_ : cpu_;
+    // A host cache's view on a device backend: attention on the CPU.
+    k::Backend& on = on_host() || job.on_device ? backend_ : cpu_;
     return on.attention(shape, job.view, job.q, qd, job.n, job.out, qd, exec(pool));
 }
 

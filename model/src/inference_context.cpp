@@ -392,11 +392,19 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
         DS_ASSIGN_OR_RETURN(parts.head_slots, kvstore::HeadSlotPool::create(ho));
     } else {
         kvstore::BlockPoolOptions po{c.n_layers, c.kv_dim(), c.n_kv_heads, dtype, 0};
+        // Full KV lives where the forward pass runs: on a device backend, in its memory.
+        po.backend = opts.backend;
         if (opts.kv_blocks) {
             const kvstore::BlockPoolOptions& have = opts.kv_blocks->options();
             if (have.n_layers != po.n_layers || have.kv_dim != po.kv_dim ||
                 have.n_kv_heads != po.n_kv_heads || have.dtype != po.dtype) {
                 return invalid_argument("the KV block pool was made for another model or KV type");
+            }
+            const kernels::Backend* device = opts.kv_blocks->device();
+            if (device != nullptr && device != opts.backend) {
+                return invalid_argument("the KV block pool is in the memory of " +
+                                        device->description() +
+                                        ", not of the backend the context runs on");
             }
             parts.blocks = opts.kv_blocks;
         } else {

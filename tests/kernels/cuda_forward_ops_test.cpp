@@ -107,6 +107,10 @@ TEST(CudaForwardOpsNoDevice, OpsAreUnavailable) {
     unavailable(cuda->attention(AttentionShape{1, 1, 8, 1.0f}, KvView{}, x, 8, 1, x, 8, exec),
                 "attention");
     unavailable(cuda->top_k(x, 8, 1, 0, ids, x, exec), "top_k");  // before k is checked
+    auto* bytes = reinterpret_cast<uint8_t*>(x);
+    unavailable(cuda->store_rows(DType::kF16, 8, x, 8, 1, bytes, 16, ids, exec), "store_rows");
+    unavailable(cuda->copy_rows(bytes, 16, ids, bytes, 16, nullptr, 16, 1, exec), "copy_rows");
+    unavailable(cuda->synchronize(exec), "synchronize");
     EXPECT_EQ(cuda->alloc(64).status().code(), StatusCode::kResourceExhausted);
 }
 
@@ -504,6 +508,53 @@ TEST_F(CudaForwardOps, TopKMatchesCpu) {
     }
 }
 
+// KV rows stored at their slots and copied between slot lists: the same bytes as the CPU
+// backend's (fp16 rounding to nearest even on both), in 16-byte words and in bytes.
+TEST_F(CudaForwardOps, StoreRowsAndCopyRowsMatchCpu) {
+    constexpr int64_t kWidth = 192, kLd = 200, kN = 37, kArenaRows = 64;
+    const std::vector<float> src = random_floats(static_cast<size_t>(kN * kLd), 70);
+    std::vector<int32_t> slots(kArenaRows);
+    std::iota(slots.begin(), slots.end(), 0);
+    std::shuffle(slots.begin(), slots.end(), std::mt19937(71));
+    slots.resize(kN);
+    Buffer d_src = device(src);
+    for (DType dtype : {DType::kF16, DType::kF32}) {
+        const size_t stride = row_bytes(dtype, kWidth) + 16;  // rows with a gap between
+        std::vector<uint8_t> want(stride * kArenaRows, 0);
+        ASSERT_TRUE(cpu_->store_rows(dtype, kWidth, src.data(), kLd, kN, want.data(), stride,
+                                     slots.data(), on_cpu_)
+                        .ok());
+        Buffer arena = device(std::vector<uint8_t>(want.size(), 0));
+        auto* a = static_cast<uint8_t*>(arena.data());
+        const Status st = cuda_->store_rows(dtype, kWidth, d_src.f32(), kLd, kN, a, stride,
+                                            slots.data(), on_gpu_);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        std::vector<uint8_t> got(want.size());
+        ASSERT_TRUE(cuda_->copy_out(got.data(), a, got.size(), on_gpu_).ok());
+        EXPECT_EQ(got, want) << "store_rows " << (dtype == DType::kF16 ? "f16" : "f32");
+
+        // Gather the slots (16-byte words), scatter them back shifted, and rows of 6 bytes at
+        // odd offsets (bytes); each against the CPU backend on the same arena.
+        std::vector<int32_t> to(slots.rbegin(), slots.rend());
+        for (auto [row, offset] : {std::pair<size_t, size_t>{stride, 0}, {6, 3}}) {
+            std::vector<uint8_t> cpu_out(want.size(), 0);
+            ASSERT_TRUE(cpu_->copy_rows(cpu_out.data() + offset, stride, to.data(),
+                                        want.data() + offset, stride, slots.data(), row - offset,
+                                        kN, on_cpu_)
+                            .ok());
+            Buffer out = device(std::vector<uint8_t>(want.size(), 0));
+            auto* o = static_cast<uint8_t*>(out.data());
+            ASSERT_TRUE(cuda_
+                            ->copy_rows(o + offset, stride, to.data(), a + offset, stride,
+                                        slots.data(), row - offset, kN, on_gpu_)
+                            .ok());
+            std::vector<uint8_t> gpu_out(want.size());
+            ASSERT_TRUE(cuda_->copy_out(gpu_out.data(), o, gpu_out.size(), on_gpu_).ok());
+            EXPECT_EQ(gpu_out, cpu_out) << "copy_rows of " << row - offset << " bytes";
+        }
+    }
+}
+
 TEST_F(CudaForwardOps, BadArgumentsAreInvalid) {
     const auto invalid = [](const Status& s, const char* what) {
         EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << what << ": " << s.to_string();
@@ -544,6 +595,16 @@ TEST_F(CudaForwardOps, BadArgumentsAreInvalid) {
     invalid(cuda_->attention(AttentionShape{1, 1, 260, 1.0f}, view, d.f32(), 260, 1, d.f32(), 260,
                              on_gpu_),
             "attention head_dim 260");
+    auto* bytes = static_cast<uint8_t*>(d.data());
+    const int32_t negative = -1;
+    invalid(cuda_->store_rows(DType::kF16, 8, d.f32(), 8, 1, bytes, 16, &negative, on_gpu_),
+            "store_rows at a negative slot");
+    invalid(cuda_->store_rows(DType::kQ4_0, 32, d.f32(), 32, 1, bytes, 64, &slot, on_gpu_),
+            "store_rows as Q4_0");
+    invalid(cuda_->store_rows(DType::kF32, 8, d.f32(), 8, 1, bytes, 16, &slot, on_gpu_),
+            "store_rows into rows shorter than theirs");
+    invalid(cuda_->copy_rows(bytes, 16, &negative, bytes, 16, nullptr, 16, 1, on_gpu_),
+            "copy_rows to a negative row");
 }
 
 }  // namespace

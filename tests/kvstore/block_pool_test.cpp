@@ -30,7 +30,7 @@ void append(FullSequenceCache& c, int32_t n, float base) {
             v[i * kDim + d] = -(base + static_cast<float>(i));
         }
     }
-    for (int32_t l = 0; l < 2; ++l) c.store(l, 0, n, k.data(), v.data(), kDim);
+    for (int32_t l = 0; l < 2; ++l) EXPECT_TRUE(c.store(l, 0, n, k.data(), v.data(), kDim).ok());
     c.commit(n);
 }
 

@@ -103,7 +103,7 @@ struct Data {
                 k::rope(kk.data() + i * kKvDim, kKvHeads, kHeadDim, p0 + i, 10000.0f,
                         k::RopeStyle::kInterleaved);
             }
-            c.store(l, 0, n, kk.data(), vv.data(), kKvDim);
+            EXPECT_TRUE(c.store(l, 0, n, kk.data(), vv.data(), kKvDim).ok());
             const k::KvView v = c.view(l, n);
             // Every new token is visible, in position order, after what came before.
             ASSERT_GE(v.n, n);
@@ -314,7 +314,7 @@ TEST(DeltaKvCache, DecodeStepAttendsSelectedTokensReconstructedFromTheirNearestR
             std::vector<float> vv(data.x[40].begin() + l * kD + kKvDim,
                                   data.x[40].begin() + (l + 1) * kD);
             k::rope(kk.data(), kKvHeads, kHeadDim, 40, 10000.0f, k::RopeStyle::kInterleaved);
-            c.store(l, 0, 1, kk.data(), vv.data(), kKvDim);
+            EXPECT_TRUE(c.store(l, 0, 1, kk.data(), vv.data(), kKvDim).ok());
             std::vector<float> got(kHeads * kHeadDim);
             const bool attended = c.attend(l, kShape, q.data(), kHeads * kHeadDim, 1, got.data(),
                                            kHeads * kHeadDim, threads);
@@ -414,7 +414,7 @@ TEST(DeltaKvCache, AChunkAttendsTheWholeCompressedRegionUnlessCapped) {
         DeltaKvSequenceCache& c = *s.cache;
         const auto &kk = s.kk, &vv = s.vv, &q = s.q;
         for (int32_t l = 0; l < kLayers; ++l) {
-            c.store(l, 0, kNew, kk.data(), vv.data(), kKvDim);
+            EXPECT_TRUE(c.store(l, 0, kNew, kk.data(), vv.data(), kKvDim).ok());
             const k::KvView v = c.view(l, kNew);
             const int32_t want = l == 0 || cap == 0 ? 44 : 4 + cap + 12 + kNew;
             const auto& rebuilt = c.reconstructed_positions();
@@ -444,7 +444,7 @@ TEST(DeltaKvCache, SparseLayersBeforeTheFirstFullLayerAttendTheWholeRegion) {
     DeltaKvSequenceCache& c = *s.cache;
     EXPECT_EQ(c.n_full_layers(), 1);
     for (int32_t l = 0; l < kLayers; ++l) {
-        c.store(l, 0, kNew, s.kk.data(), s.vv.data(), kKvDim);
+        EXPECT_TRUE(c.store(l, 0, kNew, s.kk.data(), s.vv.data(), kKvDim).ok());
         const int32_t want = l < 2 ? 44 : 4 + 10 + 12 + kNew;
         const int32_t rebuilt = static_cast<int32_t>(c.reconstructed_positions().size());
         EXPECT_EQ(c.view(l, kNew).n + (l == 1 ? 0 : rebuilt), want) << "layer " << l;
@@ -460,7 +460,7 @@ TEST(DeltaKvCache, SparseLayersBeforeTheFirstFullLayerAttendTheWholeRegion) {
     for (int32_t step = 0; step < 2; ++step) {
         ASSERT_TRUE(c.reserve(1).ok());
         for (int32_t l = 0; l < kLayers; ++l) {
-            c.store(l, 0, 1, s.kk.data(), s.vv.data(), kKvDim);
+            EXPECT_TRUE(c.store(l, 0, 1, s.kk.data(), s.vv.data(), kKvDim).ok());
             const k::KvView v = c.view(l, 1);
             if (l == 0) {
                 if (step == 0) {
@@ -511,7 +511,8 @@ TEST(DeltaKvCache, AScorerPicksWhatItAndTheLayersAfterItAttend) {
             s[i].data.same_layers = true;
             ASSERT_NO_FATAL_FAILURE(after_first_chunk(s[i], 3, false, *o[i], kNew));
             for (int32_t l = 0; l < kLayers; ++l) {
-                s[i].cache->store(l, 0, kNew, s[i].kk.data(), s[i].vv.data(), kKvDim);
+                EXPECT_TRUE(
+                    s[i].cache->store(l, 0, kNew, s[i].kk.data(), s[i].vv.data(), kKvDim).ok());
                 s[i].cache->observe(l, kShape, s[i].q.data(), kLd, nullptr, 0, kNew, s[i].threads);
             }
             s[i].cache->commit(kNew);
@@ -526,7 +527,7 @@ TEST(DeltaKvCache, AScorerPicksWhatItAndTheLayersAfterItAttend) {
             ASSERT_EQ(s[i].cache->compressed_tokens(), latents);
             DeltaKvSequenceCache& c = *s[i].cache;
             for (int32_t l = 0; l < kLayers; ++l) {
-                c.store(l, 0, 1, s[i].kk.data(), s[i].vv.data(), kKvDim);
+                EXPECT_TRUE(c.store(l, 0, 1, s[i].kk.data(), s[i].vv.data(), kKvDim).ok());
                 if (l == 0) {
                     c.observe(l, kShape, s[i].q.data(), kLd, nullptr, 0, 1, s[i].threads);
                     continue;
@@ -582,7 +583,7 @@ TEST(DeltaKvCache, AScorersSketchKeepsThePairsWhereTheQueryIs) {
         s.data.same_layers = true;
         ASSERT_NO_FATAL_FAILURE(after_first_chunk(s, 5, false, o, kNew));
         for (int32_t l = 0; l < kLayers; ++l) {
-            s.cache->store(l, 0, kNew, s.kk.data(), s.vv.data(), kKvDim);
+            EXPECT_TRUE(s.cache->store(l, 0, kNew, s.kk.data(), s.vv.data(), kKvDim).ok());
             s.cache->observe(l, kShape, s.q.data(), kLd, nullptr, 0, kNew, s.threads);
         }
         s.cache->commit(kNew);
@@ -593,7 +594,7 @@ TEST(DeltaKvCache, AScorersSketchKeepsThePairsWhereTheQueryIs) {
             }
         }
         for (int32_t l = 0; l < 2; ++l) {
-            s.cache->store(l, 0, 1, s.kk.data(), s.vv.data(), kKvDim);
+            EXPECT_TRUE(s.cache->store(l, 0, 1, s.kk.data(), s.vv.data(), kKvDim).ok());
             if (l == 0) s.cache->observe(l, kShape, s.q.data(), kLd, nullptr, 0, 1, s.threads);
         }
         got.resize(kLd);
@@ -624,7 +625,7 @@ TEST(DeltaKvCache, AChunkCorrectsTheLogitsOfReconstructedTokens) {
     const auto &kk = s.kk, &vv = s.vv, &q = s.q;
     constexpr int kLd = kHeads * kHeadDim;
     for (int32_t l = 0; l < kLayers; ++l) {
-        c.store(l, 0, kNew, kk.data(), vv.data(), kKvDim);
+        EXPECT_TRUE(c.store(l, 0, kNew, kk.data(), vv.data(), kKvDim).ok());
         std::vector<float> got(kNew * kLd);
         const bool attended = c.attend(l, kShape, q.data(), kLd, kNew, got.data(), kLd, s.threads);
         if (l == 0) {
@@ -709,7 +710,7 @@ const uint16_t* key_row(const DeltaKvSequenceCache& c, int32_t layer, int32_t n_
 void aimed_chunk(AfterFirstChunk& s, int32_t target, std::vector<float>* aimed = nullptr) {
     DeltaKvSequenceCache& c = *s.cache;
     for (int32_t l = 0; l < kLayers; ++l) {
-        c.store(l, 0, kAimNew, s.kk.data(), s.vv.data(), kKvDim);
+        EXPECT_TRUE(c.store(l, 0, kAimNew, s.kk.data(), s.vv.data(), kKvDim).ok());
         if (l == 1) {
             const auto* kr = key_row(c, l, kAimNew, target);
             for (int h = 0; h < kHeads; ++h) {
@@ -751,7 +752,7 @@ std::vector<int32_t> decode_step(AfterFirstChunk& s, const std::vector<std::vect
     EXPECT_TRUE(c.reserve(1).ok());
     std::vector<int32_t> attended;
     for (int32_t l = 0; l < kLayers; ++l) {
-        c.store(l, 0, 1, s.kk.data(), s.vv.data(), kKvDim);
+        EXPECT_TRUE(c.store(l, 0, 1, s.kk.data(), s.vv.data(), kKvDim).ok());
         if (l == 1) {
             attended = c.selected_latent_positions();
             const auto& exact = c.selected_exact_positions();

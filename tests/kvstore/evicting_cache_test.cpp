@@ -83,7 +83,7 @@ struct Feed {
             }
             for (auto& x : q) x = nd(rng);
             for (auto& x : h) x = nd(rng);
-            c.store(layer, 0, n, kk.data(), vv.data(), kvd);
+            EXPECT_TRUE(c.store(layer, 0, n, kk.data(), vv.data(), kvd).ok());
             c.observe(layer, kShape, q.data(), kHeads * kDim, h.data(), kHidden, n, threads);
         }
         c.commit(n);

@@ -1,11 +1,6 @@
-// The forward pass on a backend whose memory is not the host's, as a GPU's is not.
-//
-// No GPU runs here, so the backend below stands in for one where this machine can check the
-// forward pass's side of the contract: its memory is its own (allocated, uploaded) and every
-// pointer an op gets must lie in it, except those the interface says are host memory
-// (positions, tokens). A pointer from elsewhere fails the op, as a host pointer would fault
-// on a device. The arithmetic is the CPU backend's, so the logits must be the CPU backend's
-// bits: any row copied wrong, skipped or read from stale memory shows.
+// The forward pass on a backend whose memory is not the host's, as a GPU's is not
+// (own_memory_backend.h): its results must be the CPU backend's bits, full KV's block pool
+// included, which lives in that memory.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -18,6 +13,7 @@
 #include "default_model.h"
 #include "deltaserve/kernels/backend.h"
 #include "deltaserve/model/inference_context.h"
+#include "own_memory_backend.h"
 #include "test_paths.h"
 
 namespace deltaserve::model {
@@ -25,139 +21,7 @@ namespace {
 
 namespace k = deltaserve::kernels;
 
-class OwnMemoryBackend final : public k::Backend {
-  public:
-    std::string_view name() const override { return "own-memory"; }
-    bool available() const override { return true; }
-
-    int uploads() const { return uploads_.load(); }
-    // The pointer check after `n` more pass fails, and its op (negative: none does).
-    void fail_after(int n) { fail_after_.store(n); }
-
-    Status copy_in(void* dst, const void* src, size_t bytes, const k::Exec& e) override {
-        DS_RETURN_IF_ERROR(check("copy_in", dst, bytes));
-        return cpu_.copy_in(dst, src, bytes, e);
-    }
-    Status copy_out(void* dst, const void* src, size_t bytes, const k::Exec& e) override {
-        DS_RETURN_IF_ERROR(check("copy_out", src, bytes));
-        return cpu_.copy_out(dst, src, bytes, e);
-    }
-    Status copy(void* dst, const void* src, size_t bytes, const k::Exec& e) override {
-        DS_RETURN_IF_ERROR(check("copy", dst, bytes));
-        DS_RETURN_IF_ERROR(check("copy", src, bytes));
-        return cpu_.copy(dst, src, bytes, e);
-    }
-    Result<k::WeightMatrix> upload_weight(const k::WeightMatrix& host) override {
-        ++uploads_;
-        const size_t bytes = static_cast<size_t>(host.rows) * host.row_stride();
-        void* mem = allocate(bytes);
-        if (mem == nullptr) return resource_exhausted("own-memory: upload");
-        std::memcpy(mem, host.data, bytes);
-        k::WeightMatrix w = host;
-        w.data = mem;
-        return w;
-    }
-    Status rms_norm_rows(const float* x, int64_t ldx, const float* weight, int64_t d, int64_t n,
-                         float eps, float* out, int64_t ldo, const k::Exec& e) override {
-        DS_RETURN_IF_ERROR(rows("rms_norm_rows", x, ldx, d, n));
-        DS_RETURN_IF_ERROR(rows("rms_norm_rows", out, ldo, d, n));
-        DS_RETURN_IF_ERROR(check("rms_norm_rows", weight, d * 4));
-        return cpu_.rms_norm_rows(x, ldx, weight, d, n, eps, out, ldo, e);
-    }
-    Status matmul(const k::WeightMatrix& w, const float* x, int64_t ldx, int64_t n, float* y,
-                  int64_t ldy, const k::Exec& e) override {
-        DS_RETURN_IF_ERROR(weight("matmul", w));
-        DS_RETURN_IF_ERROR(rows("matmul", x, ldx, w.cols, n));
-        DS_RETURN_IF_ERROR(rows("matmul", y, ldy, w.rows, n));
-        return cpu_.matmul(w, x, ldx, n, y, ldy, e);
-    }
-    Status matmul_shared_input(std::span<const k::MatmulOutput> outputs, const float* x,
-                               int64_t ldx, int64_t n, const k::Exec& e) override {
-        for (const k::MatmulOutput& o : outputs) {
-            DS_RETURN_IF_ERROR(weight("matmul_shared_input", *o.w));
-            DS_RETURN_IF_ERROR(rows("matmul_shared_input", x, ldx, o.w->cols, n));
-            DS_RETURN_IF_ERROR(rows("matmul_shared_input", o.y, o.ldy, o.w->rows, n));
-        }
-        return cpu_.matmul_shared_input(outputs, x, ldx, n, e);
-    }
-    Status rope_rows(float* x, int64_t ldx, int64_t n, int n_heads, int head_dim,
-                     const int32_t* positions, float base, k::RopeStyle style,
-                     const k::Exec& e) override {
-        DS_RETURN_IF_ERROR(rows("rope_rows", x, ldx, int64_t{n_heads} * head_dim, n));
-        return cpu_.rope_rows(x, ldx, n, n_heads, head_dim, positions, base, style, e);
-    }
-    Status silu_mul(float* out, const float* gate, const float* up, int64_t n,
-                    const k::Exec& e) override {
-        DS_RETURN_IF_ERROR(check("silu_mul", out, n * 4));
-        DS_RETURN_IF_ERROR(check("silu_mul", gate, n * 4));
-        DS_RETURN_IF_ERROR(check("silu_mul", up, n * 4));
-        return cpu_.silu_mul(out, gate, up, n, e);
-    }
-    Status add(float* y, const float* x, int64_t n, const k::Exec& e) override {
-        DS_RETURN_IF_ERROR(check("add", y, n * 4));
-        DS_RETURN_IF_ERROR(check("add", x, n * 4));
-        return cpu_.add(y, x, n, e);
-    }
-    Status embed_rows(const k::WeightMatrix& table, const int32_t* tokens, int64_t n, float* out,
-                      const k::Exec& e) override {
-        DS_RETURN_IF_ERROR(weight("embed_rows", table));
-        DS_RETURN_IF_ERROR(check("embed_rows", out, n * table.cols * 4));
-        return cpu_.embed_rows(table, tokens, n, out, e);
-    }
-    Status attention(const k::AttentionShape& shape, const k::KvView& kv, const float* q,
-                     int64_t ldq, int32_t n_q, float* out, int64_t ldo, const k::Exec& e) override {
-        // The caches are host memory: their attention never comes here.
-        DS_RETURN_IF_ERROR(check("attention", kv.k, 1));
-        return cpu_.attention(shape, kv, q, ldq, n_q, out, ldo, e);
-    }
-
-  protected:
-    void* allocate(size_t bytes) override {
-        void* p = ::operator new(bytes, std::nothrow);
-        if (p != nullptr) {
-            std::memset(p, 0xff, bytes);  // NaN: a read before a write shows in the logits
-            std::lock_guard lock(mu_);
-            ranges_[reinterpret_cast<uintptr_t>(p)] = bytes;
-        }
-        return p;
-    }
-    void deallocate(void* data, size_t) override {
-        {
-            std::lock_guard lock(mu_);
-            ranges_.erase(reinterpret_cast<uintptr_t>(data));
-        }
-        ::operator delete(data);
-    }
-
-  private:
-    // [p, p + bytes) lies in one allocation of this backend; and the injected failure.
-    Status check(const char* op, const void* p, int64_t bytes) {
-        if (fail_after_.load() >= 0 && fail_after_.fetch_sub(1) == 0)
-            return internal_error(std::string("own-memory: ") + op + ": injected failure");
-        const auto a = reinterpret_cast<uintptr_t>(p);
-        std::lock_guard lock(mu_);
-        auto it = ranges_.upper_bound(a);
-        if (it != ranges_.begin()) {
-            --it;
-            if (a + static_cast<uintptr_t>(bytes) <= it->first + it->second) return Status();
-        }
-        return invalid_argument(std::string("own-memory: ") + op +
-                                " got memory this backend does not own");
-    }
-    Status rows(const char* op, const float* p, int64_t ld, int64_t width, int64_t n) {
-        return check(op, p, ((n - 1) * ld + width) * 4);
-    }
-    Status weight(const char* op, const k::WeightMatrix& w) {
-        return check(op, w.data,
-                     static_cast<int64_t>(static_cast<size_t>(w.rows) * w.row_stride()));
-    }
-
-    k::Backend& cpu_ = *k::find_backend("cpu");
-    std::mutex mu_;
-    std::map<uintptr_t, size_t> ranges_;
-    std::atomic<int> uploads_{0};
-    std::atomic<int> fail_after_{-1};
-};
+using testing::OwnMemoryBackend;
 
 class ForwardBackendTest : public testing::DefaultModelTest {
   protected:
@@ -201,6 +65,101 @@ TEST_F(ForwardBackendTest, TheCpuBackendsBitsFromMemoryOfItsOwn) {
         }
         EXPECT_EQ((*cpu)->n_past(), (*own)->n_past());
         EXPECT_EQ((*cpu)->kv_bytes(), (*own)->kv_bytes()) << policy;
+        if (policy == "full") {  // full KV lives in the backend's memory and is attended there
+            ASSERT_NE((*own)->kv_block_pool(), nullptr);
+            EXPECT_EQ((*own)->kv_block_pool()->device(), &own_);
+            EXPECT_EQ((*cpu)->kv_block_pool()->device(), nullptr);
+        }
+    }
+}
+
+TEST_F(ForwardBackendTest, FullKvIsStoredAndAttendedInTheBackendsMemory) {
+    auto own = InferenceContext::create(*model_, options("full", &own_));
+    ASSERT_TRUE(own.ok());
+    const int before = own_.attentions();
+    ASSERT_TRUE((*own)->eval(text_tokens(100, 0, true)).ok());
+    // One attention per layer and chunk of 96 (two chunks), over the pool's own memory.
+    EXPECT_EQ(own_.attentions() - before, 2 * model_->config.n_layers);
+}
+
+TEST_F(ForwardBackendTest, FullKvLeavesTheBackendsMemoryAndComesBackExactly) {
+    auto cpu = InferenceContext::create(*model_, options("full", nullptr));
+    auto own = InferenceContext::create(*model_, options("full", &own_));
+    ASSERT_TRUE(cpu.ok() && own.ok());
+    const std::vector<int32_t> prompt = text_tokens(150, 0, true);
+    ASSERT_TRUE((*cpu)->eval(prompt).ok());
+    ASSERT_TRUE((*own)->eval(prompt).ok());
+    auto state = (*own)->export_kv_state();
+    ASSERT_TRUE(state.ok());
+    EXPECT_EQ(*state, *(*cpu)->export_kv_state());
+    std::vector<std::vector<uint8_t>> layers;
+    for (int32_t l = 0; l < model_->config.n_layers; ++l) {
+        auto part = (*own)->export_kv_layer(l);
+        ASSERT_TRUE(part.ok()) << part.status().to_string();
+        EXPECT_EQ(*part, *(*cpu)->export_kv_layer(l)) << "layer " << l;
+        auto rows = (*own)->export_kv_rows(l, 10, 90);
+        ASSERT_TRUE(rows.ok());
+        EXPECT_EQ(*rows, *(*cpu)->export_kv_rows(l, 10, 90)) << "layer " << l;
+        layers.push_back(std::move(*part));
+    }
+
+    // Into another context on the backend; a part of the wrong size changes nothing.
+    auto back = InferenceContext::create(*model_, options("full", &own_));
+    ASSERT_TRUE(back.ok());
+    ASSERT_TRUE((*back)->import_kv_state(*state).ok());
+    std::vector<uint8_t> short_part(layers[0].begin(), layers[0].end() - 1);
+    EXPECT_EQ((*back)->import_kv_layer(0, short_part).code(), StatusCode::kDataLoss);
+    for (int32_t l = 0; l < model_->config.n_layers; ++l)
+        ASSERT_TRUE((*back)->import_kv_layer(l, layers[static_cast<size_t>(l)]).ok());
+    int32_t next = 17;
+    for (int step = 0; step < 6; ++step) {
+        auto a = (*cpu)->eval(std::span<const int32_t>(&next, 1));
+        auto b = (*back)->eval(std::span<const int32_t>(&next, 1));
+        ASSERT_TRUE(a.ok() && b.ok());
+        ASSERT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(float)), 0) << step;
+        next = greedy(*a);
+    }
+}
+
+TEST_F(ForwardBackendTest, ASharedPrefixTruncatedIntoIsCopiedInTheBackendsMemory) {
+    // B takes A's first two blocks (32 tokens), keeps 20 and goes on: its next reserve copies
+    // the block A still holds. On both backends the same bits, and A's own tokens untouched.
+    const std::vector<int32_t> a_tokens = text_tokens(40, 0, true), b_more = text_tokens(15, 300);
+    std::vector<std::vector<float>> logits[2];
+    int slot = 0;
+    for (k::Backend* backend :
+         {static_cast<k::Backend*>(nullptr), static_cast<k::Backend*>(&own_)}) {
+        ContextOptions co = options("full", backend);
+        co.n_ctx = 256;
+        const ModelConfig& c = model_->config;
+        kvstore::BlockPoolOptions po{c.n_layers, c.kv_dim(), c.n_kv_heads, k::DType::kF16, 32};
+        po.backend = backend;
+        auto pool = kvstore::BlockPool::create(po);
+        ASSERT_TRUE(pool.ok());
+        EXPECT_EQ((*pool)->device(), backend);
+        co.kv_blocks = *pool;  // one pool for both
+        auto first = InferenceContext::create(*model_, co);
+        auto second = InferenceContext::create(*model_, co);
+        ASSERT_TRUE(first.ok());
+        ASSERT_TRUE(second.ok()) << second.status().to_string();
+        ASSERT_TRUE((*first)->eval(a_tokens).ok());
+        ASSERT_TRUE((*second)->adopt_kv_blocks((*first)->kv_blocks(2)).ok());
+        (*second)->truncate(20);
+        auto b = (*second)->eval(b_more);
+        ASSERT_TRUE(b.ok()) << b.status().to_string();
+        const int32_t one = 5;
+        auto a = (*first)->eval(std::span<const int32_t>(&one, 1));
+        ASSERT_TRUE(a.ok());
+        logits[slot].emplace_back(b->begin(), b->end());
+        logits[slot].emplace_back(a->begin(), a->end());
+        ++slot;
+    }
+    for (size_t i = 0; i < 2; ++i) {
+        ASSERT_EQ(logits[0][i].size(), logits[1][i].size());
+        EXPECT_EQ(std::memcmp(logits[0][i].data(), logits[1][i].data(),
+                              logits[0][i].size() * sizeof(float)),
+                  0)
+            << (i == 0 ? "the sequence that copied the block" : "the one that kept it");
     }
 }
 
@@ -269,6 +228,20 @@ TEST_F(ForwardBackendTest, ABackendErrorKeepsNothingAndTheNextTurnIsRight) {
     auto b = (*own)->eval(second);
     ASSERT_TRUE(a.ok() && b.ok());
     EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(float)), 0);
+}
+
+TEST_F(ForwardBackendTest, APoolInAnotherBackendsMemoryIsRefused) {
+    const ModelConfig& c = model_->config;
+    kvstore::BlockPoolOptions po{c.n_layers, c.kv_dim(), c.n_kv_heads, k::DType::kF16, 8};
+    po.backend = &own_;
+    auto pool = kvstore::BlockPool::create(po);
+    ASSERT_TRUE(pool.ok());
+    ContextOptions co = options("full", nullptr);
+    co.kv_blocks = *pool;
+    auto ctx = InferenceContext::create(*model_, co);
+    ASSERT_FALSE(ctx.ok());
+    EXPECT_EQ(ctx.error().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(ctx.error().message().find("own-memory"), std::string::npos) << ctx.error().message();
 }
 
 TEST_F(ForwardBackendTest, LlamaCppsRoundingNeedsTheCpu) {

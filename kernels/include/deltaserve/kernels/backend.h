@@ -102,6 +102,9 @@ class Backend {
     // True when this backend's memory (Buffer, upload_weight) is host memory that host code
     // may read and write directly: the CPU backend. A device backend's is not.
     virtual bool host_memory() const { return false; }
+    // Bytes of the device's memory free now, for a default KV budget; 0 when unknown (the
+    // CPU backend: host memory is the node's to budget).
+    virtual size_t free_memory() const { return 0; }
 
     // The fused RMSNorm + RoPE of RmsNormRopeParams. All pointers are host memory:
     // x and out hold n_rows * d_model floats (out may alias x), weight d_model floats,
@@ -119,6 +122,13 @@ class Backend {
     // Copies between host memory and this backend's memory (the same on the CPU backend).
     virtual Status copy_in(void* dst, const void* host_src, size_t bytes, const Exec& exec);
     virtual Status copy_out(void* host_dst, const void* src, size_t bytes, const Exec& exec);
+    // Waits for the work queued on exec's stream (a device backend's ops may return before
+    // their kernels ran; copy_out also waits). The default, for backends whose ops finish
+    // before they return: nothing to wait for.
+    virtual Status synchronize(const Exec& exec) {
+        (void)exec;
+        return Status();
+    }
     // A copy within this backend's memory (ranges do not overlap).
     virtual Status copy(void* dst, const void* src, size_t bytes, const Exec& exec);
     // A weight matrix as this backend's matmuls read it, uploaded once: the CPU backend reads
@@ -145,7 +155,21 @@ class Backend {
     // caller against table.rows).
     virtual Status embed_rows(const WeightMatrix& table, const int32_t* tokens, int64_t n,
                               float* out, const Exec& exec);
-    // kernels::attention over a KvView in this backend's memory.
+    // KV cache rows (a paged pool in this backend's memory; slot lists in host memory):
+    // store_rows writes n fp32 rows of `width` values (src, ld floats apart) into the rows
+    // slots[i] of the slot-indexed array at dst (row_stride bytes apart), as dtype (kF16,
+    // rounded to nearest even, or kF32; kernels::write_kv_row).
+    virtual Status store_rows(DType dtype, int64_t width, const float* src, int64_t ld, int64_t n,
+                              uint8_t* dst, size_t row_stride, const int32_t* slots,
+                              const Exec& exec);
+    // copy_rows copies n rows of row_bytes bytes: row src_rows[i] of the array at src
+    // (src_stride bytes apart) to row dst_rows[i] of the array at dst; a null list stands for
+    // 0, 1, .. n - 1. Rows do not overlap.
+    virtual Status copy_rows(uint8_t* dst, size_t dst_stride, const int32_t* dst_rows,
+                             const uint8_t* src, size_t src_stride, const int32_t* src_rows,
+                             size_t row_bytes, int64_t n, const Exec& exec);
+    // kernels::attention over a KvView in this backend's memory (its slot lists in host
+    // memory).
     virtual Status attention(const AttentionShape& shape, const KvView& kv, const float* q,
                              int64_t ldq, int32_t n_q, float* out, int64_t ldo, const Exec& exec);
     // The k largest of each of n_rows rows of n_vocab logits, largest first (ties: the lower

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "deltaserve/common/status.h"
+#include "deltaserve/kernels/backend.h"
 #include "deltaserve/kernels/dtype.h"
 
 namespace deltaserve::kvstore {
@@ -29,6 +30,9 @@ struct BlockPoolOptions {
     // Element type of K and V: kF16 (default) or kF32.
     kernels::DType dtype = kernels::DType::kF16;
     int32_t n_blocks = 0;  // capacity
+    // Where the rows live: nullptr (or the CPU backend) for host memory; a device backend's
+    // memory otherwise (Backend::host_memory() false), allocated whole when the pool is made.
+    kernels::Backend* backend = nullptr;
 };
 
 class BlockPool {
@@ -36,8 +40,9 @@ class BlockPool {
     static constexpr int32_t kBlockTokens = 16;
 
     // Errors: kInvalidArgument for bad sizes, kResourceExhausted when the arena cannot be
-    // reserved. The arena is address space until a block is first written: the pages a node
-    // touches are those of the most blocks it held at once (the lowest free block goes first).
+    // reserved. In host memory the arena is address space until a block is first written: the
+    // pages a node touches are those of the most blocks it held at once (the lowest free block
+    // goes first). On a device the arena is allocated at once; the backend's errors.
     static Result<std::shared_ptr<BlockPool>> create(const BlockPoolOptions& options);
     // Bytes of one block: K and V of every layer for kBlockTokens tokens.
     static size_t block_bytes(const BlockPoolOptions& options);
@@ -71,6 +76,23 @@ class BlockPool {
     int32_t peak_blocks() const;
     const BlockPoolOptions& options() const { return options_; }
 
+    // The device backend whose memory holds the rows, or nullptr for host memory. Host code
+    // reads and writes device rows only through the row ops below.
+    kernels::Backend* device() const { return device_; }
+
+    // Row ops that work on either memory (on a device, through the backend on its default
+    // stream, and the slot lists host memory). store: n fp32 rows of K and of V (ld floats
+    // apart; in the rows' memory) into `slots` of a layer at the pool's precision.
+    // read_rows / write_rows: the K rows then the V rows of `slots` of a layer, as bytes in
+    // host memory (2 * slots.size() * row_bytes()); write_rows with `bytes` null writes
+    // zeros. copy_rows: n consecutive slots of every layer, K and V, from src_slot on to
+    // dst_slot on. Errors: the backend's (host memory has none).
+    Status store(int32_t layer, std::span<const int32_t> slots, const float* k, const float* v,
+                 int64_t ld);
+    Status read_rows(int32_t layer, std::span<const int32_t> slots, uint8_t* bytes) const;
+    Status write_rows(int32_t layer, std::span<const int32_t> slots, const uint8_t* bytes);
+    Status copy_rows(int32_t dst_slot, int32_t src_slot, int32_t n);
+
     size_t row_bytes() const { return row_bytes_; }
     size_t head_bytes() const { return row_bytes_ / static_cast<size_t>(options_.n_kv_heads); }
     size_t block_bytes() const { return block_bytes(options_); }
@@ -84,8 +106,6 @@ class BlockPool {
     // Bytes of the arena (capacity * block_bytes()).
     size_t bytes() const { return bytes_; }
 
-  private:
-  public:
     ~BlockPool();
 
   private:
@@ -100,7 +120,9 @@ class BlockPool {
     size_t row_bytes_ = 0;
     size_t layer_bytes_ = 0;
     size_t bytes_ = 0;
-    uint8_t* arena_ = nullptr;  // mapped, not committed: pages come as blocks are written
+    uint8_t* arena_ = nullptr;  // host: mapped, not committed (pages come as blocks are written)
+    kernels::Backend* device_ = nullptr;
+    kernels::Buffer device_arena_;  // on a device: arena_ is its memory
     std::function<void(int32_t)> reclaimer_;
     mutable std::mutex mu_;
     std::vector<int32_t> free_;  // a min-heap: the lowest free block on top

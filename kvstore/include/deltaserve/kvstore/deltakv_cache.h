@@ -157,8 +157,8 @@ class DeltaKvSequenceCache final : public SequenceCache {
     Status reserve(int32_t n_new) override;
     // Also reconstructs, for a sparse layer, the tokens its group selected (into temporary
     // slots) before the layer's view is asked for.
-    void store(int32_t layer, int32_t first, int32_t n, const float* k, const float* v,
-               int64_t ld) override;
+    Status store(int32_t layer, int32_t first, int32_t n, const float* k, const float* v,
+                 int64_t ld) override;
     // In a single-token call a sparse layer's view holds its full-precision tokens only (sinks,
     // selected references, the buffer); attend() adds the selected latent tokens.
     kernels::KvView view(int32_t layer, int32_t n_visible_new) const override;

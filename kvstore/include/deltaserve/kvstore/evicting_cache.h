@@ -28,8 +28,8 @@ class EvictingSequenceCache final : public SequenceCache {
 
     int32_t n_tokens() const override { return n_tokens_; }
     Status reserve(int32_t n_new) override;
-    void store(int32_t layer, int32_t first, int32_t n, const float* k, const float* v,
-               int64_t ld) override;
+    Status store(int32_t layer, int32_t first, int32_t n, const float* k, const float* v,
+                 int64_t ld) override;
     kernels::KvView view(int32_t layer, int32_t n_visible_new) const override;
     void observe(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq,
                  const float* hidden, int64_t ldh, int32_t n, ThreadPool& pool) override;

@@ -12,6 +12,7 @@
 #include "deltaserve/common/status.h"
 #include "deltaserve/common/thread_pool.h"
 #include "deltaserve/kernels/attention.h"
+#include "deltaserve/kernels/backend.h"
 #include "deltaserve/kvstore/block_pool.h"
 
 namespace deltaserve::kvstore {
@@ -32,10 +33,15 @@ class SequenceCache {
     // Makes room for n_new more positions in every layer.
     // Errors: kResourceExhausted (nothing changes).
     virtual Status reserve(int32_t n_new) = 0;
+    // Where the cache's K and V live: nullptr for host memory, else the device backend whose
+    // memory holds them. A cache on a device takes the pointers of store, observe and attend
+    // in that device's memory (the forward pass's activations), and its view points there.
+    virtual kernels::Backend* device() const { return nullptr; }
     // Writes K (after RoPE) and V of positions [n_tokens() + first, ... + n) of a layer; rows
-    // of k and v are kv_dim floats, ld floats apart.
-    virtual void store(int32_t layer, int32_t first, int32_t n, const float* k, const float* v,
-                       int64_t ld) = 0;
+    // of k and v are kv_dim floats, ld floats apart. Errors: the device's (a host cache has
+    // none).
+    virtual Status store(int32_t layer, int32_t first, int32_t n, const float* k, const float* v,
+                         int64_t ld) = 0;
     // What the layer's attention reads: committed positions plus the n_visible_new reserved
     // ones already stored.
     virtual kernels::KvView view(int32_t layer, int32_t n_visible_new) const = 0;
@@ -191,8 +197,9 @@ class FullSequenceCache final : public SequenceCache, public SequenceCodec {
     int32_t n_tokens() const override { return n_committed_; }
     // Also copies a shared block the next position falls in (after a truncate into it).
     Status reserve(int32_t n_new) override;
-    void store(int32_t layer, int32_t first, int32_t n, const float* k, const float* v,
-               int64_t ld) override;
+    kernels::Backend* device() const override { return pool_->device(); }
+    Status store(int32_t layer, int32_t first, int32_t n, const float* k, const float* v,
+                 int64_t ld) override;
     kernels::KvView view(int32_t layer, int32_t n_visible_new) const override;
     void commit(int32_t n) override;
     void truncate(int32_t n_keep) override;

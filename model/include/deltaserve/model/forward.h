@@ -48,9 +48,10 @@ using AttentionTap =
 // The forward pass's dense ops (norms, matmuls, RoPE, SwiGLU, the embedding and the logits,
 // attention over a cache's view) go through a kernels::Backend: the CPU backend's are the
 // kernels themselves. The activations live in the backend's memory, the weights as the
-// backend holds them (BackendWeights). The caches (their stores, views and own attention)
-// are host memory: on a device backend each layer's new Q, K, V and normed rows come to the
-// host for them, attention runs there on the CPU backend, and its output goes back.
+// backend holds them (BackendWeights). A cache on the backend's device (full KV's block pool
+// there) takes its rows there and is attended there. A cache in host memory (the compressing
+// and evicting policies) gets, on a device backend, host copies of each layer's new Q, K, V
+// and normed rows; its attention runs on the CPU backend, and its output goes back.
 class Forward {
   public:
     // backend: nullptr for the CPU backend. Its weights are made at the first run().
@@ -80,9 +81,20 @@ class Forward {
     Status layers(std::span<const SequenceInput> batch, int64_t n_tokens,
                   std::vector<float>& logits);
     Status attention_layer(int32_t layer, std::span<const SequenceInput> batch);
-    // The caches' part of a layer, on host memory: stores, attention, observation.
-    Status attend_caches(int32_t layer, std::span<const SequenceInput> batch, const float* q,
-                         const float* k, const float* v, const float* xn, float* attn);
+    // A layer's rows for the caches: Q and K after RoPE, V, the normed hidden states and the
+    // attention output ([n_tokens][width] each).
+    struct LayerRows {
+        const float* q = nullptr;
+        const float* k = nullptr;
+        const float* v = nullptr;
+        const float* xn = nullptr;
+        float* attn = nullptr;
+    };
+    // The caches' part of a layer: stores, attention, observation. `rows` in the backend's
+    // memory, for caches on its device; `host` their host copies, for caches in host memory
+    // (the same on the CPU backend).
+    Status attend_caches(int32_t layer, std::span<const SequenceInput> batch, const LayerRows& rows,
+                         const LayerRows& host);
     Status ffn_layer(int32_t layer, int64_t n_tokens);
     Status norm_rows(const float* weight, const float* in, float* out, int64_t n_rows);
     // `n` floats of the backend's memory at `src` in host memory: `src` itself on the CPU
@@ -94,8 +106,9 @@ class Forward {
         kernels::KvView view;
         const float* q = nullptr;
         float* out = nullptr;
-        int32_t n = 0;       // new tokens
-        int32_t n_past = 0;  // tokens before them
+        int32_t n = 0;           // new tokens
+        int32_t n_past = 0;      // tokens before them
+        bool on_device = false;  // the view is in the backend's memory (a device cache)
     };
     Status attend_view(const ViewAttention& job, ThreadPool& pool);
 
@@ -113,6 +126,7 @@ class Forward {
     std::vector<int64_t> first_row_;   // a batch's sequences' first rows in the scratch
     std::vector<size_t> steps_;        // the batch's one-token sequences
     std::vector<Status> step_status_;  // each sequence's attention, this layer
+    bool host_caches_ = false;         // this run has caches in host memory
     ThreadPool one_thread_{1};         // a decode step's sequences share pool_, each on one thread
     // Scratch in the backend's memory, [n_tokens][width] each, and the logits' rows.
     kernels::Buffer x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_, logits_;

@@ -1,0 +1,197 @@
+// A backend whose memory is not the host's, as a GPU's is not, for tests on a machine
+// without one.
+//
+// Its memory is its own (allocated, uploaded) and every pointer an op gets must lie in it,
+// except those the interface says are host memory (positions, tokens, slot lists). A pointer
+// from elsewhere fails the op, as a host pointer would fault on a device. The arithmetic is
+// the CPU backend's, so results must be the CPU backend's bits: any row copied wrong,
+// skipped or read from stale memory shows. New memory is filled with NaN bytes.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "deltaserve/kernels/backend.h"
+
+namespace deltaserve::testing {
+
+class OwnMemoryBackend final : public kernels::Backend {
+  public:
+    std::string_view name() const override { return "own-memory"; }
+    bool available() const override { return true; }
+
+    int uploads() const { return uploads_.load(); }
+    // Attention calls over a view in this backend's memory.
+    int attentions() const { return attentions_.load(); }
+    // The pointer check after `n` more pass fails, and its op (negative: none does).
+    void fail_after(int n) { fail_after_.store(n); }
+
+    Status copy_in(void* dst, const void* src, size_t bytes, const kernels::Exec& e) override {
+        DS_RETURN_IF_ERROR(check("copy_in", dst, bytes));
+        return cpu_.copy_in(dst, src, bytes, e);
+    }
+    Status copy_out(void* dst, const void* src, size_t bytes, const kernels::Exec& e) override {
+        DS_RETURN_IF_ERROR(check("copy_out", src, bytes));
+        return cpu_.copy_out(dst, src, bytes, e);
+    }
+    Status copy(void* dst, const void* src, size_t bytes, const kernels::Exec& e) override {
+        DS_RETURN_IF_ERROR(check("copy", dst, bytes));
+        DS_RETURN_IF_ERROR(check("copy", src, bytes));
+        return cpu_.copy(dst, src, bytes, e);
+    }
+    Result<kernels::WeightMatrix> upload_weight(const kernels::WeightMatrix& host) override {
+        ++uploads_;
+        const size_t bytes = static_cast<size_t>(host.rows) * host.row_stride();
+        void* mem = allocate(bytes);
+        if (mem == nullptr) return resource_exhausted("own-memory: upload");
+        std::memcpy(mem, host.data, bytes);
+        kernels::WeightMatrix w = host;
+        w.data = mem;
+        return w;
+    }
+    Status rms_norm_rows(const float* x, int64_t ldx, const float* weight, int64_t d, int64_t n,
+                         float eps, float* out, int64_t ldo, const kernels::Exec& e) override {
+        DS_RETURN_IF_ERROR(rows("rms_norm_rows", x, ldx, d, n));
+        DS_RETURN_IF_ERROR(rows("rms_norm_rows", out, ldo, d, n));
+        DS_RETURN_IF_ERROR(check("rms_norm_rows", weight, d * 4));
+        return cpu_.rms_norm_rows(x, ldx, weight, d, n, eps, out, ldo, e);
+    }
+    Status matmul(const kernels::WeightMatrix& w, const float* x, int64_t ldx, int64_t n, float* y,
+                  int64_t ldy, const kernels::Exec& e) override {
+        DS_RETURN_IF_ERROR(weight("matmul", w));
+        DS_RETURN_IF_ERROR(rows("matmul", x, ldx, w.cols, n));
+        DS_RETURN_IF_ERROR(rows("matmul", y, ldy, w.rows, n));
+        return cpu_.matmul(w, x, ldx, n, y, ldy, e);
+    }
+    Status matmul_shared_input(std::span<const kernels::MatmulOutput> outputs, const float* x,
+                               int64_t ldx, int64_t n, const kernels::Exec& e) override {
+        for (const kernels::MatmulOutput& o : outputs) {
+            DS_RETURN_IF_ERROR(weight("matmul_shared_input", *o.w));
+            DS_RETURN_IF_ERROR(rows("matmul_shared_input", x, ldx, o.w->cols, n));
+            DS_RETURN_IF_ERROR(rows("matmul_shared_input", o.y, o.ldy, o.w->rows, n));
+        }
+        return cpu_.matmul_shared_input(outputs, x, ldx, n, e);
+    }
+    Status rope_rows(float* x, int64_t ldx, int64_t n, int n_heads, int head_dim,
+                     const int32_t* positions, float base, kernels::RopeStyle style,
+                     const kernels::Exec& e) override {
+        DS_RETURN_IF_ERROR(rows("rope_rows", x, ldx, int64_t{n_heads} * head_dim, n));
+        return cpu_.rope_rows(x, ldx, n, n_heads, head_dim, positions, base, style, e);
+    }
+    Status silu_mul(float* out, const float* gate, const float* up, int64_t n,
+                    const kernels::Exec& e) override {
+        DS_RETURN_IF_ERROR(check("silu_mul", out, n * 4));
+        DS_RETURN_IF_ERROR(check("silu_mul", gate, n * 4));
+        DS_RETURN_IF_ERROR(check("silu_mul", up, n * 4));
+        return cpu_.silu_mul(out, gate, up, n, e);
+    }
+    Status add(float* y, const float* x, int64_t n, const kernels::Exec& e) override {
+        DS_RETURN_IF_ERROR(check("add", y, n * 4));
+        DS_RETURN_IF_ERROR(check("add", x, n * 4));
+        return cpu_.add(y, x, n, e);
+    }
+    Status embed_rows(const kernels::WeightMatrix& table, const int32_t* tokens, int64_t n,
+                      float* out, const kernels::Exec& e) override {
+        DS_RETURN_IF_ERROR(weight("embed_rows", table));
+        DS_RETURN_IF_ERROR(check("embed_rows", out, n * table.cols * 4));
+        return cpu_.embed_rows(table, tokens, n, out, e);
+    }
+    Status store_rows(kernels::DType dtype, int64_t width, const float* src, int64_t ld, int64_t n,
+                      uint8_t* dst, size_t row_stride, const int32_t* slots,
+                      const kernels::Exec& e) override {
+        if (n == 0) return Status();
+        DS_RETURN_IF_ERROR(rows("store_rows", src, ld, width, n));
+        const int64_t elem = dtype == kernels::DType::kF16 ? 2 : 4;
+        DS_RETURN_IF_ERROR(slotted("store_rows", dst, row_stride, slots, n, width * elem));
+        return cpu_.store_rows(dtype, width, src, ld, n, dst, row_stride, slots, e);
+    }
+    Status copy_rows(uint8_t* dst, size_t dst_stride, const int32_t* dst_rows, const uint8_t* src,
+                     size_t src_stride, const int32_t* src_rows, size_t row_bytes, int64_t n,
+                     const kernels::Exec& e) override {
+        if (n == 0) return Status();
+        const auto size = static_cast<int64_t>(row_bytes);
+        DS_RETURN_IF_ERROR(slotted("copy_rows", dst, dst_stride, dst_rows, n, size));
+        DS_RETURN_IF_ERROR(slotted("copy_rows", src, src_stride, src_rows, n, size));
+        return cpu_.copy_rows(dst, dst_stride, dst_rows, src, src_stride, src_rows, row_bytes, n,
+                              e);
+    }
+    Status attention(const kernels::AttentionShape& shape, const kernels::KvView& kv,
+                     const float* q, int64_t ldq, int32_t n_q, float* out, int64_t ldo,
+                     const kernels::Exec& e) override {
+        const int64_t width = int64_t{shape.n_heads} * shape.head_dim;
+        DS_RETURN_IF_ERROR(rows("attention", q, ldq, width, n_q));
+        DS_RETURN_IF_ERROR(rows("attention", out, ldo, width, n_q));
+        const int64_t elem = kv.dtype == kernels::DType::kF16 ? 2 : 4;
+        const int64_t row = static_cast<int64_t>(kv.head_offset(shape.n_kv_heads - 1)) +
+                            int64_t{shape.head_dim} * elem;
+        for (int g = 0; g < shape.n_kv_heads; ++g) {
+            for (const uint8_t* base : {kv.k, kv.v}) {
+                DS_RETURN_IF_ERROR(
+                    slotted("attention", base, kv.row_stride, kv.slots_of(g), kv.n_of(g), row));
+            }
+        }
+        ++attentions_;
+        return cpu_.attention(shape, kv, q, ldq, n_q, out, ldo, e);
+    }
+
+  protected:
+    void* allocate(size_t bytes) override {
+        void* p = ::operator new(bytes, std::nothrow);
+        if (p != nullptr) {
+            std::memset(p, 0xff, bytes);  // NaN: a read before a write shows in the results
+            std::lock_guard lock(mu_);
+            ranges_[reinterpret_cast<uintptr_t>(p)] = bytes;
+        }
+        return p;
+    }
+    void deallocate(void* data, size_t) override {
+        {
+            std::lock_guard lock(mu_);
+            ranges_.erase(reinterpret_cast<uintptr_t>(data));
+        }
+        ::operator delete(data);
+    }
+
+  private:
+    // [p, p + bytes) lies in one allocation of this backend; and the injected failure.
+    Status check(const char* op, const void* p, int64_t bytes) {
+        if (fail_after_.load() >= 0 && fail_after_.fetch_sub(1) == 0)
+            return internal_error(std::string("own-memory: ") + op + ": injected failure");
+        const auto a = reinterpret_cast<uintptr_t>(p);
+        std::lock_guard lock(mu_);
+        auto it = ranges_.upper_bound(a);
+        if (it != ranges_.begin()) {
+            --it;
+            if (a + static_cast<uintptr_t>(bytes) <= it->first + it->second) return Status();
+        }
+        return invalid_argument(std::string("own-memory: ") + op +
+                                " got memory this backend does not own");
+    }
+    Status rows(const char* op, const float* p, int64_t ld, int64_t width, int64_t n) {
+        return check(op, p, ((n - 1) * ld + width) * 4);
+    }
+    // Rows list[0, n) (0 .. n - 1 without a list) of `size` bytes, `stride` apart from base.
+    Status slotted(const char* op, const void* base, size_t stride, const int32_t* list, int64_t n,
+                   int64_t size) {
+        int64_t last = n - 1;
+        if (list != nullptr) last = n > 0 ? *std::max_element(list, list + n) : 0;
+        return check(op, base, last * static_cast<int64_t>(stride) + size);
+    }
+    Status weight(const char* op, const kernels::WeightMatrix& w) {
+        return check(op, w.data,
+                     static_cast<int64_t>(static_cast<size_t>(w.rows) * w.row_stride()));
+    }
+
+    kernels::Backend& cpu_ = *kernels::find_backend("cpu");
+    std::mutex mu_;
+    std::map<uintptr_t, size_t> ranges_;
+    std::atomic<int> uploads_{0};
+    std::atomic<int> attentions_{0};
+    std::atomic<int> fail_after_{-1};
+};
+
+}  // namespace deltaserve::testing
