@@ -12,6 +12,7 @@
 #include "data_dir.h"
 #include "deltaserve/api/cluster_chat_engine.h"
 #include "deltaserve/common/byte_size.h"
+#include "deltaserve/kvstore/device_tier.h"
 #include "deltaserve/kvstore/host_tier.h"
 #include "deltaserve/transport/transport_factory.h"
 #include "gateway_loop.h"
@@ -36,7 +37,7 @@ int serve_main(int argc, char** argv) {
     int32_t max_connections = go.max_connections;
     int32_t prefix_cache_mib = static_cast<int32_t>(dopt.prefix_cache_bytes >> 20);
     int32_t drain_seconds = static_cast<int32_t>(go.drain_timeout_ms / 1000);
-    std::string kv_memory, kv_host_memory, kv_disk = "0";
+    std::string kv_memory, kv_host_memory, kv_device_memory, kv_disk = "0";
     std::string data_dir = default_data_dir();
     ArgParser p(
         "deltaserve serve",
@@ -82,6 +83,10 @@ int serve_main(int argc, char** argv) {
           "host memory for the KV of idle sessions dropped from --kv-memory (the tiered "
           "store's host tier): a session's next turn takes it back instead of prefilling its "
           "history again; e.g. 8GiB, 0 = off; default: an eighth of physical memory");
+    p.add("kv-device-memory", &kv_device_memory,
+          "GPU memory for stored KV blocks above the host tier (the tiered store's device "
+          "tier), on --device's GPU: a session's next turn looks there first; e.g. 2GiB; "
+          "default 0 = off");
     p.add("data-dir", &data_dir,
           "where sessions are kept across restarts: the tiered store's disk tier (every "
           "session's KV, written at the end of each turn) and the sessions' records; one "
@@ -128,6 +133,15 @@ int serve_main(int argc, char** argv) {
         }
         host_bytes = *bytes;
     }
+    uint64_t device_bytes = 0;
+    if (!kv_device_memory.empty()) {
+        auto bytes = parse_byte_size(kv_device_memory);
+        if (!bytes) {
+            print_error(bytes.status().with_context("--kv-device-memory"));
+            return 2;
+        }
+        device_bytes = *bytes;
+    }
     uint64_t disk_bytes = 0;
     {
         auto bytes = parse_byte_size(kv_disk);
@@ -157,6 +171,21 @@ int serve_main(int argc, char** argv) {
     if (Status st = api::check_bind(host, go.access); !st.ok()) {
         print_error(st);
         return 2;
+    }
+    if (device_bytes > 0) {
+        // Made before the model loads: a flag that cannot work fails at once.
+        auto backend = o.backend();
+        if (backend.ok() && (*backend)->host_memory()) {
+            backend = invalid_argument("the device tier needs a GPU (--device cuda), not the " +
+                                       std::string((*backend)->name()));
+        }
+        auto tier = backend.ok() ? kvstore::make_device_tier(**backend, device_bytes)
+                                 : Result<std::unique_ptr<kvstore::DeviceTier>>(backend.status());
+        if (!tier) {
+            print_error(tier.error().with_context("--kv-device-memory"));
+            return 2;
+        }
+        dopt.device_tier = std::move(*tier);
     }
     const sigset_t stop_signals = block_stop_signals();
 

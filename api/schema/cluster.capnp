@@ -116,6 +116,11 @@ struct TierStats {
   bytesWritten @23 :Int64;
   storeSeconds @24 :Histogram;
   loadSeconds @25 :Histogram;
+  deviceBytes @26 :Int64;
+  deviceCapacity @27 :Int64;
+  deviceBlocks @28 :Int64;
+  promotedDevice @29 :Int64;
+  prefixDevice @30 :Int64;
 }
 
 struct SessionKv {
@@ -131,6 +136,7 @@ struct SessionKv {
   diskBytes @8 :Int64;
   blocks @9 :Int32;
   pinned @10 :Bool;
+  deviceBytes @11 :Int64 = -1;
 }
 
 struct StoredBlockPlace {
@@ -139,6 +145,7 @@ struct StoredBlockPlace {
   hostBytes @1 :Int64;
   diskBytes @2 :Int64;
   leases @3 :List(LeaseHolder);
+  deviceBytes @4 :Int64 = -1;
 }
 
 struct LeaseHolder {

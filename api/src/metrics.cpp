@@ -149,6 +149,13 @@ std::string Metrics::render(const EngineStats& e) const {
            "Prefills tried again on another prefill node after one was lost.",
            static_cast<double>(e.prefill_retries));
     const decode::TierStats& t = e.tiers;
+    metric("deltaserve_device_tier_bytes", "gauge",
+           "Bytes of stored KV blocks in the device tier (--kv-device-memory).",
+           static_cast<double>(t.device_bytes));
+    metric("deltaserve_device_tier_capacity_bytes", "gauge", "The device tier's capacity.",
+           static_cast<double>(t.device_capacity));
+    metric("deltaserve_device_tier_blocks", "gauge", "Stored KV blocks in the device tier.",
+           static_cast<double>(t.device_blocks));
     metric("deltaserve_host_tier_bytes", "gauge",
            "Bytes of stored KV blocks in the host tier (--kv-host-memory).",
            static_cast<double>(t.host_bytes));
@@ -184,18 +191,19 @@ std::string Metrics::render(const EngineStats& e) const {
     metric("deltaserve_sessions_demoted_total", "counter",
            "Idle sessions dropped from KV memory into the tiers.",
            static_cast<double>(t.sessions_demoted));
-    const auto by_tier = [&](const std::string& name, const char* help, int64_t host,
-                             int64_t disk) {
+    const auto by_tier = [&](const std::string& name, const char* help, int64_t device,
+                             int64_t host, int64_t disk) {
         out += "# HELP " + name + " " + help + "\n# TYPE " + name + " counter\n" + name +
-               "{tier=\"host\"} " + std::to_string(host) + "\n" + name + "{tier=\"disk\"} " +
-               std::to_string(disk) + "\n";
+               "{tier=\"device\"} " + std::to_string(device) + "\n" + name + "{tier=\"host\"} " +
+               std::to_string(host) + "\n" + name + "{tier=\"disk\"} " + std::to_string(disk) +
+               "\n";
     };
     by_tier("deltaserve_sessions_promoted_total",
             "Sessions whose stored KV came back for a turn, by the lowest tier it came from.",
-            t.promoted_host, t.promoted_disk);
+            t.promoted_device, t.promoted_host, t.promoted_disk);
     by_tier("deltaserve_prefixes_loaded_total",
             "Turns that started from a stored prefix (full KV), by the lowest tier it came from.",
-            t.prefix_host, t.prefix_disk);
+            t.prefix_device, t.prefix_host, t.prefix_disk);
     metric("deltaserve_promoted_tokens_total", "counter",
            "Tokens of history sessions took back from the tiers instead of prefilling them.",
            static_cast<double>(t.promoted_tokens));

@@ -82,7 +82,7 @@ class DecodeWorkerImpl final : public DecodeWorker {
           ids_{options_.model_id, options_.profile_id, kv_codec(options_.context)},
           probe_(std::move(probe)),
           runner_(model, threads_, options_.context.attention, options_.context.backend) {
-        if (options_.host_tier || options_.disk_tier) {
+        if (options_.host_tier || options_.disk_tier || options_.device_tier) {
             auto policy = kvstore::find_kv_policy(options_.context.kv.policy);
             if (policy.ok() && (*policy)->storable) {
                 // What stored blocks depend on besides their tokens.
@@ -91,12 +91,13 @@ class DecodeWorkerImpl final : public DecodeWorker {
                     options_.context.kv_type == model::KvType::kF32 ? "f32" : "f16"};
                 SessionTiers::Options to;
                 to.host = options_.host_tier;
-                if (!to.host) {  // disk only: a host tier that holds nothing
+                if (!to.host) {  // no host tier: one that holds nothing
                     kvstore::HostTier::Options none;
                     none.janitor_interval = std::chrono::milliseconds(0);
                     to.host = std::make_shared<kvstore::HostTier>(none);
                 }
                 to.disk = options_.disk_tier;
+                to.device = options_.device_tier;
                 to.fingerprint = hash_root(parts);
                 to.codec = (*policy)->codec;
                 to.block_tokens = std::max(1, options_.tier_block_tokens);
@@ -277,6 +278,7 @@ class DecodeWorkerImpl final : public DecodeWorker {
                 if (!tiers_->held(k.id, &h)) continue;
                 k.stored_tokens = h.tokens;
                 k.host_bytes = h.host_bytes;
+                k.device_bytes = options_.device_tier ? h.device_bytes : -1;
                 k.disk_bytes = tiers_->persists() ? h.disk_bytes : -1;
                 k.blocks = h.blocks;
             }
@@ -319,6 +321,12 @@ class DecodeWorkerImpl final : public DecodeWorker {
     void add_tier_stats(DecodeStats& s) const {
         if (tiers_) s.tiers = tiers_->stats();
         TierStats& t = s.tiers;
+        if (options_.device_tier) {
+            const auto d = options_.device_tier->stats();
+            t.device_bytes = static_cast<int64_t>(d.bytes);
+            t.device_capacity = static_cast<int64_t>(d.capacity);
+            t.device_blocks = static_cast<int64_t>(d.blocks);
+        }
         if (options_.host_tier) {
             const auto h = options_.host_tier->stats();
             t.host_bytes = static_cast<int64_t>(h.bytes);

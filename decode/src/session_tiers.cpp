@@ -142,7 +142,7 @@ bool SessionTiers::persist(const std::string& session, const std::string& scope,
             st = options_.disk->put_records(rec);
             break;
         }
-        (void)options_.host->put(meta->key, std::make_shared<const std::vector<uint8_t>>(block));
+        (void)put_above_disk(meta->key, std::make_shared<const std::vector<uint8_t>>(block));
         st = options_.disk->put(meta->key, block,
                                 last ? std::span<const kvstore::DiskTier::Record>(rec)
                                      : std::span<const kvstore::DiskTier::Record>());
@@ -173,10 +173,7 @@ bool SessionTiers::persist(const std::string& session, const std::string& scope,
         if (std::find(r.keys.begin(), r.keys.end(), key) == r.keys.end()) dead.push_back(key);
     }
     records_[session] = std::move(r);
-    for (uint64_t key : dead) {
-        options_.host->erase(key);
-        options_.disk->erase(key);
-    }
+    for (uint64_t key : dead) erase_everywhere(key, /*refused=*/false);
     return true;
 }
 
@@ -209,15 +206,14 @@ bool SessionTiers::demote(const std::string& session, const std::string& scope,
         const uint64_t key = meta->key;
         const int32_t end = meta->end;
         const uint32_t crc = options_.shared_prefix ? 0 : crc32c(bytes);
-        if (!options_.host->put(key, std::make_shared<const std::vector<uint8_t>>(std::move(bytes)))
-                 .ok())
+        if (!put_above_disk(key, std::make_shared<const std::vector<uint8_t>>(std::move(bytes))))
             break;  // the rest would not chain: keep the leading blocks that fit
         r.keys.push_back(key);
         r.ends.push_back(end);
         r.crcs.push_back(crc);
     }
     if (r.keys.empty()) {
-        spdlog::info("decode: session {} not demoted: the host tier has no room", session);
+        spdlog::info("decode: session {} not demoted: the tiers have no room", session);
         records_.erase(session);
         return false;
     }
@@ -259,6 +255,10 @@ std::vector<StoredBlockPlace> SessionTiers::places(const std::vector<uint64_t>& 
     for (size_t i = 0; i < keys.size(); ++i) {
         out[i].key = keys[i];
         out[i].host_bytes = static_cast<int64_t>(options_.host->size_of(keys[i]).value_or(-1));
+        if (options_.device) {
+            out[i].device_bytes =
+                static_cast<int64_t>(options_.device->size_of(keys[i]).value_or(-1));
+        }
         if (options_.disk)
             out[i].disk_bytes = static_cast<int64_t>(options_.disk->size_of(keys[i]).value_or(-1));
         at[keys[i]].push_back(i);
@@ -280,6 +280,12 @@ Result<std::string> SessionTiers::read_block(uint64_t key, uint64_t limit) const
         const size_t n = static_cast<size_t>(std::min<uint64_t>(want, bytes->size()));
         return std::string(reinterpret_cast<const char*>(bytes->data()), n);
     }
+    if (options_.device) {
+        if (auto bytes = options_.device->get(key); bytes.ok()) {
+            bytes->resize(static_cast<size_t>(std::min<uint64_t>(want, bytes->size())));
+            return std::string(bytes->begin(), bytes->end());
+        }
+    }
     if (!options_.disk) return not_found("no block " + std::to_string(key) + " in the tiers");
     DS_ASSIGN_OR_RETURN(auto bytes, options_.disk->peek(key, want));
     return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
@@ -293,6 +299,8 @@ bool SessionTiers::held(const std::string& session, Held* out) const {
     out->blocks = static_cast<int32_t>(keys.size());
     for (uint64_t k : keys) {
         out->host_bytes += static_cast<int64_t>(options_.host->size_of(k).value_or(0));
+        if (options_.device)
+            out->device_bytes += static_cast<int64_t>(options_.device->size_of(k).value_or(0));
         if (options_.disk)
             out->disk_bytes += static_cast<int64_t>(options_.disk->size_of(k).value_or(0));
     }
@@ -311,10 +319,19 @@ void SessionTiers::forget(const std::string& session) {
         (void)options_.disk->put_records(del);
     }
     if (options_.shared_prefix) return;  // its blocks may be other sessions' too
-    for (uint64_t key : r.keys) {
-        options_.host->erase(key);
-        if (options_.disk) options_.disk->erase(key);
-    }
+    for (uint64_t key : r.keys) erase_everywhere(key, /*refused=*/false);
+}
+
+bool SessionTiers::put_above_disk(uint64_t key, const kvstore::HostTier::Bytes& bytes) {
+    const bool host = options_.host->put(key, bytes).ok();
+    const bool device = options_.device && options_.device->put(key, *bytes).ok();
+    return host || device;
+}
+
+void SessionTiers::erase_everywhere(uint64_t key, bool refused) {
+    if (options_.device) options_.device->erase(key);
+    options_.host->erase(key);
+    if (options_.disk) options_.disk->erase(key, refused);
 }
 
 void SessionTiers::forget_older_than(int64_t cutoff_ms) {
@@ -329,22 +346,34 @@ SessionTiers::Loaded SessionTiers::load(const std::vector<uint64_t>& keys,
                                         model::InferenceContext& ctx, uint64_t turn_id) {
     Loaded out;
     const auto t0 = std::chrono::steady_clock::now();
-    // The blocks still held, in order, until the first that is gone: leased in the host
-    // tier, else read from disk (and offered to the host tier for next time).
+    // The blocks still held, in order, until the first that is gone: copied from the device
+    // tier, else leased in the host tier, else read from disk (and offered to the tiers
+    // above for next time).
     const auto deadline = kvstore::HostTier::Clock::now() + kLease;
     const std::string owner = "turn " + std::to_string(turn_id);
     std::vector<kvstore::HostTier::Lease> leases;
-    std::vector<kvstore::HostTier::Bytes> read;
+    std::vector<kvstore::HostTier::Bytes> read, from_device;
     std::vector<std::span<const uint8_t>> blocks;
+    // The slowest tier a block came from so far.
+    const auto came_from = [&out](Source s) { out.source = std::max(out.source, s); };
     for (size_t i = 0; i < keys.size(); ++i) {
         std::span<const uint8_t> bytes;
-        if (auto lease = options_.host->get(keys[i], owner, deadline); lease.ok()) {
+        Result<std::vector<uint8_t>> on_device =
+            options_.device ? options_.device->get(keys[i]) : not_found("no device tier");
+        if (on_device.ok()) {
+            from_device.push_back(
+                std::make_shared<const std::vector<uint8_t>>(std::move(*on_device)));
+            bytes = *from_device.back();
+        } else if (auto lease = options_.host->get(keys[i], owner, deadline); lease.ok()) {
+            came_from(Source::kHost);
             leases.push_back(std::move(*lease));
             bytes = leases.back().bytes();
+            // Offered to the device tier for next time.
+            if (options_.device) (void)options_.device->put(keys[i], bytes);
         } else if (options_.disk) {
             auto got = options_.disk->get(keys[i]);
             if (!got.ok()) break;
-            out.source = Source::kDisk;
+            came_from(Source::kDisk);
             read.push_back(std::make_shared<const std::vector<uint8_t>>(std::move(*got)));
             bytes = *read.back();
         } else {
@@ -378,15 +407,14 @@ SessionTiers::Loaded SessionTiers::load(const std::vector<uint64_t>& keys,
             n = 0;
             break;
         }
-        options_.host->erase(keys[static_cast<size_t>(bad)]);
-        if (options_.disk) options_.disk->erase(keys[static_cast<size_t>(bad)], /*refused=*/true);
+        erase_everywhere(keys[static_cast<size_t>(bad)], /*refused=*/true);
         ++out.refused;
         n = static_cast<size_t>(bad);
     }
-    // What came from disk is offered to the host tier: the next turn finds it there.
+    // What came from disk is offered to the tiers above: the next turn finds it there.
     for (const auto& bytes : read) {
         auto meta = kvstore::parse_kv_block_header(*bytes, options_.fingerprint);
-        if (meta.ok()) (void)options_.host->put(meta->key, bytes);
+        if (meta.ok()) (void)put_above_disk(meta->key, bytes);
     }
     out.blocks = n;
     std::lock_guard lock(mu_);
@@ -418,7 +446,9 @@ std::optional<SessionTiers::Promoted> SessionTiers::promote(const std::string& s
         return std::nullopt;
     }
     if (got.blocks == 0) return std::nullopt;
-    ++(got.source == Source::kDisk ? stats_.promoted_disk : stats_.promoted_host);
+    ++(got.source == Source::kDisk   ? stats_.promoted_disk
+       : got.source == Source::kHost ? stats_.promoted_host
+                                     : stats_.promoted_device);
     const int32_t end = r.ends[got.blocks - 1];
     stats_.promoted_tokens += end;
     Promoted out{std::vector<int32_t>(r.tokens.begin(), r.tokens.begin() + end), got.source};
@@ -434,7 +464,8 @@ std::vector<uint64_t> SessionTiers::prefix_keys(std::span<const int32_t> tokens,
     std::vector<uint64_t> keys =
         prefix_chain(options_.fingerprint, scope, tokens, options_.block_tokens);
     const auto held = [&](uint64_t key) {
-        return options_.host->contains(key) || (options_.disk && options_.disk->contains(key));
+        return (options_.device && options_.device->contains(key)) ||
+               options_.host->contains(key) || (options_.disk && options_.disk->contains(key));
     };
     keys.erase(std::find_if_not(keys.begin(), keys.end(), held), keys.end());
     return keys;
@@ -455,7 +486,9 @@ std::optional<SessionTiers::Promoted> SessionTiers::load_prefix(std::span<const 
     if (got.blocks == 0) return std::nullopt;
     const int32_t end = static_cast<int32_t>(got.blocks) * options_.block_tokens;
     std::lock_guard lock(mu_);
-    ++(got.source == Source::kDisk ? stats_.prefix_disk : stats_.prefix_host);
+    ++(got.source == Source::kDisk   ? stats_.prefix_disk
+       : got.source == Source::kHost ? stats_.prefix_host
+                                     : stats_.prefix_device);
     stats_.prefix_tokens += end;
     return Promoted{std::vector<int32_t>(tokens.begin(), tokens.begin() + end), got.source};
 }
@@ -480,7 +513,7 @@ void SessionTiers::store_prefix(const std::string& scope, const model::Inference
         if (!meta.ok() || meta->end > whole) break;
         if (options_.disk && options_.disk->contains(meta->key)) continue;
         auto shared = std::make_shared<const std::vector<uint8_t>>(std::move(block));
-        (void)options_.host->put(meta->key, shared);
+        (void)put_above_disk(meta->key, shared);
         if (options_.disk && options_.disk->put(meta->key, *shared).ok()) {
             ++written;
             bytes += static_cast<int64_t>(shared->size());

@@ -32,6 +32,7 @@
 #include "deltaserve/decode/decode_worker.h"
 #include "deltaserve/decode/session_record.h"
 #include "deltaserve/decode/tier_stats.h"
+#include "deltaserve/kvstore/device_tier.h"
 #include "deltaserve/kvstore/disk_tier.h"
 #include "deltaserve/kvstore/host_tier.h"
 #include "deltaserve/kvstore/kv_policy.h"
@@ -44,15 +45,21 @@ class SessionTiers {
     struct Options {
         std::shared_ptr<kvstore::HostTier> host;  // required
         std::shared_ptr<kvstore::DiskTier> disk;  // null: no disk tier, no persist()
-        uint64_t fingerprint = 0;                 // what the KV depends on besides tokens
+        // The device tier above the host tier (kvstore/device_tier.h), or null: every block
+        // stored goes to both (a block is stored when either took it), and a take looks here
+        // first.
+        std::shared_ptr<kvstore::DeviceTier> device;
+        uint64_t fingerprint = 0;  // what the KV depends on besides tokens
         kvstore::KvCodecId codec = kvstore::KvCodecId::kRows;
         int32_t block_tokens = 256;
         bool shared_prefix = false;  // blocks are a function of their tokens (full KV)
     };
 
-    // Where promote() found the blocks.
-    enum class Source { kHost, kDisk };
-    static std::string_view source_name(Source s) { return s == Source::kHost ? "host" : "disk"; }
+    // Where promote() found the blocks: the slowest tier any came from.
+    enum class Source { kDevice, kHost, kDisk };
+    static std::string_view source_name(Source s) {
+        return s == Source::kDevice ? "device" : s == Source::kHost ? "host" : "disk";
+    }
 
     struct Promoted {
         std::vector<int32_t> tokens;
@@ -79,7 +86,7 @@ class SessionTiers {
     // What the tiers hold of the session: its record's tokens and blocks, and the bytes of
     // those blocks each tier holds (0 when none; false when there is no record).
     struct Held {
-        int64_t tokens = 0, host_bytes = 0, disk_bytes = 0;
+        int64_t tokens = 0, device_bytes = 0, host_bytes = 0, disk_bytes = 0;
         int32_t blocks = 0;
     };
     bool held(const std::string& session, Held* out) const;
@@ -125,7 +132,7 @@ class SessionTiers {
     // which tiers, what was missing or refused; `later`: they are fine but there was no room.
     struct Loaded {
         size_t blocks = 0;
-        Source source = Source::kHost;
+        Source source = Source::kDevice;
         int64_t missing = 0, refused = 0;
         bool later = false;
     };
@@ -135,6 +142,10 @@ class SessionTiers {
     std::vector<uint64_t> prefix_keys(std::span<const int32_t> tokens,
                                       const std::string& scope) const;
     uint64_t root_of(const std::string& session, const std::string& scope) const;
+    // A block into the host and device tiers: whether either took it.
+    bool put_above_disk(uint64_t key, const kvstore::HostTier::Bytes& bytes);
+    // Drops a block from every tier (`refused`: it failed its checks).
+    void erase_everywhere(uint64_t key, bool refused);
     std::string record_key(const std::string& session) const;
     // The record in memory, else on disk (into memory). Null when there is none; a record on
     // disk that does not parse is removed and counted. Under mu_.

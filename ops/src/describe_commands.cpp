@@ -257,7 +257,7 @@ Result<StoredSession> live_session(LiveAdmin& admin, const std::string& id, Live
     s.fingerprint = blocks->fingerprint;
     s.record = std::move(*record);
     for (const auto& p : blocks->blocks) {
-        if (p.disk_bytes >= 0 || p.host_bytes >= 0) ++s.blocks_held;
+        if (p.disk_bytes >= 0 || p.host_bytes >= 0 || p.device_bytes >= 0) ++s.blocks_held;
         if (p.disk_bytes > 0) s.disk_bytes += static_cast<uint64_t>(p.disk_bytes);
     }
     *places = std::move(blocks->blocks);
@@ -271,6 +271,7 @@ void add_places(const std::vector<decode::StoredBlockPlace>& places, Described& 
         const auto& p = places[i];
         if (p.key != b.key) continue;
         b.tiers.clear();
+        if (p.device_bytes >= 0) b.tiers.push_back("device");
         if (p.host_bytes >= 0) b.tiers.push_back("host");
         if (p.disk_bytes >= 0) b.tiers.push_back("disk");
         b.leases = p.leases;
@@ -397,9 +398,11 @@ int blocks_main(int argc, char** argv) {
                     Row row;
                     row.node = node;
                     row.key = place.key;
+                    if (place.device_bytes >= 0) row.tiers.push_back("device");
                     if (place.host_bytes >= 0) row.tiers.push_back("host");
                     if (place.disk_bytes >= 0) row.tiers.push_back("disk");
-                    row.bytes = static_cast<uint64_t>(std::max(place.disk_bytes, place.host_bytes));
+                    row.bytes = static_cast<uint64_t>(
+                        std::max({place.disk_bytes, place.host_bytes, place.device_bytes}));
                     row.leases = place.leases;
                     row.wanted = false;
                     rows.push_back(std::move(row));

@@ -107,6 +107,9 @@ int print_live_tiers(const std::vector<api::NodeStats>& nodes, const Common& c) 
             j["decode"] = {{"bytes", n.stats.kv_bytes},
                            {"capacity", n.stats.kv_memory > 0 ? json(n.stats.kv_memory) : json()},
                            {"sessions", n.stats.sessions}};
+            j["device"] = {{"bytes", t.device_bytes},
+                           {"capacity", t.device_capacity > 0 ? json(t.device_capacity) : json()},
+                           {"blocks", t.device_blocks}};
             j["host"] = {{"bytes", t.host_bytes},
                          {"capacity", t.host_capacity},
                          {"blocks", t.host_blocks},
@@ -119,9 +122,12 @@ int print_live_tiers(const std::vector<api::NodeStats>& nodes, const Common& c) 
                          {"io_errors", t.disk_io_errors},
                          {"recovery_ms", t.disk_recovery_ms}};
             j["sessions_demoted"] = t.sessions_demoted;
-            j["promoted"] = {{"host", t.promoted_host}, {"disk", t.promoted_disk}};
+            j["promoted"] = {{"device", t.promoted_device},
+                             {"host", t.promoted_host},
+                             {"disk", t.promoted_disk}};
             j["promoted_tokens"] = t.promoted_tokens;
-            j["prefixes"] = {{"host", t.prefix_host}, {"disk", t.prefix_disk}};
+            j["prefixes"] = {
+                {"device", t.prefix_device}, {"host", t.prefix_host}, {"disk", t.prefix_disk}};
             j["misses"] = {{"missing", t.blocks_missing}, {"refused", t.blocks_refused}};
             j["sessions_persisted"] = t.sessions_persisted;
             j["persist_failed"] = t.persist_failed;
@@ -155,6 +161,11 @@ int print_live_tiers(const std::vector<api::NodeStats>& nodes, const Common& c) 
         t.add({n.name, "decode", cap(n.stats.kv_memory),
                human_bytes(static_cast<uint64_t>(n.stats.kv_bytes)), kUnknown,
                num(n.stats.sessions), kUnknown, kUnknown, "ok"});
+        if (s.device_capacity > 0) {  // a row only where there is a device tier
+            t.add({n.name, "device", cap(s.device_capacity),
+                   human_bytes(static_cast<uint64_t>(s.device_bytes)), num(s.device_blocks),
+                   kUnknown, num(s.promoted_device), kUnknown, "ok"});
+        }
         t.add({n.name, "host", cap(s.host_capacity),
                human_bytes(static_cast<uint64_t>(s.host_bytes)), num(s.host_blocks), kUnknown,
                num(s.promoted_host), num(s.sessions_demoted), "ok"});
@@ -168,8 +179,8 @@ int print_live_tiers(const std::vector<api::NodeStats>& nodes, const Common& c) 
                human_bytes(static_cast<uint64_t>(s.disk_bytes)), num(s.disk_blocks), kUnknown,
                num(s.promoted_disk), kUnknown, health});
         m.add({n.name, std::to_string(s.blocks_missing), std::to_string(s.blocks_refused),
-               std::to_string(s.prefix_host + s.prefix_disk), std::to_string(s.sessions_persisted),
-               std::to_string(s.persist_failed),
+               std::to_string(s.prefix_device + s.prefix_host + s.prefix_disk),
+               std::to_string(s.sessions_persisted), std::to_string(s.persist_failed),
                human_bytes(static_cast<uint64_t>(s.bytes_written)), ms(s.store_seconds),
                ms(s.load_seconds)});
     }

@@ -304,5 +304,29 @@ TEST(CliBadInputTest, UnknownDeviceOrOneNotHere) {
                           "--device cuda");
 }
 
+// The device tier lives in a GPU's memory: on the CPU the flag is refused before anything
+// loads, as is a size that does not parse.
+TEST(CliBadInputTest, ADeviceTierWithoutAGpu) {
+    DS_REQUIRE_FILE(stories_model(), "stories260K.bin");
+    DS_REQUIRE_FILE(stories_tokenizer(), "tok512.bin");
+    const std::vector<std::string> serve = {"serve",
+                                            "--model",
+                                            stories_model(),
+                                            "--tokenizer",
+                                            stories_tokenizer(),
+                                            "--data-dir",
+                                            "none",
+                                            "--port",
+                                            "0"};
+    auto with = [&](std::vector<std::string> more) {
+        std::vector<std::string> args = serve;
+        args.insert(args.end(), more.begin(), more.end());
+        return run_deltaserve(args);
+    };
+    expect_one_line_error(with({"--device", "cpu", "--kv-device-memory", "1GiB"}), 2,
+                          "--kv-device-memory: the device tier needs a GPU");
+    expect_one_line_error(with({"--kv-device-memory", "lots"}), 2, "--kv-device-memory");
+}
+
 }  // namespace
 }  // namespace deltaserve::testing

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "kv_memory_fixture.h"
+#include "own_memory_backend.h"
 
 namespace deltaserve {
 namespace {
@@ -104,6 +105,68 @@ TEST_F(KvMemoryTest, ADroppedSessionComesBackFromTheHostTier) {
     // (Full KV's blocks are shared prefixes: a, b and c begin alike, so their first block is
     // one block, which b's or c's demotion for a's room may store whole again before a's
     // blocks are read. The damaged tail is a's own.)
+    auto again = run(testing::greedy_turn(7, text_tokens(120, 0, true), "a", 8));
+    ASSERT_TRUE(again.ok()) << again.status().to_string();
+    EXPECT_LT(again->cached_tokens, 100);
+    EXPECT_EQ(again->text, stayed->text);
+    EXPECT_GE(decode_->stats().tiers.blocks_refused, 1);
+}
+
+// With a device tier above the host tier (here in a backend whose memory is its own, where a
+// server's is a GPU's), a dropped session's blocks go there, and its next turn takes them
+// from the device: the same answer. A block damaged there is refused and dropped, and the
+// turn recomputes the history from it.
+TEST_F(KvMemoryTest, ADroppedSessionComesBackFromTheDeviceTier) {
+    start(200);
+    ASSERT_TRUE(run(testing::greedy_turn(1, text_tokens(100, 0, true), "a", 8)).ok());
+    auto stayed = run(testing::greedy_turn(2, text_tokens(120, 0, true), "a", 8));
+    ASSERT_TRUE(stayed.ok()) << stayed.status().to_string();
+
+    // Outlives every tier that allocated from it.
+    static testing::OwnMemoryBackend& device = *new testing::OwnMemoryBackend();
+    auto tier = kvstore::make_device_tier(device, 64 << 20);
+    ASSERT_TRUE(tier.ok()) << tier.status().to_string();
+    device_tier_ = std::move(*tier);
+    kvstore::HostTier::Options ho;
+    ho.capacity_bytes = 1;  // takes nothing: what comes back comes from the device
+    ho.janitor_interval = std::chrono::milliseconds(0);
+    host_tier_ = std::make_shared<kvstore::HostTier>(ho);
+    start(20);
+    for (const char* s : {"a", "b"}) {
+        ASSERT_TRUE(run(testing::greedy_turn(s[0], text_tokens(100, 0, true), s, 8)).ok());
+    }
+    ASSERT_TRUE(run(testing::greedy_turn(3, text_tokens(100, 0, true), "c", 8)).ok());
+    EXPECT_EQ(decode_->stats().tiers.sessions_demoted, 1);
+    EXPECT_EQ(host_tier_->stats().blocks, 0u);
+    EXPECT_EQ(device_tier_->stats().blocks, 2u);  // a's 107 tokens in blocks of 64 and 43
+    auto places = decode_->session_blocks("a");
+    ASSERT_TRUE(places.ok()) << places.status().to_string();
+    ASSERT_EQ(places->blocks.size(), 2u);
+    for (const auto& p : places->blocks) {
+        EXPECT_GT(p.device_bytes, 0);
+        EXPECT_EQ(p.host_bytes, -1);
+    }
+    auto a = run(testing::greedy_turn(4, text_tokens(120, 0, true), "a", 8));
+    ASSERT_TRUE(a.ok()) << a.status().to_string();
+    EXPECT_EQ(a->cached_tokens, 100);
+    EXPECT_EQ(a->text, stayed->text);
+    auto st = decode_->stats();
+    EXPECT_EQ(st.tiers.promoted_device, 1);
+    EXPECT_EQ(st.tiers.promoted_host + st.tiers.promoted_disk, 0);
+    EXPECT_EQ(st.tiers.device_blocks, static_cast<int64_t>(device_tier_->stats().blocks));
+    EXPECT_EQ(st.tiers.device_capacity, 64 << 20);
+
+    // b's and c's turns drop a again; its blocks' tails are then damaged on the device.
+    ASSERT_TRUE(run(testing::greedy_turn(5, text_tokens(100, 0, true), "b", 8)).ok());
+    ASSERT_TRUE(run(testing::greedy_turn(6, text_tokens(100, 0, true), "c", 8)).ok());
+    places = decode_->session_blocks("a");
+    ASSERT_TRUE(places.ok()) << places.status().to_string();
+    for (const auto& p : places->blocks) {
+        auto bytes = device_tier_->get(p.key);
+        ASSERT_TRUE(bytes.ok()) << bytes.status().to_string();
+        (*bytes)[bytes->size() - 10] ^= 0x20;
+        ASSERT_TRUE(device_tier_->put(p.key, *bytes).ok());
+    }
     auto again = run(testing::greedy_turn(7, text_tokens(120, 0, true), "a", 8));
     ASSERT_TRUE(again.ok()) << again.status().to_string();
     EXPECT_LT(again->cached_tokens, 100);

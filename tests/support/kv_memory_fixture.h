@@ -39,6 +39,7 @@ class KvMemoryTest : public DefaultModelTest {
         d.model_id = "m";
         d.host_tier = host_tier_;
         d.disk_tier = disk_tier_;
+        d.device_tier = device_tier_;
         d.store_id = "test store";
         decode_.reset();
         auto dw = decode::DecodeWorker::create(*model_, d);
@@ -56,6 +57,7 @@ class KvMemoryTest : public DefaultModelTest {
     std::unique_ptr<decode::DecodeWorker> decode_;
     std::shared_ptr<kvstore::HostTier> host_tier_;  // set before start(): sessions demote there
     std::shared_ptr<kvstore::DiskTier> disk_tier_;  // set before start(): turns are stored there
+    std::shared_ptr<kvstore::DeviceTier> device_tier_;  // set before start(): above the host tier
 };
 
 }  // namespace deltaserve::testing

@@ -142,6 +142,11 @@ inline void to_capnp(const decode::TierStats& t, TierStats::Builder b) {
     b.setBytesWritten(t.bytes_written);
     to_capnp(t.store_seconds, b.initStoreSeconds());
     to_capnp(t.load_seconds, b.initLoadSeconds());
+    b.setDeviceBytes(t.device_bytes);
+    b.setDeviceCapacity(t.device_capacity);
+    b.setDeviceBlocks(t.device_blocks);
+    b.setPromotedDevice(t.promoted_device);
+    b.setPrefixDevice(t.prefix_device);
 }
 inline decode::TierStats from_capnp(TierStats::Reader r) {
     decode::TierStats t;
@@ -171,6 +176,11 @@ inline decode::TierStats from_capnp(TierStats::Reader r) {
     t.bytes_written = r.getBytesWritten();
     t.store_seconds = from_capnp(r.getStoreSeconds());
     t.load_seconds = from_capnp(r.getLoadSeconds());
+    t.device_bytes = r.getDeviceBytes();
+    t.device_capacity = r.getDeviceCapacity();
+    t.device_blocks = r.getDeviceBlocks();
+    t.promoted_device = r.getPromotedDevice();
+    t.prefix_device = r.getPrefixDevice();
     return t;
 }
 
@@ -223,6 +233,7 @@ inline void to_capnp(const decode::SessionKv& k, SessionKv::Builder b) {
     b.setDiskBytes(k.disk_bytes);
     b.setBlocks(k.blocks);
     b.setPinned(k.pinned);
+    b.setDeviceBytes(k.device_bytes);
 }
 inline decode::SessionKv from_capnp(SessionKv::Reader r) {
     decode::SessionKv k;
@@ -237,6 +248,7 @@ inline decode::SessionKv from_capnp(SessionKv::Reader r) {
     k.disk_bytes = r.getDiskBytes();
     k.blocks = r.getBlocks();
     k.pinned = r.getPinned();
+    k.device_bytes = r.getDeviceBytes();
     return k;
 }
 
@@ -249,6 +261,7 @@ inline void to_capnp(const decode::SessionBlocks& s, SessionBlocks::Builder b) {
         list[i].setKey(p.key);
         list[i].setHostBytes(p.host_bytes);
         list[i].setDiskBytes(p.disk_bytes);
+        list[i].setDeviceBytes(p.device_bytes);
         auto leases = list[i].initLeases(static_cast<unsigned>(p.leases.size()));
         for (unsigned j = 0; j < p.leases.size(); ++j) {
             leases[j].setOwner(p.leases[j].owner);
@@ -266,6 +279,7 @@ inline decode::SessionBlocks from_capnp(SessionBlocks::Reader r) {
         b.key = p.getKey();
         b.host_bytes = p.getHostBytes();
         b.disk_bytes = p.getDiskBytes();
+        b.device_bytes = p.getDeviceBytes();
         for (auto l : p.getLeases()) b.leases.push_back({l.getOwner().cStr(), l.getSecondsLeft()});
         s.blocks.push_back(std::move(b));
     }

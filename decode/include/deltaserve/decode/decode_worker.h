@@ -20,6 +20,7 @@
 #include "deltaserve/common/status.h"
 #include "deltaserve/decode/tier_stats.h"
 #include "deltaserve/decode/turn.h"
+#include "deltaserve/kvstore/device_tier.h"
 #include "deltaserve/kvstore/disk_tier.h"
 #include "deltaserve/kvstore/host_tier.h"
 #include "deltaserve/model/inference_context.h"
@@ -73,6 +74,9 @@ struct DecodeOptions {
     // to disk, before the turn's end is reported), and a session this worker does not hold
     // (after a restart) comes back from disk.
     std::shared_ptr<kvstore::DiskTier> disk_tier;
+    // The device tier (kvstore/device_tier.h), or null: above the host tier, in a device's
+    // memory; every block stored goes there too, and a session's next turn looks there first.
+    std::shared_ptr<kvstore::DeviceTier> device_tier;
     // Where checkpoint(name) puts the disk tier's copy: ROOT/checkpoints/<name>/STORE/kv, the
     // layout of the data dir it came from (serve: ROOT/kv, STORE ""; a cluster's decode
     // node: ROOT/<node>/kv, STORE its name), so that deltactl reads it as one.
@@ -128,7 +132,7 @@ struct SessionKv {
     double keep_ratio = std::nan("");
     std::string policy;          // the node's KV policy
     int64_t stored_tokens = -1;  // in the host and disk tiers (its record)
-    int64_t host_bytes = -1, disk_bytes = -1;
+    int64_t device_bytes = -1, host_bytes = -1, disk_bytes = -1;
     int32_t blocks = -1;  // its record's blocks
     bool pinned = false;  // kept in decode memory (pin_session)
 };
@@ -137,7 +141,7 @@ struct SessionKv {
 // node: the tiers that hold it and who leases it.
 struct StoredBlockPlace {
     uint64_t key = 0;
-    int64_t host_bytes = -1, disk_bytes = -1;  // -1: that tier does not hold it
+    int64_t device_bytes = -1, host_bytes = -1, disk_bytes = -1;  // -1: that tier does not hold it
     struct Holder {
         std::string owner;  // "turn N", or a transfer
         double seconds_left = 0.0;

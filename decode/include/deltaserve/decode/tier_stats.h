@@ -33,6 +33,8 @@ struct LatencyHistogram {
 };
 
 struct TierStats {
+    // The device tier (DecodeOptions::device_tier), above the host tier.
+    int64_t device_bytes = 0, device_capacity = 0, device_blocks = 0;
     // The host tier (DecodeOptions::host_tier; shared by whatever else uses it).
     int64_t host_bytes = 0, host_capacity = 0, host_blocks = 0, host_leases = 0;
     // The disk tier (DecodeOptions::disk_tier): whether it admits new blocks (an I/O error
@@ -43,9 +45,10 @@ struct TierStats {
     double disk_recovery_ms = 0.0;
     // Sessions dropped from decode memory into the tiers and brought back (by the lowest
     // tier a block came from), and the tokens they brought back.
-    int64_t sessions_demoted = 0, promoted_host = 0, promoted_disk = 0, promoted_tokens = 0;
+    int64_t sessions_demoted = 0, promoted_device = 0, promoted_host = 0, promoted_disk = 0,
+            promoted_tokens = 0;
     // Prefixes a turn without KV of its own took from the tiers (full KV), and their tokens.
-    int64_t prefix_host = 0, prefix_disk = 0, prefix_tokens = 0;
+    int64_t prefix_device = 0, prefix_host = 0, prefix_disk = 0, prefix_tokens = 0;
     // Stored blocks found gone when wanted, or refused by their checks (then recomputed).
     int64_t blocks_missing = 0, blocks_refused = 0;
     // Session turns stored as they ended (write-through), stores that failed, and the blocks
@@ -54,10 +57,13 @@ struct TierStats {
     LatencyHistogram store_seconds;  // a turn's end stored (export, host and disk writes)
     LatencyHistogram load_seconds;   // stored blocks taken back into a context
 
-    int64_t sessions_promoted() const { return promoted_host + promoted_disk; }
+    int64_t sessions_promoted() const { return promoted_device + promoted_host + promoted_disk; }
 
     // Sums another node's.
     TierStats& operator+=(const TierStats& o) {
+        device_bytes += o.device_bytes;
+        device_capacity += o.device_capacity;
+        device_blocks += o.device_blocks;
         host_bytes += o.host_bytes;
         host_capacity += o.host_capacity;
         host_blocks += o.host_blocks;
@@ -71,9 +77,11 @@ struct TierStats {
         disk_recovery_ms =
             disk_recovery_ms > o.disk_recovery_ms ? disk_recovery_ms : o.disk_recovery_ms;
         sessions_demoted += o.sessions_demoted;
+        promoted_device += o.promoted_device;
         promoted_host += o.promoted_host;
         promoted_disk += o.promoted_disk;
         promoted_tokens += o.promoted_tokens;
+        prefix_device += o.prefix_device;
         prefix_host += o.prefix_host;
         prefix_disk += o.prefix_disk;
         prefix_tokens += o.prefix_tokens;
