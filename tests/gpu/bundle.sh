@@ -24,7 +24,7 @@ build=${DELTASERVE_BUILD_DIR:-build}
 model=${DELTASERVE_MODELS_DIR:-models}/SmolLM2-135M-Instruct.Q4_1.gguf
 profile=${DELTASERVE_PROFILES_DIR:-profiles}/SmolLM2-135M-Instruct.Q4_1.gguf
 programs=(kernels_cuda_parity_test kernels_backend_test kernels_cuda_forward_ops_test
-          model_smollm2_golden_test)
+          kvstore_device_tier_test model_smollm2_golden_test)
 benches=(deltaserve-bench-kernels deltaserve-bench-runtime deltaserve-bench-fidelity)
 
 rm -rf "$out" "$out-model"
@@ -32,8 +32,9 @@ mkdir -p "$out/bin" "$out/lib" "$out/data" "$out/bench"
 for p in "${programs[@]}" "${benches[@]}"; do
     [ -x "$build/bin/$p" ] || { echo "bundle: $build/bin/$p is not built" >&2; exit 1; }
 done
-for p in "${programs[@]}"; do cp "$build/bin/$p" "$out/bin/"; done
-for p in "${benches[@]}"; do cp "$build/bin/$p" "$out/bench/"; done
+# Stripped: the bundle's 64 MiB go further.
+for p in "${programs[@]}"; do strip -o "$out/bin/$p" "$build/bin/$p"; done
+for p in "${benches[@]}"; do strip -o "$out/bench/$p" "$build/bin/$p"; done
 cp bench/gpu/run_gpu_bench.sh bench/gpu/make_random_gguf.py "$out/bench/"
 if [ -s "$model" ]; then
     python3 bench/gpu/make_random_gguf.py --tokenizer-from "$model" --tokenizer-only \

@@ -146,5 +146,27 @@ TEST_F(DeviceTierTest, ThreadsPuttingGettingAndErasingKeepTheBudget) {
     EXPECT_EQ(blocks, s.blocks);
 }
 
+// The same tier in a GPU's memory (tests/gpu/device_check.sh runs it on a lent one); skips
+// without the CUDA backend or a device.
+TEST(DeviceTierOnCuda, BlocksComeBackExactlyAndTheLeastRecentlyUsedGoesFirst) {
+    kernels::Backend* cuda = kernels::find_backend("cuda");
+    if (cuda == nullptr) GTEST_SKIP() << "CUDA backend not built";
+    if (!cuda->available()) {
+        EXPECT_EQ(make_device_tier(*cuda, 1 << 20).status().code(), StatusCode::kUnavailable);
+        GTEST_SKIP() << "no CUDA device";
+    }
+    auto tier = make_device_tier(*cuda, 5 << 20);
+    ASSERT_TRUE(tier.ok()) << tier.status().to_string();
+    for (uint64_t key = 1; key <= 2; ++key)
+        ASSERT_TRUE((*tier)->put(key, block(2 << 20, static_cast<uint32_t>(key))).ok());
+    EXPECT_EQ(*(*tier)->get(1), block(2 << 20, 1));
+    ASSERT_TRUE((*tier)->put(3, block(2 << 20, 3)).ok());  // 2 goes
+    EXPECT_FALSE((*tier)->contains(2));
+    EXPECT_EQ(*(*tier)->get(3), block(2 << 20, 3));
+    EXPECT_EQ(*(*tier)->get(1), block(2 << 20, 1));
+    EXPECT_EQ((*tier)->stats().bytes, uint64_t{4} << 20);
+    EXPECT_NE((*tier)->device().find("cuda"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace deltaserve::kvstore
