@@ -68,6 +68,7 @@ RunOptions run_options(const api::ClusterConfig& c) {
     o.kv_keep = c.kv_keep;
     o.kv_profile = c.kv_profile;
     o.log_level = c.log_level;
+    o.device = c.device;
     return o;
 }
 
@@ -143,6 +144,14 @@ int node_main(bool decode_role, int argc, char** argv) {
             kvstore::HostTier::Options ho;
             ho.capacity_bytes = host;
             d.host_tier = std::make_shared<kvstore::HostTier>(ho);
+        }
+        if (c.kv_device_memory > 0) {
+            auto tier = o.device_tier(c.kv_device_memory);
+            if (!tier) {
+                print_error(tier.error().with_context("kv_device_memory"));
+                return 1;
+            }
+            d.device_tier = std::move(*tier);
         }
         if (auto dir = node_data_dir(c, me.name); !dir.empty()) {
             auto disk = open_data_dir(dir, c.kv_disk);

@@ -111,6 +111,16 @@ Result<kernels::Backend*> RunOptions::backend() const {
     return kernels::choose_backend(device);
 }
 
+Result<std::shared_ptr<kvstore::DeviceTier>> RunOptions::device_tier(uint64_t bytes) const {
+    DS_ASSIGN_OR_RETURN(kernels::Backend * b, backend());
+    if (b->host_memory()) {
+        return invalid_argument("the device tier needs a GPU (--device cuda), not the " +
+                                std::string(b->name()));
+    }
+    DS_ASSIGN_OR_RETURN(auto tier, kvstore::make_device_tier(*b, bytes));
+    return std::shared_ptr<kvstore::DeviceTier>(std::move(tier));
+}
+
 Result<std::unique_ptr<model::Model>> load_model_for_run(const RunOptions& o) {
     init_logging(o.log_level);
     if (o.model_path.empty()) return invalid_argument("--model is required");

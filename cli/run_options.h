@@ -6,6 +6,7 @@
 
 #include "deltaserve/common/args.h"
 #include "deltaserve/common/thread_pool.h"
+#include "deltaserve/kvstore/device_tier.h"
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/model.h"
 #include "deltaserve/model/sampler.h"
@@ -48,6 +49,9 @@ struct RunOptions {
     model::ContextOptions context() const;
     // The --device flag's choice (--attention ggml alone takes the CPU).
     Result<kernels::Backend*> backend() const;
+    // A device tier of `bytes` on backend()'s GPU (--kv-device-memory, a cluster's
+    // kv_device_memory); kInvalidArgument on the CPU, backend()'s errors.
+    Result<std::shared_ptr<kvstore::DeviceTier>> device_tier(uint64_t bytes) const;
 };
 
 struct LoadedModel {

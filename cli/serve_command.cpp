@@ -12,7 +12,6 @@
 #include "data_dir.h"
 #include "deltaserve/api/cluster_chat_engine.h"
 #include "deltaserve/common/byte_size.h"
-#include "deltaserve/kvstore/device_tier.h"
 #include "deltaserve/kvstore/host_tier.h"
 #include "deltaserve/transport/transport_factory.h"
 #include "gateway_loop.h"
@@ -172,15 +171,8 @@ int serve_main(int argc, char** argv) {
         print_error(st);
         return 2;
     }
-    if (device_bytes > 0) {
-        // Made before the model loads: a flag that cannot work fails at once.
-        auto backend = o.backend();
-        if (backend.ok() && (*backend)->host_memory()) {
-            backend = invalid_argument("the device tier needs a GPU (--device cuda), not the " +
-                                       std::string((*backend)->name()));
-        }
-        auto tier = backend.ok() ? kvstore::make_device_tier(**backend, device_bytes)
-                                 : Result<std::unique_ptr<kvstore::DeviceTier>>(backend.status());
+    if (device_bytes > 0) {  // made before the model loads: a flag that cannot work fails at once
+        auto tier = o.device_tier(device_bytes);
         if (!tier) {
             print_error(tier.error().with_context("--kv-device-memory"));
             return 2;

@@ -93,6 +93,13 @@ const std::map<std::string, Setter>& setters() {
             c.kv_host_memory = static_cast<int64_t>(*bytes);
             return Status();
         };
+        text("device", &ClusterConfig::device);
+        m["kv_device_memory"] = [](ClusterConfig& c, const std::string& v) {
+            auto bytes = parse_byte_size(v);
+            if (!bytes) return bytes.status().with_context("kv_device_memory");
+            c.kv_device_memory = *bytes;
+            return Status();
+        };
         m["kv_disk"] = [](ClusterConfig& c, const std::string& v) {
             auto bytes = parse_byte_size(v);
             if (!bytes) return bytes.status().with_context("kv_disk");

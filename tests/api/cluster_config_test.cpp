@@ -1,4 +1,5 @@
-// The cluster config: nested transport keys, the environment's overrides, unknown keys.
+// The cluster config: nested transport keys, the environment's overrides, unknown keys, the
+// device keys.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -57,6 +58,21 @@ TEST_F(ClusterConfigFile, RefusesAnUnknownTransportKeyByName) {
     ASSERT_FALSE(c.ok());
     EXPECT_EQ(c.error().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(c.error().message().find("transport.rndv"), std::string::npos) << c.error().message();
+}
+
+TEST_F(ClusterConfigFile, ReadsTheDeviceAndItsTier) {
+    auto c = load(std::string("model: m.gguf\ndevice: cuda\nkv_device_memory: 2GiB\n") + kNodes);
+    ASSERT_TRUE(c.ok()) << c.error().message();
+    EXPECT_EQ(c->device, "cuda");
+    EXPECT_EQ(c->kv_device_memory, uint64_t{2} << 30);
+    auto none = load(std::string("model: m.gguf\n") + kNodes);
+    ASSERT_TRUE(none.ok());
+    EXPECT_EQ(none->device, "");
+    EXPECT_EQ(none->kv_device_memory, 0u);
+    auto bad = load(std::string("model: m.gguf\nkv_device_memory: lots\n") + kNodes);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.error().message().find("kv_device_memory"), std::string::npos)
+        << bad.error().message();
 }
 
 }  // namespace

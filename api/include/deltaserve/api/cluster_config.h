@@ -56,6 +56,11 @@ struct ClusterConfig {
     std::string data_dir;
     int64_t kv_host_memory = -1;
     uint64_t kv_disk = 0;
+    // Where nodes run the model ("cpu", "cuda"; "" = cuda when a node finds a GPU, else the
+    // CPU), and a decode node's device tier above its host tier, in that GPU's memory (bytes;
+    // 0 = off, the default; refused on the CPU).
+    std::string device;
+    uint64_t kv_device_memory = 0;
     // Access (api/access.h): the gateway's API keys and admin keys, comma-separated
     // (DELTASERVE_API_KEY, DELTASERVE_ADMIN_KEY); "" = none (then loopback only, unless
     // insecure). cluster_token: the secret nodes and gateways prove to each other on RPC and
