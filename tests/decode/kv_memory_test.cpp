@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -57,71 +58,87 @@ TEST_F(KvMemoryTest, IdleSessionsAreDroppedForANewTurnLeastRecentFirst) {
     EXPECT_EQ(a->cached_tokens, 0);
 }
 
-// With a host tier, the session dropped for room is demoted there, and its next turn takes
-// its KV back (cached, not prefilled) and answers as if it had stayed.
-TEST_F(KvMemoryTest, ADroppedSessionComesBackFromTheHostTier) {
-    // The answer of a's second turn when a's KV stays in memory.
-    start(200);
-    ASSERT_TRUE(run(testing::greedy_turn(1, text_tokens(100, 0, true), "a", 8)).ok());
-    auto stayed = run(testing::greedy_turn(2, text_tokens(120, 0, true), "a", 8));
-    ASSERT_TRUE(stayed.ok()) << stayed.status().to_string();
-    EXPECT_EQ(stayed->cached_tokens, 100);
+// Sessions a, b and c on a worker with tiers: the turns the tier tests share.
+class TieredTurns : public KvMemoryTest {
+  protected:
+    // a's second turn's answer when a's KV stays in decode memory.
+    std::string answer_when_kept() {
+        start(200);
+        EXPECT_TRUE(run(testing::greedy_turn(1, text_tokens(100, 0, true), "a", 8)).ok());
+        auto stayed = run(testing::greedy_turn(2, text_tokens(120, 0, true), "a", 8));
+        EXPECT_TRUE(stayed.ok()) << stayed.status().to_string();
+        if (stayed.ok()) EXPECT_EQ(stayed->cached_tokens, 100);
+        return stayed.ok() ? stayed->text : "";
+    }
+    // A worker of 20 blocks (with the tiers set before) runs a's, b's and c's first turns:
+    // c's drops a for room.
+    void drop_a_for_c() {
+        start(20);
+        for (const char* s : {"a", "b", "c"}) {
+            ASSERT_TRUE(run(testing::greedy_turn(s[0], text_tokens(100, 0, true), s, 8)).ok());
+        }
+        EXPECT_EQ(decode_->stats().tiers.sessions_demoted, 1);  // a, for c's room
+    }
+    // a's second turn: its KV came back (cached, not prefilled), and its answer.
+    void a_comes_back(const std::string& kept, uint64_t id) {
+        auto a = run(testing::greedy_turn(id, text_tokens(120, 0, true), "a", 8));
+        ASSERT_TRUE(a.ok()) << a.status().to_string();
+        EXPECT_EQ(a->cached_tokens, 100);
+        EXPECT_EQ(a->text, kept);
+        const auto st = decode_->stats();
+        EXPECT_EQ(st.tiers.sessions_promoted(), 1);
+        EXPECT_EQ(st.tiers.promoted_tokens, 107);  // the prompt and the answer but its last token
+    }
+    // Taking a back made room (b went to the tiers), and so do b's and c's next turns: c's
+    // takes a's room. Then `damage` spoils a's stored blocks; a's next turn refuses them and
+    // recomputes the history from there: the same answer.
+    void a_damaged_is_recomputed(const std::string& kept, const std::function<void()>& damage) {
+        ASSERT_TRUE(run(testing::greedy_turn(5, text_tokens(100, 0, true), "b", 8)).ok());
+        ASSERT_TRUE(run(testing::greedy_turn(6, text_tokens(100, 0, true), "c", 8)).ok());
+        ASSERT_EQ(decode_->stats().tiers.sessions_demoted, 4);
+        EXPECT_EQ(decode_->stats().tiers.sessions_promoted(), 3);
+        damage();
+        auto again = run(testing::greedy_turn(7, text_tokens(120, 0, true), "a", 8));
+        ASSERT_TRUE(again.ok()) << again.status().to_string();
+        EXPECT_LT(again->cached_tokens, 100);
+        EXPECT_EQ(again->text, kept);
+        EXPECT_GE(decode_->stats().tiers.blocks_refused, 1);
+    }
+};
 
+// With a host tier, the session dropped for room is demoted there, and its next turn takes
+// its KV back and answers as if it had stayed.
+TEST_F(TieredTurns, ADroppedSessionComesBackFromTheHostTier) {
+    const std::string kept = answer_when_kept();
     kvstore::HostTier::Options ho;
     ho.capacity_bytes = 64 << 20;
     ho.janitor_interval = std::chrono::milliseconds(0);
     host_tier_ = std::make_shared<kvstore::HostTier>(ho);
-    start(20);
-    for (const char* s : {"a", "b"}) {
-        ASSERT_TRUE(run(testing::greedy_turn(s[0], text_tokens(100, 0, true), s, 8)).ok());
-    }
-    ASSERT_TRUE(run(testing::greedy_turn(3, text_tokens(100, 0, true), "c", 8)).ok());
-    EXPECT_EQ(decode_->stats().tiers.sessions_demoted, 1);  // a, for c's room
-    EXPECT_EQ(host_tier_->stats().blocks, 2u);              // its 107 tokens in blocks of 64 and 43
-    auto a = run(testing::greedy_turn(4, text_tokens(120, 0, true), "a", 8));
-    ASSERT_TRUE(a.ok()) << a.status().to_string();
-    EXPECT_EQ(a->cached_tokens, 100);
-    EXPECT_EQ(a->text, stayed->text);
-    const auto st = decode_->stats();
-    EXPECT_EQ(st.tiers.sessions_promoted(), 1);
-    EXPECT_EQ(st.tiers.promoted_tokens, 107);  // the prompt and the answer but its last token
+    drop_a_for_c();
+    EXPECT_EQ(host_tier_->stats().blocks, 2u);  // a's 107 tokens in blocks of 64 and 43
+    a_comes_back(kept, 4);
     EXPECT_EQ(host_tier_->stats().leases, 0u) << "the turn's leases ended with the import";
-
-    // Taking a back made room (b went to the tier), and so did b's and c's turns: c's took
-    // a's room. A block damaged in the tier is then refused, and the turn recomputes the
-    // history from there: the same answer.
-    ASSERT_TRUE(run(testing::greedy_turn(5, text_tokens(100, 0, true), "b", 8)).ok());
-    ASSERT_TRUE(run(testing::greedy_turn(6, text_tokens(100, 0, true), "c", 8)).ok());
-    ASSERT_EQ(decode_->stats().tiers.sessions_demoted, 4);
-    EXPECT_EQ(decode_->stats().tiers.sessions_promoted(), 3);
-    for (uint64_t key : host_tier_->keys()) {
-        auto lease = host_tier_->get(key, "test", kvstore::HostTier::Clock::now());
-        ASSERT_TRUE(lease.ok());
-        std::vector<uint8_t> bytes(lease->bytes().begin(), lease->bytes().end());
-        lease->release();
-        bytes[bytes.size() - 10] ^= 0x20;
-        ASSERT_TRUE(host_tier_->put(key, std::make_shared<const std::vector<uint8_t>>(bytes)).ok());
-    }
     // (Full KV's blocks are shared prefixes: a, b and c begin alike, so their first block is
     // one block, which b's or c's demotion for a's room may store whole again before a's
     // blocks are read. The damaged tail is a's own.)
-    auto again = run(testing::greedy_turn(7, text_tokens(120, 0, true), "a", 8));
-    ASSERT_TRUE(again.ok()) << again.status().to_string();
-    EXPECT_LT(again->cached_tokens, 100);
-    EXPECT_EQ(again->text, stayed->text);
-    EXPECT_GE(decode_->stats().tiers.blocks_refused, 1);
+    a_damaged_is_recomputed(kept, [&] {
+        for (uint64_t key : host_tier_->keys()) {
+            auto lease = host_tier_->get(key, "test", kvstore::HostTier::Clock::now());
+            ASSERT_TRUE(lease.ok());
+            std::vector<uint8_t> bytes(lease->bytes().begin(), lease->bytes().end());
+            lease->release();
+            bytes[bytes.size() - 10] ^= 0x20;
+            ASSERT_TRUE(
+                host_tier_->put(key, std::make_shared<const std::vector<uint8_t>>(bytes)).ok());
+        }
+    });
 }
 
 // With a device tier above the host tier (here in a backend whose memory is its own, where a
 // server's is a GPU's), a dropped session's blocks go there, and its next turn takes them
-// from the device: the same answer. A block damaged there is refused and dropped, and the
-// turn recomputes the history from it.
-TEST_F(KvMemoryTest, ADroppedSessionComesBackFromTheDeviceTier) {
-    start(200);
-    ASSERT_TRUE(run(testing::greedy_turn(1, text_tokens(100, 0, true), "a", 8)).ok());
-    auto stayed = run(testing::greedy_turn(2, text_tokens(120, 0, true), "a", 8));
-    ASSERT_TRUE(stayed.ok()) << stayed.status().to_string();
-
+// from the device. A block damaged there is refused and dropped.
+TEST_F(TieredTurns, ADroppedSessionComesBackFromTheDeviceTier) {
+    const std::string kept = answer_when_kept();
     // Outlives every tier that allocated from it.
     static testing::OwnMemoryBackend& device = *new testing::OwnMemoryBackend();
     auto tier = kvstore::make_device_tier(device, 64 << 20);
@@ -131,14 +148,9 @@ TEST_F(KvMemoryTest, ADroppedSessionComesBackFromTheDeviceTier) {
     ho.capacity_bytes = 1;  // takes nothing: what comes back comes from the device
     ho.janitor_interval = std::chrono::milliseconds(0);
     host_tier_ = std::make_shared<kvstore::HostTier>(ho);
-    start(20);
-    for (const char* s : {"a", "b"}) {
-        ASSERT_TRUE(run(testing::greedy_turn(s[0], text_tokens(100, 0, true), s, 8)).ok());
-    }
-    ASSERT_TRUE(run(testing::greedy_turn(3, text_tokens(100, 0, true), "c", 8)).ok());
-    EXPECT_EQ(decode_->stats().tiers.sessions_demoted, 1);
+    drop_a_for_c();
     EXPECT_EQ(host_tier_->stats().blocks, 0u);
-    EXPECT_EQ(device_tier_->stats().blocks, 2u);  // a's 107 tokens in blocks of 64 and 43
+    EXPECT_EQ(device_tier_->stats().blocks, 2u);
     auto places = decode_->session_blocks("a");
     ASSERT_TRUE(places.ok()) << places.status().to_string();
     ASSERT_EQ(places->blocks.size(), 2u);
@@ -146,32 +158,21 @@ TEST_F(KvMemoryTest, ADroppedSessionComesBackFromTheDeviceTier) {
         EXPECT_GT(p.device_bytes, 0);
         EXPECT_EQ(p.host_bytes, -1);
     }
-    auto a = run(testing::greedy_turn(4, text_tokens(120, 0, true), "a", 8));
-    ASSERT_TRUE(a.ok()) << a.status().to_string();
-    EXPECT_EQ(a->cached_tokens, 100);
-    EXPECT_EQ(a->text, stayed->text);
-    auto st = decode_->stats();
+    a_comes_back(kept, 4);
+    const auto st = decode_->stats();
     EXPECT_EQ(st.tiers.promoted_device, 1);
-    EXPECT_EQ(st.tiers.promoted_host + st.tiers.promoted_disk, 0);
     EXPECT_EQ(st.tiers.device_blocks, static_cast<int64_t>(device_tier_->stats().blocks));
     EXPECT_EQ(st.tiers.device_capacity, 64 << 20);
-
-    // b's and c's turns drop a again; its blocks' tails are then damaged on the device.
-    ASSERT_TRUE(run(testing::greedy_turn(5, text_tokens(100, 0, true), "b", 8)).ok());
-    ASSERT_TRUE(run(testing::greedy_turn(6, text_tokens(100, 0, true), "c", 8)).ok());
-    places = decode_->session_blocks("a");
-    ASSERT_TRUE(places.ok()) << places.status().to_string();
-    for (const auto& p : places->blocks) {
-        auto bytes = device_tier_->get(p.key);
-        ASSERT_TRUE(bytes.ok()) << bytes.status().to_string();
-        (*bytes)[bytes->size() - 10] ^= 0x20;
-        ASSERT_TRUE(device_tier_->put(p.key, *bytes).ok());
-    }
-    auto again = run(testing::greedy_turn(7, text_tokens(120, 0, true), "a", 8));
-    ASSERT_TRUE(again.ok()) << again.status().to_string();
-    EXPECT_LT(again->cached_tokens, 100);
-    EXPECT_EQ(again->text, stayed->text);
-    EXPECT_GE(decode_->stats().tiers.blocks_refused, 1);
+    a_damaged_is_recomputed(kept, [&] {
+        auto stored = decode_->session_blocks("a");
+        ASSERT_TRUE(stored.ok()) << stored.status().to_string();
+        for (const auto& p : stored->blocks) {
+            auto bytes = device_tier_->get(p.key);
+            ASSERT_TRUE(bytes.ok()) << bytes.status().to_string();
+            (*bytes)[bytes->size() - 10] ^= 0x20;
+            ASSERT_TRUE(device_tier_->put(p.key, *bytes).ok());
+        }
+    });
 }
 
 TEST_F(KvMemoryTest, RunningTurnsBookTheMemoryAndTheNextIsRefusedUntilOneEnds) {
