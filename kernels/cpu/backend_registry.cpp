@@ -120,6 +120,15 @@ Status Backend::attention(const AttentionShape&, const KvView&, const float*, in
                           float*, int64_t, const Exec&) {
     return not_here(*this, "attention");
 }
+Status Backend::attention_batch(const AttentionShape& shape, std::span<const AttentionJob> jobs,
+                                const float* q, int64_t ldq, float* out, int64_t ldo,
+                                const Exec& exec) {
+    for (const AttentionJob& j : jobs) {
+        DS_RETURN_IF_ERROR(attention(shape, j.view, q + j.first_row * ldq, ldq, j.n_q,
+                                     out + j.first_row * ldo, ldo, exec));
+    }
+    return Status();
+}
 Status Backend::top_k(const float*, int64_t, int64_t, int32_t, int32_t*, float*, const Exec&) {
     return not_here(*this, "top_k");
 }

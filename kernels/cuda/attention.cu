@@ -52,14 +52,16 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionLaunch a) 
     const int64_t row = blockIdx.x;
     const RowOf at(row, a.n_heads);
     const int g = at.h / (a.n_heads / a.n_kv_heads);
-    const int32_t visible = a.list_n[g] - a.n_q + at.i + 1;
+    const int32_t t_list = a.q_table[at.i] + g;
+    const int32_t visible = a.list_n[t_list] - a.q_back[at.i];
     const int32_t k0 = static_cast<int32_t>(blockIdx.y) * a.split_keys;
     const int32_t k1 = min(visible, k0 + a.split_keys);
-    const int32_t* slots = a.slots + a.list_start[g];
+    const int32_t* slots = a.slots + a.list_start[t_list];
     const size_t head_off = static_cast<size_t>(g) * a.head_stride;
     const int dim = a.head_dim;
+    const int64_t q_row = a.q_row[at.i];
 
-    const float* qh = a.q + at.i * a.ldq + static_cast<int64_t>(at.h) * dim;
+    const float* qh = a.q + q_row * a.ldq + static_cast<int64_t>(at.h) * dim;
     float q[kPerLane];
     float o[kPerLane];
 #pragma unroll
@@ -142,7 +144,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionLaunch a) 
         ll += warp_l[w] * f[w];
     }
     if (a.n_splits == 1) {
-        float* dst = a.out + at.i * a.ldo + static_cast<int64_t>(at.h) * dim;
+        float* dst = a.out + q_row * a.ldo + static_cast<int64_t>(at.h) * dim;
         const float inv = ll > 0.0f ? 1.0f / ll : 0.0f;
         for (int d = threadIdx.x; d < dim; d += kThreads) {
             float acc = 0.0f;
@@ -180,7 +182,7 @@ __global__ void __launch_bounds__(kThreads) attention_merge_kernel(AttentionLaun
         if (l > 0.0f) ll += l * expf(part[s * stride] - mm);
     }
     const float inv = ll > 0.0f ? 1.0f / ll : 0.0f;
-    float* dst = a.out + at.i * a.ldo + static_cast<int64_t>(at.h) * dim;
+    float* dst = a.out + a.q_row[at.i] * a.ldo + static_cast<int64_t>(at.h) * dim;
     for (int d = threadIdx.x; d < dim; d += kThreads) {
         float acc = 0.0f;
         for (int s = 0; s < a.n_splits; ++s) {

@@ -10,9 +10,11 @@
 
 namespace deltaserve::kernels::cuda {
 
-// kernels::attention (causal) for n_q queries: query i of head h reads KV head
-// g = h / (n_heads / n_kv_heads), entries [0, list_n[g] - n_q + i] of its slot list
-// slots[list_start[g] ...]; entry j's K row is at k + slot * row_stride + g * head_stride.
+// kernels::attention (causal) for n_q queries of one or more sequences over one pool: query
+// i (at row q_row[i] of q and out) of head h reads KV head g = h / (n_heads / n_kv_heads) of
+// its sequence's lists, t = q_table[i] + g: entries [0, list_n[t] - q_back[i]) of the slot
+// list slots[list_start[t] ...], q_back[i] being how many of the sequence's queries come
+// after it; entry j's K row is at k + slot * row_stride + g * head_stride.
 struct AttentionLaunch {
     const uint8_t* k = nullptr;
     const uint8_t* v = nullptr;
@@ -20,13 +22,16 @@ struct AttentionLaunch {
     size_t row_stride = 0;
     size_t head_stride = 0;
     const int32_t* slots = nullptr;
-    const int64_t* list_start = nullptr;  // n_kv_heads
-    const int32_t* list_n = nullptr;      // n_kv_heads, each >= n_q
+    const int64_t* list_start = nullptr;  // n_kv_heads per sequence
+    const int32_t* list_n = nullptr;      // n_kv_heads per sequence, each >= its n_q
+    const int64_t* q_row = nullptr;       // per query
+    const int32_t* q_table = nullptr;     // per query: its sequence's first list, t
+    const int32_t* q_back = nullptr;      // per query
     const float* q = nullptr;
     int64_t ldq = 0;
     float* out = nullptr;
     int64_t ldo = 0;
-    int32_t n_q = 0;  // n_q * n_heads <= INT32_MAX
+    int32_t n_q = 0;  // every sequence's; n_q * n_heads <= INT32_MAX
     int n_heads = 0;
     int n_kv_heads = 0;
     int head_dim = 0;  // a multiple of 8, <= 256

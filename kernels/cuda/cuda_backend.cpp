@@ -256,6 +256,12 @@ class CudaBackend final : public Backend {
         if (!available()) return no_device_;
         return run_attention(shape, kv, q, ldq, n_q, out, ldo, stream_of(exec));
     }
+    Status attention_batch(const AttentionShape& shape, std::span<const AttentionJob> jobs,
+                           const float* q, int64_t ldq, float* out, int64_t ldo,
+                           const Exec& exec) override {
+        if (!available()) return no_device_;
+        return run_attention_batch(shape, jobs, q, ldq, out, ldo, stream_of(exec));
+    }
     Status top_k(const float* logits, int64_t n_vocab, int64_t n_rows, int32_t k, int32_t* ids,
                  float* values, const Exec& exec) override {
         if (!available()) return no_device_;

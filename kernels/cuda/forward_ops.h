@@ -11,6 +11,7 @@
 
 #include "deltaserve/common/status.h"
 #include "deltaserve/kernels/attention.h"
+#include "deltaserve/kernels/backend.h"
 #include "deltaserve/kernels/dtype.h"
 #include "deltaserve/kernels/matmul.h"
 #include "deltaserve/kernels/ops.h"
@@ -40,6 +41,10 @@ Status run_copy_rows(uint8_t* dst, size_t dst_stride, const int32_t* dst_rows, c
                      cudaStream_t stream);
 Status run_attention(const AttentionShape& shape, const KvView& kv, const float* q, int64_t ldq,
                      int32_t n_q, float* out, int64_t ldo, cudaStream_t stream);
+// The jobs of one pool in one launch (views of several: one launch each).
+Status run_attention_batch(const AttentionShape& shape, std::span<const AttentionJob> jobs,
+                           const float* q, int64_t ldq, float* out, int64_t ldo,
+                           cudaStream_t stream);
 // Synchronizes the stream: ids and values are written when it returns.
 Status run_top_k(const float* logits, int64_t n_vocab, int64_t n_rows, int32_t k, int32_t* ids,
                  float* values, cudaStream_t stream);

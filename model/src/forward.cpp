@@ -207,12 +207,14 @@ Status Forward::attend_caches(int32_t layer, std::span<const SequenceInput> batc
     const auto rows_of = [&](size_t i) -> const LayerRows& {
         return batch[i].cache->device() != nullptr ? rows : host;
     };
-    // Every sequence's new rows in, then its attention and observation. A chunk's run over
-    // the whole pool, one sequence after another. A batch's one-token steps on host caches
-    // run side by side, one sequence per thread, when there are at least as many as threads
-    // (alone, a short one would keep the other threads idle): the caches that attend
-    // themselves (DeltaKV's selection, reconstruction and latent attention) as well as the
-    // views of the others. Caches on a device run on this thread, on its stream.
+    // Every sequence's new rows in, then its attention and observation. Caches on a device
+    // run on this thread, on its stream, the views of those that do not attend themselves as
+    // one batch (Backend::attention_batch: one launch for a decode step's sequences). Host
+    // caches: a chunk's run over the whole pool, one sequence after another; a batch's
+    // one-token steps side by side, one sequence per thread, when there are at least as many
+    // as threads (alone, a short one would keep the other threads idle): the caches that
+    // attend themselves (DeltaKV's selection, reconstruction and latent attention) as well
+    // as the views of the others.
     first_row_.clear();
     steps_.clear();
     int64_t row = 0;
@@ -234,14 +236,34 @@ Status Forward::attend_caches(int32_t layer, std::span<const SequenceInput> batc
         const float* qi = r.q + first_row_[i] * qd;
         float* out = r.attn + first_row_[i] * qd;
         if (!cache.attend(layer, shape, qi, qd, ns, out, qd, pool)) {
-            step_status_[i] = attend_view(
-                {cache.view(layer, ns), qi, out, ns, cache.n_tokens(), cache.device() != nullptr},
-                pool);
+            step_status_[i] =
+                attend_view({cache.view(layer, ns), qi, out, ns, cache.n_tokens()}, pool);
         }
         cache.observe(layer, shape, qi, qd, r.xn + first_row_[i] * d, d, ns, pool);
     };
+    // Caches on the device: the views of those that do not attend themselves in one batch.
+    device_jobs_.clear();
     for (size_t i = 0; i < batch.size(); ++i) {
-        if (batch[i].tokens.size() != 1 || batch[i].cache->device() != nullptr) attend(i, pool_);
+        kvstore::SequenceCache& cache = *batch[i].cache;
+        if (cache.device() == nullptr) continue;
+        const int32_t ns = static_cast<int32_t>(batch[i].tokens.size());
+        const int64_t r = first_row_[i];
+        if (!cache.attend(layer, shape, rows.q + r * qd, qd, ns, rows.attn + r * qd, qd, pool_))
+            device_jobs_.push_back({cache.view(layer, ns), r, ns});
+    }
+    if (!device_jobs_.empty()) {
+        DS_RETURN_IF_ERROR(
+            backend_.attention_batch(shape, device_jobs_, rows.q, qd, rows.attn, qd, exec(pool_)));
+    }
+    for (size_t i = 0; i < batch.size(); ++i) {
+        kvstore::SequenceCache& cache = *batch[i].cache;
+        if (cache.device() == nullptr) continue;
+        const int64_t r = first_row_[i];
+        cache.observe(layer, shape, rows.q + r * qd, qd, rows.xn + r * d, d,
+                      static_cast<int32_t>(batch[i].tokens.size()), pool_);
+    }
+    for (size_t i = 0; i < batch.size(); ++i) {
+        if (batch[i].tokens.size() != 1 && batch[i].cache->device() == nullptr) attend(i, pool_);
     }
     if (steps_.size() < static_cast<size_t>(pool_.size())) {
         for (size_t i : steps_) attend(i, pool_);
@@ -274,7 +296,7 @@ Status Forward::attend_view(const ViewAttention& job, ThreadPool& pool) {
         return Status();
     }
     // A host cache's view on a device backend: attention on the CPU.
-    k::Backend& on = on_host() || job.on_device ? backend_ : cpu_;
+    k::Backend& on = on_host() ? backend_ : cpu_;
     return on.attention(shape, job.view, job.q, qd, job.n, job.out, qd, exec(pool));
 }
 

@@ -431,6 +431,78 @@ TEST_F(CudaForwardOps, AttentionMatchesCpu) {
     }
 }
 
+// A decode step's batch: five sequences over one pool (their slot lists of 1 to 3000 entries
+// drawn from it, one with three queries, one with none), their query rows scattered through
+// q and out, in one attention_batch call; each against the CPU backend's attention of its
+// own view. Then views of two pools in one call (one launch each).
+TEST_F(CudaForwardOps, AttentionBatchMatchesCpuPerSequence) {
+    const int n_heads = 8, n_kv_heads = 2, head_dim = 64;
+    const int32_t arena = 4000;
+    const size_t row_stride = static_cast<size_t>(n_kv_heads * head_dim) * 2;
+    const std::vector<float> kf = random_floats(static_cast<size_t>(arena) * row_stride / 2, 80);
+    const std::vector<float> vf = random_floats(kf.size(), 81);
+    const std::vector<uint8_t> k = kv_bytes(kf, DType::kF16), v = kv_bytes(vf, DType::kF16);
+    Buffer dk = device(k), dv = device(v);
+    const AttentionShape shape{n_heads, n_kv_heads, head_dim,
+                               1.0f / std::sqrt(static_cast<float>(head_dim))};
+    const int64_t width = int64_t{n_heads} * head_dim, ld = width;
+    const int32_t lens[] = {1, 3000, 257, 40, 12};
+    const int32_t n_qs[] = {1, 1, 3, 0, 1};
+    const int64_t first_rows[] = {9, 0, 4, 8, 2};  // rows 1, 3 and 7 are no query's
+    std::vector<std::vector<int32_t>> lists;
+    std::mt19937 rng(82);
+    for (int32_t n : lens) {
+        std::vector<int32_t> all(static_cast<size_t>(arena));
+        std::iota(all.begin(), all.end(), 0);
+        std::shuffle(all.begin(), all.end(), rng);
+        lists.emplace_back(all.begin(), all.begin() + n);
+    }
+    const int64_t rows = 10;
+    const std::vector<float> q = random_floats(static_cast<size_t>(rows * ld), 83, 1.5f);
+    const std::vector<float> sentinel(static_cast<size_t>(rows * ld), -7.0f);
+    Buffer dq = device(q);
+    for (bool two_pools : {false, true}) {
+        Buffer dv2 = device(v);  // the second pool: the same bytes elsewhere
+        std::vector<AttentionJob> jobs;
+        for (size_t s = 0; s < lists.size(); ++s) {
+            KvView view;
+            view.dtype = DType::kF16;
+            view.k = static_cast<const uint8_t*>(dk.data());
+            view.v = static_cast<const uint8_t*>(two_pools && s % 2 == 1 ? dv2.data() : dv.data());
+            view.row_stride = row_stride;
+            view.head_stride = static_cast<size_t>(head_dim) * 2;
+            view.slots = lists[s].data();
+            view.n = lens[s];
+            jobs.push_back({view, first_rows[s], n_qs[s]});
+        }
+        Buffer dout = device(sentinel);
+        const Status st =
+            cuda_->attention_batch(shape, jobs, dq.f32(), ld, dout.f32(), ld, on_gpu_);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        const std::vector<float> got = host(dout);
+        std::vector<float> want = sentinel;
+        for (AttentionJob job : jobs) {
+            job.view.k = k.data();
+            job.view.v = v.data();
+            ASSERT_TRUE(cpu_->attention(shape, job.view, q.data() + job.first_row * ld, ld, job.n_q,
+                                        want.data() + job.first_row * ld, ld, on_cpu_)
+                            .ok());
+        }
+        for (size_t s = 0; s < jobs.size(); ++s) {
+            if (n_qs[s] == 0) continue;
+            const std::vector<float> g(got.begin() + first_rows[s] * ld,
+                                       got.begin() + (first_rows[s] + n_qs[s]) * ld);
+            const std::vector<float> w(want.begin() + first_rows[s] * ld,
+                                       want.begin() + (first_rows[s] + n_qs[s]) * ld);
+            EXPECT_LT(nmse(g, w), kAttention)
+                << "sequence " << s << (two_pools ? ", two pools" : "");
+        }
+        for (int64_t r : {1, 3, 7}) {
+            for (int64_t d = 0; d < ld; ++d) ASSERT_EQ(got[r * ld + d], -7.0f) << "row " << r;
+        }
+    }
+}
+
 // Per-head entry lists (head_slots): each KV head its own arena of one-head rows and its own
 // count; the long lists split the keys over blocks, and the shorter one's last splits are
 // empty.

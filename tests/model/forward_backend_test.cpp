@@ -197,8 +197,12 @@ TEST_F(ForwardBackendTest, ABatchOnTheBackendAndWeightsUploadedOnce) {
     const std::span<const int32_t> tokens[] = {{&next[0], 1}, {&next[1], 1}, {&next[2], 1}};
     std::vector<float> a, b;
     ASSERT_TRUE(cpu_runner.run(cs, tokens, a).ok());
+    const int attentions = own_.attentions(), batches = own_.attention_batches();
     const Status st = own_runner.run(os, tokens, b);
     ASSERT_TRUE(st.ok()) << st.to_string();
+    // The three sequences' views in one batch per layer.
+    EXPECT_EQ(own_.attention_batches() - batches, model_->config.n_layers);
+    EXPECT_EQ(own_.attentions() - attentions, 3 * model_->config.n_layers);
     ASSERT_EQ(a.size(), b.size());
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
     // Contexts on another backend than the runner's are refused.

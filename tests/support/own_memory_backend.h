@@ -25,8 +25,9 @@ class OwnMemoryBackend final : public kernels::Backend {
     bool available() const override { return true; }
 
     int uploads() const { return uploads_.load(); }
-    // Attention calls over a view in this backend's memory.
+    // Attention calls over a view in this backend's memory, and batches of them.
     int attentions() const { return attentions_.load(); }
+    int attention_batches() const { return batches_.load(); }
     // The pointer check after `n` more pass fails, and its op (negative: none does).
     void fail_after(int n) { fail_after_.store(n); }
 
@@ -138,6 +139,14 @@ class OwnMemoryBackend final : public kernels::Backend {
         return cpu_.attention(shape, kv, q, ldq, n_q, out, ldo, e);
     }
 
+    // The default: attention() per job, each checked.
+    Status attention_batch(const kernels::AttentionShape& shape,
+                           std::span<const kernels::AttentionJob> jobs, const float* q, int64_t ldq,
+                           float* out, int64_t ldo, const kernels::Exec& e) override {
+        ++batches_;
+        return Backend::attention_batch(shape, jobs, q, ldq, out, ldo, e);
+    }
+
   protected:
     void* allocate(size_t bytes) override {
         void* p = ::operator new(bytes, std::nothrow);
@@ -191,6 +200,7 @@ class OwnMemoryBackend final : public kernels::Backend {
     std::map<uintptr_t, size_t> ranges_;
     std::atomic<int> uploads_{0};
     std::atomic<int> attentions_{0};
+    std::atomic<int> batches_{0};
     std::atomic<int> fail_after_{-1};
 };
 

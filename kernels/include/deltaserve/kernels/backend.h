@@ -65,6 +65,14 @@ class Buffer {
     size_t bytes_ = 0;
 };
 
+// One sequence's part of Backend::attention_batch: its view, and its n_q queries at rows
+// first_row .. first_row + n_q - 1 of q and out.
+struct AttentionJob {
+    KvView view;
+    int64_t first_row = 0;
+    int32_t n_q = 0;
+};
+
 // Shape and constants of the fused RMSNorm + RoPE over a batch of rows.
 // For each row r: out[r] = rms_norm(x[r], weight, eps) over d_model elements, then
 // rope(out[r], n_heads, head_dim, positions[r], rope_base, style) on its first
@@ -172,6 +180,13 @@ class Backend {
     // memory).
     virtual Status attention(const AttentionShape& shape, const KvView& kv, const float* q,
                              int64_t ldq, int32_t n_q, float* out, int64_t ldo, const Exec& exec);
+    // attention() for a batch of sequences, each over its own view (the sequences of a decode
+    // step), their rows anywhere in q and out (without overlap). A device backend runs the
+    // views of one pool (the same K and V arrays, dtype and strides) as one launch; the
+    // default runs attention() per job.
+    virtual Status attention_batch(const AttentionShape& shape, std::span<const AttentionJob> jobs,
+                                   const float* q, int64_t ldq, float* out, int64_t ldo,
+                                   const Exec& exec);
     // The k largest of each of n_rows rows of n_vocab logits, largest first (ties: the lower
     // id first), into ids and values (host memory, n_rows * k each); k <= n_vocab.
     virtual Status top_k(const float* logits, int64_t n_vocab, int64_t n_rows, int32_t k,

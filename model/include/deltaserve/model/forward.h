@@ -100,8 +100,8 @@ class Forward {
     // `n` floats of the backend's memory at `src` in host memory: `src` itself on the CPU
     // backend, else copied into `host`.
     Result<const float*> to_host(const float* src, int64_t n, std::vector<float>& host);
-    // One sequence's attention over its cache's view (the caches that do not attend
-    // themselves), on `pool`.
+    // One host cache's attention over its view (the caches that do not attend themselves), on
+    // `pool`.
     struct ViewAttention {
         kernels::KvView view;
         const float* q = nullptr;
@@ -126,8 +126,9 @@ class Forward {
     std::vector<int64_t> first_row_;   // a batch's sequences' first rows in the scratch
     std::vector<size_t> steps_;        // the batch's one-token sequences
     std::vector<Status> step_status_;  // each sequence's attention, this layer
-    bool host_caches_ = false;         // this run has caches in host memory
-    ThreadPool one_thread_{1};         // a decode step's sequences share pool_, each on one thread
+    std::vector<kernels::AttentionJob> device_jobs_;  // the device caches' views, this layer
+    bool host_caches_ = false;                        // this run has caches in host memory
+    ThreadPool one_thread_{1};  // a decode step's sequences share pool_, each on one thread
     // Scratch in the backend's memory, [n_tokens][width] each, and the logits' rows.
     kernels::Buffer x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_, logits_;
     int64_t capacity_ = 0;
