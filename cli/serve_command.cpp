@@ -77,7 +77,8 @@ int serve_main(int argc, char** argv) {
     p.add("kv-memory", &kv_memory,
           "KV memory for sessions, running turns and the prefix cache, e.g. 4GiB; a turn is "
           "booked the most its KV can grow to (prompt and max_tokens) and gets 429 when "
-          "running turns have booked it all; default: a quarter of physical memory");
+          "running turns have booked it all; default: a quarter of physical memory (full KV "
+          "on a GPU: half the GPU's free memory)");
     p.add("kv-host-memory", &kv_host_memory,
           "host memory for the KV of idle sessions dropped from --kv-memory (the tiered "
           "store's host tier): a session's next turn takes it back instead of prefilling its "
