@@ -281,7 +281,7 @@ Result<std::string> SessionTiers::read_block(uint64_t key, uint64_t limit) const
         return std::string(reinterpret_cast<const char*>(bytes->data()), n);
     }
     if (options_.device) {
-        if (auto bytes = options_.device->get(key); bytes.ok()) {
+        if (auto bytes = options_.device->peek(key); bytes.ok()) {
             bytes->resize(static_cast<size_t>(std::min<uint64_t>(want, bytes->size())));
             return std::string(bytes->begin(), bytes->end());
         }

@@ -64,25 +64,29 @@ class BackendDeviceTier final : public DeviceTier {
     }
 
     Result<std::vector<uint8_t>> get(uint64_t key) override {
-        std::shared_ptr<Block> block;  // held through the copy: an eviction frees it after
+        std::shared_ptr<const Block> block;  // held through the copy: an eviction frees it after
         {
             std::lock_guard lock(mu_);
             auto it = blocks_.find(key);
             if (it == blocks_.end()) {
                 ++stats_.misses;
-                return not_found("device tier: no block " + std::to_string(key));
+                return missing(key);
             }
             lru_.splice(lru_.begin(), lru_, it->second.lru);
-            block = it->second.block;
             ++stats_.hits;
+            block = it->second.block;
         }
-        std::vector<uint8_t> out(block->size);
-        if (block->size > 0) {
-            DS_RETURN_IF_ERROR(
-                backend_.copy_out(out.data(), block->mem.data(), block->size, kOnDevice)
-                    .with_context("device tier"));
+        return copy_back(*block);
+    }
+    Result<std::vector<uint8_t>> peek(uint64_t key) const override {
+        std::shared_ptr<const Block> block;
+        {
+            std::lock_guard lock(mu_);
+            auto it = blocks_.find(key);
+            if (it == blocks_.end()) return missing(key);
+            block = it->second.block;
         }
-        return out;
+        return copy_back(*block);
     }
 
     bool contains(uint64_t key) const override {
@@ -117,6 +121,11 @@ class BackendDeviceTier final : public DeviceTier {
         kernels::Buffer mem;
         uint64_t size = 0;
     };
+    static Status missing(uint64_t key) {
+        return not_found("device tier: no block " + std::to_string(key));
+    }
+    // A block's bytes in host memory.
+    Result<std::vector<uint8_t>> copy_back(const Block& block) const;
     struct Entry {
         std::shared_ptr<Block> block;
         std::list<uint64_t>::iterator lru;
@@ -135,6 +144,15 @@ class BackendDeviceTier final : public DeviceTier {
     uint64_t bytes_ = 0;
     Stats stats_;
 };
+
+Result<std::vector<uint8_t>> BackendDeviceTier::copy_back(const Block& block) const {
+    std::vector<uint8_t> out(block.size);
+    if (block.size > 0) {
+        DS_RETURN_IF_ERROR(backend_.copy_out(out.data(), block.mem.data(), block.size, kOnDevice)
+                               .with_context("device tier"));
+    }
+    return out;
+}
 
 }  // namespace
 

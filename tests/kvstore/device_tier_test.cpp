@@ -57,6 +57,8 @@ TEST_F(DeviceTierTest, BlocksComeBackExactlyAndTheLeastRecentlyUsedGoesFirst) {
     EXPECT_EQ(tier->size_of(2), std::nullopt);
     EXPECT_EQ(tier->get(2).status().code(), StatusCode::kNotFound);
     EXPECT_EQ(*tier->get(3), block(1000, 3));
+    EXPECT_EQ(*tier->peek(1), block(1000, 1));  // a look: no hit, 1 stays the oldest
+    EXPECT_EQ(tier->peek(2).status().code(), StatusCode::kNotFound);
     const DeviceTier::Stats s = tier->stats();
     EXPECT_EQ(s.capacity, 3000u);
     EXPECT_EQ(s.bytes, 3000u);
@@ -65,6 +67,8 @@ TEST_F(DeviceTierTest, BlocksComeBackExactlyAndTheLeastRecentlyUsedGoesFirst) {
     EXPECT_EQ(s.evictions, 1u);
     EXPECT_EQ(s.hits, 2u);
     EXPECT_EQ(s.misses, 1u);
+    ASSERT_TRUE(tier->put(5, block(1000, 5)).ok());  // the oldest, 1, goes
+    EXPECT_FALSE(tier->contains(1));
 }
 
 TEST_F(DeviceTierTest, AReplacedKeyAndABlockLargerThanTheBudget) {

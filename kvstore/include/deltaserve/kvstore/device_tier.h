@@ -39,6 +39,8 @@ class DeviceTier {
     // The block copied back into host memory (a hit, and now the most recently used), or
     // kNotFound (a miss); the device's errors.
     virtual Result<std::vector<uint8_t>> get(uint64_t key) = 0;
+    // The same for a look (the tools): no hit counted, its place in the LRU unchanged.
+    virtual Result<std::vector<uint8_t>> peek(uint64_t key) const = 0;
     virtual bool contains(uint64_t key) const = 0;
     virtual std::optional<uint64_t> size_of(uint64_t key) const = 0;  // nullopt: not held
     virtual void erase(uint64_t key) = 0;
