@@ -53,18 +53,56 @@ void Sampler::skip_sample() {
     (void)u(rng_);
 }
 
+std::vector<int32_t> Sampler::penalized() const {
+    if (params_.repeat_penalty == 1.0f) return {};
+    std::vector<int32_t> seen(recent_.begin(), recent_.end());
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    return seen;
+}
+
+int32_t Sampler::candidates_wanted() const {
+    // After the penalty, the largest k are among the k + |penalized| largest before it and
+    // the penalized tokens themselves.
+    const auto more = static_cast<int32_t>(penalized().size());
+    if (params_.temperature <= 0.0f) return 1 + more;
+    return params_.top_k > 0 ? params_.top_k + more : 0;
+}
+
+namespace {
+
+float penalize(float l, float penalty) { return l > 0 ? l / penalty : l * penalty; }
+
+}  // namespace
+
 int32_t Sampler::sample(std::span<const float> logits) {
     cand_.resize(logits.size());
     for (size_t i = 0; i < logits.size(); ++i) cand_[i] = {static_cast<int32_t>(i), logits[i]};
-    if (params_.repeat_penalty != 1.0f) {
-        std::vector<int32_t> seen(recent_.begin(), recent_.end());
-        std::sort(seen.begin(), seen.end());
-        seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
-        for (int32_t id : seen) {
-            float& l = cand_[id].logit;
-            l = l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty;
+    for (int32_t id : penalized()) {
+        cand_[id].logit = penalize(cand_[id].logit, params_.repeat_penalty);
+    }
+    return pick();
+}
+
+int32_t Sampler::sample_candidates(std::span<const int32_t> ids, std::span<const float> logits) {
+    cand_.clear();
+    DS_CHECK(!ids.empty() && ids.size() == logits.size(), "sampling from no candidates");
+    for (size_t i = 0; i < ids.size(); ++i) cand_.push_back({ids[i], logits[i]});
+    const auto by_id = [](const Candidate& a, const Candidate& b) { return a.id < b.id; };
+    std::sort(cand_.begin(), cand_.end(), by_id);
+    cand_.erase(std::unique(cand_.begin(), cand_.end(),
+                            [](const Candidate& a, const Candidate& b) { return a.id == b.id; }),
+                cand_.end());
+    for (int32_t id : penalized()) {
+        auto it = std::lower_bound(cand_.begin(), cand_.end(), Candidate{id, 0.0f}, by_id);
+        if (it != cand_.end() && it->id == id) {
+            it->logit = penalize(it->logit, params_.repeat_penalty);
         }
     }
+    return pick();
+}
+
+int32_t Sampler::pick() {
     if (params_.temperature <= 0.0f) {
         auto best = std::max_element(cand_.begin(), cand_.end(),
                                      [](const Candidate& a, const Candidate& b) { return a.logit < b.logit; });

@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <random>
 #include <vector>
 
 namespace deltaserve::model {
@@ -80,6 +83,81 @@ TEST(Sampler, RepetitionPenaltyDemotesSeenTokens) {
     s.accept(1);
     s.accept(4);
     EXPECT_EQ(s.sample(logits()), 2);  // 3.0 / 2 = 1.5 < 2.5
+}
+
+// Sampling from a row's largest logits (a device's top_k) and the penalized tokens' picks
+// what sampling the whole row picks, with the same draws: over random rows with ties, every
+// kind of setting, and a penalty whose tokens change as the picks are accepted.
+TEST(Sampler, TheLargestLogitsAndThePenalizedPickAsTheWholeRow) {
+    std::mt19937 rng(5);
+    const int32_t vocab = 500;
+    int compared = 0;
+    for (float temperature : {0.0f, 0.7f, 1.3f}) {
+        for (int32_t top_k : {0, 1, 5, 40}) {
+            for (float penalty : {1.0f, 1.3f, 0.8f}) {
+                for (float top_p : {1.0f, 0.9f}) {
+                    SamplingParams p;
+                    p.temperature = temperature;
+                    p.top_k = top_k;
+                    p.top_p = top_p;
+                    p.min_p = top_p < 1.0f ? 0.05f : 0.0f;
+                    p.repeat_penalty = penalty;
+                    p.repeat_last_n = 16;
+                    p.seed = rng();
+                    Sampler whole(p), from_top(p);
+                    for (int step = 0; step < 20; ++step) {
+                        // Logits on a coarse grid: many ties, some of them at the cut.
+                        std::vector<float> row(vocab);
+                        for (float& l : row) l = static_cast<float>(rng() % 41) * 0.25f - 5.0f;
+                        const int32_t want = from_top.candidates_wanted();
+                        const int32_t expected = whole.sample(row);
+                        int32_t got = 0;
+                        if (want == 0) {
+                            got = from_top.sample(row);
+                        } else {
+                            std::vector<int32_t> order(vocab);
+                            std::iota(order.begin(), order.end(), 0);
+                            std::stable_sort(order.begin(), order.end(),
+                                             [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+                            std::vector<int32_t> ids(order.begin(), order.begin() + want);
+                            for (int32_t id : from_top.penalized()) ids.push_back(id);
+                            std::shuffle(ids.begin(), ids.end(), rng);
+                            std::vector<float> values;
+                            for (int32_t id : ids) values.push_back(row[id]);
+                            got = from_top.sample_candidates(ids, values);
+                            ++compared;
+                        }
+                        ASSERT_EQ(got, expected)
+                            << "temperature " << temperature << ", top_k " << top_k << ", penalty "
+                            << penalty << ", top_p " << top_p << ", step " << step;
+                        whole.accept(expected);
+                        from_top.accept(got);
+                    }
+                }
+            }
+        }
+    }
+    EXPECT_GT(compared, 1000);
+}
+
+TEST(Sampler, WhatTheCandidatesMustHold) {
+    SamplingParams p;
+    p.temperature = 0.0f;
+    p.repeat_penalty = 1.5f;
+    Sampler s(p);
+    EXPECT_EQ(s.candidates_wanted(), 1);
+    EXPECT_TRUE(s.penalized().empty());
+    s.accept(7);
+    s.accept(3);
+    s.accept(7);
+    EXPECT_EQ(s.penalized(), (std::vector<int32_t>{3, 7}));
+    EXPECT_EQ(s.candidates_wanted(), 3);
+    p.temperature = 0.8f;
+    p.top_k = 40;
+    p.repeat_penalty = 1.0f;
+    EXPECT_EQ(Sampler(p).candidates_wanted(), 40);
+    p.top_k = 0;
+    EXPECT_EQ(Sampler(p).candidates_wanted(), 0);  // the whole row
 }
 
 }  // namespace

@@ -34,6 +34,18 @@ public:
 
     // Picks the next token from n_vocab logits.
     int32_t sample(std::span<const float> logits);
+
+    // Sampling from a row's largest logits only (a device backend's top_k), for rows too
+    // large to bring over whole. What sample() needs of a row: its candidates_wanted()
+    // largest logits (ties: the lower id first) and the logits of the tokens penalized()
+    // names; 0 wanted: the whole row (top_k off at a temperature above 0).
+    int32_t candidates_wanted() const;
+    // The tokens the repetition penalty changes, sorted; none when it is off.
+    std::vector<int32_t> penalized() const;
+    // sample() from those: ids and logits of the row's largest (at least candidates_wanted()
+    // of them, or the whole row) and of the penalized tokens, in any order, an id given twice
+    // the same logit. The same pick, and the same draws, as sample() on the whole row.
+    int32_t sample_candidates(std::span<const int32_t> ids, std::span<const float> logits);
     // Records a token of the sequence (prompt or generated) for the repetition penalty.
     void accept(int32_t token);
     // Advances the random stream as one sample() does, for a sequence whose token was
@@ -48,6 +60,8 @@ private:
         int32_t id;
         float logit;
     };
+    // The rest of a sample once cand_ holds the candidates in id order, penalized.
+    int32_t pick();
     SamplingParams params_;
     std::mt19937_64 rng_;
     std::deque<int32_t> recent_;
