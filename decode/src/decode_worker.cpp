@@ -403,6 +403,11 @@ class DecodeWorkerImpl final : public DecodeWorker {
     model::BatchRunner runner_;
     std::vector<model::InferenceContext*> step_contexts_;
     std::vector<float> step_logits_;
+    // On a device backend, what each generating turn's sampler needs of its row (the rest
+    // stays there), and what came over.
+    std::vector<model::CandidateWant> step_wants_;
+    std::vector<std::vector<int32_t>> step_penalized_;
+    std::vector<model::RowCandidates> step_candidates_;
 
     mutable std::mutex mu_;
     std::condition_variable wake_;
@@ -925,7 +930,21 @@ void DecodeWorkerImpl::step(const std::vector<std::shared_ptr<Turn>>& batch,
     step_contexts_.clear();
     for (auto& t : batch) step_contexts_.push_back(t->ctx.get());
     std::vector<float>& logits = step_logits_;
-    Status st = runner_.run(step_contexts_, tokens, logits);
+    const bool on_device = runner_.backend() != nullptr && !runner_.backend()->host_memory();
+    Status st;
+    if (on_device) {
+        step_wants_.assign(batch.size(), model::CandidateWant{});
+        step_penalized_.resize(batch.size());
+        for (size_t i = 0; i < batch.size(); ++i) {
+            const Turn& t = *batch[i];
+            if (t.stage == Turn::Stage::kPrefillHere) continue;
+            step_penalized_[i] = t.sampler.penalized();
+            step_wants_[i] = {t.sampler.candidates_wanted(), step_penalized_[i]};
+        }
+        st = runner_.run(step_contexts_, tokens, step_wants_, logits, step_candidates_);
+    } else {
+        st = runner_.run(step_contexts_, tokens, logits);
+    }
     const size_t nv = static_cast<size_t>(model_.config.n_vocab);
     for (size_t i = 0; i < batch.size(); ++i) {
         Turn& t = *batch[i];
@@ -950,7 +969,9 @@ void DecodeWorkerImpl::step(const std::vector<std::shared_ptr<Turn>>& batch,
             t.admit_local(row);
         } else {
             t.cached.push_back(t.next_token);
-            t.take(t.sampler.sample(row));
+            const model::RowCandidates* c = on_device ? &step_candidates_[i] : nullptr;
+            t.take(c != nullptr && !c->ids.empty() ? t.sampler.sample_candidates(c->ids, c->logits)
+                                                   : t.sampler.sample(row));
         }
     }
 }

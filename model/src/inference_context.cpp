@@ -185,7 +185,11 @@ class InferenceContextImpl final : public InferenceContext {
     // model, pool and numerics must be the contexts'), else by the first context's Forward.
     static Status step(std::span<InferenceContext* const> contexts,
                        std::span<const std::span<const int32_t>> tokens, std::vector<float>& logits,
-                       const BatchRunner* runner = nullptr, Forward* runner_forward = nullptr) {
+                       const BatchRunner* runner = nullptr, Forward* runner_forward = nullptr,
+                       std::span<const CandidateWant> wants = {},
+                       std::vector<RowCandidates>* candidates = nullptr) {
+        if (!wants.empty() && wants.size() != contexts.size())
+            return invalid_argument("eval_batch: candidate wants for another batch");
         if (contexts.empty() || contexts.size() != tokens.size()) {
             return invalid_argument("eval_batch: " + std::to_string(contexts.size()) +
                                     " contexts and " + std::to_string(tokens.size()) +
@@ -216,8 +220,10 @@ class InferenceContextImpl final : public InferenceContext {
             if (tokens[i].empty()) return invalid_argument("eval_batch: a context without tokens");
             DS_RETURN_IF_ERROR(c->check(tokens[i].size()));
             batch[i] = SequenceInput{c->cache_.get(), tokens[i], false};
+            if (!wants.empty()) batch[i].want = wants[i];
         }
-        return (runner_forward != nullptr ? *runner_forward : first->forward_).run(batch, logits);
+        return (runner_forward != nullptr ? *runner_forward : first->forward_)
+            .run(batch, logits, candidates);
     }
 
   private:
@@ -439,6 +445,14 @@ Status BatchRunner::run(std::span<InferenceContext* const> contexts,
                         std::span<const std::span<const int32_t>> tokens,
                         std::vector<float>& logits) {
     return InferenceContextImpl::step(contexts, tokens, logits, this, forward_.get());
+}
+
+Status BatchRunner::run(std::span<InferenceContext* const> contexts,
+                        std::span<const std::span<const int32_t>> tokens,
+                        std::span<const CandidateWant> wants, std::vector<float>& logits,
+                        std::vector<RowCandidates>& candidates) {
+    return InferenceContextImpl::step(contexts, tokens, logits, this, forward_.get(), wants,
+                                      &candidates);
 }
 
 }  // namespace deltaserve::model

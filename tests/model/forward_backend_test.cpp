@@ -13,6 +13,7 @@
 #include "default_model.h"
 #include "deltaserve/kernels/backend.h"
 #include "deltaserve/model/inference_context.h"
+#include "deltaserve/model/sampler.h"
 #include "own_memory_backend.h"
 #include "test_paths.h"
 
@@ -210,6 +211,70 @@ TEST_F(ForwardBackendTest, ABatchOnTheBackendAndWeightsUploadedOnce) {
     std::vector<InferenceContext*> mixed = {cs[0], os[1]};
     const std::span<const int32_t> two[] = {tokens[0], tokens[1]};
     EXPECT_EQ(eval_batch(mixed, two, b).code(), StatusCode::kInvalidArgument);
+}
+
+// A batch's rows as candidates on the backend (BatchRunner::run with wants): each sampler's
+// picks from them are its picks from the whole row on the CPU, and the rows that did not ask
+// come over whole.
+TEST_F(ForwardBackendTest, CandidatesFromTheBackendSampleAsWholeRows) {
+    std::vector<std::unique_ptr<InferenceContext>> cpu, own;
+    for (int i = 0; i < 3; ++i) {
+        auto c = InferenceContext::create(*model_, options("full", nullptr));
+        auto o = InferenceContext::create(*model_, options("full", &own_));
+        ASSERT_TRUE(c.ok() && o.ok());
+        const std::vector<int32_t> p = text_tokens(30 + 11 * i, 40 * i, true);
+        ASSERT_TRUE((*c)->eval(p).ok());
+        ASSERT_TRUE((*o)->eval(p).ok());
+        cpu.push_back(std::move(*c));
+        own.push_back(std::move(*o));
+    }
+    std::vector<Sampler> whole, from_top;
+    for (int i = 0; i < 3; ++i) {
+        SamplingParams p;
+        p.temperature = i == 0 ? 0.0f : 1.0f;
+        p.repeat_penalty = i == 1 ? 1.4f : 1.0f;
+        p.top_k = i == 2 ? 0 : 20;  // 2: the whole row
+        p.seed = 7 + static_cast<uint64_t>(i);
+        whole.emplace_back(p);
+        from_top.emplace_back(p);
+    }
+    BatchRunner cpu_runner(*model_, threads_, AttentionNumerics::kNative);
+    BatchRunner own_runner(*model_, threads_, AttentionNumerics::kNative, &own_);
+    std::vector<InferenceContext*> cs, os;
+    for (auto& c : cpu) cs.push_back(c.get());
+    for (auto& o : own) os.push_back(o.get());
+    std::vector<int32_t> next = {42, 1000, 7};
+    const size_t nv = static_cast<size_t>(model_->config.n_vocab);
+    for (int step = 0; step < 10; ++step) {
+        const std::span<const int32_t> tokens[] = {{&next[0], 1}, {&next[1], 1}, {&next[2], 1}};
+        std::vector<float> a, b;
+        ASSERT_TRUE(cpu_runner.run(cs, tokens, a).ok());
+        std::vector<std::vector<int32_t>> penalized;
+        std::vector<CandidateWant> wants;
+        for (auto& s : from_top) penalized.push_back(s.penalized());
+        for (size_t i = 0; i < 3; ++i)
+            wants.push_back({from_top[i].candidates_wanted(), penalized[i]});
+        std::vector<RowCandidates> candidates;
+        const Status st = own_runner.run(os, tokens, wants, b, candidates);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        ASSERT_EQ(candidates.size(), 3u);
+        for (size_t i = 0; i < 3; ++i) {
+            const std::span<const float> row(a.data() + i * nv, nv);
+            const int32_t expected = whole[i].sample(row);
+            int32_t got = 0;
+            if (wants[i].top == 0) {
+                EXPECT_TRUE(candidates[i].ids.empty());
+                got = from_top[i].sample(std::span<const float>(b.data() + i * nv, nv));
+            } else {
+                ASSERT_FALSE(candidates[i].ids.empty());
+                got = from_top[i].sample_candidates(candidates[i].ids, candidates[i].logits);
+            }
+            ASSERT_EQ(got, expected) << "sequence " << i << ", step " << step;
+            whole[i].accept(expected);
+            from_top[i].accept(got);
+            next[i] = expected;
+        }
+    }
 }
 
 TEST_F(ForwardBackendTest, ABackendErrorKeepsNothingAndTheNextTurnIsRight) {

@@ -139,6 +139,13 @@ class OwnMemoryBackend final : public kernels::Backend {
         return cpu_.attention(shape, kv, q, ldq, n_q, out, ldo, e);
     }
 
+    Status top_k(const float* logits, int64_t n_vocab, int64_t n_rows, int32_t k, int32_t* ids,
+                 float* values, const kernels::Exec& e) override {
+        ++top_ks_;
+        DS_RETURN_IF_ERROR(rows("top_k", logits, n_vocab, n_vocab, n_rows));
+        return cpu_.top_k(logits, n_vocab, n_rows, k, ids, values, e);
+    }
+    int top_ks() const { return top_ks_.load(); }
     // The default: attention() per job, each checked.
     Status attention_batch(const kernels::AttentionShape& shape,
                            std::span<const kernels::AttentionJob> jobs, const float* q, int64_t ldq,
@@ -201,6 +208,7 @@ class OwnMemoryBackend final : public kernels::Backend {
     std::atomic<int> uploads_{0};
     std::atomic<int> attentions_{0};
     std::atomic<int> batches_{0};
+    std::atomic<int> top_ks_{0};
     std::atomic<int> fail_after_{-1};
 };
 

@@ -19,10 +19,27 @@
 
 namespace deltaserve::model {
 
+// What sampling needs of a sequence's logits row when the row is not brought over whole
+// (Sampler::candidates_wanted and penalized): its `top` largest and the logits of `also`.
+struct CandidateWant {
+    int32_t top = 0;  // 0: the whole row
+    std::span<const int32_t> also;
+};
+
+// A row's candidates: the largest logits first (ties: the lower id first), then `also`'s.
+struct RowCandidates {
+    std::vector<int32_t> ids;
+    std::vector<float> logits;
+};
+
 struct SequenceInput {
     kvstore::SequenceCache* cache = nullptr;
     std::span<const int32_t> tokens;  // new tokens, appended after cache->n_tokens()
     bool all_logits = false;          // logits for every new token, not only the last
+    // With all_logits false, on a device backend, and run() given a place for them: the
+    // row's candidates instead of the whole row (Backend::top_k on the device; the rest of
+    // the row never comes over).
+    CandidateWant want;
 };
 
 // How the forward pass rounds: kNative is deltaserve's own attention and matmul order
@@ -62,7 +79,11 @@ class Forward {
     // or all its tokens. Errors (nothing is appended to any cache): kInvalidArgument for an
     // empty sequence or an out-of-vocabulary token, kResourceExhausted when a cache cannot
     // take the tokens; the backend's (its memory, a weight it cannot hold).
-    Status run(std::span<const SequenceInput> batch, std::vector<float>& logits);
+    // With `candidates` (one entry per sequence), a sequence that wants candidates
+    // (SequenceInput::want) on a device backend gets them there, and its logits row is left
+    // unwritten; the others' entries are empty.
+    Status run(std::span<const SequenceInput> batch, std::vector<float>& logits,
+               std::vector<RowCandidates>* candidates = nullptr);
 
     void set_layer_observer(LayerObserver observer) { observer_ = std::move(observer); }
     void set_kv_tap(KvTap tap) { kv_tap_ = std::move(tap); }
@@ -79,7 +100,11 @@ class Forward {
     Status ensure_scratch(int64_t n_tokens);
     // The embedding, every layer and the logits (run() commits or gives back the caches).
     Status layers(std::span<const SequenceInput> batch, int64_t n_tokens,
-                  std::vector<float>& logits);
+                  std::vector<float>& logits, std::vector<RowCandidates>* candidates);
+    // The logits rows (n_out of them, in logits_) to the host: whole, or as candidates for the
+    // sequences that want them.
+    Status logits_out(std::span<const SequenceInput> batch, int64_t n_out,
+                      std::vector<float>& logits, std::vector<RowCandidates>* candidates);
     Status attention_layer(int32_t layer, std::span<const SequenceInput> batch);
     // A layer's rows for the caches: Q and K after RoPE, V, the normed hidden states and the
     // attention output ([n_tokens][width] each).
@@ -130,7 +155,10 @@ class Forward {
     bool host_caches_ = false;                        // this run has caches in host memory
     ThreadPool one_thread_{1};  // a decode step's sequences share pool_, each on one thread
     // Scratch in the backend's memory, [n_tokens][width] each, and the logits' rows.
-    kernels::Buffer x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_, logits_;
+    kernels::Buffer x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_, logits_, also_;
+    // Candidates on their way to the host: every row's largest, and `also`'s logits.
+    std::vector<int32_t> top_ids_;
+    std::vector<float> top_values_, also_values_;
     int64_t capacity_ = 0;
     // On a device backend, host copies of a layer's rows for the caches and taps.
     std::vector<float> host_q_, host_k_, host_v_, host_xn_, host_attn_;

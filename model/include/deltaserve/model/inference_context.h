@@ -205,6 +205,13 @@ class BatchRunner {
     // backend.
     Status run(std::span<InferenceContext* const> contexts,
                std::span<const std::span<const int32_t>> tokens, std::vector<float>& logits);
+    // The same, where wants[i] asks for context i's row as candidates (Forward::run): on a
+    // device backend those rows stay there and candidates[i] holds what sampling needs of
+    // them (logits' row i unwritten); elsewhere every row comes whole, candidates[i] empty.
+    Status run(std::span<InferenceContext* const> contexts,
+               std::span<const std::span<const int32_t>> tokens,
+               std::span<const CandidateWant> wants, std::vector<float>& logits,
+               std::vector<RowCandidates>& candidates);
 
     const Model& model() const { return model_; }
     const ThreadPool* threads() const { return threads_.get(); }
