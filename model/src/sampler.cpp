@@ -49,7 +49,8 @@ void Sampler::reset() {
 
 void Sampler::skip_sample() {
     if (params_.temperature <= 0.0f) return;
-    std::uniform_real_distribution<double> u(0.0, 1.0);  // the engine calls do not depend on the range
+    std::uniform_real_distribution<double> u(0.0,
+                                             1.0);  // the engine calls do not depend on the range
     (void)u(rng_);
 }
 
@@ -104,8 +105,9 @@ int32_t Sampler::sample_candidates(std::span<const int32_t> ids, std::span<const
 
 int32_t Sampler::pick() {
     if (params_.temperature <= 0.0f) {
-        auto best = std::max_element(cand_.begin(), cand_.end(),
-                                     [](const Candidate& a, const Candidate& b) { return a.logit < b.logit; });
+        auto best = std::max_element(
+            cand_.begin(), cand_.end(),
+            [](const Candidate& a, const Candidate& b) { return a.logit < b.logit; });
         return best->id;
     }
     auto by_logit = [](const Candidate& a, const Candidate& b) {

@@ -29,7 +29,7 @@ struct SamplingParams {
 Status validate_sampling(const SamplingParams& params);
 
 class Sampler {
-public:
+  public:
     explicit Sampler(const SamplingParams& params);
 
     // Picks the next token from n_vocab logits.
@@ -55,7 +55,7 @@ public:
 
     const SamplingParams& params() const { return params_; }
 
-private:
+  private:
     struct Candidate {
         int32_t id;
         float logit;
