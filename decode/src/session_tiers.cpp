@@ -322,6 +322,13 @@ void SessionTiers::forget(const std::string& session) {
     for (uint64_t key : r.keys) erase_everywhere(key, /*refused=*/false);
 }
 
+std::optional<std::vector<uint8_t>> SessionTiers::device_get(uint64_t key) {
+    if (!options_.device) return std::nullopt;
+    auto got = options_.device->get(key);
+    if (!got.ok()) return std::nullopt;
+    return std::move(*got);
+}
+
 bool SessionTiers::put_above_disk(uint64_t key, const kvstore::HostTier::Bytes& bytes) {
     const bool host = options_.host->put(key, bytes).ok();
     const bool device = options_.device && options_.device->put(key, *bytes).ok();
@@ -358,9 +365,7 @@ SessionTiers::Loaded SessionTiers::load(const std::vector<uint64_t>& keys,
     const auto came_from = [&out](Source s) { out.source = std::max(out.source, s); };
     for (size_t i = 0; i < keys.size(); ++i) {
         std::span<const uint8_t> bytes;
-        Result<std::vector<uint8_t>> on_device =
-            options_.device ? options_.device->get(keys[i]) : not_found("no device tier");
-        if (on_device.ok()) {
+        if (auto on_device = device_get(keys[i])) {
             from_device.push_back(
                 std::make_shared<const std::vector<uint8_t>>(std::move(*on_device)));
             bytes = *from_device.back();

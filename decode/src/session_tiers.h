@@ -142,6 +142,8 @@ class SessionTiers {
     std::vector<uint64_t> prefix_keys(std::span<const int32_t> tokens,
                                       const std::string& scope) const;
     uint64_t root_of(const std::string& session, const std::string& scope) const;
+    // A block from the device tier; nullopt without one, or a miss or device error there.
+    std::optional<std::vector<uint8_t>> device_get(uint64_t key);
     // A block into the host and device tiers: whether either took it.
     bool put_above_disk(uint64_t key, const kvstore::HostTier::Bytes& bytes);
     // Drops a block from every tier (`refused`: it failed its checks).

@@ -166,9 +166,10 @@ Status Forward::logits_out(std::span<const SequenceInput> batch, int64_t n_out,
         return backend_.copy_out(logits.data(), logits_.data(),
                                  static_cast<size_t>(n_out * nv) * sizeof(float), all);
     }
+    const auto wants = [](const SequenceInput& s) { return !s.all_logits && s.want.top > 0; };
     int32_t k_max = 0;
-    int64_t row = 0, run = 0;     // rows [run, row) come over whole, in one copy
-    std::vector<int32_t> gather;  // `also`'s logits: their offsets in logits_
+    int64_t row = 0, run = 0;  // rows [run, row) come over whole, in one copy
+    gather_.clear();           // `also`'s logits: their offsets in logits_
     const auto whole = [&]() -> Status {
         const int64_t from = std::exchange(run, row);
         if (from == row) return Status();
@@ -177,14 +178,14 @@ Status Forward::logits_out(std::span<const SequenceInput> batch, int64_t n_out,
     };
     for (const auto& s : batch) {
         const int64_t n = s.all_logits ? static_cast<int64_t>(s.tokens.size()) : 1;
-        if (!s.all_logits && s.want.top > 0) {
+        if (wants(s)) {
             DS_RETURN_IF_ERROR(whole());
             run = row + n;
             k_max = std::max(k_max, static_cast<int32_t>(std::min<int64_t>(s.want.top, nv)));
             for (int32_t id : s.want.also) {
                 if (id < 0 || id >= nv || (row + 1) * nv > std::numeric_limits<int32_t>::max())
                     return invalid_argument("forward: a candidate outside the logits");
-                gather.push_back(static_cast<int32_t>(row * nv + id));
+                gather_.push_back(static_cast<int32_t>(row * nv + id));
             }
         }
         row += n;
@@ -195,17 +196,17 @@ Status Forward::logits_out(std::span<const SequenceInput> batch, int64_t n_out,
     top_values_.resize(top_ids_.size());
     DS_RETURN_IF_ERROR(
         backend_.top_k(logits_.f32(), nv, n_out, k_max, top_ids_.data(), top_values_.data(), all));
-    also_values_.resize(gather.size());
-    if (!gather.empty()) {
-        const size_t bytes = gather.size() * sizeof(float);
+    also_values_.resize(gather_.size());
+    if (!gather_.empty()) {
+        const size_t bytes = gather_.size() * sizeof(float);
         if (also_.bytes() < bytes) {
             also_ = k::Buffer();
             DS_ASSIGN_OR_RETURN(also_, backend_.alloc(bytes));
         }
         DS_RETURN_IF_ERROR(backend_.copy_rows(static_cast<uint8_t*>(also_.data()), sizeof(float),
                                               nullptr, static_cast<const uint8_t*>(logits_.data()),
-                                              sizeof(float), gather.data(), sizeof(float),
-                                              static_cast<int64_t>(gather.size()), all));
+                                              sizeof(float), gather_.data(), sizeof(float),
+                                              static_cast<int64_t>(gather_.size()), all));
         DS_RETURN_IF_ERROR(backend_.copy_out(also_values_.data(), also_.data(), bytes, all));
     }
     row = 0;
@@ -213,7 +214,7 @@ Status Forward::logits_out(std::span<const SequenceInput> batch, int64_t n_out,
     for (size_t i = 0; i < batch.size(); ++i) {
         const SequenceInput& s = batch[i];
         const int64_t n = s.all_logits ? static_cast<int64_t>(s.tokens.size()) : 1;
-        if (!s.all_logits && s.want.top > 0) {
+        if (wants(s)) {
             RowCandidates& c = (*candidates)[i];
             const auto top = static_cast<size_t>(std::min<int64_t>(s.want.top, nv));
             const auto at = static_cast<size_t>(row * k_max);

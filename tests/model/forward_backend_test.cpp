@@ -37,6 +37,28 @@ class ForwardBackendTest : public testing::DefaultModelTest {
         co.backend = backend;
         return co;
     }
+    // Three full-KV contexts on the CPU and three on own_, pair i prefilled with the same
+    // prompt of first + 11 i tokens; `name_cpu`: the second CPU one names the CPU backend
+    // (nullptr and the CPU backend named are the same backend to a runner).
+    struct Pairs {
+        std::vector<std::unique_ptr<InferenceContext>> cpu, own;
+        std::vector<InferenceContext*> cs, os;
+    };
+    void prefill_pairs(Pairs& p, int32_t first, bool name_cpu = false) {
+        for (int i = 0; i < 3; ++i) {
+            auto c = InferenceContext::create(
+                *model_, options("full", name_cpu && i == 1 ? k::find_backend("cpu") : nullptr));
+            auto o = InferenceContext::create(*model_, options("full", &own_));
+            ASSERT_TRUE(c.ok() && o.ok());
+            const std::vector<int32_t> prompt = text_tokens(first + 11 * i, 40 * i, true);
+            ASSERT_TRUE((*c)->eval(prompt).ok());
+            ASSERT_TRUE((*o)->eval(prompt).ok());
+            p.cs.push_back(c->get());
+            p.os.push_back(o->get());
+            p.cpu.push_back(std::move(*c));
+            p.own.push_back(std::move(*o));
+        }
+    }
     static int32_t greedy(std::span<const float> l) {
         return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
     }
@@ -169,19 +191,10 @@ TEST_F(ForwardBackendTest, ABatchOnTheBackendAndWeightsUploadedOnce) {
     // them already.
     const bool made_before = model_->on_backends.find(&own_) != nullptr;
     const int uploads_before = own_.uploads();
-    std::vector<std::unique_ptr<InferenceContext>> cpu, own;
-    for (int i = 0; i < 3; ++i) {
-        // nullptr and the CPU backend named are the same backend to a runner.
-        auto c = InferenceContext::create(
-            *model_, options("full", i == 1 ? k::find_backend("cpu") : nullptr));
-        auto o = InferenceContext::create(*model_, options("full", &own_));
-        ASSERT_TRUE(c.ok() && o.ok());
-        const std::vector<int32_t> p = text_tokens(40 + 17 * i, 50 * i, true);
-        ASSERT_TRUE((*c)->eval(p).ok());
-        ASSERT_TRUE((*o)->eval(p).ok());
-        cpu.push_back(std::move(*c));
-        own.push_back(std::move(*o));
-    }
+    Pairs pairs;
+    ASSERT_NO_FATAL_FAILURE(prefill_pairs(pairs, 40, /*name_cpu=*/true));
+    const auto& cs = pairs.cs;
+    const auto& os = pairs.os;
     // Every matrix once for this model and backend, however many contexts (tied output: the
     // embedding's).
     const int matrices = 1 + (model_->weights.output.data != model_->weights.token_embd.data) +
@@ -191,9 +204,6 @@ TEST_F(ForwardBackendTest, ABatchOnTheBackendAndWeightsUploadedOnce) {
 
     BatchRunner cpu_runner(*model_, threads_, AttentionNumerics::kNative);
     BatchRunner own_runner(*model_, threads_, AttentionNumerics::kNative, &own_);
-    std::vector<InferenceContext*> cs, os;
-    for (auto& c : cpu) cs.push_back(c.get());
-    for (auto& o : own) os.push_back(o.get());
     const int32_t next[] = {42, 1000, 7};
     const std::span<const int32_t> tokens[] = {{&next[0], 1}, {&next[1], 1}, {&next[2], 1}};
     std::vector<float> a, b;
@@ -217,17 +227,10 @@ TEST_F(ForwardBackendTest, ABatchOnTheBackendAndWeightsUploadedOnce) {
 // picks from them are its picks from the whole row on the CPU, and the rows that did not ask
 // come over whole.
 TEST_F(ForwardBackendTest, CandidatesFromTheBackendSampleAsWholeRows) {
-    std::vector<std::unique_ptr<InferenceContext>> cpu, own;
-    for (int i = 0; i < 3; ++i) {
-        auto c = InferenceContext::create(*model_, options("full", nullptr));
-        auto o = InferenceContext::create(*model_, options("full", &own_));
-        ASSERT_TRUE(c.ok() && o.ok());
-        const std::vector<int32_t> p = text_tokens(30 + 11 * i, 40 * i, true);
-        ASSERT_TRUE((*c)->eval(p).ok());
-        ASSERT_TRUE((*o)->eval(p).ok());
-        cpu.push_back(std::move(*c));
-        own.push_back(std::move(*o));
-    }
+    Pairs pairs;
+    ASSERT_NO_FATAL_FAILURE(prefill_pairs(pairs, 30));
+    const auto& cs = pairs.cs;
+    const auto& os = pairs.os;
     std::vector<Sampler> whole, from_top;
     for (int i = 0; i < 3; ++i) {
         SamplingParams p;
@@ -240,9 +243,6 @@ TEST_F(ForwardBackendTest, CandidatesFromTheBackendSampleAsWholeRows) {
     }
     BatchRunner cpu_runner(*model_, threads_, AttentionNumerics::kNative);
     BatchRunner own_runner(*model_, threads_, AttentionNumerics::kNative, &own_);
-    std::vector<InferenceContext*> cs, os;
-    for (auto& c : cpu) cs.push_back(c.get());
-    for (auto& o : own) os.push_back(o.get());
     std::vector<int32_t> next = {42, 1000, 7};
     const size_t nv = static_cast<size_t>(model_->config.n_vocab);
     for (int step = 0; step < 10; ++step) {

@@ -157,7 +157,7 @@ class Forward {
     // Scratch in the backend's memory, [n_tokens][width] each, and the logits' rows.
     kernels::Buffer x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_, logits_, also_;
     // Candidates on their way to the host: every row's largest, and `also`'s logits.
-    std::vector<int32_t> top_ids_;
+    std::vector<int32_t> top_ids_, gather_;  // gather_: `also`'s offsets in logits_
     std::vector<float> top_values_, also_values_;
     int64_t capacity_ = 0;
     // On a device backend, host copies of a layer's rows for the caches and taps.
