@@ -69,17 +69,27 @@ cmake --build "$BUILD_DIR" -j"$(nproc)"
 # notes; the last three apt packages above carry some of them): m = 256 (2D/3) with every
 # 40th token a reference, per-layer MSE (ops/README.md says why not the paper's D/4 and 10
 # on this model, why not the end-to-end objective after it, and what twice the tokens
-# bought); about 18 minutes on two cores, once. The result depends only on the sources that
-# record and train (common, kernels, kvstore, model, ops), the flags and the model: a
-# profile made from the same ones is kept outside the clone (DELTASERVE_CACHE_DIR, default
-# ~/.cache/deltaserve) and another clone on this machine (CI's, a second checkout) takes it
-# instead of calibrating again.
+# bought); about 18 minutes on two cores, once. A profile is kept outside the clone
+# (DELTASERVE_CACHE_DIR, default ~/.cache/deltaserve) under a key of what defines it: the
+# recipe (ops/calibrate's trainers, the calibrate command and what it measures with), the
+# profile's file format, the flags, the model and PROFILE_EPOCH; another clone on this
+# machine (CI's, a second checkout) takes it instead of calibrating again. The engine's
+# other sources move the recorded KV in its last bits only, which training does not feel;
+# keying on all of them recalibrated at nearly every change (18 of CI's 30 minutes). Bump
+# PROFILE_EPOCH when a change elsewhere should retrain (the compressor's or the forward
+# pass's math).
+PROFILE_EPOCH=1
+PROFILE_SOURCES=(ops/calibrate ops/src/calibrate_command.cpp ops/src/calibration_text.cpp
+                 ops/src/calibration_text.h ops/src/key_error.cpp ops/src/key_error.h
+                 model/src/deltakv_profile.cpp model/include/deltaserve/model/deltakv_profile.h
+                 model/src/trimkv_profile.cpp model/include/deltaserve/model/trimkv_profile.h
+                 model/src/safetensors.cpp model/src/safetensors.h)
 PROFILE_DIR=${DELTASERVE_PROFILES_DIR:-profiles}/$MODEL_FILE
 CALIBRATE_FLAGS=(--tokens 32768 --epochs 8 --latent 256 --stride 40)
 if [ ! -s "$PROFILE_DIR/deltakv.json" ]; then
   CACHED=""
   if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-    key=$({ git ls-files -s common kernels kvstore model ops; echo "$MODEL_FILE ${CALIBRATE_FLAGS[*]}"; } |
+    key=$({ git ls-files -s "${PROFILE_SOURCES[@]}"; echo "$MODEL_FILE ${CALIBRATE_FLAGS[*]} $PROFILE_EPOCH"; } |
       sha256sum | cut -c1-16)
     CACHED=${DELTASERVE_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/deltaserve}/profiles/$MODEL_FILE/$key
   fi
