@@ -132,6 +132,27 @@ Status Backend::attention_batch(const AttentionShape& shape, std::span<const Att
 Status Backend::top_k(const float*, int64_t, int64_t, int32_t, int32_t*, float*, const Exec&) {
     return not_here(*this, "top_k");
 }
+Status Backend::attention_lse(const AttentionShape&, const KvView&, const float*, int64_t, int32_t,
+                              float*, int64_t, float*, bool, const Exec&) {
+    return not_here(*this, "attention_lse");
+}
+Status Backend::merge_attention(float*, float*, const float*, const float*, int, int, const Exec&) {
+    return not_here(*this, "merge_attention");
+}
+Result<Int4DecoderRef> Backend::upload_int4_decoder(const Int4Decoder&) {
+    return not_here(*this, "upload_int4_decoder");
+}
+Status Backend::deltakv_pool_rows(const PoolRows&, float*, const Exec&) {
+    return not_here(*this, "deltakv_pool_rows");
+}
+Status Backend::deltakv_key_scores(const AttentionShape&, const LatentRows&, const LatentKeyInputs&,
+                                   const float*, float*, int64_t, uint8_t*, const Exec&) {
+    return not_here(*this, "deltakv_key_scores");
+}
+Status Backend::latent_attention(const AttentionShape&, const LatentRows&, const float*,
+                                 const LatentValueInputs&, float*, float*, const Exec&) {
+    return not_here(*this, "latent_attention");
+}
 
 namespace {
 

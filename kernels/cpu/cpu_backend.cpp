@@ -131,6 +131,40 @@ class CpuBackend final : public Backend {
         kernels::attention(shape, kv, q, ldq, n_q, out, ldo, *exec.pool);
         return Status();
     }
+    Status attention_lse(const AttentionShape& shape, const KvView& kv, const float* q, int64_t ldq,
+                         int32_t n_q, float* out, int64_t ldo, float* lse, bool causal,
+                         const Exec& exec) override {
+        DS_RETURN_IF_ERROR(need_pool(exec, "attention_lse"));
+        kernels::attention(shape, kv, q, ldq, n_q, out, ldo, *exec.pool, lse, causal);
+        return Status();
+    }
+    Status merge_attention(float* out, float* lse, const float* out_b, const float* lse_b,
+                           int n_rows, int head_dim, const Exec&) override {
+        kernels::merge_attention(out, lse, out_b, lse_b, n_rows, head_dim);
+        return Status();
+    }
+    Result<Int4DecoderRef> upload_int4_decoder(const Int4Decoder& host) override {
+        return host.ref();
+    }
+    Status deltakv_pool_rows(const PoolRows& rows, float* out, const Exec& exec) override {
+        DS_RETURN_IF_ERROR(need_pool(exec, "deltakv_pool_rows"));
+        DS_RETURN_IF_ERROR(validate(rows));
+        return cpu_deltakv_pool_rows(rows, out, *exec.pool);
+    }
+    Status deltakv_key_scores(const AttentionShape& shape, const LatentRows& lat,
+                              const LatentKeyInputs& in, const float* q, float* scores, int64_t lds,
+                              uint8_t* codes, const Exec& exec) override {
+        DS_RETURN_IF_ERROR(need_pool(exec, "deltakv_key_scores"));
+        DS_RETURN_IF_ERROR(validate(shape, lat, in));
+        return cpu_deltakv_key_scores(shape, lat, in, q, scores, lds, codes, *exec.pool);
+    }
+    Status latent_attention(const AttentionShape& shape, const LatentRows& lat, const float* scores,
+                            const LatentValueInputs& in, float* out, float* lse,
+                            const Exec& exec) override {
+        DS_RETURN_IF_ERROR(need_pool(exec, "latent_attention"));
+        DS_RETURN_IF_ERROR(validate(shape, lat, in));
+        return cpu_latent_attention(shape, lat, scores, in, out, lse, *exec.pool);
+    }
     Status top_k(const float* logits, int64_t n_vocab, int64_t n_rows, int32_t k, int32_t* ids,
                  float* values, const Exec&) override {
         if (k < 1 || k > n_vocab)

@@ -103,7 +103,7 @@ void int4_decoder_rows(const Int4Decoder& dec, const int32_t* rows, int n_rows, 
     }
 }
 
-void int4_dots_avx2(const Int4Decoder& dec, const uint8_t* codes, int64_t n, int32_t* acc) {
+void int4_dots_avx2(const Int4DecoderRef& dec, const uint8_t* codes, int64_t n, int32_t* acc) {
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t i = 0; i < n; ++i) {
         const uint8_t* q = codes + i * dec.m16;
@@ -112,7 +112,7 @@ void int4_dots_avx2(const Int4Decoder& dec, const uint8_t* codes, int64_t n, int
         for (; r + 32 <= dec.d; r += 32) {
             __m256i a[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                             _mm256_setzero_si256()};
-            const int8_t* w = dec.w.data() + static_cast<size_t>(r) * 4;
+            const int8_t* w = dec.w + static_cast<size_t>(r) * 4;
             for (int j4 = 0; j4 < dec.m16 / 4; ++j4, w += static_cast<size_t>(dec.d) * 4) {
                 int32_t q4;
                 std::memcpy(&q4, q + 4 * j4, 4);
@@ -192,7 +192,7 @@ int finish_rows(const Int4KeyFinish& f, int64_t i, const float** rows) {
 
 }  // namespace
 
-void deltakv_decode_int4(const Int4Decoder& dec, const uint8_t* const* latents, int64_t n,
+void deltakv_decode_int4(const Int4DecoderRef& dec, const uint8_t* const* latents, int64_t n,
                          float* out, int64_t ldo, const uint8_t* given,
                          const Int4KeyFinish* finish) {
     static const Int4DotsFn dots = cpu_features().avx512_vnni ? int4_dots_avx512 : int4_dots_avx2;
@@ -235,10 +235,10 @@ void deltakv_decode_int4(const Int4Decoder& dec, const uint8_t* const* latents, 
             for (; r + 8 <= dec.d; r += 8) {
                 const __m256 v =
                     _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + r)));
-                const __m256 w = _mm256_mul_ps(sv, _mm256_loadu_ps(dec.scale.data() + r));
+                const __m256 w = _mm256_mul_ps(sv, _mm256_loadu_ps(dec.scale + r));
                 _mm256_storeu_ps(
-                    y + r, _mm256_fmadd_ps(
-                               w, v, _mm256_mul_ps(lov, _mm256_loadu_ps(dec.row_sum.data() + r))));
+                    y + r,
+                    _mm256_fmadd_ps(w, v, _mm256_mul_ps(lov, _mm256_loadu_ps(dec.row_sum + r))));
             }
             for (; r < dec.d; ++r)
                 y[r] = lo * dec.row_sum[r] + s * dec.scale[r] * static_cast<float>(a[r]);

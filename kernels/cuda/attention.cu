@@ -146,6 +146,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionLaunch a) 
     if (a.n_splits == 1) {
         float* dst = a.out + q_row * a.ldo + static_cast<int64_t>(at.h) * dim;
         const float inv = ll > 0.0f ? 1.0f / ll : 0.0f;
+        if (a.lse != nullptr && threadIdx.x == 0)
+            a.lse[row] = ll > 0.0f ? mm + logf(ll) : -INFINITY;
         for (int d = threadIdx.x; d < dim; d += kThreads) {
             float acc = 0.0f;
             for (int w = 0; w < kWarps; ++w) acc += warp_o[w][d] * f[w];
@@ -182,6 +184,7 @@ __global__ void __launch_bounds__(kThreads) attention_merge_kernel(AttentionLaun
         if (l > 0.0f) ll += l * expf(part[s * stride] - mm);
     }
     const float inv = ll > 0.0f ? 1.0f / ll : 0.0f;
+    if (a.lse != nullptr && threadIdx.x == 0) a.lse[row] = ll > 0.0f ? mm + logf(ll) : -INFINITY;
     float* dst = a.out + a.q_row[at.i] * a.ldo + static_cast<int64_t>(at.h) * dim;
     for (int d = threadIdx.x; d < dim; d += kThreads) {
         float acc = 0.0f;

@@ -10,11 +10,12 @@
 
 namespace deltaserve::kernels::cuda {
 
-// kernels::attention (causal) for n_q queries of one or more sequences over one pool: query
+// kernels::attention for n_q queries of one or more sequences over one pool: query
 // i (at row q_row[i] of q and out) of head h reads KV head g = h / (n_heads / n_kv_heads) of
 // its sequence's lists, t = q_table[i] + g: entries [0, list_n[t] - q_back[i]) of the slot
 // list slots[list_start[t] ...], q_back[i] being how many of the sequence's queries come
-// after it; entry j's K row is at k + slot * row_stride + g * head_stride.
+// after it (0 for every query: not causal); entry j's K row is at k + slot * row_stride + g *
+// head_stride.
 struct AttentionLaunch {
     const uint8_t* k = nullptr;
     const uint8_t* v = nullptr;
@@ -36,6 +37,9 @@ struct AttentionLaunch {
     int n_kv_heads = 0;
     int head_dim = 0;  // a multiple of 8, <= 256
     float scale = 0.0f;
+    // With lse: each (query, head)'s log-sum-exp at lse[i * n_heads + h], i counting the
+    // launch's queries (-inf where it saw no entry).
+    float* lse = nullptr;
     // Keys split over n_splits blocks of split_keys per (query, head), merged by a second
     // kernel through `partial` (attention_plan).
     int n_splits = 1;

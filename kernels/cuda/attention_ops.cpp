@@ -20,10 +20,10 @@ bool same_pool(const KvView& a, const KvView& b) {
            a.head_stride == b.head_stride;
 }
 
-// Jobs over one pool (same_pool), checked, as one launch.
+// Jobs over one pool (same_pool), checked, as one launch; lse and not causal: one job.
 Status attention_one_launch(const AttentionShape& s, std::span<const AttentionJob> jobs,
                             const float* q, int64_t ldq, float* out, int64_t ldo,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, float* lse = nullptr, bool causal = true) {
     const int n_groups = s.n_kv_heads;
     int64_t n_q = 0;
     int32_t max_n = 0;
@@ -54,7 +54,7 @@ Status attention_one_launch(const AttentionShape& s, std::span<const AttentionJo
         for (int32_t i = 0; i < jobs[b].n_q; ++i, ++qi) {
             wide[tables + qi] = jobs[b].first_row + i;
             per_query[qi] = static_cast<int32_t>(t0);
-            per_query[static_cast<size_t>(n_q) + qi] = jobs[b].n_q - 1 - i;
+            per_query[static_cast<size_t>(n_q) + qi] = causal ? jobs[b].n_q - 1 - i : 0;
         }
     }
     const size_t wide_bytes = wide.size() * sizeof(int64_t);
@@ -103,14 +103,13 @@ Status attention_one_launch(const AttentionShape& s, std::span<const AttentionJo
     a.n_splits = plan.n_splits;
     a.split_keys = plan.split_keys;
     a.partial = partial.as<float>();
+    a.lse = lse;
     return launched(launch_attention(a, stream), "attention");
 }
 
-}  // namespace
-
-Status run_attention_batch(const AttentionShape& s, std::span<const AttentionJob> jobs,
-                           const float* q, int64_t ldq, float* out, int64_t ldo,
-                           cudaStream_t stream) {
+// The checks of every view; causal views need an entry per query at least.
+Status check_jobs(const AttentionShape& s, std::span<const AttentionJob> jobs, const float* q,
+                  int64_t ldq, const float* out, int64_t ldo, bool causal, bool* one_pool) {
     const char* op = "attention";
     if (s.head_dim <= 0 || s.head_dim % 8 != 0 || s.head_dim > 256) {
         return invalid(
@@ -122,7 +121,7 @@ Status run_attention_batch(const AttentionShape& s, std::span<const AttentionJob
     const int64_t width = static_cast<int64_t>(s.n_heads) * s.head_dim;
     if (ldq < width || ldo < width) return invalid(op, "ldq and ldo must be >= n_heads * head_dim");
     int64_t n_q = 0;
-    bool one_pool = true;
+    *one_pool = true;
     for (const AttentionJob& j : jobs) {
         const KvView& kv = j.view;
         if (kv.dtype != DType::kF16 && kv.dtype != DType::kF32) {
@@ -136,15 +135,25 @@ Status run_attention_batch(const AttentionShape& s, std::span<const AttentionJob
             return invalid(op, "a null pointer");
         }
         for (int g = 0; g < s.n_kv_heads; ++g) {
-            if (kv.n_of(g) < j.n_q) {
+            if (causal && kv.n_of(g) < j.n_q) {
                 return invalid(op, "KV head " + std::to_string(g) + " has " +
                                        std::to_string(kv.n_of(g)) + " entries, fewer than the " +
                                        std::to_string(j.n_q) + " queries");
             }
             if (kv.slots_of(g) == nullptr) return invalid(op, "a null slot list");
         }
-        one_pool = one_pool && same_pool(kv, jobs[0].view);
+        *one_pool = *one_pool && same_pool(kv, jobs[0].view);
     }
+    return Status();
+}
+
+}  // namespace
+
+Status run_attention_batch(const AttentionShape& s, std::span<const AttentionJob> jobs,
+                           const float* q, int64_t ldq, float* out, int64_t ldo,
+                           cudaStream_t stream) {
+    bool one_pool = true;
+    DS_RETURN_IF_ERROR(check_jobs(s, jobs, q, ldq, out, ldo, /*causal=*/true, &one_pool));
     if (one_pool) return attention_one_launch(s, jobs, q, ldq, out, ldo, stream);
     for (size_t b = 0; b < jobs.size(); ++b) {  // views of several pools: one launch each
         DS_RETURN_IF_ERROR(attention_one_launch(s, jobs.subspan(b, 1), q, ldq, out, ldo, stream));
@@ -156,6 +165,17 @@ Status run_attention(const AttentionShape& s, const KvView& kv, const float* q, 
                      int32_t n_q, float* out, int64_t ldo, cudaStream_t stream) {
     const AttentionJob job{kv, 0, n_q};
     return run_attention_batch(s, std::span<const AttentionJob>(&job, 1), q, ldq, out, ldo, stream);
+}
+
+Status run_attention_lse(const AttentionShape& s, const KvView& kv, const float* q, int64_t ldq,
+                         int32_t n_q, float* out, int64_t ldo, float* lse, bool causal,
+                         cudaStream_t stream) {
+    const AttentionJob job{kv, 0, n_q};
+    const std::span<const AttentionJob> jobs(&job, 1);
+    bool one_pool = true;
+    DS_RETURN_IF_ERROR(check_jobs(s, jobs, q, ldq, out, ldo, causal, &one_pool));
+    if (n_q > 0 && lse == nullptr) return invalid("attention_lse", "no lse");
+    return attention_one_launch(s, jobs, q, ldq, out, ldo, stream, lse, causal);
 }
 
 }  // namespace deltaserve::kernels::cuda

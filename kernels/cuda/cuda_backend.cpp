@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -18,6 +19,7 @@
 #include "deltaserve/kernels/backend.h"
 #include "deltaserve/kernels/repack.h"
 #include "forward_ops.h"
+#include "latent_ops.h"
 #include "rms_norm_rope.h"
 #include "row_major.h"
 
@@ -266,6 +268,62 @@ class CudaBackend final : public Backend {
                  float* values, const Exec& exec) override {
         if (!available()) return no_device_;
         return run_top_k(logits, n_vocab, n_rows, k, ids, values, stream_of(exec));
+    }
+
+    Status attention_lse(const AttentionShape& shape, const KvView& kv, const float* q, int64_t ldq,
+                         int32_t n_q, float* out, int64_t ldo, float* lse, bool causal,
+                         const Exec& exec) override {
+        if (!available()) return no_device_;
+        return run_attention_lse(shape, kv, q, ldq, n_q, out, ldo, lse, causal, stream_of(exec));
+    }
+    Status merge_attention(float* out, float* lse, const float* out_b, const float* lse_b,
+                           int n_rows, int head_dim, const Exec& exec) override {
+        if (!available()) return no_device_;
+        return run_merge_attention(out, lse, out_b, lse_b, n_rows, head_dim, stream_of(exec));
+    }
+    // One allocation: the weights, then the scales and the row sums.
+    Result<Int4DecoderRef> upload_int4_decoder(const Int4Decoder& host) override {
+        if (!available()) return no_device_;
+        const size_t w_bytes = host.w.size(), rows = static_cast<size_t>(host.d);
+        if (host.d <= 0 || host.m16 % 16 != 0 || w_bytes != rows * host.m16 ||
+            host.scale.size() != rows || host.row_sum.size() != rows) {
+            return invalid_argument(
+                "cuda upload_int4_decoder: the decoder's arrays do not match its shape");
+        }
+        const size_t w_padded = (w_bytes + 15) / 16 * 16;
+        std::vector<uint8_t> staged(w_padded + 2 * rows * sizeof(float));
+        std::memcpy(staged.data(), host.w.data(), w_bytes);
+        std::memcpy(staged.data() + w_padded, host.scale.data(), rows * sizeof(float));
+        std::memcpy(staged.data() + w_padded + rows * sizeof(float), host.row_sum.data(),
+                    rows * sizeof(float));
+        DS_ASSIGN_OR_RETURN(DeviceBuffer dev, DeviceBuffer::copy_of(staged.data(), staged.size()));
+        std::lock_guard lock(weights_mu_);
+        weights_.push_back(dev.as<void>());
+        auto* base = static_cast<uint8_t*>(dev.release());
+        Int4DecoderRef ref;
+        ref.d = host.d;
+        ref.m = host.m;
+        ref.m16 = host.m16;
+        ref.w = reinterpret_cast<const int8_t*>(base);
+        ref.scale = reinterpret_cast<const float*>(base + w_padded);
+        ref.row_sum = ref.scale + rows;
+        return ref;
+    }
+    Status deltakv_pool_rows(const PoolRows& rows, float* out, const Exec& exec) override {
+        if (!available()) return no_device_;
+        return run_deltakv_pool_rows(rows, out, stream_of(exec));
+    }
+    Status deltakv_key_scores(const AttentionShape& shape, const LatentRows& lat,
+                              const LatentKeyInputs& in, const float* q, float* scores, int64_t lds,
+                              uint8_t* codes, const Exec& exec) override {
+        if (!available()) return no_device_;
+        return run_deltakv_key_scores(shape, lat, in, q, scores, lds, codes, stream_of(exec));
+    }
+    Status latent_attention(const AttentionShape& shape, const LatentRows& lat, const float* scores,
+                            const LatentValueInputs& in, float* out, float* lse,
+                            const Exec& exec) override {
+        if (!available()) return no_device_;
+        return run_latent_attention(shape, lat, scores, in, out, lse, stream_of(exec));
     }
 
   protected:

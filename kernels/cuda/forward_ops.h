@@ -41,6 +41,11 @@ Status run_copy_rows(uint8_t* dst, size_t dst_stride, const int32_t* dst_rows, c
                      cudaStream_t stream);
 Status run_attention(const AttentionShape& shape, const KvView& kv, const float* q, int64_t ldq,
                      int32_t n_q, float* out, int64_t ldo, cudaStream_t stream);
+// run_attention with each row's lse ([n_q][n_heads]); not causal: every query sees every
+// entry.
+Status run_attention_lse(const AttentionShape& shape, const KvView& kv, const float* q, int64_t ldq,
+                         int32_t n_q, float* out, int64_t ldo, float* lse, bool causal,
+                         cudaStream_t stream);
 // The jobs of one pool in one launch (views of several: one launch each).
 Status run_attention_batch(const AttentionShape& shape, std::span<const AttentionJob> jobs,
                            const float* q, int64_t ldq, float* out, int64_t ldo,

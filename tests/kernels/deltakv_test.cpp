@@ -3,8 +3,8 @@
 
 #include <cmath>
 #include <cstring>
-#include <tuple>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "cpu_features.h"
@@ -42,7 +42,9 @@ TEST(DeltaKvKernels, EncodeResidualAndDecodeMatchTheFormulas) {
     const int d = 24, h = 36, m = 6, n = 5;
     auto w1 = randn(h * d, rng, 0.2f), w2 = randn(h * d, rng, 0.2f), w3 = randn(m * h, rng, 0.2f),
          wd = randn(d * m, rng, 0.2f);
-    DeltaKvLayer w{{DType::kF32, h, d, w1.data()}, {DType::kF32, h, d, w2.data()}, {DType::kF32, m, h, w3.data()},
+    DeltaKvLayer w{{DType::kF32, h, d, w1.data()},
+                   {DType::kF32, h, d, w2.data()},
+                   {DType::kF32, m, h, w3.data()},
                    {DType::kF32, d, m, wd.data()}};
     auto x = randn(n * d, rng), r = randn(n * d, rng);
     std::vector<float> z(n * m), scratch(2 * n * h);
@@ -83,9 +85,11 @@ TEST(DeltaKvKernels, Int4RoundTripWithinHalfAStep) {
         int4_pack(z.data(), m, packed.data());
         std::vector<float> back(m);
         int4_unpack(packed.data(), m, back.data());
-        const float lo = *std::min_element(z.begin(), z.end()), hi = *std::max_element(z.begin(), z.end());
+        const float lo = *std::min_element(z.begin(), z.end()),
+                    hi = *std::max_element(z.begin(), z.end());
         const float step = (hi - lo) / 15.0f;
-        for (int i = 0; i < m; ++i) EXPECT_LE(std::fabs(back[i] - z[i]), 0.5f * step * 1.01f + 2e-3f) << i;
+        for (int i = 0; i < m; ++i)
+            EXPECT_LE(std::fabs(back[i] - z[i]), 0.5f * step * 1.01f + 2e-3f) << i;
     }
 }
 
@@ -124,7 +128,8 @@ TEST(DeltaKvKernels, NearestByL2) {
     std::vector<std::pair<double, int>> all;
     for (int i = 0; i < n; ++i) {
         double s = 0;
-        for (int j = 0; j < d; ++j) s += (double(x[j]) - c[i * d + j]) * (double(x[j]) - c[i * d + j]);
+        for (int j = 0; j < d; ++j)
+            s += (double(x[j]) - c[i * d + j]) * (double(x[j]) - c[i * d + j]);
         all.emplace_back(s, i);
     }
     std::sort(all.begin(), all.end());
@@ -183,7 +188,8 @@ TEST(DeltaKvKernels, Int4DecoderRowsDecodeThoseRows) {
     std::mt19937 rng(14);
     // 48 rows: the default model's quarter of its 192 K rows (a 48-row tile); 56 and 5:
     // 16-row tiles and row tails.
-    for (auto [d, m, n, n_rows] : {std::tuple{192, 192, 21, 48}, std::tuple{72, 37, 6, 56}, std::tuple{40, 10, 7, 5}}) {
+    for (auto [d, m, n, n_rows] :
+         {std::tuple{192, 192, 21, 48}, std::tuple{72, 37, 6, 56}, std::tuple{40, 10, 7, 5}}) {
         Int4Case c(d, m, n, rng);
         const Int4Decoder dec = make_int4_decoder(c.layer);
         std::uniform_int_distribution<int> pick(0, d - 1);
@@ -212,8 +218,9 @@ TEST(DeltaKvKernels, Int4DecodeWithFinishIsDecodeThenMeanThenRope) {
     const int head_dim = 64, half = head_dim / 2, k = 4;
     // K rows only (3 KV heads, RoPE on all of them); K and V rows (RoPE on the first half);
     // the split-half pairing (the generic path everywhere).
-    for (auto [d, n, style] : {std::tuple{192, 21, RopeStyle::kInterleaved}, std::tuple{384, 5, RopeStyle::kInterleaved},
-                               std::tuple{192, 7, RopeStyle::kSplitHalf}}) {
+    for (auto [d, n, style] :
+         {std::tuple{192, 21, RopeStyle::kInterleaved}, std::tuple{384, 5, RopeStyle::kInterleaved},
+          std::tuple{192, 7, RopeStyle::kSplitHalf}}) {
         const int m = 64, n_heads = 3;
         Int4Case c(d, m, n, rng);
         const Int4Decoder dec = make_int4_decoder(c.layer);
@@ -229,7 +236,8 @@ TEST(DeltaKvKernels, Int4DecodeWithFinishIsDecodeThenMeanThenRope) {
         std::vector<const float*> angles;
         for (int i = 0; i < n; ++i) {
             angle_rows.push_back(std::vector<float>(size_t(head_dim)));
-            rope_angles(1000 + 37 * i, head_dim, 10000.0f, angle_rows.back().data(), angle_rows.back().data() + half);
+            rope_angles(1000 + 37 * i, head_dim, 10000.0f, angle_rows.back().data(),
+                        angle_rows.back().data() + half);
         }
         for (auto& a : angle_rows) angles.push_back(a.data());
         Int4KeyFinish f;
@@ -245,7 +253,8 @@ TEST(DeltaKvKernels, Int4DecodeWithFinishIsDecodeThenMeanThenRope) {
         for (int i = 0; i < n; ++i) {
             std::vector<const float*> rows;
             for (int q = 0; q < k; ++q) {
-                if (ref_ptrs[size_t(i) * k + q] != nullptr) rows.push_back(ref_ptrs[size_t(i) * k + q]);
+                if (ref_ptrs[size_t(i) * k + q] != nullptr)
+                    rows.push_back(ref_ptrs[size_t(i) * k + q]);
             }
             float* y = want.data() + size_t(i) * d;
             add_mean_rows(y, rows.data(), int(rows.size()), d);
@@ -287,9 +296,11 @@ TEST(DeltaKvKernels, Int4DotsAreTheSameIntegersOnEveryIsa) {
             for (int j = 0; j < m; ++j) codes[size_t(i) * dec.m16 + j] = uint8_t(u(rng));
         }
         std::vector<int32_t> a(size_t(n) * d), b(a.size()), want(a.size());
-        int4_dots_avx2(dec, codes.data(), n, a.data());
-        int4_dots_avx512(dec, codes.data(), n, b.data());
-        for (int i = 0; i < n; ++i) int4_dots_rows(dec, codes.data() + size_t(i) * dec.m16, 0, want.data() + size_t(i) * d);
+        int4_dots_avx2(dec.ref(), codes.data(), n, a.data());
+        int4_dots_avx512(dec.ref(), codes.data(), n, b.data());
+        for (int i = 0; i < n; ++i)
+            int4_dots_rows(dec.ref(), codes.data() + size_t(i) * dec.m16, 0,
+                           want.data() + size_t(i) * d);
         EXPECT_EQ(a, want);
         EXPECT_EQ(b, want);
     }
@@ -302,7 +313,8 @@ TEST(DeltaKvKernels, Int4CodesAreTheSameOnEveryIsa) {
     for (int m : {256, 192, 64, 37, 130, 7}) {  // whole 64-code steps, and tails of each kind
         std::vector<uint8_t> packed(size_t(m + 1) / 2);
         for (auto& b : packed) b = uint8_t(byte(rng));
-        std::vector<uint8_t> a(size_t(m), 0xAA), b(size_t(m), 0x55), want(static_cast<size_t>(m), 0);
+        std::vector<uint8_t> a(size_t(m), 0xAA), b(size_t(m), 0x55),
+            want(static_cast<size_t>(m), 0);
         int4_codes(packed.data(), m, a.data());
         int4_codes_avx512(packed.data(), m, b.data());
         for (int j = 0; j < m; ++j) want[j] = j % 2 == 0 ? packed[j / 2] & 15 : packed[j / 2] >> 4;
@@ -315,7 +327,8 @@ TEST(DeltaKvKernels, Int4WeightedSumsAreTheSameBitsOnEveryIsa) {
     const bool avx512 = cpu_features().avx512f;
     std::mt19937 rng(14);
     std::uniform_int_distribution<int> u(0, 15);
-    for (auto [heads, cols, n] : {std::tuple{9, 256, 64}, std::tuple{3, 48, 7}, std::tuple{17, 16, 5}}) {
+    for (auto [heads, cols, n] :
+         {std::tuple{9, 256, 64}, std::tuple{3, 48, 7}, std::tuple{17, 16, 5}}) {
         const int64_t ldw = n + 3, ldc = cols + 16, lda = cols + 32;
         auto w = randn(size_t(heads) * ldw, rng);
         std::vector<uint8_t> codes(size_t(n) * ldc);
@@ -330,7 +343,8 @@ TEST(DeltaKvKernels, Int4WeightedSumsAreTheSameBitsOnEveryIsa) {
         for (int h = 0; h < heads; ++h) {
             for (int j = 0; j < lda; ++j) {
                 if (j < cols) {
-                    for (int i = 0; i < n; ++i) want[h * lda + j] += double(w[h * ldw + i]) * codes[i * ldc + j];
+                    for (int i = 0; i < n; ++i)
+                        want[h * lda + j] += double(w[h * ldw + i]) * codes[i * ldc + j];
                 }
                 EXPECT_NEAR(a[h * lda + j], want[h * lda + j], 1e-3) << h << " " << j;
             }
@@ -351,7 +365,8 @@ TEST(DeltaKvKernels, MaxHeadScoresAreTheBestQueryHeadsDotProduct) {
         double best = -1e30;
         for (int h = 0; h < n_heads; ++h) {
             double s = 0;
-            for (int i = 0; i < dim; ++i) s += double(q[h * dim + i]) * fp16_to_fp32(rows[t][(h / 3) * dim + i]);
+            for (int i = 0; i < dim; ++i)
+                s += double(q[h * dim + i]) * fp16_to_fp32(rows[t][(h / 3) * dim + i]);
             best = std::max(best, s);
         }
         EXPECT_NEAR(got[t], best, 1e-4) << t;
@@ -375,7 +390,9 @@ TEST(DeltaKvKernels, AttentionMassIsTheRowsSoftmaxWeightsSummed) {
             double z = 0;
             for (int t = 0; t < n; ++t) {
                 double s = 0;
-                for (int d = 0; d < dim; ++d) s += double(q[i * ldq + h * dim + d]) * fp16_to_fp32(rows[t][(h / 3) * dim + d]);
+                for (int d = 0; d < dim; ++d)
+                    s +=
+                        double(q[i * ldq + h * dim + d]) * fp16_to_fp32(rows[t][(h / 3) * dim + d]);
                 logit[(static_cast<size_t>(i) * n_heads + h) * n + t] = scale * s;
                 z += std::exp(scale * s);
             }
@@ -384,13 +401,15 @@ TEST(DeltaKvKernels, AttentionMassIsTheRowsSoftmaxWeightsSummed) {
     }
     std::vector<float> got(static_cast<size_t>(n_heads) * n, 1.0f);
     ThreadPool pool(2);
-    attention_mass(q.data(), ldq, n_q, shift.data(), n_heads, n_kv, dim, scale, ptrs.data(), n, got.data(), pool);
+    attention_mass(q.data(), ldq, n_q, shift.data(), n_heads, n_kv, dim, scale, ptrs.data(), n,
+                   got.data(), pool);
     for (int h = 0; h < n_heads; ++h) {
         double total = 0;
         for (int t = 0; t < n; ++t) {
             double want = 1.0;
             for (int i = 0; i < n_q; ++i)
-                want += std::exp(logit[(static_cast<size_t>(i) * n_heads + h) * n + t] + shift[i * n_heads + h]);
+                want += std::exp(logit[(static_cast<size_t>(i) * n_heads + h) * n + t] +
+                                 shift[i * n_heads + h]);
             EXPECT_NEAR(got[h * n + t], want, 1e-5) << "head " << h << " token " << t;
             total += got[h * n + t] - 1.0;
         }
@@ -479,7 +498,8 @@ TEST(DeltaKvKernels, LatentAttentionEqualsAttentionOverReconstructedValues) {
                 }
             }
             EXPECT_NEAR(lse[h], mx + std::log(sum), 1e-4) << "head " << h;
-            for (int d = 0; d < dim; ++d) EXPECT_NEAR(out[h * dim + d], o[d] / sum, 1e-4) << "head " << h << " " << d;
+            for (int d = 0; d < dim; ++d)
+                EXPECT_NEAR(out[h * dim + d], o[d] / sum, 1e-4) << "head " << h << " " << d;
         }
     }
 }

@@ -17,12 +17,12 @@ namespace deltaserve::kernels {
 namespace {
 
 template <int T, int RB>
-void tile(const Int4Decoder& dec, const uint8_t* codes, int r0, int32_t* acc) {
+void tile(const Int4DecoderRef& dec, const uint8_t* codes, int r0, int32_t* acc) {
     __m512i a[T][RB];
     for (int t = 0; t < T; ++t) {
         for (int b = 0; b < RB; ++b) a[t][b] = _mm512_setzero_si512();
     }
-    const int8_t* w = dec.w.data() + static_cast<size_t>(r0) * 4;
+    const int8_t* w = dec.w + static_cast<size_t>(r0) * 4;
     const size_t step = static_cast<size_t>(dec.d) * 4;
     for (int j4 = 0; j4 < dec.m16 / 4; ++j4, w += step) {
         __m512i wv[RB];
@@ -41,7 +41,7 @@ void tile(const Int4Decoder& dec, const uint8_t* codes, int r0, int32_t* acc) {
 }
 
 template <int T>
-void tokens(const Int4Decoder& dec, const uint8_t* codes, int32_t* acc) {
+void tokens(const Int4DecoderRef& dec, const uint8_t* codes, int32_t* acc) {
     int r = 0;
     for (; r + 64 <= dec.d; r += 64) tile<T, 4>(dec, codes, r, acc);
     if (r + 48 <= dec.d) {  // a few key dimensions (int4_decoder_rows): 12 accumulators, not 4
@@ -96,9 +96,10 @@ void weighted_heads(const float* w, int64_t ldw, const uint8_t* codes, int64_t l
 
 }  // namespace
 
-void int4_weighted_avx512(const float* w, int64_t ldw, int heads, const uint8_t* codes,
-                          int64_t ldc, int64_t n, int cols, float* acc, int64_t lda) {
-    using Fn = void (*)(const float*, int64_t, const uint8_t*, int64_t, int64_t, int, float*, int64_t);
+void int4_weighted_avx512(const float* w, int64_t ldw, int heads, const uint8_t* codes, int64_t ldc,
+                          int64_t n, int cols, float* acc, int64_t lda) {
+    using Fn =
+        void (*)(const float*, int64_t, const uint8_t*, int64_t, int64_t, int, float*, int64_t);
     static constexpr Fn kHeads[] = {weighted_heads<1>, weighted_heads<2>, weighted_heads<3>,
                                     weighted_heads<4>, weighted_heads<5>, weighted_heads<6>,
                                     weighted_heads<7>, weighted_heads<8>};
@@ -114,7 +115,7 @@ void int4_weighted_avx512(const float* w, int64_t ldw, int heads, const uint8_t*
 #pragma GCC diagnostic push  // GCC bug 105593, as above
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-void int4_finish_avx512(const Int4Decoder& dec, const int32_t* acc, float s, float lo,
+void int4_finish_avx512(const Int4DecoderRef& dec, const int32_t* acc, float s, float lo,
                         const float* const* rows, int n_rows, const float* c, const float* sn,
                         int rope_dims, int head_dim, float* y) {
     const __m512 sv = _mm512_set1_ps(s), lov = _mm512_set1_ps(lo);
@@ -125,8 +126,8 @@ void int4_finish_avx512(const Int4Decoder& dec, const int32_t* acc, float s, flo
     const __m512 alt = _mm512_setr_ps(-1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1);
     for (int r = 0; r < dec.d; r += 16) {
         const __m512 v = _mm512_cvtepi32_ps(_mm512_loadu_si512(acc + r));
-        const __m512 w = _mm512_mul_ps(sv, _mm512_loadu_ps(dec.scale.data() + r));
-        __m512 x = _mm512_fmadd_ps(w, v, _mm512_mul_ps(lov, _mm512_loadu_ps(dec.row_sum.data() + r)));
+        const __m512 w = _mm512_mul_ps(sv, _mm512_loadu_ps(dec.scale + r));
+        __m512 x = _mm512_fmadd_ps(w, v, _mm512_mul_ps(lov, _mm512_loadu_ps(dec.row_sum + r)));
         if (n_rows > 0) {
             __m512 sum = _mm512_loadu_ps(rows[0] + r);
             for (int q = 1; q < n_rows; ++q) sum = _mm512_add_ps(sum, _mm512_loadu_ps(rows[q] + r));
@@ -134,7 +135,8 @@ void int4_finish_avx512(const Int4Decoder& dec, const int32_t* acc, float s, flo
         }
         if (r < rope_dims) {
             const int j = r % head_dim / 2;  // the first pair's angle
-            const __m512 cc = _mm512_permutexvar_ps(dup, _mm512_zextps256_ps512(_mm256_loadu_ps(c + j)));
+            const __m512 cc =
+                _mm512_permutexvar_ps(dup, _mm512_zextps256_ps512(_mm256_loadu_ps(c + j)));
             const __m512 ss = _mm512_mul_ps(
                 _mm512_permutexvar_ps(dup, _mm512_zextps256_ps512(_mm256_loadu_ps(sn + j))), alt);
             x = _mm512_fmadd_ps(_mm512_permute_ps(x, 0xB1), ss, _mm512_mul_ps(x, cc));
@@ -151,14 +153,16 @@ void int4_codes_avx512(const uint8_t* packed, int m, uint8_t* q) {
     const __m512i nib = _mm512_set1_epi16(15);
     int j = 0;
     for (; j + 64 <= m; j += 64) {
-        const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed + j / 2)));
-        const __m512i codes = _mm512_or_si512(_mm512_and_si512(w, nib), _mm512_slli_epi16(_mm512_srli_epi16(w, 4), 8));
+        const __m512i w = _mm512_cvtepu8_epi16(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed + j / 2)));
+        const __m512i codes = _mm512_or_si512(_mm512_and_si512(w, nib),
+                                              _mm512_slli_epi16(_mm512_srli_epi16(w, 4), 8));
         _mm512_storeu_si512(q + j, codes);
     }
     if (j < m) int4_codes(packed + j / 2, m - j, q + j);
 }
 
-void int4_dots_avx512(const Int4Decoder& dec, const uint8_t* codes, int64_t n, int32_t* acc) {
+void int4_dots_avx512(const Int4DecoderRef& dec, const uint8_t* codes, int64_t n, int32_t* acc) {
     int64_t i = 0;
     for (; i + 4 <= n; i += 4) tokens<4>(dec, codes + i * dec.m16, acc + i * dec.d);
     for (; i < n; ++i) tokens<1>(dec, codes + i * dec.m16, acc + i * dec.d);

@@ -26,6 +26,7 @@
 #include "deltaserve/common/status.h"
 #include "deltaserve/common/thread_pool.h"
 #include "deltaserve/kernels/attention.h"
+#include "deltaserve/kernels/deltakv_ops.h"
 #include "deltaserve/kernels/dtype.h"
 #include "deltaserve/kernels/matmul.h"
 #include "deltaserve/kernels/ops.h"
@@ -191,6 +192,41 @@ class Backend {
     // id first), into ids and values (host memory, n_rows * k each); k <= n_vocab.
     virtual Status top_k(const float* logits, int64_t n_vocab, int64_t n_rows, int32_t k,
                          int32_t* ids, float* values, const Exec& exec);
+
+    // attention() with each query row's log-sum-exp (lse[i * n_heads + h], as
+    // kernels::attention gives it, -inf for a row that saw no entry); without `causal`, every
+    // query sees every entry of the view.
+    virtual Status attention_lse(const AttentionShape& shape, const KvView& kv, const float* q,
+                                 int64_t ldq, int32_t n_q, float* out, int64_t ldo, float* lse,
+                                 bool causal, const Exec& exec);
+    // kernels::merge_attention: out and lse (n_rows rows of head_dim, n_rows values) become
+    // attention over both sets of entries.
+    virtual Status merge_attention(float* out, float* lse, const float* out_b, const float* lse_b,
+                                   int n_rows, int head_dim, const Exec& exec);
+
+    // --- DeltaKV's decode step (deltakv_ops.h). The CPU backend's are deltakv.h's kernels,
+    // bit for bit as the cache calls them.
+
+    // An int4 decoder as this backend's ops read it, uploaded once (its bytes live until the
+    // backend goes; the CPU backend reads the decoder's own).
+    virtual Result<Int4DecoderRef> upload_int4_decoder(const Int4Decoder& host);
+    // out = the PoolRows' rows: width floats each, or 2 * width with V.
+    virtual Status deltakv_pool_rows(const PoolRows& rows, float* out, const Exec& exec);
+    // One query's score of each of lat.n int4 latent tokens: scores[h * lds + i] =
+    // shape.scale * q[h] . K_i[h / (n_heads / n_kv_heads)], K_i being token i's key made as
+    // deltakv_decode_int4 with an Int4KeyFinish makes it (Dec_k of its latent, plus the mean
+    // of its references' K rows, then RoPE at its angles). q: n_heads * head_dim floats.
+    // codes: the tokens' codes (int4_latent_codes, int4_code_stride(m) bytes each), kept for
+    // latent_attention.
+    virtual Status deltakv_key_scores(const AttentionShape& shape, const LatentRows& lat,
+                                      const LatentKeyInputs& in, const float* q, float* scores,
+                                      int64_t lds, uint8_t* codes, const Exec& exec);
+    // kernels::latent_attention of one query over lat.n latent tokens (int4, or fp16 when
+    // int4 is false), scored as deltakv_key_scores scores them (lds = lat.n): out (n_heads *
+    // head_dim floats) and lse (n_heads).
+    virtual Status latent_attention(const AttentionShape& shape, const LatentRows& lat,
+                                    const float* scores, const LatentValueInputs& in, float* out,
+                                    float* lse, const Exec& exec);
 
   protected:
     // alloc's and Buffer's halves: memory of `bytes` (nullptr when it cannot), and its end.

@@ -25,8 +25,8 @@ struct DeltaKvLayer {
 
 // z[i] = E(x[i]) - E(r[i]) for n rows (x, r: [n][D]; z: [n][m]). scratch holds
 // 2 * n * hidden floats.
-void deltakv_encode_residual(const DeltaKvLayer& w, const float* x, const float* r, int64_t n, float* z,
-                             float* scratch, ThreadPool& pool);
+void deltakv_encode_residual(const DeltaKvLayer& w, const float* x, const float* r, int64_t n,
+                             float* z, float* scratch, ThreadPool& pool);
 
 // x^ = Dec(z) + r for one token (z: m floats, r and out: D floats), in fp32: the
 // straightforward version (the cache decodes int4 latents with deltakv_decode_int4).
@@ -56,10 +56,19 @@ void int4_latent_codes(const uint8_t* const* latents, int64_t n, int m, uint8_t*
 // int8 with one scale per output row, laid out four latent columns at a time for the
 // integer dot-product instructions ([m16 / 4][d][4]), and each row's sum, which the latent's
 // minimum multiplies: Dec(lo + s q)[r] = lo * row_sum[r] + s * scale[r] * (w8[r] . q).
+// Kernels read it through an Int4DecoderRef: its own arrays (ref()) or a copy of them in a
+// backend's memory (Backend::upload_int4_decoder).
+struct Int4DecoderRef {
+    int d = 0, m = 0, m16 = 0;
+    const int8_t* w = nullptr;
+    const float* scale = nullptr;
+    const float* row_sum = nullptr;
+};
 struct Int4Decoder {
     int d = 0, m = 0, m16 = 0;  // m16: int4_code_stride(m) (zero columns past m)
     std::vector<int8_t> w;
     std::vector<float> scale, row_sum;
+    Int4DecoderRef ref() const { return {d, m, m16, w.data(), scale.data(), row_sum.data()}; }
 };
 Int4Decoder make_int4_decoder(const DeltaKvLayer& w);
 // The same for Wd's first `rows` rows only (the keys: a decode step reconstructs no values).
@@ -88,8 +97,14 @@ struct Int4KeyFinish {
 // With `codes` (int4_latent_codes of the same latents) the codes are not unpacked again.
 // With `finish` each decoded row then gets its references' mean and RoPE in the same pass
 // (Int4KeyFinish): the bits add_mean_rows and rope_apply give after it.
-void deltakv_decode_int4(const Int4Decoder& dec, const uint8_t* const* latents, int64_t n, float* out,
-                         int64_t ldo, const uint8_t* codes = nullptr, const Int4KeyFinish* finish = nullptr);
+void deltakv_decode_int4(const Int4DecoderRef& dec, const uint8_t* const* latents, int64_t n,
+                         float* out, int64_t ldo, const uint8_t* codes = nullptr,
+                         const Int4KeyFinish* finish = nullptr);
+inline void deltakv_decode_int4(const Int4Decoder& dec, const uint8_t* const* latents, int64_t n,
+                                float* out, int64_t ldo, const uint8_t* codes = nullptr,
+                                const Int4KeyFinish* finish = nullptr) {
+    deltakv_decode_int4(dec.ref(), latents, n, out, ldo, codes, finish);
+}
 
 inline constexpr int kMaxLatent = 512;  // the largest m latent_attention takes
 
@@ -102,7 +117,7 @@ struct LatentTokens {
     int64_t n = 0;
     const float* scores = nullptr;  // [n_heads][n]: scale * q[h] . k_i (keys reconstructed)
     const uint8_t* const* latents = nullptr;  // [n] packed: int4_pack's format, or m fp16
-    const uint8_t* codes = nullptr;  // optional, int4: int4_latent_codes of the latents
+    const uint8_t* codes = nullptr;           // optional, int4: int4_latent_codes of the latents
     bool int4 = true;
     int m = 0;
     const float* wd_v = nullptr;    // [n_kv_heads * head_dim][m]: the decoder's V rows
@@ -127,16 +142,16 @@ void latent_attention(const AttentionShape& s, const LatentTokens& t, float* out
 
 // OmniKV-style selection scores: for each of n tokens (fp16 K rows holding all KV heads),
 // the max over query heads h of q[h] . k[h / (n_heads / n_kv_heads)].
-void max_head_scores(const float* q, int n_heads, int n_kv_heads, int head_dim, const uint16_t* const* k_rows,
-                     int64_t n, float* out, ThreadPool& pool);
+void max_head_scores(const float* q, int n_heads, int n_kv_heads, int head_dim,
+                     const uint16_t* const* k_rows, int64_t n, float* out, ThreadPool& pool);
 
 // The attention n_q query rows give each of n tokens (fp16 K rows holding all KV heads),
 // summed over the rows: out[h * n + t] += sum_i exp(scale * q_i[h] . k_t[h / group] +
 // shift[i * n_heads + h]), shift being what turns a logit into the log of its share of the
 // row's attention (minus the row's log-sum-exp, plus any correction of these tokens' logits).
-void attention_mass(const float* q, int64_t ldq, int n_q, const float* shift, int n_heads, int n_kv_heads,
-                    int head_dim, float scale, const uint16_t* const* k_rows, int64_t n, float* out,
-                    ThreadPool& pool);
+void attention_mass(const float* q, int64_t ldq, int n_q, const float* shift, int n_heads,
+                    int n_kv_heads, int head_dim, float scale, const uint16_t* const* k_rows,
+                    int64_t n, float* out, ThreadPool& pool);
 
 // RoPE's inverse: turns K after RoPE at pos back into K before it.
 void rope_inverse(float* x, int n_heads, int head_dim, int64_t pos, float base, RopeStyle style);
@@ -144,6 +159,7 @@ void rope_inverse(float* x, int n_heads, int head_dim, int64_t pos, float base, 
 // The cosines and sines RoPE uses at pos (head_dim / 2 of each, computed as rope() does), and
 // RoPE or its inverse applied with them: for many tokens at few positions, the angles once.
 void rope_angles(int64_t pos, int head_dim, float base, float* cos_out, float* sin_out);
-void rope_apply(float* x, int n_heads, int head_dim, const float* c, const float* s, RopeStyle style, bool inverse);
+void rope_apply(float* x, int n_heads, int head_dim, const float* c, const float* s,
+                RopeStyle style, bool inverse);
 
 }  // namespace deltaserve::kernels

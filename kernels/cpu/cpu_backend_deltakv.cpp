@@ -1,0 +1,134 @@
+// The CPU backend's DeltaKV ops (backend.h, deltakv_ops.h): deltakv.h's kernels over host
+// memory, called as DeltaKvSequenceCache called them before the ops existed (the same blocks
+// over the pool, the same order), so that the cache's bits do not change.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "cpu_backend.h"
+#include "deltaserve/kernels/deltakv.h"
+#include "deltaserve/kernels/kv_row.h"
+
+namespace deltaserve::kernels {
+
+namespace {
+
+void prefetch(const uint8_t* row, int bytes) {
+    for (int b = 0; b < bytes; b += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(row + b), _MM_HINT_T0);
+}
+
+// A latent token's references as LatentTokens names them: ordinals, -1 for none.
+void refs_of(const LatentRows& lat, int64_t i, int32_t* out) {
+    const uint16_t* r = lat.refs + static_cast<size_t>(lat.rows[i]) * lat.k;
+    for (int q = 0; q < lat.k; ++q) out[q] = r[q] != kNoLatentRef ? r[q] : -1;
+}
+
+const uint8_t* latent_of(const LatentRows& lat, int64_t i) {
+    return lat.latents + static_cast<size_t>(lat.rows[i]) * lat.stride;
+}
+
+}  // namespace
+
+Status cpu_deltakv_pool_rows(const PoolRows& p, float* out, ThreadPool& pool) {
+    const int dims = p.v != nullptr ? 2 * p.width : p.width;
+    const int half = p.angles.head_dim / 2;
+    const int row_bytes = p.width * 2;
+    pool.parallel_for(p.n, 32, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+            // The rows lie far apart in the pool: ask for a later one while this one is read.
+            if (i + 4 < e) {
+                const size_t ahead = static_cast<size_t>(p.slots[i + 4]) * p.row_stride;
+                prefetch(p.k + ahead, row_bytes);
+                if (p.v != nullptr) prefetch(p.v + ahead, row_bytes);
+            }
+            const size_t at = static_cast<size_t>(p.slots[i]) * p.row_stride;
+            float* x = out + i * dims;
+            read_kv_row(DType::kF16, p.k + at, x, p.width);
+            if (p.v != nullptr) read_kv_row(DType::kF16, p.v + at, x + p.width, p.width);
+            const float* a = p.angles.table + p.angles.at[i];
+            rope_apply(x, p.angles.n_heads, p.angles.head_dim, a, a + half, p.angles.style, true);
+        }
+    });
+    return Status();
+}
+
+Status cpu_deltakv_key_scores(const AttentionShape& shape, const LatentRows& lat,
+                              const LatentKeyInputs& in, const float* q, float* scores, int64_t lds,
+                              uint8_t* codes, ThreadPool& pool) {
+    const int width = in.dec_k.d, kk = lat.k;
+    const int32_t stride = int4_code_stride(lat.m);
+    // A block at a time, while its rows are in cache: K = Dec_k(z) + the mean of the
+    // references' K, RoPE, and every head's score.
+    constexpr int64_t kBlock = 16;
+    pool.parallel_for_affine(lat.n, kBlock, [&](int64_t b_all, int64_t e_all) {
+        thread_local std::vector<float> block;
+        block.resize(static_cast<size_t>(kBlock) * width);
+        for (int64_t b = b_all; b < e_all; b += kBlock) {
+            const int64_t e = std::min(e_all, b + kBlock);
+            // Each token's reference rows and angles; the decoder adds and turns them while
+            // the row is in registers.
+            const uint8_t* latents[kBlock];
+            const float* ref_rows[kBlock * 16];
+            const float* angle[kBlock];
+            int32_t refs[16];
+            for (int64_t i = b; i < e; ++i) {
+                latents[i - b] = latent_of(lat, i);
+                refs_of(lat, i, refs);
+                for (int r = 0; r < kk; ++r) {
+                    ref_rows[(i - b) * kk + r] =
+                        refs[r] >= 0 ? in.ref_k + static_cast<size_t>(refs[r]) * width : nullptr;
+                }
+                angle[i - b] = in.angles.table + in.angles.at[i];
+            }
+            Int4KeyFinish finish;
+            finish.refs = ref_rows;
+            finish.k = kk;
+            finish.angles = angle;
+            finish.n_heads = in.angles.n_heads;
+            finish.head_dim = in.angles.head_dim;
+            finish.style = in.angles.style;
+            uint8_t* c = codes + b * stride;
+            int4_latent_codes(latents, e - b, lat.m, c);
+            deltakv_decode_int4(in.dec_k, latents, e - b, block.data(), width, c, &finish);
+            head_scores(shape, q, block.data(), width, e - b, scores + b, lds);
+        }
+    });
+    return Status();
+}
+
+Status cpu_latent_attention(const AttentionShape& shape, const LatentRows& lat, const float* scores,
+                            const LatentValueInputs& in, float* out, float* lse, ThreadPool& pool) {
+    thread_local std::vector<const uint8_t*> latents;
+    thread_local std::vector<int32_t> refs;
+    thread_local std::vector<const uint16_t*> ref_v;
+    latents.resize(static_cast<size_t>(lat.n));
+    refs.resize(static_cast<size_t>(lat.n) * lat.k);
+    for (int64_t i = 0; i < lat.n; ++i) {
+        latents[i] = latent_of(lat, i);
+        refs_of(lat, i, refs.data() + i * lat.k);
+    }
+    ref_v.resize(static_cast<size_t>(in.n_refs));
+    for (int64_t r = 0; r < in.n_refs; ++r) {
+        ref_v[r] = reinterpret_cast<const uint16_t*>(
+            in.ref_v + static_cast<size_t>(in.ref_slots[r]) * in.ref_stride);
+    }
+    LatentTokens t;
+    t.n = lat.n;
+    t.scores = scores;
+    t.latents = latents.data();
+    t.int4 = lat.int4;
+    t.codes = lat.int4 ? in.codes : nullptr;
+    t.m = lat.m;
+    t.wd_v = in.wd_v;
+    t.refs = refs.data();
+    t.ref_slots = lat.k;
+    t.ref_v = ref_v.data();
+    t.n_refs = in.n_refs;
+    latent_attention(shape, t, out, lse, pool);
+    return Status();
+}
+
+}  // namespace deltaserve::kernels

@@ -1,0 +1,75 @@
+// The DeltaKV ops' argument checks (deltakv_ops.h), shared by every backend.
+#include <string>
+
+#include "deltaserve/kernels/deltakv_ops.h"
+
+namespace deltaserve::kernels {
+
+namespace {
+
+Status bad(const char* op, const std::string& what) {
+    return invalid_argument(std::string(op) + ": " + what);
+}
+
+Status check_angles(const char* op, const RopeAngles& a, int64_t n, int width) {
+    if (n > 0 && (a.table == nullptr || a.at == nullptr)) return bad(op, "rows without angles");
+    if (a.head_dim < 2 || a.head_dim % 2 != 0 || a.n_heads < 0 || a.n_heads * a.head_dim > width) {
+        return bad(op, "RoPE of " + std::to_string(a.n_heads) + " heads of " +
+                           std::to_string(a.head_dim) + " in rows of " + std::to_string(width));
+    }
+    return Status();
+}
+
+Status check_latents(const char* op, const AttentionShape& s, const LatentRows& lat) {
+    if (lat.n < 0) return bad(op, "n < 0");
+    if (lat.n > 0 && (lat.rows == nullptr || lat.latents == nullptr || lat.refs == nullptr))
+        return bad(op, "latent rows without their lists");
+    if (lat.k < 0 || lat.k > 16) return bad(op, "at most 16 references per latent");
+    if (lat.m < 1 || lat.m > kMaxLatent) {
+        return bad(op, "latent size " + std::to_string(lat.m) + " outside [1, " +
+                           std::to_string(kMaxLatent) + "]");
+    }
+    const size_t bytes = lat.int4 ? int4_bytes(lat.m) : static_cast<size_t>(lat.m) * 2;
+    if (lat.stride < bytes) return bad(op, "latents closer than their size");
+    if (s.n_kv_heads <= 0 || s.n_heads % s.n_kv_heads != 0 || s.n_heads > 64 ||
+        s.head_dim % 8 != 0 || s.head_dim <= 0 || s.head_dim > 256 ||
+        s.n_kv_heads * s.head_dim > 2048) {
+        return bad(op, "unsupported attention shape");
+    }
+    return Status();
+}
+
+}  // namespace
+
+Status validate(const PoolRows& p) {
+    constexpr const char* op = "deltakv_pool_rows";
+    if (p.n < 0) return bad(op, "n < 0");
+    if (p.width <= 0 || p.row_stride < static_cast<size_t>(p.width) * 2)
+        return bad(op, "rows of " + std::to_string(p.width) + " fp16 values do not fit");
+    if (p.n > 0 && (p.k == nullptr || p.slots == nullptr)) return bad(op, "rows without slots");
+    return check_angles(op, p.angles, p.n, p.width);
+}
+
+Status validate(const AttentionShape& s, const LatentRows& lat, const LatentKeyInputs& in) {
+    constexpr const char* op = "deltakv_key_scores";
+    DS_RETURN_IF_ERROR(check_latents(op, s, lat));
+    if (!lat.int4) return bad(op, "int4 latents only");
+    const int width = s.n_kv_heads * s.head_dim;
+    if (in.dec_k.d != width || in.dec_k.m != lat.m || in.dec_k.m16 != int4_code_stride(lat.m))
+        return bad(op, "the decoder is not the K width by m");
+    if (lat.n > 0 && in.n_refs > 0 && in.ref_k == nullptr) return bad(op, "no reference rows");
+    return check_angles(op, in.angles, lat.n, width);
+}
+
+Status validate(const AttentionShape& s, const LatentRows& lat, const LatentValueInputs& in) {
+    constexpr const char* op = "latent_attention";
+    DS_RETURN_IF_ERROR(check_latents(op, s, lat));
+    if (in.wd_v == nullptr) return bad(op, "no decoder");
+    if (in.n_refs < 0 || (in.n_refs > 0 && (in.ref_v == nullptr || in.ref_slots == nullptr)))
+        return bad(op, "references without their rows");
+    if (in.n_refs > 0 && in.ref_stride < static_cast<size_t>(s.n_kv_heads * s.head_dim) * 2)
+        return bad(op, "reference rows closer than their size");
+    return Status();
+}
+
+}  // namespace deltaserve::kernels

@@ -1,0 +1,97 @@
+// Device side of DeltaKV's decode-step ops (deltakv.cu). Plain C++: deltakv_ops.cpp checks
+// the arguments and stages the host lists; every pointer here is device memory.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace deltaserve::kernels::cuda {
+
+// Where a row's RoPE angles are (RopeAngles): position i's cos at table + at[i], its sin
+// half a head further.
+struct AnglesLaunch {
+    const float* table = nullptr;
+    const int32_t* at = nullptr;
+    int n_heads = 0;
+    int head_dim = 0;
+    bool interleaved = true;
+};
+
+// PoolRows: one block per row.
+struct PoolRowsLaunch {
+    const uint8_t* k = nullptr;
+    const uint8_t* v = nullptr;  // nullptr: K only
+    size_t row_stride = 0;
+    const int32_t* slots = nullptr;
+    int64_t n = 0;
+    int width = 0;
+    AnglesLaunch angles;
+    float* out = nullptr;
+};
+cudaError_t launch_pool_rows(const PoolRowsLaunch& a, cudaStream_t stream);
+
+// The latent tokens (LatentRows): token i is row rows[i] of latents and of refs.
+struct LatentsLaunch {
+    int64_t n = 0;
+    const int32_t* rows = nullptr;
+    const uint8_t* latents = nullptr;
+    size_t stride = 0;
+    int m = 0;
+    int m16 = 0;  // int4_code_stride(m)
+    const uint16_t* refs = nullptr;
+    int k = 0;
+    bool int4 = true;
+};
+
+// deltakv_key_scores: one block per token decodes its key (the int4 decoder's K rows, the
+// references' mean, RoPE) into shared memory, then scores it with every head.
+struct KeyScoresLaunch {
+    LatentsLaunch lat;
+    const int8_t* dec_w = nullptr;  // [m16 / 4][width][4]
+    const float* dec_scale = nullptr;
+    const float* dec_row_sum = nullptr;
+    int width = 0;                 // n_kv_heads * head_dim
+    const float* ref_k = nullptr;  // rows of width by ordinal
+    AnglesLaunch angles;           // one offset per token
+    const float* q = nullptr;      // n_heads * head_dim
+    int n_heads = 0;
+    int n_kv_heads = 0;
+    int head_dim = 0;
+    float scale = 0.0f;
+    float* scores = nullptr;  // [n_heads][lds]
+    int64_t lds = 0;
+    uint8_t* codes = nullptr;  // [n][m16]
+};
+cudaError_t launch_key_scores(const KeyScoresLaunch& a, cudaStream_t stream);
+
+// latent_attention in three kernels: each head's softmax max and sum; per (head, piece of
+// kLatentPiece tokens) the weighted latents and the weighted reference V rows; per head the
+// pieces summed in order, the decoder's V rows applied, and the normalised output and lse.
+inline constexpr int64_t kLatentPiece = 256;
+struct LatentAttentionLaunch {
+    LatentsLaunch lat;
+    const float* scores = nullptr;   // [n_heads][n]
+    const uint8_t* codes = nullptr;  // int4: [n][m16], or nullptr to unpack the latents
+    const float* wd_v = nullptr;     // [n_kv_heads * head_dim][m]
+    const uint8_t* ref_v = nullptr;
+    size_t ref_stride = 0;
+    const int32_t* ref_slots = nullptr;  // by ordinal
+    int n_heads = 0;
+    int n_kv_heads = 0;
+    int head_dim = 0;
+    float* out = nullptr;  // n_heads * head_dim
+    float* lse = nullptr;  // n_heads
+    // Scratch: head_stats 2 * n_heads floats; partial n_heads * pieces * (m + head_dim + 1).
+    float* head_stats = nullptr;
+    float* partial = nullptr;
+};
+inline int64_t latent_pieces(int64_t n) { return (n + kLatentPiece - 1) / kLatentPiece; }
+cudaError_t launch_latent_attention(const LatentAttentionLaunch& a, cudaStream_t stream);
+
+// kernels::merge_attention over n_rows rows.
+cudaError_t launch_merge_attention(float* out, float* lse, const float* out_b, const float* lse_b,
+                                   int n_rows, int head_dim, cudaStream_t stream);
+
+}  // namespace deltaserve::kernels::cuda

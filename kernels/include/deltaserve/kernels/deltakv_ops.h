@@ -1,0 +1,89 @@
+// DeltaKV's decode step as a Backend's ops take it (backend.h): one sparse layer's reference
+// rows, its latent tokens' keys and scores, and attention through their latents
+// (deltakv.h has the math). Arrays live in the backend's memory; index lists (slots, latent
+// rows, angle offsets) in host memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "deltaserve/common/status.h"
+#include "deltaserve/kernels/attention.h"
+#include "deltaserve/kernels/deltakv.h"
+#include "deltaserve/kernels/dtype.h"
+
+namespace deltaserve::kernels {
+
+// The reference ordinal a latent names where it has none.
+inline constexpr uint16_t kNoLatentRef = 0xFFFF;
+
+// RoPE's cos and sin per position, for rows at many positions: position i's angles are
+// head_dim floats (head_dim / 2 cosines, then as many sines, as rope_angles writes them) at
+// table + at[i]; RoPE turns the first n_heads heads of a row.
+struct RopeAngles {
+    const float* table = nullptr;  // backend memory
+    const int32_t* at = nullptr;   // host memory, one offset per row
+    int n_heads = 0, head_dim = 0;
+    RopeStyle style = RopeStyle::kInterleaved;
+};
+
+// Rows of a slot pool (fp16, row_stride bytes apart, all KV heads) as x: row i of out is the K
+// row of slots[i] turned back before RoPE (rope_apply's inverse with angles.at[i]), then,
+// when v is given, its V row. width: the values of a K row (n_kv_heads * head_dim).
+struct PoolRows {
+    const uint8_t* k = nullptr;
+    const uint8_t* v = nullptr;  // nullptr: K only
+    size_t row_stride = 0;
+    const int32_t* slots = nullptr;  // host memory
+    int64_t n = 0;
+    int width = 0;
+    RopeAngles angles;
+};
+
+// n latent tokens of one sparse layer: token i is row rows[i] of the layer's latents
+// (int4_pack's format or m fp16 values, stride bytes apart) and names the references refs[rows[i] *
+// k ..
+// + k) (ordinals, kNoLatentRef for none).
+struct LatentRows {
+    int64_t n = 0;
+    const int32_t* rows = nullptr;  // host memory
+    const uint8_t* latents = nullptr;
+    size_t stride = 0;
+    int m = 0;
+    const uint16_t* refs = nullptr;
+    int k = 0;         // at most 16
+    bool int4 = true;  // else m fp16 values (latent_attention only)
+};
+
+// What Backend::deltakv_key_scores reads besides the latents: the references' K rows by
+// ordinal (PoolRows' output, width values each), each token's RoPE angles, and the
+// decoder's K rows.
+struct LatentKeyInputs {
+    Int4DecoderRef dec_k;  // dec_k.d: the K width (n_kv_heads * head_dim)
+    const float* ref_k = nullptr;
+    int64_t n_refs = 0;
+    RopeAngles angles;  // one offset per token
+};
+
+// What Backend::latent_attention reads besides the latents and their scores: the codes
+// deltakv_key_scores left (int4_code_stride(m) bytes per token; nullptr: unpacked again),
+// the decoder's V rows ([n_kv_heads * head_dim][m], fp32), and the references' V rows,
+// reference r at slot ref_slots[r] of a pool of fp16 rows.
+struct LatentValueInputs {
+    const uint8_t* codes = nullptr;
+    const float* wd_v = nullptr;
+    const uint8_t* ref_v = nullptr;
+    size_t ref_stride = 0;
+    const int32_t* ref_slots = nullptr;  // host memory
+    int64_t n_refs = 0;
+};
+
+// kInvalidArgument naming what breaks the ops' limits: rows without their lists, a width
+// that is not whole heads, more than 16 references, m outside [1, kMaxLatent], a decoder
+// whose shape is not the shape's K width by m, a GQA shape latent_attention does not take.
+// Backends check their arguments with these before they read them.
+Status validate(const PoolRows& rows);
+Status validate(const AttentionShape& shape, const LatentRows& lat, const LatentKeyInputs& in);
+Status validate(const AttentionShape& shape, const LatentRows& lat, const LatentValueInputs& in);
+
+}  // namespace deltaserve::kernels
