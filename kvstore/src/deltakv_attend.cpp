@@ -15,15 +15,49 @@ namespace deltaserve::kvstore {
 
 namespace k = deltaserve::kernels;
 
+namespace {
+
+// The backend's ops fail only on arguments the cache made (the CPU backend has no device to
+// lose): a bug.
+void must(const Status& st) { DS_CHECK(st.ok(), st.to_string().c_str()); }
+
+}  // namespace
+
+k::RopeAngles DeltaKvSequenceCache::rope_angles(const int32_t* at) const {
+    k::RopeAngles a;
+    a.table = angle_table_.data();
+    a.at = at;
+    a.n_heads = options_.n_kv_heads;
+    a.head_dim = options_.head_dim;
+    a.style = options_.rope_style;
+    return a;
+}
+
+k::LatentRows DeltaKvSequenceCache::latent_rows(int32_t sl) const {
+    k::LatentRows lat;
+    lat.n = static_cast<int64_t>(lat_rows_.size());
+    lat.rows = lat_rows_.data();
+    lat.latents = region_.latents[sl].data();
+    lat.stride = latent_bytes();
+    lat.m = profile_.m;
+    lat.refs = region_.refs[sl].data();
+    lat.k = options_.k;
+    lat.int4 = options_.latent_bits == 4;
+    return lat;
+}
+
 void DeltaKvSequenceCache::gather_refs(int32_t sl, const std::vector<int32_t>& positions,
                                        int32_t dims) {
-    const int32_t d = profile_.d, kv_dim = d / 2, half = options_.head_dim / 2;
+    const int32_t d = profile_.d, kv_dim = d / 2;
     const size_t lb = latent_bytes();
     latent_ptrs_.clear();
+    lat_rows_.clear();
+    lat_at_.clear();
     for (int32_t p : positions) {
+        lat_rows_.push_back(region_.latent_of[p]);
         latent_ptrs_.push_back(region_.latents[sl].data() +
-                               static_cast<size_t>(region_.latent_of[p]) * lb);
-        angles(p);
+                               static_cast<size_t>(lat_rows_.back()) * lb);
+        lat_at_.push_back(angles(p));
     }
     // Every reference the region's latents may name, a row per ordinal (the sinks, then the
     // region's references): a selection's tokens name nearly all of them, and a token's
@@ -36,29 +70,22 @@ void DeltaKvSequenceCache::gather_refs(int32_t sl, const std::vector<int32_t>& p
             ref_pos_.push_back(p);
         }
     }
-    for (int32_t p : ref_pos_) angles(p);
+    ref_slots_.resize(ref_pos_.size());
+    ref_at_.resize(ref_pos_.size());
+    for (size_t i = 0; i < ref_pos_.size(); ++i) {
+        ref_slots_[i] = sparse_slot_[ref_pos_[i]];
+        ref_at_[i] = angles(ref_pos_[i]);
+    }
     grow(ref_x_, ref_pos_.size() * dims);
-    threads_->parallel_for(static_cast<int64_t>(ref_pos_.size()), 32, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) {
-            // The rows lie far apart in the pool: ask for a later one while this one is read.
-            if (i + 4 < e) {
-                prefetch_row(sparse_pool_->k_row(sl, sparse_slot_[ref_pos_[i + 4]]), 2 * kv_dim);
-                if (dims == d)
-                    prefetch_row(sparse_pool_->v_row(sl, sparse_slot_[ref_pos_[i + 4]]),
-                                 2 * kv_dim);
-            }
-            float* xi = ref_x_.data() + i * dims;
-            read_kv_row(k::DType::kF16, sparse_pool_->k_row(sl, sparse_slot_[ref_pos_[i]]), xi,
-                        kv_dim);
-            if (dims == d) {
-                read_kv_row(k::DType::kF16, sparse_pool_->v_row(sl, sparse_slot_[ref_pos_[i]]),
-                            xi + kv_dim, kv_dim);
-            }
-            const float* a = angle_table_.data() + angle_of_[ref_pos_[i]];
-            k::rope_apply(xi, options_.n_kv_heads, options_.head_dim, a, a + half,
-                          options_.rope_style, true);
-        }
-    });
+    k::PoolRows rows;
+    rows.k = sparse_pool_->k_base(sl);
+    rows.v = dims == d ? sparse_pool_->v_base(sl) : nullptr;
+    rows.row_stride = sparse_pool_->row_bytes();
+    rows.slots = ref_slots_.data();
+    rows.n = static_cast<int64_t>(ref_pos_.size());
+    rows.width = kv_dim;
+    rows.angles = rope_angles(ref_at_.data());
+    must(backend_->deltakv_pool_rows(rows, ref_x_.data(), exec()));
 }
 
 void DeltaKvSequenceCache::reconstruct(int32_t layer) {
@@ -169,83 +196,45 @@ void DeltaKvSequenceCache::add_ref_mean(int32_t sl, int32_t pos, int32_t dims, f
 void DeltaKvSequenceCache::latent_scores(int32_t layer, const kernels::AttentionShape& shape,
                                          const float* q, const std::vector<int32_t>& positions) {
     const int32_t sl = layer_index_[layer];
-    const int32_t m = profile_.m, kv_dim = profile_.d / 2, kk = options_.k,
-                  half = options_.head_dim / 2;
-    const bool int4 = options_.latent_bits == 4;
+    const int32_t m = profile_.m, kv_dim = profile_.d / 2, half = options_.head_dim / 2;
     gather_refs(sl, positions, kv_dim);
     const int64_t n = static_cast<int64_t>(positions.size());
     grow(scores_, static_cast<size_t>(shape.n_heads) * n);
-    grow(lat_refs_, static_cast<size_t>(n) * kk);
-    const int32_t stride = k::int4_code_stride(m);
-    if (int4) grow(codes_, static_cast<size_t>(n) * stride);
-    if (!int4) {  // fp16 latents: the decoder's K rows for every token at once
-        grow(z_, static_cast<size_t>(n) * m);
-        grow(x_, static_cast<size_t>(n) * kv_dim);
-        for (int64_t i = 0; i < n; ++i)
-            read_kv_row(k::DType::kF16, latent_ptrs_[i], z_.data() + i * m, m);
-        k::WeightMatrix wk = profile_.layers[layer].wd;
-        wk.rows = kv_dim;
-        k::matmul(wk, z_.data(), m, n, x_.data(), kv_dim, *threads_);
+    if (options_.latent_bits == 4) {  // the backend's: keys made and scored in one pass
+        grow(codes_, static_cast<size_t>(n) * k::int4_code_stride(m));
+        k::LatentKeyInputs in;
+        in.dec_k = dec_k_[layer];
+        in.ref_k = ref_x_.data();
+        in.n_refs = static_cast<int64_t>(ref_pos_.size());
+        in.angles = rope_angles(lat_at_.data());
+        must(backend_->deltakv_key_scores(shape, latent_rows(sl), in, q, scores_.data(), n,
+                                          codes_.data(), exec()));
+        return;
     }
-    // A block at a time, while its rows are in cache: K = Dec_k(z) + the mean of the
-    // references' K, RoPE, and every head's score.
+    // fp16 latents: the decoder's K rows for every token at once, then a block at a time
+    // while its rows are in cache: the mean of the references' K, RoPE, every head's score.
+    grow(z_, static_cast<size_t>(n) * m);
+    grow(x_, static_cast<size_t>(n) * kv_dim);
+    for (int64_t i = 0; i < n; ++i)
+        read_kv_row(k::DType::kF16, latent_ptrs_[i], z_.data() + i * m, m);
+    k::WeightMatrix wk = profile_.layers[layer].wd;
+    wk.rows = kv_dim;
+    k::matmul(wk, z_.data(), m, n, x_.data(), kv_dim, *threads_);
     constexpr int64_t kBlock = 16;
-    DS_CHECK(kk <= 16, "at most 16 references per latent");
     threads_->parallel_for_affine(n, kBlock, [&](int64_t b_all, int64_t e_all) {
-        thread_local std::vector<float> block;
         for (int64_t b = b_all; b < e_all; b += kBlock) {
             const int64_t e = std::min(e_all, b + kBlock);
-            float* rows = nullptr;
-            if (!int4) {
-                rows = x_.data() + b * kv_dim;
-                for (int64_t i = b; i < e; ++i) {
-                    const int32_t pos = positions[i];
-                    float* xi = rows + (i - b) * kv_dim;
-                    add_ref_mean(sl, pos, kv_dim, xi, lat_refs_.data() + i * kk);
-                    const float* a = angle_table_.data() + angle_of_[pos];
-                    k::rope_apply(xi, options_.n_kv_heads, options_.head_dim, a, a + half,
-                                  options_.rope_style, false);
-                }
-            } else {
-                // Each token's reference rows and angles; the decoder adds and turns them
-                // while the row is in registers.
-                const float* ref_rows[kBlock * 16];
-                const float* angle[kBlock];
-                for (int64_t i = b; i < e; ++i) {
-                    const int32_t pos = positions[i];
-                    const uint16_t* refs =
-                        region_.refs[sl].data() + static_cast<size_t>(region_.latent_of[pos]) * kk;
-                    for (int32_t r = 0; r < kk; ++r) {
-                        const bool has = refs[r] != kNoRef;
-                        lat_refs_[i * kk + r] = has ? refs[r] : -1;
-                        ref_rows[(i - b) * kk + r] =
-                            has ? ref_x_.data() + static_cast<size_t>(refs[r]) * kv_dim : nullptr;
-                    }
-                    angle[i - b] = angle_table_.data() + angle_of_[pos];
-                }
-                k::Int4KeyFinish finish;
-                finish.refs = ref_rows;
-                finish.k = kk;
-                finish.angles = angle;
-                finish.n_heads = options_.n_kv_heads;
-                finish.head_dim = options_.head_dim;
-                finish.style = options_.rope_style;
-                block.resize(static_cast<size_t>(kBlock) * kv_dim);
-                rows = block.data();
-                // The codes stay for latent_attention's values.
-                uint8_t* codes = codes_.data() + b * stride;
-                k::int4_latent_codes(latent_ptrs_.data() + b, e - b, m, codes);
-                k::deltakv_decode_int4(profile_.int4_k[layer], latent_ptrs_.data() + b, e - b, rows,
-                                       kv_dim, codes, &finish);
+            float* rows = x_.data() + b * kv_dim;
+            for (int64_t i = b; i < e; ++i) {
+                float* xi = rows + (i - b) * kv_dim;
+                add_ref_mean(sl, positions[i], kv_dim, xi, nullptr);
+                const float* a = angle_table_.data() + lat_at_[i];
+                k::rope_apply(xi, options_.n_kv_heads, options_.head_dim, a, a + half,
+                              options_.rope_style, false);
             }
             k::head_scores(shape, q, rows, kv_dim, e - b, scores_.data() + b, n);
         }
     });
-    ref_v_.resize(ref_pos_.size());
-    for (size_t r = 0; r < ref_pos_.size(); ++r) {
-        ref_v_[r] =
-            reinterpret_cast<const uint16_t*>(sparse_pool_->v_row(sl, sparse_slot_[ref_pos_[r]]));
-    }
 }
 
 bool DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& shape,
@@ -259,7 +248,8 @@ bool DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& 
     lse_a_.resize(heads);
     lse_b_.resize(heads);
     out_b_.resize(heads * shape.head_dim);
-    k::attention(shape, view(layer, 1), q, ldq, 1, out, ldo, *threads_, lse_a_.data());
+    must(backend_->attention_lse(shape, view(layer, 1), q, ldq, 1, out, ldo, lse_a_.data(),
+                                 /*causal=*/true, exec()));
     // A scorer scores every latent token of the region, then attends its pick as the layers
     // after it do.
     const bool picks = options_.score_every > 0 && scorer_[layer];
@@ -275,24 +265,22 @@ bool DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& 
         if (picks) keep_top_scored(shape.n_heads);
     }
     attended_latents_ = static_cast<int32_t>(picks ? scored_.size() : positions.size());
-    k::LatentTokens t;
-    t.n = attended_latents_;
-    t.scores = scores_.data();
-    t.latents = latent_ptrs_.data();
-    t.int4 = options_.latent_bits == 4;
-    if (t.int4) t.codes = codes_.data();
-    t.m = profile_.m;
-    t.wd_v = static_cast<const float*>(profile_.layers[layer].wd.data) +
-             static_cast<size_t>(profile_.d / 2) * profile_.m;
-    t.refs = lat_refs_.data();
-    t.ref_slots = options_.k;
-    t.ref_v = ref_v_.data();
-    t.n_refs = static_cast<int64_t>(ref_v_.size());
-    k::latent_attention(shape, t, out_b_.data(), lse_b_.data(), *threads_);
+    k::LatentValueInputs in;
+    if (options_.latent_bits == 4) in.codes = codes_.data();
+    in.wd_v = static_cast<const float*>(profile_.layers[layer].wd.data) +
+              static_cast<size_t>(profile_.d / 2) * profile_.m;
+    in.ref_v = sparse_pool_->v_base(layer_index_[layer]);
+    in.ref_stride = sparse_pool_->row_bytes();
+    in.ref_slots = ref_slots_.data();
+    in.n_refs = static_cast<int64_t>(ref_slots_.size());
+    k::LatentRows lat = latent_rows(layer_index_[layer]);
+    lat.n = attended_latents_;
+    must(backend_->latent_attention(shape, lat, scores_.data(), in, out_b_.data(), lse_b_.data(),
+                                    exec()));
     if (options_.follow > 0) lse_b_raw_ = lse_b_;
     add_logit_correction(layer, shape, q, ldq, 1, lse_b_.data());
-    k::merge_attention(out, lse_a_.data(), out_b_.data(), lse_b_.data(), shape.n_heads,
-                       shape.head_dim);
+    must(backend_->merge_attention(out, lse_a_.data(), out_b_.data(), lse_b_.data(), shape.n_heads,
+                                   shape.head_dim, exec()));
     // With scorers a step's layers attend different picks: not followed.
     if (options_.follow > 0 && options_.score_every == 0) score_follow(shape.n_heads, positions);
     return true;
@@ -345,16 +333,17 @@ bool DeltaKvSequenceCache::attend_chunk(int32_t layer, const kernels::AttentionS
     // view(): the sinks, the selection's references, the buffer and the new tokens; the
     // selection's reconstructed tokens are attended apart (every query sees all of them),
     // their lse corrected, and merged.
-    k::attention(shape, view(layer, n), q, ldq, n, out, ldo, *threads_, lse_a_.data());
+    must(backend_->attention_lse(shape, view(layer, n), q, ldq, n, out, ldo, lse_a_.data(),
+                                 /*causal=*/true, exec()));
     if (!recon_pos_.empty()) {
         lse_b_.resize(rows);
         out_b_.resize(rows * shape.head_dim);
-        k::attention(shape, reconstructed_view(), q, ldq, n, out_b_.data(), ldo, *threads_,
-                     lse_b_.data(), /*causal=*/false);
+        must(backend_->attention_lse(shape, reconstructed_view(), q, ldq, n, out_b_.data(), ldo,
+                                     lse_b_.data(), /*causal=*/false, exec()));
         if (pins) lse_b_raw_ = lse_b_;
         add_logit_correction(layer, shape, q, ldq, n, lse_b_.data());
-        k::merge_attention(out, lse_a_.data(), out_b_.data(), lse_b_.data(), static_cast<int>(rows),
-                           shape.head_dim);
+        must(backend_->merge_attention(out, lse_a_.data(), out_b_.data(), lse_b_.data(),
+                                       static_cast<int>(rows), shape.head_dim, exec()));
     }
     if (pins) score_pins(layer, shape, q, ldq, n);
     return true;

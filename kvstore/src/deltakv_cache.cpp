@@ -52,6 +52,15 @@ Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(
                            k::DType::kF16, o.n_kv_heads};
         DS_ASSIGN_OR_RETURN(c->sparse_pool_, SlotPool::create(so));
     }
+    // The decode step's ops run on the CPU backend while the cache's memory is host memory.
+    c->backend_ = k::find_backend("cpu");
+    DS_CHECK(c->backend_ != nullptr, "the CPU backend is always registered");
+    if (o.latent_bits == 4) {
+        for (const k::Int4Decoder& dec : profile.int4_k) {
+            DS_ASSIGN_OR_RETURN(k::Int4DecoderRef ref, c->backend_->upload_int4_decoder(dec));
+            c->dec_k_.push_back(ref);
+        }
+    }
     return c;
 }
 

@@ -155,15 +155,13 @@ void DeltaKvSequenceCache::keep_top_scored(int n_heads) {
     const int64_t want = static_cast<int64_t>(top_.size());
     // The pick's scores, latents and references to the front, in place: top_[j] >= j, so
     // nothing is overwritten before it is read.
-    const int32_t kk = options_.k;
     for (int h = 0; h < n_heads; ++h) {
         for (int64_t j = 0; j < want; ++j) scores_[h * want + j] = scores_[h * n + top_[j]];
     }
     const int32_t stride = k::int4_code_stride(profile_.m);
     for (int64_t j = 0; j < want; ++j) {
         latent_ptrs_[j] = latent_ptrs_[top_[j]];
-        std::copy_n(lat_refs_.begin() + static_cast<int64_t>(top_[j]) * kk, kk,
-                    lat_refs_.begin() + j * kk);
+        lat_rows_[j] = lat_rows_[top_[j]];
         if (options_.latent_bits == 4 && top_[j] != j) {
             std::copy_n(codes_.begin() + static_cast<int64_t>(top_[j]) * stride, stride,
                         codes_.begin() + j * stride);

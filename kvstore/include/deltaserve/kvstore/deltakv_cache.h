@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "deltaserve/common/thread_pool.h"
+#include "deltaserve/kernels/backend.h"
 #include "deltaserve/kernels/deltakv.h"
 #include "deltaserve/kvstore/deltakv_hints.h"
 #include "deltaserve/kvstore/deltakv_region.h"
@@ -272,22 +273,23 @@ class DeltaKvSequenceCache final : public SequenceCache {
     // The lead's selection for this call (offsets into the region, sorted): see last_select_.
     std::vector<int32_t> lead_selection();
     void reconstruct(int32_t layer);
-    // For the latent tokens at `positions` of sparse layer sl: latent_ptrs_, every reference
-    // of the region by ordinal (ref_pos_: the sinks, then region_.ref_list up to region_.end) and
-    // ref_x_, a row of `dims` values per ordinal (K de-RoPEd, then V when dims is D), and the
-    // RoPE angles of every position.
+    // For the latent tokens at `positions` of sparse layer sl: latent_ptrs_, their latent rows
+    // (lat_rows_) and angle offsets (lat_at_), every reference of the region by ordinal
+    // (ref_pos_: the sinks, then region_.ref_list up to region_.end; their slots ref_slots_)
+    // and ref_x_, a row of `dims` values per ordinal (K de-RoPEd, then V when dims is D), and
+    // the RoPE angles of every position.
     void gather_refs(int32_t sl, const std::vector<int32_t>& positions, int32_t dims);
     // x += the mean of the references of the latent token at pos (ref_x_ rows of `dims`
     // values, as gather_refs made them); rows (k entries), when given, gets their rows.
     void add_ref_mean(int32_t sl, int32_t pos, int32_t dims, float* x, int32_t* rows) const;
     // For attend(): every head's score of each selected latent token (scores_, [head][token]),
-    // its keys reconstructed (K rows of the decoder) a block at a time, and the tokens'
-    // references (lat_refs_, ref_v_).
+    // its keys reconstructed (K rows of the decoder), after gather_refs; int4 latents on the
+    // backend (deltakv_key_scores, leaving codes_ for latent_attention).
     void latent_scores(int32_t layer, const kernels::AttentionShape& shape, const float* q,
                        const std::vector<int32_t>& positions);
     // A scorer's pick (score_every) among latent_sel_, scored in scores_: the select_ratio
     // share with the highest max over heads, into scored_ (in position order); scores_,
-    // latent_ptrs_ and lat_refs_ then hold the pick's only, as latent_scores had scored it.
+    // lat_rows_ and codes_ then hold the pick's only, as latent_scores had scored it.
     void keep_top_scored(int n_heads);
     // scored_ = the select_ratio share of latent_sel_ with the highest top_score_, in
     // position order; top_ = their indices in latent_sel_.
@@ -315,12 +317,21 @@ class DeltaKvSequenceCache final : public SequenceCache {
                       int64_t ldq, int32_t n, float* out, int64_t ldo);
     // x = [K before RoPE; V] of a full-precision token of sparse layer `sl`.
     void load_x(int32_t sl, int32_t pos, float* x) const;
+    // The backend ops' views of the cache: how they run (the call's threads), RoPE angles at
+    // offsets into angle_table_, and the latent tokens of lat_rows_ in sparse layer sl.
+    kernels::Exec exec() const { return kernels::Exec{threads_}; }
+    kernels::RopeAngles rope_angles(const int32_t* at) const;
+    kernels::LatentRows latent_rows(int32_t sl) const;
 
     const DeltaKvProfile& profile_;
     DeltaKvOptions options_;
     // The threads of the call in progress: attend() and observe() use the caller's, other
     // calls the pool the cache was made with.
     ThreadPool* threads_;
+    // Where the decode step's reference rows, latent keys and latent attention run (the CPU
+    // backend: the cache's memory is host memory), and each layer's int4 K decoder there.
+    kernels::Backend* backend_ = nullptr;
+    std::vector<kernels::Int4DecoderRef> dec_k_;
     // Which positions of the compressed region are references and latents, and the latents.
     DeltaKvRegion region_;
     // What the commit of the forward call in progress compresses.
@@ -371,14 +382,13 @@ class DeltaKvSequenceCache final : public SequenceCache {
     std::vector<float> angle_table_;
     // Reconstruction scratch, kept between calls so steps do not allocate: the references'
     // positions (by ordinal), and rows of x.
-    std::vector<int32_t> ref_pos_;
+    std::vector<int32_t> ref_pos_, ref_slots_, ref_at_;
     std::vector<const uint8_t*> latent_ptrs_;
+    std::vector<int32_t> lat_rows_, lat_at_;
     std::vector<float> ref_x_, z_, x_;
-    // attend(): the latent tokens' reference rows, V rows of the references, and the two
-    // halves' outputs and log-sum-exps.
-    std::vector<int32_t> lat_refs_;
-    std::vector<uint8_t> codes_;  // int4: the latents' codes, unpacked once for K and V
-    std::vector<const uint16_t*> ref_v_;
+    // attend(): the latents' codes (int4: unpacked once for K and V), and the two halves'
+    // outputs and log-sum-exps.
+    std::vector<uint8_t> codes_;
     std::vector<float> scores_, out_b_, lse_a_, lse_b_;
     mutable std::vector<int32_t> view_slots_;
 };
