@@ -6,7 +6,8 @@
 # tests/gpu/device_check.sh, and in BUNDLE/bench the GPU
 # benchmark (bench/gpu/run_gpu_bench.sh, its programs, and the tokenizer its random model
 # takes; llama.cpp's CUDA llama-bench in BUNDLE/llama when bench/build_llama_server.sh --cuda
-# made one). Built here, from build/
+# made one). The programs and benchmarks travel xz-compressed in BUNDLE/programs.tar.xz,
+# which device_check.sh unpacks. Built here, from build/
 # (Release, with the CUDA backend: DELTASERVE_CUDA=AUTO finds /usr/local/cuda).
 #
 #   tests/gpu/bundle.sh [BUNDLE_DIR]     # default .gpu-bundle (ignored by git)
@@ -24,7 +25,7 @@ build=${DELTASERVE_BUILD_DIR:-build}
 model=${DELTASERVE_MODELS_DIR:-models}/SmolLM2-135M-Instruct.Q4_1.gguf
 profile=${DELTASERVE_PROFILES_DIR:-profiles}/SmolLM2-135M-Instruct.Q4_1.gguf
 programs=(kernels_cuda_parity_test kernels_backend_test kernels_cuda_forward_ops_test
-          kvstore_device_tier_test model_smollm2_golden_test)
+          kernels_deltakv_ops_test kvstore_device_tier_test model_smollm2_golden_test)
 benches=(deltaserve-bench-kernels deltaserve-bench-runtime deltaserve-bench-fidelity)
 
 rm -rf "$out" "$out-model"
@@ -63,6 +64,10 @@ done
 cp tests/data/smollm2_golden.json "$out/data/"
 [ -s /usr/share/common-licenses/GPL-3 ] && cp /usr/share/common-licenses/GPL-3 "$out/data/"
 cp tests/gpu/device_check.sh "$out/"
+# The programs and benchmarks xz-compressed (a quarter of their size): device_check.sh
+# unpacks them.
+tar -cJf "$out/programs.tar.xz" -C "$out" bin bench
+rm -rf "$out/bin" "$out/bench"
 du -sh "$out" | awk '{print "bundle: " $1 " in '"$out"' (the device tool carries 64 MiB at most)"}'
 if [ -s "$model" ]; then
     # models/ and profiles/ as the tests find them, links followed.

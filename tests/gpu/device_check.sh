@@ -12,6 +12,12 @@ here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The programs and benchmarks come xz-compressed (bundle.sh): unpacked once, with Python's
+# lzma (the device machine may lack xz).
+if [ -s "$here/programs.tar.xz" ] && [ ! -d "$here/bin" ]; then
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+        "$here/programs.tar.xz" "$here" || { echo "cannot unpack programs.tar.xz" >&2; exit 1; }
+fi
 export DELTASERVE_TEST_DATA_DIR="$here/data"
 payload=$(mktemp -d)
 trap 'rm -rf "$payload"' EXIT
