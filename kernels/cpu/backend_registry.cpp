@@ -145,9 +145,15 @@ Result<Int4DecoderRef> Backend::upload_int4_decoder(const Int4Decoder&) {
 Status Backend::deltakv_pool_rows(const PoolRows&, float*, const Exec&) {
     return not_here(*this, "deltakv_pool_rows");
 }
-Status Backend::deltakv_key_scores(const AttentionShape&, const LatentRows&, const LatentKeyInputs&,
-                                   const float*, float*, int64_t, uint8_t*, const Exec&) {
+Status Backend::deltakv_key_scores(const AttentionShape&, const LatentRows&,
+                                   const LatentDecodeInputs&, const float*, float*, int64_t,
+                                   uint8_t*, const Exec&) {
     return not_here(*this, "deltakv_key_scores");
+}
+Status Backend::deltakv_reconstruct(const AttentionShape&, const LatentRows&,
+                                    const LatentDecodeInputs&, uint8_t*, uint8_t*, size_t,
+                                    const Exec&) {
+    return not_here(*this, "deltakv_reconstruct");
 }
 Status Backend::latent_attention(const AttentionShape&, const LatentRows&, const float*,
                                  const LatentValueInputs&, float*, float*, const Exec&) {

@@ -152,11 +152,20 @@ class CpuBackend final : public Backend {
         return cpu_deltakv_pool_rows(rows, out, *exec.pool);
     }
     Status deltakv_key_scores(const AttentionShape& shape, const LatentRows& lat,
-                              const LatentKeyInputs& in, const float* q, float* scores, int64_t lds,
-                              uint8_t* codes, const Exec& exec) override {
+                              const LatentDecodeInputs& in, const float* q, float* scores,
+                              int64_t lds, uint8_t* codes, const Exec& exec) override {
         DS_RETURN_IF_ERROR(need_pool(exec, "deltakv_key_scores"));
-        DS_RETURN_IF_ERROR(validate(shape, lat, in));
+        DS_RETURN_IF_ERROR(validate(shape, lat, in, false));
         return cpu_deltakv_key_scores(shape, lat, in, q, scores, lds, codes, *exec.pool);
+    }
+    Status deltakv_reconstruct(const AttentionShape& shape, const LatentRows& lat,
+                               const LatentDecodeInputs& in, uint8_t* k_out, uint8_t* v_out,
+                               size_t out_stride, const Exec& exec) override {
+        DS_RETURN_IF_ERROR(need_pool(exec, "deltakv_reconstruct"));
+        DS_RETURN_IF_ERROR(validate(shape, lat, in, true));
+        if (out_stride < static_cast<size_t>(in.dec.d))
+            return invalid_argument("cpu: deltakv_reconstruct: output rows closer than their size");
+        return cpu_deltakv_reconstruct(lat, in, k_out, v_out, out_stride, *exec.pool);
     }
     Status latent_attention(const AttentionShape& shape, const LatentRows& lat, const float* scores,
                             const LatentValueInputs& in, float* out, float* lse,

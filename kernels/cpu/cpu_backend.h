@@ -12,8 +12,10 @@ std::unique_ptr<Backend> make_cpu_backend();
 // Its DeltaKV ops (cpu_backend_deltakv.cpp), on the pool's threads.
 Status cpu_deltakv_pool_rows(const PoolRows& rows, float* out, ThreadPool& pool);
 Status cpu_deltakv_key_scores(const AttentionShape& shape, const LatentRows& lat,
-                              const LatentKeyInputs& in, const float* q, float* scores, int64_t lds,
-                              uint8_t* codes, ThreadPool& pool);
+                              const LatentDecodeInputs& in, const float* q, float* scores,
+                              int64_t lds, uint8_t* codes, ThreadPool& pool);
+Status cpu_deltakv_reconstruct(const LatentRows& lat, const LatentDecodeInputs& in, uint8_t* k_out,
+                               uint8_t* v_out, size_t out_stride, ThreadPool& pool);
 Status cpu_latent_attention(const AttentionShape& shape, const LatentRows& lat, const float* scores,
                             const LatentValueInputs& in, float* out, float* lse, ThreadPool& pool);
 

@@ -56,9 +56,9 @@ Status cpu_deltakv_pool_rows(const PoolRows& p, float* out, ThreadPool& pool) {
 }
 
 Status cpu_deltakv_key_scores(const AttentionShape& shape, const LatentRows& lat,
-                              const LatentKeyInputs& in, const float* q, float* scores, int64_t lds,
-                              uint8_t* codes, ThreadPool& pool) {
-    const int width = in.dec_k.d, kk = lat.k;
+                              const LatentDecodeInputs& in, const float* q, float* scores,
+                              int64_t lds, uint8_t* codes, ThreadPool& pool) {
+    const int width = in.dec.d, kk = lat.k;
     const int32_t stride = int4_code_stride(lat.m);
     // A block at a time, while its rows are in cache: K = Dec_k(z) + the mean of the
     // references' K, RoPE, and every head's score.
@@ -79,7 +79,7 @@ Status cpu_deltakv_key_scores(const AttentionShape& shape, const LatentRows& lat
                 refs_of(lat, i, refs);
                 for (int r = 0; r < kk; ++r) {
                     ref_rows[(i - b) * kk + r] =
-                        refs[r] >= 0 ? in.ref_k + static_cast<size_t>(refs[r]) * width : nullptr;
+                        refs[r] >= 0 ? in.ref_x + static_cast<size_t>(refs[r]) * width : nullptr;
                 }
                 angle[i - b] = in.angles.table + in.angles.at[i];
             }
@@ -92,8 +92,43 @@ Status cpu_deltakv_key_scores(const AttentionShape& shape, const LatentRows& lat
             finish.style = in.angles.style;
             uint8_t* c = codes + b * stride;
             int4_latent_codes(latents, e - b, lat.m, c);
-            deltakv_decode_int4(in.dec_k, latents, e - b, block.data(), width, c, &finish);
+            deltakv_decode_int4(in.dec, latents, e - b, block.data(), width, c, &finish);
             head_scores(shape, q, block.data(), width, e - b, scores + b, lds);
+        }
+    });
+    return Status();
+}
+
+Status cpu_deltakv_reconstruct(const LatentRows& lat, const LatentDecodeInputs& in, uint8_t* k_out,
+                               uint8_t* v_out, size_t out_stride, ThreadPool& pool) {
+    const int d = in.dec.d, width = d / 2, half = in.angles.head_dim / 2;
+    // A block at a time, so the rows stay in cache until written.
+    constexpr int64_t kBlock = 16;
+    pool.parallel_for(lat.n, kBlock, [&](int64_t b_all, int64_t e_all) {
+        thread_local std::vector<float> block;
+        block.resize(static_cast<size_t>(kBlock) * d);
+        for (int64_t b = b_all; b < e_all; b += kBlock) {
+            const int64_t e = std::min(e_all, b + kBlock);
+            const uint8_t* latents[kBlock];
+            for (int64_t i = b; i < e; ++i) latents[i - b] = latent_of(lat, i);
+            deltakv_decode_int4(in.dec, latents, e - b, block.data(), d);
+            for (int64_t i = b; i < e; ++i) {
+                float* x = block.data() + (i - b) * d;
+                int32_t refs[16];
+                refs_of(lat, i, refs);
+                const float* rows[16];
+                int nr = 0;
+                for (int q = 0; q < lat.k; ++q) {
+                    if (refs[q] >= 0) rows[nr++] = in.ref_x + static_cast<size_t>(refs[q]) * d;
+                }
+                add_mean_rows(x, rows, nr, d);
+                const float* a = in.angles.table + in.angles.at[i];
+                rope_apply(x, in.angles.n_heads, in.angles.head_dim, a, a + half, in.angles.style,
+                           false);
+                write_kv_row(DType::kF16, k_out + static_cast<size_t>(i) * out_stride, x, width);
+                write_kv_row(DType::kF16, v_out + static_cast<size_t>(i) * out_stride, x + width,
+                             width);
+            }
         }
     });
     return Status();

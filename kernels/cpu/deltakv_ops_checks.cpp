@@ -50,14 +50,18 @@ Status validate(const PoolRows& p) {
     return check_angles(op, p.angles, p.n, p.width);
 }
 
-Status validate(const AttentionShape& s, const LatentRows& lat, const LatentKeyInputs& in) {
-    constexpr const char* op = "deltakv_key_scores";
+Status validate(const AttentionShape& s, const LatentRows& lat, const LatentDecodeInputs& in,
+                bool whole) {
+    const char* op = whole ? "deltakv_reconstruct" : "deltakv_key_scores";
     DS_RETURN_IF_ERROR(check_latents(op, s, lat));
     if (!lat.int4) return bad(op, "int4 latents only");
     const int width = s.n_kv_heads * s.head_dim;
-    if (in.dec_k.d != width || in.dec_k.m != lat.m || in.dec_k.m16 != int4_code_stride(lat.m))
-        return bad(op, "the decoder is not the K width by m");
-    if (lat.n > 0 && in.n_refs > 0 && in.ref_k == nullptr) return bad(op, "no reference rows");
+    if (in.dec.d != (whole ? 2 : 1) * width || in.dec.m != lat.m ||
+        in.dec.m16 != int4_code_stride(lat.m)) {
+        return bad(op, whole ? "the decoder is not 2 x the K width by m"
+                             : "the decoder is not the K width by m");
+    }
+    if (lat.n > 0 && in.n_refs > 0 && in.ref_x == nullptr) return bad(op, "no reference rows");
     return check_angles(op, in.angles, lat.n, width);
 }
 

@@ -314,10 +314,16 @@ class CudaBackend final : public Backend {
         return run_deltakv_pool_rows(rows, out, stream_of(exec));
     }
     Status deltakv_key_scores(const AttentionShape& shape, const LatentRows& lat,
-                              const LatentKeyInputs& in, const float* q, float* scores, int64_t lds,
-                              uint8_t* codes, const Exec& exec) override {
+                              const LatentDecodeInputs& in, const float* q, float* scores,
+                              int64_t lds, uint8_t* codes, const Exec& exec) override {
         if (!available()) return no_device_;
         return run_deltakv_key_scores(shape, lat, in, q, scores, lds, codes, stream_of(exec));
+    }
+    Status deltakv_reconstruct(const AttentionShape& shape, const LatentRows& lat,
+                               const LatentDecodeInputs& in, uint8_t* k_out, uint8_t* v_out,
+                               size_t out_stride, const Exec& exec) override {
+        if (!available()) return no_device_;
+        return run_deltakv_reconstruct(shape, lat, in, k_out, v_out, out_stride, stream_of(exec));
     }
     Status latent_attention(const AttentionShape& shape, const LatentRows& lat, const float* scores,
                             const LatentValueInputs& in, float* out, float* lse,

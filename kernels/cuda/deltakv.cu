@@ -122,6 +122,59 @@ __global__ void __launch_bounds__(kThreads) key_scores_kernel(KeyScoresLaunch a)
     }
 }
 
+__global__ void __launch_bounds__(kThreads) reconstruct_kernel(ReconstructLaunch a) {
+    __shared__ float y[2 * kMaxWidth];
+    __shared__ __align__(4) uint8_t code[kMaxCodes];
+    __shared__ const float* refs[kMaxRefs];
+    __shared__ int n_refs;
+    const int64_t i = blockIdx.x;
+    const LatentsLaunch& lat = a.lat;
+    const int d = 2 * a.width;
+    const int32_t row = lat.rows[i];
+    const uint8_t* packed = lat.latents + static_cast<size_t>(row) * lat.stride;
+    for (int j = threadIdx.x; j < lat.m16; j += kThreads)
+        code[j] = j < lat.m ? (packed[4 + j / 2] >> (4 * (j & 1))) & 15 : 0;
+    if (threadIdx.x == 0) {
+        int nr = 0;
+        for (int q = 0; q < lat.k; ++q) {
+            const uint16_t o = lat.refs[static_cast<size_t>(row) * lat.k + q];
+            if (o != kNoRef) refs[nr++] = a.ref_x + static_cast<size_t>(o) * d;
+        }
+        n_refs = nr;
+    }
+    __syncthreads();
+    const float s = half_at(packed), lo = half_at(packed + 2);
+    const float inv = n_refs > 0 ? 1.0f / static_cast<float>(n_refs) : 0.0f;
+    const int* w4 = reinterpret_cast<const int*>(a.dec_w);
+    const int* c4 = reinterpret_cast<const int*>(code);
+    for (int r = threadIdx.x; r < d; r += kThreads) {
+        int acc = 0;
+        for (int j4 = 0; j4 < lat.m16 / 4; ++j4) acc = __dp4a(w4[j4 * d + r], c4[j4], acc);
+        float v = __fmaf_rn(s * a.dec_scale[r], static_cast<float>(acc), lo * a.dec_row_sum[r]);
+        if (n_refs > 0) {
+            float sum = refs[0][r];
+            for (int q = 1; q < n_refs; ++q) sum += refs[q][r];
+            v = __fmaf_rn(sum, inv, v);
+        }
+        y[r] = v;
+    }
+    __syncthreads();
+    const float* c = a.angles.table + a.angles.at[i];
+    const int half = a.angles.head_dim / 2;
+    for (int p = threadIdx.x; p < a.angles.n_heads * half; p += kThreads) {
+        int i0, i1, j;
+        pair_of(p, a.angles, &i0, &i1, &j);
+        turn(&y[i0], &y[i1], c[j], c[half + j], false);
+    }
+    __syncthreads();
+    __half* k = reinterpret_cast<__half*>(a.k_out + i * a.out_stride);
+    __half* v = reinterpret_cast<__half*>(a.v_out + i * a.out_stride);
+    for (int e = threadIdx.x; e < a.width; e += kThreads) {
+        k[e] = __float2half_rn(y[e]);
+        v[e] = __float2half_rn(y[a.width + e]);
+    }
+}
+
 // A block-wide reduction of one value per thread (max or sum), every thread getting it.
 template <bool kMax>
 __device__ float block_reduce(float v, float* shared) {
@@ -281,6 +334,12 @@ cudaError_t launch_pool_rows(const PoolRowsLaunch& a, cudaStream_t stream) {
 cudaError_t launch_key_scores(const KeyScoresLaunch& a, cudaStream_t stream) {
     if (a.lat.n == 0) return cudaSuccess;
     key_scores_kernel<<<static_cast<unsigned>(a.lat.n), kThreads, 0, stream>>>(a);
+    return cudaGetLastError();
+}
+
+cudaError_t launch_reconstruct(const ReconstructLaunch& a, cudaStream_t stream) {
+    if (a.lat.n == 0) return cudaSuccess;
+    reconstruct_kernel<<<static_cast<unsigned>(a.lat.n), kThreads, 0, stream>>>(a);
     return cudaGetLastError();
 }
 

@@ -66,6 +66,22 @@ struct KeyScoresLaunch {
 };
 cudaError_t launch_key_scores(const KeyScoresLaunch& a, cudaStream_t stream);
 
+// deltakv_reconstruct: one block per token makes its whole row (all of Dec, the references'
+// mean, RoPE on K) in shared memory and writes K and V as fp16.
+struct ReconstructLaunch {
+    LatentsLaunch lat;
+    const int8_t* dec_w = nullptr;  // [m16 / 4][2 * width][4]
+    const float* dec_scale = nullptr;
+    const float* dec_row_sum = nullptr;
+    int width = 0;                 // n_kv_heads * head_dim: rows are 2 * width
+    const float* ref_x = nullptr;  // rows of 2 * width by ordinal
+    AnglesLaunch angles;
+    uint8_t* k_out = nullptr;
+    uint8_t* v_out = nullptr;
+    size_t out_stride = 0;
+};
+cudaError_t launch_reconstruct(const ReconstructLaunch& a, cudaStream_t stream);
+
 // latent_attention in three kernels: each head's softmax max and sum; per (head, piece of
 // kLatentPiece tokens) the weighted latents and the weighted reference V rows; per head the
 // pieces summed in order, the decoder's V rows applied, and the normalised output and lse.

@@ -84,9 +84,9 @@ Status run_deltakv_pool_rows(const PoolRows& rows, float* out, cudaStream_t stre
 }
 
 Status run_deltakv_key_scores(const AttentionShape& shape, const LatentRows& lat,
-                              const LatentKeyInputs& in, const float* q, float* scores, int64_t lds,
-                              uint8_t* codes, cudaStream_t stream) {
-    DS_RETURN_IF_ERROR(validate(shape, lat, in));
+                              const LatentDecodeInputs& in, const float* q, float* scores,
+                              int64_t lds, uint8_t* codes, cudaStream_t stream) {
+    DS_RETURN_IF_ERROR(validate(shape, lat, in, false));
     if (lat.n == 0) return Status();
     if (lat.n > kMaxRows) return invalid("deltakv_key_scores", "n > 2^31 - 1");
     if (lds < lat.n) return invalid("deltakv_key_scores", "lds < n");
@@ -94,11 +94,11 @@ Status run_deltakv_key_scores(const AttentionShape& shape, const LatentRows& lat
                         StagedLists::create({{lat.rows, lat.n}, {in.angles.at, lat.n}}, stream));
     KeyScoresLaunch a;
     a.lat = latents_of(lat, lists[0]);
-    a.dec_w = in.dec_k.w;
-    a.dec_scale = in.dec_k.scale;
-    a.dec_row_sum = in.dec_k.row_sum;
-    a.width = in.dec_k.d;
-    a.ref_k = in.ref_k;
+    a.dec_w = in.dec.w;
+    a.dec_scale = in.dec.scale;
+    a.dec_row_sum = in.dec.row_sum;
+    a.width = in.dec.d;
+    a.ref_k = in.ref_x;
     a.angles = angles_of(in.angles, lists[1]);
     a.q = q;
     a.n_heads = shape.n_heads;
@@ -109,6 +109,30 @@ Status run_deltakv_key_scores(const AttentionShape& shape, const LatentRows& lat
     a.lds = lds;
     a.codes = codes;
     return launched(launch_key_scores(a, stream), "deltakv_key_scores");
+}
+
+Status run_deltakv_reconstruct(const AttentionShape& shape, const LatentRows& lat,
+                               const LatentDecodeInputs& in, uint8_t* k_out, uint8_t* v_out,
+                               size_t out_stride, cudaStream_t stream) {
+    DS_RETURN_IF_ERROR(validate(shape, lat, in, true));
+    if (lat.n == 0) return Status();
+    if (lat.n > kMaxRows) return invalid("deltakv_reconstruct", "n > 2^31 - 1");
+    if (out_stride < static_cast<size_t>(in.dec.d) || out_stride % 2 != 0)
+        return invalid("deltakv_reconstruct", "output rows closer than their size, or odd");
+    DS_ASSIGN_OR_RETURN(StagedLists lists,
+                        StagedLists::create({{lat.rows, lat.n}, {in.angles.at, lat.n}}, stream));
+    ReconstructLaunch a;
+    a.lat = latents_of(lat, lists[0]);
+    a.dec_w = in.dec.w;
+    a.dec_scale = in.dec.scale;
+    a.dec_row_sum = in.dec.row_sum;
+    a.width = in.dec.d / 2;
+    a.ref_x = in.ref_x;
+    a.angles = angles_of(in.angles, lists[1]);
+    a.k_out = k_out;
+    a.v_out = v_out;
+    a.out_stride = out_stride;
+    return launched(launch_reconstruct(a, stream), "deltakv_reconstruct");
 }
 
 Status run_latent_attention(const AttentionShape& shape, const LatentRows& lat, const float* scores,

@@ -14,8 +14,11 @@ namespace deltaserve::kernels::cuda {
 
 Status run_deltakv_pool_rows(const PoolRows& rows, float* out, cudaStream_t stream);
 Status run_deltakv_key_scores(const AttentionShape& shape, const LatentRows& lat,
-                              const LatentKeyInputs& in, const float* q, float* scores, int64_t lds,
-                              uint8_t* codes, cudaStream_t stream);
+                              const LatentDecodeInputs& in, const float* q, float* scores,
+                              int64_t lds, uint8_t* codes, cudaStream_t stream);
+Status run_deltakv_reconstruct(const AttentionShape& shape, const LatentRows& lat,
+                               const LatentDecodeInputs& in, uint8_t* k_out, uint8_t* v_out,
+                               size_t out_stride, cudaStream_t stream);
 Status run_latent_attention(const AttentionShape& shape, const LatentRows& lat, const float* scores,
                             const LatentValueInputs& in, float* out, float* lse,
                             cudaStream_t stream);

@@ -104,38 +104,32 @@ void DeltaKvSequenceCache::reconstruct(int32_t layer) {
         recon_slots_.resize(static_cast<size_t>(n));
         std::iota(recon_slots_.begin(), recon_slots_.end(), 0);
     }
-    if (options_.latent_bits != 4) {  // fp16 latents: Dec(z) for every token at once
-        grow(x_, static_cast<size_t>(n) * d);
-        grow(z_, static_cast<size_t>(n) * m);
-        for (int64_t i = 0; i < n; ++i)
-            read_kv_row(k::DType::kF16, latent_ptrs_[i], z_.data() + i * m, m);
-        k::matmul(profile_.layers[layer].wd, z_.data(), m, n, x_.data(), d, *threads_);
+    if (options_.latent_bits == 4) {  // the backend's: a token's row made and written at once
+        k::LatentDecodeInputs in;
+        in.dec = dec_[layer];
+        in.ref_x = ref_x_.data();
+        in.n_refs = static_cast<int64_t>(ref_pos_.size());
+        in.angles = rope_angles(lat_at_.data());
+        must(backend_->deltakv_reconstruct(kv_shape(), latent_rows(sl), in, recon_k_.data(),
+                                           recon_v_.data(), row, exec()));
+        return;
     }
-    // x = Dec(z) + mean of the references, RoPE on K, into the token's row of this layer's
-    // reconstructions; int4 latents are decoded a block at a time so the rows stay in cache
-    // until written.
-    constexpr int64_t kBlock = 16;
-    // A single-threaded pool hands over the whole range in one call: blocks are cut here.
-    threads_->parallel_for(n, kBlock, [&](int64_t b_all, int64_t e_all) {
-        thread_local std::vector<float> block;
-        const bool int4 = options_.latent_bits == 4;
-        for (int64_t b = b_all; b < e_all; b += kBlock) {
-            const int64_t e = std::min(e_all, b + kBlock);
-            if (int4) {
-                block.resize(static_cast<size_t>(kBlock) * d);
-                k::deltakv_decode_int4(profile_.int4[layer], latent_ptrs_.data() + b, e - b,
-                                       block.data(), d);
-            }
-            for (int64_t i = b; i < e; ++i) {
-                const int32_t pos = recon_pos_[i];
-                float* xi = int4 ? block.data() + (i - b) * d : x_.data() + i * d;
-                add_ref_mean(sl, pos, d, xi, nullptr);
-                const float* a = angle_table_.data() + angle_of_[pos];
-                k::rope_apply(xi, options_.n_kv_heads, options_.head_dim, a, a + half,
-                              options_.rope_style, false);
-                write_kv_row(k::DType::kF16, recon_k_.data() + i * row, xi, kv_dim);
-                write_kv_row(k::DType::kF16, recon_v_.data() + i * row, xi + kv_dim, kv_dim);
-            }
+    // fp16 latents: Dec(z) for every token at once, then x += the mean of the references,
+    // RoPE on K, into the token's row of this layer's reconstructions.
+    grow(x_, static_cast<size_t>(n) * d);
+    grow(z_, static_cast<size_t>(n) * m);
+    for (int64_t i = 0; i < n; ++i)
+        read_kv_row(k::DType::kF16, latent_ptrs_[i], z_.data() + i * m, m);
+    k::matmul(profile_.layers[layer].wd, z_.data(), m, n, x_.data(), d, *threads_);
+    threads_->parallel_for(n, 16, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+            float* xi = x_.data() + i * d;
+            add_ref_mean(sl, recon_pos_[i], d, xi, nullptr);
+            const float* a = angle_table_.data() + lat_at_[i];
+            k::rope_apply(xi, options_.n_kv_heads, options_.head_dim, a, a + half,
+                          options_.rope_style, false);
+            write_kv_row(k::DType::kF16, recon_k_.data() + i * row, xi, kv_dim);
+            write_kv_row(k::DType::kF16, recon_v_.data() + i * row, xi + kv_dim, kv_dim);
         }
     });
 }
@@ -202,9 +196,9 @@ void DeltaKvSequenceCache::latent_scores(int32_t layer, const kernels::Attention
     grow(scores_, static_cast<size_t>(shape.n_heads) * n);
     if (options_.latent_bits == 4) {  // the backend's: keys made and scored in one pass
         grow(codes_, static_cast<size_t>(n) * k::int4_code_stride(m));
-        k::LatentKeyInputs in;
-        in.dec_k = dec_k_[layer];
-        in.ref_k = ref_x_.data();
+        k::LatentDecodeInputs in;
+        in.dec = dec_k_[layer];
+        in.ref_x = ref_x_.data();
         in.n_refs = static_cast<int64_t>(ref_pos_.size());
         in.angles = rope_angles(lat_at_.data());
         must(backend_->deltakv_key_scores(shape, latent_rows(sl), in, q, scores_.data(), n,

@@ -56,9 +56,13 @@ Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(
     c->backend_ = k::find_backend("cpu");
     DS_CHECK(c->backend_ != nullptr, "the CPU backend is always registered");
     if (o.latent_bits == 4) {
-        for (const k::Int4Decoder& dec : profile.int4_k) {
-            DS_ASSIGN_OR_RETURN(k::Int4DecoderRef ref, c->backend_->upload_int4_decoder(dec));
-            c->dec_k_.push_back(ref);
+        for (size_t l = 0; l < profile.int4.size(); ++l) {
+            DS_ASSIGN_OR_RETURN(k::Int4DecoderRef whole,
+                                c->backend_->upload_int4_decoder(profile.int4[l]));
+            DS_ASSIGN_OR_RETURN(k::Int4DecoderRef keys,
+                                c->backend_->upload_int4_decoder(profile.int4_k[l]));
+            c->dec_.push_back(whole);
+            c->dec_k_.push_back(keys);
         }
     }
     return c;

@@ -172,7 +172,7 @@ TEST_P(DeltaKvOps, PoolRowsTurnKeysBackBeforeRope) {
 struct Latents {
     DeltaKvLayer layer;
     std::vector<float> wd;
-    Int4Decoder dec_k;
+    Int4Decoder dec, dec_k;       // all of Dec, its K rows
     std::vector<uint8_t> packed;  // every latent row, int4 or fp16
     std::vector<uint16_t> refs;   // kRefsPer per latent row
     std::vector<int32_t> rows;    // the tokens' latent rows
@@ -181,8 +181,9 @@ struct Latents {
     Latents(int n_rows, int n_tokens, int n_refs, bool int4_latents, uint32_t seed)
         : wd(random_floats(size_t(2 * kWidth) * kM, seed, 0.2f)), int4(int4_latents) {
         layer.wd = WeightMatrix{DType::kF32, 2 * kWidth, kM, wd.data()};
-        layer.w1 = WeightMatrix{DType::kF32, 1, 2 * kWidth, nullptr};
+        layer.w1 = WeightMatrix{DType::kF32, 1, 2 * kWidth, nullptr};  // d() and m() only
         layer.w3 = WeightMatrix{DType::kF32, kM, 1, nullptr};
+        dec = make_int4_decoder(layer);
         dec_k = make_int4_decoder(layer, kWidth);
         // int4: an odd stride, so that no alignment is leaned on (fp16 rows stay 2-aligned).
         stride = int4 ? int4_bytes(kM) + 3 : 2 * kM + 2;
@@ -242,11 +243,11 @@ TEST_P(DeltaKvOps, KeyScoresAreTheScaledDotsWithTheDecodedKeys) {
 
     LatentRows rows{n,  lat.rows.data(), put(lat.packed), lat.stride,
                     kM, put(lat.refs),   kRefsPer,        true};
-    LatentKeyInputs in;
+    LatentDecodeInputs in;
     auto dec = backend_->upload_int4_decoder(lat.dec_k);
     ASSERT_TRUE(dec.ok()) << dec.status().to_string();
-    in.dec_k = *dec;
-    in.ref_k = put(ref_k);
+    in.dec = *dec;
+    in.ref_x = put(ref_k);
     in.n_refs = n_refs;
     in.angles = RopeAngles{put(angles.table), at.data(), kKvHeads, kDim, RopeStyle::kInterleaved};
     const int64_t lds = n + 5;
@@ -290,6 +291,63 @@ TEST_P(DeltaKvOps, KeyScoresAreTheScaledDotsWithTheDecodedKeys) {
         got.insert(got.end(), all.begin() + h * lds, all.begin() + h * lds + n);
     EXPECT_LT(nmse(got, want), kBound);
     EXPECT_EQ(get(codes, want_codes.size()), want_codes);
+}
+
+TEST_P(DeltaKvOps, ReconstructionIsTheWholeRowInFp16) {
+    const int n_refs = 17, n = 90;
+    const Latents lat(50, n, n_refs, /*int4=*/true, 11);
+    const Angles angles(n);
+    const std::vector<float> ref_x = random_floats(size_t(n_refs) * 2 * kWidth, 12);
+    std::vector<int32_t> at(angles.at_pos.begin(), angles.at_pos.end());
+    LatentRows rows{n,  lat.rows.data(), put(lat.packed), lat.stride,
+                    kM, put(lat.refs),   kRefsPer,        true};
+    LatentDecodeInputs in;
+    auto dec = backend_->upload_int4_decoder(lat.dec);
+    ASSERT_TRUE(dec.ok()) << dec.status().to_string();
+    in.dec = *dec;
+    in.ref_x = put(ref_x);
+    in.n_refs = n_refs;
+    in.angles = RopeAngles{put(angles.table), at.data(), kKvHeads, kDim, RopeStyle::kInterleaved};
+    const size_t stride = kWidth * 2 + 6;
+    uint8_t* k_out = room<uint8_t>(n * stride);
+    uint8_t* v_out = room<uint8_t>(n * stride);
+    const AttentionShape kv{kKvHeads, kKvHeads, kDim, 0.0f};
+    ASSERT_TRUE(backend_->deltakv_reconstruct(kv, rows, in, k_out, v_out, stride, exec_).ok());
+
+    const int m16 = int4_code_stride(kM);
+    std::vector<double> want;
+    std::vector<float> got;
+    const std::vector<uint8_t> k_bytes = get(k_out, n * stride), v_bytes = get(v_out, n * stride);
+    for (int i = 0; i < n; ++i) {
+        const uint8_t* p = lat.packed.data() + size_t(lat.rows[i]) * lat.stride;
+        std::vector<uint8_t> codes(m16);
+        int4_latent_codes(&p, 1, kM, codes.data());
+        const float s = fp16_to_fp32(uint16_t(p[0] | p[1] << 8)),
+                    lo = fp16_to_fp32(uint16_t(p[2] | p[3] << 8));
+        std::vector<double> x(2 * kWidth);
+        const std::vector<int> refs = lat.refs_of(i);
+        for (int r = 0; r < 2 * kWidth; ++r) {
+            long dot = 0;
+            for (int j = 0; j < m16; ++j)
+                dot += lat.dec.w[(size_t(j / 4) * 2 * kWidth + r) * 4 + j % 4] * codes[j];
+            x[r] = double(lo) * lat.dec.row_sum[r] + double(s) * lat.dec.scale[r] * dot;
+            double mean = 0.0;
+            for (int o : refs) mean += ref_x[size_t(o) * 2 * kWidth + r];
+            if (!refs.empty()) x[r] += mean / refs.size();
+        }
+        angles.turn(x, 0, at[i], /*inverse=*/false);
+        want.insert(want.end(), x.begin(), x.end());
+        for (int half = 0; half < 2; ++half) {
+            const uint8_t* row = (half == 0 ? k_bytes : v_bytes).data() + size_t(i) * stride;
+            for (int e = 0; e < kWidth; ++e) {
+                uint16_t h;
+                std::memcpy(&h, row + 2 * e, 2);
+                got.push_back(fp16_to_fp32(h));
+            }
+        }
+    }
+    // fp16's rounding: a relative 2^-11 at most, NMSE ~1e-7.
+    EXPECT_LT(nmse(got, want), 1e-6);
 }
 
 class LatentAttentionOps : public DeltaKvOps {
@@ -435,18 +493,18 @@ TEST_P(DeltaKvOps, ArgumentsOutsideTheLimitsAreRefused) {
     std::vector<int32_t> at(angles.at_pos.begin(), angles.at_pos.end());
     LatentRows rows{4,  lat.rows.data(), put(lat.packed), lat.stride,
                     kM, put(lat.refs),   kRefsPer,        true};
-    LatentKeyInputs in;
+    LatentDecodeInputs in;
     auto dec = backend_->upload_int4_decoder(lat.dec_k);
     ASSERT_TRUE(dec.ok());
-    in.dec_k = *dec;
-    in.ref_k = room<float>(3 * kWidth);
+    in.dec = *dec;
+    in.ref_x = room<float>(3 * kWidth);
     in.n_refs = 3;
     in.angles = RopeAngles{put(angles.table), at.data(), kKvHeads, kDim, RopeStyle::kInterleaved};
     float* scores = room<float>(kHeads * 4);
     uint8_t* codes = room<uint8_t>(4 * int4_code_stride(kM));
     const float* q = room<float>(kHeads * kDim);
     ASSERT_TRUE(backend_->deltakv_key_scores(shape_, rows, in, q, scores, 4, codes, exec_).ok());
-    const auto refused = [&](LatentRows r, LatentKeyInputs i, const char* what) {
+    const auto refused = [&](LatentRows r, LatentDecodeInputs i, const char* what) {
         const Status st = backend_->deltakv_key_scores(shape_, r, i, q, scores, 4, codes, exec_);
         EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << what << ": " << st.to_string();
     };
@@ -462,12 +520,17 @@ TEST_P(DeltaKvOps, ArgumentsOutsideTheLimitsAreRefused) {
     bad = rows;
     bad.int4 = false;
     refused(bad, in, "fp16 latents");
-    LatentKeyInputs bad_in = in;
-    bad_in.dec_k.d = kWidth - 1;
+    LatentDecodeInputs bad_in = in;
+    bad_in.dec.d = kWidth - 1;
     refused(rows, bad_in, "a decoder of another width");
     bad_in = in;
     bad_in.angles.head_dim = 3;
     refused(rows, bad_in, "odd head_dim");
+
+    uint8_t* rows_out = room<uint8_t>(4 * 4 * kWidth);
+    const Status whole =
+        backend_->deltakv_reconstruct(shape_, rows, in, rows_out, rows_out, 2 * kWidth, exec_);
+    EXPECT_EQ(whole.code(), StatusCode::kInvalidArgument) << "reconstruction with the K rows only";
 
     PoolRows pr;
     pr.k = lat.packed.data();

@@ -219,8 +219,16 @@ class Backend {
     // codes: the tokens' codes (int4_latent_codes, int4_code_stride(m) bytes each), kept for
     // latent_attention.
     virtual Status deltakv_key_scores(const AttentionShape& shape, const LatentRows& lat,
-                                      const LatentKeyInputs& in, const float* q, float* scores,
+                                      const LatentDecodeInputs& in, const float* q, float* scores,
                                       int64_t lds, uint8_t* codes, const Exec& exec);
+    // Each of lat.n int4 latent tokens made whole, as a chunk attends it: Dec of its latent
+    // (in.dec: all 2 * width rows), plus the mean of its references' rows (K before RoPE,
+    // then V), then RoPE on K at its angles; K into row i of k_out and V into row i of v_out
+    // (fp16, out_stride bytes apart), as deltakv_decode_int4, add_mean_rows, rope_apply and
+    // write_kv_row make them. Of shape, the KV heads only are read.
+    virtual Status deltakv_reconstruct(const AttentionShape& shape, const LatentRows& lat,
+                                       const LatentDecodeInputs& in, uint8_t* k_out, uint8_t* v_out,
+                                       size_t out_stride, const Exec& exec);
     // kernels::latent_attention of one query over lat.n latent tokens (int4, or fp16 when
     // int4 is false), scored as deltakv_key_scores scores them (lds = lat.n): out (n_heads *
     // head_dim floats) and lse (n_heads).

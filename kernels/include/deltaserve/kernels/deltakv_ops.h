@@ -55,12 +55,13 @@ struct LatentRows {
     bool int4 = true;  // else m fp16 values (latent_attention only)
 };
 
-// What Backend::deltakv_key_scores reads besides the latents: the references' K rows by
-// ordinal (PoolRows' output, width values each), each token's RoPE angles, and the
-// decoder's K rows.
-struct LatentKeyInputs {
-    Int4DecoderRef dec_k;  // dec_k.d: the K width (n_kv_heads * head_dim)
-    const float* ref_k = nullptr;
+// What Backend::deltakv_key_scores and deltakv_reconstruct read besides the latents: the
+// int4 decoder (its K rows for key scores, all of Dec for reconstruction), the references'
+// rows by ordinal (PoolRows' output: K before RoPE, then V for reconstruction; dec.d values
+// each), and each token's RoPE angles.
+struct LatentDecodeInputs {
+    Int4DecoderRef dec;
+    const float* ref_x = nullptr;
     int64_t n_refs = 0;
     RopeAngles angles;  // one offset per token
 };
@@ -83,7 +84,10 @@ struct LatentValueInputs {
 // whose shape is not the shape's K width by m, a GQA shape latent_attention does not take.
 // Backends check their arguments with these before they read them.
 Status validate(const PoolRows& rows);
-Status validate(const AttentionShape& shape, const LatentRows& lat, const LatentKeyInputs& in);
+// For deltakv_key_scores (`whole` false: dec holds the K rows) or deltakv_reconstruct
+// (`whole`: all of Dec).
+Status validate(const AttentionShape& shape, const LatentRows& lat, const LatentDecodeInputs& in,
+                bool whole);
 Status validate(const AttentionShape& shape, const LatentRows& lat, const LatentValueInputs& in);
 
 }  // namespace deltaserve::kernels

@@ -320,6 +320,10 @@ class DeltaKvSequenceCache final : public SequenceCache {
     // The backend ops' views of the cache: how they run (the call's threads), RoPE angles at
     // offsets into angle_table_, and the latent tokens of lat_rows_ in sparse layer sl.
     kernels::Exec exec() const { return kernels::Exec{threads_}; }
+    // The KV heads' shape, for the ops that read rows only (its query heads unread).
+    kernels::AttentionShape kv_shape() const {
+        return {options_.n_kv_heads, options_.n_kv_heads, options_.head_dim, 0.0f};
+    }
     kernels::RopeAngles rope_angles(const int32_t* at) const;
     kernels::LatentRows latent_rows(int32_t sl) const;
 
@@ -328,10 +332,11 @@ class DeltaKvSequenceCache final : public SequenceCache {
     // The threads of the call in progress: attend() and observe() use the caller's, other
     // calls the pool the cache was made with.
     ThreadPool* threads_;
-    // Where the decode step's reference rows, latent keys and latent attention run (the CPU
-    // backend: the cache's memory is host memory), and each layer's int4 K decoder there.
+    // Where the reference rows, latent keys, reconstructions and latent attention run (the
+    // CPU backend: the cache's memory is host memory), and each layer's int4 decoder there,
+    // whole and its K rows.
     kernels::Backend* backend_ = nullptr;
-    std::vector<kernels::Int4DecoderRef> dec_k_;
+    std::vector<kernels::Int4DecoderRef> dec_, dec_k_;
     // Which positions of the compressed region are references and latents, and the latents.
     DeltaKvRegion region_;
     // What the commit of the forward call in progress compresses.
