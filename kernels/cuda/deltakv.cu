@@ -63,37 +63,38 @@ __global__ void __launch_bounds__(kThreads) pool_rows_kernel(PoolRowsLaunch a) {
     }
 }
 
-__global__ void __launch_bounds__(kThreads) key_scores_kernel(KeyScoresLaunch a) {
-    __shared__ float y[kMaxWidth];
+// Token i's row made in y (shared, src.rows floats) by the whole block: Dec of its int4
+// codes (kept in codes_out when given), plus the mean of its references' rows, then RoPE on
+// the first heads. y is complete when it returns.
+__device__ void make_row(const LatentsLaunch& lat, int64_t i, const RowSource& src,
+                         uint8_t* codes_out, float* y) {
     __shared__ __align__(4) uint8_t code[kMaxCodes];
     __shared__ const float* refs[kMaxRefs];
     __shared__ int n_refs;
-    const int64_t i = blockIdx.x;
-    const LatentsLaunch& lat = a.lat;
     const int32_t row = lat.rows[i];
     const uint8_t* packed = lat.latents + static_cast<size_t>(row) * lat.stride;
     for (int j = threadIdx.x; j < lat.m16; j += kThreads) {
         const uint8_t c = j < lat.m ? (packed[4 + j / 2] >> (4 * (j & 1))) & 15 : 0;
         code[j] = c;
-        a.codes[i * lat.m16 + j] = c;
+        if (codes_out != nullptr) codes_out[i * lat.m16 + j] = c;
     }
     if (threadIdx.x == 0) {
         int nr = 0;
         for (int q = 0; q < lat.k; ++q) {
             const uint16_t o = lat.refs[static_cast<size_t>(row) * lat.k + q];
-            if (o != kNoRef) refs[nr++] = a.ref_k + static_cast<size_t>(o) * a.width;
+            if (o != kNoRef) refs[nr++] = src.ref_x + static_cast<size_t>(o) * src.rows;
         }
         n_refs = nr;
     }
     __syncthreads();
     const float s = half_at(packed), lo = half_at(packed + 2);
     const float inv = n_refs > 0 ? 1.0f / static_cast<float>(n_refs) : 0.0f;
-    const int* w4 = reinterpret_cast<const int*>(a.dec_w);
+    const int* w4 = reinterpret_cast<const int*>(src.dec_w);
     const int* c4 = reinterpret_cast<const int*>(code);
-    for (int r = threadIdx.x; r < a.width; r += kThreads) {
+    for (int r = threadIdx.x; r < src.rows; r += kThreads) {
         int acc = 0;
-        for (int j4 = 0; j4 < lat.m16 / 4; ++j4) acc = __dp4a(w4[j4 * a.width + r], c4[j4], acc);
-        float v = __fmaf_rn(s * a.dec_scale[r], static_cast<float>(acc), lo * a.dec_row_sum[r]);
+        for (int j4 = 0; j4 < lat.m16 / 4; ++j4) acc = __dp4a(w4[j4 * src.rows + r], c4[j4], acc);
+        float v = __fmaf_rn(s * src.dec_scale[r], static_cast<float>(acc), lo * src.dec_row_sum[r]);
         if (n_refs > 0) {
             float sum = refs[0][r];
             for (int q = 1; q < n_refs; ++q) sum += refs[q][r];
@@ -102,14 +103,20 @@ __global__ void __launch_bounds__(kThreads) key_scores_kernel(KeyScoresLaunch a)
         y[r] = v;
     }
     __syncthreads();
-    const float* c = a.angles.table + a.angles.at[i];
-    const int half = a.angles.head_dim / 2;
-    for (int p = threadIdx.x; p < a.angles.n_heads * half; p += kThreads) {
+    const float* c = src.angles.table + src.angles.at[i];
+    const int half = src.angles.head_dim / 2;
+    for (int p = threadIdx.x; p < src.angles.n_heads * half; p += kThreads) {
         int i0, i1, j;
-        pair_of(p, a.angles, &i0, &i1, &j);
+        pair_of(p, src.angles, &i0, &i1, &j);
         turn(&y[i0], &y[i1], c[j], c[half + j], false);
     }
     __syncthreads();
+}
+
+__global__ void __launch_bounds__(kThreads) key_scores_kernel(KeyScoresLaunch a) {
+    __shared__ float y[kMaxWidth];
+    const int64_t i = blockIdx.x;
+    make_row(a.lat, i, a.src, a.codes, y);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = a.n_heads / a.n_kv_heads;
     for (int h = warp; h < a.n_heads; h += kWarps) {
@@ -124,54 +131,14 @@ __global__ void __launch_bounds__(kThreads) key_scores_kernel(KeyScoresLaunch a)
 
 __global__ void __launch_bounds__(kThreads) reconstruct_kernel(ReconstructLaunch a) {
     __shared__ float y[2 * kMaxWidth];
-    __shared__ __align__(4) uint8_t code[kMaxCodes];
-    __shared__ const float* refs[kMaxRefs];
-    __shared__ int n_refs;
     const int64_t i = blockIdx.x;
-    const LatentsLaunch& lat = a.lat;
-    const int d = 2 * a.width;
-    const int32_t row = lat.rows[i];
-    const uint8_t* packed = lat.latents + static_cast<size_t>(row) * lat.stride;
-    for (int j = threadIdx.x; j < lat.m16; j += kThreads)
-        code[j] = j < lat.m ? (packed[4 + j / 2] >> (4 * (j & 1))) & 15 : 0;
-    if (threadIdx.x == 0) {
-        int nr = 0;
-        for (int q = 0; q < lat.k; ++q) {
-            const uint16_t o = lat.refs[static_cast<size_t>(row) * lat.k + q];
-            if (o != kNoRef) refs[nr++] = a.ref_x + static_cast<size_t>(o) * d;
-        }
-        n_refs = nr;
-    }
-    __syncthreads();
-    const float s = half_at(packed), lo = half_at(packed + 2);
-    const float inv = n_refs > 0 ? 1.0f / static_cast<float>(n_refs) : 0.0f;
-    const int* w4 = reinterpret_cast<const int*>(a.dec_w);
-    const int* c4 = reinterpret_cast<const int*>(code);
-    for (int r = threadIdx.x; r < d; r += kThreads) {
-        int acc = 0;
-        for (int j4 = 0; j4 < lat.m16 / 4; ++j4) acc = __dp4a(w4[j4 * d + r], c4[j4], acc);
-        float v = __fmaf_rn(s * a.dec_scale[r], static_cast<float>(acc), lo * a.dec_row_sum[r]);
-        if (n_refs > 0) {
-            float sum = refs[0][r];
-            for (int q = 1; q < n_refs; ++q) sum += refs[q][r];
-            v = __fmaf_rn(sum, inv, v);
-        }
-        y[r] = v;
-    }
-    __syncthreads();
-    const float* c = a.angles.table + a.angles.at[i];
-    const int half = a.angles.head_dim / 2;
-    for (int p = threadIdx.x; p < a.angles.n_heads * half; p += kThreads) {
-        int i0, i1, j;
-        pair_of(p, a.angles, &i0, &i1, &j);
-        turn(&y[i0], &y[i1], c[j], c[half + j], false);
-    }
-    __syncthreads();
+    make_row(a.lat, i, a.src, nullptr, y);
+    const int width = a.src.rows / 2;
     __half* k = reinterpret_cast<__half*>(a.k_out + i * a.out_stride);
     __half* v = reinterpret_cast<__half*>(a.v_out + i * a.out_stride);
-    for (int e = threadIdx.x; e < a.width; e += kThreads) {
+    for (int e = threadIdx.x; e < width; e += kThreads) {
         k[e] = __float2half_rn(y[e]);
-        v[e] = __float2half_rn(y[a.width + e]);
+        v[e] = __float2half_rn(y[width + e]);
     }
 }
 

@@ -45,17 +45,24 @@ struct LatentsLaunch {
     bool int4 = true;
 };
 
-// deltakv_key_scores: one block per token decodes its key (the int4 decoder's K rows, the
-// references' mean, RoPE) into shared memory, then scores it with every head.
-struct KeyScoresLaunch {
-    LatentsLaunch lat;
-    const int8_t* dec_w = nullptr;  // [m16 / 4][width][4]
+// Where a latent token's row comes from: the int4 decoder's `rows` rows ([m16 / 4][rows][4]
+// int8, a scale and a sum per row) and the references' rows (`rows` floats each, by
+// ordinal), RoPE'd at the token's angles.
+struct RowSource {
+    const int8_t* dec_w = nullptr;
     const float* dec_scale = nullptr;
     const float* dec_row_sum = nullptr;
-    int width = 0;                 // n_kv_heads * head_dim
-    const float* ref_k = nullptr;  // rows of width by ordinal
-    AnglesLaunch angles;           // one offset per token
-    const float* q = nullptr;      // n_heads * head_dim
+    int rows = 0;
+    const float* ref_x = nullptr;
+    AnglesLaunch angles;  // one offset per token
+};
+
+// deltakv_key_scores: one block per token decodes its key (src.rows = n_kv_heads *
+// head_dim) into shared memory, then scores it with every head.
+struct KeyScoresLaunch {
+    LatentsLaunch lat;
+    RowSource src;
+    const float* q = nullptr;  // n_heads * head_dim
     int n_heads = 0;
     int n_kv_heads = 0;
     int head_dim = 0;
@@ -66,16 +73,11 @@ struct KeyScoresLaunch {
 };
 cudaError_t launch_key_scores(const KeyScoresLaunch& a, cudaStream_t stream);
 
-// deltakv_reconstruct: one block per token makes its whole row (all of Dec, the references'
-// mean, RoPE on K) in shared memory and writes K and V as fp16.
+// deltakv_reconstruct: one block per token makes its whole row (src.rows = 2 * width: K, then
+// V) in shared memory and writes K and V as fp16.
 struct ReconstructLaunch {
     LatentsLaunch lat;
-    const int8_t* dec_w = nullptr;  // [m16 / 4][2 * width][4]
-    const float* dec_scale = nullptr;
-    const float* dec_row_sum = nullptr;
-    int width = 0;                 // n_kv_heads * head_dim: rows are 2 * width
-    const float* ref_x = nullptr;  // rows of 2 * width by ordinal
-    AnglesLaunch angles;
+    RowSource src;
     uint8_t* k_out = nullptr;
     uint8_t* v_out = nullptr;
     size_t out_stride = 0;

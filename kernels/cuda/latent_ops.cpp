@@ -62,6 +62,17 @@ LatentsLaunch latents_of(const LatentRows& lat, const int32_t* rows) {
     return l;
 }
 
+RowSource row_source(const LatentDecodeInputs& in, const int32_t* angle_at) {
+    RowSource src;
+    src.dec_w = in.dec.w;
+    src.dec_scale = in.dec.scale;
+    src.dec_row_sum = in.dec.row_sum;
+    src.rows = in.dec.d;
+    src.ref_x = in.ref_x;
+    src.angles = angles_of(in.angles, angle_at);
+    return src;
+}
+
 }  // namespace
 
 Status run_deltakv_pool_rows(const PoolRows& rows, float* out, cudaStream_t stream) {
@@ -94,12 +105,7 @@ Status run_deltakv_key_scores(const AttentionShape& shape, const LatentRows& lat
                         StagedLists::create({{lat.rows, lat.n}, {in.angles.at, lat.n}}, stream));
     KeyScoresLaunch a;
     a.lat = latents_of(lat, lists[0]);
-    a.dec_w = in.dec.w;
-    a.dec_scale = in.dec.scale;
-    a.dec_row_sum = in.dec.row_sum;
-    a.width = in.dec.d;
-    a.ref_k = in.ref_x;
-    a.angles = angles_of(in.angles, lists[1]);
+    a.src = row_source(in, lists[1]);
     a.q = q;
     a.n_heads = shape.n_heads;
     a.n_kv_heads = shape.n_kv_heads;
@@ -123,12 +129,7 @@ Status run_deltakv_reconstruct(const AttentionShape& shape, const LatentRows& la
                         StagedLists::create({{lat.rows, lat.n}, {in.angles.at, lat.n}}, stream));
     ReconstructLaunch a;
     a.lat = latents_of(lat, lists[0]);
-    a.dec_w = in.dec.w;
-    a.dec_scale = in.dec.scale;
-    a.dec_row_sum = in.dec.row_sum;
-    a.width = in.dec.d / 2;
-    a.ref_x = in.ref_x;
-    a.angles = angles_of(in.angles, lists[1]);
+    a.src = row_source(in, lists[1]);
     a.k_out = k_out;
     a.v_out = v_out;
     a.out_stride = out_stride;
