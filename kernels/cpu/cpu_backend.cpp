@@ -149,6 +149,7 @@ class CpuBackend final : public Backend {
     Status deltakv_pool_rows(const PoolRows& rows, float* out, const Exec& exec) override {
         DS_RETURN_IF_ERROR(need_pool(exec, "deltakv_pool_rows"));
         DS_RETURN_IF_ERROR(validate(rows));
+        DS_RETURN_IF_ERROR(need_arrays("deltakv_pool_rows", rows.n, {out}));
         return cpu_deltakv_pool_rows(rows, out, *exec.pool);
     }
     Status deltakv_key_scores(const AttentionShape& shape, const LatentRows& lat,
@@ -156,6 +157,8 @@ class CpuBackend final : public Backend {
                               int64_t lds, uint8_t* codes, const Exec& exec) override {
         DS_RETURN_IF_ERROR(need_pool(exec, "deltakv_key_scores"));
         DS_RETURN_IF_ERROR(validate(shape, lat, in, false));
+        DS_RETURN_IF_ERROR(need_arrays("deltakv_key_scores", lat.n, {q, scores, codes}));
+        if (lds < lat.n) return invalid_argument("cpu: deltakv_key_scores: lds < n");
         return cpu_deltakv_key_scores(shape, lat, in, q, scores, lds, codes, *exec.pool);
     }
     Status deltakv_reconstruct(const AttentionShape& shape, const LatentRows& lat,
@@ -163,6 +166,7 @@ class CpuBackend final : public Backend {
                                size_t out_stride, const Exec& exec) override {
         DS_RETURN_IF_ERROR(need_pool(exec, "deltakv_reconstruct"));
         DS_RETURN_IF_ERROR(validate(shape, lat, in, true));
+        DS_RETURN_IF_ERROR(need_arrays("deltakv_reconstruct", lat.n, {k_out, v_out}));
         if (out_stride < static_cast<size_t>(in.dec.d))
             return invalid_argument("cpu: deltakv_reconstruct: output rows closer than their size");
         return cpu_deltakv_reconstruct(lat, in, k_out, v_out, out_stride, *exec.pool);
@@ -172,6 +176,8 @@ class CpuBackend final : public Backend {
                             const Exec& exec) override {
         DS_RETURN_IF_ERROR(need_pool(exec, "latent_attention"));
         DS_RETURN_IF_ERROR(validate(shape, lat, in));
+        DS_RETURN_IF_ERROR(need_arrays("latent_attention", 1, {out, lse}));
+        DS_RETURN_IF_ERROR(need_arrays("latent_attention", lat.n, {scores}));
         return cpu_latent_attention(shape, lat, scores, in, out, lse, *exec.pool);
     }
     Status top_k(const float* logits, int64_t n_vocab, int64_t n_rows, int32_t k, int32_t* ids,

@@ -41,12 +41,20 @@ Status check_latents(const char* op, const AttentionShape& s, const LatentRows& 
 
 }  // namespace
 
+Status need_arrays(const char* op, int64_t n, std::initializer_list<const void*> arrays) {
+    if (n <= 0) return Status();
+    for (const void* a : arrays) {
+        if (a == nullptr) return bad(op, "a null array");
+    }
+    return Status();
+}
+
 Status validate(const PoolRows& p) {
     constexpr const char* op = "deltakv_pool_rows";
     if (p.n < 0) return bad(op, "n < 0");
     if (p.width <= 0 || p.row_stride < static_cast<size_t>(p.width) * 2)
         return bad(op, "rows of " + std::to_string(p.width) + " fp16 values do not fit");
-    if (p.n > 0 && (p.k == nullptr || p.slots == nullptr)) return bad(op, "rows without slots");
+    DS_RETURN_IF_ERROR(need_arrays(op, p.n, {p.k, p.slots}));
     return check_angles(op, p.angles, p.n, p.width);
 }
 

@@ -77,6 +77,7 @@ RowSource row_source(const LatentDecodeInputs& in, const int32_t* angle_at) {
 
 Status run_deltakv_pool_rows(const PoolRows& rows, float* out, cudaStream_t stream) {
     DS_RETURN_IF_ERROR(validate(rows));
+    DS_RETURN_IF_ERROR(need_arrays("deltakv_pool_rows", rows.n, {out}));
     if (rows.n == 0) return Status();
     if (rows.n > kMaxRows) return invalid("deltakv_pool_rows", "n > 2^31 - 1");
     DS_ASSIGN_OR_RETURN(
@@ -98,6 +99,7 @@ Status run_deltakv_key_scores(const AttentionShape& shape, const LatentRows& lat
                               const LatentDecodeInputs& in, const float* q, float* scores,
                               int64_t lds, uint8_t* codes, cudaStream_t stream) {
     DS_RETURN_IF_ERROR(validate(shape, lat, in, false));
+    DS_RETURN_IF_ERROR(need_arrays("deltakv_key_scores", lat.n, {q, scores, codes}));
     if (lat.n == 0) return Status();
     if (lat.n > kMaxRows) return invalid("deltakv_key_scores", "n > 2^31 - 1");
     if (lds < lat.n) return invalid("deltakv_key_scores", "lds < n");
@@ -121,6 +123,7 @@ Status run_deltakv_reconstruct(const AttentionShape& shape, const LatentRows& la
                                const LatentDecodeInputs& in, uint8_t* k_out, uint8_t* v_out,
                                size_t out_stride, cudaStream_t stream) {
     DS_RETURN_IF_ERROR(validate(shape, lat, in, true));
+    DS_RETURN_IF_ERROR(need_arrays("deltakv_reconstruct", lat.n, {k_out, v_out}));
     if (lat.n == 0) return Status();
     if (lat.n > kMaxRows) return invalid("deltakv_reconstruct", "n > 2^31 - 1");
     if (out_stride < static_cast<size_t>(in.dec.d) || out_stride % 2 != 0)
@@ -140,6 +143,8 @@ Status run_latent_attention(const AttentionShape& shape, const LatentRows& lat, 
                             const LatentValueInputs& in, float* out, float* lse,
                             cudaStream_t stream) {
     DS_RETURN_IF_ERROR(validate(shape, lat, in));
+    DS_RETURN_IF_ERROR(need_arrays("latent_attention", 1, {out, lse}));
+    DS_RETURN_IF_ERROR(need_arrays("latent_attention", lat.n, {scores}));
     if (lat.n > kMaxRows) return invalid("latent_attention", "n > 2^31 - 1");
     DS_ASSIGN_OR_RETURN(
         StagedLists lists,

@@ -520,6 +520,12 @@ TEST_P(DeltaKvOps, ArgumentsOutsideTheLimitsAreRefused) {
     bad = rows;
     bad.int4 = false;
     refused(bad, in, "fp16 latents");
+    EXPECT_EQ(backend_->deltakv_key_scores(shape_, rows, in, q, scores, 4, nullptr, exec_).code(),
+              StatusCode::kInvalidArgument)
+        << "no room for the codes";
+    EXPECT_EQ(backend_->deltakv_key_scores(shape_, rows, in, q, scores, 3, codes, exec_).code(),
+              StatusCode::kInvalidArgument)
+        << "scores' rows closer than n";
     LatentDecodeInputs bad_in = in;
     bad_in.dec.d = kWidth - 1;
     refused(rows, bad_in, "a decoder of another width");

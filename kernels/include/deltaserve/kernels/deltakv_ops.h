@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "deltaserve/common/status.h"
 #include "deltaserve/kernels/attention.h"
@@ -84,6 +85,8 @@ struct LatentValueInputs {
 // whose shape is not the shape's K width by m, a GQA shape latent_attention does not take.
 // Backends check their arguments with these before they read them.
 Status validate(const PoolRows& rows);
+// kInvalidArgument naming op when there is work (n > 0) and one of an op's arrays is null.
+Status need_arrays(const char* op, int64_t n, std::initializer_list<const void*> arrays);
 // For deltakv_key_scores (`whole` false: dec holds the K rows) or deltakv_reconstruct
 // (`whole`: all of Dec).
 Status validate(const AttentionShape& shape, const LatentRows& lat, const LatentDecodeInputs& in,
