@@ -12,15 +12,18 @@ here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-# The programs and benchmarks come xz-compressed (bundle.sh): unpacked once, with Python's
-# lzma (the device machine may lack xz).
+# The programs and benchmarks come xz-compressed (bundle.sh): unpacked beside it with
+# Python's lzma (the device machine may lack xz), and removed at the end, so that the
+# bundle stays as small as it travels.
+unpacked=""
 if [ -s "$here/programs.tar.xz" ] && [ ! -d "$here/bin" ]; then
     python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
         "$here/programs.tar.xz" "$here" || { echo "cannot unpack programs.tar.xz" >&2; exit 1; }
+    unpacked=1
 fi
 export DELTASERVE_TEST_DATA_DIR="$here/data"
 payload=$(mktemp -d)
-trap 'rm -rf "$payload"' EXIT
+trap 'rm -rf "$payload"; [ -z "$unpacked" ] || rm -rf "$here/bin" "$here/bench"' EXIT
 export DELTASERVE_MODELS_DIR="$payload/models"
 export DELTASERVE_PROFILES_DIR="$payload/profiles"
 {
