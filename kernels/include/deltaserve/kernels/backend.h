@@ -204,8 +204,8 @@ class Backend {
     virtual Status merge_attention(float* out, float* lse, const float* out_b, const float* lse_b,
                                    int n_rows, int head_dim, const Exec& exec);
 
-    // --- DeltaKV's decode step (deltakv_ops.h). The CPU backend's are deltakv.h's kernels,
-    // bit for bit as the cache calls them.
+    // --- DeltaKV's decode step and a chunk's reconstruction (deltakv_ops.h). The CPU
+    // backend's are deltakv.h's kernels, bit for bit as the cache calls them.
 
     // An int4 decoder as this backend's ops read it, uploaded once (its bytes live until the
     // backend goes; the CPU backend reads the decoder's own).

@@ -1,7 +1,7 @@
-// DeltaKV's decode step as a Backend's ops take it (backend.h): one sparse layer's reference
-// rows, its latent tokens' keys and scores, and attention through their latents
-// (deltakv.h has the math). Arrays live in the backend's memory; index lists (slots, latent
-// rows, angle offsets) in host memory.
+// DeltaKV's decode step and a chunk's reconstruction as a Backend's ops take them
+// (backend.h): one sparse layer's reference rows, its latent tokens' keys and scores or
+// whole rows, and attention through their latents (deltakv.h has the math). Arrays live in
+// the backend's memory; index lists (slots, latent rows, angle offsets) in host memory.
 #pragma once
 
 #include <cstddef>
@@ -42,9 +42,8 @@ struct PoolRows {
 };
 
 // n latent tokens of one sparse layer: token i is row rows[i] of the layer's latents
-// (int4_pack's format or m fp16 values, stride bytes apart) and names the references refs[rows[i] *
-// k ..
-// + k) (ordinals, kNoLatentRef for none).
+// (int4_pack's format or m fp16 values, stride bytes apart) and names the references
+// refs[rows[i] * k .. + k) (ordinals, kNoLatentRef for none).
 struct LatentRows {
     int64_t n = 0;
     const int32_t* rows = nullptr;  // host memory
@@ -80,9 +79,9 @@ struct LatentValueInputs {
     int64_t n_refs = 0;
 };
 
-// kInvalidArgument naming what breaks the ops' limits: rows without their lists, a width
-// that is not whole heads, more than 16 references, m outside [1, kMaxLatent], a decoder
-// whose shape is not the shape's K width by m, a GQA shape latent_attention does not take.
+// kInvalidArgument naming what breaks the ops' limits: rows without their lists, rows
+// closer than their size, RoPE over more than a row, more than 16 references, m outside
+// [1, kMaxLatent], a decoder of another shape, an attention shape the ops do not take.
 // Backends check their arguments with these before they read them.
 Status validate(const PoolRows& rows);
 // kInvalidArgument naming op when there is work (n > 0) and one of an op's arrays is null.
