@@ -55,44 +55,54 @@ Status cpu_deltakv_pool_rows(const PoolRows& p, float* out, ThreadPool& pool) {
     return Status();
 }
 
+namespace {
+
+constexpr int64_t kBlock = 16;  // tokens decoded at a time, their rows used while in cache
+
+// Tokens [b, e) (at most kBlock) made into out (rows of in.dec.d): Dec of their int4 latents,
+// their references' mean and RoPE, the last two while a row is in registers
+// (Int4KeyFinish). With codes, the tokens' codes go there first and are decoded from there.
+void decode_block(const LatentRows& lat, const LatentDecodeInputs& in, int64_t b, int64_t e,
+                  float* out, uint8_t* codes) {
+    const int dims = in.dec.d, kk = lat.k;
+    const uint8_t* latents[kBlock];
+    const float* ref_rows[kBlock * 16];
+    const float* angle[kBlock];
+    int32_t refs[16];
+    for (int64_t i = b; i < e; ++i) {
+        latents[i - b] = latent_of(lat, i);
+        refs_of(lat, i, refs);
+        for (int r = 0; r < kk; ++r) {
+            ref_rows[(i - b) * kk + r] =
+                refs[r] >= 0 ? in.ref_x + static_cast<size_t>(refs[r]) * dims : nullptr;
+        }
+        angle[i - b] = in.angles.table + in.angles.at[i];
+    }
+    Int4KeyFinish finish;
+    finish.refs = ref_rows;
+    finish.k = kk;
+    finish.angles = angle;
+    finish.n_heads = in.angles.n_heads;
+    finish.head_dim = in.angles.head_dim;
+    finish.style = in.angles.style;
+    if (codes != nullptr) int4_latent_codes(latents, e - b, lat.m, codes);
+    deltakv_decode_int4(in.dec, latents, e - b, out, dims, codes, &finish);
+}
+
+}  // namespace
+
 Status cpu_deltakv_key_scores(const AttentionShape& shape, const LatentRows& lat,
                               const LatentDecodeInputs& in, const float* q, float* scores,
                               int64_t lds, uint8_t* codes, ThreadPool& pool) {
-    const int width = in.dec.d, kk = lat.k;
+    const int width = in.dec.d;
     const int32_t stride = int4_code_stride(lat.m);
-    // A block at a time, while its rows are in cache: K = Dec_k(z) + the mean of the
-    // references' K, RoPE, and every head's score.
-    constexpr int64_t kBlock = 16;
+    // A block at a time, while its rows are in cache: the keys, then every head's score.
     pool.parallel_for_affine(lat.n, kBlock, [&](int64_t b_all, int64_t e_all) {
         thread_local std::vector<float> block;
         block.resize(static_cast<size_t>(kBlock) * width);
         for (int64_t b = b_all; b < e_all; b += kBlock) {
             const int64_t e = std::min(e_all, b + kBlock);
-            // Each token's reference rows and angles; the decoder adds and turns them while
-            // the row is in registers.
-            const uint8_t* latents[kBlock];
-            const float* ref_rows[kBlock * 16];
-            const float* angle[kBlock];
-            int32_t refs[16];
-            for (int64_t i = b; i < e; ++i) {
-                latents[i - b] = latent_of(lat, i);
-                refs_of(lat, i, refs);
-                for (int r = 0; r < kk; ++r) {
-                    ref_rows[(i - b) * kk + r] =
-                        refs[r] >= 0 ? in.ref_x + static_cast<size_t>(refs[r]) * width : nullptr;
-                }
-                angle[i - b] = in.angles.table + in.angles.at[i];
-            }
-            Int4KeyFinish finish;
-            finish.refs = ref_rows;
-            finish.k = kk;
-            finish.angles = angle;
-            finish.n_heads = in.angles.n_heads;
-            finish.head_dim = in.angles.head_dim;
-            finish.style = in.angles.style;
-            uint8_t* c = codes + b * stride;
-            int4_latent_codes(latents, e - b, lat.m, c);
-            deltakv_decode_int4(in.dec, latents, e - b, block.data(), width, c, &finish);
+            decode_block(lat, in, b, e, block.data(), codes + b * stride);
             head_scores(shape, q, block.data(), width, e - b, scores + b, lds);
         }
     });
@@ -101,30 +111,16 @@ Status cpu_deltakv_key_scores(const AttentionShape& shape, const LatentRows& lat
 
 Status cpu_deltakv_reconstruct(const LatentRows& lat, const LatentDecodeInputs& in, uint8_t* k_out,
                                uint8_t* v_out, size_t out_stride, ThreadPool& pool) {
-    const int d = in.dec.d, width = d / 2, half = in.angles.head_dim / 2;
+    const int d = in.dec.d, width = d / 2;
     // A block at a time, so the rows stay in cache until written.
-    constexpr int64_t kBlock = 16;
     pool.parallel_for(lat.n, kBlock, [&](int64_t b_all, int64_t e_all) {
         thread_local std::vector<float> block;
         block.resize(static_cast<size_t>(kBlock) * d);
         for (int64_t b = b_all; b < e_all; b += kBlock) {
             const int64_t e = std::min(e_all, b + kBlock);
-            const uint8_t* latents[kBlock];
-            for (int64_t i = b; i < e; ++i) latents[i - b] = latent_of(lat, i);
-            deltakv_decode_int4(in.dec, latents, e - b, block.data(), d);
+            decode_block(lat, in, b, e, block.data(), nullptr);
             for (int64_t i = b; i < e; ++i) {
-                float* x = block.data() + (i - b) * d;
-                int32_t refs[16];
-                refs_of(lat, i, refs);
-                const float* rows[16];
-                int nr = 0;
-                for (int q = 0; q < lat.k; ++q) {
-                    if (refs[q] >= 0) rows[nr++] = in.ref_x + static_cast<size_t>(refs[q]) * d;
-                }
-                add_mean_rows(x, rows, nr, d);
-                const float* a = in.angles.table + in.angles.at[i];
-                rope_apply(x, in.angles.n_heads, in.angles.head_dim, a, a + half, in.angles.style,
-                           false);
+                const float* x = block.data() + (i - b) * d;
                 write_kv_row(DType::kF16, k_out + static_cast<size_t>(i) * out_stride, x, width);
                 write_kv_row(DType::kF16, v_out + static_cast<size_t>(i) * out_stride, x + width,
                              width);
