@@ -146,6 +146,12 @@ class CpuBackend final : public Backend {
     Result<Int4DecoderRef> upload_int4_decoder(const Int4Decoder& host) override {
         return host.ref();
     }
+    Status deltakv_encode(const LatentEncodeInputs& in, const float* x, int64_t n,
+                          const LatentEncodeOutputs& out, const Exec& exec) override {
+        DS_RETURN_IF_ERROR(need_pool(exec, "deltakv_encode"));
+        DS_RETURN_IF_ERROR(validate(in, x, n, out));
+        return cpu_deltakv_encode(in, x, n, out, *exec.pool);
+    }
     Status deltakv_pool_rows(const PoolRows& rows, float* out, const Exec& exec) override {
         DS_RETURN_IF_ERROR(need_pool(exec, "deltakv_pool_rows"));
         DS_RETURN_IF_ERROR(validate(rows));

@@ -32,6 +32,41 @@ const uint8_t* latent_of(const LatentRows& lat, int64_t i) {
 
 }  // namespace
 
+Status cpu_deltakv_encode(const LatentEncodeInputs& in, const float* x, int64_t n,
+                          const LatentEncodeOutputs& out, ThreadPool& pool) {
+    const int d = in.w->d(), m = in.w->m(), kk = in.k;
+    pool.parallel_for(n, 8, [&](int64_t b, int64_t e) {
+        std::vector<int32_t> near(static_cast<size_t>(kk));
+        for (int64_t i = b; i < e; ++i) {
+            const int got = l2_nearest(x + i * d, in.ref_x, in.n_cand[i], d, kk, near.data());
+            float* ri = out.rm + i * d;
+            std::fill(ri, ri + d, 0.0f);
+            for (int j = 0; j < kk; ++j) {
+                out.refs[i * kk + j] = j < got ? static_cast<uint16_t>(near[j]) : kNoLatentRef;
+                if (j >= got) continue;
+                const float* rx = in.ref_x + static_cast<size_t>(near[j]) * d;
+                for (int t = 0; t < d; ++t) ri[t] += rx[t];
+            }
+            for (int t = 0; t < d; ++t) ri[t] /= static_cast<float>(std::max(got, 1));
+        }
+    });
+    if (n == 0) return Status();
+    thread_local std::vector<float> scratch;
+    scratch.resize(static_cast<size_t>(2 * n * in.w->w1.rows));
+    deltakv_encode_residual(*in.w, x, out.rm, n, out.z, scratch.data(), pool);
+    pool.parallel_for(n, 64, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+            uint8_t* row = out.latents + static_cast<size_t>(i) * out.stride;
+            if (out.int4) {
+                int4_pack(out.z + i * m, m, row);
+            } else {
+                write_kv_row(DType::kF16, row, out.z + i * m, m);
+            }
+        }
+    });
+    return Status();
+}
+
 Status cpu_deltakv_pool_rows(const PoolRows& p, float* out, ThreadPool& pool) {
     const int dims = p.v != nullptr ? 2 * p.width : p.width;
     const int half = p.angles.head_dim / 2;

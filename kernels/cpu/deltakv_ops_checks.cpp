@@ -84,4 +84,31 @@ Status validate(const AttentionShape& s, const LatentRows& lat, const LatentValu
     return Status();
 }
 
+Status validate(const LatentEncodeInputs& in, const float* x, int64_t n,
+                const LatentEncodeOutputs& out) {
+    constexpr const char* op = "deltakv_encode";
+    if (n < 0) return bad(op, "n < 0");
+    if (in.w == nullptr) return bad(op, "no compressor");
+    const WeightMatrix &w1 = in.w->w1, &w2 = in.w->w2, &w3 = in.w->w3;
+    const int64_t d = w1.cols, hidden = w1.rows, m = w3.rows;
+    if (d <= 0 || hidden <= 0 || w2.rows != hidden || w2.cols != d || w3.cols != hidden)
+        return bad(op, "the compressor's matrices do not chain (D -> hidden -> m)");
+    if (m < 1 || m > kMaxLatent) {
+        return bad(op, "latent size " + std::to_string(m) + " outside [1, " +
+                           std::to_string(kMaxLatent) + "]");
+    }
+    if (in.k < 1 || in.k > 16) return bad(op, "1 to 16 references per token");
+    if (in.n_refs < 0 || in.n_refs > kNoLatentRef)
+        return bad(op, "references beyond 16-bit ordinals");
+    if (in.n_refs > 0 && in.ref_x == nullptr) return bad(op, "no reference rows");
+    const size_t bytes = out.int4 ? int4_bytes(static_cast<int>(m)) : static_cast<size_t>(m) * 2;
+    if (out.stride < bytes) return bad(op, "latents closer than their size");
+    DS_RETURN_IF_ERROR(need_arrays(op, n, {x, in.n_cand, out.refs, out.rm, out.z, out.latents}));
+    for (int64_t i = 0; i < n; ++i) {
+        if (in.n_cand[i] < 0 || in.n_cand[i] > in.n_refs)
+            return bad(op, "token " + std::to_string(i) + "'s candidates are not references");
+    }
+    return Status();
+}
+
 }  // namespace deltaserve::kernels

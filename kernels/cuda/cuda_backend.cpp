@@ -309,6 +309,11 @@ class CudaBackend final : public Backend {
         ref.row_sum = ref.scale + rows;
         return ref;
     }
+    Status deltakv_encode(const LatentEncodeInputs& in, const float* x, int64_t n,
+                          const LatentEncodeOutputs& out, const Exec& exec) override {
+        if (!available()) return no_device_;
+        return run_deltakv_encode(in, x, n, out, stream_of(exec));
+    }
     Status deltakv_pool_rows(const PoolRows& rows, float* out, const Exec& exec) override {
         if (!available()) return no_device_;
         return run_deltakv_pool_rows(rows, out, stream_of(exec));

@@ -1,6 +1,7 @@
-// Host side of DeltaKV's decode-step ops on the "cuda" backend (latent_ops.cpp): each checks
-// its arguments (deltakv_ops.h's validate), stages the host lists (slots, latent rows, angle
-// offsets) in one copy and enqueues deltakv.cu's kernels on `stream`.
+// Host side of DeltaKV's ops on the "cuda" backend (latent_ops.cpp; compression in
+// encode_ops.cpp): each checks its arguments (deltakv_ops.h's validate), stages the host lists
+// (slots, latent rows, angle offsets, candidate counts) in one copy and enqueues deltakv.cu's
+// or encode.cu's kernels on `stream`.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -12,6 +13,8 @@
 
 namespace deltaserve::kernels::cuda {
 
+Status run_deltakv_encode(const LatentEncodeInputs& in, const float* x, int64_t n,
+                          const LatentEncodeOutputs& out, cudaStream_t stream);
 Status run_deltakv_pool_rows(const PoolRows& rows, float* out, cudaStream_t stream);
 Status run_deltakv_key_scores(const AttentionShape& shape, const LatentRows& lat,
                               const LatentDecodeInputs& in, const float* q, float* scores,

@@ -15,14 +15,6 @@ namespace deltaserve::kvstore {
 
 namespace k = deltaserve::kernels;
 
-namespace {
-
-// The backend's ops fail only on arguments the cache made (the CPU backend has no device to
-// lose): a bug.
-void must(const Status& st) { DS_CHECK(st.ok(), st.to_string().c_str()); }
-
-}  // namespace
-
 k::RopeAngles DeltaKvSequenceCache::rope_angles(const int32_t* at) const {
     k::RopeAngles a;
     a.table = angle_table_.data();

@@ -55,6 +55,13 @@ Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(
     // The decode step's ops run on the CPU backend while the cache's memory is host memory.
     c->backend_ = k::find_backend("cpu");
     DS_CHECK(c->backend_ != nullptr, "the CPU backend is always registered");
+    for (const k::DeltaKvLayer& w : profile.layers) {
+        k::DeltaKvLayer e = w;
+        DS_ASSIGN_OR_RETURN(e.w1, c->backend_->upload_weight(w.w1));
+        DS_ASSIGN_OR_RETURN(e.w2, c->backend_->upload_weight(w.w2));
+        DS_ASSIGN_OR_RETURN(e.w3, c->backend_->upload_weight(w.w3));
+        c->enc_.push_back(e);
+    }
     if (o.latent_bits == 4) {
         for (size_t l = 0; l < profile.int4.size(); ++l) {
             DS_ASSIGN_OR_RETURN(k::Int4DecoderRef whole,

@@ -92,12 +92,32 @@ void DeltaKvSequenceCache::drop_plan() {
 
 void DeltaKvSequenceCache::compress_layer(int32_t s) {
     plan_.done[s] = 1;
-    const int32_t d = profile_.d, kk = options_.k;
+    const int32_t d = profile_.d, kk = options_.k, kv_dim = d / 2;
     const size_t lb = latent_bytes();
     auto& lat = plan_.latents[s];
     auto& refs = plan_.refs[s];
+    k::PoolRows rows;  // [K before RoPE; V] of a token list's slots
+    rows.k = sparse_pool_->k_base(s);
+    rows.v = sparse_pool_->v_base(s);
+    rows.row_stride = sparse_pool_->row_bytes();
+    rows.width = kv_dim;
+    std::vector<int32_t> slots, at;
+    const auto load_rows = [&](const int32_t* positions, size_t n, float* out) {
+        slots.clear();
+        at.clear();
+        for (size_t i = 0; i < n; ++i) {
+            slots.push_back(sparse_slot_[positions[i]]);
+            at.push_back(angles(positions[i]));
+        }
+        rows.slots = slots.data();
+        rows.n = static_cast<int64_t>(n);
+        rows.angles = rope_angles(at.data());
+        must(backend_->deltakv_pool_rows(rows, out, exec()));
+    };
     size_t next = 0;  // first token of the block in plan_.tokens
     for (int32_t c1 : plan_.blocks) {
+        // A reference's ordinal is its index among the references before the block's end:
+        // the sinks, then region_.ref_list.
         std::vector<int32_t> ref_pos;
         for (int32_t p = 0; p < c1; ++p) {
             if (region_.is_ref(p)) ref_pos.push_back(p);
@@ -108,49 +128,33 @@ void DeltaKvSequenceCache::compress_layer(int32_t s) {
         const int64_t nb = static_cast<int64_t>(end - next);
         std::vector<float> ref_x(ref_pos.size() * d), x(static_cast<size_t>(nb) * d), rm(x.size());
         std::vector<float> z(static_cast<size_t>(nb) * profile_.m);
-        std::vector<float> scratch(static_cast<size_t>(2 * nb * profile_.layers[0].w1.rows));
-        // A reference's ordinal is its index in ref_pos: the sinks, then region_.ref_list.
         std::vector<uint16_t> chosen(static_cast<size_t>(nb) * kk);
-        threads_->parallel_for(static_cast<int64_t>(ref_pos.size()), 16, [&](int64_t b, int64_t e) {
-            for (int64_t i = b; i < e; ++i) load_x(s, ref_pos[i], ref_x.data() + i * d);
-        });
-        threads_->parallel_for(nb, 8, [&](int64_t b, int64_t e) {
-            std::vector<int32_t> near(static_cast<size_t>(kk));
-            for (int64_t i = b; i < e; ++i) {
-                float* xi = x.data() + i * d;
-                load_x(s, block[i], xi);
-                // References at or before the token: ref_pos is sorted.
-                const int n_cand = static_cast<int>(
-                    std::upper_bound(ref_pos.begin(), ref_pos.end(), block[i]) - ref_pos.begin());
-                const int got = k::l2_nearest(xi, ref_x.data(), n_cand, d, kk, near.data());
-                float* ri = rm.data() + i * d;
-                std::fill(ri, ri + d, 0.0f);
-                for (int j = 0; j < kk; ++j) {
-                    chosen[i * kk + j] = j < got ? static_cast<uint16_t>(near[j]) : kNoRef;
-                    if (j < got) {
-                        const float* rx = ref_x.data() + static_cast<size_t>(near[j]) * d;
-                        for (int32_t t = 0; t < d; ++t) ri[t] += rx[t];
-                    }
-                }
-                for (int32_t t = 0; t < d; ++t) ri[t] /= static_cast<float>(std::max(got, 1));
-            }
-        });
-        if (nb > 0) {
-            k::deltakv_encode_residual(profile_.layers[sparse_layers_[s]], x.data(), rm.data(), nb,
-                                       z.data(), scratch.data(), *threads_);
-        }
-        const size_t at = lat.size();
-        lat.resize(at + static_cast<size_t>(nb) * lb);
+        load_rows(ref_pos.data(), ref_pos.size(), ref_x.data());
+        load_rows(block, static_cast<size_t>(nb), x.data());
+        // A token's candidates: the references at or before it (ref_pos is sorted).
+        std::vector<int32_t> n_cand(static_cast<size_t>(nb));
         for (int64_t i = 0; i < nb; ++i) {
-            const float* zi = z.data() + i * profile_.m;
-            if (options_.latent_bits == 4) {
-                k::int4_pack(zi, profile_.m, lat.data() + at + i * lb);
-            } else {
-                write_kv_row(k::DType::kF16, lat.data() + at + i * lb, zi, profile_.m);
-            }
+            n_cand[i] = static_cast<int32_t>(
+                std::upper_bound(ref_pos.begin(), ref_pos.end(), block[i]) - ref_pos.begin());
         }
+        const size_t at_lat = lat.size();
+        lat.resize(at_lat + static_cast<size_t>(nb) * lb);
+        k::LatentEncodeInputs in;
+        in.w = &enc_[sparse_layers_[s]];
+        in.ref_x = ref_x.data();
+        in.n_refs = static_cast<int64_t>(ref_pos.size());
+        in.n_cand = n_cand.data();
+        in.k = kk;
+        k::LatentEncodeOutputs out;
+        out.refs = chosen.data();
+        out.rm = rm.data();
+        out.z = z.data();
+        out.latents = lat.data() + at_lat;
+        out.stride = lb;
+        out.int4 = options_.latent_bits == 4;
+        must(backend_->deltakv_encode(in, x.data(), nb, out, exec()));
         refs.insert(refs.end(), chosen.begin(), chosen.end());
-        add_errors(s, block, x.data(), rm.data(), z.data(), lat.data() + at, nb);
+        add_errors(s, block, x.data(), rm.data(), z.data(), lat.data() + at_lat, nb);
         next = end;
     }
     // The last judge: their errors are in, and no layer's plan rows were shipped yet

@@ -25,7 +25,8 @@ build=${DELTASERVE_BUILD_DIR:-build}
 model=${DELTASERVE_MODELS_DIR:-models}/SmolLM2-135M-Instruct.Q4_1.gguf
 profile=${DELTASERVE_PROFILES_DIR:-profiles}/SmolLM2-135M-Instruct.Q4_1.gguf
 programs=(kernels_cuda_parity_test kernels_backend_test kernels_cuda_forward_ops_test
-          kernels_deltakv_ops_test kvstore_device_tier_test model_smollm2_golden_test)
+          kernels_deltakv_ops_test kernels_deltakv_encode_test kvstore_device_tier_test
+          model_smollm2_golden_test)
 benches=(deltaserve-bench-kernels deltaserve-bench-runtime deltaserve-bench-fidelity)
 
 rm -rf "$out" "$out-model"

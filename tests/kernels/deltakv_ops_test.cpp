@@ -2,11 +2,7 @@
 // straightforward float64 references of what they compute: the reference rows turned back
 // before RoPE, the latent keys decoded and scored, attention through the latents, and
 // attention with its lse split and merged. "cuda" skips without a device. Inputs live in
-// the backend's memory (copied in and out), as the cache's would.
-//
-// Bounds (NMSE against the reference): the CPU backend and a GPU compute in fp32 with other
-// orders, exps and fused multiply-adds; over these sizes that is ~1e-12, far below the
-// errors an indexing or formula mistake makes (~1e-1).
+// the backend's memory (copied in and out), as the cache's would (deltakv_ops_fixture.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "deltakv_ops_fixture.h"
 #include "deltaserve/common/fp16.h"
 #include "deltaserve/kernels/backend.h"
 #include "deltaserve/kernels/deltakv.h"
@@ -26,58 +23,8 @@
 namespace deltaserve::kernels {
 namespace {
 
-constexpr double kBound = 1e-9;
-
-using testing::random_floats;
-
-double nmse(const std::vector<float>& got, const std::vector<double>& want) {
-    double num = 0.0, den = 1e-30;
-    for (size_t i = 0; i < want.size(); ++i) {
-        num += (got[i] - want[i]) * (got[i] - want[i]);
-        den += want[i] * want[i];
-    }
-    return num / den;
-}
-
-// The model of the tests: SmolLM2's attention (9 query heads over 3 KV heads of 64).
-constexpr int kHeads = 9, kKvHeads = 3, kDim = 64, kWidth = kKvHeads * kDim, kM = 40, kRefsPer = 4;
-
-class DeltaKvOps : public ::testing::TestWithParam<const char*> {
-  protected:
-    void SetUp() override {
-        backend_ = find_backend(GetParam());
-        if (backend_ == nullptr || !backend_->available())
-            GTEST_SKIP() << "no " << GetParam() << " backend with a device here";
-        exec_.pool = &pool_;
-        shape_ = AttentionShape{kHeads, kKvHeads, kDim, 1.0f / std::sqrt(float(kDim))};
-    }
-
-    // A copy of v in the backend's memory, kept for the test.
-    template <class T>
-    T* put(const std::vector<T>& v) {
-        auto buf = backend_->alloc(std::max<size_t>(v.size() * sizeof(T), 1));
-        EXPECT_TRUE(buf.ok());
-        EXPECT_TRUE(backend_->copy_in(buf->data(), v.data(), v.size() * sizeof(T), exec_).ok());
-        buffers_.push_back(std::move(*buf));
-        return static_cast<T*>(buffers_.back().data());
-    }
-    template <class T>
-    T* room(size_t n) {
-        return put(std::vector<T>(n));
-    }
-    template <class T>
-    std::vector<T> get(const T* dev, size_t n) {
-        std::vector<T> v(n);
-        EXPECT_TRUE(backend_->copy_out(v.data(), dev, n * sizeof(T), exec_).ok());
-        return v;
-    }
-
-    Backend* backend_ = nullptr;
-    ThreadPool pool_{2};
-    Exec exec_;
-    AttentionShape shape_;
-    std::vector<Buffer> buffers_;
-};
+using namespace deltaserve::kernels::testing;  // NOLINT: the fixture, shape and bounds
+using deltaserve::testing::random_floats;
 
 // fp16 rows (all KV heads) in a pool with a stride wider than the row.
 struct Pool {

@@ -78,30 +78,31 @@ TEST_P(KvBlocksTest, AnImportedSessionContinuesExactlyAsTheOriginal) {
     auto original = context(GetParam());
     auto restored = context(GetParam());
     ASSERT_TRUE(original && restored);
-    const auto tokens = text_tokens(1100);
-    const std::vector<int32_t> history(tokens.begin(), tokens.begin() + 1000);
-    for (size_t at = 0; at < history.size(); at += 250) {  // turns; DeltaKV compresses
-        ASSERT_TRUE(original->eval({history.data() + at, 250}).ok());
+    const auto tokens = text_tokens(500);
+    const std::vector<int32_t> history(tokens.begin(), tokens.begin() + 400);
+    for (size_t at = 0; at < history.size(); at += 100) {  // turns; DeltaKV compresses
+        ASSERT_TRUE(original->eval({history.data() + at, 100}).ok());
     }
-    const KvBlocksOptions o = options(GetParam());
+    KvBlocksOptions o = options(GetParam());
+    o.block_tokens = 100;
     auto exported = export_kv_blocks(*original, history, o);
     ASSERT_TRUE(exported.ok()) << exported.status().to_string();
-    ASSERT_EQ(exported->blocks.size(), 4u);  // 1000 tokens in blocks of 256
+    ASSERT_EQ(exported->blocks.size(), 4u);  // 400 tokens in blocks of 100
     size_t stored = 0;
     for (const auto& b : exported->blocks) stored += b.size();
     // What is stored is what the session holds, plus the headers (DeltaKV's position maps are
     // in kv_bytes but not stored).
     EXPECT_LE(stored, original->kv_bytes() + 4 * 8192) << GetParam();
     ASSERT_TRUE(import_kv_blocks(*restored, views(*exported), exported->hints, o).ok());
-    ASSERT_EQ(restored->n_past(), 1000);
+    ASSERT_EQ(restored->n_past(), 400);
 
     // Decode steps right away (they read DeltaKV's pins, which travel as the hints), then a
     // new turn's chunk and steps after it.
-    int32_t t = tokens[1000];
+    int32_t t = tokens[400];
     for (int step = 0; step < 24; ++step) {
         const bool chunk = step == 12;
-        auto a = chunk ? original->eval({tokens.data() + 1000, 100}) : original->eval({&t, 1});
-        auto b = chunk ? restored->eval({tokens.data() + 1000, 100}) : restored->eval({&t, 1});
+        auto a = chunk ? original->eval({tokens.data() + 400, 100}) : original->eval({&t, 1});
+        auto b = chunk ? restored->eval({tokens.data() + 400, 100}) : restored->eval({&t, 1});
         ASSERT_TRUE(a.ok() && b.ok());
         ASSERT_EQ(std::vector<float>(a->begin(), a->end()),
                   std::vector<float>(b->begin(), b->end()))
@@ -115,9 +116,10 @@ TEST_P(KvBlocksTest, AnImportedSessionContinuesExactlyAsTheOriginal) {
 TEST_P(KvBlocksTest, AnExportFromABlockOnIsTheWholeExportsTail) {
     auto ctx = context(GetParam());
     ASSERT_TRUE(ctx);
-    const auto history = text_tokens(700);
+    const auto history = text_tokens(300);
     ASSERT_TRUE(ctx->eval(history).ok());
     KvBlocksOptions o = options(GetParam());
+    o.block_tokens = 110;
     auto whole = export_kv_blocks(*ctx, history, o);
     ASSERT_TRUE(whole.ok()) << whole.status().to_string();
     ASSERT_EQ(whole->blocks.size(), 3u);
@@ -135,9 +137,10 @@ TEST_P(KvBlocksTest, AnExportFromABlockOnIsTheWholeExportsTail) {
 TEST_P(KvBlocksTest, BadBlocksAreRefusedAndNothingStays) {
     auto original = context(GetParam());
     ASSERT_TRUE(original);
-    const auto tokens = text_tokens(600);
+    const auto tokens = text_tokens(300);
     ASSERT_TRUE(original->eval(tokens).ok());
-    const KvBlocksOptions o = options(GetParam());
+    KvBlocksOptions o = options(GetParam());
+    o.block_tokens = 110;
     auto e = export_kv_blocks(*original, tokens, o);
     ASSERT_TRUE(e.ok()) << e.status().to_string();
     ASSERT_EQ(e->blocks.size(), 3u);
@@ -170,7 +173,7 @@ TEST_P(KvBlocksTest, BadBlocksAreRefusedAndNothingStays) {
 
     // After all that, the real blocks still go in.
     ASSERT_TRUE(import_kv_blocks(*restored, views(*e), e->hints, o).ok());
-    EXPECT_EQ(restored->n_past(), 600);
+    EXPECT_EQ(restored->n_past(), 300);
     EXPECT_EQ(import_kv_blocks(*restored, views(*e), e->hints, o).code(),
               StatusCode::kFailedPrecondition);  // not empty
 }
@@ -234,7 +237,7 @@ TEST_P(KvBlocksTest, EachBlockRecordsEachLayersReconstructionError) {
 // (--kv-exact) lowers what the blocks record.
 TEST_P(KvBlocksTest, TokensKeptExactLowerTheRecordedError) {
     if (GetParam() == std::string("full")) GTEST_SKIP() << "full KV compresses nothing";
-    const auto tokens = text_tokens(512);
+    const auto tokens = text_tokens(384);
     KvBlocksOptions o = options(GetParam());
     o.block_tokens = 128;
     double mean[2] = {0.0, 0.0};
@@ -244,9 +247,9 @@ TEST_P(KvBlocksTest, TokensKeptExactLowerTheRecordedError) {
         ASSERT_TRUE(ctx->eval(tokens).ok());
         auto e = export_kv_blocks(*ctx, tokens, o);
         ASSERT_TRUE(e.ok()) << e.status().to_string();
-        mean[i] = mean_error(*e, o, 3);
+        mean[i] = mean_error(*e, o, 2);
     }
-    std::printf("mean recorded error of blocks 0-2: %.4f, with 25%% kept exact %.4f\n", mean[0],
+    std::printf("mean recorded error of blocks 0-1: %.4f, with 25%% kept exact %.4f\n", mean[0],
                 mean[1]);
     EXPECT_LT(mean[1], mean[0] * 0.97) << "exact 0: " << mean[0] << ", exact 0.25: " << mean[1];
 }

@@ -204,8 +204,15 @@ class Backend {
     virtual Status merge_attention(float* out, float* lse, const float* out_b, const float* lse_b,
                                    int n_rows, int head_dim, const Exec& exec);
 
-    // --- DeltaKV's decode step and a chunk's reconstruction (deltakv_ops.h). The CPU
-    // backend's are deltakv.h's kernels, bit for bit as the cache calls them.
+    // --- DeltaKV's compression, decode step and a chunk's reconstruction (deltakv_ops.h).
+    // The CPU backend's are deltakv.h's kernels, bit for bit as the cache calls them.
+
+    // Compression of n tokens of one sparse layer (x: n rows of D floats, K before RoPE then
+    // V): each token's k nearest candidate references by L2 distance (nearest first; ties: the
+    // lower ordinal), their mean rm, z = E(x) - E(rm) (deltakv_encode_residual) and z as
+    // stored (int4_pack, or fp16).
+    virtual Status deltakv_encode(const LatentEncodeInputs& in, const float* x, int64_t n,
+                                  const LatentEncodeOutputs& out, const Exec& exec);
 
     // An int4 decoder as this backend's ops read it, uploaded once (its bytes live until the
     // backend goes; the CPU backend reads the decoder's own).

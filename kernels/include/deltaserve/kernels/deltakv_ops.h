@@ -1,6 +1,6 @@
-// DeltaKV's decode step and a chunk's reconstruction as a Backend's ops take them
-// (backend.h): one sparse layer's reference rows, its latent tokens' keys and scores or
-// whole rows, and attention through their latents (deltakv.h has the math). Arrays live in
+// DeltaKV as a Backend's ops take it (backend.h): one sparse layer's compression of new
+// tokens, its reference rows, its latent tokens' keys and scores or whole rows, and
+// attention through their latents (deltakv.h has the math). Arrays live in
 // the backend's memory; index lists (slots, latent rows, angle offsets) in host memory.
 #pragma once
 
@@ -79,6 +79,30 @@ struct LatentValueInputs {
     int64_t n_refs = 0;
 };
 
+// What Backend::deltakv_encode reads besides the tokens' rows: the layer's compressor (its
+// matrices as upload_weight returns them) and the reference rows (dec.d = D floats each, K
+// before RoPE then V, by ordinal); token i's candidates are the first n_cand[i] of them.
+struct LatentEncodeInputs {
+    const DeltaKvLayer* w = nullptr;
+    const float* ref_x = nullptr;
+    int64_t n_refs = 0;
+    const int32_t* n_cand = nullptr;  // host memory, one per token, in [0, n_refs]
+    int k = 0;                        // references per token, 1 to 16
+};
+
+// What deltakv_encode writes for token i (backend memory): refs[i * k ..] the ordinals of its
+// nearest candidates (kNoLatentRef past the candidates it has), rm row i their mean (D
+// floats), z row i its latent (m floats) and latents row i the latent as stored (stride bytes
+// apart: int4_pack's format, or m fp16 values).
+struct LatentEncodeOutputs {
+    uint16_t* refs = nullptr;
+    float* rm = nullptr;
+    float* z = nullptr;
+    uint8_t* latents = nullptr;
+    size_t stride = 0;
+    bool int4 = true;
+};
+
 // kInvalidArgument naming what breaks the ops' limits: rows without their lists, rows
 // closer than their size, RoPE over more than a row, more than 16 references, m outside
 // [1, kMaxLatent], a decoder of another shape, an attention shape the ops do not take.
@@ -91,5 +115,8 @@ Status need_arrays(const char* op, int64_t n, std::initializer_list<const void*>
 Status validate(const AttentionShape& shape, const LatentRows& lat, const LatentDecodeInputs& in,
                 bool whole);
 Status validate(const AttentionShape& shape, const LatentRows& lat, const LatentValueInputs& in);
+// For deltakv_encode of n tokens (each n_cand is read).
+Status validate(const LatentEncodeInputs& in, const float* x, int64_t n,
+                const LatentEncodeOutputs& out);
 
 }  // namespace deltaserve::kernels

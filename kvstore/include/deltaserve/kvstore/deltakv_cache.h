@@ -332,10 +332,11 @@ class DeltaKvSequenceCache final : public SequenceCache {
     // The threads of the call in progress: attend() and observe() use the caller's, other
     // calls the pool the cache was made with.
     ThreadPool* threads_;
-    // Where the reference rows, latent keys, reconstructions and latent attention run (the
-    // CPU backend: the cache's memory is host memory), and each layer's int4 decoder there,
-    // whole and its K rows.
+    // Where compression, the reference rows, latent keys, reconstructions and latent
+    // attention run (the CPU backend: the cache's memory is host memory), and each layer's
+    // compressor (its encoder's matrices) and int4 decoder there, whole and its K rows.
     kernels::Backend* backend_ = nullptr;
+    std::vector<kernels::DeltaKvLayer> enc_;
     std::vector<kernels::Int4DecoderRef> dec_, dec_k_;
     // Which positions of the compressed region are references and latents, and the latents.
     DeltaKvRegion region_;
