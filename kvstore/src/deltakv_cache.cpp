@@ -154,16 +154,14 @@ Status DeltaKvSequenceCache::reserve(int32_t n_new) {
 Status DeltaKvSequenceCache::store(int32_t layer, int32_t first, int32_t n, const float* kk,
                                    const float* v, int64_t ld) {
     DS_CHECK(first + n <= n_reserved_, "store past reserve");
-    const int32_t kv_dim = options_.n_kv_heads * options_.head_dim;
     const bool full = options_.full_layer[layer];
     SlotPool& pool = full ? *full_pool_ : *sparse_pool_;
-    const int32_t li = layer_index_[layer];
-    for (int32_t i = 0; i < n; ++i) {
-        const int32_t pos = n_tokens_ + first + i;
-        const int32_t slot = full ? full_slot_[pos] : sparse_slot_[pos];
-        write_kv_row(k::DType::kF16, pool.k_row(li, slot), kk + i * ld, kv_dim);
-        write_kv_row(k::DType::kF16, pool.v_row(li, slot), v + i * ld, kv_dim);
-    }
+    const std::vector<int32_t>& slot_of = full ? full_slot_ : sparse_slot_;
+    DS_RETURN_IF_ERROR(
+        pool.store(layer_index_[layer],
+                   std::span<const int32_t>(slot_of).subspan(static_cast<size_t>(n_tokens_ + first),
+                                                             static_cast<size_t>(n)),
+                   kk, v, ld));
     if (!full && !reconstructed_[layer]) {
         // Sparse layers before the first full layer (the lead) have no observation layer: the
         // first of them takes the lead's selection for the group (lead_selection).

@@ -10,9 +10,14 @@
 #include <span>
 #include <vector>
 
+#include "byte_io.h"
 #include "deltaserve/kvstore/deltakv_cache.h"
 
 namespace deltaserve::kvstore {
+
+// Appends the K rows then the V rows of `slots` of a pool's layer to w (SlotPool::read_rows).
+Status write_pool_rows(ByteWriter& w, const SlotPool& pool, int32_t layer,
+                       std::span<const int32_t> slots);
 
 class DeltaKvCodec final : public SequenceCodec {
   public:
@@ -54,7 +59,7 @@ class DeltaKvCodec final : public SequenceCodec {
     // a receiver must share, the layer roles.
     std::vector<uint8_t> state_head(int32_t n_tokens, int32_t region_end) const;
     // Zeros in every held row: what attention over a layer not yet imported reads.
-    void zero_rows();
+    Status zero_rows();
     Status begin_rows_import(int32_t n);
 
     DeltaKvSequenceCache& c_;

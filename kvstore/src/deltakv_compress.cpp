@@ -29,17 +29,9 @@ void DeltaKvSequenceCache::compact() {
         auto to = sparse_pool_->allocate(static_cast<int32_t>(movers.size()));
         DS_CHECK(to.ok(), "compacting needs no more slots than it frees");
         std::vector<int32_t> from(movers.size());
-        const size_t row = sparse_pool_->row_bytes();
-        for (size_t i = 0; i < movers.size(); ++i) {
-            from[i] = sparse_slot_[movers[i]];
-            for (int32_t sl = 0; sl < static_cast<int32_t>(sparse_layers_.size()); ++sl) {
-                std::memcpy(sparse_pool_->k_row(sl, (*to)[i]), sparse_pool_->k_row(sl, from[i]),
-                            row);
-                std::memcpy(sparse_pool_->v_row(sl, (*to)[i]), sparse_pool_->v_row(sl, from[i]),
-                            row);
-            }
-            sparse_slot_[movers[i]] = (*to)[i];
-        }
+        for (size_t i = 0; i < movers.size(); ++i) from[i] = sparse_slot_[movers[i]];
+        must(sparse_pool_->move_rows(from, *to));
+        for (size_t i = 0; i < movers.size(); ++i) sparse_slot_[movers[i]] = (*to)[i];
         sparse_pool_->release(from);
     }
     sparse_pool_->trim();

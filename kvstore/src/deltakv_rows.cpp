@@ -34,14 +34,13 @@ Result<std::vector<uint8_t>> DeltaKvCodec::export_rows(int32_t layer, int32_t be
     const bool full = c_.options_.full_layer[layer];
     const SlotPool& pool = full ? *c_.full_pool_ : *c_.sparse_pool_;
     const int32_t li = c_.layer_index_[layer];
-    const size_t row = pool.row_bytes();
     std::vector<uint8_t> out;
     ByteWriter w(out);
     if (full) {
-        for (int32_t p = begin; p < end; ++p)
-            w.bytes(pool.k_base(li) + c_.full_slot_[p] * row, row);
-        for (int32_t p = begin; p < end; ++p)
-            w.bytes(pool.v_base(li) + c_.full_slot_[p] * row, row);
+        DS_RETURN_IF_ERROR(write_pool_rows(
+            w, pool, li,
+            std::span<const int32_t>(c_.full_slot_)
+                .subspan(static_cast<size_t>(begin), static_cast<size_t>(end - begin))));
         return out;
     }
     const int32_t region = c_.region_end();
@@ -62,8 +61,9 @@ Result<std::vector<uint8_t>> DeltaKvCodec::export_rows(int32_t layer, int32_t be
         (in_region && !c_.region_.ref_flag[p] ? latent : fp).push_back(p);
     }
     w.bytes(bits.data(), bits.size());
-    for (int32_t p : fp) w.bytes(pool.k_base(li) + c_.sparse_slot_[p] * row, row);
-    for (int32_t p : fp) w.bytes(pool.v_base(li) + c_.sparse_slot_[p] * row, row);
+    std::vector<int32_t> fp_slots;
+    for (int32_t p : fp) fp_slots.push_back(c_.sparse_slot_[p]);
+    DS_RETURN_IF_ERROR(write_pool_rows(w, pool, li, fp_slots));
     // A latent is in the region already, or made by this call's compression of the layer.
     const size_t lb = c_.latent_bytes();
     const int32_t kk = c_.options_.k;
@@ -111,8 +111,7 @@ Status DeltaKvCodec::begin_rows_import(int32_t n) {
         c_.region_.errors[sl].clear();
     }
     c_.region_.sync_ref_list();
-    zero_rows();
-    return {};
+    return zero_rows();
 }
 
 Status DeltaKvCodec::import_rows(int32_t layer, int32_t begin, int32_t end,
@@ -134,9 +133,11 @@ Status DeltaKvCodec::import_rows(int32_t layer, int32_t begin, int32_t end,
         if (part.size() != 2 * row * static_cast<size_t>(end - begin)) {
             return data_loss(where + ": " + std::to_string(part.size()) + " bytes");
         }
-        for (int32_t p = begin; p < end; ++p) r.bytes(pool.k_row(li, c_.full_slot_[p]), row);
-        for (int32_t p = begin; p < end; ++p) r.bytes(pool.v_row(li, c_.full_slot_[p]), row);
-        return {};
+        return pool.write_rows(
+            li,
+            std::span<const int32_t>(c_.full_slot_)
+                .subspan(static_cast<size_t>(begin), static_cast<size_t>(end - begin)),
+            r.take(part.size()).data());
     }
     int32_t region = 0;
     if (!r.i32(region) || region < c_.options_.sinks || region > c_.n_tokens_) {
@@ -213,8 +214,9 @@ Status DeltaKvCodec::import_rows(int32_t layer, int32_t begin, int32_t end,
     kinds_end_ = std::max(kinds_end_, re);
     c_.region_.end = std::max(c_.region_.end, region);
     if (end > region) buffer_from_[li] = std::min(buffer_from_[li], std::max(begin, region));
-    for (int32_t p : fp) r.bytes(pool.k_row(li, c_.sparse_slot_[p]), row);
-    for (int32_t p : fp) r.bytes(pool.v_row(li, c_.sparse_slot_[p]), row);
+    std::vector<int32_t> fp_slots;
+    for (int32_t p : fp) fp_slots.push_back(c_.sparse_slot_[p]);
+    DS_RETURN_IF_ERROR(pool.write_rows(li, fp_slots, r.take(2 * row * fp.size()).data()));
     const auto z = r.take(latent.size() * lb);
     c_.region_.latents[li].insert(c_.region_.latents[li].end(), z.begin(), z.end());
     c_.region_.refs[li].insert(c_.region_.refs[li].end(), refs.begin(), refs.end());

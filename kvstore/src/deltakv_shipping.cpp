@@ -21,6 +21,14 @@ std::vector<int32_t> held_slots(const std::vector<int32_t>& slot_of, int32_t n_t
 
 }  // namespace
 
+Status write_pool_rows(ByteWriter& w, const SlotPool& pool, int32_t layer,
+                       std::span<const int32_t> slots) {
+    std::vector<uint8_t> rows(2 * pool.row_bytes() * slots.size());
+    DS_RETURN_IF_ERROR(pool.read_rows(layer, slots, rows.data()));
+    w.bytes(rows.data(), rows.size());
+    return Status();
+}
+
 std::vector<uint8_t> DeltaKvCodec::state_head(int32_t n_tokens, int32_t region_end) const {
     std::vector<uint8_t> out;
     ByteWriter w(out);
@@ -112,24 +120,17 @@ Status DeltaKvCodec::import_state(std::span<const uint8_t> state) {
         c_.region_.refs[sl].assign(static_cast<size_t>(latents) * c_.options_.k, kNoRef);
         c_.region_.errors[sl].assign(static_cast<size_t>(latents), 0);
     }
-    zero_rows();
-    return {};
+    return zero_rows();
 }
 
-void DeltaKvCodec::zero_rows() {
-    const size_t row = c_.full_pool_->row_bytes();
-    for (int32_t p = 0; p < c_.n_tokens_; ++p) {
-        for (size_t fl = 0; fl < c_.full_layers_.size(); ++fl) {
-            std::memset(c_.full_pool_->k_row(static_cast<int32_t>(fl), c_.full_slot_[p]), 0, row);
-            std::memset(c_.full_pool_->v_row(static_cast<int32_t>(fl), c_.full_slot_[p]), 0, row);
-        }
-        for (size_t sl = 0; c_.sparse_slot_[p] >= 0 && sl < c_.sparse_layers_.size(); ++sl) {
-            std::memset(c_.sparse_pool_->k_row(static_cast<int32_t>(sl), c_.sparse_slot_[p]), 0,
-                        row);
-            std::memset(c_.sparse_pool_->v_row(static_cast<int32_t>(sl), c_.sparse_slot_[p]), 0,
-                        row);
-        }
-    }
+Status DeltaKvCodec::zero_rows() {
+    const std::vector<int32_t> full = held_slots(c_.full_slot_, c_.n_tokens_);
+    const std::vector<int32_t> sparse = held_slots(c_.sparse_slot_, c_.n_tokens_);
+    for (size_t fl = 0; fl < c_.full_layers_.size(); ++fl)
+        DS_RETURN_IF_ERROR(c_.full_pool_->write_rows(static_cast<int32_t>(fl), full, nullptr));
+    for (size_t sl = 0; sl < c_.sparse_layers_.size(); ++sl)
+        DS_RETURN_IF_ERROR(c_.sparse_pool_->write_rows(static_cast<int32_t>(sl), sparse, nullptr));
+    return Status();
 }
 
 std::vector<float> DeltaKvCodec::rows_error(int32_t begin, int32_t end) const {
@@ -176,8 +177,7 @@ Result<std::vector<uint8_t>> DeltaKvCodec::export_layer(int32_t layer) const {
                                                      sizeof(uint16_t) * c_.region_.refs[li].size() +
                                                      c_.region_.errors[li].size()));
     ByteWriter w(out);
-    for (int32_t s : slots) w.bytes(pool.k_base(li) + s * row, row);
-    for (int32_t s : slots) w.bytes(pool.v_base(li) + s * row, row);
+    DS_RETURN_IF_ERROR(write_pool_rows(w, pool, li, slots));
     if (!full) {
         w.bytes(c_.region_.latents[li].data(), c_.region_.latents[li].size());
         w.bytes(c_.region_.refs[li].data(), c_.region_.refs[li].size() * sizeof(uint16_t));
@@ -221,17 +221,14 @@ Status DeltaKvCodec::import_layer(int32_t layer, std::span<const uint8_t> part) 
             }
             ++lat;
         }
-        for (int32_t s : slots) r.bytes(pool.k_row(li, s), row);
-        for (int32_t s : slots) r.bytes(pool.v_row(li, s), row);
+        DS_RETURN_IF_ERROR(pool.write_rows(li, slots, r.take(2 * row * slots.size()).data()));
         r.bytes(c_.region_.latents[li].data(), latent_part);
         r.take(refs_part);  // taken above
         r.bytes(c_.region_.errors[li].data(), errors_part);
         c_.region_.refs[li] = std::move(refs);
         return {};
     }
-    for (int32_t s : slots) r.bytes(pool.k_row(li, s), row);
-    for (int32_t s : slots) r.bytes(pool.v_row(li, s), row);
-    return {};
+    return pool.write_rows(li, slots, r.take(2 * row * slots.size()).data());
 }
 
 }  // namespace deltaserve::kvstore
