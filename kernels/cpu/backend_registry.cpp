@@ -142,6 +142,10 @@ Status Backend::merge_attention(float*, float*, const float*, const float*, int,
 Result<Int4DecoderRef> Backend::upload_int4_decoder(const Int4Decoder&) {
     return not_here(*this, "upload_int4_decoder");
 }
+Status Backend::max_head_scores(const AttentionShape&, const float*, const PoolKeys&, float*,
+                                const Exec&) {
+    return not_here(*this, "max_head_scores");
+}
 Status Backend::deltakv_encode(const LatentEncodeInputs&, const float*, int64_t,
                                const LatentEncodeOutputs&, const Exec&) {
     return not_here(*this, "deltakv_encode");

@@ -146,6 +146,13 @@ class CpuBackend final : public Backend {
     Result<Int4DecoderRef> upload_int4_decoder(const Int4Decoder& host) override {
         return host.ref();
     }
+    Status max_head_scores(const AttentionShape& shape, const float* q, const PoolKeys& keys,
+                           float* scores, const Exec& exec) override {
+        DS_RETURN_IF_ERROR(need_pool(exec, "max_head_scores"));
+        DS_RETURN_IF_ERROR(validate(shape, keys));
+        DS_RETURN_IF_ERROR(need_arrays("max_head_scores", keys.n, {q, scores}));
+        return cpu_max_head_scores(shape, q, keys, scores, *exec.pool);
+    }
     Status deltakv_encode(const LatentEncodeInputs& in, const float* x, int64_t n,
                           const LatentEncodeOutputs& out, const Exec& exec) override {
         DS_RETURN_IF_ERROR(need_pool(exec, "deltakv_encode"));

@@ -10,6 +10,8 @@ namespace deltaserve::kernels {
 std::unique_ptr<Backend> make_cpu_backend();
 
 // Its DeltaKV ops (cpu_backend_deltakv.cpp), on the pool's threads.
+Status cpu_max_head_scores(const AttentionShape& shape, const float* q, const PoolKeys& keys,
+                           float* scores, ThreadPool& pool);
 Status cpu_deltakv_encode(const LatentEncodeInputs& in, const float* x, int64_t n,
                           const LatentEncodeOutputs& out, ThreadPool& pool);
 Status cpu_deltakv_pool_rows(const PoolRows& rows, float* out, ThreadPool& pool);

@@ -32,6 +32,19 @@ const uint8_t* latent_of(const LatentRows& lat, int64_t i) {
 
 }  // namespace
 
+Status cpu_max_head_scores(const AttentionShape& shape, const float* q, const PoolKeys& keys,
+                           float* scores, ThreadPool& pool) {
+    thread_local std::vector<const uint16_t*> rows;
+    rows.resize(static_cast<size_t>(keys.n));
+    for (int64_t i = 0; i < keys.n; ++i) {
+        rows[i] = reinterpret_cast<const uint16_t*>(keys.k + static_cast<size_t>(keys.slots[i]) *
+                                                                 keys.row_stride);
+    }
+    max_head_scores(q, shape.n_heads, shape.n_kv_heads, shape.head_dim, rows.data(), keys.n, scores,
+                    pool);
+    return Status();
+}
+
 Status cpu_deltakv_encode(const LatentEncodeInputs& in, const float* x, int64_t n,
                           const LatentEncodeOutputs& out, ThreadPool& pool) {
     const int d = in.w->d(), m = in.w->m(), kk = in.k;

@@ -58,6 +58,18 @@ Status validate(const PoolRows& p) {
     return check_angles(op, p.angles, p.n, p.width);
 }
 
+Status validate(const AttentionShape& s, const PoolKeys& keys) {
+    constexpr const char* op = "max_head_scores";
+    if (keys.n < 0) return bad(op, "n < 0");
+    if (s.n_kv_heads <= 0 || s.n_heads % s.n_kv_heads != 0 || s.n_heads > 64 || s.head_dim <= 0 ||
+        s.head_dim % 8 != 0 || s.head_dim > 256 || s.n_kv_heads * s.head_dim > 2048) {
+        return bad(op, "unsupported attention shape");
+    }
+    if (keys.n > 0 && keys.row_stride < static_cast<size_t>(s.n_kv_heads * s.head_dim) * 2)
+        return bad(op, "rows closer than their size");
+    return need_arrays(op, keys.n, {keys.k, keys.slots});
+}
+
 Status validate(const AttentionShape& s, const LatentRows& lat, const LatentDecodeInputs& in,
                 bool whole) {
     const char* op = whole ? "deltakv_reconstruct" : "deltakv_key_scores";

@@ -309,6 +309,11 @@ class CudaBackend final : public Backend {
         ref.row_sum = ref.scale + rows;
         return ref;
     }
+    Status max_head_scores(const AttentionShape& shape, const float* q, const PoolKeys& keys,
+                           float* scores, const Exec& exec) override {
+        if (!available()) return no_device_;
+        return run_max_head_scores(shape, q, keys, scores, stream_of(exec));
+    }
     Status deltakv_encode(const LatentEncodeInputs& in, const float* x, int64_t n,
                           const LatentEncodeOutputs& out, const Exec& exec) override {
         if (!available()) return no_device_;

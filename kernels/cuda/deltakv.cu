@@ -4,6 +4,7 @@
 // through the decoder once, and each token's references get its weight's share).
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "deltakv.h"
@@ -39,6 +40,26 @@ __device__ __forceinline__ void turn(float* x0, float* x1, float c, float s, boo
     const float a = *x0, b = *x1;
     *x0 = __fmaf_rn(b, -sn, a * c);
     *x1 = __fmaf_rn(a, sn, b * c);
+}
+
+// A warp per row: each head's q . k summed across the lanes, the max kept.
+__global__ void __launch_bounds__(kThreads) head_scores_kernel(HeadScoresLaunch a) {
+    const int lane = threadIdx.x % 32;
+    const int group = a.n_heads / a.n_kv_heads;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; i < a.n;
+         i += static_cast<int64_t>(gridDim.x) * kWarps) {
+        const uint8_t* row = a.k + static_cast<size_t>(a.slots[i]) * a.row_stride;
+        float best = -INFINITY;
+        for (int h = 0; h < a.n_heads; ++h) {
+            const float* q = a.q + static_cast<int64_t>(h) * a.head_dim;
+            const uint8_t* k = row + 2 * static_cast<size_t>(h / group) * a.head_dim;
+            float dot = 0.0f;
+            for (int j = lane; j < a.head_dim; j += 32)
+                dot = __fmaf_rn(q[j], half_at(k + 2 * j), dot);
+            best = fmaxf(best, warp_sum(dot));
+        }
+        if (lane == 0) a.scores[i] = best;
+    }
 }
 
 __global__ void __launch_bounds__(kThreads) pool_rows_kernel(PoolRowsLaunch a) {
@@ -291,6 +312,13 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 }  // namespace
+
+cudaError_t launch_max_head_scores(const HeadScoresLaunch& a, cudaStream_t stream) {
+    if (a.n == 0) return cudaSuccess;
+    const int64_t blocks = std::min<int64_t>((a.n + kWarps - 1) / kWarps, 65535);
+    head_scores_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a);
+    return cudaGetLastError();
+}
 
 cudaError_t launch_pool_rows(const PoolRowsLaunch& a, cudaStream_t stream) {
     if (a.n == 0) return cudaSuccess;

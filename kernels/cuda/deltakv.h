@@ -32,6 +32,20 @@ struct PoolRowsLaunch {
 };
 cudaError_t launch_pool_rows(const PoolRowsLaunch& a, cudaStream_t stream);
 
+// max_head_scores: a warp per row, the heads' dot products each summed across the warp.
+struct HeadScoresLaunch {
+    const float* q = nullptr;  // n_heads * head_dim
+    int n_heads = 0;
+    int n_kv_heads = 0;
+    int head_dim = 0;
+    const uint8_t* k = nullptr;
+    size_t row_stride = 0;
+    const int32_t* slots = nullptr;
+    int64_t n = 0;
+    float* scores = nullptr;
+};
+cudaError_t launch_max_head_scores(const HeadScoresLaunch& a, cudaStream_t stream);
+
 // The latent tokens (LatentRows): token i is row rows[i] of latents and of refs.
 struct LatentsLaunch {
     int64_t n = 0;

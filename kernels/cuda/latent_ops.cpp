@@ -75,6 +75,26 @@ RowSource row_source(const LatentDecodeInputs& in, const int32_t* angle_at) {
 
 }  // namespace
 
+Status run_max_head_scores(const AttentionShape& shape, const float* q, const PoolKeys& keys,
+                           float* scores, cudaStream_t stream) {
+    DS_RETURN_IF_ERROR(validate(shape, keys));
+    DS_RETURN_IF_ERROR(need_arrays("max_head_scores", keys.n, {q, scores}));
+    if (keys.n == 0) return Status();
+    if (keys.n > kMaxRows) return invalid("max_head_scores", "n > 2^31 - 1");
+    DS_ASSIGN_OR_RETURN(StagedLists lists, StagedLists::create({{keys.slots, keys.n}}, stream));
+    HeadScoresLaunch a;
+    a.q = q;
+    a.n_heads = shape.n_heads;
+    a.n_kv_heads = shape.n_kv_heads;
+    a.head_dim = shape.head_dim;
+    a.k = keys.k;
+    a.row_stride = keys.row_stride;
+    a.slots = lists[0];
+    a.n = keys.n;
+    a.scores = scores;
+    return launched(launch_max_head_scores(a, stream), "max_head_scores");
+}
+
 Status run_deltakv_pool_rows(const PoolRows& rows, float* out, cudaStream_t stream) {
     DS_RETURN_IF_ERROR(validate(rows));
     DS_RETURN_IF_ERROR(need_arrays("deltakv_pool_rows", rows.n, {out}));

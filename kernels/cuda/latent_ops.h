@@ -15,6 +15,8 @@ namespace deltaserve::kernels::cuda {
 
 Status run_deltakv_encode(const LatentEncodeInputs& in, const float* x, int64_t n,
                           const LatentEncodeOutputs& out, cudaStream_t stream);
+Status run_max_head_scores(const AttentionShape& shape, const float* q, const PoolKeys& keys,
+                           float* scores, cudaStream_t stream);
 Status run_deltakv_pool_rows(const PoolRows& rows, float* out, cudaStream_t stream);
 Status run_deltakv_key_scores(const AttentionShape& shape, const LatentRows& lat,
                               const LatentDecodeInputs& in, const float* q, float* scores,

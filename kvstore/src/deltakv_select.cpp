@@ -72,13 +72,13 @@ void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape&
             for (int64_t j = 0; j < shape.n_heads * dim; ++j)
                 qmean[j] += q[i * ldq + j] / static_cast<float>(n);
         }
-        std::vector<const uint16_t*> rows(static_cast<size_t>(region));
-        for (int32_t t = 0; t < region; ++t) {
-            rows[t] = reinterpret_cast<const uint16_t*>(full_pool_->k_row(li, full_slot_[r0 + t]));
-        }
-        std::vector<float> score(rows.size());
-        k::max_head_scores(qmean.data(), shape.n_heads, shape.n_kv_heads, dim, rows.data(), region,
-                           score.data(), *threads_);
+        k::PoolKeys keys;
+        keys.k = full_pool_->k_base(li);
+        keys.row_stride = full_pool_->row_bytes();
+        keys.slots = full_slot_.data() + r0;
+        keys.n = region;
+        std::vector<float> score(static_cast<size_t>(region));
+        must(backend_->max_head_scores(shape, qmean.data(), keys, score.data(), exec()));
         std::nth_element(idx.begin(), idx.begin() + want, idx.end(), [&](int32_t a, int32_t b) {
             return score[a] != score[b] ? score[a] > score[b] : a > b;
         });

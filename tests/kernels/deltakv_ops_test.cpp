@@ -115,6 +115,29 @@ TEST_P(DeltaKvOps, PoolRowsTurnKeysBackBeforeRope) {
     EXPECT_LT(nmse(k_only, want_k), kBound);
 }
 
+TEST_P(DeltaKvOps, MaxHeadScoresAreTheBestHeadsDot) {
+    const Pool pool(50, 3);
+    const std::vector<float> q = random_floats(kHeads * kDim, 4);
+    std::vector<int32_t> slots;
+    for (int i = 0; i < 41; ++i) slots.push_back((i * 29 + 7) % 50);
+    PoolKeys keys{put(pool.k), Pool::kStride, slots.data(), static_cast<int64_t>(slots.size())};
+    float* scores = room<float>(slots.size());
+    ASSERT_TRUE(backend_->max_head_scores(shape_, put(q), keys, scores, exec_).ok());
+    std::vector<double> want(slots.size(), -INFINITY);
+    for (size_t i = 0; i < slots.size(); ++i) {
+        for (int h = 0; h < kHeads; ++h) {
+            const int g = h / (kHeads / kKvHeads);
+            double dot = 0.0;
+            for (int j = 0; j < kDim; ++j)
+                dot += double(q[h * kDim + j]) * pool.k_f[size_t(slots[i]) * kWidth + g * kDim + j];
+            want[i] = std::max(want[i], dot);
+        }
+    }
+    EXPECT_LT(nmse(get(scores, slots.size()), want), kBound);
+    // No rows: nothing to read.
+    EXPECT_TRUE(backend_->max_head_scores(shape_, nullptr, PoolKeys{}, nullptr, exec_).ok());
+}
+
 // n latent tokens over n_refs references: what the key scores and latent attention read.
 struct Latents {
     DeltaKvLayer layer;
@@ -497,6 +520,15 @@ TEST_P(DeltaKvOps, ArgumentsOutsideTheLimitsAreRefused) {
     LatentValueInputs vin;  // no decoder
     EXPECT_EQ(backend_->latent_attention(shape_, rows, scores, vin, scores, scores, exec_).code(),
               StatusCode::kInvalidArgument);
+
+    PoolKeys keys{put(lat.packed), 2 * kWidth - 2, at.data(), 1};  // rows closer than K's
+    EXPECT_EQ(backend_->max_head_scores(shape_, q, keys, scores, exec_).code(),
+              StatusCode::kInvalidArgument);
+    keys.row_stride = 2 * kWidth;
+    keys.slots = nullptr;
+    EXPECT_EQ(backend_->max_head_scores(shape_, q, keys, scores, exec_).code(),
+              StatusCode::kInvalidArgument)
+        << "rows without their slots";
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, DeltaKvOps, ::testing::Values("cpu", "cuda"));

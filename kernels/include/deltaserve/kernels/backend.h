@@ -214,6 +214,11 @@ class Backend {
     virtual Status deltakv_encode(const LatentEncodeInputs& in, const float* x, int64_t n,
                                   const LatentEncodeOutputs& out, const Exec& exec);
 
+    // Selection scores (OmniKV-style; kernels::max_head_scores): for each of keys.n rows,
+    // scores[i] = the max over query heads h of q[h] . K_i[h / (n_heads / n_kv_heads)]
+    // (unscaled). q: one query, n_heads * head_dim floats.
+    virtual Status max_head_scores(const AttentionShape& shape, const float* q,
+                                   const PoolKeys& keys, float* scores, const Exec& exec);
     // An int4 decoder as this backend's ops read it, uploaded once (its bytes live until the
     // backend goes; the CPU backend reads the decoder's own).
     virtual Result<Int4DecoderRef> upload_int4_decoder(const Int4Decoder& host);

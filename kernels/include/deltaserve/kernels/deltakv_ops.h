@@ -79,6 +79,14 @@ struct LatentValueInputs {
     int64_t n_refs = 0;
 };
 
+// K rows of a slot pool (fp16, all KV heads, row_stride bytes apart): row i at slots[i].
+struct PoolKeys {
+    const uint8_t* k = nullptr;
+    size_t row_stride = 0;
+    const int32_t* slots = nullptr;  // host memory
+    int64_t n = 0;
+};
+
 // What Backend::deltakv_encode reads besides the tokens' rows: the layer's compressor (its
 // matrices as upload_weight returns them) and the reference rows (dec.d = D floats each, K
 // before RoPE then V, by ordinal); token i's candidates are the first n_cand[i] of them.
@@ -108,6 +116,8 @@ struct LatentEncodeOutputs {
 // [1, kMaxLatent], a decoder of another shape, an attention shape the ops do not take.
 // Backends check their arguments with these before they read them.
 Status validate(const PoolRows& rows);
+// For max_head_scores: the shape's heads over rows of its KV heads' width.
+Status validate(const AttentionShape& shape, const PoolKeys& keys);
 // kInvalidArgument naming op when there is work (n > 0) and one of an op's arrays is null.
 Status need_arrays(const char* op, int64_t n, std::initializer_list<const void*> arrays);
 // For deltakv_key_scores (`whole` false: dec holds the K rows) or deltakv_reconstruct
