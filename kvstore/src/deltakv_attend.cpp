@@ -17,7 +17,7 @@ namespace k = deltaserve::kernels;
 
 k::RopeAngles DeltaKvSequenceCache::rope_angles(const int32_t* at) const {
     k::RopeAngles a;
-    a.table = angle_table_.data();
+    a.table = device_ != nullptr ? angles_on_.data() : angle_table_.data();
     a.at = at;
     a.n_heads = options_.n_kv_heads;
     a.head_dim = options_.head_dim;
@@ -25,14 +25,43 @@ k::RopeAngles DeltaKvSequenceCache::rope_angles(const int32_t* at) const {
     return a;
 }
 
+void DeltaKvSequenceCache::sync_mirrors(int32_t sl) {
+    if (device_ == nullptr) return;
+    must(angles_on_.sync(angle_table_.data(), angle_table_.size(), angles_synced_));
+    if (sl < 0) return;
+    must(latents_on_[sl].sync(region_.latents[sl].data(), region_.latents[sl].size(),
+                              latents_synced_[sl]));
+    must(refs_on_[sl].sync(region_.refs[sl].data(), region_.refs[sl].size(), refs_synced_[sl]));
+}
+
+void DeltaKvSequenceCache::forget_mirrors() {
+    angles_synced_ = 0;
+    std::fill(latents_synced_.begin(), latents_synced_.end(), 0);
+    std::fill(refs_synced_.begin(), refs_synced_.end(), 0);
+}
+
+const float* DeltaKvSequenceCache::host_q(const k::AttentionShape& shape, const float* q,
+                                          int64_t ldq, int32_t n, int64_t* ld) {
+    *ld = ldq;
+    if (device_ == nullptr) return q;
+    const int64_t width = static_cast<int64_t>(shape.n_heads) * shape.head_dim;
+    q_host_.resize(static_cast<size_t>(n * width));
+    for (int32_t i = 0; i < n; ++i) {
+        must(device_->copy_out(q_host_.data() + i * width, q + i * ldq, width * sizeof(float),
+                               k::Exec{}));
+    }
+    *ld = width;
+    return q_host_.data();
+}
+
 k::LatentRows DeltaKvSequenceCache::latent_rows(int32_t sl) const {
     k::LatentRows lat;
     lat.n = static_cast<int64_t>(lat_rows_.size());
     lat.rows = lat_rows_.data();
-    lat.latents = region_.latents[sl].data();
+    lat.latents = device_ != nullptr ? latents_on_[sl].data() : region_.latents[sl].data();
     lat.stride = latent_bytes();
     lat.m = profile_.m;
-    lat.refs = region_.refs[sl].data();
+    lat.refs = device_ != nullptr ? refs_on_[sl].data() : region_.refs[sl].data();
     lat.k = options_.k;
     lat.int4 = options_.latent_bits == 4;
     return lat;
@@ -68,7 +97,8 @@ void DeltaKvSequenceCache::gather_refs(int32_t sl, const std::vector<int32_t>& p
         ref_slots_[i] = sparse_slot_[ref_pos_[i]];
         ref_at_[i] = angles(ref_pos_[i]);
     }
-    grow(ref_x_, ref_pos_.size() * dims);
+    sync_mirrors(sl);
+    float* ref_x = must_get(ref_x_.ops(ref_pos_.size() * dims));
     k::PoolRows rows;
     rows.k = sparse_pool_->k_base(sl);
     rows.v = dims == d ? sparse_pool_->v_base(sl) : nullptr;
@@ -77,7 +107,7 @@ void DeltaKvSequenceCache::gather_refs(int32_t sl, const std::vector<int32_t>& p
     rows.n = static_cast<int64_t>(ref_pos_.size());
     rows.width = kv_dim;
     rows.angles = rope_angles(ref_at_.data());
-    must(backend_->deltakv_pool_rows(rows, ref_x_.data(), exec()));
+    must(backend_->deltakv_pool_rows(rows, ref_x, exec()));
 }
 
 void DeltaKvSequenceCache::reconstruct(int32_t layer) {
@@ -90,20 +120,19 @@ void DeltaKvSequenceCache::reconstruct(int32_t layer) {
     gather_refs(sl, recon_pos_, d);
     const int64_t n = static_cast<int64_t>(recon_pos_.size());
     const size_t row = static_cast<size_t>(kv_dim) * sizeof(uint16_t);
-    grow(recon_k_, static_cast<size_t>(n) * row);
-    grow(recon_v_, static_cast<size_t>(n) * row);
+    uint8_t* const rk = must_get(recon_k_.ops(static_cast<size_t>(n) * row));
+    uint8_t* const rv = must_get(recon_v_.ops(static_cast<size_t>(n) * row));
     if (recon_slots_.size() < static_cast<size_t>(n)) {
         recon_slots_.resize(static_cast<size_t>(n));
         std::iota(recon_slots_.begin(), recon_slots_.end(), 0);
     }
     if (options_.latent_bits == 4) {  // the backend's: a token's row made and written at once
         k::LatentDecodeInputs in;
-        in.dec = dec_[layer];
+        in.dec = (*dec_)[layer];
         in.ref_x = ref_x_.data();
         in.n_refs = static_cast<int64_t>(ref_pos_.size());
         in.angles = rope_angles(lat_at_.data());
-        must(backend_->deltakv_reconstruct(kv_shape(), latent_rows(sl), in, recon_k_.data(),
-                                           recon_v_.data(), row, exec()));
+        must(backend_->deltakv_reconstruct(kv_shape(), latent_rows(sl), in, rk, rv, row, exec()));
         return;
     }
     // fp16 latents: Dec(z) for every token at once, then x += the mean of the references,
@@ -120,8 +149,8 @@ void DeltaKvSequenceCache::reconstruct(int32_t layer) {
             const float* a = angle_table_.data() + lat_at_[i];
             k::rope_apply(xi, options_.n_kv_heads, options_.head_dim, a, a + half,
                           options_.rope_style, false);
-            write_kv_row(k::DType::kF16, recon_k_.data() + i * row, xi, kv_dim);
-            write_kv_row(k::DType::kF16, recon_v_.data() + i * row, xi + kv_dim, kv_dim);
+            write_kv_row(k::DType::kF16, rk + i * row, xi, kv_dim);
+            write_kv_row(k::DType::kF16, rv + i * row, xi + kv_dim, kv_dim);
         }
     });
 }
@@ -133,6 +162,8 @@ void DeltaKvSequenceCache::attended_rows(int32_t layer, std::span<const int32_t>
     const bool full = options_.full_layer[layer];
     std::vector<int32_t> lat;
     std::vector<size_t> lat_at;
+    const SlotPool& pool = full ? *full_pool_ : *sparse_pool_;
+    std::vector<uint8_t> kv(2 * pool.row_bytes());
     for (size_t i = 0; i < positions.size(); ++i) {
         const int32_t pos = positions[i];
         float* x = out + i * static_cast<size_t>(d);
@@ -140,17 +171,18 @@ void DeltaKvSequenceCache::attended_rows(int32_t layer, std::span<const int32_t>
         if (latent[i]) {
             lat.push_back(pos);
             lat_at.push_back(i);
-        } else if (full) {
-            read_kv_row(k::DType::kF16, full_pool_->k_row(li, full_slot_[pos]), x, kv_dim);
-            read_kv_row(k::DType::kF16, full_pool_->v_row(li, full_slot_[pos]), x + kv_dim, kv_dim);
-            k::rope_inverse(x, options_.n_kv_heads, options_.head_dim, pos, options_.rope_theta,
-                            options_.rope_style);
-        } else {
-            load_x(li, pos, x);
+            continue;
         }
+        const int32_t slot = full ? full_slot_[pos] : sparse_slot_[pos];
+        must(pool.read_rows(li, std::span<const int32_t>(&slot, 1), kv.data()));
+        read_kv_row(k::DType::kF16, kv.data(), x, kv_dim);
+        read_kv_row(k::DType::kF16, kv.data() + pool.row_bytes(), x + kv_dim, kv_dim);
+        k::rope_inverse(x, options_.n_kv_heads, options_.head_dim, pos, options_.rope_theta,
+                        options_.rope_style);
     }
     if (lat.empty()) return;
     gather_refs(li, lat, d);
+    must(ref_x_.pull(ref_pos_.size() * d));
     std::vector<float> z(static_cast<size_t>(m));
     for (size_t j = 0; j < lat.size(); ++j) {
         float* x = out + lat_at[j] * static_cast<size_t>(d);
@@ -174,7 +206,7 @@ void DeltaKvSequenceCache::add_ref_mean(int32_t sl, int32_t pos, int32_t dims, f
     for (int32_t q = 0; q < kk; ++q) {
         const int32_t row = refs[q] != kNoRef ? refs[q] : -1;
         if (rows != nullptr) rows[q] = row;
-        if (row >= 0) rx[nr++] = ref_x_.data() + static_cast<size_t>(row) * dims;
+        if (row >= 0) rx[nr++] = ref_x_.host.data() + static_cast<size_t>(row) * dims;
     }
     k::add_mean_rows(x, rx, nr, dims);
 }
@@ -185,16 +217,16 @@ void DeltaKvSequenceCache::latent_scores(int32_t layer, const kernels::Attention
     const int32_t m = profile_.m, kv_dim = profile_.d / 2, half = options_.head_dim / 2;
     gather_refs(sl, positions, kv_dim);
     const int64_t n = static_cast<int64_t>(positions.size());
-    grow(scores_, static_cast<size_t>(shape.n_heads) * n);
+    float* const scores = must_get(scores_.ops(static_cast<size_t>(shape.n_heads) * n));
     if (options_.latent_bits == 4) {  // the backend's: keys made and scored in one pass
-        grow(codes_, static_cast<size_t>(n) * k::int4_code_stride(m));
+        uint8_t* const codes =
+            must_get(codes_.ops(static_cast<size_t>(n) * k::int4_code_stride(m)));
         k::LatentDecodeInputs in;
-        in.dec = dec_k_[layer];
+        in.dec = (*dec_k_)[layer];
         in.ref_x = ref_x_.data();
         in.n_refs = static_cast<int64_t>(ref_pos_.size());
         in.angles = rope_angles(lat_at_.data());
-        must(backend_->deltakv_key_scores(shape, latent_rows(sl), in, q, scores_.data(), n,
-                                          codes_.data(), exec()));
+        must(backend_->deltakv_key_scores(shape, latent_rows(sl), in, q, scores, n, codes, exec()));
         return;
     }
     // fp16 latents: the decoder's K rows for every token at once, then a block at a time
@@ -218,7 +250,7 @@ void DeltaKvSequenceCache::latent_scores(int32_t layer, const kernels::Attention
                 k::rope_apply(xi, options_.n_kv_heads, options_.head_dim, a, a + half,
                               options_.rope_style, false);
             }
-            k::head_scores(shape, q, rows, kv_dim, e - b, scores_.data() + b, n);
+            k::head_scores(shape, q, rows, kv_dim, e - b, scores + b, n);
         }
     });
 }
@@ -231,10 +263,10 @@ bool DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& 
     if (options_.full_layer[layer] || latent_sel_.empty()) return false;
     DS_CHECK(n == 1, "latent tokens are selected for single-token calls only");
     const size_t heads = static_cast<size_t>(shape.n_heads);
-    lse_a_.resize(heads);
-    lse_b_.resize(heads);
-    out_b_.resize(heads * shape.head_dim);
-    must(backend_->attention_lse(shape, view(layer, 1), q, ldq, 1, out, ldo, lse_a_.data(),
+    float* const lse_a = must_get(lse_a_.ops(heads));
+    float* const lse_b = must_get(lse_b_.ops(heads));
+    float* const out_b = must_get(out_b_.ops(heads * shape.head_dim));
+    must(backend_->attention_lse(shape, view(layer, 1), q, ldq, 1, out, ldo, lse_a,
                                  /*causal=*/true, exec()));
     // A scorer scores every latent token of the region, then attends its pick as the layers
     // after it do.
@@ -243,8 +275,11 @@ bool DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& 
              "a sparse layer before its scorer");
     const std::vector<int32_t>& positions =
         options_.score_every == 0 || picks ? latent_sel_ : scored_;
+    int64_t ldh = ldq;
+    const bool corrected = corrects(layer);
+    const float* qh = corrected || picks ? host_q(shape, q, ldq, 1, &ldh) : nullptr;
     if (picks && options_.score_dims < 1.0f && options_.latent_bits == 4) {
-        sketch_pick(layer, shape, q);
+        sketch_pick(layer, shape, qh);
         latent_scores(layer, shape, q, scored_);
     } else {
         latent_scores(layer, shape, q, positions);
@@ -253,22 +288,30 @@ bool DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& 
     attended_latents_ = static_cast<int32_t>(picks ? scored_.size() : positions.size());
     k::LatentValueInputs in;
     if (options_.latent_bits == 4) in.codes = codes_.data();
-    in.wd_v = static_cast<const float*>(profile_.layers[layer].wd.data) +
-              static_cast<size_t>(profile_.d / 2) * profile_.m;
+    in.wd_v = on_->wd_v[layer];
     in.ref_v = sparse_pool_->v_base(layer_index_[layer]);
     in.ref_stride = sparse_pool_->row_bytes();
     in.ref_slots = ref_slots_.data();
     in.n_refs = static_cast<int64_t>(ref_slots_.size());
     k::LatentRows lat = latent_rows(layer_index_[layer]);
     lat.n = attended_latents_;
-    must(backend_->latent_attention(shape, lat, scores_.data(), in, out_b_.data(), lse_b_.data(),
-                                    exec()));
-    if (options_.follow > 0) lse_b_raw_ = lse_b_;
-    add_logit_correction(layer, shape, q, ldq, 1, lse_b_.data());
-    must(backend_->merge_attention(out, lse_a_.data(), out_b_.data(), lse_b_.data(), shape.n_heads,
-                                   shape.head_dim, exec()));
+    must(backend_->latent_attention(shape, lat, scores_.data(), in, out_b, lse_b, exec()));
+    // Following reads the weights (host code); with the correction, the lse goes over and back.
+    const bool follows = options_.follow > 0 && options_.score_every == 0;
+    if (follows || corrected) must(lse_b_.pull(heads));
+    if (options_.follow > 0) lse_b_raw_ = lse_b_.host;
+    if (corrected) {
+        add_logit_correction(layer, shape, qh, ldh, 1, lse_b_.host.data());
+        must(lse_b_.push(heads));
+    }
+    must(backend_->merge_attention(out, lse_a, out_b, lse_b_.data(), shape.n_heads, shape.head_dim,
+                                   exec()));
     // With scorers a step's layers attend different picks: not followed.
-    if (options_.follow > 0 && options_.score_every == 0) score_follow(shape.n_heads, positions);
+    if (follows) {
+        must(lse_a_.pull(heads));
+        must(scores_.pull(heads * positions.size()));
+        score_follow(shape.n_heads, positions);
+    }
     return true;
 }
 
@@ -315,23 +358,33 @@ bool DeltaKvSequenceCache::attend_chunk(int32_t layer, const kernels::AttentionS
     DS_CHECK(ldo == static_cast<int64_t>(shape.n_heads) * shape.head_dim,
              "chunk output rows must be packed");
     const size_t rows = static_cast<size_t>(n) * shape.n_heads;
-    lse_a_.resize(rows);
+    float* const lse_a = must_get(lse_a_.ops(rows));
     // view(): the sinks, the selection's references, the buffer and the new tokens; the
     // selection's reconstructed tokens are attended apart (every query sees all of them),
     // their lse corrected, and merged.
-    must(backend_->attention_lse(shape, view(layer, n), q, ldq, n, out, ldo, lse_a_.data(),
+    must(backend_->attention_lse(shape, view(layer, n), q, ldq, n, out, ldo, lse_a,
                                  /*causal=*/true, exec()));
+    const bool corrected = corrects(layer);
+    int64_t ldh = ldq;
+    const float* qh = corrected || pins ? host_q(shape, q, ldq, n, &ldh) : nullptr;
     if (!recon_pos_.empty()) {
-        lse_b_.resize(rows);
-        out_b_.resize(rows * shape.head_dim);
-        must(backend_->attention_lse(shape, reconstructed_view(), q, ldq, n, out_b_.data(), ldo,
-                                     lse_b_.data(), /*causal=*/false, exec()));
-        if (pins) lse_b_raw_ = lse_b_;
-        add_logit_correction(layer, shape, q, ldq, n, lse_b_.data());
-        must(backend_->merge_attention(out, lse_a_.data(), out_b_.data(), lse_b_.data(),
-                                       static_cast<int>(rows), shape.head_dim, exec()));
+        float* const lse_b = must_get(lse_b_.ops(rows));
+        float* const out_b = must_get(out_b_.ops(rows * shape.head_dim));
+        must(backend_->attention_lse(shape, reconstructed_view(), q, ldq, n, out_b, ldo, lse_b,
+                                     /*causal=*/false, exec()));
+        if (pins || corrected) must(lse_b_.pull(rows));
+        if (pins) lse_b_raw_ = lse_b_.host;
+        if (corrected) {
+            add_logit_correction(layer, shape, qh, ldh, n, lse_b_.host.data());
+            must(lse_b_.push(rows));
+        }
+        must(backend_->merge_attention(out, lse_a, out_b, lse_b_.data(), static_cast<int>(rows),
+                                       shape.head_dim, exec()));
     }
-    if (pins) score_pins(layer, shape, q, ldq, n);
+    if (pins) {
+        must(lse_a_.pull(rows));
+        score_pins(layer, shape, qh, ldh, n);
+    }
     return true;
 }
 
@@ -349,8 +402,8 @@ void DeltaKvSequenceCache::score_pins(int32_t layer, const kernels::AttentionSha
         for (int h = 0; h < nh; ++h) {
             const size_t r = static_cast<size_t>(n - w + i) * nh + h;
             const size_t o = static_cast<size_t>(i) * nh + h;
-            shift_x[o] = -lse_a_[r];
-            if (!recon_pos_.empty()) shift_b[o] = lse_b_[r] - lse_b_raw_[r] - lse_a_[r];
+            shift_x[o] = -lse_a_.host[r];
+            if (!recon_pos_.empty()) shift_b[o] = lse_b_.host[r] - lse_b_raw_[r] - lse_a_.host[r];
         }
     }
     std::vector<const uint16_t*> rows;
@@ -366,9 +419,10 @@ void DeltaKvSequenceCache::score_pins(int32_t layer, const kernels::AttentionSha
     };
     // The region's reconstructed tokens.
     const size_t row = sparse_pool_->row_bytes();
+    must(recon_k_.pull(recon_pos_.size() * row));
     rows.resize(recon_pos_.size());
     for (size_t j = 0; j < recon_pos_.size(); ++j)
-        rows[j] = reinterpret_cast<const uint16_t*>(recon_k_.data() + j * row);
+        rows[j] = reinterpret_cast<const uint16_t*>(recon_k_.host.data() + j * row);
     score(recon_pos_, shift_b);
     // Exact ones: the region's references a chunk attends (a reference is attended only when
     // a step's pick or the pins name it, as a latent token is) and the tokens this commit
@@ -376,9 +430,18 @@ void DeltaKvSequenceCache::score_pins(int32_t layer, const kernels::AttentionSha
     pin_pos_.assign(selected_.begin(), selected_.end());
     for (int32_t p = region_.end; plan_.active && p < plan_.end; ++p) pin_pos_.push_back(p);
     rows.resize(pin_pos_.size());
-    for (size_t j = 0; j < pin_pos_.size(); ++j) {
-        rows[j] =
-            reinterpret_cast<const uint16_t*>(sparse_pool_->k_row(sl, sparse_slot_[pin_pos_[j]]));
+    if (device_ == nullptr) {
+        for (size_t j = 0; j < pin_pos_.size(); ++j) {
+            rows[j] = reinterpret_cast<const uint16_t*>(
+                sparse_pool_->k_row(sl, sparse_slot_[pin_pos_[j]]));
+        }
+    } else {  // their K and V rows come over; the K rows are scored
+        std::vector<int32_t> slots;
+        for (int32_t p : pin_pos_) slots.push_back(sparse_slot_[p]);
+        pin_rows_.resize(2 * slots.size() * row);
+        must(sparse_pool_->read_rows(sl, slots, pin_rows_.data()));
+        for (size_t j = 0; j < pin_pos_.size(); ++j)
+            rows[j] = reinterpret_cast<const uint16_t*>(pin_rows_.data() + j * row);
     }
     score(pin_pos_, shift_x);
 }

@@ -23,10 +23,45 @@ int32_t n_sparse_layers(const DeltaKvOptions& o) {
     return static_cast<int32_t>(std::count(o.full_layer.begin(), o.full_layer.end(), 0));
 }
 
+// The profile's compressors as `backend`'s ops read them: uploaded the first time a session
+// runs there, shared after (the CPU backend reads the profile's own).
+Result<std::shared_ptr<const DeltaKvOnBackend>> on_backend(const DeltaKvProfile& profile,
+                                                           k::Backend& backend, bool int4) {
+    std::lock_guard lock(profile.uploads->mu);
+    for (const auto& on : profile.uploads->on) {
+        if (on->backend == &backend && on->dec.size() == (int4 ? profile.layers.size() : 0))
+            return on;
+    }
+    auto on = std::make_shared<DeltaKvOnBackend>();
+    on->backend = &backend;
+    for (size_t l = 0; l < profile.layers.size(); ++l) {
+        const k::DeltaKvLayer& w = profile.layers[l];
+        k::DeltaKvLayer e = w;
+        DS_ASSIGN_OR_RETURN(e.w1, backend.upload_weight(w.w1));
+        DS_ASSIGN_OR_RETURN(e.w2, backend.upload_weight(w.w2));
+        DS_ASSIGN_OR_RETURN(e.w3, backend.upload_weight(w.w3));
+        on->enc.push_back(e);
+        // Dec's V rows: its rows kv_dim .. D.
+        k::WeightMatrix v = w.wd;
+        v.rows = w.d() / 2;
+        v.data = static_cast<const float*>(w.wd.data) + static_cast<size_t>(v.rows) * w.m();
+        DS_ASSIGN_OR_RETURN(k::WeightMatrix v_on, backend.upload_weight(v));
+        on->wd_v.push_back(static_cast<const float*>(v_on.data));
+        if (!int4) continue;
+        DS_ASSIGN_OR_RETURN(k::Int4DecoderRef whole, backend.upload_int4_decoder(profile.int4[l]));
+        DS_ASSIGN_OR_RETURN(k::Int4DecoderRef keys, backend.upload_int4_decoder(profile.int4_k[l]));
+        on->dec.push_back(whole);
+        on->dec_k.push_back(keys);
+    }
+    profile.uploads->on.push_back(on);
+    return std::shared_ptr<const DeltaKvOnBackend>(std::move(on));
+}
+
 }  // namespace
 
 Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(
-    const DeltaKvProfile& profile, const DeltaKvOptions& o, ThreadPool& threads) {
+    const DeltaKvProfile& profile, const DeltaKvOptions& o, ThreadPool& threads,
+    k::Backend* device) {
     DS_RETURN_IF_ERROR(o.validate());
     if (static_cast<int32_t>(profile.layers.size()) != o.n_layers ||
         profile.d != 2 * o.n_kv_heads * o.head_dim) {
@@ -40,37 +75,55 @@ Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(
         return invalid_argument(
             "DeltaKV: the profile's int4 decoders are missing (prepare_int4_decoders)");
     }
+    if (device != nullptr && device->host_memory()) device = nullptr;
+    if (device != nullptr && o.latent_bits != 4) {
+        return invalid_argument(
+            "DeltaKV: a profile of fp16 latents runs on the CPU only, "
+            "not on " +
+            device->description());
+    }
     std::unique_ptr<DeltaKvSequenceCache> c(new DeltaKvSequenceCache(profile, o, threads));
+    // The ops run on the device whose memory holds the cache, else on the CPU backend.
+    c->device_ = device;
+    c->backend_ = device != nullptr ? device : k::find_backend("cpu");
+    DS_CHECK(c->backend_ != nullptr, "the CPU backend is always registered");
     const int32_t kv_dim = o.n_kv_heads * o.head_dim;
-    SlotPoolOptions po{static_cast<int32_t>(c->full_layers_.size()), kv_dim, o.n_ctx,
-                       k::DType::kF16, o.n_kv_heads};
+    SlotPoolOptions po{static_cast<int32_t>(c->full_layers_.size()),
+                       kv_dim,
+                       o.n_ctx,
+                       k::DType::kF16,
+                       o.n_kv_heads,
+                       device};
     DS_ASSIGN_OR_RETURN(c->full_pool_, SlotPool::create(po));
     if (!c->sparse_layers_.empty()) {
         // Room for every token in full precision (a prompt waits exact for its end:
         // expect_more); a chunk's reconstructions go to recon_k_ / recon_v_.
-        SlotPoolOptions so{static_cast<int32_t>(c->sparse_layers_.size()), kv_dim, o.n_ctx,
-                           k::DType::kF16, o.n_kv_heads};
+        SlotPoolOptions so{static_cast<int32_t>(c->sparse_layers_.size()),
+                           kv_dim,
+                           o.n_ctx,
+                           k::DType::kF16,
+                           o.n_kv_heads,
+                           device};
         DS_ASSIGN_OR_RETURN(c->sparse_pool_, SlotPool::create(so));
     }
-    // The decode step's ops run on the CPU backend while the cache's memory is host memory.
-    c->backend_ = k::find_backend("cpu");
-    DS_CHECK(c->backend_ != nullptr, "the CPU backend is always registered");
-    for (const k::DeltaKvLayer& w : profile.layers) {
-        k::DeltaKvLayer e = w;
-        DS_ASSIGN_OR_RETURN(e.w1, c->backend_->upload_weight(w.w1));
-        DS_ASSIGN_OR_RETURN(e.w2, c->backend_->upload_weight(w.w2));
-        DS_ASSIGN_OR_RETURN(e.w3, c->backend_->upload_weight(w.w3));
-        c->enc_.push_back(e);
-    }
-    if (o.latent_bits == 4) {
-        for (size_t l = 0; l < profile.int4.size(); ++l) {
-            DS_ASSIGN_OR_RETURN(k::Int4DecoderRef whole,
-                                c->backend_->upload_int4_decoder(profile.int4[l]));
-            DS_ASSIGN_OR_RETURN(k::Int4DecoderRef keys,
-                                c->backend_->upload_int4_decoder(profile.int4_k[l]));
-            c->dec_.push_back(whole);
-            c->dec_k_.push_back(keys);
-        }
+    DS_ASSIGN_OR_RETURN(c->on_, on_backend(profile, *c->backend_, o.latent_bits == 4));
+    c->enc_ = &c->on_->enc;
+    c->dec_ = &c->on_->dec;
+    c->dec_k_ = &c->on_->dec_k;
+    for (auto* a :
+         {&c->ref_x_, &c->scores_, &c->out_b_, &c->lse_a_, &c->lse_b_, &c->sel_q_, &c->sel_scores_,
+          &c->enc_ref_x_, &c->enc_x_, &c->enc_rm_, &c->enc_z_, &c->angles_on_})
+        a->bind(device);
+    for (auto* a : {&c->recon_k_, &c->recon_v_, &c->codes_, &c->enc_latents_}) a->bind(device);
+    c->enc_refs_.bind(device);
+    const size_t n_sparse = c->sparse_layers_.size();
+    c->latents_on_.resize(n_sparse);
+    c->refs_on_.resize(n_sparse);
+    c->latents_synced_.assign(n_sparse, 0);
+    c->refs_synced_.assign(n_sparse, 0);
+    for (size_t sl = 0; sl < n_sparse; ++sl) {
+        c->latents_on_[sl].bind(device);
+        c->refs_on_[sl].bind(device);
     }
     return c;
 }
@@ -233,14 +286,6 @@ kernels::KvView DeltaKvSequenceCache::reconstructed_view() const {
     return b;
 }
 
-void DeltaKvSequenceCache::load_x(int32_t sl, int32_t pos, float* x) const {
-    const int32_t kv_dim = options_.n_kv_heads * options_.head_dim;
-    read_kv_row(k::DType::kF16, sparse_pool_->k_row(sl, sparse_slot_[pos]), x, kv_dim);
-    read_kv_row(k::DType::kF16, sparse_pool_->v_row(sl, sparse_slot_[pos]), x + kv_dim, kv_dim);
-    k::rope_inverse(x, options_.n_kv_heads, options_.head_dim, pos, options_.rope_theta,
-                    options_.rope_style);
-}
-
 int32_t DeltaKvSequenceCache::angles(int32_t pos) {
     if (angle_of_.size() <= static_cast<size_t>(pos))
         angle_of_.resize(static_cast<size_t>(pos) + 1, -1);
@@ -266,6 +311,7 @@ void DeltaKvSequenceCache::forget_angles() {
     for (int32_t pos : angle_pos_) angle_of_[pos] = -1;
     angle_pos_.clear();
     angle_table_.clear();
+    angles_synced_ = 0;
 }
 
 void DeltaKvSequenceCache::commit(int32_t n) {
@@ -279,8 +325,8 @@ void DeltaKvSequenceCache::commit(int32_t n) {
     lead_selected_ = false;
     std::fill(reconstructed_.begin(), reconstructed_.end(), 0);
     if (n > 1) {  // a chunk's reconstructions are not kept for the decode steps
-        std::vector<uint8_t>().swap(recon_k_);
-        std::vector<uint8_t>().swap(recon_v_);
+        recon_k_.release();
+        recon_v_.release();
     }
     if (!sparse_layers_.empty()) {
         if (plan_.active && (more || plan_.n_total != n_tokens_)) drop_plan();  // a partial commit
@@ -312,6 +358,10 @@ void DeltaKvSequenceCache::truncate(int32_t n_keep) {
     full_pool_->release(full_freed);
     full_pool_->trim();
     region_.truncate(n_keep, latent_bytes(), options_.k);
+    for (size_t sl = 0; sl < sparse_layers_.size(); ++sl) {  // what later latents overwrite
+        latents_synced_[sl] = std::min(latents_synced_[sl], region_.latents[sl].size());
+        refs_synced_[sl] = std::min(refs_synced_[sl], region_.refs[sl].size());
+    }
     full_slot_.resize(static_cast<size_t>(n_keep));
     sparse_slot_.resize(static_cast<size_t>(n_keep));
     n_tokens_ = n_keep;

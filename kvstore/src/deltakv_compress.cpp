@@ -101,6 +101,7 @@ void DeltaKvSequenceCache::compress_layer(int32_t s) {
             slots.push_back(sparse_slot_[positions[i]]);
             at.push_back(angles(positions[i]));
         }
+        sync_mirrors(-1);
         rows.slots = slots.data();
         rows.n = static_cast<int64_t>(n);
         rows.angles = rope_angles(at.data());
@@ -118,11 +119,16 @@ void DeltaKvSequenceCache::compress_layer(int32_t s) {
         while (end < plan_.tokens.size() && plan_.tokens[end] < c1) ++end;
         const int32_t* block = plan_.tokens.data() + next;
         const int64_t nb = static_cast<int64_t>(end - next);
-        std::vector<float> ref_x(ref_pos.size() * d), x(static_cast<size_t>(nb) * d), rm(x.size());
-        std::vector<float> z(static_cast<size_t>(nb) * profile_.m);
-        std::vector<uint16_t> chosen(static_cast<size_t>(nb) * kk);
-        load_rows(ref_pos.data(), ref_pos.size(), ref_x.data());
-        load_rows(block, static_cast<size_t>(nb), x.data());
+        // In the cache's memory (on a device, the host needs x, rm, z, the ordinals and the
+        // latents after).
+        const size_t n = static_cast<size_t>(nb);
+        float* const ref_x = must_get(enc_ref_x_.ops(ref_pos.size() * d));
+        float* const x = must_get(enc_x_.ops(n * d));
+        float* const rm = must_get(enc_rm_.ops(n * d));
+        float* const z = must_get(enc_z_.ops(n * profile_.m));
+        uint16_t* const chosen = must_get(enc_refs_.ops(n * kk));
+        load_rows(ref_pos.data(), ref_pos.size(), ref_x);
+        load_rows(block, n, x);
         // A token's candidates: the references at or before it (ref_pos is sorted).
         std::vector<int32_t> n_cand(static_cast<size_t>(nb));
         for (int64_t i = 0; i < nb; ++i) {
@@ -130,25 +136,36 @@ void DeltaKvSequenceCache::compress_layer(int32_t s) {
                 std::upper_bound(ref_pos.begin(), ref_pos.end(), block[i]) - ref_pos.begin());
         }
         const size_t at_lat = lat.size();
-        lat.resize(at_lat + static_cast<size_t>(nb) * lb);
+        lat.resize(at_lat + n * lb);
         k::LatentEncodeInputs in;
-        in.w = &enc_[sparse_layers_[s]];
-        in.ref_x = ref_x.data();
+        in.w = &(*enc_)[sparse_layers_[s]];
+        in.ref_x = ref_x;
         in.n_refs = static_cast<int64_t>(ref_pos.size());
         in.n_cand = n_cand.data();
         in.k = kk;
         k::LatentEncodeOutputs out;
-        out.refs = chosen.data();
-        out.rm = rm.data();
-        out.z = z.data();
-        out.latents = lat.data() + at_lat;
+        out.refs = chosen;
+        out.rm = rm;
+        out.z = z;
+        out.latents = device_ != nullptr ? must_get(enc_latents_.ops(n * lb)) : lat.data() + at_lat;
         out.stride = lb;
         out.int4 = options_.latent_bits == 4;
-        must(backend_->deltakv_encode(in, x.data(), nb, out, exec()));
-        refs.insert(refs.end(), chosen.begin(), chosen.end());
-        add_errors(s, block, x.data(), rm.data(), z.data(), lat.data() + at_lat, nb);
+        must(backend_->deltakv_encode(in, x, nb, out, exec()));
+        if (device_ != nullptr && n > 0) {
+            must(device_->copy_out(lat.data() + at_lat, out.latents, n * lb, k::Exec{}));
+            for (auto* a : {&enc_x_, &enc_rm_}) must(a->pull(n * d));
+            must(enc_z_.pull(n * profile_.m));
+            must(enc_refs_.pull(n * kk));
+        }
+        refs.insert(refs.end(), enc_refs_.host.begin(), enc_refs_.host.begin() + n * kk);
+        add_errors(s, block, enc_x_.host.data(), enc_rm_.host.data(), enc_z_.host.data(),
+                   lat.data() + at_lat, nb);
         next = end;
     }
+    // Scratch as large as the region's references: not kept between compressions.
+    for (auto* a : {&enc_ref_x_, &enc_x_, &enc_rm_, &enc_z_}) a->release();
+    enc_refs_.release();
+    enc_latents_.release();
     // The last judge: their errors are in, and no layer's plan rows were shipped yet
     // (rows_final_end). Layers compress in order, so the later ones compress after.
     if (s + 1 == exact_judges() && plan_.decided(exact_judges())) keep_worst_exact();

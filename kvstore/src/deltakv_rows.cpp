@@ -96,6 +96,7 @@ Result<std::vector<uint8_t>> DeltaKvCodec::export_rows(int32_t layer, int32_t be
 }
 
 Status DeltaKvCodec::begin_rows_import(int32_t n) {
+    c_.forget_mirrors();  // the latents are rewritten
     if (n < 0 || n > c_.options_.n_ctx) return data_loss("DeltaKV rows state: invalid token count");
     DS_RETURN_IF_ERROR(c_.reserve(n));
     c_.n_reserved_ = 0;

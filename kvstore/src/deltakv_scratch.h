@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 #include "deltaserve/common/status.h"
@@ -18,6 +19,11 @@ void grow(std::vector<T>& v, size_t n) {
 // The backend's ops fail only on arguments the cache made (the CPU backend has no device to
 // lose): a bug.
 inline void must(const Status& st) { DS_CHECK(st.ok(), st.to_string().c_str()); }
+template <class T>
+T must_get(Result<T> r) {
+    must(r.status());
+    return std::move(*r);
+}
 
 // Points a cache's threads at a call's pool for the call, and back after.
 class CallThreads {

@@ -67,18 +67,24 @@ void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape&
         // with this full layer's keys (after RoPE).
         const int32_t li = layer_index_[layer];
         const int dim = shape.head_dim;
-        std::vector<float> qmean(static_cast<size_t>(shape.n_heads) * dim, 0.0f);
+        const size_t width = static_cast<size_t>(shape.n_heads) * dim;
+        int64_t ldh = ldq;
+        const float* qh = host_q(shape, q, ldq, n, &ldh);
+        std::vector<float>& qmean = sel_q_.host;
+        qmean.assign(width, 0.0f);
         for (int32_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < shape.n_heads * dim; ++j)
-                qmean[j] += q[i * ldq + j] / static_cast<float>(n);
+            for (size_t j = 0; j < width; ++j) qmean[j] += qh[i * ldh + j] / static_cast<float>(n);
         }
+        must(sel_q_.push(width));
         k::PoolKeys keys;
         keys.k = full_pool_->k_base(li);
         keys.row_stride = full_pool_->row_bytes();
         keys.slots = full_slot_.data() + r0;
         keys.n = region;
-        std::vector<float> score(static_cast<size_t>(region));
-        must(backend_->max_head_scores(shape, qmean.data(), keys, score.data(), exec()));
+        float* const scores = must_get(sel_scores_.ops(static_cast<size_t>(region)));
+        must(backend_->max_head_scores(shape, sel_q_.data(), keys, scores, exec()));
+        must(sel_scores_.pull(static_cast<size_t>(region)));
+        const std::vector<float>& score = sel_scores_.host;
         std::nth_element(idx.begin(), idx.begin() + want, idx.end(), [&](int32_t a, int32_t b) {
             return score[a] != score[b] ? score[a] > score[b] : a > b;
         });
@@ -146,9 +152,15 @@ void DeltaKvSequenceCache::pick_top() {
 
 void DeltaKvSequenceCache::keep_top_scored(int n_heads) {
     const int64_t n = static_cast<int64_t>(latent_sel_.size());
-    top_score_.assign(scores_.begin(), scores_.begin() + n);
+    const int32_t stride = k::int4_code_stride(profile_.m);
+    const bool int4 = options_.latent_bits == 4;
+    must(scores_.pull(static_cast<size_t>(n_heads) * n));
+    if (int4) must(codes_.pull(static_cast<size_t>(n) * stride));
+    std::vector<float>& scores = scores_.host;
+    std::vector<uint8_t>& codes = codes_.host;
+    top_score_.assign(scores.begin(), scores.begin() + n);
     for (int h = 1; h < n_heads; ++h) {
-        const float* sh = scores_.data() + static_cast<size_t>(h) * n;
+        const float* sh = scores.data() + static_cast<size_t>(h) * n;
         for (int64_t i = 0; i < n; ++i) top_score_[i] = std::max(top_score_[i], sh[i]);
     }
     pick_top();
@@ -156,17 +168,18 @@ void DeltaKvSequenceCache::keep_top_scored(int n_heads) {
     // The pick's scores, latents and references to the front, in place: top_[j] >= j, so
     // nothing is overwritten before it is read.
     for (int h = 0; h < n_heads; ++h) {
-        for (int64_t j = 0; j < want; ++j) scores_[h * want + j] = scores_[h * n + top_[j]];
+        for (int64_t j = 0; j < want; ++j) scores[h * want + j] = scores[h * n + top_[j]];
     }
-    const int32_t stride = k::int4_code_stride(profile_.m);
     for (int64_t j = 0; j < want; ++j) {
         latent_ptrs_[j] = latent_ptrs_[top_[j]];
         lat_rows_[j] = lat_rows_[top_[j]];
-        if (options_.latent_bits == 4 && top_[j] != j) {
-            std::copy_n(codes_.begin() + static_cast<int64_t>(top_[j]) * stride, stride,
-                        codes_.begin() + j * stride);
+        if (int4 && top_[j] != j) {
+            std::copy_n(codes.begin() + static_cast<int64_t>(top_[j]) * stride, stride,
+                        codes.begin() + j * stride);
         }
     }
+    must(scores_.push(static_cast<size_t>(n_heads) * want));
+    if (int4) must(codes_.push(static_cast<size_t>(want) * stride));
 }
 
 void DeltaKvSequenceCache::score_follow(int n_heads, const std::vector<int32_t>& positions) {
@@ -176,8 +189,8 @@ void DeltaKvSequenceCache::score_follow(int n_heads, const std::vector<int32_t>&
     // its log: the order is the weights' order, without an exp per score.
     follow_best_.resize(nt);
     for (int h = 0; h < n_heads; ++h) {
-        const float shift = lse_b_[h] - lse_b_raw_[h] - lse_a_[h];
-        const float* sh = scores_.data() + static_cast<size_t>(h) * nt;
+        const float shift = lse_b_.host[h] - lse_b_raw_[h] - lse_a_.host[h];
+        const float* sh = scores_.host.data() + static_cast<size_t>(h) * nt;
         float* best = follow_best_.data();
         if (h == 0) {
             for (size_t j = 0; j < nt; ++j) best[j] = sh[j] + shift;

@@ -63,6 +63,7 @@ Status DeltaKvCodec::import_hints(std::span<const uint8_t> hints) {
 }
 
 Status DeltaKvCodec::import_state(std::span<const uint8_t> state) {
+    c_.forget_mirrors();  // the latents are rewritten
     if (c_.n_tokens_ != 0 || c_.n_reserved_ != 0) {
         return failed_precondition("importing into a cache that is not empty");
     }
@@ -187,6 +188,7 @@ Result<std::vector<uint8_t>> DeltaKvCodec::export_layer(int32_t layer) const {
 }
 
 Status DeltaKvCodec::import_layer(int32_t layer, std::span<const uint8_t> part) {
+    c_.forget_mirrors();  // the latents are rewritten
     if (rows_import_) return import_rows(layer, 0, c_.n_tokens_, part);
     if (layer < 0 || layer >= c_.options_.n_layers) return invalid_argument("no such layer");
     const bool full = c_.options_.full_layer[layer];

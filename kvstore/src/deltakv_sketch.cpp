@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "deltakv_scratch.h"
 #include "deltaserve/kvstore/deltakv_cache.h"
 
 namespace deltaserve::kvstore {
@@ -53,9 +54,10 @@ void DeltaKvSequenceCache::sketch_pick(int32_t layer, const kernels::AttentionSh
 
     // The references' keys (de-RoPEd) in those dimensions.
     gather_refs(sl, latent_sel_, kv_dim);
+    must(ref_x_.pull(ref_pos_.size() * kv_dim));
     sketch_ref_.resize(ref_pos_.size() * static_cast<size_t>(rows));
     for (size_t r = 0; r < ref_pos_.size(); ++r) {
-        const float* x = ref_x_.data() + r * kv_dim;
+        const float* x = ref_x_.host.data() + r * kv_dim;
         for (int32_t c = 0; c < rows; ++c) sketch_ref_[r * rows + c] = x[sketch_rows_[c]];
     }
 

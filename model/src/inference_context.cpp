@@ -47,8 +47,10 @@ class InferenceContextImpl final : public InferenceContext {
     // Builds the cache over the parts (it may need the thread pool).
     Status init() {
         if (parts_.profile) {
-            DS_ASSIGN_OR_RETURN(cache_, kvstore::DeltaKvSequenceCache::create(
-                                            *parts_.profile, parts_.deltakv, *threads_));
+            // On a device backend the cache lives in its memory, as full KV's pool does.
+            DS_ASSIGN_OR_RETURN(
+                cache_, kvstore::DeltaKvSequenceCache::create(*parts_.profile, parts_.deltakv,
+                                                              *threads_, options_.backend));
         } else if (parts_.policy) {
             cache_ = std::make_unique<kvstore::EvictingSequenceCache>(
                 *parts_.head_slots, std::move(parts_.policy), options_.kv);

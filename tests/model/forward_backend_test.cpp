@@ -12,6 +12,7 @@
 
 #include "default_model.h"
 #include "deltaserve/kernels/backend.h"
+#include "deltaserve/model/deltakv_profile.h"
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/sampler.h"
 #include "own_memory_backend.h"
@@ -74,6 +75,7 @@ TEST_F(ForwardBackendTest, TheCpuBackendsBitsFromMemoryOfItsOwn) {
         auto cpu = InferenceContext::create(*model_, options(policy, nullptr));
         auto own = InferenceContext::create(*model_, options(policy, &own_));
         ASSERT_TRUE(cpu.ok() && own.ok()) << policy;
+        const int encodes = own_.encodes(), latent_attentions = own_.latent_attentions();
         auto a = (*cpu)->eval(prompt);
         auto b = (*own)->eval(prompt);
         ASSERT_TRUE(a.ok()) << a.error().to_string();
@@ -94,6 +96,10 @@ TEST_F(ForwardBackendTest, TheCpuBackendsBitsFromMemoryOfItsOwn) {
             EXPECT_EQ((*own)->kv_block_pool()->device(), &own_);
             EXPECT_EQ((*cpu)->kv_block_pool()->device(), nullptr);
         }
+        if (policy == "deltakv") {  // so does DeltaKV: it compressed and attended latents there
+            EXPECT_GT(own_.encodes(), encodes);
+            EXPECT_GT(own_.latent_attentions(), latent_attentions);
+        }
     }
 }
 
@@ -106,42 +112,49 @@ TEST_F(ForwardBackendTest, FullKvIsStoredAndAttendedInTheBackendsMemory) {
     EXPECT_EQ(own_.attentions() - before, 2 * model_->config.n_layers);
 }
 
-TEST_F(ForwardBackendTest, FullKvLeavesTheBackendsMemoryAndComesBackExactly) {
-    auto cpu = InferenceContext::create(*model_, options("full", nullptr));
-    auto own = InferenceContext::create(*model_, options("full", &own_));
-    ASSERT_TRUE(cpu.ok() && own.ok());
-    const std::vector<int32_t> prompt = text_tokens(150, 0, true);
-    ASSERT_TRUE((*cpu)->eval(prompt).ok());
-    ASSERT_TRUE((*own)->eval(prompt).ok());
-    auto state = (*own)->export_kv_state();
-    ASSERT_TRUE(state.ok());
-    EXPECT_EQ(*state, *(*cpu)->export_kv_state());
-    std::vector<std::vector<uint8_t>> layers;
-    for (int32_t l = 0; l < model_->config.n_layers; ++l) {
-        auto part = (*own)->export_kv_layer(l);
-        ASSERT_TRUE(part.ok()) << part.status().to_string();
-        EXPECT_EQ(*part, *(*cpu)->export_kv_layer(l)) << "layer " << l;
-        auto rows = (*own)->export_kv_rows(l, 10, 90);
-        ASSERT_TRUE(rows.ok());
-        EXPECT_EQ(*rows, *(*cpu)->export_kv_rows(l, 10, 90)) << "layer " << l;
-        layers.push_back(std::move(*part));
-    }
+// Full KV and DeltaKV (its rows, latents and pins) leave the backend's memory as the CPU's
+// bytes and come back into another context there, which goes on with the CPU's logits.
+TEST_F(ForwardBackendTest, KvLeavesTheBackendsMemoryAndComesBackExactly) {
+    for (const std::string policy : {"full", "deltakv"}) {
+        SCOPED_TRACE(policy);
+        auto cpu = InferenceContext::create(*model_, options(policy, nullptr));
+        auto own = InferenceContext::create(*model_, options(policy, &own_));
+        ASSERT_TRUE(cpu.ok() && own.ok());
+        const std::vector<int32_t> prompt = text_tokens(200, 0, true);
+        ASSERT_TRUE((*cpu)->eval(prompt).ok());
+        ASSERT_TRUE((*own)->eval(prompt).ok());
+        auto state = (*own)->export_kv_state();
+        ASSERT_TRUE(state.ok());
+        EXPECT_EQ(*state, *(*cpu)->export_kv_state());
+        EXPECT_EQ((*own)->export_kv_hints(), (*cpu)->export_kv_hints());
+        std::vector<std::vector<uint8_t>> layers;
+        for (int32_t l = 0; l < model_->config.n_layers; ++l) {
+            auto part = (*own)->export_kv_layer(l);
+            ASSERT_TRUE(part.ok()) << part.status().to_string();
+            EXPECT_EQ(*part, *(*cpu)->export_kv_layer(l)) << "layer " << l;
+            auto rows = (*own)->export_kv_rows(l, 10, 190);
+            ASSERT_TRUE(rows.ok()) << rows.status().to_string();
+            EXPECT_EQ(*rows, *(*cpu)->export_kv_rows(l, 10, 190)) << "layer " << l;
+            layers.push_back(std::move(*part));
+        }
 
-    // Into another context on the backend; a part of the wrong size changes nothing.
-    auto back = InferenceContext::create(*model_, options("full", &own_));
-    ASSERT_TRUE(back.ok());
-    ASSERT_TRUE((*back)->import_kv_state(*state).ok());
-    std::vector<uint8_t> short_part(layers[0].begin(), layers[0].end() - 1);
-    EXPECT_EQ((*back)->import_kv_layer(0, short_part).code(), StatusCode::kDataLoss);
-    for (int32_t l = 0; l < model_->config.n_layers; ++l)
-        ASSERT_TRUE((*back)->import_kv_layer(l, layers[static_cast<size_t>(l)]).ok());
-    int32_t next = 17;
-    for (int step = 0; step < 6; ++step) {
-        auto a = (*cpu)->eval(std::span<const int32_t>(&next, 1));
-        auto b = (*back)->eval(std::span<const int32_t>(&next, 1));
-        ASSERT_TRUE(a.ok() && b.ok());
-        ASSERT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(float)), 0) << step;
-        next = greedy(*a);
+        // Into another context on the backend; a part of the wrong size changes nothing.
+        auto back = InferenceContext::create(*model_, options(policy, &own_));
+        ASSERT_TRUE(back.ok());
+        ASSERT_TRUE((*back)->import_kv_state(*state).ok());
+        std::vector<uint8_t> short_part(layers[0].begin(), layers[0].end() - 1);
+        EXPECT_EQ((*back)->import_kv_layer(0, short_part).code(), StatusCode::kDataLoss);
+        for (int32_t l = 0; l < model_->config.n_layers; ++l)
+            ASSERT_TRUE((*back)->import_kv_layer(l, layers[static_cast<size_t>(l)]).ok());
+        ASSERT_TRUE((*back)->import_kv_hints((*cpu)->export_kv_hints()).ok());
+        int32_t next = 17;
+        for (int step = 0; step < 6; ++step) {
+            auto a = (*cpu)->eval(std::span<const int32_t>(&next, 1));
+            auto b = (*back)->eval(std::span<const int32_t>(&next, 1));
+            ASSERT_TRUE(a.ok() && b.ok());
+            ASSERT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(float)), 0) << step;
+            next = greedy(*a);
+        }
     }
 }
 
@@ -298,6 +311,36 @@ TEST_F(ForwardBackendTest, ABackendErrorKeepsNothingAndTheNextTurnIsRight) {
     auto b = (*own)->eval(second);
     ASSERT_TRUE(a.ok() && b.ok());
     EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(float)), 0);
+}
+
+// DeltaKV's compressors go to a backend once, for every session there; a profile of fp16
+// latents (no device op decodes them) is refused there, and runs on the CPU.
+TEST_F(ForwardBackendTest, DeltaKvsCompressorsGoUpOnceAndFp16LatentsStayOnTheCpu) {
+    auto loaded = load_deltakv_profile(testing::default_deltakv_profile(), model_->config);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+    std::shared_ptr<const kvstore::DeltaKvProfile> profile = std::move(*loaded);
+    ContextOptions co = options("deltakv", &own_);
+    co.deltakv_profile = profile;
+    const int before = own_.uploads();
+    auto first = InferenceContext::create(*model_, co);
+    ASSERT_TRUE(first.ok()) << first.status().to_string();
+    const int uploads = own_.uploads() - before;
+    EXPECT_GT(uploads, 0);
+    auto second = InferenceContext::create(*model_, co);
+    ASSERT_TRUE(second.ok());
+    EXPECT_EQ(own_.uploads() - before, uploads);
+
+    auto fp16 = std::make_shared<kvstore::DeltaKvProfile>(*profile);
+    fp16->latent_bits = 16;
+    fp16->uploads = std::make_shared<kvstore::DeltaKvUploads>();
+    co.deltakv_profile = fp16;
+    auto refused = InferenceContext::create(*model_, co);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.error().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.error().message().find("fp16 latents"), std::string::npos)
+        << refused.error().to_string();
+    co.backend = nullptr;
+    EXPECT_TRUE(InferenceContext::create(*model_, co).ok());
 }
 
 TEST_F(ForwardBackendTest, APoolInAnotherBackendsMemoryIsRefused) {

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "deltaserve/kernels/backend.h"
+#include "deltaserve/kernels/deltakv.h"
 
 namespace deltaserve::testing {
 
@@ -28,6 +29,9 @@ class OwnMemoryBackend final : public kernels::Backend {
     // Attention calls over a view in this backend's memory, and batches of them.
     int attentions() const { return attentions_.load(); }
     int attention_batches() const { return batches_.load(); }
+    // DeltaKV's compressions and its decode steps' attention through the latents.
+    int encodes() const { return encodes_.load(); }
+    int latent_attentions() const { return latent_attentions_.load(); }
     // The pointer check after `n` more pass fails, and its op (negative: none does).
     void fail_after(int n) { fail_after_.store(n); }
 
@@ -123,20 +127,138 @@ class OwnMemoryBackend final : public kernels::Backend {
     Status attention(const kernels::AttentionShape& shape, const kernels::KvView& kv,
                      const float* q, int64_t ldq, int32_t n_q, float* out, int64_t ldo,
                      const kernels::Exec& e) override {
-        const int64_t width = int64_t{shape.n_heads} * shape.head_dim;
-        DS_RETURN_IF_ERROR(rows("attention", q, ldq, width, n_q));
-        DS_RETURN_IF_ERROR(rows("attention", out, ldo, width, n_q));
-        const int64_t elem = kv.dtype == kernels::DType::kF16 ? 2 : 4;
-        const int64_t row = static_cast<int64_t>(kv.head_offset(shape.n_kv_heads - 1)) +
-                            int64_t{shape.head_dim} * elem;
-        for (int g = 0; g < shape.n_kv_heads; ++g) {
-            for (const uint8_t* base : {kv.k, kv.v}) {
-                DS_RETURN_IF_ERROR(
-                    slotted("attention", base, kv.row_stride, kv.slots_of(g), kv.n_of(g), row));
-            }
-        }
+        DS_RETURN_IF_ERROR(attention_args("attention", shape, kv, q, ldq, n_q, out, ldo));
         ++attentions_;
         return cpu_.attention(shape, kv, q, ldq, n_q, out, ldo, e);
+    }
+
+    // DeltaKV's ops (deltakv_ops.h), each array checked as the forward ops' are.
+    Status attention_lse(const kernels::AttentionShape& shape, const kernels::KvView& kv,
+                         const float* q, int64_t ldq, int32_t n_q, float* out, int64_t ldo,
+                         float* lse, bool causal, const kernels::Exec& e) override {
+        DS_RETURN_IF_ERROR(attention_args("attention_lse", shape, kv, q, ldq, n_q, out, ldo));
+        DS_RETURN_IF_ERROR(check("attention_lse", lse, int64_t{n_q} * shape.n_heads * 4));
+        return cpu_.attention_lse(shape, kv, q, ldq, n_q, out, ldo, lse, causal, e);
+    }
+    Status merge_attention(float* out, float* lse, const float* out_b, const float* lse_b,
+                           int n_rows, int head_dim, const kernels::Exec& e) override {
+        for (const float* p : {static_cast<const float*>(out), out_b})
+            DS_RETURN_IF_ERROR(check("merge_attention", p, int64_t{n_rows} * head_dim * 4));
+        for (const float* p : {static_cast<const float*>(lse), lse_b})
+            DS_RETURN_IF_ERROR(check("merge_attention", p, int64_t{n_rows} * 4));
+        return cpu_.merge_attention(out, lse, out_b, lse_b, n_rows, head_dim, e);
+    }
+    Result<kernels::Int4DecoderRef> upload_int4_decoder(const kernels::Int4Decoder& host) override {
+        ++uploads_;
+        const size_t w = host.w.size(), rows = static_cast<size_t>(host.d) * sizeof(float);
+        auto* mem = static_cast<uint8_t*>(allocate(w + 2 * rows));
+        if (mem == nullptr) return resource_exhausted("own-memory: upload");
+        std::memcpy(mem, host.w.data(), w);
+        std::memcpy(mem + w, host.scale.data(), rows);
+        std::memcpy(mem + w + rows, host.row_sum.data(), rows);
+        kernels::Int4DecoderRef r = host.ref();
+        r.w = reinterpret_cast<const int8_t*>(mem);
+        r.scale = reinterpret_cast<const float*>(mem + w);
+        r.row_sum = reinterpret_cast<const float*>(mem + w + rows);
+        return r;
+    }
+    Status max_head_scores(const kernels::AttentionShape& shape, const float* q,
+                           const kernels::PoolKeys& keys, float* scores,
+                           const kernels::Exec& e) override {
+        if (keys.n > 0) {
+            DS_RETURN_IF_ERROR(
+                check("max_head_scores", q, int64_t{shape.n_heads} * shape.head_dim * 4));
+            DS_RETURN_IF_ERROR(slotted("max_head_scores", keys.k, keys.row_stride, keys.slots,
+                                       keys.n, int64_t{shape.n_kv_heads} * shape.head_dim * 2));
+            DS_RETURN_IF_ERROR(check("max_head_scores", scores, keys.n * 4));
+        }
+        return cpu_.max_head_scores(shape, q, keys, scores, e);
+    }
+    Status deltakv_encode(const kernels::LatentEncodeInputs& in, const float* x, int64_t n,
+                          const kernels::LatentEncodeOutputs& out,
+                          const kernels::Exec& e) override {
+        if (n > 0 && in.w != nullptr) {
+            const int64_t d = in.w->d(), m = in.w->m();
+            for (const kernels::WeightMatrix* w : {&in.w->w1, &in.w->w2, &in.w->w3})
+                DS_RETURN_IF_ERROR(weight("deltakv_encode", *w));
+            if (in.n_refs > 0)
+                DS_RETURN_IF_ERROR(check("deltakv_encode", in.ref_x, in.n_refs * d * 4));
+            DS_RETURN_IF_ERROR(check("deltakv_encode", x, n * d * 4));
+            DS_RETURN_IF_ERROR(check("deltakv_encode", out.refs, n * in.k * 2));
+            DS_RETURN_IF_ERROR(check("deltakv_encode", out.rm, n * d * 4));
+            DS_RETURN_IF_ERROR(check("deltakv_encode", out.z, n * m * 4));
+            DS_RETURN_IF_ERROR(
+                check("deltakv_encode", out.latents, n * static_cast<int64_t>(out.stride)));
+        }
+        ++encodes_;
+        return cpu_.deltakv_encode(in, x, n, out, e);
+    }
+    Status deltakv_pool_rows(const kernels::PoolRows& r, float* out,
+                             const kernels::Exec& e) override {
+        if (r.n > 0) {
+            const int64_t bytes = int64_t{r.width} * 2;
+            DS_RETURN_IF_ERROR(
+                slotted("deltakv_pool_rows", r.k, r.row_stride, r.slots, r.n, bytes));
+            if (r.v != nullptr)
+                DS_RETURN_IF_ERROR(
+                    slotted("deltakv_pool_rows", r.v, r.row_stride, r.slots, r.n, bytes));
+            DS_RETURN_IF_ERROR(angles("deltakv_pool_rows", r.angles, r.n));
+            DS_RETURN_IF_ERROR(
+                check("deltakv_pool_rows", out, r.n * (r.v != nullptr ? 2 : 1) * r.width * 4));
+        }
+        return cpu_.deltakv_pool_rows(r, out, e);
+    }
+    Status deltakv_key_scores(const kernels::AttentionShape& shape, const kernels::LatentRows& lat,
+                              const kernels::LatentDecodeInputs& in, const float* q, float* scores,
+                              int64_t lds, uint8_t* codes, const kernels::Exec& e) override {
+        if (lat.n > 0) {
+            DS_RETURN_IF_ERROR(latents("deltakv_key_scores", lat));
+            DS_RETURN_IF_ERROR(decoder("deltakv_key_scores", in));
+            DS_RETURN_IF_ERROR(
+                check("deltakv_key_scores", q, int64_t{shape.n_heads} * shape.head_dim * 4));
+            DS_RETURN_IF_ERROR(
+                check("deltakv_key_scores", scores, ((shape.n_heads - 1) * lds + lat.n) * 4));
+            DS_RETURN_IF_ERROR(
+                check("deltakv_key_scores", codes, lat.n * kernels::int4_code_stride(lat.m)));
+        }
+        return cpu_.deltakv_key_scores(shape, lat, in, q, scores, lds, codes, e);
+    }
+    Status deltakv_reconstruct(const kernels::AttentionShape& shape, const kernels::LatentRows& lat,
+                               const kernels::LatentDecodeInputs& in, uint8_t* k_out,
+                               uint8_t* v_out, size_t out_stride, const kernels::Exec& e) override {
+        if (lat.n > 0) {
+            DS_RETURN_IF_ERROR(latents("deltakv_reconstruct", lat));
+            DS_RETURN_IF_ERROR(decoder("deltakv_reconstruct", in));
+            const int64_t bytes = int64_t{shape.n_kv_heads} * shape.head_dim * 2;
+            for (uint8_t* o : {k_out, v_out}) {
+                DS_RETURN_IF_ERROR(
+                    slotted("deltakv_reconstruct", o, out_stride, nullptr, lat.n, bytes));
+            }
+        }
+        return cpu_.deltakv_reconstruct(shape, lat, in, k_out, v_out, out_stride, e);
+    }
+    Status latent_attention(const kernels::AttentionShape& shape, const kernels::LatentRows& lat,
+                            const float* scores, const kernels::LatentValueInputs& in, float* out,
+                            float* lse, const kernels::Exec& e) override {
+        const int64_t width = int64_t{shape.n_kv_heads} * shape.head_dim;
+        if (lat.n > 0) {
+            DS_RETURN_IF_ERROR(latents("latent_attention", lat));
+            DS_RETURN_IF_ERROR(check("latent_attention", scores, lat.n * shape.n_heads * 4));
+            if (in.codes != nullptr) {
+                DS_RETURN_IF_ERROR(
+                    check("latent_attention", in.codes, lat.n * kernels::int4_code_stride(lat.m)));
+            }
+        }
+        DS_RETURN_IF_ERROR(check("latent_attention", in.wd_v, width * lat.m * 4));
+        if (in.n_refs > 0) {
+            DS_RETURN_IF_ERROR(slotted("latent_attention", in.ref_v, in.ref_stride, in.ref_slots,
+                                       in.n_refs, width * 2));
+        }
+        DS_RETURN_IF_ERROR(
+            check("latent_attention", out, int64_t{shape.n_heads} * shape.head_dim * 4));
+        DS_RETURN_IF_ERROR(check("latent_attention", lse, int64_t{shape.n_heads} * 4));
+        ++latent_attentions_;
+        return cpu_.latent_attention(shape, lat, scores, in, out, lse, e);
     }
 
     Status top_k(const float* logits, int64_t n_vocab, int64_t n_rows, int32_t k, int32_t* ids,
@@ -197,6 +319,43 @@ class OwnMemoryBackend final : public kernels::Backend {
         if (list != nullptr) last = n > 0 ? *std::max_element(list, list + n) : 0;
         return check(op, base, last * static_cast<int64_t>(stride) + size);
     }
+    Status attention_args(const char* op, const kernels::AttentionShape& shape,
+                          const kernels::KvView& kv, const float* q, int64_t ldq, int32_t n_q,
+                          const float* out, int64_t ldo) {
+        const int64_t width = int64_t{shape.n_heads} * shape.head_dim;
+        DS_RETURN_IF_ERROR(rows(op, q, ldq, width, n_q));
+        DS_RETURN_IF_ERROR(rows(op, out, ldo, width, n_q));
+        const int64_t elem = kv.dtype == kernels::DType::kF16 ? 2 : 4;
+        const int64_t row = static_cast<int64_t>(kv.head_offset(shape.n_kv_heads - 1)) +
+                            int64_t{shape.head_dim} * elem;
+        for (int g = 0; g < shape.n_kv_heads; ++g) {
+            for (const uint8_t* base : {kv.k, kv.v}) {
+                if (kv.n_of(g) == 0) continue;
+                DS_RETURN_IF_ERROR(
+                    slotted(op, base, kv.row_stride, kv.slots_of(g), kv.n_of(g), row));
+            }
+        }
+        return Status();
+    }
+    // Angles at each of n offsets (host memory) into the table.
+    Status angles(const char* op, const kernels::RopeAngles& a, int64_t n) {
+        const int32_t last = n > 0 ? *std::max_element(a.at, a.at + n) : 0;
+        return check(op, a.table, (int64_t{last} + a.head_dim) * 4);
+    }
+    // A LatentRows' latents and reference ordinals, at the rows its list names.
+    Status latents(const char* op, const kernels::LatentRows& lat) {
+        const int64_t bytes =
+            lat.int4 ? static_cast<int64_t>(kernels::int4_bytes(lat.m)) : 2 * lat.m;
+        DS_RETURN_IF_ERROR(slotted(op, lat.latents, lat.stride, lat.rows, lat.n, bytes));
+        return slotted(op, lat.refs, size_t(lat.k) * 2, lat.rows, lat.n, int64_t{lat.k} * 2);
+    }
+    Status decoder(const char* op, const kernels::LatentDecodeInputs& in) {
+        DS_RETURN_IF_ERROR(check(op, in.dec.w, int64_t{in.dec.m16} * in.dec.d));
+        DS_RETURN_IF_ERROR(check(op, in.dec.scale, int64_t{in.dec.d} * 4));
+        DS_RETURN_IF_ERROR(check(op, in.dec.row_sum, int64_t{in.dec.d} * 4));
+        if (in.n_refs > 0) DS_RETURN_IF_ERROR(check(op, in.ref_x, in.n_refs * in.dec.d * 4));
+        return Status();
+    }
     Status weight(const char* op, const kernels::WeightMatrix& w) {
         return check(op, w.data,
                      static_cast<int64_t>(static_cast<size_t>(w.rows) * w.row_stride()));
@@ -209,6 +368,8 @@ class OwnMemoryBackend final : public kernels::Backend {
     std::atomic<int> attentions_{0};
     std::atomic<int> batches_{0};
     std::atomic<int> top_ks_{0};
+    std::atomic<int> encodes_{0};
+    std::atomic<int> latent_attentions_{0};
     std::atomic<int> fail_after_{-1};
 };
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,9 +20,26 @@
 #include "deltaserve/kvstore/deltakv_hints.h"
 #include "deltaserve/kvstore/deltakv_region.h"
 #include "deltaserve/kvstore/kv_cache.h"
+#include "deltaserve/kvstore/op_array.h"
 #include "deltaserve/kvstore/slot_pool.h"
 
 namespace deltaserve::kvstore {
+
+// A profile's compressors as one backend's ops read them (DeltaKvSequenceCache::create):
+// per layer the encoder's matrices, the int4 decoder whole and its K rows, the decoder's V
+// rows (fp32, [kv_dim][m]).
+struct DeltaKvOnBackend {
+    kernels::Backend* backend = nullptr;
+    std::vector<kernels::DeltaKvLayer> enc;
+    std::vector<kernels::Int4DecoderRef> dec, dec_k;
+    std::vector<const float*> wd_v;
+};
+// A device backend's copy is uploaded once (its memory lives as long as the backend) and
+// shared by every session on it.
+struct DeltaKvUploads {
+    std::mutex mu;
+    std::vector<std::shared_ptr<const DeltaKvOnBackend>> on;
+};
 
 // A model's trained compressors and the settings they were trained with (one compressor
 // per layer; full layers do not use theirs).
@@ -42,6 +60,8 @@ struct DeltaKvProfile {
     // RoPE) per KV head and RoPE pair, the mean of the pair's two dimensions
     // ([n_kv_heads][head_dim / 2]; deltakv_key_error_variance, measured by calibration).
     std::vector<std::vector<float>> key_error_var;
+    // The compressors on the device backends sessions used (shared by copies of the profile).
+    std::shared_ptr<DeltaKvUploads> uploads = std::make_shared<DeltaKvUploads>();
 };
 
 // Makes profile.int4 and int4_k from the layers' decoders. Loaders call it once; every session
@@ -147,14 +167,21 @@ class DeltaKvCodec;
 
 class DeltaKvSequenceCache final : public SequenceCache {
   public:
+    // With a device backend (one whose memory is not the host's) the cache's rows, its
+    // latents and the ops' arrays live in that device's memory and its ops run there (see
+    // device()); the positions' bookkeeping, a copy of the latents and the choices (what a
+    // step attends, the pins) stay on the host. nullptr or the CPU backend: host memory.
     // Errors: kInvalidArgument for options that do not validate(), or a profile that does
-    // not fit them (or lacks its int4 decoders for int4 latents).
+    // not fit them (or lacks its int4 decoders for int4 latents; fp16 latents on a device);
+    // the device's, uploading the compressors.
     static Result<std::unique_ptr<DeltaKvSequenceCache>> create(const DeltaKvProfile& profile,
                                                                 const DeltaKvOptions& options,
-                                                                ThreadPool& threads);
+                                                                ThreadPool& threads,
+                                                                kernels::Backend* device = nullptr);
     ~DeltaKvSequenceCache() override;
 
     int32_t n_tokens() const override { return n_tokens_; }
+    kernels::Backend* device() const override { return device_; }
     Status reserve(int32_t n_new) override;
     // Also reconstructs, for a sparse layer, the tokens its group selected (into temporary
     // slots) before the layer's view is asked for.
@@ -315,8 +342,6 @@ class DeltaKvSequenceCache final : public SequenceCache {
     // and no pins to score (the caller attends the view).
     bool attend_chunk(int32_t layer, const kernels::AttentionShape& shape, const float* q,
                       int64_t ldq, int32_t n, float* out, int64_t ldo);
-    // x = [K before RoPE; V] of a full-precision token of sparse layer `sl`.
-    void load_x(int32_t sl, int32_t pos, float* x) const;
     // The backend ops' views of the cache: how they run (the call's threads), RoPE angles at
     // offsets into angle_table_, and the latent tokens of lat_rows_ in sparse layer sl.
     kernels::Exec exec() const { return kernels::Exec{threads_}; }
@@ -326,6 +351,15 @@ class DeltaKvSequenceCache final : public SequenceCache {
     }
     kernels::RopeAngles rope_angles(const int32_t* at) const;
     kernels::LatentRows latent_rows(int32_t sl) const;
+    // On a device: the angle table's and sparse layer sl's latents' and ordinals' mirrors
+    // brought up to the host's (sl < 0: the angles only), before ops read them; and every
+    // mirror forgotten, after the host's were rewritten (an import).
+    void sync_mirrors(int32_t sl);
+    void forget_mirrors();
+    // q (n rows, ldq apart, in the cache's memory) where host code can read it: q itself in
+    // host memory, else a copy (q_host_, rows packed: ld n_heads * head_dim).
+    const float* host_q(const kernels::AttentionShape& shape, const float* q, int64_t ldq,
+                        int32_t n, int64_t* ld);
 
     const DeltaKvProfile& profile_;
     DeltaKvOptions options_;
@@ -333,11 +367,14 @@ class DeltaKvSequenceCache final : public SequenceCache {
     // calls the pool the cache was made with.
     ThreadPool* threads_;
     // Where compression, the reference rows, latent keys, reconstructions and latent
-    // attention run (the CPU backend: the cache's memory is host memory), and each layer's
-    // compressor (its encoder's matrices) and int4 decoder there, whole and its K rows.
+    // attention run (the CPU backend when the cache's memory is host memory, else device_),
+    // and each layer's compressor (its encoder's matrices), int4 decoder (whole and its K
+    // rows) and the decoder's V rows (fp32, latent attention's) there.
     kernels::Backend* backend_ = nullptr;
-    std::vector<kernels::DeltaKvLayer> enc_;
-    std::vector<kernels::Int4DecoderRef> dec_, dec_k_;
+    kernels::Backend* device_ = nullptr;
+    std::shared_ptr<const DeltaKvOnBackend> on_;
+    const std::vector<kernels::DeltaKvLayer>* enc_ = nullptr;
+    const std::vector<kernels::Int4DecoderRef>*dec_ = nullptr, *dec_k_ = nullptr;
     // Which positions of the compressed region are references and latents, and the latents.
     DeltaKvRegion region_;
     // What the commit of the forward call in progress compresses.
@@ -355,7 +392,7 @@ class DeltaKvSequenceCache final : public SequenceCache {
     // A chunk's selected latent tokens, and their K and V rows (fp16, one sparse layer's at a
     // time: reconstruct() overwrites them for the next layer) as a KvView's slots 0..n-1.
     std::vector<int32_t> recon_pos_, recon_slots_;
-    std::vector<uint8_t> recon_k_, recon_v_;
+    OpArray<uint8_t> recon_k_, recon_v_;
     // The sparse layers before the first full layer (the lead) have no observation layer. A
     // decode step gives them the selection the first observation layer (first_observation_,
     // -1 when there is no lead) made at the previous single-token step, as offsets into the
@@ -366,8 +403,9 @@ class DeltaKvSequenceCache final : public SequenceCache {
     // Pins and following (DeltaKvOptions::pin_ratio, follow): scored here, chosen there.
     DeltaKvHints hints_;
     std::unique_ptr<DeltaKvCodec> codec_;
-    std::vector<int32_t> pin_pos_;  // score_pins: the exact tokens scored
-    std::vector<float> lse_b_raw_;  // attend_chunk(): lse_b_ before the logit correction
+    std::vector<int32_t> pin_pos_;   // score_pins: the exact tokens scored
+    std::vector<uint8_t> pin_rows_;  // on a device: their rows, copied over
+    std::vector<float> lse_b_raw_;   // attend_chunk(): lse_b_ before the logit correction
     // score_follow's scratch: one layer's log weight per latent token it attended.
     std::vector<float> follow_best_;
     // In a single-token call the selected latent tokens are apart: attend() takes them.
@@ -386,16 +424,33 @@ class DeltaKvSequenceCache final : public SequenceCache {
     std::vector<int32_t> angle_of_;       // position -> offset in angle_table_, -1 if none
     std::vector<int32_t> angle_pos_;      // the positions that have one
     std::vector<float> angle_table_;
+    // On a device: the region's latents and reference ordinals per sparse layer and the angle
+    // table as the ops read them there, mirrors of the host's (their first *_synced_
+    // elements copied; sync_mirrors()).
+    std::vector<OpArray<uint8_t>> latents_on_;
+    std::vector<OpArray<uint16_t>> refs_on_;
+    std::vector<size_t> latents_synced_, refs_synced_;
+    OpArray<float> angles_on_;
+    size_t angles_synced_ = 0;
     // Reconstruction scratch, kept between calls so steps do not allocate: the references'
     // positions (by ordinal), and rows of x.
     std::vector<int32_t> ref_pos_, ref_slots_, ref_at_;
     std::vector<const uint8_t*> latent_ptrs_;
     std::vector<int32_t> lat_rows_, lat_at_;
-    std::vector<float> ref_x_, z_, x_;
+    OpArray<float> ref_x_;
+    std::vector<float> z_, x_;
     // attend(): the latents' codes (int4: unpacked once for K and V), and the two halves'
     // outputs and log-sum-exps.
-    std::vector<uint8_t> codes_;
-    std::vector<float> scores_, out_b_, lse_a_, lse_b_;
+    OpArray<uint8_t> codes_;
+    OpArray<float> scores_, out_b_, lse_a_, lse_b_;
+    // On a device, host copies of a call's queries (host_q()) for what host code computes
+    // from them: the logit correction, the sketches, the pins, an observation's mean query.
+    std::vector<float> q_host_;
+    // An observation layer's mean query and the region's selection scores; compression's
+    // rows (references', tokens', their means), latents, chosen ordinals and stored latents.
+    OpArray<float> sel_q_, sel_scores_, enc_ref_x_, enc_x_, enc_rm_, enc_z_;
+    OpArray<uint16_t> enc_refs_;
+    OpArray<uint8_t> enc_latents_;
     mutable std::vector<int32_t> view_slots_;
 };
 
