@@ -155,8 +155,18 @@ void DeltaKvSequenceCache::reconstruct(int32_t layer) {
     });
 }
 
-void DeltaKvSequenceCache::attended_rows(int32_t layer, std::span<const int32_t> positions,
-                                         float* out, uint8_t* latent) {
+Status DeltaKvSequenceCache::attended_rows(int32_t layer, std::span<const int32_t> positions,
+                                           float* out, uint8_t* latent) {
+    try {
+        attended_rows_call(layer, positions, out, latent);
+    } catch (const OpFailure& f) {
+        return f.status;
+    }
+    return Status();
+}
+
+void DeltaKvSequenceCache::attended_rows_call(int32_t layer, std::span<const int32_t> positions,
+                                              float* out, uint8_t* latent) {
     const int32_t d = profile_.d, m = profile_.m, kv_dim = d / 2;
     const int32_t li = layer_index_[layer];
     const bool full = options_.full_layer[layer];
@@ -255,10 +265,20 @@ void DeltaKvSequenceCache::latent_scores(int32_t layer, const kernels::Attention
     });
 }
 
-bool DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& shape,
-                                  const float* q, int64_t ldq, int32_t n, float* out, int64_t ldo,
-                                  ThreadPool& pool) {
+Result<bool> DeltaKvSequenceCache::attend(int32_t layer, const kernels::AttentionShape& shape,
+                                          const float* q, int64_t ldq, int32_t n, float* out,
+                                          int64_t ldo, ThreadPool& pool) {
     const CallThreads call(threads_, pool);
+    try {
+        return attend_call(layer, shape, q, ldq, n, out, ldo);
+    } catch (const OpFailure& f) {
+        return f.status;
+    }
+}
+
+bool DeltaKvSequenceCache::attend_call(int32_t layer, const kernels::AttentionShape& shape,
+                                       const float* q, int64_t ldq, int32_t n, float* out,
+                                       int64_t ldo) {
     if (n > 1) return attend_chunk(layer, shape, q, ldq, n, out, ldo);
     if (options_.full_layer[layer] || latent_sel_.empty()) return false;
     DS_CHECK(n == 1, "latent tokens are selected for single-token calls only");

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "deltakv_codec.h"
+#include "deltakv_scratch.h"
 #include "row_io.h"
 
 namespace deltaserve::kvstore {
@@ -223,7 +224,11 @@ Status DeltaKvSequenceCache::store(int32_t layer, int32_t first, int32_t n, cons
             release_temp();
             take_selection(lead_selection(), n_reserved_);
         }
-        reconstruct(layer);
+        try {
+            reconstruct(layer);
+        } catch (const OpFailure& f) {
+            return f.status;
+        }
     }
     return Status();
 }
@@ -314,7 +319,18 @@ void DeltaKvSequenceCache::forget_angles() {
     angles_synced_ = 0;
 }
 
-void DeltaKvSequenceCache::commit(int32_t n) {
+Status DeltaKvSequenceCache::commit(int32_t n) {
+    const int32_t before = n_tokens_;
+    try {
+        commit_call(n);
+    } catch (const OpFailure& f) {
+        truncate(before);  // the turn's rows, and the compression it was making, go
+        return f.status;
+    }
+    return Status();
+}
+
+void DeltaKvSequenceCache::commit_call(int32_t n) {
     DS_CHECK(n <= n_reserved_, "commit past reserve");
     n_reserved_ -= n;
     n_tokens_ += n;

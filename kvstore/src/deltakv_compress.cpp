@@ -30,7 +30,12 @@ void DeltaKvSequenceCache::compact() {
         DS_CHECK(to.ok(), "compacting needs no more slots than it frees");
         std::vector<int32_t> from(movers.size());
         for (size_t i = 0; i < movers.size(); ++i) from[i] = sparse_slot_[movers[i]];
-        must(sparse_pool_->move_rows(from, *to));
+        if (!sparse_pool_->move_rows(from, *to).ok()) {
+            // (a device's failure) The rows stay where they are; only the memory is not
+            // given back.
+            sparse_pool_->release(*to);
+            return;
+        }
         for (size_t i = 0; i < movers.size(); ++i) sparse_slot_[movers[i]] = (*to)[i];
         sparse_pool_->release(from);
     }
@@ -176,8 +181,12 @@ void DeltaKvSequenceCache::finish_compression() {
         plan_.active = false;
         return;
     }
+    // Every layer's latents first (ops that may fail: the region is untouched until all are
+    // made), then into the region.
     for (size_t sl = 0; sl < sparse_layers_.size(); ++sl) {
         if (!plan_.done[sl]) compress_layer(static_cast<int32_t>(sl));
+    }
+    for (size_t sl = 0; sl < sparse_layers_.size(); ++sl) {
         region_.latents[sl].insert(region_.latents[sl].end(), plan_.latents[sl].begin(),
                                    plan_.latents[sl].end());
         region_.refs[sl].insert(region_.refs[sl].end(), plan_.refs[sl].begin(),

@@ -16,9 +16,15 @@ void grow(std::vector<T>& v, size_t n) {
     if (v.size() < n) v.resize(n);
 }
 
-// The backend's ops fail only on arguments the cache made (the CPU backend has no device to
-// lose): a bug.
-inline void must(const Status& st) { DS_CHECK(st.ok(), st.to_string().c_str()); }
+// A failed op inside the cache: its public calls catch it and return the Status (kvstore's
+// own; nothing throws past them). In host memory only a bug fails an op (the CPU backend has
+// no device to lose); on a device, the device can.
+struct OpFailure {
+    Status status;
+};
+inline void must(const Status& st) {
+    if (!st.ok()) throw OpFailure{st};
+}
 template <class T>
 T must_get(Result<T> r) {
     must(r.status());

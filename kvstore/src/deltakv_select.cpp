@@ -31,10 +31,20 @@ void add_region_positions(std::vector<int32_t>& idx, const std::vector<int32_t>&
 
 }  // namespace
 
-void DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape& shape,
-                                   const float* q, int64_t ldq, const float* /*hidden*/,
-                                   int64_t /*ldh*/, int32_t n, ThreadPool& pool) {
+Status DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShape& shape,
+                                     const float* q, int64_t ldq, const float* /*hidden*/,
+                                     int64_t /*ldh*/, int32_t n, ThreadPool& pool) {
     const CallThreads call(threads_, pool);
+    try {
+        observe_call(layer, shape, q, ldq, n);
+    } catch (const OpFailure& f) {
+        return f.status;
+    }
+    return Status();
+}
+
+void DeltaKvSequenceCache::observe_call(int32_t layer, const kernels::AttentionShape& shape,
+                                        const float* q, int64_t ldq, int32_t n) {
     // What this call's commit compresses is known from positions alone: each sparse layer
     // compresses its share here, once its rows are stored and attended, so a prefill node
     // can ship the layer while later layers compute.

@@ -117,13 +117,13 @@ kernels::KvView EvictingSequenceCache::view(int32_t layer, int32_t n_visible_new
     return v;
 }
 
-void EvictingSequenceCache::observe(int32_t layer, const kernels::AttentionShape& shape,
-                                    const float* q, int64_t ldq, const float* hidden, int64_t ldh,
-                                    int32_t n, ThreadPool& threads) {
+Status EvictingSequenceCache::observe(int32_t layer, const kernels::AttentionShape& shape,
+                                      const float* q, int64_t ldq, const float* hidden, int64_t ldh,
+                                      int32_t n, ThreadPool& threads) {
     const AttentionStat stat = policy_->stat();
-    if (stat == AttentionStat::kNone) return;
+    if (stat == AttentionStat::kNone) return Status();
     if (!policy_->continual() && n == 1)
-        return;  // it shrinks after prompts only: nothing to gather
+        return Status();  // it shrinks after prompts only: nothing to gather
     if (stat == AttentionStat::kTokenGate) {
         const int32_t heads = pool_.options().n_kv_heads;
         std::vector<float> gate(static_cast<size_t>(n) * heads);
@@ -134,7 +134,7 @@ void EvictingSequenceCache::observe(int32_t layer, const kernels::AttentionShape
             for (int32_t i = 0; i < n; ++i)
                 unit.stat[first + i] = gate[static_cast<size_t>(i) * heads + g];
         }
-        return;
+        return Status();
     }
     const kernels::KvView v = view(layer, n);
     const int32_t u0 = pool_.unit(layer, 0);
@@ -151,13 +151,15 @@ void EvictingSequenceCache::observe(int32_t layer, const kernels::AttentionShape
     const int32_t first = stat == AttentionStat::kAllQueries ? 0 : std::max(0, n - window);
     kernels::attention_column_sums(shape, v, q, ldq, n, first, squared ? 2 : 1, sums.data(),
                                    threads);
+    return Status();
 }
 
-void EvictingSequenceCache::commit(int32_t n) {
+Status EvictingSequenceCache::commit(int32_t n) {
     DS_CHECK(n <= n_reserved_, "commit past reserve");
     n_reserved_ -= n;
     n_tokens_ += n;
     if (policy_->continual() || n > 1) shrink();
+    return Status();
 }
 
 void EvictingSequenceCache::shrink() {

@@ -82,9 +82,10 @@ kernels::KvView FullSequenceCache::view(int32_t layer, int32_t n_visible_new) co
     return v;
 }
 
-void FullSequenceCache::commit(int32_t n) {
+Status FullSequenceCache::commit(int32_t n) {
     DS_CHECK(n_committed_ + n <= static_cast<int32_t>(slots_.size()), "commit past reserve");
     n_committed_ += n;
+    return Status();
 }
 
 void FullSequenceCache::truncate(int32_t n_keep) {
@@ -177,7 +178,7 @@ Status FullSequenceCache::import_state(std::span<const uint8_t> state) {
                                    std::to_string(pool_->row_bytes()));
     }
     DS_RETURN_IF_ERROR(reserve(n));
-    commit(n);
+    DS_RETURN_IF_ERROR(commit(n));  // (a full cache's commit has no error)
     for (int32_t l = 0; l < pool_->options().n_layers; ++l) {  // zeros until a layer comes
         if (Status st = pool_->write_rows(l, slots_, nullptr); !st.ok()) {
             truncate(0);

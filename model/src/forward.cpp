@@ -102,7 +102,18 @@ Status Forward::run(std::span<const SequenceInput> batch, std::vector<float>& lo
         for (const auto& s : batch) s.cache->truncate(s.cache->n_tokens());  // nothing kept
         return st;
     }
-    for (const auto& s : batch) s.cache->commit(static_cast<int32_t>(s.tokens.size()));
+    // A cache whose commit fails (a device's failure while it compresses) is back where it
+    // was; so are the batch's others, the ones committed already included: nothing kept.
+    for (size_t i = 0; i < batch.size(); ++i) {
+        const Status st = batch[i].cache->commit(static_cast<int32_t>(batch[i].tokens.size()));
+        if (st.ok()) continue;
+        for (size_t j = 0; j < batch.size(); ++j) {
+            kvstore::SequenceCache& c = *batch[j].cache;
+            if (j < i) c.truncate(c.n_tokens() - static_cast<int32_t>(batch[j].tokens.size()));
+            if (j > i) c.truncate(c.n_tokens());
+        }
+        return st;
+    }
     return Status();
 }
 
@@ -314,11 +325,16 @@ Status Forward::attend_caches(int32_t layer, std::span<const SequenceInput> batc
         const int32_t ns = static_cast<int32_t>(batch[i].tokens.size());
         const float* qi = r.q + first_row_[i] * qd;
         float* out = r.attn + first_row_[i] * qd;
-        if (!cache.attend(layer, shape, qi, qd, ns, out, qd, pool)) {
-            step_status_[i] =
-                attend_view({cache.view(layer, ns), qi, out, ns, cache.n_tokens()}, pool);
+        Status& st = step_status_[i];
+        const Result<bool> attended = cache.attend(layer, shape, qi, qd, ns, out, qd, pool);
+        if (!attended.ok()) {
+            st = attended.error();
+            return;
         }
-        cache.observe(layer, shape, qi, qd, r.xn + first_row_[i] * d, d, ns, pool);
+        if (!*attended)
+            st = attend_view({cache.view(layer, ns), qi, out, ns, cache.n_tokens()}, pool);
+        if (st.ok())
+            st = cache.observe(layer, shape, qi, qd, r.xn + first_row_[i] * d, d, ns, pool);
     };
     // Caches on the device: the views of those that do not attend themselves in one batch.
     device_jobs_.clear();
@@ -327,8 +343,9 @@ Status Forward::attend_caches(int32_t layer, std::span<const SequenceInput> batc
         if (cache.device() == nullptr) continue;
         const int32_t ns = static_cast<int32_t>(batch[i].tokens.size());
         const int64_t r = first_row_[i];
-        if (!cache.attend(layer, shape, rows.q + r * qd, qd, ns, rows.attn + r * qd, qd, pool_))
-            device_jobs_.push_back({cache.view(layer, ns), r, ns});
+        DS_ASSIGN_OR_RETURN(const bool attended, cache.attend(layer, shape, rows.q + r * qd, qd, ns,
+                                                              rows.attn + r * qd, qd, pool_));
+        if (!attended) device_jobs_.push_back({cache.view(layer, ns), r, ns});
     }
     if (!device_jobs_.empty()) {
         DS_RETURN_IF_ERROR(
@@ -338,8 +355,8 @@ Status Forward::attend_caches(int32_t layer, std::span<const SequenceInput> batc
         kvstore::SequenceCache& cache = *batch[i].cache;
         if (cache.device() == nullptr) continue;
         const int64_t r = first_row_[i];
-        cache.observe(layer, shape, rows.q + r * qd, qd, rows.xn + r * d, d,
-                      static_cast<int32_t>(batch[i].tokens.size()), pool_);
+        DS_RETURN_IF_ERROR(cache.observe(layer, shape, rows.q + r * qd, qd, rows.xn + r * d, d,
+                                         static_cast<int32_t>(batch[i].tokens.size()), pool_));
     }
     for (size_t i = 0; i < batch.size(); ++i) {
         if (batch[i].tokens.size() != 1 && batch[i].cache->device() == nullptr) attend(i, pool_);

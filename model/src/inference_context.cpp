@@ -167,8 +167,7 @@ class InferenceContextImpl final : public InferenceContext {
         }
         rows->resize(positions.size() * static_cast<size_t>(2 * model_.config.kv_dim()));
         latent->resize(positions.size());
-        dkv->attended_rows(layer, positions, rows->data(), latent->data());
-        return Status();
+        return dkv->attended_rows(layer, positions, rows->data(), latent->data());
     }
     void set_layer_observer(LayerObserver observer) override {
         forward_.set_layer_observer(std::move(observer));

@@ -49,8 +49,7 @@ class BlockPoolOnADevice : public ::testing::Test {
                 return st;
             }
         }
-        c.commit(n);
-        return Status();
+        return c.commit(n);
     }
     testing::OwnMemoryBackend device_;
 };

@@ -31,7 +31,7 @@ void append(FullSequenceCache& c, int32_t n, float base) {
         }
     }
     for (int32_t l = 0; l < 2; ++l) EXPECT_TRUE(c.store(l, 0, n, k.data(), v.data(), kDim).ok());
-    c.commit(n);
+    EXPECT_TRUE(c.commit(n).ok());
 }
 
 float k_at(const FullSequenceCache& c, int32_t layer, int32_t pos) {

@@ -110,9 +110,10 @@ struct Data {
             if (c.compressed_tokens() == 0) {
                 ASSERT_EQ(v.n, p0 + n) << "nothing compressed yet: every token";
             }
-            c.observe(l, kShape, q.data(), kHeads * kHeadDim, nullptr, 0, n, threads);
+            EXPECT_TRUE(
+                c.observe(l, kShape, q.data(), kHeads * kHeadDim, nullptr, 0, n, threads).ok());
         }
-        c.commit(n);
+        EXPECT_TRUE(c.commit(n).ok());
     }
     // x as the cache sees it: K rounded to fp16 after RoPE, then de-RoPEd; V rounded.
     std::vector<float> cached_x(int32_t pos, int32_t layer) const {
@@ -317,7 +318,8 @@ TEST(DeltaKvCache, DecodeStepAttendsSelectedTokensReconstructedFromTheirNearestR
             EXPECT_TRUE(c.store(l, 0, 1, kk.data(), vv.data(), kKvDim).ok());
             std::vector<float> got(kHeads * kHeadDim);
             const bool attended = c.attend(l, kShape, q.data(), kHeads * kHeadDim, 1, got.data(),
-                                           kHeads * kHeadDim, threads);
+                                           kHeads * kHeadDim, threads)
+                                      .value();
             if (l == 0) {
                 EXPECT_FALSE(attended) << "a full layer: the caller attends its view";
                 EXPECT_EQ(c.view(l, 1).n, 41) << "a full layer sees every token";
@@ -357,9 +359,10 @@ TEST(DeltaKvCache, DecodeStepAttendsSelectedTokensReconstructedFromTheirNearestR
                     }
                 }
             }
-            c.observe(l, kShape, q.data(), kHeads * kHeadDim, nullptr, 0, 1, threads);
+            EXPECT_TRUE(
+                c.observe(l, kShape, q.data(), kHeads * kHeadDim, nullptr, 0, 1, threads).ok());
         }
-        c.commit(1);
+        EXPECT_TRUE(c.commit(1).ok());
         EXPECT_EQ(c.n_tokens(), 41);
     }
 }
@@ -424,9 +427,11 @@ TEST(DeltaKvCache, AChunkAttendsTheWholeCompressedRegionUnlessCapped) {
                 EXPECT_EQ(c.reconstructed_view().n, static_cast<int32_t>(rebuilt.size()));
                 for (int32_t p : rebuilt) EXPECT_TRUE(p >= 4 && p < 28 && (p - 4) % 5 != 0) << p;
             }
-            c.observe(l, kShape, q.data(), kHeads * kHeadDim, nullptr, 0, kNew, s.threads);
+            EXPECT_TRUE(
+                c.observe(l, kShape, q.data(), kHeads * kHeadDim, nullptr, 0, kNew, s.threads)
+                    .ok());
         }
-        c.commit(kNew);
+        EXPECT_TRUE(c.commit(kNew).ok());
         EXPECT_EQ(c.n_tokens(), 40 + kNew);
     }
 }
@@ -448,9 +453,10 @@ TEST(DeltaKvCache, SparseLayersBeforeTheFirstFullLayerAttendTheWholeRegion) {
         const int32_t want = l < 2 ? 44 : 4 + 10 + 12 + kNew;
         const int32_t rebuilt = static_cast<int32_t>(c.reconstructed_positions().size());
         EXPECT_EQ(c.view(l, kNew).n + (l == 1 ? 0 : rebuilt), want) << "layer " << l;
-        c.observe(l, kShape, s.q.data(), kHeads * kHeadDim, nullptr, 0, kNew, s.threads);
+        EXPECT_TRUE(
+            c.observe(l, kShape, s.q.data(), kHeads * kHeadDim, nullptr, 0, kNew, s.threads).ok());
     }
-    c.commit(kNew);
+    EXPECT_TRUE(c.commit(kNew).ok());
     // Decode steps. The first: layer 0 sees sinks, the region's references, the buffer and
     // the new token in its view, and attends every latent token of the region besides. The
     // next: layer 0 takes the latent tokens layer 1 selected at the step before (half the
@@ -469,13 +475,15 @@ TEST(DeltaKvCache, SparseLayersBeforeTheFirstFullLayerAttendTheWholeRegion) {
                 lead_selected.push_back(c.selected_latent_tokens());
                 std::vector<float> out(kHeads * kHeadDim);
                 EXPECT_TRUE(c.attend(0, kShape, s.q.data(), kHeads * kHeadDim, 1, out.data(),
-                                     kHeads * kHeadDim, s.threads));
+                                     kHeads * kHeadDim, s.threads)
+                                .value());
                 for (float x : out) ASSERT_TRUE(std::isfinite(x));
             }
             if (l == 2) observed_selected.push_back(c.selected_latent_tokens());
-            c.observe(l, kShape, s.q.data(), kHeads * kHeadDim, nullptr, 0, 1, s.threads);
+            EXPECT_TRUE(
+                c.observe(l, kShape, s.q.data(), kHeads * kHeadDim, nullptr, 0, 1, s.threads).ok());
         }
-        c.commit(1);
+        EXPECT_TRUE(c.commit(1).ok());
     }
     ASSERT_EQ(c.compressed_tokens(), latents) << "no compression between the steps";
     EXPECT_EQ(lead_selected[0], latents);
@@ -513,9 +521,12 @@ TEST(DeltaKvCache, AScorerPicksWhatItAndTheLayersAfterItAttend) {
             for (int32_t l = 0; l < kLayers; ++l) {
                 EXPECT_TRUE(
                     s[i].cache->store(l, 0, kNew, s[i].kk.data(), s[i].vv.data(), kKvDim).ok());
-                s[i].cache->observe(l, kShape, s[i].q.data(), kLd, nullptr, 0, kNew, s[i].threads);
+                EXPECT_TRUE(
+                    s[i].cache
+                        ->observe(l, kShape, s[i].q.data(), kLd, nullptr, 0, kNew, s[i].threads)
+                        .ok());
             }
-            s[i].cache->commit(kNew);
+            EXPECT_TRUE(s[i].cache->commit(kNew).ok());
             ASSERT_TRUE(s[i].cache->reserve(1).ok());
         }
         const int32_t latents = s[0].cache->compressed_tokens();
@@ -529,13 +540,15 @@ TEST(DeltaKvCache, AScorerPicksWhatItAndTheLayersAfterItAttend) {
             for (int32_t l = 0; l < kLayers; ++l) {
                 EXPECT_TRUE(c.store(l, 0, 1, s[i].kk.data(), s[i].vv.data(), kKvDim).ok());
                 if (l == 0) {
-                    c.observe(l, kShape, s[i].q.data(), kLd, nullptr, 0, 1, s[i].threads);
+                    EXPECT_TRUE(
+                        c.observe(l, kShape, s[i].q.data(), kLd, nullptr, 0, 1, s[i].threads).ok());
                     continue;
                 }
                 std::vector<float>& got = out[i][l - 1];
                 got.resize(kLd);
                 ASSERT_TRUE(
-                    c.attend(l, kShape, s[i].q.data(), kLd, 1, got.data(), kLd, s[i].threads));
+                    c.attend(l, kShape, s[i].q.data(), kLd, 1, got.data(), kLd, s[i].threads)
+                        .value());
                 attended[i][l - 1] = c.attended_latent_tokens();
             }
         }
@@ -584,9 +597,10 @@ TEST(DeltaKvCache, AScorersSketchKeepsThePairsWhereTheQueryIs) {
         ASSERT_NO_FATAL_FAILURE(after_first_chunk(s, 5, false, o, kNew));
         for (int32_t l = 0; l < kLayers; ++l) {
             EXPECT_TRUE(s.cache->store(l, 0, kNew, s.kk.data(), s.vv.data(), kKvDim).ok());
-            s.cache->observe(l, kShape, s.q.data(), kLd, nullptr, 0, kNew, s.threads);
+            EXPECT_TRUE(
+                s.cache->observe(l, kShape, s.q.data(), kLd, nullptr, 0, kNew, s.threads).ok());
         }
-        s.cache->commit(kNew);
+        EXPECT_TRUE(s.cache->commit(kNew).ok());
         ASSERT_TRUE(s.cache->reserve(1).ok());
         if (one_pair) {  // interleaved RoPE: pair 2 is dimensions 4 and 5 of each head
             for (int j = 0; j < kLd; ++j) {
@@ -595,10 +609,14 @@ TEST(DeltaKvCache, AScorersSketchKeepsThePairsWhereTheQueryIs) {
         }
         for (int32_t l = 0; l < 2; ++l) {
             EXPECT_TRUE(s.cache->store(l, 0, 1, s.kk.data(), s.vv.data(), kKvDim).ok());
-            if (l == 0) s.cache->observe(l, kShape, s.q.data(), kLd, nullptr, 0, 1, s.threads);
+            if (l == 0) {
+                EXPECT_TRUE(
+                    s.cache->observe(l, kShape, s.q.data(), kLd, nullptr, 0, 1, s.threads).ok());
+            }
         }
         got.resize(kLd);
-        ASSERT_TRUE(s.cache->attend(1, kShape, s.q.data(), kLd, 1, got.data(), kLd, s.threads));
+        ASSERT_TRUE(
+            s.cache->attend(1, kShape, s.q.data(), kLd, 1, got.data(), kLd, s.threads).value());
         ASSERT_EQ(s.cache->attended_latent_tokens(), (s.cache->compressed_tokens() + 1) / 2);
     };
     std::vector<float> whole, sketch;
@@ -627,7 +645,8 @@ TEST(DeltaKvCache, AChunkCorrectsTheLogitsOfReconstructedTokens) {
     for (int32_t l = 0; l < kLayers; ++l) {
         EXPECT_TRUE(c.store(l, 0, kNew, kk.data(), vv.data(), kKvDim).ok());
         std::vector<float> got(kNew * kLd);
-        const bool attended = c.attend(l, kShape, q.data(), kLd, kNew, got.data(), kLd, s.threads);
+        const bool attended =
+            c.attend(l, kShape, q.data(), kLd, kNew, got.data(), kLd, s.threads).value();
         if (l == 0) {
             EXPECT_FALSE(attended) << "a full layer: the caller attends its view";
         } else {
@@ -684,9 +703,9 @@ TEST(DeltaKvCache, AChunkCorrectsTheLogitsOfReconstructedTokens) {
                 }
             }
         }
-        c.observe(l, kShape, q.data(), kLd, nullptr, 0, kNew, s.threads);
+        EXPECT_TRUE(c.observe(l, kShape, q.data(), kLd, nullptr, 0, kNew, s.threads).ok());
     }
-    c.commit(kNew);
+    EXPECT_TRUE(c.commit(kNew).ok());
 }
 
 // Decode-step helpers (pins, following): chunks of 5 tokens after after_first_chunk.
@@ -727,10 +746,11 @@ void aimed_chunk(AfterFirstChunk& s, int32_t target, std::vector<float>* aimed =
             if (aimed != nullptr) aimed->assign(s.q.begin(), s.q.begin() + kAimLd);
         }
         std::vector<float> out(kAimNew * kAimLd);
-        c.attend(l, kShape, s.q.data(), kAimLd, kAimNew, out.data(), kAimLd, s.threads);
-        c.observe(l, kShape, s.q.data(), kAimLd, nullptr, 0, kAimNew, s.threads);
+        EXPECT_TRUE(
+            c.attend(l, kShape, s.q.data(), kAimLd, kAimNew, out.data(), kAimLd, s.threads).ok());
+        EXPECT_TRUE(c.observe(l, kShape, s.q.data(), kAimLd, nullptr, 0, kAimNew, s.threads).ok());
     }
-    c.commit(kAimNew);
+    EXPECT_TRUE(c.commit(kAimNew).ok());
 }
 
 // A query turned away from `target`'s keys in the observation layer (layer 0, full).
@@ -760,11 +780,12 @@ std::vector<int32_t> decode_step(AfterFirstChunk& s, const std::vector<std::vect
             std::sort(attended.begin(), attended.end());
         }
         std::vector<float> out(kAimLd);
-        c.attend(l, kShape, q[l].data(), kAimLd, 1, out.data(), kAimLd, s.threads);
+        EXPECT_TRUE(
+            c.attend(l, kShape, q[l].data(), kAimLd, 1, out.data(), kAimLd, s.threads).ok());
         for (float x : out) EXPECT_TRUE(std::isfinite(x));
-        c.observe(l, kShape, q[l].data(), kAimLd, nullptr, 0, 1, s.threads);
+        EXPECT_TRUE(c.observe(l, kShape, q[l].data(), kAimLd, nullptr, 0, 1, s.threads).ok());
     }
-    c.commit(1);
+    EXPECT_TRUE(c.commit(1).ok());
     return attended;
 }
 

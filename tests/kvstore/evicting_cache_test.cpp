@@ -84,9 +84,11 @@ struct Feed {
             for (auto& x : q) x = nd(rng);
             for (auto& x : h) x = nd(rng);
             EXPECT_TRUE(c.store(layer, 0, n, kk.data(), vv.data(), kvd).ok());
-            c.observe(layer, kShape, q.data(), kHeads * kDim, h.data(), kHidden, n, threads);
+            EXPECT_TRUE(
+                c.observe(layer, kShape, q.data(), kHeads * kDim, h.data(), kHidden, n, threads)
+                    .ok());
         }
-        c.commit(n);
+        EXPECT_TRUE(c.commit(n).ok());
     }
     const float* key(int32_t pos, int32_t layer, int32_t g) const {
         return k.at(pos).data() + (layer * kKvHeads + g) * kDim;

@@ -291,30 +291,70 @@ TEST_F(ForwardBackendTest, CandidatesFromTheBackendSampleAsWholeRows) {
     }
 }
 
+// A device failure anywhere in a turn fails it and keeps nothing of it, for DeltaKV also
+// while it compresses; the next try gives the CPU's bits. (DeltaKV's compaction after a
+// compression is the exception: a failed move leaves the rows where they were, and the turn
+// stands, with the CPU's bits.)
 TEST_F(ForwardBackendTest, ABackendErrorKeepsNothingAndTheNextTurnIsRight) {
-    auto cpu = InferenceContext::create(*model_, options("full", nullptr));
-    auto own = InferenceContext::create(*model_, options("full", &own_));
-    ASSERT_TRUE(cpu.ok() && own.ok());
-    const std::vector<int32_t> first = text_tokens(120, 0, true), second = text_tokens(70, 120);
-    ASSERT_TRUE((*cpu)->eval(first).ok());
-    ASSERT_TRUE((*own)->eval(first).ok());
-    for (int after : {0, 5, 200}) {  // the first op, one in the first layer, one deep
-        own_.fail_after(after);
-        auto failed = (*own)->eval(second);
-        own_.fail_after(-1);
-        ASSERT_FALSE(failed.ok()) << after;
-        EXPECT_NE(failed.error().message().find("injected failure"), std::string::npos)
-            << failed.error().to_string();
-        EXPECT_EQ((*own)->n_past(), 120) << after;
+    for (const std::string policy : {"full", "deltakv"}) {
+        SCOPED_TRACE(policy);
+        auto cpu = InferenceContext::create(*model_, options(policy, nullptr));
+        ASSERT_TRUE(cpu.ok());
+        // 150 tokens: DeltaKV compresses in the second turn (twice its window past the sinks).
+        const std::vector<int32_t> first = text_tokens(60, 0, true), second = text_tokens(90, 60);
+        ASSERT_TRUE((*cpu)->eval(first).ok());
+        auto want = (*cpu)->eval(second);
+        ASSERT_TRUE(want.ok());
+        const std::vector<float> logits(want->begin(), want->end());
+        const int32_t next = greedy(logits);
+        auto step = (*cpu)->eval(std::span<const int32_t>(&next, 1));
+        ASSERT_TRUE(step.ok());
+        const std::vector<float> step_logits(step->begin(), step->end());
+        // A session on the backend after the first turn; the second turn's pointer checks.
+        const auto session = [&] {
+            auto own = InferenceContext::create(*model_, options(policy, &own_));
+            EXPECT_TRUE(own.ok() && (*own)->eval(first).ok());
+            return std::move(*own);
+        };
+        int turn = 0;
+        {
+            auto probe = session();
+            const int before = own_.checks();
+            ASSERT_TRUE(probe->eval(second).ok());
+            turn = own_.checks() - before;
+        }
+        ASSERT_GT(turn, 100);
+        int failed = 0, stood = 0;
+        for (int quarter = 0; quarter <= 4; ++quarter) {
+            const int after = std::min(turn - 1, turn * quarter / 4);
+            auto own = session();
+            own_.fail_after(after);
+            auto got = own->eval(second);
+            own_.fail_after(-1);
+            if (got.ok()) {
+                ++stood;
+            } else {
+                ++failed;
+                EXPECT_NE(got.error().message().find("injected failure"), std::string::npos)
+                    << got.error().to_string();
+                EXPECT_EQ(own->n_past(), 60) << after << " of " << turn;
+                got = own->eval(second);
+                ASSERT_TRUE(got.ok());
+            }
+            EXPECT_EQ(std::memcmp(got->data(), logits.data(), logits.size() * sizeof(float)), 0)
+                << after << " of " << turn;
+            // And the session goes on as the CPU's.
+            auto b = own->eval(std::span<const int32_t>(&next, 1));
+            ASSERT_TRUE(b.ok());
+            EXPECT_EQ(
+                std::memcmp(b->data(), step_logits.data(), step_logits.size() * sizeof(float)), 0)
+                << after << " of " << turn;
+        }
+        EXPECT_GE(failed, 4);
+        if (policy == "full") EXPECT_EQ(stood, 0);
     }
-    auto a = (*cpu)->eval(second);
-    auto b = (*own)->eval(second);
-    ASSERT_TRUE(a.ok() && b.ok());
-    EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(float)), 0);
 }
 
-// DeltaKV's compressors go to a backend once, for every session there; a profile of fp16
-// latents (no device op decodes them) is refused there, and runs on the CPU.
 TEST_F(ForwardBackendTest, DeltaKvsCompressorsGoUpOnceAndFp16LatentsStayOnTheCpu) {
     auto loaded = load_deltakv_profile(testing::default_deltakv_profile(), model_->config);
     ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();

@@ -34,6 +34,8 @@ class OwnMemoryBackend final : public kernels::Backend {
     int latent_attentions() const { return latent_attentions_.load(); }
     // The pointer check after `n` more pass fails, and its op (negative: none does).
     void fail_after(int n) { fail_after_.store(n); }
+    // Pointer checks so far: where a failure can be injected.
+    int checks() const { return checks_.load(); }
 
     Status copy_in(void* dst, const void* src, size_t bytes, const kernels::Exec& e) override {
         DS_RETURN_IF_ERROR(check("copy_in", dst, bytes));
@@ -297,6 +299,7 @@ class OwnMemoryBackend final : public kernels::Backend {
   private:
     // [p, p + bytes) lies in one allocation of this backend; and the injected failure.
     Status check(const char* op, const void* p, int64_t bytes) {
+        ++checks_;
         if (fail_after_.load() >= 0 && fail_after_.fetch_sub(1) == 0)
             return internal_error(std::string("own-memory: ") + op + ": injected failure");
         const auto a = reinterpret_cast<uintptr_t>(p);
@@ -371,6 +374,7 @@ class OwnMemoryBackend final : public kernels::Backend {
     std::atomic<int> encodes_{0};
     std::atomic<int> latent_attentions_{0};
     std::atomic<int> fail_after_{-1};
+    std::atomic<int> checks_{0};
 };
 
 }  // namespace deltaserve::testing

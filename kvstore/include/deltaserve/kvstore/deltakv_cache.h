@@ -196,14 +196,16 @@ class DeltaKvSequenceCache final : public SequenceCache {
     // chunk, when the profile has key errors: the view's reconstructed tokens attended apart
     // and merged, with the logit correction (DeltaKvOptions::logit_correction). Elsewhere
     // false.
-    bool attend(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq,
-                int32_t n, float* out, int64_t ldo, ThreadPool& pool) override;
-    void observe(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq,
-                 const float* hidden, int64_t ldh, int32_t n, ThreadPool& pool) override;
+    // Errors here, in observe, store and commit: the device's (an op, a copy, an allocation;
+    // in host memory an op fails only on a bug, which aborts).
+    Result<bool> attend(int32_t layer, const kernels::AttentionShape& shape, const float* q,
+                        int64_t ldq, int32_t n, float* out, int64_t ldo, ThreadPool& pool) override;
+    Status observe(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq,
+                   const float* hidden, int64_t ldh, int32_t n, ThreadPool& pool) override;
     // Compresses what the session's size calls for (plan_compression), unless more of the
     // prompt follows (expect_more): then the chunk stays exact and the prompt is compressed
     // at its last chunk, as one call's prompt is, whatever the chunking.
-    void commit(int32_t n) override;
+    Status commit(int32_t n) override;
     void expect_more(int32_t n_more) override { more_ = std::max(0, n_more); }
     void truncate(int32_t n_keep) override;
     // Full layers, full-precision tokens of the sparse layers, latents with their reference
@@ -244,14 +246,24 @@ class DeltaKvSequenceCache final : public SequenceCache {
     // a latent token as a decode step reconstructs it (Dec(z) plus the mean of its
     // references); latent[i] says which. For the tools: deltactl fidelity compares them with
     // a full KV history's. Between forward calls only (it uses the step's scratch).
-    void attended_rows(int32_t layer, std::span<const int32_t> positions, float* out,
-                       uint8_t* latent);
+    // Errors: the device's.
+    Status attended_rows(int32_t layer, std::span<const int32_t> positions, float* out,
+                         uint8_t* latent);
 
   private:
     friend class DeltaKvCodec;
     DeltaKvSequenceCache(const DeltaKvProfile& profile, const DeltaKvOptions& options,
                          ThreadPool& threads);
     static constexpr uint16_t kNoRef = DeltaKvRegion::kNoRef;
+    // The public calls' bodies; a failed op inside throws (deltakv_scratch.h: must), and the
+    // public call returns its Status.
+    bool attend_call(int32_t layer, const kernels::AttentionShape& shape, const float* q,
+                     int64_t ldq, int32_t n, float* out, int64_t ldo);
+    void observe_call(int32_t layer, const kernels::AttentionShape& shape, const float* q,
+                      int64_t ldq, int32_t n);
+    void commit_call(int32_t n);
+    void attended_rows_call(int32_t layer, std::span<const int32_t> positions, float* out,
+                            uint8_t* latent);
     size_t latent_bytes() const;
     size_t bytes_upto(int32_t n) const;
     // Compression, in three steps: which blocks the commit of a session of n_total tokens

@@ -31,9 +31,9 @@ class EvictingSequenceCache final : public SequenceCache {
     Status store(int32_t layer, int32_t first, int32_t n, const float* k, const float* v,
                  int64_t ld) override;
     kernels::KvView view(int32_t layer, int32_t n_visible_new) const override;
-    void observe(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq,
-                 const float* hidden, int64_t ldh, int32_t n, ThreadPool& pool) override;
-    void commit(int32_t n) override;
+    Status observe(int32_t layer, const kernels::AttentionShape& shape, const float* q, int64_t ldq,
+                   const float* hidden, int64_t ldh, int32_t n, ThreadPool& pool) override;
+    Status commit(int32_t n) override;
     void truncate(int32_t n_keep) override;
     size_t bytes() const override;
     size_t bytes_bound(int32_t n_tokens) const override;

@@ -51,22 +51,27 @@ class SequenceCache {
     // tokens by attention or by a learned gate gathers its statistics here. Default: nothing.
     // `pool`, here and in attend(): the threads the call may use (the forward pass's, or one
     // thread where it runs a batch's sequences side by side).
-    virtual void observe(int32_t layer, const kernels::AttentionShape& shape, const float* q,
-                         int64_t ldq, const float* hidden, int64_t ldh, int32_t n,
-                         ThreadPool& pool) {
+    // Errors, here and in attend(): a device's, in a cache whose ops run there; the caller
+    // then truncates the cache to n_tokens(), as after any failed forward call.
+    virtual Status observe(int32_t layer, const kernels::AttentionShape& shape, const float* q,
+                           int64_t ldq, const float* hidden, int64_t ldh, int32_t n,
+                           ThreadPool& pool) {
         (void)layer, (void)shape, (void)q, (void)ldq, (void)hidden, (void)ldh, (void)n, (void)pool;
+        return Status();
     }
     // A cache that attends a layer itself (DeltaKV's decode steps attend compressed tokens
     // without making their values) does it here, after store(): out = attention of the n new
     // queries (q as attention() takes them) over what the layer holds, and returns true.
     // Default false: the caller attends view(layer, n).
-    virtual bool attend(int32_t layer, const kernels::AttentionShape& shape, const float* q,
-                        int64_t ldq, int32_t n, float* out, int64_t ldo, ThreadPool& pool) {
+    virtual Result<bool> attend(int32_t layer, const kernels::AttentionShape& shape, const float* q,
+                                int64_t ldq, int32_t n, float* out, int64_t ldo, ThreadPool& pool) {
         (void)layer, (void)shape, (void)q, (void)ldq, (void)n, (void)out, (void)ldo, (void)pool;
         return false;
     }
     // Makes n reserved positions part of the sequence (a compressing cache shrinks here).
-    virtual void commit(int32_t n) = 0;
+    // Errors: a device's, in a cache that compresses there; the cache is then as it was
+    // before the call, less the reserved positions (n_tokens() unchanged, nothing reserved).
+    virtual Status commit(int32_t n) = 0;
     // Chunked prefill: the caller will append n_more positions of the same prompt right after
     // the next forward call's, before any token is sampled. A compressing cache may wait for
     // them and compress the prompt once at its end (DeltaKV: every chunk then attends the
@@ -201,7 +206,7 @@ class FullSequenceCache final : public SequenceCache, public SequenceCodec {
     Status store(int32_t layer, int32_t first, int32_t n, const float* k, const float* v,
                  int64_t ld) override;
     kernels::KvView view(int32_t layer, int32_t n_visible_new) const override;
-    void commit(int32_t n) override;
+    Status commit(int32_t n) override;
     void truncate(int32_t n_keep) override;
     // The rows of its positions (reserved ones too); held_bytes(): whole blocks, shared
     // ones included.
