@@ -80,7 +80,7 @@ TEST_F(ForwardBackendTest, TheCpuBackendsBitsFromMemoryOfItsOwn) {
         auto b = (*own)->eval(prompt);
         ASSERT_TRUE(a.ok()) << a.error().to_string();
         ASSERT_TRUE(b.ok()) << policy << ": " << b.error().to_string();
-        for (int step = 0; step < 12; ++step) {
+        for (int step = 0; step < 6; ++step) {
             ASSERT_EQ(a->size(), b->size());
             ASSERT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(float)), 0)
                 << policy << ", step " << step;
@@ -324,9 +324,13 @@ TEST_F(ForwardBackendTest, ABackendErrorKeepsNothingAndTheNextTurnIsRight) {
             turn = own_.checks() - before;
         }
         ASSERT_GT(turn, 100);
+        // Full KV: at its first op and mid-turn; DeltaKV deep in the turn (its compression
+        // and attention through latents) and at its last check (the compaction).
+        const std::vector<int> points = policy == "full"
+                                            ? std::vector<int>{0, turn / 2}
+                                            : std::vector<int>{turn / 3, 2 * turn / 3, turn - 1};
         int failed = 0, stood = 0;
-        for (int quarter = 0; quarter <= 4; ++quarter) {
-            const int after = std::min(turn - 1, turn * quarter / 4);
+        for (const int after : points) {
             auto own = session();
             own_.fail_after(after);
             auto got = own->eval(second);
@@ -350,7 +354,7 @@ TEST_F(ForwardBackendTest, ABackendErrorKeepsNothingAndTheNextTurnIsRight) {
                 std::memcmp(b->data(), step_logits.data(), step_logits.size() * sizeof(float)), 0)
                 << after << " of " << turn;
         }
-        EXPECT_GE(failed, 4);
+        EXPECT_GE(failed, 2);
         if (policy == "full") EXPECT_EQ(stood, 0);
     }
 }
