@@ -88,24 +88,17 @@ Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(
     c->device_ = device;
     c->backend_ = device != nullptr ? device : k::find_backend("cpu");
     DS_CHECK(c->backend_ != nullptr, "the CPU backend is always registered");
-    const int32_t kv_dim = o.n_kv_heads * o.head_dim;
-    SlotPoolOptions po{static_cast<int32_t>(c->full_layers_.size()),
-                       kv_dim,
-                       o.n_ctx,
-                       k::DType::kF16,
-                       o.n_kv_heads,
-                       device};
-    DS_ASSIGN_OR_RETURN(c->full_pool_, SlotPool::create(po));
+    // A pool of fp16 rows per layer, for every position (in host memory address space only).
+    const auto pool_of = [&](size_t n_layers) {
+        return SlotPool::create(SlotPoolOptions{static_cast<int32_t>(n_layers),
+                                                o.n_kv_heads * o.head_dim, o.n_ctx, k::DType::kF16,
+                                                o.n_kv_heads, device});
+    };
+    DS_ASSIGN_OR_RETURN(c->full_pool_, pool_of(c->full_layers_.size()));
     if (!c->sparse_layers_.empty()) {
         // Room for every token in full precision (a prompt waits exact for its end:
         // expect_more); a chunk's reconstructions go to recon_k_ / recon_v_.
-        SlotPoolOptions so{static_cast<int32_t>(c->sparse_layers_.size()),
-                           kv_dim,
-                           o.n_ctx,
-                           k::DType::kF16,
-                           o.n_kv_heads,
-                           device};
-        DS_ASSIGN_OR_RETURN(c->sparse_pool_, SlotPool::create(so));
+        DS_ASSIGN_OR_RETURN(c->sparse_pool_, pool_of(c->sparse_layers_.size()));
     }
     DS_ASSIGN_OR_RETURN(c->on_, on_backend(profile, *c->backend_, o.latent_bits == 4));
     c->enc_ = &c->on_->enc;

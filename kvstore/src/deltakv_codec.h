@@ -16,8 +16,8 @@
 namespace deltaserve::kvstore {
 
 // Appends the K rows then the V rows of `slots` of a pool's layer to w (SlotPool::read_rows).
-Status write_pool_rows(ByteWriter& w, const SlotPool& pool, int32_t layer,
-                       std::span<const int32_t> slots);
+Status append_pool_rows(ByteWriter& w, const SlotPool& pool, int32_t layer,
+                        std::span<const int32_t> slots);
 
 class DeltaKvCodec final : public SequenceCodec {
   public:

@@ -37,7 +37,7 @@ Result<std::vector<uint8_t>> DeltaKvCodec::export_rows(int32_t layer, int32_t be
     std::vector<uint8_t> out;
     ByteWriter w(out);
     if (full) {
-        DS_RETURN_IF_ERROR(write_pool_rows(
+        DS_RETURN_IF_ERROR(append_pool_rows(
             w, pool, li,
             std::span<const int32_t>(c_.full_slot_)
                 .subspan(static_cast<size_t>(begin), static_cast<size_t>(end - begin))));
@@ -63,7 +63,7 @@ Result<std::vector<uint8_t>> DeltaKvCodec::export_rows(int32_t layer, int32_t be
     w.bytes(bits.data(), bits.size());
     std::vector<int32_t> fp_slots;
     for (int32_t p : fp) fp_slots.push_back(c_.sparse_slot_[p]);
-    DS_RETURN_IF_ERROR(write_pool_rows(w, pool, li, fp_slots));
+    DS_RETURN_IF_ERROR(append_pool_rows(w, pool, li, fp_slots));
     // A latent is in the region already, or made by this call's compression of the layer.
     const size_t lb = c_.latent_bytes();
     const int32_t kk = c_.options_.k;

@@ -21,8 +21,8 @@ std::vector<int32_t> held_slots(const std::vector<int32_t>& slot_of, int32_t n_t
 
 }  // namespace
 
-Status write_pool_rows(ByteWriter& w, const SlotPool& pool, int32_t layer,
-                       std::span<const int32_t> slots) {
+Status append_pool_rows(ByteWriter& w, const SlotPool& pool, int32_t layer,
+                        std::span<const int32_t> slots) {
     std::vector<uint8_t> rows(2 * pool.row_bytes() * slots.size());
     DS_RETURN_IF_ERROR(pool.read_rows(layer, slots, rows.data()));
     w.bytes(rows.data(), rows.size());
@@ -178,7 +178,7 @@ Result<std::vector<uint8_t>> DeltaKvCodec::export_layer(int32_t layer) const {
                                                      sizeof(uint16_t) * c_.region_.refs[li].size() +
                                                      c_.region_.errors[li].size()));
     ByteWriter w(out);
-    DS_RETURN_IF_ERROR(write_pool_rows(w, pool, li, slots));
+    DS_RETURN_IF_ERROR(append_pool_rows(w, pool, li, slots));
     if (!full) {
         w.bytes(c_.region_.latents[li].data(), c_.region_.latents[li].size());
         w.bytes(c_.region_.refs[li].data(), c_.region_.refs[li].size() * sizeof(uint16_t));

@@ -23,6 +23,8 @@
 
 namespace deltaserve::kvstore {
 
+struct LayerRows;  // src/layer_rows.h
+
 struct BlockPoolOptions {
     int32_t n_layers = 0;
     int32_t kv_dim = 0;  // n_kv_heads * head_dim
@@ -110,6 +112,8 @@ class BlockPool {
 
   private:
     explicit BlockPool(const BlockPoolOptions& options);
+    // A layer's K and V arrays, for the row ops (src/layer_rows.h).
+    LayerRows rows_of(int32_t layer) const;
     uint8_t* base(int32_t layer, int kv) const {
         return arena_ + (static_cast<size_t>(layer) * 2 + kv) * layer_bytes_;
     }

@@ -23,6 +23,8 @@
 
 namespace deltaserve::kvstore {
 
+struct LayerRows;  // src/layer_rows.h
+
 struct SlotPoolOptions {
     int32_t n_layers = 0;
     int32_t kv_dim = 0;   // n_kv_heads * head_dim
@@ -94,6 +96,8 @@ class SlotPool {
 
   private:
     explicit SlotPool(const SlotPoolOptions& options);
+    // A layer's K and V arrays, for the row ops (src/layer_rows.h).
+    LayerRows rows_of(int32_t layer) const;
     uint8_t* base(int32_t layer, int kv) const {
         return arena_ + (static_cast<size_t>(layer) * 2 + kv) * row_bytes_ * arena_slots_;
     }
