@@ -46,9 +46,12 @@ const float* DeltaKvSequenceCache::host_q(const k::AttentionShape& shape, const 
     if (device_ == nullptr) return q;
     const int64_t width = static_cast<int64_t>(shape.n_heads) * shape.head_dim;
     q_host_.resize(static_cast<size_t>(n * width));
-    for (int32_t i = 0; i < n; ++i) {
-        must(device_->copy_out(q_host_.data() + i * width, q + i * ldq, width * sizeof(float),
-                               k::Exec{}));
+    // Packed rows (the forward pass's) come over in one copy.
+    const int32_t copies = ldq == width ? 1 : n;
+    const int64_t rows = ldq == width ? n : 1;
+    for (int32_t i = 0; i < copies; ++i) {
+        must(device_->copy_out(q_host_.data() + i * width, q + i * ldq,
+                               static_cast<size_t>(rows * width) * sizeof(float), k::Exec{}));
     }
     *ld = width;
     return q_host_.data();

@@ -77,22 +77,29 @@ void DeltaKvSequenceCache::observe_call(int32_t layer, const kernels::AttentionS
         // with this full layer's keys (after RoPE).
         const int32_t li = layer_index_[layer];
         const int dim = shape.head_dim;
-        const size_t width = static_cast<size_t>(shape.n_heads) * dim;
-        int64_t ldh = ldq;
-        const float* qh = host_q(shape, q, ldq, n, &ldh);
-        std::vector<float>& qmean = sel_q_.host;
-        qmean.assign(width, 0.0f);
-        for (int32_t i = 0; i < n; ++i) {
-            for (size_t j = 0; j < width; ++j) qmean[j] += qh[i * ldh + j] / static_cast<float>(n);
+        // A single query is its own mean (the same bits: 0 + q / 1), already where the op
+        // reads it; a chunk's mean is made on the host and goes over.
+        const float* query = q;
+        if (n > 1) {
+            const size_t width = static_cast<size_t>(shape.n_heads) * dim;
+            int64_t ldh = ldq;
+            const float* qh = host_q(shape, q, ldq, n, &ldh);
+            std::vector<float>& qmean = sel_q_.host;
+            qmean.assign(width, 0.0f);
+            for (int32_t i = 0; i < n; ++i) {
+                for (size_t j = 0; j < width; ++j)
+                    qmean[j] += qh[i * ldh + j] / static_cast<float>(n);
+            }
+            must(sel_q_.push(width));
+            query = sel_q_.data();
         }
-        must(sel_q_.push(width));
         k::PoolKeys keys;
         keys.k = full_pool_->k_base(li);
         keys.row_stride = full_pool_->row_bytes();
         keys.slots = full_slot_.data() + r0;
         keys.n = region;
         float* const scores = must_get(sel_scores_.ops(static_cast<size_t>(region)));
-        must(backend_->max_head_scores(shape, sel_q_.data(), keys, scores, exec()));
+        must(backend_->max_head_scores(shape, query, keys, scores, exec()));
         must(sel_scores_.pull(static_cast<size_t>(region)));
         const std::vector<float>& score = sel_scores_.host;
         std::nth_element(idx.begin(), idx.begin() + want, idx.end(), [&](int32_t a, int32_t b) {

@@ -22,7 +22,6 @@ class OpArray {
     std::vector<T> host;
 
     void bind(kernels::Backend* device) { device_ = device; }
-    bool on_device() const { return device_ != nullptr; }
     // Room for n elements where the ops take them. Errors: the device's (allocation).
     Result<T*> ops(size_t n) {
         if (device_ == nullptr) {
