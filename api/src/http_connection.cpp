@@ -189,6 +189,11 @@ void Connection::watch_peer() {
     socket_.async_read_some(
         buffer_.prepare(4096), [self = shared_from_this()](beast::error_code ec, size_t n) {
             self->reading_ = false;
+            if (self->resume_) {  // the turn is answered: on to the next request
+                self->resume_ = false;
+                if (!ec) self->buffer_.commit(n);
+                return self->read_request();
+            }
             if (self->lingering_) {
                 if (ec) return self->abort();
                 self->buffer_.consume(self->buffer_.size());
@@ -291,6 +296,7 @@ void Connection::chat() {
     id_ = random_id("chatcmpl-", 12);
     created_ = unix_seconds();
     head_sent_ = false;
+    stream_keep_alive_ = keep_alive_ && !draining_ && !g_.stopping;
     in_turn_ = true;
     auto self = shared_from_this();
     const bool queued = g_.runner.try_submit([self] {
@@ -371,7 +377,7 @@ bool Connection::on_piece(std::string_view piece) {
         return false;
     }
     std::string bytes;
-    if (!head_sent_) bytes = format_sse_head(request_.session_id);
+    if (!head_sent_) bytes = format_sse_head(request_.session_id, stream_keep_alive_);
     bytes += sse_event(chunk_json(id_, created_, g_.engine.model_id(), std::string(piece),
                                   !head_sent_, "", std::nullopt));
     head_sent_ = true;
@@ -401,7 +407,7 @@ void Connection::end_turn(Result<TurnResult> r) {
         a.kv_source = r->usage.kv_source;
         return answer(a);
     }
-    std::string tail = head_sent_ ? "" : format_sse_head(request_.session_id);
+    std::string tail = head_sent_ ? "" : format_sse_head(request_.session_id, stream_keep_alive_);
     if (!r.ok()) {
         const HttpAnswer e = status_answer(r.error());
         tail += sse_event(error_json(r.error().message(), "server_error", e.status));
@@ -415,7 +421,8 @@ void Connection::end_turn(Result<TurnResult> r) {
     }
     tail += sse_event("[DONE]");
     tail += format_chunk("");
-    send(std::move(tail), Then::kClose);
+    const bool keep = stream_keep_alive_ && !draining_ && !g_.stopping;
+    send(std::move(tail), keep ? Then::kRead : Then::kClose);
 }
 
 // ---- writing ---------------------------------------------------------------------------
@@ -447,8 +454,12 @@ void Connection::write_next() {
             socket_.shutdown(Socket::shutdown_send, ec);
             return linger();
         }
-        if (reading_) {  // watch_peer's read leads into the next request
-            arm(read_timer_, g_.options.idle_timeout_ms);
+        if (reading_) {
+            // watch_peer's read is pending, and the next request may be in buffer_ already
+            // (pipelined behind the turn): stop that read; its handler reads the request.
+            resume_ = true;
+            beast::error_code ec;
+            socket_.cancel(ec);
             return;
         }
         read_request();

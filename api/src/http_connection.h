@@ -69,6 +69,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     std::optional<Then> then_;  // once the outbox is written
     bool writing_ = false, reading_ = false, in_turn_ = false, draining_ = false;
     bool keep_alive_ = true, first_request_ = true, closed_ = false, lingering_ = false;
+    bool resume_ = false;  // watch_peer's read was cancelled to read the next request
     static constexpr int64_t kLingerMs = 2000;
 
     // The request being answered (set before its turn starts, read-only during it).
@@ -77,6 +78,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     std::string id_;
     int64_t created_ = 0;
     std::chrono::steady_clock::time_point started_;
+    bool stream_keep_alive_ = false;  // a stream's head says keep-alive: more may follow it
 
     // Shared with the turn thread.
     std::atomic<bool> alive_{true};

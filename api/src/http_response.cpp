@@ -82,10 +82,11 @@ std::string format_response(const HttpAnswer& a, bool keep_alive) {
     return out;
 }
 
-std::string format_sse_head(const std::string& session_id) {
+std::string format_sse_head(const std::string& session_id, bool keep_alive) {
     std::string out =
         "HTTP/1.1 200 OK\r\nServer: deltaserve\r\nContent-Type: text/event-stream\r\n"
-        "Cache-Control: no-cache\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n";
+        "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n";
+    out += keep_alive ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
     if (!session_id.empty()) out += "X-Session-ID: " + session_id + "\r\n";
     return out + "\r\n";
 }

@@ -35,8 +35,9 @@ HttpAnswer status_answer(const Status& status, const std::string& code = "");
 // A whole HTTP/1.1 response with Content-Length.
 std::string format_response(const HttpAnswer& a, bool keep_alive);
 
-// The head of a server-sent-events response (chunked, closed at its end), and one chunk.
-std::string format_sse_head(const std::string& session_id);
+// The head of a server-sent-events response (chunked; the connection kept open after it when
+// keep_alive, else closed at its end), and one chunk.
+std::string format_sse_head(const std::string& session_id, bool keep_alive);
 std::string format_chunk(std::string_view data);  // "" gives the last chunk
 
 }  // namespace deltaserve::api

@@ -3,162 +3,13 @@
 // at their deadline and hold no thread, the connection and queue limits answer 503 with
 // Retry-After, oversized headers 431, a client that disconnects stops its turn, and stop()
 // drains running turns and ends the late ones with finish_reason "shutdown".
-#include <dirent.h>
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-
 #include <future>
 #include <thread>
 
-#include "default_model.h"
-#include "deltaserve/api/cluster_chat_engine.h"
-#include "deltaserve/api/http_gateway.h"
-#include "deltaserve/decode/decode_worker.h"
-#include "deltaserve/prefill/prefill_worker.h"
-#include "deltaserve/transport/transport_factory.h"
-#include "http_client.h"
-#include "test_paths.h"
+#include "gateway_fixture.h"
 
 namespace deltaserve::testing {
 namespace {
-
-using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
-
-int thread_count() {
-    int n = 0;
-    if (DIR* d = opendir("/proc/self/task")) {
-        while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
-        closedir(d);
-    }
-    return n;
-}
-
-// A socket to the gateway that sends `bytes` and stays open until destroyed.
-class RawClient {
-  public:
-    RawClient(uint16_t port, const std::string& bytes) {
-        fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_port = htons(port);
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        if (connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return;
-        if (!bytes.empty()) (void)!send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-    }
-    ~RawClient() { close(fd_); }
-    // What arrives within timeout_ms, until the server closes ("" if nothing).
-    std::string read_all(int timeout_ms) {
-        std::string out;
-        char buf[4096];
-        const auto until = Clock::now() + std::chrono::milliseconds(timeout_ms);
-        for (;;) {
-            const int left = static_cast<int>(
-                std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now())
-                    .count());
-            pollfd p{fd_, POLLIN, 0};
-            if (left <= 0 || poll(&p, 1, left) <= 0) return out;
-            const ssize_t n = recv(fd_, buf, sizeof buf, 0);
-            if (n <= 0) {
-                closed_ = true;
-                return out;
-            }
-            out.append(buf, static_cast<size_t>(n));
-        }
-    }
-    bool closed_by_server() const { return closed_; }
-
-  private:
-    int fd_ = -1;
-    bool closed_ = false;
-};
-
-std::string post(const json& body, const std::string& extra_headers = "") {
-    const std::string b = body.dump();
-    return "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-           "Content-Type: application/json\r\n" +
-           extra_headers + "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b;
-}
-
-json chat(const std::string& user, int max_tokens, bool stream = false) {
-    return {{"messages", json::array({{{"role", "user"}, {"content", user}}})},
-            {"max_tokens", max_tokens},
-            {"temperature", 0},
-            {"stream", stream}};
-}
-
-class HttpGatewayTest : public ::testing::Test {
-  protected:
-    static void SetUpTestSuite() { model_ = load_default_model(); }
-    static void TearDownTestSuite() {
-        delete model_;
-        model_ = nullptr;
-    }
-    void SetUp() override {
-        DS_REQUIRE_FILE(default_gguf_model(), "default GGUF model");
-        ASSERT_NE(model_, nullptr);
-        transport_ = std::move(*transport::make_transport("inproc", {}));
-        decode::DecodeOptions d;
-        d.context.n_ctx = 1024;
-        d.context.n_threads = 1;
-        d.threads = 1;
-        d.model_id = "m";
-        decode_ = std::move(*decode::DecodeWorker::create(*model_, d));
-        prefill::PrefillOptions p;
-        p.context = d.context;
-        p.context.n_batch = 64;  // a cancelled prefill stops within 64 tokens
-        p.model_id = "m";
-        prefill_ = std::move(*prefill::PrefillWorker::create(*model_, p, *transport_));
-        const std::string address = *decode_->listen(*transport_, "decode-0");
-        decode_node_ = api::local_decode_node("decode-0", *decode_, address);
-        prefill_node_ = api::local_prefill_node("prefill-0", *prefill_);
-        engine_ = std::make_unique<api::ClusterChatEngine>(
-            *model_, "m", std::vector<api::DecodeNode*>{decode_node_.get()},
-            std::vector<api::PrefillNode*>{prefill_node_.get()}, api::ClusterEngineOptions{});
-    }
-    void TearDown() override {
-        if (gateway_) gateway_->stop();
-    }
-
-    uint16_t start(api::GatewayOptions o) {
-        o.port = 0;
-        auto g = api::HttpGateway::start(*engine_, o);
-        EXPECT_TRUE(g.ok()) << g.error().message();
-        gateway_ = std::move(*g);
-        return gateway_->port();
-    }
-
-    // Waits for the prefill worker to have `n` prefills queued or running; false after
-    // timeout_ms.
-    bool prefills_within(int64_t n, int timeout_ms) {
-        const auto until = Clock::now() + std::chrono::milliseconds(timeout_ms);
-        while (Clock::now() < until) {
-            if (prefill_->stats().queued == n) return true;
-            std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        }
-        return false;
-    }
-
-    // Waits for the decode worker to have no turn running; false after timeout_ms.
-    bool turns_end_within(int timeout_ms) {
-        const auto until = Clock::now() + std::chrono::milliseconds(timeout_ms);
-        while (Clock::now() < until) {
-            const auto s = decode_->stats();
-            if (s.running == 0 && s.waiting == 0) return true;
-            std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        }
-        return false;
-    }
-
-    static inline model::Model* model_ = nullptr;
-    std::unique_ptr<transport::Transport> transport_;
-    std::unique_ptr<decode::DecodeWorker> decode_;
-    std::unique_ptr<prefill::PrefillWorker> prefill_;
-    std::unique_ptr<api::DecodeNode> decode_node_;
-    std::unique_ptr<api::PrefillNode> prefill_node_;
-    std::unique_ptr<api::ClusterChatEngine> engine_;
-    std::unique_ptr<api::HttpGateway> gateway_;
-};
 
 TEST_F(HttpGatewayTest, HalfSentRequestsHoldNoThreadAndAreCutAtTheirDeadline) {
     api::GatewayOptions o;
@@ -170,7 +21,7 @@ TEST_F(HttpGatewayTest, HalfSentRequestsHoldNoThreadAndAreCutAtTheirDeadline) {
     for (int i = 0; i < 200; ++i) {
         // Half the headers, or all headers and half the body.
         clients.push_back(std::make_unique<RawClient>(
-            port, i % 2 ? "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Le"
+            port, i % 2 ? "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le"
                         : "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n{"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -180,8 +31,8 @@ TEST_F(HttpGatewayTest, HalfSentRequestsHoldNoThreadAndAreCutAtTheirDeadline) {
         EXPECT_TRUE(c->closed_by_server());
     }
     // The gateway still answers, and counted the deadlines.
-    const std::string metrics =
-        http_raw(port, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 5000);
+    const std::string metrics = http_raw(
+        port, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", 5000);
     EXPECT_NE(metrics.find("deltaserve_http_timeouts_total 200"), std::string::npos) << metrics;
 }
 
@@ -192,15 +43,16 @@ TEST_F(HttpGatewayTest, TheConnectionLimitAnswers503WithRetryAfter) {
     std::vector<std::unique_ptr<RawClient>> idle;
     for (int i = 0; i < 4; ++i) idle.push_back(std::make_unique<RawClient>(port, ""));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    const HttpResponse r = parse_http_response(
-        http_raw(port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 5000));
+    const HttpResponse r = parse_http_response(http_raw(
+        port, "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", 5000));
     EXPECT_EQ(r.status, 503);
     EXPECT_EQ(r.headers.count("retry-after"), 1u);
     idle.clear();  // room again
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     EXPECT_EQ(
         parse_http_response(
-            http_raw(port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 5000))
+            http_raw(port, "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+                     5000))
             .status,
         200);
 }
@@ -228,14 +80,14 @@ TEST_F(HttpGatewayTest, ConnectionsResetAtOnceLeaveTheGatewayServing) {
         });
     }
     for (auto& f : floods) f.join();
-    const HttpResponse r = parse_http_response(
-        http_raw(port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 5000));
+    const HttpResponse r = parse_http_response(http_raw(
+        port, "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", 5000));
     EXPECT_EQ(r.status, 200) << "the gateway stopped answering";
     const auto until = Clock::now() + std::chrono::seconds(5);
     std::string metrics;
     while (Clock::now() < until) {
-        metrics =
-            http_raw(port, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 5000);
+        metrics = http_raw(
+            port, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", 5000);
         if (metrics.find("deltaserve_http_connections 1\n") != std::string::npos) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
@@ -247,7 +99,8 @@ TEST_F(HttpGatewayTest, ConnectionsResetAtOnceLeaveTheGatewayServing) {
 TEST_F(HttpGatewayTest, HeadersAndSessionIdsThatBreakTheRulesGetClearErrors) {
     const uint16_t port = start({});
     HttpResponse r = parse_http_response(http_raw(
-        port, "GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(20000, 'a') + "\r\n\r\n",
+        port,
+        "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + std::string(20000, 'a') + "\r\n\r\n",
         5000));
     EXPECT_EQ(r.status, 431) << r.body;
     // A long session id in a streaming request, and one with CR/LF in the body.
@@ -275,7 +128,8 @@ TEST_F(HttpGatewayTest, HeadersAndSessionIdsThatBreakTheRulesGetClearErrors) {
 TEST_F(HttpGatewayTest, PipelinedAndContinuedRequestsAreAnswered) {
     const uint16_t port = start({});
     const std::string two =
-        "GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: x\r\n"
+        "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: "
+        "127.0.0.1\r\n"
         "Connection: close\r\n\r\n";
     const std::string out = http_raw(port, two, 5000);
     EXPECT_NE(out.find(R"({"status":"ok"})"), std::string::npos) << out;
@@ -283,7 +137,7 @@ TEST_F(HttpGatewayTest, PipelinedAndContinuedRequestsAreAnswered) {
     // curl sends Expect: 100-continue before a larger body.
     const std::string b = chat("Hello", 2).dump();
     RawClient c(port,
-                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nExpect: 100-continue\r\n"
                 "Connection: close\r\nContent-Length: " +
                     std::to_string(b.size()) + "\r\n\r\n");
     std::string got = c.read_all(2000);
@@ -348,11 +202,11 @@ TEST_F(HttpGatewayTest, AClientThatLeavesStopsItsPrefillQueuedOrRunning) {
 TEST_F(HttpGatewayTest, ASessionTurnCancelledBeforeItsAnswerLeavesTheSessionAsItWas) {
     const uint16_t port = start({});
     const auto session = [&](const std::string& method, const std::string& path) {
-        return parse_http_response(http_raw(port,
-                                            method + " " + path +
-                                                " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" +
-                                                "Content-Length: 0\r\n\r\n",
-                                            10000));
+        return parse_http_response(
+            http_raw(port,
+                     method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" +
+                         "Content-Length: 0\r\n\r\n",
+                     10000));
     };
     const HttpResponse opened = session("POST", "/v1/sessions");
     ASSERT_EQ(opened.status, 200) << opened.body;
