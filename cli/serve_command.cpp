@@ -36,6 +36,7 @@ int serve_main(int argc, char** argv) {
     int32_t max_connections = go.max_connections;
     int32_t prefix_cache_mib = static_cast<int32_t>(dopt.prefix_cache_bytes >> 20);
     int32_t drain_seconds = static_cast<int32_t>(go.drain_timeout_ms / 1000);
+    int32_t queue_timeout_ms = static_cast<int32_t>(go.queue_timeout_ms);
     std::string kv_memory, kv_host_memory, kv_device_memory, kv_disk = "0";
     std::string data_dir = default_data_dir();
     ArgParser p(
@@ -100,19 +101,22 @@ int serve_main(int argc, char** argv) {
           "sent whole again, a shared system prompt; full KV only); 0 = off");
     p.add("max-connections", &max_connections,
           "HTTP connections open at once; more get 503 and are closed");
+    p.add("queue-timeout-ms", &queue_timeout_ms,
+          "milliseconds a chat request waits for a turn thread when every one is taken; then "
+          "503 with Retry-After");
     p.add("drain-timeout", &drain_seconds,
           "seconds running turns get to finish on SIGTERM / SIGINT before they are ended "
           "(finish_reason \"shutdown\")");
     if (auto exit_code = parse_flags(p, argc, argv)) return *exit_code;
     if (port < 0 || port > 65535 || rpc_port < -1 || rpc_port > 65535 || eo.max_sessions < 1 ||
         ttl < 1 || dopt.max_batch < 1 || dopt.local_prefill_max < -1 || max_connections < 1 ||
-        drain_seconds < 0 || prefix_cache_mib < 0 || dopt.prefill_chunk < 0 || kv_sessions < 0 ||
-        dopt.tier_block_tokens < 1) {
-        print_error(
-            invalid_argument("--port must be in [0, 65535], --rpc-port in [-1, 65535], "
-                             "--max-sessions, --session-ttl, --max-batch and --max-connections "
-                             ">= 1, --local-prefill-max, --drain-timeout, --prefix-cache-mib, "
-                             "--kv-sessions and --prefill-chunk >= 0, --kv-block-tokens >= 1"));
+        queue_timeout_ms < 1 || drain_seconds < 0 || prefix_cache_mib < 0 ||
+        dopt.prefill_chunk < 0 || kv_sessions < 0 || dopt.tier_block_tokens < 1) {
+        print_error(invalid_argument(
+            "--port must be in [0, 65535], --rpc-port in [-1, 65535], "
+            "--max-sessions, --session-ttl, --max-batch, --max-connections and "
+            "--queue-timeout-ms >= 1, --local-prefill-max, --drain-timeout, --prefix-cache-mib, "
+            "--kv-sessions and --prefill-chunk >= 0, --kv-block-tokens >= 1"));
         return 2;
     }
     if (!kv_memory.empty()) {
@@ -243,6 +247,7 @@ int serve_main(int argc, char** argv) {
     }
     go.max_connections = max_connections;
     go.drain_timeout_ms = static_cast<int64_t>(drain_seconds) * 1000;
+    go.queue_timeout_ms = queue_timeout_ms;
     go.host = host;
     go.port = static_cast<uint16_t>(port);
     go.sampling = o.sampling(p);

@@ -50,7 +50,8 @@ Connection::Connection(GatewayCore& gateway, Socket socket)
     : g_(gateway),
       socket_(std::move(socket)),
       read_timer_(socket_.get_executor()),
-      write_timer_(socket_.get_executor()) {
+      write_timer_(socket_.get_executor()),
+      queue_timer_(socket_.get_executor()) {
     g_.metrics.connection_opened();
 }
 
@@ -83,6 +84,7 @@ void Connection::abort() {
     beast::error_code ec;
     read_timer_.cancel();
     write_timer_.cancel();
+    queue_timer_.cancel();
     socket_.shutdown(Socket::shutdown_both, ec);
     socket_.close(ec);
 }
@@ -298,8 +300,16 @@ void Connection::chat() {
     head_sent_ = false;
     stream_keep_alive_ = keep_alive_ && !draining_ && !g_.stopping;
     in_turn_ = true;
+    if (request_.stream) {
+        // Small, so that a client that stops reading fills outbox_ (write deadline,
+        // max_unread_bytes) instead of megabytes of kernel buffer.
+        beast::error_code ec;
+        socket_.set_option(asio::socket_base::send_buffer_size(g_.options.stream_send_buffer_bytes),
+                           ec);
+    }
     auto self = shared_from_this();
-    const bool queued = g_.runner.try_submit([self] {
+    const uint64_t ticket = g_.runner.try_submit([self] {
+        asio::post(self->socket_.get_executor(), [self] { self->queue_timer_.cancel(); });
         TurnCallbacks callbacks;
         callbacks.on_piece = [&](std::string_view piece) { return self->on_piece(piece); };
         callbacks.wanted = [&] { return self->alive_ && !self->g_.cut; };
@@ -307,14 +317,27 @@ void Connection::chat() {
         asio::post(self->socket_.get_executor(),
                    [self, r = std::move(r)]() mutable { self->end_turn(std::move(r)); });
     });
-    if (!queued) {
+    if (ticket == 0) {
         in_turn_ = false;
         g_.metrics.request_failed();
         return answer(error_answer(503, "the server is busy: every turn thread is taken and " +
                                             std::to_string(g_.options.max_queued_turns) +
                                             " requests wait; try again"));
     }
+    wait_for_thread(ticket);
     watch_peer();
+}
+
+void Connection::wait_for_thread(uint64_t ticket) {
+    queue_timer_.expires_after(std::chrono::milliseconds(g_.options.queue_timeout_ms));
+    queue_timer_.async_wait([self = shared_from_this(), ticket](beast::error_code ec) {
+        if (ec || self->closed_ || !self->g_.runner.cancel(ticket)) return;  // it started
+        self->in_turn_ = false;
+        self->g_.metrics.request_failed();
+        self->answer(error_answer(503, "the server is busy: no turn thread was free within " +
+                                           std::to_string(self->g_.options.queue_timeout_ms) +
+                                           " ms; try again"));
+    });
 }
 
 void Connection::sessions(std::string_view path) {

@@ -56,13 +56,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
     void linger();  // after the last answer: discard what the client sends, briefly
     void abort();   // closes the socket; pending operations end with errors
     void end_turn(Result<TurnResult> result);
+    // A queued turn not started within the queue timeout leaves the queue: 503.
+    void wait_for_thread(uint64_t ticket);
 
     // The turn thread's side.
     bool on_piece(std::string_view piece);
 
     GatewayCore& g_;
     Socket socket_;
-    boost::asio::steady_timer read_timer_, write_timer_;
+    boost::asio::steady_timer read_timer_, write_timer_, queue_timer_;
     boost::beast::flat_buffer buffer_;
     std::optional<Parser> parser_;
     std::deque<std::string> outbox_;

@@ -24,10 +24,12 @@ Status check(const GatewayOptions& o) {
     if (o.io_threads < 1 || o.max_connections < 1 || o.max_running_turns < 1 ||
         o.max_queued_turns < 0 || o.max_header_bytes < 1024 || o.max_body_bytes < 1 ||
         o.header_timeout_ms < 1 || o.body_timeout_ms < 1 || o.idle_timeout_ms < 1 ||
-        o.write_timeout_ms < 1 || o.drain_timeout_ms < 0) {
+        o.write_timeout_ms < 1 || o.queue_timeout_ms < 1 || o.drain_timeout_ms < 0 ||
+        o.stream_send_buffer_bytes < 1024) {
         return invalid_argument(
             "gateway options: threads, connections, running turns and timeouts must be >= 1, "
-            "queued turns and the drain timeout >= 0, the header limit >= 1024 bytes");
+            "queued turns and the drain timeout >= 0, the header limit and the stream send "
+            "buffer >= 1024 bytes");
     }
     return Status();
 }

@@ -6,7 +6,8 @@
 // idle keep-alive connection and for a client that stops reading; a cap on the bytes a slow
 // reader may leave unread. Turns run on a bounded set of turn threads (the engine's
 // run_turn blocks); beyond them requests queue, and beyond the queue they get 503 with
-// Retry-After. A client that disconnects cancels its turn (streaming or not) at its next
+// Retry-After, as they do when no thread takes them within the queue timeout. A client that
+// disconnects cancels its turn (streaming or not) at its next
 // piece. stop() drains: no new connections, running turns get drain_timeout to finish.
 #pragma once
 
@@ -31,12 +32,17 @@ struct GatewayOptions {
     int max_connections = 1024;           // beyond: 503 and close. Default 1024
     int max_running_turns = 64;           // turns generating at once (a thread each). Default 64
     int max_queued_turns = 256;           // waiting for a turn thread; beyond: 503. Default 256
+    int64_t queue_timeout_ms = 30'000;    // a queued request waits this for a thread, then 503
     int64_t header_timeout_ms = 10'000;   // a request's line and headers arrive within this
     int64_t body_timeout_ms = 30'000;     // ... and its body within this after them
     int64_t idle_timeout_ms = 60'000;     // a keep-alive connection waits this for a request
     int64_t write_timeout_ms = 30'000;    // a client that reads nothing this long is dropped
     size_t max_unread_bytes = 4u << 20;   // streamed bytes a client may leave unread. Default 4 MiB
-    int64_t drain_timeout_ms = 30'000;    // stop(): running turns end by this, then are cut
+    // A stream's socket send buffer (SO_SNDBUF; Linux doubles it): small, so that a client
+    // that stops reading fills the gateway's own buffer, where the write deadline and
+    // max_unread_bytes see it, not megabytes of kernel buffer. Default 16 KiB
+    int stream_send_buffer_bytes = 16 << 10;
+    int64_t drain_timeout_ms = 30'000;  // stop(): running turns end by this, then are cut
     AccessOptions access;  // API keys for /v1/* (and /metrics when asked); none: loopback only
 };
 
