@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "deltaserve/api/access.h"
 #include "deltaserve/common/args.h"
@@ -12,7 +13,7 @@
 namespace deltaserve::cli {
 
 struct AccessFlags {
-    std::string api_key, admin_key;
+    std::vector<std::string> api_keys, admin_keys;  // every --api-key and --admin-key given
     bool insecure = false, metrics_need_key = false;
 
     void register_flags(ArgParser& p);
@@ -21,7 +22,9 @@ struct AccessFlags {
     Result<api::AccessOptions> resolve(const ArgParser& p) const;
 };
 
-// Splits and checks comma-separated keys (a flag, a variable or a config value).
+// Splits and checks comma-separated keys (a variable or a config value).
 Result<std::vector<std::string>> parse_keys(const std::string& list, const char* what);
+// Checks keys given one by one (a list flag's values).
+Result<std::vector<std::string>> check_keys(std::vector<std::string> keys, const char* what);
 
 }  // namespace deltaserve::cli

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
+#include <string_view>
 
 namespace deltaserve {
 
@@ -31,13 +32,31 @@ void ArgParser::add(const std::string& name, float* t, const std::string& help) 
 void ArgParser::add_switch(const std::string& name, bool* t, const std::string& help) {
     flags_.push_back({name, t, help, ""});
 }
+void ArgParser::add_list(const std::string& name, std::vector<std::string>* t,
+                         const std::string& help) {
+    flags_.push_back({name, t, help, ""});
+}
 
 Status ArgParser::set(Flag& f, const std::string& value) {
     auto bad = [&](const char* what) {
         return invalid_argument("--" + f.name + ": '" + value + "' is not " + what);
     };
+    const bool list = std::holds_alternative<std::vector<std::string>*>(f.target);
+    if (f.seen && !list) return invalid_argument("--" + f.name + " is given twice");
     f.seen = true;
-    if (auto* s = std::get_if<std::string*>(&f.target)) {
+    if (list) {
+        auto& items = *std::get<std::vector<std::string>*>(f.target);
+        std::string_view rest = value;
+        while (!rest.empty()) {
+            const size_t comma = rest.find(',');
+            std::string_view item = rest.substr(0, comma);
+            while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+            while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+            if (!item.empty()) items.emplace_back(item);
+            if (comma == std::string_view::npos) break;
+            rest.remove_prefix(comma + 1);
+        }
+    } else if (auto* s = std::get_if<std::string*>(&f.target)) {
         **s = value;
     } else if (auto* i = std::get_if<int32_t*>(&f.target)) {
         int32_t v = 0;
@@ -47,7 +66,8 @@ Status ArgParser::set(Flag& f, const std::string& value) {
     } else if (auto* u = std::get_if<uint64_t*>(&f.target)) {
         uint64_t v = 0;
         auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
-        if (ec != std::errc() || p != value.data() + value.size()) return bad("a non-negative integer");
+        if (ec != std::errc() || p != value.data() + value.size())
+            return bad("a non-negative integer");
         **u = v;
     } else if (auto* fl = std::get_if<float*>(&f.target)) {
         char* end = nullptr;
@@ -66,7 +86,8 @@ Status ArgParser::parse(int argc, char** argv) {
             return Status();
         }
         if (arg.rfind("--", 0) != 0) {
-            return invalid_argument("unexpected argument '" + arg + "' (see " + command_ + " --help)");
+            return invalid_argument("unexpected argument '" + arg + "' (see " + command_ +
+                                    " --help)");
         }
         std::string name = arg.substr(2), value;
         bool has_value = false;
@@ -84,6 +105,7 @@ Status ArgParser::parse(int argc, char** argv) {
         }
         if (auto* b = std::get_if<bool*>(&flag->target)) {
             if (has_value) return invalid_argument("--" + name + " takes no value");
+            if (flag->seen) return invalid_argument("--" + name + " is given twice");
             **b = true;
             flag->seen = true;
             continue;
@@ -109,11 +131,17 @@ std::string ArgParser::usage() const {
     s << "usage: " << command_ << " [flags]\n\n" << summary_ << "\n\nflags:\n";
     for (const auto& f : flags_) {
         std::string left = "  --" + f.name;
-        if (!std::holds_alternative<bool*>(f.target)) left += " VALUE";
+        if (std::holds_alternative<std::vector<std::string>*>(f.target)) {
+            left += " VALUE...";
+        } else if (!std::holds_alternative<bool*>(f.target)) {
+            left += " VALUE";
+        }
         s << left;
         for (size_t n = left.size(); n < 26; ++n) s << ' ';
         s << ' ' << f.help;
         if (!f.default_text.empty()) s << " (default " << f.default_text << ")";
+        if (std::holds_alternative<std::vector<std::string>*>(f.target))
+            s << " (may be given more than once)";
         s << '\n';
     }
     s << "  --help                     show this help\n";

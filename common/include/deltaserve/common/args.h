@@ -1,4 +1,7 @@
-// A small command-line parser: --flag VALUE, --flag=VALUE and boolean --flag.
+// A small command-line parser: --flag VALUE, --flag=VALUE and boolean --flag. One rule for
+// a flag given twice: a list flag (add_list) takes every occurrence, any other flag given
+// twice is refused by name (a second value silently replacing the first locked out a
+// tenant's key).
 #pragma once
 
 #include <cstdint>
@@ -12,7 +15,7 @@
 namespace deltaserve {
 
 class ArgParser {
-public:
+  public:
     ArgParser(std::string command, std::string summary)
         : command_(std::move(command)), summary_(std::move(summary)) {}
 
@@ -21,17 +24,23 @@ public:
     void add(const std::string& name, uint64_t* target, const std::string& help);
     void add(const std::string& name, float* target, const std::string& help);
     void add_switch(const std::string& name, bool* target, const std::string& help);
+    // A list: each occurrence appends its value, split at commas (spaces around an item
+    // trimmed, empty items dropped).
+    void add_list(const std::string& name, std::vector<std::string>* target,
+                  const std::string& help);
 
-    // Fills the targets. Errors: kInvalidArgument naming an unknown flag, a missing value
-    // or a value that does not parse. Sets help_requested() on --help / -h.
+    // Fills the targets. Errors: kInvalidArgument naming an unknown flag, a missing value,
+    // a value that does not parse, or a flag that is not a list given twice. Sets help_requested()
+    // on --help / -h.
     Status parse(int argc, char** argv);
     bool help_requested() const { return help_; }
     // Whether a flag was given on the command line.
     bool given(const std::string& name) const;
     std::string usage() const;
 
-private:
-    using Target = std::variant<std::string*, int32_t*, uint64_t*, float*, bool*>;
+  private:
+    using Target =
+        std::variant<std::string*, int32_t*, uint64_t*, float*, bool*, std::vector<std::string>*>;
     struct Flag {
         std::string name;
         Target target;
