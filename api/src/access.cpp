@@ -24,7 +24,42 @@ std::string tenant_tag(std::string_view key) {
     return tag;
 }
 
+// SHA-256 of a key: keys are compared as digests, so the time a comparison takes says
+// nothing of a key's length or of how much of it a guess got right.
+std::string key_digest(std::string_view key) {
+    std::string digest(SHA256_DIGEST_LENGTH, '\0');
+    SHA256(reinterpret_cast<const unsigned char*>(key.data()), key.size(),
+           reinterpret_cast<unsigned char*>(digest.data()));
+    return digest;
+}
+
+// Index of the digest equal to key's among `digests` (each compared, whatever matches), or -1.
+int find_key(const std::vector<std::string>& digests, std::string_view key) {
+    const std::string d = key_digest(key);
+    int found = -1;
+    for (size_t i = 0; i < digests.size(); ++i) {
+        const bool equal = constant_time_equal(d, digests[i]);
+        found = equal && found < 0 ? static_cast<int>(i) : found;
+    }
+    return found;
+}
+
 }  // namespace
+
+std::optional<std::string_view> bearer_key(std::string_view authorization) {
+    constexpr std::string_view kBearer = "bearer";
+    if (authorization.size() <= kBearer.size() + 1 ||
+        !std::equal(
+            kBearer.begin(), kBearer.end(), authorization.begin(),
+            [](char a, char b) { return a == std::tolower(static_cast<unsigned char>(b)); }) ||
+        authorization[kBearer.size()] != ' ') {
+        return std::nullopt;
+    }
+    std::string_view key = authorization.substr(kBearer.size());
+    while (!key.empty() && key.front() == ' ') key.remove_prefix(1);
+    if (key.empty()) return std::nullopt;
+    return key;
+}
 
 bool constant_time_equal(std::string_view a, std::string_view b) {
     if (a.size() != b.size()) return false;
@@ -58,18 +93,16 @@ std::vector<std::string> split_keys(std::string_view list) {
 }
 
 AccessControl::AccessControl(AccessOptions options) : options_(std::move(options)) {
-    for (const std::string& k : options_.api_keys) tags_.push_back(tenant_tag(k));
+    for (const std::string& k : options_.api_keys) {
+        tags_.push_back(tenant_tag(k));
+        digests_.push_back(key_digest(k));
+    }
+    for (const std::string& k : options_.admin_keys) admin_digests_.push_back(key_digest(k));
 }
 
 Result<std::string> AccessControl::tenant(std::string_view key) const {
     if (!enabled()) return std::string();
-    // Every key is compared, so the time says nothing about which one nearly matched.
-    int found = -1;
-    for (size_t i = 0; i < options_.api_keys.size(); ++i) {
-        if (constant_time_equal(key, options_.api_keys[i]) && found < 0) {
-            found = static_cast<int>(i);
-        }
-    }
+    const int found = key.empty() ? -1 : find_key(digests_, key);
     if (found < 0) {
         return Status(StatusCode::kUnauthenticated,
                       key.empty() ? "an API key is required (Authorization: Bearer KEY)"
@@ -80,22 +113,16 @@ Result<std::string> AccessControl::tenant(std::string_view key) const {
 
 Result<std::string> AccessControl::tenant_of_header(std::string_view authorization) const {
     if (!enabled()) return std::string();
-    constexpr std::string_view kBearer = "Bearer ";
-    std::string_view key;
-    if (authorization.size() > kBearer.size() &&
-        std::equal(kBearer.begin(), kBearer.end(), authorization.begin(),
-                   [](char a, char b) { return std::tolower(a) == std::tolower(b); })) {
-        key = authorization.substr(kBearer.size());
-        while (!key.empty() && key.front() == ' ') key.remove_prefix(1);
+    if (!authorization.empty() && !bearer_key(authorization)) {
+        return Status(StatusCode::kUnauthenticated,
+                      "the Authorization header must be 'Bearer KEY' (the scheme in any case)");
     }
-    return tenant(key);
+    return tenant(bearer_key(authorization).value_or(std::string_view()));
 }
 
 bool AccessControl::admin(std::string_view key) const {
     if (options_.admin_keys.empty()) return !enabled();
-    bool ok = false;
-    for (const std::string& k : options_.admin_keys) ok |= constant_time_equal(key, k);
-    return ok;
+    return !key.empty() && find_key(admin_digests_, key) >= 0;
 }
 
 namespace {

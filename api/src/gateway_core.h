@@ -9,6 +9,7 @@
 
 #include "deltaserve/api/chat_engine.h"
 #include "deltaserve/api/http_gateway.h"
+#include "http_rules.h"
 #include "metrics.h"
 #include "turn_runner.h"
 
@@ -21,11 +22,13 @@ struct GatewayCore {
         : engine(e),
           options(o),
           access(o.access),
+          rules(o),
           runner(o.max_running_turns, o.max_queued_turns) {}
 
     ChatEngine& engine;
     const GatewayOptions options;
     const AccessControl access;
+    const RequestRules rules;
     Metrics metrics;
     std::atomic<bool> stopping{false};  // no new requests
     std::atomic<bool> cut{false};       // draining ran out of time: running turns end now

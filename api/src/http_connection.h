@@ -17,6 +17,7 @@
 
 #include "deltaserve/api/chat_engine.h"
 #include "http_response.h"
+#include "http_rules.h"
 
 namespace deltaserve::api {
 
@@ -45,11 +46,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
     void on_body(boost::beast::error_code ec);
     // A read's error: the client gone (close) or bytes that are not HTTP (400). False: none.
     bool read_failed(boost::beast::error_code ec);
+    // http_routes.cpp
     void route();
+    void options(const std::string& allow);  // OPTIONS: a CORS preflight, or the methods
+    bool authorize();                        // false: answered (401)
+    void sessions(std::string_view path);    // /v1/sessions and /v1/sessions/{id}
+    // http_turn.cpp
     void chat();
-    void sessions(std::string_view path);  // /v1/sessions and /v1/sessions/{id}
-    void answer(const HttpAnswer& a);      // a whole response, then the next request or close
-    void watch_peer();                     // a read pending during a turn: notices the client leave
+    void answer(HttpAnswer a);          // a whole response, then the next request or close
+    HttpAnswer body_too_large() const;  // 413
+    void watch_peer();                  // a read pending during a turn: notices the client leave
     void send(std::string bytes, std::optional<Then> then = std::nullopt);
     void write_next();
     void arm(boost::asio::steady_timer& timer, int64_t ms, bool counted = true);
@@ -64,6 +70,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
     GatewayCore& g_;
     Socket socket_;
+    uint16_t local_port_ = 0;  // the port the client connected to (the Host check)
     boost::asio::steady_timer read_timer_, write_timer_, queue_timer_;
     boost::beast::flat_buffer buffer_;
     std::optional<Parser> parser_;
@@ -75,7 +82,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
     static constexpr int64_t kLingerMs = 2000;
 
     // The request being answered (set before its turn starts, read-only during it).
-    std::string tenant_;  // whose key it carries
+    std::string path_;                 // its target's path
+    bool head_ = false;                // HEAD: answered as GET, without the body
+    boost::beast::http::verb verb_{};  // its method, HEAD as GET
+    std::string allow_origin_;         // Access-Control-Allow-Origin for its answers, or ""
+    std::string tenant_;               // whose key it carries
     ChatRequest request_;
     std::string id_;
     int64_t created_ = 0;

@@ -66,28 +66,48 @@ HttpAnswer status_answer(const Status& s, const std::string& code) {
     }
 }
 
-std::string format_response(const HttpAnswer& a, bool keep_alive) {
+HttpAnswer session_error(const Status& st, bool about_session) {
+    return status_answer(
+        st, about_session && st.code() == StatusCode::kNotFound ? "session_not_found" : "");
+}
+
+std::string format_response(const HttpAnswer& a, bool keep_alive, bool head_only) {
     const auto status = static_cast<boost::beast::http::status>(a.status);
+    const bool no_content = a.status == 204;
     std::string out = "HTTP/1.1 " + std::to_string(a.status) + " " +
                       std::string(boost::beast::http::obsolete_reason(status)) +
-                      "\r\nServer: deltaserve\r\nContent-Type: " + a.content_type +
-                      "\r\nContent-Length: " + std::to_string(a.body.size()) + "\r\n";
+                      "\r\nServer: deltaserve\r\n";
+    if (!no_content) {
+        out += "Content-Type: " + a.content_type +
+               "\r\nContent-Length: " + std::to_string(a.body.size()) + "\r\n";
+    }
+    if (!a.allow.empty()) out += "Allow: " + a.allow + "\r\n";
+    if (!a.allow_origin.empty())
+        out += "Access-Control-Allow-Origin: " + a.allow_origin + "\r\nVary: Origin\r\n";
+    if (a.preflight) {
+        out += "Access-Control-Allow-Methods: " + a.allow +
+               "\r\nAccess-Control-Allow-Headers: Authorization, Content-Type, X-Session-ID"
+               "\r\nAccess-Control-Max-Age: 600\r\n";
+    }
     if (a.retry_after_seconds > 0)
         out += "Retry-After: " + std::to_string(a.retry_after_seconds) + "\r\n";
     if (!a.session_id.empty()) out += "X-Session-ID: " + a.session_id + "\r\n";
     if (!a.kv_source.empty()) out += "X-KV-Source: " + a.kv_source + "\r\n";
     if (a.bearer_challenge) out += "WWW-Authenticate: Bearer\r\n";
     out += keep_alive ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
-    out += a.body;
+    if (!head_only && !no_content) out += a.body;
     return out;
 }
 
-std::string format_sse_head(const std::string& session_id, bool keep_alive) {
+std::string format_sse_head(const std::string& session_id, bool keep_alive,
+                            const std::string& allow_origin) {
     std::string out =
         "HTTP/1.1 200 OK\r\nServer: deltaserve\r\nContent-Type: text/event-stream\r\n"
         "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n";
     out += keep_alive ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
     if (!session_id.empty()) out += "X-Session-ID: " + session_id + "\r\n";
+    if (!allow_origin.empty())
+        out += "Access-Control-Allow-Origin: " + allow_origin + "\r\nVary: Origin\r\n";
     return out + "\r\n";
 }
 

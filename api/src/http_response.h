@@ -18,6 +18,12 @@ struct HttpAnswer {
     std::string session_id;         // non-empty: an X-Session-ID header
     std::string kv_source;          // non-empty: an X-KV-Source header (Usage::kv_source)
     bool bearer_challenge = false;  // WWW-Authenticate: Bearer (401)
+    std::string allow;              // non-empty: an Allow header (405, OPTIONS)
+    // Non-empty: Access-Control-Allow-Origin (an allowed origin, never a client's string) and
+    // Vary: Origin.
+    std::string allow_origin;
+    bool preflight = false;  // a CORS preflight's answer: Access-Control-Allow-Methods (allow),
+                             // -Headers and -Max-Age
 };
 
 // An OpenAI-shaped error answer: 400 invalid_request_error, 401 authentication_error,
@@ -32,12 +38,18 @@ HttpAnswer error_answer(int status, const std::string& message, const std::strin
 // Bearer challenge), kPermissionDenied 403, anything else 500. `code` as error_answer's.
 HttpAnswer status_answer(const Status& status, const std::string& code = "");
 
-// A whole HTTP/1.1 response with Content-Length.
-std::string format_response(const HttpAnswer& a, bool keep_alive);
+// A turn's or a session call's error; about_session: a kNotFound is the code
+// "session_not_found".
+HttpAnswer session_error(const Status& status, bool about_session);
+
+// A whole HTTP/1.1 response with Content-Length (none for 204); head_only: without the body
+// (the answer to HEAD, whose headers are GET's).
+std::string format_response(const HttpAnswer& a, bool keep_alive, bool head_only = false);
 
 // The head of a server-sent-events response (chunked; the connection kept open after it when
 // keep_alive, else closed at its end), and one chunk.
-std::string format_sse_head(const std::string& session_id, bool keep_alive);
+std::string format_sse_head(const std::string& session_id, bool keep_alive,
+                            const std::string& allow_origin = "");
 std::string format_chunk(std::string_view data);  // "" gives the last chunk
 
 }  // namespace deltaserve::api

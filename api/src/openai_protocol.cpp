@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "deltaserve/model/tokenizer.h"
+#include "json_body.h"
 
 namespace deltaserve::api {
 
@@ -14,53 +15,6 @@ using json = nlohmann::json;
 
 Status bad(const std::string& field, const std::string& what) {
     return invalid_argument("'" + field + "' " + what);
-}
-
-// Walks the body's brackets before nlohmann builds anything, so that a deeply nested or
-// element-heavy body is refused before it costs memory or stack.
-Status check_json_shape(std::string_view body) {
-    int depth = 0;
-    size_t elements = 0;
-    bool in_string = false, escaped = false;
-    for (const char c : body) {
-        if (in_string) {
-            if (escaped) {
-                escaped = false;
-            } else if (c == '\\') {
-                escaped = true;
-            } else if (c == '"') {
-                in_string = false;
-            }
-            continue;
-        }
-        switch (c) {
-            case '"':
-                in_string = true;
-                break;
-            case '{':
-            case '[':
-                if (++depth > kMaxJsonDepth) {
-                    return invalid_argument("the request body nests deeper than " +
-                                            std::to_string(kMaxJsonDepth) + " levels");
-                }
-                ++elements;
-                break;
-            case '}':
-            case ']':
-                --depth;
-                break;
-            case ',':
-                ++elements;
-                break;
-            default:
-                break;
-        }
-        if (elements > kMaxJsonElements) {
-            return invalid_argument("the request body holds more than " +
-                                    std::to_string(kMaxJsonElements) + " JSON values");
-        }
-    }
-    return Status();
 }
 
 // A field that may be left out or null; otherwise has to pass `type`.
@@ -237,9 +191,7 @@ Status check_session_id(std::string_view id, std::string_view field) {
 
 Result<ChatRequest> parse_chat_request(std::string_view body,
                                        const model::SamplingParams& defaults) {
-    DS_RETURN_IF_ERROR(check_json_shape(body));
-    const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) return invalid_argument("the request body is not valid JSON");
+    DS_ASSIGN_OR_RETURN(const json j, parse_json_body(body));
     if (!j.is_object()) return invalid_argument("the request body must be a JSON object");
     try {  // every access above is type-checked; this is the last line, not the plan
         return parse_object(j, defaults);

@@ -22,7 +22,8 @@ TEST_F(HttpGatewayTest, HalfSentRequestsHoldNoThreadAndAreCutAtTheirDeadline) {
         // Half the headers, or all headers and half the body.
         clients.push_back(std::make_unique<RawClient>(
             port, i % 2 ? "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le"
-                        : "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n{"));
+                        : "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                          "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     EXPECT_LE(thread_count(), threads + 2) << "no thread per connection";
@@ -138,6 +139,7 @@ TEST_F(HttpGatewayTest, PipelinedAndContinuedRequestsAreAnswered) {
     const std::string b = chat("Hello", 2).dump();
     RawClient c(port,
                 "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nExpect: 100-continue\r\n"
+                "Content-Type: application/json\r\n"
                 "Connection: close\r\nContent-Length: " +
                     std::to_string(b.size()) + "\r\n\r\n");
     std::string got = c.read_all(2000);

@@ -3,6 +3,7 @@
 // admin service; and the rule that a server without keys serves the loopback address only.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,16 +31,20 @@ class AccessControl {
     const AccessOptions& options() const { return options_; }
 
     // The tenant a key belongs to: a tag derived from the key (never the key itself), "" when
-    // the server has no keys. Errors: kUnauthenticated for a missing or unknown key.
+    // the server has no keys. Errors: kUnauthenticated for a missing or unknown key. Keys are
+    // compared as SHA-256 digests, each in constant time, every key each time.
     Result<std::string> tenant(std::string_view key) const;
-    // The same for an HTTP Authorization header's value ("Bearer KEY").
+    // The same for an HTTP Authorization header's value ("Bearer KEY", bearer_key);
+    // kUnauthenticated naming the form for a value in another.
     Result<std::string> tenant_of_header(std::string_view authorization) const;
     // Whether key opens the admin service: an admin key, or anything when no key is set.
     bool admin(std::string_view key) const;
 
   private:
     AccessOptions options_;
-    std::vector<std::string> tags_;  // tags_[i] is api_keys[i]'s tenant
+    std::vector<std::string> tags_;     // tags_[i] is api_keys[i]'s tenant
+    std::vector<std::string> digests_;  // SHA-256 of api_keys[i]: what a key is compared with
+    std::vector<std::string> admin_digests_;
 };
 
 // kInvalidArgument for an empty key or one with characters outside printable ASCII.
@@ -53,6 +58,10 @@ Status check_bind(const std::string& host, const AccessOptions& options);
 // cluster token.
 Status check_cluster_bind(const std::string& address, const std::string& cluster_token,
                           bool insecure);
+// The key of an Authorization header's value "Bearer KEY": the scheme matched
+// case-insensitively (RFC 7235 §2.1), one or more spaces, a non-empty key; nullopt for
+// anything else.
+std::optional<std::string_view> bearer_key(std::string_view authorization);
 // Equal strings, in time that depends on their lengths only.
 bool constant_time_equal(std::string_view a, std::string_view b);
 

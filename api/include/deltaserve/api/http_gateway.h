@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "deltaserve/api/access.h"
 #include "deltaserve/api/chat_engine.h"
@@ -44,6 +45,15 @@ struct GatewayOptions {
     int stream_send_buffer_bytes = 16 << 10;
     int64_t drain_timeout_ms = 30'000;  // stop(): running turns end by this, then are cut
     AccessOptions access;  // API keys for /v1/* (and /metrics when asked); none: loopback only
+    // Host header values answered besides the loopback names and the bound address
+    // ("name" with any port, "name:port", "*" any). Host is checked on a loopback address
+    // without API keys, and whenever this is given (a DNS-rebinding page names its own
+    // domain). Default: none (--allowed-host, repeatable).
+    std::vector<std::string> allowed_hosts;
+    // Origins (scheme://host[:port]) whose browser requests are served, CORS preflights
+    // answered and Access-Control-Allow-Origin sent; "*" any. A request with another Origin
+    // gets 403. Default: none (--allowed-origin, repeatable).
+    std::vector<std::string> allowed_origins;
 };
 
 class HttpGateway {

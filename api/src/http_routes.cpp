@@ -1,0 +1,151 @@
+// A request's route: the method rules (405 with Allow, HEAD as GET, OPTIONS and CORS
+// preflights), the API key, and the answers of everything but a chat turn.
+#include <nlohmann/json.hpp>
+
+#include "gateway_core.h"
+#include "http_connection.h"
+#include "json_body.h"
+
+namespace deltaserve::api {
+
+namespace http = boost::beast::http;
+
+namespace {
+
+nlohmann::json session_json(const SessionInfo& s) {
+    return {{"id", s.id},
+            {"object", "session"},
+            {"turns", s.turns},
+            {"messages", s.messages},
+            {"tokens", s.tokens},
+            {"cached_tokens", s.cached_tokens},
+            {"idle_seconds", s.idle_seconds},
+            {"running", s.running}};
+}
+
+// Whether `allow` ("GET, HEAD, POST") names the method.
+bool allows(std::string_view allow, std::string_view method) {
+    while (!allow.empty()) {
+        const size_t comma = allow.find(',');
+        if (allow.substr(0, comma) == method) return true;
+        if (comma == std::string_view::npos) break;
+        allow.remove_prefix(comma + 2);
+    }
+    return false;
+}
+
+}  // namespace
+
+void Connection::route() {
+    const auto& req = parser_->get();
+    const std::string allow = allowed_methods(path_);
+    if (allow.empty()) return answer(error_answer(404, "no route " + path_.substr(0, 256)));
+    if (req.method() == http::verb::options) return options(allow);
+    const std::string_view method(req.method_string().data(), req.method_string().size());
+    if (!allows(allow, method)) {
+        HttpAnswer a = error_answer(405, "use " + allow);
+        a.allow = allow;
+        return answer(a);
+    }
+    verb_ = head_ ? http::verb::get : req.method();
+    if (path_ == "/health") {
+        if (g_.stopping) return answer(error_answer(503, "the server is shutting down"));
+        return answer({200, R"({"status":"ok"})"});
+    }
+    if (!authorize()) return;
+    if (path_ == "/v1/models") {
+        const nlohmann::json j = {{"object", "list"},
+                                  {"data", nlohmann::json::array({{{"id", g_.engine.model_id()},
+                                                                   {"object", "model"},
+                                                                   {"created", 0},
+                                                                   {"owned_by", "deltaserve"}}})}};
+        return answer({200, j.dump()});
+    }
+    if (path_ == "/metrics") {
+        return answer({200, g_.metrics.render(g_.engine.stats()), "text/plain; version=0.0.4"});
+    }
+    if (path_ == "/v1/chat/completions") return chat();
+    return sessions(path_);
+}
+
+void Connection::options(const std::string& allow) {
+    const auto& req = parser_->get();
+    // An Origin that is not allowed was refused with the head (RequestRules::check).
+    if (!allow_origin_.empty() && req.find("Access-Control-Request-Method") != req.end()) {
+        return answer(preflight_answer(allow_origin_, allow));
+    }
+    HttpAnswer a{204, ""};
+    a.allow = allow + ", OPTIONS";
+    answer(a);
+}
+
+bool Connection::authorize() {
+    // Everything but /health needs a key when the server has keys (/metrics only when asked).
+    const bool keyed = path_.substr(0, 4) == "/v1/" ||
+                       (path_ == "/metrics" && g_.access.options().metrics_need_key);
+    if (!keyed) return true;
+    const auto& req = parser_->get();
+    const auto h = req.find(http::field::authorization);
+    const std::string_view authorization =
+        h == req.end() ? std::string_view()
+                       : std::string_view(h->value().data(), h->value().size());
+    auto tenant = g_.access.tenant_of_header(authorization);
+    if (!tenant.ok() && path_ == "/metrics") {
+        const auto key = bearer_key(authorization);
+        if (key && g_.access.admin(*key)) tenant = std::string();
+    }
+    if (!tenant.ok()) {
+        g_.metrics.request_failed();
+        answer(status_answer(tenant.status()));
+        return false;
+    }
+    tenant_ = std::move(*tenant);
+    return true;
+}
+
+// route() let through only the methods allowed_methods names.
+void Connection::sessions(std::string_view path) {
+    const auto& req = parser_->get();
+    if (path == "/v1/sessions") {
+        if (verb_ == http::verb::get) {  // this key's sessions
+            nlohmann::json list = nlohmann::json::array();
+            for (const SessionInfo& s : g_.engine.sessions()) {
+                if (s.tenant == tenant_) list.push_back(session_json(s));
+            }
+            return answer({200, nlohmann::json{{"object", "list"}, {"data", list}}.dump()});
+        }
+        std::string id;
+        if (!req.body().empty()) {  // {"id": NAME}, optional
+            auto j = parse_json_body(req.body());
+            if (!j.ok()) return answer(status_answer(j.status()));
+            if (!j->is_object())
+                return answer(error_answer(400, "the body must be a JSON object (or empty)"));
+            if (auto it = j->find("id"); it != j->end() && !it->is_null()) {
+                if (!it->is_string()) return answer(error_answer(400, "'id' must be a string"));
+                id = it->get<std::string>();
+                if (Status st = check_session_id(id, "id"); !st.ok())
+                    return answer(status_answer(st));
+            }
+        }
+        auto info = g_.engine.open_session(tenant_, id);
+        if (!info.ok()) return answer(status_answer(info.status()));
+        HttpAnswer a{200, session_json(*info).dump()};
+        a.session_id = info->id;
+        return answer(a);
+    }
+    const std::string id(path.substr(13));
+    if (Status st = check_session_id(id, "the session id in the path"); !st.ok()) {
+        return answer(status_answer(st));
+    }
+    if (verb_ == http::verb::get) {
+        auto info = g_.engine.session_info(tenant_, id);
+        if (!info.ok()) return answer(session_error(info.status(), true));
+        return answer({200, session_json(*info).dump()});
+    }
+    if (Status st = g_.engine.close_session(tenant_, id); !st.ok())  // DELETE
+        return answer(session_error(st, true));
+    answer(
+        {200, nlohmann::json{{"id", id}, {"object", "session.deleted"}, {"deleted", true}}.dump()});
+}
+
+}  // namespace deltaserve::api

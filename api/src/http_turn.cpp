@@ -1,0 +1,161 @@
+// A chat turn on a connection: queued on the turn runner (at most the queue timeout), run on
+// a turn thread, its pieces streamed as server-sent events or gathered into one answer.
+#include <boost/asio/post.hpp>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "deltaserve/common/logging.h"
+#include "gateway_core.h"
+#include "http_connection.h"
+#include "random_id.h"
+
+namespace deltaserve::api {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+
+namespace {
+
+int64_t unix_seconds() {
+    return std::chrono::duration_cast<std::chrono::seconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+std::string sse_event(const std::string& data) { return format_chunk("data: " + data + "\n\n"); }
+
+}  // namespace
+
+void Connection::chat() {
+    const auto& req = parser_->get();
+    started_ = std::chrono::steady_clock::now();
+    auto parsed = parse_chat_request(req.body(), g_.options.sampling);
+    if (!parsed.ok()) {
+        g_.metrics.request_failed();
+        return answer(status_answer(parsed.error()));
+    }
+    request_ = std::move(*parsed);
+    const std::string& model = g_.engine.model_id();
+    if (!request_.model.empty() && request_.model != model) {
+        g_.metrics.request_failed();
+        return answer(error_answer(
+            404,
+            "the model '" + request_.model + "' does not exist (this server has '" + model + "')",
+            "model_not_found"));
+    }
+    if (request_.session_id.empty() && req.find("X-Session-ID") != req.end()) {
+        request_.session_id = std::string(req["X-Session-ID"]);
+        if (Status st = check_session_id(request_.session_id, "X-Session-ID"); !st.ok()) {
+            g_.metrics.request_failed();
+            return answer(status_answer(st));
+        }
+    }
+    request_.tenant = tenant_;  // a session not open (or another key's) ends the turn: 404
+    if (request_.max_tokens < 0) request_.max_tokens = g_.options.default_max_tokens;
+    if (!request_.seed_given) request_.sampling.seed = std::random_device{}();
+    id_ = random_id("chatcmpl-", 12);
+    created_ = unix_seconds();
+    head_sent_ = false;
+    stream_keep_alive_ = keep_alive_ && !draining_ && !g_.stopping;
+    in_turn_ = true;
+    if (request_.stream) {
+        // Small, so that a client that stops reading fills outbox_ (write deadline,
+        // max_unread_bytes) instead of megabytes of kernel buffer.
+        beast::error_code ec;
+        socket_.set_option(asio::socket_base::send_buffer_size(g_.options.stream_send_buffer_bytes),
+                           ec);
+    }
+    auto self = shared_from_this();
+    const uint64_t ticket = g_.runner.try_submit([self] {
+        asio::post(self->socket_.get_executor(), [self] { self->queue_timer_.cancel(); });
+        TurnCallbacks callbacks;
+        callbacks.on_piece = [&](std::string_view piece) { return self->on_piece(piece); };
+        callbacks.wanted = [&] { return self->alive_ && !self->g_.cut; };
+        Result<TurnResult> r = self->g_.engine.run_turn(self->request_, callbacks);
+        asio::post(self->socket_.get_executor(),
+                   [self, r = std::move(r)]() mutable { self->end_turn(std::move(r)); });
+    });
+    if (ticket == 0) {
+        in_turn_ = false;
+        g_.metrics.request_failed();
+        return answer(error_answer(503, "the server is busy: every turn thread is taken and " +
+                                            std::to_string(g_.options.max_queued_turns) +
+                                            " requests wait; try again"));
+    }
+    wait_for_thread(ticket);
+    watch_peer();
+}
+
+void Connection::wait_for_thread(uint64_t ticket) {
+    queue_timer_.expires_after(std::chrono::milliseconds(g_.options.queue_timeout_ms));
+    queue_timer_.async_wait([self = shared_from_this(), ticket](beast::error_code ec) {
+        if (ec || self->closed_ || !self->g_.runner.cancel(ticket)) return;  // it started
+        self->in_turn_ = false;
+        self->g_.metrics.request_failed();
+        self->answer(error_answer(503, "the server is busy: no turn thread was free within " +
+                                           std::to_string(self->g_.options.queue_timeout_ms) +
+                                           " ms; try again"));
+    });
+}
+
+bool Connection::on_piece(std::string_view piece) {
+    if (!alive_ || g_.cut) return false;
+    if (!request_.stream) return true;
+    if (unread_.load() > g_.options.max_unread_bytes) {
+        spdlog::warn("gateway: a client left {} streamed bytes unread; dropping it",
+                     unread_.load());
+        close();
+        return false;
+    }
+    std::string bytes;
+    if (!head_sent_)
+        bytes = format_sse_head(request_.session_id, stream_keep_alive_, allow_origin_);
+    bytes += sse_event(chunk_json(id_, created_, g_.engine.model_id(), std::string(piece),
+                                  !head_sent_, "", std::nullopt));
+    head_sent_ = true;
+    asio::post(socket_.get_executor(), [self = shared_from_this(), b = std::move(bytes)]() mutable {
+        self->send(std::move(b));
+    });
+    return true;
+}
+
+void Connection::end_turn(Result<TurnResult> r) {
+    in_turn_ = false;
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+    if (!r.ok() || !alive_) {
+        g_.metrics.request_failed();
+    } else {
+        g_.metrics.request_done(*r, seconds);
+        if (g_.cut && r->finish_reason == "cancelled") r->finish_reason = "shutdown";
+    }
+    if (closed_ || !alive_) return abort();
+    const std::string& model = g_.engine.model_id();
+    if (!request_.stream || (!head_sent_ && !r.ok())) {
+        if (!r.ok()) return answer(session_error(r.error(), !request_.session_id.empty()));
+        HttpAnswer a{200, completion_json(id_, created_, model, r->text, r->finish_reason, r->usage,
+                                          request_.session_id)};
+        a.session_id = request_.session_id;
+        a.kv_source = r->usage.kv_source;
+        return answer(a);
+    }
+    std::string tail =
+        head_sent_ ? "" : format_sse_head(request_.session_id, stream_keep_alive_, allow_origin_);
+    if (!r.ok()) {
+        const HttpAnswer e = status_answer(r.error());
+        tail += sse_event(error_json(r.error().message(), "server_error", e.status));
+    } else {
+        tail += sse_event(chunk_json(id_, created_, model,
+                                     head_sent_ ? std::nullopt : std::optional<std::string>(""),
+                                     !head_sent_, r->finish_reason, std::nullopt));
+        if (request_.include_usage) {
+            tail += sse_event(chunk_json(id_, created_, model, std::nullopt, false, "", r->usage));
+        }
+    }
+    tail += sse_event("[DONE]");
+    tail += format_chunk("");
+    const bool keep = stream_keep_alive_ && !draining_ && !g_.stopping;
+    send(std::move(tail), keep ? Then::kRead : Then::kClose);
+}
+
+}  // namespace deltaserve::api
