@@ -42,8 +42,8 @@ uint64_t default_host_tier_bytes() {
            static_cast<uint64_t>(::sysconf(_SC_PAGE_SIZE)) / 8;
 }
 
-Result<std::shared_ptr<kvstore::DiskTier>> open_data_dir(const std::string& dir,
-                                                         uint64_t capacity) {
+Result<std::shared_ptr<kvstore::DiskTier>> open_data_dir(const std::string& dir, uint64_t capacity,
+                                                         uint64_t reserve) {
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) return unavailable("--data-dir " + dir + ": " + ec.message());
@@ -55,11 +55,23 @@ Result<std::shared_ptr<kvstore::DiskTier>> open_data_dir(const std::string& dir,
     kvstore::DiskTier::Options o;
     o.dir = (fs::path(dir) / "kv").string();
     o.capacity_bytes = capacity;
+    o.reserve_bytes = reserve;
     auto tier = kvstore::DiskTier::open(o);
     if (!tier.ok()) {
-        return Status(tier.status().code(),
-                      "--data-dir " + dir + ": " + tier.status().message() +
-                          " (another deltaserve may be using it: give each server its own)");
+        // Another process holding RocksDB's lock is named by its pid; any other failure is
+        // the store's own (its message says what), never blamed on a server that is not there.
+        if (const int64_t pid = kvstore::DiskTier::holder(o.dir)) {
+            return unavailable("--data-dir " + dir +
+                               ": the store is in use by another process (pid " +
+                               std::to_string(pid) + "): give each server its own data dir");
+        }
+        if (tier.status().code() == StatusCode::kDataLoss) {
+            return data_loss("--data-dir " + dir + ": " + tier.status().message() +
+                             ". Nothing was changed. `deltactl verify --data-dir " + dir +
+                             "` lists the damage; `deltactl repair --data-dir " + dir +
+                             "` rebuilds the index from the blocks and the records it can read");
+        }
+        return Status(tier.status().code(), "--data-dir " + dir + ": " + tier.status().message());
     }
     return std::shared_ptr<kvstore::DiskTier>(std::move(*tier));
 }

@@ -17,9 +17,12 @@ namespace deltaserve::cli {
 uint64_t default_host_tier_bytes();
 
 // Opens (creating) DIR/kv, the disk tier, capped at `capacity` bytes (0: half of the free
-// space of DIR's file system, at most 64 GiB). Errors name the directory: another server
-// holding it is the usual one.
-Result<std::shared_ptr<kvstore::DiskTier>> open_data_dir(const std::string& dir, uint64_t capacity);
+// space of DIR's file system, at most 64 GiB), keeping `reserve` bytes of the disk free
+// (DiskTier::Options::reserve_bytes). Errors name the directory, and the process holding it
+// when another does; a damaged store (kDataLoss) names the repair command.
+Result<std::shared_ptr<kvstore::DiskTier>> open_data_dir(
+    const std::string& dir, uint64_t capacity,
+    uint64_t reserve = kvstore::DiskTier::Options().reserve_bytes);
 
 // What stored KV depends on besides the tokens and the policy: a hash of the model's files,
 // the tokenizer file given and the KV profile's contents, as 16 hex digits. Reads the files

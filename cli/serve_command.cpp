@@ -37,7 +37,8 @@ int serve_main(int argc, char** argv) {
     int32_t prefix_cache_mib = static_cast<int32_t>(dopt.prefix_cache_bytes >> 20);
     int32_t drain_seconds = static_cast<int32_t>(go.drain_timeout_ms / 1000);
     int32_t queue_timeout_ms = static_cast<int32_t>(go.queue_timeout_ms);
-    std::string kv_memory, kv_host_memory, kv_device_memory, kv_disk = "0";
+    std::string kv_memory, kv_host_memory, kv_device_memory, kv_disk = "0",
+                                                             kv_disk_reserve = "64MiB";
     std::string data_dir = default_data_dir();
     ArgParser p(
         "deltaserve serve",
@@ -96,6 +97,10 @@ int serve_main(int argc, char** argv) {
     p.add("kv-disk", &kv_disk,
           "bytes of --data-dir the stored KV may use, e.g. 20GiB (least recently written "
           "blocks go first); 0 = half the free space, at most 64GiB");
+    p.add("kv-disk-reserve", &kv_disk_reserve,
+          "free space kept on --data-dir's disk: below it no KV block is stored (the service "
+          "goes on from memory; /health says the store is degraded) and session records use "
+          "the reserve's last half; storing resumes when space returns");
     p.add("prefix-cache-mib", &prefix_cache_mib,
           "MiB of KV blocks kept for later prompts that start the same way (a conversation "
           "sent whole again, a shared system prompt; full KV only); 0 = off");
@@ -155,6 +160,15 @@ int serve_main(int argc, char** argv) {
         }
         disk_bytes = *bytes;
     }
+    uint64_t disk_reserve = 0;
+    {
+        auto bytes = parse_byte_size(kv_disk_reserve);
+        if (!bytes) {
+            print_error(bytes.status().with_context("--kv-disk-reserve"));
+            return 2;
+        }
+        disk_reserve = *bytes;
+    }
     if (data_dir.empty()) {
         print_error(invalid_argument(
             "--data-dir: no default (neither XDG_DATA_HOME nor HOME is set); give one, or none"));
@@ -193,7 +207,7 @@ int serve_main(int argc, char** argv) {
     }
     const std::string model_id = std::filesystem::path(o.model_path).filename().string();
     if (data_dir != "none") {
-        auto disk = open_data_dir(data_dir, disk_bytes);
+        auto disk = open_data_dir(data_dir, disk_bytes, disk_reserve);
         auto identity = disk ? store_identity(o.model_path, o.tokenizer_path, o.context())
                              : Result<std::string>(disk.status());
         if (!identity) {

@@ -10,6 +10,8 @@ int session_main(int argc, char** argv);
 int blocks_main(int argc, char** argv);
 int tiers_main(int argc, char** argv);
 int verify_main(int argc, char** argv);
+// A damaged store's index rebuilt (repair_command.cpp).
+int repair_main(int argc, char** argv);
 int cluster_main(int argc, char** argv);
 int checkpoint_main(int argc, char** argv);
 int drop_main(int argc, char** argv);

@@ -14,7 +14,8 @@ constexpr const char* kUsage =
     "  session     describe ID: everything about one session (turns, layers, blocks)\n"
     "  blocks      stored blocks, the sessions sharing them and what sharing saves\n"
     "  tiers       each tier's capacity and use, and the disk tier's index\n"
-    "  verify      check every stored block and record (--drop removes what is bad)\n"
+    "  verify      check every stored block, payload file and record (--drop removes what is bad)\n"
+    "  repair      rebuild a damaged store's index from its blocks and records\n"
     "  explain     ID: which stored blocks its next turn takes, and why the others not\n"
     "  fidelity    ID --model M: what compression costs it (KL against full KV)\n"
     "  export      ID -o FILE: a session's records and blocks in one file\n"
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
     if (cmd == "blocks") return o::blocks_main(argc - 2, argv + 2);
     if (cmd == "tiers") return o::tiers_main(argc - 2, argv + 2);
     if (cmd == "verify") return o::verify_main(argc - 2, argv + 2);
+    if (cmd == "repair") return o::repair_main(argc - 2, argv + 2);
     if (cmd == "export") return o::export_main(argc - 2, argv + 2);
     if (cmd == "import") return o::import_main(argc - 2, argv + 2);
     if (cmd == "cluster") return o::cluster_main(argc - 2, argv + 2);

@@ -42,12 +42,15 @@ Result<kvstore::KvBlockView> parse_any_block(std::span<const uint8_t> bytes, std
     return v;
 }
 
-Result<std::unique_ptr<StoreView>> StoreView::open(const std::string& data_dir, bool writable) {
+Result<std::vector<std::pair<std::string, std::string>>> find_stores(const std::string& data_dir) {
     std::error_code ec;
     if (!fs::is_directory(data_dir, ec)) return not_found("no directory " + data_dir);
-    // DIR a store itself, DIR/kv, or DIR/<node>/kv.
+    // DIR a store itself, DIR/kv, or DIR/<node>/kv; a store whose index is gone still has
+    // its payload folder.
     std::vector<std::pair<std::string, std::string>> found;  // name, dir
-    const auto is_store = [&](const fs::path& p) { return fs::is_directory(p / "index", ec); };
+    const auto is_store = [&](const fs::path& p) {
+        return fs::is_directory(p / "index", ec) || fs::is_directory(p / "payload", ec);
+    };
     if (is_store(data_dir)) {
         found.emplace_back("", data_dir);
     } else if (is_store(fs::path(data_dir) / "kv")) {
@@ -63,6 +66,11 @@ Result<std::unique_ptr<StoreView>> StoreView::open(const std::string& data_dir, 
         return not_found("no store in " + data_dir +
                          " (a data dir holds kv/, or a folder per node with kv/ in it)");
     }
+    return found;
+}
+
+Result<std::unique_ptr<StoreView>> StoreView::open(const std::string& data_dir, bool writable) {
+    DS_ASSIGN_OR_RETURN(auto found, find_stores(data_dir));
     auto view = std::make_unique<StoreView>();
     for (const auto& [name, dir] : found) {
         if (const int64_t pid = kvstore::DiskTier::holder(dir)) {
@@ -75,7 +83,13 @@ Result<std::unique_ptr<StoreView>> StoreView::open(const std::string& data_dir, 
         o.read_only = !writable;
         o.capacity_bytes = UINT64_MAX;
         auto tier = kvstore::DiskTier::open(o);
-        if (!tier.ok()) return unavailable(tier.status().message());
+        if (!tier.ok()) {
+            if (tier.status().code() != StatusCode::kDataLoss)
+                return unavailable(tier.status().message());
+            return data_loss(tier.status().message() + ". `deltactl repair --data-dir " + data_dir +
+                             "` rebuilds its index from its blocks and the records it "
+                             "can read");
+        }
         view->stores_.push_back(std::unique_ptr<Store>(new Store{name, dir, std::move(*tier)}));
     }
     return view;

@@ -64,7 +64,8 @@ struct BlockHead {
 class StoreView {
   public:
     // Errors: kNotFound (no store under data_dir), kFailedPrecondition (a running server
-    // holds one: its pid is named), kUnavailable (a store that does not open).
+    // holds one: its pid is named), kDataLoss (a damaged store: deltactl repair is named),
+    // kUnavailable (a store that does not open).
     static Result<std::unique_ptr<StoreView>> open(const std::string& data_dir,
                                                    bool writable = false);
 
@@ -87,6 +88,10 @@ class StoreView {
     std::vector<std::unique_ptr<Store>> stores_;
     int64_t unreadable_ = 0;
 };
+
+// The stores under a data dir (see above) as (node name, store dir): DIR itself, DIR/kv, or
+// DIR/<node>/kv. kNotFound when there is none.
+Result<std::vector<std::pair<std::string, std::string>>> find_stores(const std::string& data_dir);
 
 // A block's header parsed with its own fingerprint (the tools read any store): every check
 // of parse_kv_block_header but the fingerprint's. `fault` names what failed.

@@ -22,73 +22,34 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "disk_layout.h"
+#include "store_guard.h"
+
+#ifdef __SANITIZE_ADDRESS__
+#include <sanitizer/lsan_interface.h>
+#endif
+
 namespace deltaserve::kvstore {
 
 namespace fs = std::filesystem;
+using namespace disk_layout;
 
 namespace {
-
-constexpr uint8_t kEntryVersion = 1;
-
-// Index keys are big-endian, so the index iterates in key order.
-std::string index_key(uint64_t key) {
-    std::string s(8, '\0');
-    for (int i = 0; i < 8; ++i) s[i] = static_cast<char>(key >> (56 - 8 * i));
-    return s;
-}
-
-uint64_t parse_index_key(const rocksdb::Slice& s) {
-    uint64_t k = 0;
-    for (size_t i = 0; i < 8; ++i) k = (k << 8) | static_cast<uint8_t>(s.data()[i]);
-    return k;
-}
-
-struct Entry {
-    uint64_t gen = 0, size = 0, seq = 0;
-};
-
-std::string encode_entry(const Entry& e) {
-    std::string s(1 + 3 * 8, '\0');
-    s[0] = static_cast<char>(kEntryVersion);
-    std::memcpy(s.data() + 1, &e.gen, 8);
-    std::memcpy(s.data() + 9, &e.size, 8);
-    std::memcpy(s.data() + 17, &e.seq, 8);
-    return s;
-}
-
-bool decode_entry(const rocksdb::Slice& s, Entry* e) {
-    if (s.size() != 25 || static_cast<uint8_t>(s.data()[0]) != kEntryVersion) return false;
-    std::memcpy(&e->gen, s.data() + 1, 8);
-    std::memcpy(&e->size, s.data() + 9, 8);
-    std::memcpy(&e->seq, s.data() + 17, 8);
-    return true;
-}
-
-std::string file_name(uint64_t key, uint64_t gen) {
-    char buf[48];
-    std::snprintf(buf, sizeof(buf), "%016" PRIx64 "-%08" PRIx64 ".blk", key, gen);
-    return buf;
-}
-
-bool parse_hex(std::string_view s, uint64_t* out) {
-    const auto r = std::from_chars(s.data(), s.data() + s.size(), *out, 16);
-    return r.ec == std::errc() && r.ptr == s.data() + s.size();
-}
-
-bool parse_file_name(std::string_view name, uint64_t* key, uint64_t* gen) {
-    if (name.size() != 16 + 1 + 8 + 4 || name.substr(25) != ".blk" || name[16] != '-') return false;
-    return parse_hex(name.substr(0, 16), key) && parse_hex(name.substr(17, 8), gen);
-}
 
 std::string errno_text(const std::string& what, int err) {
     return what + ": " + std::strerror(err);
 }
 
 // Writes all of `bytes` to a new file; errno-described error text on failure (the file is
-// removed).
-std::string write_file(const std::string& path, std::span<const uint8_t> bytes, bool sync) {
+// removed), the errno in *errno_out.
+std::string write_file(const std::string& path, std::span<const uint8_t> bytes, bool sync,
+                       int* errno_out) {
+    *errno_out = 0;
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) return errno_text("creating " + path, errno);
+    if (fd < 0) {
+        *errno_out = errno;
+        return errno_text("creating " + path, errno);
+    }
     size_t done = 0;
     int err = 0;
     while (done < bytes.size()) {
@@ -104,6 +65,7 @@ std::string write_file(const std::string& path, std::span<const uint8_t> bytes, 
     if (::close(fd) != 0 && err == 0) err = errno;
     if (err != 0) {
         ::unlink(path.c_str());
+        *errno_out = err;
         return errno_text("writing " + path, err);
     }
     return {};
@@ -156,16 +118,55 @@ struct DiskTier::Impl {
     rocksdb::ColumnFamilyHandle* records_cf = nullptr;
 
     mutable std::mutex mu;
+    // Every index write, under write_mu (after mu where both are taken): the free-space gate,
+    // the write, the poison and the witness (store_guard.h).
+    mutable std::mutex write_mu;
+    bool poisoned = false;        // an index write failed: the handle is never written again
+    std::string poison_reason;    // under write_mu
+    bool payload_failed = false;  // a payload write failed other than for space (under mu)
+    std::unique_ptr<CommitWitness> witness;
+    std::vector<Mismatch> mismatches;  // what open() found
     std::deque<std::string> removals;  // the removal records' keys, oldest first
     std::unordered_map<uint64_t, Entry> entries;
     std::map<uint64_t, uint64_t> by_seq;  // seq -> key: least recently written first
     uint64_t next_gen = 1, next_seq = 1;
     Stats stats;
 
-    rocksdb::WriteOptions write_options() const {
+    // The bytes the disk must keep free for a write: a block's payload needs all of the
+    // reserve besides its bytes; the index's own writes may use the reserve's last half,
+    // erases (which free space) its last quarter.
+    uint64_t reserve() const { return options.reserve_bytes; }
+    // Why the disk cannot take `need` more bytes now, or "" when it can.
+    std::string short_of_space(uint64_t need) const {
+        const auto avail = free_bytes(options.dir);
+        if (!avail || *avail >= need) return {};
+        return "the disk is full: " + std::to_string(*avail) + " bytes free, " +
+               std::to_string(need) + " needed with the reserve (--kv-disk-reserve)";
+    }
+    // Writes `batch` to the index, synced when `sync` (or Options::sync), if the disk has
+    // `need` bytes free. A failed write poisons the handle (store_guard.h says why).
+    Status commit(rocksdb::WriteBatch& batch, bool sync, uint64_t need) {
+        if (options.read_only) return failed_precondition("disk tier: opened read-only");
+        std::lock_guard wl(write_mu);
+        if (poisoned)
+            return unavailable("disk tier: its index had a write error (" + poison_reason +
+                               "); nothing is written to it until the server restarts");
+        if (std::string why = short_of_space(need); !why.empty())
+            return resource_exhausted("disk tier: " + why);
         rocksdb::WriteOptions w;
-        w.sync = options.sync;
-        return w;
+        w.sync = sync || options.sync;
+        const rocksdb::Status s = db->Write(w, &batch);
+        if (!s.ok()) {
+            poisoned = true;
+            poison_reason = s.ToString();
+            return unavailable("disk tier: index write: " + s.ToString());
+        }
+        if (w.sync) (void)witness->advance(db->GetLatestSequenceNumber());
+        return Status();
+    }
+    bool is_poisoned() const {
+        std::lock_guard wl(write_mu);
+        return poisoned;
     }
     // Puts, or deletes for an empty value, into the records column family.
     void add_records(rocksdb::WriteBatch& batch, std::span<const Record> records) const {
@@ -199,13 +200,19 @@ struct DiskTier::Impl {
             removals.pop_front();
         }
     }
-    void stop_admitting_locked(const std::string& why) {
-        ++stats.io_errors;
-        stats.admitting = false;
-        stats.last_error = why;
-    }
 
     ~Impl() {
+        if (db != nullptr && poisoned) {
+            // Closing would sync the WAL writer that saw the error: Debian's RocksDB aborts
+            // there. What was synced before stays; the handle and its memory are left.
+            rocksdb::DB* leaked = db.release();
+#ifdef __SANITIZE_ADDRESS__
+            __lsan_ignore_object(leaked);
+#else
+            (void)leaked;
+#endif
+            return;
+        }
         if (db != nullptr) {
             for (auto* h : {blocks_cf, records_cf, default_cf}) {
                 if (h != nullptr) db->DestroyColumnFamilyHandle(h);
@@ -226,7 +233,7 @@ Result<std::unique_ptr<DiskTier>> DiskTier::open(const Options& options) {
     const bool ro = options.read_only;
     std::error_code ec;
     if (ro) {
-        if (!fs::is_directory(options.dir + "/index", ec) ||
+        if (!fs::is_directory(options.dir + "/index", ec) &&
             !fs::is_directory(impl->payload_dir, ec))
             return not_found("disk tier: no store in " + options.dir);
     } else {
@@ -236,24 +243,48 @@ Result<std::unique_ptr<DiskTier>> DiskTier::open(const Options& options) {
                                ec.message());
     }
 
-    rocksdb::DBOptions dbo;
-    dbo.create_if_missing = true;
-    dbo.create_missing_column_families = true;
-    dbo.keep_log_file_num = 4;
-    dbo.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
-    const rocksdb::ColumnFamilyOptions cfo;
-    const std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
-        {rocksdb::kDefaultColumnFamilyName, cfo}, {"blocks", cfo}, {"records", cfo}};
+    // A store whose index is gone while its commit record or its blocks are there lost its
+    // index: never opened as a new, empty store (that would drop every session silently).
+    impl->witness = std::make_unique<CommitWitness>(options.dir);
+    const Result<uint64_t> witnessed = impl->witness->read();
+    if (!witnessed.ok()) return data_loss("disk tier: " + witnessed.status().message());
+    const uint64_t acknowledged = *witnessed;
+    const std::string index_dir = options.dir + "/index";
+    if (!fs::exists(index_dir + "/CURRENT", ec)) {
+        size_t blocks = 0;
+        for (const auto& f : fs::directory_iterator(impl->payload_dir, ec)) {
+            uint64_t key = 0, gen = 0;
+            blocks += parse_file_name(f.path().filename().string(), &key, &gen);
+        }
+        if (acknowledged > 0 || blocks > 0) {
+            return data_loss("disk tier: the index " + index_dir + " is missing, but " +
+                             std::to_string(blocks) + " block files are in " + impl->payload_dir +
+                             (acknowledged > 0 ? " and " + impl->witness->path() + " names " +
+                                                     std::to_string(acknowledged) + " index writes"
+                                               : std::string()));
+        }
+        if (ro) return not_found("disk tier: no store in " + options.dir);
+    }
+
+    const rocksdb::DBOptions dbo = db_options();
+    const std::vector<rocksdb::ColumnFamilyDescriptor> cfs = column_families();
     std::vector<rocksdb::ColumnFamilyHandle*> handles;
     rocksdb::DB* db = nullptr;
-    const rocksdb::Status s =
-        ro ? rocksdb::DB::OpenForReadOnly(dbo, options.dir + "/index", cfs, &handles, &db)
-           : rocksdb::DB::Open(dbo, options.dir + "/index", cfs, &handles, &db);
+    const rocksdb::Status s = ro ? rocksdb::DB::OpenForReadOnly(dbo, index_dir, cfs, &handles, &db)
+                                 : rocksdb::DB::Open(dbo, index_dir, cfs, &handles, &db);
+    if (s.IsCorruption())
+        return data_loss("disk tier: the index " + index_dir + " is damaged: " + s.ToString());
     if (!s.ok()) return unavailable("disk tier: cannot open its index: " + s.ToString());
     impl->db.reset(db);
     impl->default_cf = handles[0];
     impl->blocks_cf = handles[1];
     impl->records_cf = handles[2];
+    if (const uint64_t seq = db->GetLatestSequenceNumber(); seq < acknowledged) {
+        return data_loss(
+            "disk tier: the index " + index_dir + " lost acknowledged writes: it ends at write " +
+            std::to_string(seq) + ", but " + impl->witness->path() + " names " +
+            std::to_string(acknowledged) + " (its write-ahead log was cut short or replaced)");
+    }
     {
         std::unique_ptr<rocksdb::Iterator> it(
             db->NewIterator(rocksdb::ReadOptions(), impl->records_cf));
@@ -272,6 +303,9 @@ Result<std::unique_ptr<DiskTier>> DiskTier::open(const Options& options) {
             if (it->key().size() != 8 || !decode_entry(it->value(), &e)) {
                 cleanup.Delete(impl->blocks_cf, it->key());
                 ++impl->stats.entries_lost;
+                impl->mismatches.push_back({"entry",
+                                            it->key().size() == 8 ? parse_index_key(it->key()) : 0,
+                                            "", "an index entry that does not parse"});
                 continue;
             }
             const uint64_t key = parse_index_key(it->key());
@@ -297,6 +331,8 @@ Result<std::unique_ptr<DiskTier>> DiskTier::open(const Options& options) {
             }
         }
         orphans.push_back(f.path());
+        impl->mismatches.push_back(
+            {"orphan", key, f.path().filename().string(), "a payload file no index entry names"});
     }
     if (!ro) {
         for (const auto& p : orphans) fs::remove(p, ec);
@@ -305,13 +341,17 @@ Result<std::unique_ptr<DiskTier>> DiskTier::open(const Options& options) {
     // Entries whose file is gone (or was not the size the entry says) are dropped.
     for (auto it = impl->entries.begin(); it != impl->entries.end();) {
         struct stat st {};
-        const bool ok = found.count(it->first) != 0 &&
-                        ::stat(impl->path_of(it->first, it->second.gen).c_str(), &st) == 0 &&
-                        static_cast<uint64_t>(st.st_size) == it->second.size;
-        if (ok) {
+        const std::string path = impl->path_of(it->first, it->second.gen);
+        const bool present = found.count(it->first) != 0 && ::stat(path.c_str(), &st) == 0;
+        if (present && static_cast<uint64_t>(st.st_size) == it->second.size) {
             ++it;
             continue;
         }
+        impl->mismatches.push_back(
+            {present ? "size" : "missing", it->first, file_name(it->first, it->second.gen),
+             present ? "its payload file has " + std::to_string(st.st_size) +
+                           " bytes, the index says " + std::to_string(it->second.size)
+                     : "its payload file is gone"});
         cleanup.Delete(impl->blocks_cf, index_key(it->first));
         impl->log_removal(cleanup, it->first, it->second, "lost");
         ++impl->stats.entries_lost;
@@ -320,9 +360,15 @@ Result<std::unique_ptr<DiskTier>> DiskTier::open(const Options& options) {
         if (!ro) fs::remove(impl->path_of(it->first, it->second.gen), ec);
         it = impl->entries.erase(it);
     }
-    if (cleanup.Count() > 0 && !ro) {
-        const rocksdb::Status w = db->Write(impl->write_options(), &cleanup);
-        if (!w.ok()) return unavailable("disk tier: cleaning its index: " + w.ToString());
+    if (!ro) {
+        if (cleanup.Count() > 0) {
+            const Status w = impl->commit(cleanup, /*sync=*/true, impl->reserve() / 4);
+            if (!w.ok()) return w.with_context("disk tier: cleaning its index");
+        }
+        // The witness names at least what the store holds now (a store made before
+        // witnesses gets one here).
+        DS_RETURN_IF_ERROR(
+            impl->witness->advance(db->GetLatestSequenceNumber()).with_context("disk tier"));
     }
     impl->stats.capacity = options.capacity_bytes;
     impl->stats.blocks = impl->entries.size();
@@ -341,10 +387,15 @@ Status DiskTier::put(uint64_t key, std::span<const uint8_t> bytes,
     uint64_t gen = 0;
     {
         std::lock_guard lock(t.mu);
-        if (!t.stats.admitting) {
+        if (t.payload_failed || t.is_poisoned()) {
             ++t.stats.refused;
             return unavailable("disk tier: not admitting since an I/O error (" +
                                t.stats.last_error + ")");
+        }
+        // Below the reserve nothing is admitted; admission comes back with the space.
+        if (std::string why = t.short_of_space(t.reserve() + bytes.size()); !why.empty()) {
+            ++t.stats.refused;
+            return resource_exhausted("disk tier: " + why);
         }
         if (bytes.size() > t.options.capacity_bytes) {
             ++t.stats.refused;
@@ -355,12 +406,17 @@ Status DiskTier::put(uint64_t key, std::span<const uint8_t> bytes,
         gen = t.next_gen++;
     }
     const std::string path = t.path_of(key, gen);
-    const std::string err = write_file(path, bytes, t.options.sync);
+    int write_errno = 0;
+    const std::string err = write_file(path, bytes, t.options.sync, &write_errno);
     std::vector<std::string> unlink_after;
     {
         std::lock_guard lock(t.mu);
         if (!err.empty()) {
-            t.stop_admitting_locked(err);
+            // Out of space (the gate raced another writer): admission comes back with the
+            // space. Anything else (EIO, EROFS) stops it until a restart.
+            ++t.stats.io_errors;
+            t.stats.last_error = err;
+            if (write_errno != ENOSPC && write_errno != EDQUOT) t.payload_failed = true;
             return unavailable("disk tier: " + err);
         }
         // Room: the least recently written blocks other than this key's.
@@ -381,11 +437,17 @@ Status DiskTier::put(uint64_t key, std::span<const uint8_t> bytes,
         const Entry e{gen, bytes.size(), t.next_seq++};
         batch.Put(t.blocks_cf, index_key(key), encode_entry(e));
         t.add_records(batch, records);
-        const rocksdb::Status w = t.db->Write(t.write_options(), &batch);
+        // Records (a session's) are acknowledged to clients: synced.
+        const Status w = t.commit(batch, !records.empty(), t.reserve() / 2);
         if (!w.ok()) {
             ::unlink(path.c_str());
-            t.stop_admitting_locked("index write: " + w.ToString());
-            return unavailable("disk tier: index write: " + w.ToString());
+            // Not logged after all.
+            t.removals.resize(t.removals.size() - std::min(t.removals.size(), victims.size()));
+            if (w.code() != StatusCode::kResourceExhausted) {
+                ++t.stats.io_errors;
+                t.stats.last_error = w.message();
+            }
+            return w;
         }
         for (uint64_t v : victims) {
             unlink_after.push_back(t.path_of(v, t.entries.at(v).gen));
@@ -572,7 +634,7 @@ void DiskTier::erase(uint64_t key, bool refused) {
         t.log_removal(batch, key, it->second, refused ? "refused" : "erased");
         // (Not written: the log's keys in memory may name one that is not stored, whose
         // later delete does nothing.)
-        if (!t.db->Write(t.write_options(), &batch).ok()) return;
+        if (!t.commit(batch, false, t.reserve() / 4).ok()) return;
         path = t.path_of(key, it->second.gen);
         t.forget_locked(key);
         t.stats.dropped += refused;
@@ -585,8 +647,18 @@ Status DiskTier::put_records(std::span<const Record> records) {
     if (t.options.read_only) return failed_precondition("disk tier: opened read-only");
     rocksdb::WriteBatch batch;
     t.add_records(batch, records);
-    const rocksdb::Status w = t.db->Write(t.write_options(), &batch);
-    if (!w.ok()) return unavailable("disk tier: writing records: " + w.ToString());
+    uint64_t bytes = 0;
+    for (const auto& [k, v] : records) bytes += k.size() + v.size();
+    // Synced: a session's record is what a client was told is stored.
+    const Status w = t.commit(batch, /*sync=*/true, t.reserve() / 2 + bytes);
+    if (!w.ok()) {
+        if (w.code() != StatusCode::kResourceExhausted) {
+            std::lock_guard lock(t.mu);
+            ++t.stats.io_errors;
+            t.stats.last_error = w.message();
+        }
+        return w.with_context("writing records");
+    }
     return Status();
 }
 
@@ -642,10 +714,21 @@ Result<std::vector<DiskTier::Removal>> DiskTier::removals() const {
     return out;
 }
 
+std::vector<DiskTier::Mismatch> DiskTier::mismatches() const { return impl_->mismatches; }
+
 DiskTier::Stats DiskTier::stats() const {
-    std::lock_guard lock(impl_->mu);
-    Stats s = impl_->stats;
-    s.blocks = impl_->entries.size();
+    const Impl& t = *impl_;
+    std::lock_guard lock(t.mu);
+    Stats s = t.stats;
+    s.blocks = t.entries.size();
+    if (t.options.read_only) return s;
+    {
+        std::lock_guard wl(t.write_mu);
+        s.records_writable = !t.poisoned;
+        if (t.poisoned) s.last_error = "index write: " + t.poison_reason;
+    }
+    s.out_of_space = !t.short_of_space(t.reserve()).empty();
+    s.admitting = s.records_writable && !t.payload_failed && !s.out_of_space;
     return s;
 }
 
