@@ -117,27 +117,32 @@ ClusterChatEngine::ClusterChatEngine(const model::Model& model, std::string mode
     }
 }
 
-void ClusterChatEngine::save(const Session& s) const {
-    if (!options_.records) return;
+bool ClusterChatEngine::save(const Session& s) const {
+    if (!options_.records) return true;
     nlohmann::json history = nlohmann::json::array();
     for (const auto& m : s.history) history.push_back({{"role", m.role}, {"content", m.content}});
     // The idle time as a wall-clock time: the steady clock starts again with the process.
-    const nlohmann::json j = {{"v", kRecordVersion},
-                              {"tenant", s.tenant},
-                              {"id", s.id},
-                              {"node", s.node != nullptr ? s.node->name() : ""},
-                              {"turns", s.turns},
-                              {"tokens", s.tokens},
-                              {"cached_tokens", s.cached_tokens},
-                              {"pinned", s.pinned},
-                              {"last_used", s.last_used + wall_offset()},
-                              {"history", std::move(history)}};
+    nlohmann::json j = {{"v", kRecordVersion},
+                        {"tenant", s.tenant},
+                        {"id", s.id},
+                        {"node", s.node != nullptr ? s.node->name() : ""},
+                        {"turns", s.turns},
+                        {"tokens", s.tokens},
+                        {"cached_tokens", s.cached_tokens},
+                        {"pinned", s.pinned},
+                        {"last_used", s.last_used + wall_offset()},
+                        {"history", std::move(history)}};
+    if (s.history_lost) j["history_lost"] = true;
     const kvstore::DiskTier::Record r[] = {
         {std::string(kRecordPrefix) + key_of(s.tenant, s.id),
          j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)}};
     if (Status st = options_.records->put_records(r); !st.ok()) {
         spdlog::warn("gateway: session {}'s record was not stored: {}", s.id, st.to_string());
+        s.stored = false;
+        return false;
     }
+    s.stored = true;
+    return true;
 }
 
 void ClusterChatEngine::unsave(const std::string& key) const {
@@ -162,6 +167,7 @@ std::optional<ClusterChatEngine::Session> ClusterChatEngine::parse_record(
         s.tokens = j.at("tokens").get<int64_t>();
         s.cached_tokens = j.at("cached_tokens").get<int64_t>();
         s.pinned = j.contains("pinned") && j.at("pinned").get<bool>();
+        s.history_lost = j.contains("history_lost") && j.at("history_lost").get<bool>();
         // Not later than now (a record from a clock ahead of this one).
         s.last_used = std::min(now, j.at("last_used").get<int64_t>() - wall_offset());
         for (const auto& m : j.at("history")) {
@@ -302,6 +308,8 @@ SessionInfo ClusterChatEngine::info_of(const Session& s, int64_t now) const {
     i.cached_tokens = s.cached_tokens;
     i.idle_seconds = s.running_turn != 0 ? 0 : now - s.last_used;
     i.running = s.running_turn != 0;
+    i.history_lost = s.history_lost;
+    i.stored = s.stored;
     return i;
 }
 
@@ -554,7 +562,7 @@ Result<SessionInfo> ClusterChatEngine::open_session(const std::string& tenant,
             s.id = name;
             s.last_used = now;
             out = info_of(s, now);
-            save(s);
+            out->stored = save(s);
         }
     }
     drop(dropped);
@@ -675,6 +683,27 @@ void ClusterChatEngine::make_room_locked(
     }
 }
 
+Status ClusterChatEngine::check_expected_turn(Session& s, const ChatRequest& request) const {
+    const std::string turns = std::to_string(s.turns);
+    if (s.history_lost && request.expected_turn != s.turns) {
+        return data_loss("the session '" + s.id +
+                         "' was recovered by a repair of its store and may have lost turns: "
+                         "it holds " +
+                         turns + " turns (" + std::to_string(s.history.size()) +
+                         " messages). Send expected_turn " + turns +
+                         " to go on from there, or delete it");
+    }
+    if (request.expected_turn >= 0 && request.expected_turn != s.turns) {
+        return aborted("the session '" + s.id + "' holds " + turns + " turns, not the " +
+                       std::to_string(request.expected_turn) + " the request expects");
+    }
+    if (s.history_lost) {  // its client knows this history: it is its own again
+        s.history_lost = false;
+        save(s);
+    }
+    return Status();
+}
+
 Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
                                                const TurnCallbacks& callbacks) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -699,12 +728,13 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
             return failed_precondition("the session '" + request.session_id +
                                        "' has a turn running");
         }
+        DS_RETURN_IF_ERROR(check_expected_turn(*s, request));
         s->running_turn = turn_id;
         conversation = s->history;
         node = s->node;
     }
     // However the turn ends, the session is free for the next one.
-    auto release = [&](DecodeNode* on, const TurnResult* done) {
+    auto release = [&](DecodeNode* on, TurnResult* done) {
         if (!in_session) return;
         bool closed = false, pinned = false;
         {
@@ -728,7 +758,8 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
                     ++s.turns;
                     s.tokens = done->usage.prompt_tokens + done->usage.completion_tokens;
                     s.cached_tokens = done->usage.cached_tokens;
-                    save(s);  // before its client hears the end
+                    done->session_turn = s.turns;
+                    done->session_stored = save(s);  // before its client hears the end
                 }
             }
         }

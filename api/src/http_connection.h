@@ -62,6 +62,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     void linger();  // after the last answer: discard what the client sends, briefly
     void abort();   // closes the socket; pending operations end with errors
     void end_turn(Result<TurnResult> result);
+    // The answer's session fields (session_turn, session_stored) for a session turn.
+    SessionAnswer session_answer(const TurnResult& r) const;
     // A queued turn not started within the queue timeout leaves the queue: 503.
     void wait_for_thread(uint64_t ticket);
 

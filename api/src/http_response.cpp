@@ -47,6 +47,7 @@ HttpAnswer status_answer(const Status& s, const std::string& code) {
             return error_answer(404, s.message(), code);
         case StatusCode::kAlreadyExists:
         case StatusCode::kFailedPrecondition:
+        case StatusCode::kAborted:
             return error_answer(409, s.message(), code);
         case StatusCode::kResourceExhausted:
             return error_answer(429, s.message(), code);
@@ -67,8 +68,17 @@ HttpAnswer status_answer(const Status& s, const std::string& code) {
 }
 
 HttpAnswer session_error(const Status& st, bool about_session) {
-    return status_answer(
-        st, about_session && st.code() == StatusCode::kNotFound ? "session_not_found" : "");
+    if (!about_session) return status_answer(st);
+    switch (st.code()) {
+        case StatusCode::kNotFound:
+            return status_answer(st, "session_not_found");
+        case StatusCode::kAborted:
+            return status_answer(st, "session_turn_mismatch");
+        case StatusCode::kDataLoss:  // its record came through a repair (ClusterChatEngine)
+            return error_answer(409, st.message(), "session_history_lost");
+        default:
+            return status_answer(st);
+    }
 }
 
 std::string format_response(const HttpAnswer& a, bool keep_alive, bool head_only) {

@@ -20,7 +20,9 @@ nlohmann::json session_json(const SessionInfo& s) {
             {"tokens", s.tokens},
             {"cached_tokens", s.cached_tokens},
             {"idle_seconds", s.idle_seconds},
-            {"running", s.running}};
+            {"running", s.running},
+            {"stored", s.stored},
+            {"history_lost", s.history_lost}};
 }
 
 // Whether `allow` ("GET, HEAD, POST") names the method.
@@ -50,7 +52,11 @@ void Connection::route() {
     verb_ = head_ ? http::verb::get : req.method();
     if (path_ == "/health") {
         if (g_.stopping) return answer(error_answer(503, "the server is shutting down"));
-        return answer({200, R"({"status":"ok"})"});
+        // Degraded: the disk tier stores nothing now (its disk is below the reserve, or it
+        // had an I/O error); the service goes on from memory.
+        const bool degraded = !g_.engine.stats().tiers.disk_admitting;
+        return answer({200, degraded ? R"({"status":"ok","store":"degraded"})"
+                                     : R"({"status":"ok","store":"ok"})"});
     }
     if (!authorize()) return;
     if (path_ == "/v1/models") {

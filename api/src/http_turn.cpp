@@ -119,6 +119,12 @@ bool Connection::on_piece(std::string_view piece) {
     return true;
 }
 
+SessionAnswer Connection::session_answer(const TurnResult& r) const {
+    // A turn that said nothing (cancelled before its answer) did not move the session.
+    if (request_.session_id.empty() || r.session_turn == 0) return {};
+    return {r.session_turn, r.session_stored};
+}
+
 void Connection::end_turn(Result<TurnResult> r) {
     in_turn_ = false;
     const double seconds =
@@ -134,7 +140,7 @@ void Connection::end_turn(Result<TurnResult> r) {
     if (!request_.stream || (!head_sent_ && !r.ok())) {
         if (!r.ok()) return answer(session_error(r.error(), !request_.session_id.empty()));
         HttpAnswer a{200, completion_json(id_, created_, model, r->text, r->finish_reason, r->usage,
-                                          request_.session_id)};
+                                          request_.session_id, session_answer(*r))};
         a.session_id = request_.session_id;
         a.kv_source = r->usage.kv_source;
         return answer(a);
@@ -145,9 +151,9 @@ void Connection::end_turn(Result<TurnResult> r) {
         const HttpAnswer e = status_answer(r.error());
         tail += sse_event(error_json(r.error().message(), "server_error", e.status));
     } else {
-        tail += sse_event(chunk_json(id_, created_, model,
-                                     head_sent_ ? std::nullopt : std::optional<std::string>(""),
-                                     !head_sent_, r->finish_reason, std::nullopt));
+        tail += sse_event(chunk_json(
+            id_, created_, model, head_sent_ ? std::nullopt : std::optional<std::string>(""),
+            !head_sent_, r->finish_reason, std::nullopt, session_answer(*r)));
         if (request_.include_usage) {
             tail += sse_event(chunk_json(id_, created_, model, std::nullopt, false, "", r->usage));
         }

@@ -170,6 +170,8 @@ Result<ChatRequest> parse_object(const json& j, const model::SamplingParams& def
         r.session_id = id->get<std::string>();
         DS_RETURN_IF_ERROR(check_session_id(r.session_id, "session_id"));
     }
+    DS_RETURN_IF_ERROR(integer(j, "expected_turn", 0, INT32_MAX, v, given));
+    if (given) r.expected_turn = static_cast<int32_t>(v);
     return r;
 }
 
@@ -217,7 +219,8 @@ std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 
 std::string completion_json(const std::string& id, int64_t created, const std::string& model,
                             const std::string& text, const std::string& finish_reason,
-                            const Usage& usage, const std::string& session_id) {
+                            const Usage& usage, const std::string& session_id,
+                            const SessionAnswer& session) {
     json j = {{"id", id},
               {"object", "chat.completion"},
               {"created", created},
@@ -228,12 +231,17 @@ std::string completion_json(const std::string& id, int64_t created, const std::s
                                         {"finish_reason", finish_reason}}})},
               {"usage", usage_json(usage)}};
     if (!session_id.empty()) j["session_id"] = session_id;
+    if (session.turn >= 0) {
+        j["session_turn"] = session.turn;
+        j["session_stored"] = session.stored;
+    }
     return dump(j);
 }
 
 std::string chunk_json(const std::string& id, int64_t created, const std::string& model,
                        const std::optional<std::string>& content, bool first,
-                       const std::string& finish_reason, const std::optional<Usage>& usage) {
+                       const std::string& finish_reason, const std::optional<Usage>& usage,
+                       const SessionAnswer& session) {
     json j = {
         {"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model}};
     if (usage) {
@@ -249,6 +257,10 @@ std::string chunk_json(const std::string& id, int64_t created, const std::string
                       {"delta", delta},
                       {"logprobs", nullptr},
                       {"finish_reason", finish_reason.empty() ? json() : json(finish_reason)}}});
+    if (session.turn >= 0) {
+        j["session_turn"] = session.turn;
+        j["session_stored"] = session.stored;
+    }
     return dump(j);
 }
 

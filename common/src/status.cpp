@@ -20,6 +20,8 @@ std::string_view status_code_name(StatusCode code) {
             return "UNAUTHENTICATED";
         case StatusCode::kPermissionDenied:
             return "PERMISSION_DENIED";
+        case StatusCode::kAborted:
+            return "ABORTED";
     }
     return "UNKNOWN";
 }

@@ -133,7 +133,7 @@ TEST_F(HttpGatewayTest, PipelinedAndContinuedRequestsAreAnswered) {
         "127.0.0.1\r\n"
         "Connection: close\r\n\r\n";
     const std::string out = http_raw(port, two, 5000);
-    EXPECT_NE(out.find(R"({"status":"ok"})"), std::string::npos) << out;
+    EXPECT_NE(out.find(R"({"status":"ok","store":"ok"})"), std::string::npos) << out;
     EXPECT_NE(out.find(R"("object":"list")"), std::string::npos) << out;
     // curl sends Expect: 100-continue before a larger body.
     const std::string b = chat("Hello", 2).dump();

@@ -21,6 +21,11 @@ struct TurnResult {
     std::string finish_reason;  // "stop" (end of turn or a stop string) or "length"
     Usage usage;
     double ttft_seconds = 0;  // request start to the first piece (or the end)
+    // A session's turn: whether its record (the conversation with this answer) is on disk,
+    // synced, before the answer (false: the record store failed; the session goes on in
+    // memory and may not survive a restart). True without a record store or a session.
+    bool session_stored = true;
+    int32_t session_turn = 0;  // the session's turns after this one (its next expected_turn)
 };
 
 struct EngineStats {
@@ -51,7 +56,9 @@ struct SessionInfo {
     int64_t tokens = 0;         // in its KV after the last turn (prompt and answer)
     int64_t cached_tokens = 0;  // of the last turn's prompt, found in its KV
     int64_t idle_seconds = 0;
-    bool running = false;  // a turn is running
+    bool running = false;       // a turn is running
+    bool stored = true;         // its record is on disk as it is now (see TurnResult)
+    bool history_lost = false;  // recovered by a repair: its turns wait for expected_turn
 };
 
 // One session as an operator sees it (the admin service's pages, deltactl sessions): what

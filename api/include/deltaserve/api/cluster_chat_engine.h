@@ -84,12 +84,21 @@ class ClusterChatEngine : public ChatEngine {
         int64_t tokens = 0, cached_tokens = 0;
         uint64_t running_turn = 0;  // 0: none
         bool pinned = false;        // kept in memory (pin_session)
+        // Its record came through a repair of a store that could not be trusted (deltactl
+        // repair): it may be older than what its client saw, so its turns wait for the
+        // client's expected_turn.
+        bool history_lost = false;
+        mutable bool stored = true;  // the last save() of its record went to disk
     };
     // The map's key (and the decode nodes' session id): tenant and id, which cannot clash.
     static std::string key_of(const std::string& tenant, const std::string& id) {
         return tenant + "/" + id;
     }
     SessionInfo info_of(const Session& s, int64_t now) const;
+    // A turn's expected_turn against the session (under mu_): kDataLoss for a session whose
+    // history was marked lost and a request that does not name its turn (cleared when it
+    // does), kAborted for a request expecting another turn.
+    Status check_expected_turn(Session& s, const ChatRequest& request) const;
     DecodeNode* least_loaded_decode(const DecodeNode* except) const;
     PrefillNode* least_loaded_prefill(const std::vector<PrefillNode*>& except) const;
     // Has the least-loaded prefill node compute the turn's KV for `node`; when a prefill
@@ -105,7 +114,8 @@ class ClusterChatEngine : public ChatEngine {
     void drop(const std::vector<std::pair<DecodeNode*, std::string>>& dropped);
     // The record store (options.records): a session's record written, or removed. A failed
     // write is logged; the session goes on in memory.
-    void save(const Session& s) const;
+    // Writes the session's record (synced); false when the store failed (logged).
+    bool save(const Session& s) const;
     void unsave(const std::string& key) const;
     void recover();
     // A stored record parsed (nullopt: it does not parse, or names another key).

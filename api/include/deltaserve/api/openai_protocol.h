@@ -37,7 +37,12 @@ struct ChatRequest {
     bool stream = false;
     bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
     std::string session_id;      // the session_id field (the X-Session-ID header also works)
-    std::string tenant;          // who asks (from the API key, never from the body)
+    // expected_turn: the turns the client knows its session to hold (its last answer's
+    // session_turn); a session at another turn answers 409 session_turn_mismatch, and one
+    // whose history was marked lost (deltactl repair) goes on only when this matches.
+    // -1: not given.
+    int32_t expected_turn = -1;
+    std::string tenant;  // who asks (from the API key, never from the body)
 };
 
 // Parses a POST /v1/chat/completions body. Errors (kInvalidArgument) name the field:
@@ -59,16 +64,26 @@ struct Usage {
     std::string kv_source;
 };
 
+// A session turn's fields in its answer: session_turn, the turns the session holds now (the
+// next request's expected_turn), and session_stored, false when its record could not be
+// written to disk (the session goes on in memory, and may not survive a restart).
+struct SessionAnswer {
+    int32_t turn = -1;  // -1: not a session turn
+    bool stored = true;
+};
+
 // A whole answer (chat.completion).
 std::string completion_json(const std::string& id, int64_t created, const std::string& model,
                             const std::string& text, const std::string& finish_reason,
-                            const Usage& usage, const std::string& session_id);
+                            const Usage& usage, const std::string& session_id,
+                            const SessionAnswer& session = {});
 
 // One streamed chunk (chat.completion.chunk): the role in the first, then content pieces,
 // then the finish reason; usage alone in the last when asked for.
 std::string chunk_json(const std::string& id, int64_t created, const std::string& model,
                        const std::optional<std::string>& content, bool first,
-                       const std::string& finish_reason, const std::optional<Usage>& usage);
+                       const std::string& finish_reason, const std::optional<Usage>& usage,
+                       const SessionAnswer& session = {});
 
 // {"error": {"message", "type", "param", "code"}}: type invalid_request_error (400),
 // not_found_error (404), server_error (500), ...; code is `code` when given (OpenAI's

@@ -18,7 +18,7 @@ inline void to_capnp(const Status& s, Error::Builder e) {
 inline Status from_capnp(Error::Reader e) {
     const uint8_t code = e.getCode();
     const bool known = code > static_cast<uint8_t>(StatusCode::kOk) &&
-                       code <= static_cast<uint8_t>(StatusCode::kPermissionDenied);
+                       code <= static_cast<uint8_t>(StatusCode::kAborted);
     return Status(known ? static_cast<StatusCode>(code) : StatusCode::kInternal,
                   e.getMessage().cStr());
 }

@@ -30,6 +30,7 @@ enum class StatusCode {
     kInternal,
     kUnauthenticated,   // no or a wrong credential (HTTP 401)
     kPermissionDenied,  // a credential that does not allow this (HTTP 403)
+    kAborted,           // the state is not the one the caller expected (HTTP 409)
 };
 
 std::string_view status_code_name(StatusCode code);
@@ -82,6 +83,7 @@ inline Status permission_denied(std::string msg) {
     return {StatusCode::kPermissionDenied, std::move(msg)};
 }
 inline Status unavailable(std::string msg) { return {StatusCode::kUnavailable, std::move(msg)}; }
+inline Status aborted(std::string msg) { return {StatusCode::kAborted, std::move(msg)}; }
 inline Status deadline_exceeded(std::string msg) {
     return {StatusCode::kDeadlineExceeded, std::move(msg)};
 }
