@@ -201,9 +201,14 @@ TEST_F(RepairTest, APayloadFileCutOrDeletedIsFoundByVerify) {
     ServingProcess server(serve_args({"--data-dir", dir_}));
     ASSERT_NE(server.port(), 0) << server.log();
     int status = 0;
-    const json a = turn(server.port(), "ada", "And my name?", &status);
+    // A client that expects another turn learns it is not the session's.
+    json a = turn(server.port(), "ada", "And my name?", &status, {{"expected_turn", 2}});
+    EXPECT_EQ(status, 409) << a.dump();
+    EXPECT_EQ(a["error"]["code"], "session_turn_mismatch") << a.dump();
+    a = turn(server.port(), "ada", "And my name?", &status, {{"expected_turn", 3}});
     EXPECT_EQ(status, 200) << a.dump();
     EXPECT_EQ(a["session_turn"], 4) << a.dump();
+    EXPECT_EQ(a["session_stored"], true) << a.dump();
 }
 
 }  // namespace
