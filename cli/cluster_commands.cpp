@@ -289,6 +289,9 @@ int gateway_main(int argc, char** argv) {
     go.access.api_keys = *keys;
     go.access.admin_keys = *admin_keys;
     go.access.insecure = c.insecure;
+    go.allowed_hosts = api::split_keys(c.allowed_hosts);
+    go.allowed_origins = api::split_keys(c.allowed_origins);
+    go.queue_timeout_ms = c.queue_timeout_ms;
     return serve_gateway(engine, go, c.gateway_rpc,
                          " (" + std::to_string(decode.size()) + " decode, " +
                              std::to_string(prefill.size()) + " prefill nodes)",

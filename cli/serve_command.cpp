@@ -106,6 +106,15 @@ int serve_main(int argc, char** argv) {
           "sent whole again, a shared system prompt; full KV only); 0 = off");
     p.add("max-connections", &max_connections,
           "HTTP connections open at once; more get 503 and are closed");
+    p.add_list("allowed-host", &go.allowed_hosts,
+               "a Host header value the HTTP API answers besides the loopback names (NAME: any "
+               "port, NAME:PORT, * any); repeatable or comma-separated. Without --api-key only "
+               "loopback names are answered (against DNS rebinding); given, Host is checked with "
+               "a key too");
+    p.add_list("allowed-origin", &go.allowed_origins,
+               "a browser origin (scheme://host[:port], * any) whose cross-origin requests the "
+               "HTTP API serves (CORS); repeatable or comma-separated; requests from other "
+               "origins get 403");
     p.add("queue-timeout-ms", &queue_timeout_ms,
           "milliseconds a chat request waits for a turn thread when every one is taken; then "
           "503 with Retry-After");

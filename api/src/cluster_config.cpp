@@ -63,6 +63,8 @@ const std::map<std::string, Setter>& setters() {
         text("api_key", &ClusterConfig::api_key);
         text("admin_key", &ClusterConfig::admin_key);
         text("cluster_token", &ClusterConfig::cluster_token);
+        text("allowed_hosts", &ClusterConfig::allowed_hosts);
+        text("allowed_origins", &ClusterConfig::allowed_origins);
         m["insecure"] = [](ClusterConfig& c, const std::string& v) {
             if (v != "true" && v != "false") {
                 return invalid_argument("insecure: '" + v + "' is not true or false");
@@ -74,6 +76,7 @@ const std::map<std::string, Setter>& setters() {
         integer("ctx_size", &ClusterConfig::ctx_size, 0, 1 << 20);
         integer("batch_size", &ClusterConfig::batch_size, 1, 1 << 16);
         integer("gateway_port", &ClusterConfig::gateway_port, 0, 65535);
+        integer("queue_timeout_ms", &ClusterConfig::queue_timeout_ms, 1, 1 << 30);
         integer("local_prefill_max", &ClusterConfig::local_prefill_max, 0, 1 << 20);
         integer("max_batch", &ClusterConfig::max_batch, 1, 4096);
         integer("prefill_chunk", &ClusterConfig::prefill_chunk, 0, 1 << 16);

@@ -42,8 +42,10 @@ int send_chat(uint16_t port, const json& body) {
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     a.sin_port = htons(port);
     const std::string b = body.dump();
-    const std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
-                            std::to_string(b.size()) + "\r\n\r\n" + b;
+    const std::string req =
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: application/json\r\nContent-Length: " +
+        std::to_string(b.size()) + "\r\n\r\n" + b;
     if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
         write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
         close(fd);

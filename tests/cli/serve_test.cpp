@@ -166,8 +166,10 @@ TEST_F(ServeTest, BadInputGetsClearErrorsAndTheServerStaysUp) {
     EXPECT_EQ(garbage.status, 400);
     // A client that goes away mid-stream.
     json stream = chat_body("Tell me a long story about a dragon.", 200, true);
-    const std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
-                            std::to_string(stream.dump().size()) + "\r\n\r\n" + stream.dump();
+    const std::string req =
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: application/json\r\nContent-Length: " +
+        std::to_string(stream.dump().size()) + "\r\n\r\n" + stream.dump();
     EXPECT_FALSE(http_raw(port, req, 60000, 300).empty());
 
     // Still serving, and answers are still right.

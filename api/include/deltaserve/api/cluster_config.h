@@ -69,6 +69,11 @@ struct ClusterConfig {
     std::string admin_key;
     std::string cluster_token;
     bool insecure = false;
+    // The gateway's HTTP rules (GatewayOptions): Host names and browser origins it answers
+    // besides its own, comma-separated ("" = none), and how long a chat request waits for a
+    // turn thread (ms).
+    std::string allowed_hosts, allowed_origins;
+    int32_t queue_timeout_ms = 30'000;
     std::string log_level = "warn";
     std::vector<NodeEntry> prefill;
     std::vector<NodeEntry> decode;
