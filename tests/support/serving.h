@@ -21,11 +21,15 @@ namespace deltaserve::testing {
 using json = nlohmann::json;
 namespace d = cli_runner_detail;
 
-// `deltaserve serve` on a free port, one thread, a 1024-token context, and more flags; no
-// data dir unless they give one (tests run side by side, and one data dir is one server's).
+// `deltaserve serve` on a free port, one thread, a 1024-token context (unless they give
+// --ctx-size: a flag may be given once), and more flags; no data dir unless they give one
+// (tests run side by side, and one data dir is one server's).
 inline std::vector<std::string> serve_args(const std::vector<std::string>& more) {
     std::vector<std::string> args = {"serve",     "--model", default_gguf_model(), "--port", "0",
-                                     "--threads", "1",       "--ctx-size",         "1024"};
+                                     "--threads", "1"};
+    if (std::find(more.begin(), more.end(), "--ctx-size") == more.end()) {
+        args.insert(args.end(), {"--ctx-size", "1024"});
+    }
     if (std::find(more.begin(), more.end(), "--data-dir") == more.end()) {
         args.insert(args.end(), {"--data-dir", "none"});
     }
