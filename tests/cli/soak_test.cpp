@@ -1,13 +1,13 @@
 // Soak: 32 clients on `deltaserve serve` for DELTASERVE_SOAK_SECONDS (default 60; the closing
 // note of issue 34 gives a 300 s run) mixing turns in their sessions (whole and streamed),
-// stateless turns, malformed requests, slow readers, clients that leave mid-stream and
-// half-sent requests. Asserts: the server never dies, every good request is answered
-// rightly, its RSS and thread count stay bounded (printed), and once the clients closed
-// their sessions no session, KV byte or connection is left, and what it allocated
-// (deltaserve_heap_bytes) and its open files are back where they were. The same against a local
-// cluster whose decode node is killed and restarted halfway: turns that overlap the outage
-// may fail with 503 (a stream with an error event), turns sent once the node is back up are
-// answered (sessions recompute their history there).
+// stateless turns, malformed requests, slow readers, clients that leave mid-stream,
+// pipelined requests (a turn, a GET and a stream in one write) and half-sent requests. Asserts: the
+// server never dies, every good request is answered rightly, its RSS and thread count stay bounded
+// (printed), and once the clients closed their sessions no session, KV byte or connection is left,
+// and what it allocated (deltaserve_heap_bytes) and its open files are back where they were. The
+// same against a local cluster whose decode node is killed and restarted halfway: turns that
+// overlap the outage may fail with 503 (a stream with an error event), turns sent once the node is
+// back up are answered (sessions recompute their history there).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -192,8 +192,8 @@ void client(uint16_t port, int index, Clock::time_point until, Tally& t, const O
             a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
             if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
                 const std::string req =
-                    "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                    "Content-Length: " +
+                    "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    "Content-Type: application/json\r\nContent-Length: " +
                     std::to_string(b.size()) + "\r\n\r\n" + b;
                 (void)!send(fd, req.data(), req.size(), MSG_NOSIGNAL);
                 char buf[64];
@@ -207,12 +207,41 @@ void client(uint16_t port, int index, Clock::time_point until, Tally& t, const O
             ++t.abusive;
             const std::string b = chat_body("Tell me a long story.", 100, true).dump();
             http_raw(port,
-                     "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                     "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     "Content-Type: application/json\r\nContent-Length: " +
                          std::to_string(b.size()) + "\r\n\r\n" + b,
                      30000, 400);
+        } else if (pick < 85) {  // pipelined: a turn, a GET and a stream behind it, one write
+            ++t.good;
+            sent = Clock::now();
+            const auto keep_alive_post = [](const json& body, bool last) {
+                const std::string b = body.dump();
+                return "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n" +
+                       std::string(last ? "Connection: close\r\n" : "") +
+                       "Content-Type: application/json\r\nContent-Length: " +
+                       std::to_string(b.size()) + "\r\n\r\n" + b;
+            };
+            const std::string raw =
+                http_raw(port,
+                         keep_alive_post(chat_body("Say yes.", 4), false) +
+                             "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" +
+                             keep_alive_post(chat_body("Say no.", 4, true), true),
+                         120000);
+            int ok = 0;
+            for (size_t at = 0; (at = raw.find("HTTP/1.1 200 OK\r\n", at)) != std::string::npos;
+                 ++at) {
+                ++ok;
+            }
+            if (ok != 3 && raw.find("HTTP/1.1 503") != std::string::npos && outage.overlaps(sent)) {
+                ++t.outage;
+            } else if (ok != 3 || raw.find("data: [DONE]") == std::string::npos) {
+                t.fail("pipelined: " + std::to_string(ok) + " of 3 answered: " + raw.substr(0, 300),
+                       sent);
+            }
         } else if (pick < 90) {  // half-sent, then gone
             ++t.abusive;
-            http_raw(port, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Len", 1000);
+            http_raw(port, "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Len",
+                     1000);
         } else {
             ++t.good;
             sent = Clock::now();
