@@ -60,6 +60,17 @@ int serve_main(int argc, char** argv) {
     p.add("max-sessions", &eo.max_sessions,
           "sessions remembered at most (least recently used go first)");
     p.add("session-ttl", &ttl, "seconds an idle session is remembered");
+    uint64_t max_stored = static_cast<uint64_t>(eo.max_stored_sessions);
+    uint64_t max_stored_tenant = static_cast<uint64_t>(eo.max_stored_sessions_per_tenant);
+    std::string max_stored_bytes = "1GiB", max_stored_bytes_tenant = "1GiB";
+    p.add("max-stored-sessions", &max_stored,
+          "sessions kept in --data-dir at most; opening one more is 429 too_many_sessions "
+          "(default 10000)");
+    p.add("max-stored-sessions-per-tenant", &max_stored_tenant, "... per API key (default 10000)");
+    p.add("max-stored-bytes", &max_stored_bytes,
+          "bytes of stored conversations (the sessions' records) at most; a turn beyond is "
+          "429");
+    p.add("max-stored-bytes-per-tenant", &max_stored_bytes_tenant, "... per API key");
     p.add("kv-block-tokens", &dopt.tier_block_tokens,
           "tokens per stored KV block in the host and disk tiers (a prefix is found in the "
           "tiers by whole blocks)");
@@ -132,6 +143,21 @@ int serve_main(int argc, char** argv) {
             "--queue-timeout-ms >= 1, --local-prefill-max, --drain-timeout, --prefix-cache-mib, "
             "--kv-sessions and --prefill-chunk >= 0, --kv-block-tokens >= 1"));
         return 2;
+    }
+    {
+        auto total = parse_byte_size(max_stored_bytes);
+        auto tenant = parse_byte_size(max_stored_bytes_tenant);
+        if (!total || !tenant || *total == 0 || *tenant == 0 || max_stored == 0 ||
+            max_stored_tenant == 0 || max_stored > INT64_MAX || max_stored_tenant > INT64_MAX) {
+            print_error(invalid_argument(
+                "--max-stored-sessions(-per-tenant) and --max-stored-bytes(-per-tenant) must be "
+                "above 0 (bytes as 512MiB, 2GiB, ...)"));
+            return 2;
+        }
+        eo.max_stored_sessions = static_cast<int64_t>(max_stored);
+        eo.max_stored_sessions_per_tenant = static_cast<int64_t>(max_stored_tenant);
+        eo.max_stored_bytes = static_cast<int64_t>(*total);
+        eo.max_stored_bytes_per_tenant = static_cast<int64_t>(*tenant);
     }
     if (!kv_memory.empty()) {
         auto bytes = parse_byte_size(kv_memory);

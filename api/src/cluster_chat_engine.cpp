@@ -133,16 +133,93 @@ bool ClusterChatEngine::save(const Session& s) const {
                         {"last_used", s.last_used + wall_offset()},
                         {"history", std::move(history)}};
     if (s.history_lost) j["history_lost"] = true;
+    const std::string key = key_of(s.tenant, s.id);
     const kvstore::DiskTier::Record r[] = {
-        {std::string(kRecordPrefix) + key_of(s.tenant, s.id),
+        {std::string(kRecordPrefix) + key,
          j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)}};
     if (Status st = options_.records->put_records(r); !st.ok()) {
         spdlog::warn("gateway: session {}'s record was not stored: {}", s.id, st.to_string());
         s.stored = false;
         return false;
     }
+    account(key, s.tenant, static_cast<int64_t>(r[0].second.size()));
     s.stored = true;
     return true;
+}
+
+void ClusterChatEngine::account(const std::string& key, const std::string& tenant,
+                                int64_t bytes) const {
+    std::lock_guard<std::mutex> lock(use_mu_);
+    auto [it, fresh] = record_use_.try_emplace(key, tenant, 0);
+    StoredUse& t = use_by_tenant_[tenant];
+    if (fresh) {
+        ++t.sessions;
+        ++use_total_.sessions;
+    }
+    t.bytes += bytes - it->second.second;
+    use_total_.bytes += bytes - it->second.second;
+    it->second.second = bytes;
+}
+
+void ClusterChatEngine::unaccount(const std::string& key) const {
+    std::lock_guard<std::mutex> lock(use_mu_);
+    auto it = record_use_.find(key);
+    if (it == record_use_.end()) return;
+    StoredUse& t = use_by_tenant_[it->second.first];
+    --t.sessions;
+    --use_total_.sessions;
+    t.bytes -= it->second.second;
+    use_total_.bytes -= it->second.second;
+    if (t.sessions == 0) use_by_tenant_.erase(it->second.first);
+    record_use_.erase(it);
+}
+
+Status ClusterChatEngine::room_for(const std::string& tenant, bool opening) {
+    if (!options_.records) return Status();
+    const auto why_not = [&]() -> std::string {
+        std::lock_guard<std::mutex> lock(use_mu_);
+        const auto it = use_by_tenant_.find(tenant);
+        const StoredUse t = it == use_by_tenant_.end() ? StoredUse{} : it->second;
+        const auto says = [](int64_t n, const char* what, const char* flag, int64_t cap) {
+            return std::to_string(n) + " " + what + " reach the cap " + flag + " " +
+                   std::to_string(cap);
+        };
+        if (opening && t.sessions >= options_.max_stored_sessions_per_tenant)
+            return "this key's stored sessions: " + says(t.sessions, "sessions",
+                                                         "--max-stored-sessions-per-tenant",
+                                                         options_.max_stored_sessions_per_tenant);
+        if (opening && use_total_.sessions >= options_.max_stored_sessions)
+            return "the server's stored sessions: " + says(use_total_.sessions, "sessions",
+                                                           "--max-stored-sessions",
+                                                           options_.max_stored_sessions);
+        if (t.bytes >= options_.max_stored_bytes_per_tenant)
+            return "this key's stored sessions: " + says(t.bytes, "bytes of conversation",
+                                                         "--max-stored-bytes-per-tenant",
+                                                         options_.max_stored_bytes_per_tenant);
+        if (use_total_.bytes >= options_.max_stored_bytes)
+            return "the server's stored sessions: " +
+                   says(use_total_.bytes, "bytes of conversation", "--max-stored-bytes",
+                        options_.max_stored_bytes);
+        return {};
+    };
+    std::string why = why_not();
+    if (why.empty()) return Status();
+    sweep_expired_locked();  // those past their TTL go first
+    why = why_not();
+    if (why.empty()) return Status();
+    return resource_exhausted(why + "; delete sessions (DELETE /v1/sessions/ID) to go on");
+}
+
+void ClusterChatEngine::sweep_expired_locked() {
+    auto records = options_.records->records(std::string(kRecordPrefix));
+    if (!records.ok()) return;
+    const int64_t now = now_seconds();
+    for (const auto& [record_key, value] : *records) {
+        const std::string key = record_key.substr(kRecordPrefix.size());
+        if (sessions_.count(key) != 0) continue;
+        auto s = parse_record(key, value);
+        if (!s || (!s->pinned && now - s->last_used > options_.session_ttl_seconds)) unsave(key);
+    }
 }
 
 void ClusterChatEngine::unsave(const std::string& key) const {
@@ -150,7 +227,9 @@ void ClusterChatEngine::unsave(const std::string& key) const {
     const kvstore::DiskTier::Record r[] = {{std::string(kRecordPrefix) + key, ""}};
     if (Status st = options_.records->put_records(r); !st.ok()) {
         spdlog::warn("gateway: session {}'s record was not removed: {}", key, st.to_string());
+        return;
     }
+    unaccount(key);
 }
 
 std::optional<ClusterChatEngine::Session> ClusterChatEngine::parse_record(
@@ -239,6 +318,7 @@ void ClusterChatEngine::recover() {
             expired.emplace_back(s->node, key);  // past its TTL while the server was down
             unsave(key);
         } else {
+            account(key, s->tenant, static_cast<int64_t>(value.size()));
             live.push_back(std::move(*s));
         }
     }
@@ -328,6 +408,50 @@ std::vector<SessionInfo> ClusterChatEngine::sessions() const {
         auto s = parse_record(key, value);
         if (s && now - s->last_used <= options_.session_ttl_seconds)
             out.push_back(info_of(*s, now));
+    }
+    return out;
+}
+
+ChatEngine::SessionList ClusterChatEngine::tenant_sessions(const std::string& tenant,
+                                                           const std::string& after,
+                                                           int32_t limit) const {
+    limit = std::clamp(limit, 1, kMaxSessionPage);
+    const std::string prefix = key_of(tenant, "");  // "tenant/": ids hold no '/'
+    const int64_t now = now_seconds();
+    // The stored ones in the page's range, read before the lock, as many as could fill it
+    // (those past their TTL are passed over).
+    std::vector<Session> stored;
+    if (options_.records) {
+        const std::string records_prefix = std::string(kRecordPrefix) + prefix;
+        std::string cursor = after;
+        while (static_cast<int32_t>(stored.size()) <= limit) {
+            auto page =
+                options_.records->records(records_prefix, cursor, static_cast<size_t>(limit) + 1);
+            if (!page.ok() || page->empty()) break;
+            for (const auto& [record_key, value] : *page) {
+                auto s = parse_record(record_key.substr(kRecordPrefix.size()), value);
+                if (s && (s->pinned || now - s->last_used <= options_.session_ttl_seconds))
+                    stored.push_back(std::move(*s));
+            }
+            if (page->size() <= static_cast<size_t>(limit)) break;
+            cursor = page->back().first.substr(records_prefix.size());
+        }
+    }
+    SessionList out;
+    std::lock_guard<std::mutex> lock(mu_);
+    std::map<std::string, SessionInfo> merged;  // key -> info: memory first, then the store
+    for (auto it = sessions_.upper_bound(prefix + after);
+         it != sessions_.end() && it->first.rfind(prefix, 0) == 0 &&
+         static_cast<int32_t>(merged.size()) <= limit;
+         ++it)
+        merged.emplace(it->first, info_of(it->second, now));
+    for (const Session& s : stored) merged.emplace(key_of(s.tenant, s.id), info_of(s, now));
+    for (auto& [key, info] : merged) {
+        if (static_cast<int32_t>(out.data.size()) == limit) {
+            out.more = true;
+            break;
+        }
+        out.data.push_back(std::move(info));
     }
     return out;
 }
@@ -552,7 +676,9 @@ Result<SessionInfo> ClusterChatEngine::open_session(const std::string& tenant,
         }
         // Room for one more: idle sessions go first; running ones are never dropped.
         forget_stale(now, dropped);
-        if (static_cast<int32_t>(sessions_.size()) >= options_.max_sessions) {
+        if (Status room = room_for(tenant, /*opening=*/true); !room.ok()) {
+            out = room;
+        } else if (static_cast<int32_t>(sessions_.size()) >= options_.max_sessions) {
             out = resource_exhausted("the session table is full (" +
                                      std::to_string(options_.max_sessions) +
                                      " sessions, each running a turn); try again later");
@@ -729,6 +855,7 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
                                        "' has a turn running");
         }
         DS_RETURN_IF_ERROR(check_expected_turn(*s, request));
+        DS_RETURN_IF_ERROR(room_for(request.tenant, /*opening=*/false));
         s->running_turn = turn_id;
         conversation = s->history;
         node = s->node;

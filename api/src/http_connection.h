@@ -50,7 +50,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     void route();
     void options(const std::string& allow);  // OPTIONS: a CORS preflight, or the methods
     bool authorize();                        // false: answered (401)
-    void sessions(std::string_view path);    // /v1/sessions and /v1/sessions/{id}
+    void sessions(std::string_view path);
+    void list_sessions();                              // GET /v1/sessions, a page
+    static constexpr int32_t kSessionListLimit = 100;  // /v1/sessions and /v1/sessions/{id}
     // http_turn.cpp
     void chat();
     void answer(HttpAnswer a);          // a whole response, then the next request or close

@@ -2,6 +2,9 @@
 // preflights), the API key, and the answers of everything but a chat turn.
 #include <nlohmann/json.hpp>
 
+#include <charconv>
+#include <optional>
+
 #include "gateway_core.h"
 #include "http_connection.h"
 #include "json_body.h"
@@ -23,6 +26,23 @@ nlohmann::json session_json(const SessionInfo& s) {
             {"running", s.running},
             {"stored", s.stored},
             {"history_lost", s.history_lost}};
+}
+
+// The value of `name` in a target's query ("a=1&b=2"), or nullopt.
+std::optional<std::string_view> query_param(std::string_view target, std::string_view name) {
+    const size_t q = target.find('?');
+    if (q == std::string_view::npos) return std::nullopt;
+    std::string_view query = target.substr(q + 1);
+    while (!query.empty()) {
+        const size_t amp = query.find('&');
+        const std::string_view pair = query.substr(0, amp);
+        const size_t eq = pair.find('=');
+        if (pair.substr(0, eq) == name)
+            return eq == std::string_view::npos ? std::string_view() : pair.substr(eq + 1);
+        if (amp == std::string_view::npos) break;
+        query.remove_prefix(amp + 1);
+    }
+    return std::nullopt;
 }
 
 // Whether `allow` ("GET, HEAD, POST") names the method.
@@ -109,17 +129,39 @@ bool Connection::authorize() {
     return true;
 }
 
+// GET /v1/sessions: this key's sessions a page at a time, in id order (?limit=, default
+// kSessionListLimit, at most kMaxSessionPage; ?after=ID, the last id of the page before).
+void Connection::list_sessions() {
+    const auto& req = parser_->get();
+    const std::string_view target(req.target().data(), req.target().size());
+    int32_t limit = kSessionListLimit;
+    if (auto l = query_param(target, "limit")) {
+        const auto r = std::from_chars(l->data(), l->data() + l->size(), limit);
+        if (r.ec != std::errc() || r.ptr != l->data() + l->size() || limit < 1 ||
+            limit > kMaxSessionPage)
+            return answer(error_answer(
+                400, "'limit' must be an integer in [1, " + std::to_string(kMaxSessionPage) + "]"));
+    }
+    std::string after;
+    if (auto a = query_param(target, "after")) {
+        after = std::string(*a);
+        if (Status st = check_session_id(after, "after"); !st.ok())
+            return answer(status_answer(st));
+    }
+    const ChatEngine::SessionList page = g_.engine.tenant_sessions(tenant_, after, limit);
+    nlohmann::json list = nlohmann::json::array();
+    for (const SessionInfo& s : page.data) list.push_back(session_json(s));
+    nlohmann::json j = {{"object", "list"}, {"data", std::move(list)}, {"has_more", page.more}};
+    j["first_id"] = page.data.empty() ? nlohmann::json() : nlohmann::json(page.data.front().id);
+    j["last_id"] = page.data.empty() ? nlohmann::json() : nlohmann::json(page.data.back().id);
+    return answer({200, j.dump()});
+}
+
 // route() let through only the methods allowed_methods names.
 void Connection::sessions(std::string_view path) {
     const auto& req = parser_->get();
     if (path == "/v1/sessions") {
-        if (verb_ == http::verb::get) {  // this key's sessions
-            nlohmann::json list = nlohmann::json::array();
-            for (const SessionInfo& s : g_.engine.sessions()) {
-                if (s.tenant == tenant_) list.push_back(session_json(s));
-            }
-            return answer({200, nlohmann::json{{"object", "list"}, {"data", list}}.dump()});
-        }
+        if (verb_ == http::verb::get) return list_sessions();
         std::string id;
         if (!req.body().empty()) {  // {"id": NAME}, optional
             auto j = parse_json_body(req.body());
@@ -134,7 +176,11 @@ void Connection::sessions(std::string_view path) {
             }
         }
         auto info = g_.engine.open_session(tenant_, id);
-        if (!info.ok()) return answer(status_answer(info.status()));
+        if (!info.ok()) {
+            const Status& st = info.status();
+            return answer(status_answer(
+                st, st.code() == StatusCode::kResourceExhausted ? "too_many_sessions" : ""));
+        }
         HttpAnswer a{200, session_json(*info).dump()};
         a.session_id = info->id;
         return answer(a);

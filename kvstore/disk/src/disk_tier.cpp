@@ -648,9 +648,16 @@ Status DiskTier::put_records(std::span<const Record> records) {
     rocksdb::WriteBatch batch;
     t.add_records(batch, records);
     uint64_t bytes = 0;
-    for (const auto& [k, v] : records) bytes += k.size() + v.size();
-    // Synced: a session's record is what a client was told is stored.
-    const Status w = t.commit(batch, /*sync=*/true, t.reserve() / 2 + bytes);
+    bool deletes_only = true;
+    for (const auto& [k, v] : records) {
+        bytes += k.size() + v.size();
+        deletes_only = deletes_only && v.empty();
+    }
+    // Synced: a session's record is what a client was told is stored. Deletes (which free
+    // space) may use the reserve down to its last quarter, as erases do: a session closed on
+    // a full disk must not come back after a restart.
+    const uint64_t need = deletes_only ? t.reserve() / 4 : t.reserve() / 2 + bytes;
+    const Status w = t.commit(batch, /*sync=*/true, need);
     if (!w.ok()) {
         if (w.code() != StatusCode::kResourceExhausted) {
             std::lock_guard lock(t.mu);

@@ -136,6 +136,15 @@ class ChatEngine {
     virtual Status close_session(const std::string& tenant, const std::string& id) = 0;
     // Every tenant's sessions (the admin service).
     virtual std::vector<SessionInfo> sessions() const = 0;
+    // One page of a tenant's sessions (GET /v1/sessions), in id order: those whose id sorts
+    // after `after` ("" from the first), `limit` at most (1..kMaxSessionPage), and whether
+    // more follow.
+    struct SessionList {
+        std::vector<SessionInfo> data;
+        bool more = false;
+    };
+    virtual SessionList tenant_sessions(const std::string& tenant, const std::string& after,
+                                        int32_t limit) const = 0;
     // The sessions after key `after` ("" from the first), in key order, `limit` at most
     // (1..kMaxSessionPage), with where their KV is: each node asked once for the page, and
     // the gateway's lock held only to copy the page's rows.

@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "deltaserve/api/chat_engine.h"
@@ -38,6 +39,14 @@ struct ClusterEngineOptions {
     // Where sessions' records are kept across restarts (the disk tier's records, under
     // "gw/"), or null: sessions live in memory only.
     std::shared_ptr<kvstore::DiskTier> records;
+    // With a record store: the sessions it keeps, in all and per tenant (opening one more is
+    // 429 too_many_sessions: refused rather than evicting one, as a stored session is a
+    // user's conversation and idle ones already leave after session_ttl_seconds), and the
+    // bytes of their records (their conversations: a tenant's turn is 429 once its
+    // sessions' records, or all of them, hold that much). Default 10000 sessions and 1 GiB,
+    // per tenant the same (lower them to share a server between keys).
+    int64_t max_stored_sessions = 10000, max_stored_sessions_per_tenant = 10000;
+    int64_t max_stored_bytes = int64_t{1} << 30, max_stored_bytes_per_tenant = int64_t{1} << 30;
     // checkpoint(): where the records store's copy goes, ROOT/checkpoints/<name>/STORE/kv;
     // STORE "" when the records live in a decode worker's store (serve), copied with it.
     std::string checkpoint_root, records_store;
@@ -64,6 +73,8 @@ class ClusterChatEngine : public ChatEngine {
                                      const std::string& id) const override;
     Status close_session(const std::string& tenant, const std::string& id) override;
     std::vector<SessionInfo> sessions() const override;
+    SessionList tenant_sessions(const std::string& tenant, const std::string& after,
+                                int32_t limit) const override;
     SessionPage session_page(const std::string& after, int32_t limit) const override;
     std::vector<NodeStats> node_stats() const override;
     ClusterView cluster() const override;
@@ -99,6 +110,17 @@ class ClusterChatEngine : public ChatEngine {
     // history was marked lost and a request that does not name its turn (cleared when it
     // does), kAborted for a request expecting another turn.
     Status check_expected_turn(Session& s, const ChatRequest& request) const;
+    // The record store's use (sessions and bytes of their records), in all and by tenant:
+    // counted at recovery, kept by save() and unsave().
+    struct StoredUse {
+        int64_t sessions = 0, bytes = 0;
+    };
+    void account(const std::string& key, const std::string& tenant, int64_t bytes) const;
+    void unaccount(const std::string& key) const;
+    // Why `tenant` may not open one more session, or may not store more bytes (`opening`
+    // false), or OK. Expired records are swept first when a cap is reached.
+    Status room_for(const std::string& tenant, bool opening);
+    void sweep_expired_locked();
     DecodeNode* least_loaded_decode(const DecodeNode* except) const;
     PrefillNode* least_loaded_prefill(const std::vector<PrefillNode*>& except) const;
     // Has the least-loaded prefill node compute the turn's KV for `node`; when a prefill
@@ -137,6 +159,10 @@ class ClusterChatEngine : public ChatEngine {
     std::unique_ptr<PrefillWatch> watch_;
     mutable std::mutex mu_;
     std::map<std::string, Session> sessions_;
+    mutable std::mutex use_mu_;  // after mu_
+    mutable StoredUse use_total_;
+    mutable std::map<std::string, StoredUse> use_by_tenant_;
+    mutable std::unordered_map<std::string, std::pair<std::string, int64_t>> record_use_;
     int64_t recovered_ = 0;
     double recovery_ms_ = 0;
 };
