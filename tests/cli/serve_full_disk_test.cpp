@@ -10,9 +10,13 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include "cli_runner.h"
@@ -147,6 +151,70 @@ TEST_F(FullDiskServeTest, AFillingDiskNeverCrashesAndLosesNothingAcknowledged) {
     }
     const json a = turn(again.port(), "ada", "What is my name?");
     EXPECT_EQ(a["session_turn"], stored_turns["ada"] + 1) << a.dump();
+}
+
+// A soak on a disk that fills and frees over and over (DELTASERVE_SOAK_SECONDS / 3, at least
+// 10 s): four clients run session turns throughout; every turn is answered 200 and nothing
+// crashes; after kill -9 each session holds the turns of its last answer that said stored.
+TEST_F(FullDiskServeTest, ASoakOnADiskThatFillsAndFreesLosesNothingAcknowledged) {
+    const char* env = std::getenv("DELTASERVE_SOAK_SECONDS");
+    const int seconds = std::max(10, (env != nullptr ? std::atoi(env) : 60) / 3);
+    std::map<std::string, int> stored_turns;
+    std::atomic<int> answered{0}, refused{0}, unstored{0};
+    {
+        ServingProcess server(server_args(), "http://127.0.0.1:", "/usr/bin/nsenter");
+        ASSERT_NE(server.port(), 0) << server.log();
+        const uint16_t port = server.port();
+        const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+        std::mutex mu;
+        std::vector<std::thread> clients;
+        for (int c = 0; c < 4; ++c) {
+            clients.emplace_back([&, c] {
+                const std::string id = "soak" + std::to_string(c);
+                if (open_session(port, id) != 200) {
+                    ++refused;
+                    return;
+                }
+                for (int i = 0; i < 400 && std::chrono::steady_clock::now() < end; ++i) {
+                    const HttpResponse r = post_chat(port, chat_body("Say something.", 4),
+                                                     "X-Session-ID: " + id + "\r\n");
+                    if (r.status != 200) {
+                        ++refused;
+                        continue;
+                    }
+                    ++answered;
+                    const json a = json::parse(r.body, nullptr, false);
+                    if (a["session_stored"] == true) {
+                        std::lock_guard<std::mutex> lock(mu);
+                        stored_turns[id] = a["session_turn"];
+                    } else {
+                        ++unstored;
+                    }
+                }
+            });
+        }
+        // The disk: full to the last byte, then free, again and again.
+        for (int round = 0; std::chrono::steady_clock::now() < end && round < 200; ++round) {
+            in_namespace("dd if=/dev/zero of=" + dir_ + "/filler bs=256k count=400");
+            std::this_thread::sleep_for(700ms);
+            in_namespace("rm -f " + dir_ + "/filler");
+            std::this_thread::sleep_for(700ms);
+        }
+        for (auto& t : clients) t.join();
+        EXPECT_EQ(refused.load(), 0);
+        EXPECT_GT(answered.load(), 8);
+        EXPECT_EQ(http_request(port, "GET", "/health").status, 200) << "the server is gone";
+        server.kill9();
+    }
+    std::printf("[soak] %d turns answered, %d of them not stored (the disk was full)\n",
+                answered.load(), unstored.load());
+    ServingProcess again(server_args(), "http://127.0.0.1:", "/usr/bin/nsenter");
+    ASSERT_NE(again.port(), 0) << again.log();
+    for (const auto& [id, turns] : stored_turns) {
+        const HttpResponse r = http_request(again.port(), "GET", "/v1/sessions/" + id);
+        ASSERT_EQ(r.status, 200) << r.body;
+        EXPECT_EQ(json::parse(r.body)["turns"].get<int>(), turns) << id;
+    }
 }
 
 }  // namespace
