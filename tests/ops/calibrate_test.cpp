@@ -55,6 +55,17 @@ class CalibrateTest : public ::testing::Test {
                                          "2",
                                          "--out",
                                          out_};
+        // A flag of `more` replaces the default's (a flag given twice is refused).
+        for (const std::string& flag : more) {
+            if (flag.rfind("--", 0) != 0) continue;
+            for (size_t i = 1; i + 1 < args.size(); ++i) {
+                if (args[i] == flag) {
+                    args.erase(args.begin() + static_cast<std::ptrdiff_t>(i),
+                               args.begin() + static_cast<std::ptrdiff_t>(i) + 2);
+                    break;
+                }
+            }
+        }
         args.insert(args.end(), more.begin(), more.end());
         return run_binary(deltactl_binary(), args, "", std::chrono::seconds(120));
     }

@@ -211,5 +211,19 @@ TEST_F(RepairTest, APayloadFileCutOrDeletedIsFoundByVerify) {
     EXPECT_EQ(a["session_stored"], true) << a.dump();
 }
 
+// A data dir another server holds is refused naming that server's pid; the hint is given
+// only then (a damaged store's refusal names the damage, above).
+TEST_F(RepairTest, ADataDirInUseNamesTheServerHoldingIt) {
+    ServingProcess first(serve_args({"--data-dir", dir_}));
+    ASSERT_NE(first.port(), 0) << first.log();
+    const CliResult second = run_binary(deltaserve_binary(), serve_args({"--data-dir", dir_}), "",
+                                        std::chrono::seconds(60));
+    EXPECT_EQ(second.exit_code, 1) << second.describe();
+    EXPECT_NE(
+        second.err.find("in use by another process (pid " + std::to_string(first.pid()) + ")"),
+        std::string::npos)
+        << second.err;
+}
+
 }  // namespace
 }  // namespace deltaserve::testing
