@@ -1,5 +1,7 @@
 #include "deltaserve/api/access.h"
 
+#include "deltaserve/common/args.h"
+
 #include <arpa/inet.h>
 #include <openssl/sha.h>
 
@@ -78,19 +80,7 @@ Status check_key(std::string_view key) {
     return Status();
 }
 
-std::vector<std::string> split_keys(std::string_view list) {
-    std::vector<std::string> keys;
-    while (!list.empty()) {
-        const size_t comma = list.find(',');
-        std::string_view k = list.substr(0, comma);
-        while (!k.empty() && k.front() == ' ') k.remove_prefix(1);
-        while (!k.empty() && k.back() == ' ') k.remove_suffix(1);
-        if (!k.empty()) keys.emplace_back(k);
-        if (comma == std::string_view::npos) break;
-        list.remove_prefix(comma + 1);
-    }
-    return keys;
-}
+std::vector<std::string> split_keys(std::string_view list) { return split_comma_list(list); }
 
 AccessControl::AccessControl(AccessOptions options) : options_(std::move(options)) {
     for (const std::string& k : options_.api_keys) {

@@ -46,16 +46,7 @@ Status ArgParser::set(Flag& f, const std::string& value) {
     f.seen = true;
     if (list) {
         auto& items = *std::get<std::vector<std::string>*>(f.target);
-        std::string_view rest = value;
-        while (!rest.empty()) {
-            const size_t comma = rest.find(',');
-            std::string_view item = rest.substr(0, comma);
-            while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
-            while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
-            if (!item.empty()) items.emplace_back(item);
-            if (comma == std::string_view::npos) break;
-            rest.remove_prefix(comma + 1);
-        }
+        for (std::string& item : split_comma_list(value)) items.push_back(std::move(item));
     } else if (auto* s = std::get_if<std::string*>(&f.target)) {
         **s = value;
     } else if (auto* i = std::get_if<int32_t*>(&f.target)) {
@@ -146,6 +137,20 @@ std::string ArgParser::usage() const {
     }
     s << "  --help                     show this help\n";
     return s.str();
+}
+
+std::vector<std::string> split_comma_list(std::string_view list) {
+    std::vector<std::string> items;
+    while (!list.empty()) {
+        const size_t comma = list.find(',');
+        std::string_view item = list.substr(0, comma);
+        while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+        while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+        if (!item.empty()) items.emplace_back(item);
+        if (comma == std::string_view::npos) break;
+        list.remove_prefix(comma + 1);
+    }
+    return items;
 }
 
 std::optional<int> parse_flags(ArgParser& p, int argc, char** argv) {

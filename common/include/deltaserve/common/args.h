@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -55,6 +56,10 @@ class ArgParser {
     std::vector<Flag> flags_;
     bool help_ = false;
 };
+
+// "a, b,,c" -> {"a", "b", "c"}: split at commas, spaces around an item trimmed, empty items
+// dropped (a list flag's values, a list in a variable or a config value).
+std::vector<std::string> split_comma_list(std::string_view list);
 
 // Parses argv into p's targets. Returns the exit code when the command should stop here:
 // 0 after printing --help to stdout, 2 after printing a one-line error; nullopt to go on.
