@@ -261,6 +261,10 @@ int gateway_main(int argc, char** argv) {
     api::ClusterEngineOptions eo;
     eo.max_sessions = c.max_sessions;
     eo.session_ttl_seconds = c.session_ttl;
+    eo.max_stored_sessions = c.max_stored_sessions;
+    eo.max_stored_sessions_per_tenant = c.max_stored_sessions_per_tenant;
+    eo.max_stored_bytes = static_cast<int64_t>(c.max_stored_bytes);
+    eo.max_stored_bytes_per_tenant = static_cast<int64_t>(c.max_stored_bytes_per_tenant);
     if (auto dir = node_data_dir(c, "gateway"); !dir.empty()) {
         auto records = open_data_dir(dir, 0);
         if (!records) {

@@ -82,6 +82,23 @@ const std::map<std::string, Setter>& setters() {
         integer("prefill_chunk", &ClusterConfig::prefill_chunk, 0, 1 << 16);
         integer("max_sessions", &ClusterConfig::max_sessions, 1, 1 << 20);
         integer("session_ttl", &ClusterConfig::session_ttl, 1, 1 << 30);
+        integer("max_stored_sessions", &ClusterConfig::max_stored_sessions, 1, 1 << 30);
+        integer("max_stored_sessions_per_tenant", &ClusterConfig::max_stored_sessions_per_tenant, 1,
+                1 << 30);
+        for (const auto& [name, field] :
+             {std::pair{"max_stored_bytes", &ClusterConfig::max_stored_bytes},
+              std::pair{"max_stored_bytes_per_tenant",
+                        &ClusterConfig::max_stored_bytes_per_tenant}}) {
+            m[name] = [name = std::string(name), field = field](ClusterConfig& c,
+                                                                const std::string& v) {
+                auto bytes = parse_byte_size(v);
+                if (!bytes) return bytes.status().with_context(name);
+                if (*bytes == 0 || *bytes > static_cast<uint64_t>(INT64_MAX))
+                    return invalid_argument(name + ": must be above 0");
+                c.*field = *bytes;
+                return Status();
+            };
+        }
         integer("prefix_cache_mib", &ClusterConfig::prefix_cache_mib, 0, 1 << 24);
         m["kv_memory"] = [](ClusterConfig& c, const std::string& v) {
             auto bytes = parse_byte_size(v);

@@ -60,6 +60,25 @@ TEST_F(ClusterConfigFile, RefusesAnUnknownTransportKeyByName) {
     EXPECT_NE(c.error().message().find("transport.rndv"), std::string::npos) << c.error().message();
 }
 
+TEST_F(ClusterConfigFile, ReadsTheStoredSessionCaps) {
+    auto c = load(std::string("model: m.gguf\nmax_stored_sessions: 5\n"
+                              "max_stored_sessions_per_tenant: 2\nmax_stored_bytes: 2MiB\n"
+                              "max_stored_bytes_per_tenant: 64KiB\n") +
+                  kNodes);
+    ASSERT_TRUE(c.ok()) << c.error().message();
+    EXPECT_EQ(c->max_stored_sessions, 5);
+    EXPECT_EQ(c->max_stored_sessions_per_tenant, 2);
+    EXPECT_EQ(c->max_stored_bytes, uint64_t{2} << 20);
+    EXPECT_EQ(c->max_stored_bytes_per_tenant, uint64_t{64} << 10);
+    for (const char* bad : {"max_stored_bytes: 0\n", "max_stored_sessions: 0\n",
+                            "max_stored_bytes_per_tenant: lots\n"}) {
+        auto r = load(std::string("model: m.gguf\n") + bad + kNodes);
+        ASSERT_FALSE(r.ok()) << bad;
+        EXPECT_NE(r.error().message().find(std::string(bad).substr(0, 16)), std::string::npos)
+            << r.error().message();
+    }
+}
+
 TEST_F(ClusterConfigFile, ReadsTheDeviceAndItsTier) {
     auto c = load(std::string("model: m.gguf\ndevice: cuda\nkv_device_memory: 2GiB\n") + kNodes);
     ASSERT_TRUE(c.ok()) << c.error().message();

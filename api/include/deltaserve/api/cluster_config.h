@@ -43,7 +43,11 @@ struct ClusterConfig {
     int32_t max_batch = 32;
     int32_t prefill_chunk = 128;  // a decode node's prompt tokens per pass (0 = batch_size)
     int32_t max_sessions = 64;
-    int32_t session_ttl = 3600;       // seconds
+    int32_t session_ttl = 3600;  // seconds
+    // The gateway's record store: sessions kept, in all and per key, and the bytes of their
+    // conversations (ClusterEngineOptions; "max_stored_bytes: 2GiB").
+    int32_t max_stored_sessions = 10000, max_stored_sessions_per_tenant = 10000;
+    uint64_t max_stored_bytes = uint64_t{1} << 30, max_stored_bytes_per_tenant = uint64_t{1} << 30;
     int32_t prefix_cache_mib = 1024;  // a decode node's prefix cache (0 = off)
     // A decode node's KV memory in bytes ("kv_memory: 4GiB"; decode::DecodeOptions::kv_memory);
     // 0 = a quarter of the node's physical memory.
