@@ -5,5 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./deploy/setup.sh
-exec "${DELTASERVE_BUILD_DIR:-build}/bin/deltaserve" serve \
-  --model "${DELTASERVE_MODELS_DIR:-models}/SmolLM2-135M-Instruct.Q4_1.gguf" "$@"
+# The default model unless the arguments name one (a flag given twice is refused).
+model=(--model "${DELTASERVE_MODELS_DIR:-models}/SmolLM2-135M-Instruct.Q4_1.gguf")
+for a in "$@"; do
+  case "$a" in --model|--model=*) model=() ;; esac
+done
+exec "${DELTASERVE_BUILD_DIR:-build}/bin/deltaserve" serve "${model[@]}" "$@"
