@@ -133,6 +133,9 @@ int serve_main(int argc, char** argv) {
           "seconds running turns get to finish on SIGTERM / SIGINT before they are ended "
           "(finish_reason \"shutdown\")");
     if (auto exit_code = parse_flags(p, argc, argv)) return *exit_code;
+    // Before any thread starts (the host tier's janitor is one): a thread that does not block
+    // them would take SIGTERM's default action and end the process uncleanly.
+    const sigset_t stop_signals = block_stop_signals();
     if (port < 0 || port > 65535 || rpc_port < -1 || rpc_port > 65535 || eo.max_sessions < 1 ||
         ttl < 1 || dopt.max_batch < 1 || dopt.local_prefill_max < -1 || max_connections < 1 ||
         queue_timeout_ms < 1 || drain_seconds < 0 || prefix_cache_mib < 0 ||
@@ -233,7 +236,6 @@ int serve_main(int argc, char** argv) {
         }
         dopt.device_tier = std::move(*tier);
     }
-    const sigset_t stop_signals = block_stop_signals();
 
     auto model = load_model_for_run(o);
     if (!model) {
