@@ -161,6 +161,7 @@ TEST_F(FullDiskServeTest, ASoakOnADiskThatFillsAndFreesLosesNothingAcknowledged)
     const int seconds = std::max(10, (env != nullptr ? std::atoi(env) : 60) / 3);
     std::map<std::string, int> stored_turns;
     std::atomic<int> answered{0}, refused{0}, unstored{0};
+    std::string first_refusal;
     {
         ServingProcess server(server_args(), "http://127.0.0.1:", "/usr/bin/nsenter");
         ASSERT_NE(server.port(), 0) << server.log();
@@ -170,16 +171,21 @@ TEST_F(FullDiskServeTest, ASoakOnADiskThatFillsAndFreesLosesNothingAcknowledged)
         std::vector<std::thread> clients;
         for (int c = 0; c < 4; ++c) {
             clients.emplace_back([&, c] {
-                const std::string id = "soak" + std::to_string(c);
-                if (open_session(port, id) != 200) {
-                    ++refused;
-                    return;
-                }
+                std::string id;
                 for (int i = 0; i < 400 && std::chrono::steady_clock::now() < end; ++i) {
+                    // A new session every 20 turns, before one outgrows the context.
+                    if (i % 20 == 0) {
+                        id = "soak" + std::to_string(c) + "_" + std::to_string(i / 20);
+                        if (open_session(port, id) != 200) {
+                            ++refused;
+                            return;
+                        }
+                    }
                     const HttpResponse r = post_chat(port, chat_body("Say something.", 4),
                                                      "X-Session-ID: " + id + "\r\n");
                     if (r.status != 200) {
-                        ++refused;
+                        std::lock_guard<std::mutex> lock(mu);
+                        if (++refused == 1) first_refusal = std::to_string(r.status) + " " + r.body;
                         continue;
                     }
                     ++answered;
@@ -201,7 +207,7 @@ TEST_F(FullDiskServeTest, ASoakOnADiskThatFillsAndFreesLosesNothingAcknowledged)
             std::this_thread::sleep_for(700ms);
         }
         for (auto& t : clients) t.join();
-        EXPECT_EQ(refused.load(), 0);
+        EXPECT_EQ(refused.load(), 0) << "the first: " << first_refusal;
         EXPECT_GT(answered.load(), 8);
         EXPECT_EQ(http_request(port, "GET", "/health").status, 200) << "the server is gone";
         server.kill9();
