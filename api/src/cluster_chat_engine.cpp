@@ -15,6 +15,7 @@
 #include "deltaserve/common/logging.h"
 #include "prefill_watch.h"
 #include "random_id.h"
+#include "session_quota.h"
 
 namespace deltaserve::api {
 
@@ -94,7 +95,10 @@ ClusterChatEngine::ClusterChatEngine(const model::Model& model, std::string mode
       decode_(std::move(decode)),
       prefill_(std::move(prefill)),
       options_(options),
-      watch_(std::make_unique<PrefillWatch>()) {
+      watch_(std::make_unique<PrefillWatch>()),
+      quota_(std::make_unique<SessionQuota>(
+          SessionQuota::Caps{options_.max_stored_sessions, options_.max_stored_sessions_per_tenant,
+                             options_.max_stored_bytes, options_.max_stored_bytes_per_tenant})) {
     if (options_.records) recover();
     // Pins outlive a restart: the pinned sessions' KV back in their nodes' memory, off the
     // caller's thread (a node may be slow to answer).
@@ -142,70 +146,17 @@ bool ClusterChatEngine::save(const Session& s) const {
         s.stored = false;
         return false;
     }
-    account(key, s.tenant, static_cast<int64_t>(r[0].second.size()));
+    quota_->recorded(key, s.tenant, static_cast<int64_t>(r[0].second.size()));
     s.stored = true;
     return true;
 }
 
-void ClusterChatEngine::account(const std::string& key, const std::string& tenant,
-                                int64_t bytes) const {
-    std::lock_guard<std::mutex> lock(use_mu_);
-    auto [it, fresh] = record_use_.try_emplace(key, tenant, 0);
-    StoredUse& t = use_by_tenant_[tenant];
-    if (fresh) {
-        ++t.sessions;
-        ++use_total_.sessions;
-    }
-    t.bytes += bytes - it->second.second;
-    use_total_.bytes += bytes - it->second.second;
-    it->second.second = bytes;
-}
-
-void ClusterChatEngine::unaccount(const std::string& key) const {
-    std::lock_guard<std::mutex> lock(use_mu_);
-    auto it = record_use_.find(key);
-    if (it == record_use_.end()) return;
-    StoredUse& t = use_by_tenant_[it->second.first];
-    --t.sessions;
-    --use_total_.sessions;
-    t.bytes -= it->second.second;
-    use_total_.bytes -= it->second.second;
-    if (t.sessions == 0) use_by_tenant_.erase(it->second.first);
-    record_use_.erase(it);
-}
-
 Status ClusterChatEngine::room_for(const std::string& tenant, bool opening) {
     if (!options_.records) return Status();
-    const auto why_not = [&]() -> std::string {
-        std::lock_guard<std::mutex> lock(use_mu_);
-        const auto it = use_by_tenant_.find(tenant);
-        const StoredUse t = it == use_by_tenant_.end() ? StoredUse{} : it->second;
-        const auto says = [](int64_t n, const char* what, const char* flag, int64_t cap) {
-            return std::to_string(n) + " " + what + " reach the cap " + flag + " " +
-                   std::to_string(cap);
-        };
-        if (opening && t.sessions >= options_.max_stored_sessions_per_tenant)
-            return "this key's stored sessions: " + says(t.sessions, "sessions",
-                                                         "--max-stored-sessions-per-tenant",
-                                                         options_.max_stored_sessions_per_tenant);
-        if (opening && use_total_.sessions >= options_.max_stored_sessions)
-            return "the server's stored sessions: " + says(use_total_.sessions, "sessions",
-                                                           "--max-stored-sessions",
-                                                           options_.max_stored_sessions);
-        if (t.bytes >= options_.max_stored_bytes_per_tenant)
-            return "this key's stored sessions: " + says(t.bytes, "bytes of conversation",
-                                                         "--max-stored-bytes-per-tenant",
-                                                         options_.max_stored_bytes_per_tenant);
-        if (use_total_.bytes >= options_.max_stored_bytes)
-            return "the server's stored sessions: " +
-                   says(use_total_.bytes, "bytes of conversation", "--max-stored-bytes",
-                        options_.max_stored_bytes);
-        return {};
-    };
-    std::string why = why_not();
+    std::string why = quota_->refusal(tenant, opening);
     if (why.empty()) return Status();
     sweep_expired_locked();  // those past their TTL go first
-    why = why_not();
+    why = quota_->refusal(tenant, opening);
     if (why.empty()) return Status();
     return resource_exhausted(why + "; delete sessions (DELETE /v1/sessions/ID) to go on");
 }
@@ -229,7 +180,7 @@ void ClusterChatEngine::unsave(const std::string& key) const {
         spdlog::warn("gateway: session {}'s record was not removed: {}", key, st.to_string());
         return;
     }
-    unaccount(key);
+    quota_->removed(key);
 }
 
 std::optional<ClusterChatEngine::Session> ClusterChatEngine::parse_record(
@@ -318,7 +269,7 @@ void ClusterChatEngine::recover() {
             expired.emplace_back(s->node, key);  // past its TTL while the server was down
             unsave(key);
         } else {
-            account(key, s->tenant, static_cast<int64_t>(value.size()));
+            quota_->recorded(key, s->tenant, static_cast<int64_t>(value.size()));
             live.push_back(std::move(*s));
         }
     }

@@ -874,11 +874,12 @@ void DecodeWorkerImpl::run_loop() {
             carry_on(t, running);
         }
         // One forward pass: up to max_batch turns, the running ones first (round robin when
-        // there are more; one place kept for a waiting prompt), then chunks of the prompts prefilled here (chunked prefill: at most
-        // prefill_chunk prompt tokens per pass, so that a long prompt does not stall the rest;
-        // with no turn generating there is nothing to stall, and a pass takes up to n_batch).
-        // A prompt waiting to be prefilled always gets a place: with max_batch turns
-        // generating it would otherwise wait for one of them to end, however long that is.
+        // there are more; one place kept for a waiting prompt), then chunks of the prompts
+        // prefilled here (chunked prefill: at most prefill_chunk prompt tokens per pass, so that a
+        // long prompt does not stall the rest; with no turn generating there is nothing to stall,
+        // and a pass takes up to n_batch). A prompt waiting to be prefilled always gets a place:
+        // with max_batch turns generating it would otherwise wait for one of them to end, however
+        // long that is.
         const size_t max_batch = static_cast<size_t>(options_.max_batch);
         size_t generating = std::min(running.size(), max_batch);
         if (!prefilling.empty() && generating == max_batch && max_batch > 1) --generating;

@@ -19,7 +19,6 @@
 #include <optional>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "deltaserve/api/chat_engine.h"
@@ -30,6 +29,7 @@
 namespace deltaserve::api {
 
 class PrefillWatch;
+class SessionQuota;
 
 struct ClusterEngineOptions {
     // Idle sessions are forgotten beyond this, least recent first (with a record store they
@@ -110,13 +110,6 @@ class ClusterChatEngine : public ChatEngine {
     // history was marked lost and a request that does not name its turn (cleared when it
     // does), kAborted for a request expecting another turn.
     Status check_expected_turn(Session& s, const ChatRequest& request) const;
-    // The record store's use (sessions and bytes of their records), in all and by tenant:
-    // counted at recovery, kept by save() and unsave().
-    struct StoredUse {
-        int64_t sessions = 0, bytes = 0;
-    };
-    void account(const std::string& key, const std::string& tenant, int64_t bytes) const;
-    void unaccount(const std::string& key) const;
     // Why `tenant` may not open one more session, or may not store more bytes (`opening`
     // false), or OK. Expired records are swept first when a cap is reached.
     Status room_for(const std::string& tenant, bool opening);
@@ -159,10 +152,7 @@ class ClusterChatEngine : public ChatEngine {
     std::unique_ptr<PrefillWatch> watch_;
     mutable std::mutex mu_;
     std::map<std::string, Session> sessions_;
-    mutable std::mutex use_mu_;  // after mu_
-    mutable StoredUse use_total_;
-    mutable std::map<std::string, StoredUse> use_by_tenant_;
-    mutable std::unordered_map<std::string, std::pair<std::string, int64_t>> record_use_;
+    std::unique_ptr<SessionQuota> quota_;  // the record store's use against its caps
     int64_t recovered_ = 0;
     double recovery_ms_ = 0;
 };
