@@ -1,6 +1,9 @@
 // The disk tier's layout on disk (disk_layout.h).
 #include "disk_layout.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
 #include <cinttypes>
 #include <cstdio>
@@ -77,6 +80,23 @@ bool parse_hex(std::string_view s, uint64_t* out) {
 bool parse_file_name(std::string_view name, uint64_t* key, uint64_t* gen) {
     if (name.size() != 16 + 1 + 8 + 4 || name.substr(25) != ".blk" || name[16] != '-') return false;
     return parse_hex(name.substr(0, 16), key) && parse_hex(name.substr(17, 8), gen);
+}
+
+int read_all(int fd, std::vector<uint8_t>& out) {
+    size_t done = 0;
+    int err = 0;
+    while (done < out.size()) {
+        const ssize_t n =
+            ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            err = n < 0 ? errno : EIO;
+            break;
+        }
+        done += static_cast<size_t>(n);
+    }
+    ::close(fd);
+    return err;
 }
 
 }  // namespace deltaserve::kvstore::disk_layout

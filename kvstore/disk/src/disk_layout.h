@@ -35,4 +35,8 @@ std::string file_name(uint64_t key, uint64_t gen);
 bool parse_hex(std::string_view s, uint64_t* out);
 bool parse_file_name(std::string_view name, uint64_t* key, uint64_t* gen);
 
+// Reads out.size() bytes from the start of fd and closes it: 0, or the errno (EIO for a file
+// shorter than that).
+int read_all(int fd, std::vector<uint8_t>& out);
+
 }  // namespace deltaserve::kvstore::disk_layout

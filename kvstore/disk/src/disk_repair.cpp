@@ -170,18 +170,11 @@ Result<DiskTier::RepairReport> DiskTier::repair(const std::string& dir, const Bl
         std::string why;
         if (fd < 0 || ::fstat(fd, &st) != 0) {
             why = "unreadable";
+            if (fd >= 0) ::close(fd);
         } else {
             bytes.resize(static_cast<size_t>(st.st_size));
-            size_t done = 0;
-            while (done < bytes.size()) {
-                const ssize_t n =
-                    ::pread(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(done));
-                if (n <= 0) break;
-                done += static_cast<size_t>(n);
-            }
-            if (done != bytes.size()) why = "unreadable";
+            if (read_all(fd, bytes) != 0) why = "unreadable";  // (closes fd)
         }
-        if (fd >= 0) ::close(fd);
         if (why.empty()) why = check(file.key, bytes);
         if (!why.empty()) {
             quarantine.emplace_back(file.name, why);

@@ -79,25 +79,6 @@ std::string write_file(const std::string& path, std::span<const uint8_t> bytes, 
     return {};
 }
 
-// Reads out.size() bytes from the start of fd and closes it: 0, or the errno (EIO for a file
-// shorter than that).
-int read_all(int fd, std::vector<uint8_t>& out) {
-    size_t done = 0;
-    int err = 0;
-    while (done < out.size()) {
-        const ssize_t n =
-            ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(done));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-            err = n < 0 ? errno : EIO;
-            break;
-        }
-        done += static_cast<size_t>(n);
-    }
-    ::close(fd);
-    return err;
-}
-
 // A removal's record: "ev/", the time (unix ms) and the block's key, 16 hex digits each, so
 // that they sort oldest first; its value: the reason, a space and the block's bytes.
 constexpr std::string_view kRemovalPrefix = "ev/";
