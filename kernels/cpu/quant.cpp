@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "blocks.h"
 #include "deltaserve/common/fp16.h"
 #include "deltaserve/common/status.h"
+#include "dequantize_k.h"
 
 namespace deltaserve::kernels {
 
@@ -24,13 +26,51 @@ void dequantize_q4_0(const BlockQ4_0* b, float* y, int64_t nb) {
     }
 }
 
+// d * q + m as ggml computes it: the product (an fp16 scale times a 4- or 5-bit quant) is
+// exact in fp32, so contracted into an FMA or not, the one rounding is the sum's.
+inline float mul_add(float a, float b, float c) { return a * b + c; }
+
 void dequantize_q4_1(const BlockQ4_1* b, float* y, int64_t nb) {
     for (int64_t i = 0; i < nb; ++i) {
         const float d = fp16_to_fp32(b[i].d);
         const float m = fp16_to_fp32(b[i].m);
         for (int j = 0; j < kQK / 2; ++j) {
-            y[i * kQK + j] = d * static_cast<float>(b[i].qs[j] & 0x0F) + m;
-            y[i * kQK + j + kQK / 2] = d * static_cast<float>(b[i].qs[j] >> 4) + m;
+            y[i * kQK + j] = mul_add(d, static_cast<float>(b[i].qs[j] & 0x0F), m);
+            y[i * kQK + j + kQK / 2] = mul_add(d, static_cast<float>(b[i].qs[j] >> 4), m);
+        }
+    }
+}
+
+// Q5_0 / Q5_1: element j's fifth bit is bit j of qh.
+template <bool kHasMin>
+void dequantize_q5(const void* src, float* y, int64_t nb) {
+    using Block = std::conditional_t<kHasMin, BlockQ5_1, BlockQ5_0>;
+    const Block* b = static_cast<const Block*>(src);
+    for (int64_t i = 0; i < nb; ++i, y += kQK) {
+        const float d = fp16_to_fp32(b[i].d);
+        uint32_t qh;
+        std::memcpy(&qh, b[i].qh, 4);
+        for (int j = 0; j < kQK / 2; ++j) {
+            const int lo = (b[i].qs[j] & 0x0F) | (((qh >> j) & 1) << 4);
+            const int hi = (b[i].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+            if constexpr (kHasMin) {
+                const float m = fp16_to_fp32(b[i].m);
+                y[j] = mul_add(d, static_cast<float>(lo), m);
+                y[j + kQK / 2] = mul_add(d, static_cast<float>(hi), m);
+            } else {
+                y[j] = static_cast<float>(lo - 16) * d;
+                y[j + kQK / 2] = static_cast<float>(hi - 16) * d;
+            }
+        }
+    }
+}
+
+void dequantize_iq4_nl(const BlockIQ4_NL* b, float* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, y += kQK) {
+        const float d = fp16_to_fp32(b[i].d);
+        for (int j = 0; j < kQK / 2; ++j) {
+            y[j] = d * static_cast<float>(kIQ4Values[b[i].qs[j] & 0x0F]);
+            y[j + kQK / 2] = d * static_cast<float>(kIQ4Values[b[i].qs[j] >> 4]);
         }
     }
 }
@@ -39,33 +79,6 @@ void dequantize_q8_0(const BlockQ8_0* b, float* y, int64_t nb) {
     for (int64_t i = 0; i < nb; ++i) {
         const float d = fp16_to_fp32(b[i].d);
         for (int j = 0; j < kQK; ++j) y[i * kQK + j] = d * static_cast<float>(b[i].qs[j]);
-    }
-}
-
-void dequantize_q6_k(const BlockQ6_K* b, float* y, int64_t nb) {
-    for (int64_t i = 0; i < nb; ++i) {
-        const float d = fp16_to_fp32(b[i].d);
-        const uint8_t* ql = b[i].ql;
-        const uint8_t* qh = b[i].qh;
-        const int8_t* sc = b[i].scales;
-        float* out = y + i * kQKK;
-        for (int half = 0; half < 2; ++half) {
-            for (int l = 0; l < 32; ++l) {
-                const int is = l / 16;
-                const int q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32;
-                const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-                const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-                const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-                out[l] = d * sc[is + 0] * q1;
-                out[l + 32] = d * sc[is + 2] * q2;
-                out[l + 64] = d * sc[is + 4] * q3;
-                out[l + 96] = d * sc[is + 6] * q4;
-            }
-            out += 128;
-            ql += 64;
-            qh += 32;
-            sc += 8;
-        }
     }
 }
 
@@ -88,11 +101,32 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
             for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(h[i]);
             return;
         }
-        case DType::kQ4_0: return dequantize_q4_0(static_cast<const BlockQ4_0*>(src), dst, n / kQK);
-        case DType::kQ4_1: return dequantize_q4_1(static_cast<const BlockQ4_1*>(src), dst, n / kQK);
-        case DType::kQ8_0: return dequantize_q8_0(static_cast<const BlockQ8_0*>(src), dst, n / kQK);
-        case DType::kQ6_K: return dequantize_q6_k(static_cast<const BlockQ6_K*>(src), dst, n / kQKK);
-        default: DS_CHECK(false, "dequantize_row: unsupported type");
+        case DType::kQ4_0:
+            return dequantize_q4_0(static_cast<const BlockQ4_0*>(src), dst, n / kQK);
+        case DType::kQ4_1:
+            return dequantize_q4_1(static_cast<const BlockQ4_1*>(src), dst, n / kQK);
+        case DType::kQ8_0:
+            return dequantize_q8_0(static_cast<const BlockQ8_0*>(src), dst, n / kQK);
+        case DType::kQ5_0:
+            return dequantize_q5<false>(src, dst, n / kQK);
+        case DType::kQ5_1:
+            return dequantize_q5<true>(src, dst, n / kQK);
+        case DType::kIQ4_NL:
+            return dequantize_iq4_nl(static_cast<const BlockIQ4_NL*>(src), dst, n / kQK);
+        case DType::kQ2_K:
+            return dequantize_q2_k(static_cast<const BlockQ2_K*>(src), dst, n / kQKK);
+        case DType::kQ3_K:
+            return dequantize_q3_k(static_cast<const BlockQ3_K*>(src), dst, n / kQKK);
+        case DType::kQ4_K:
+            return dequantize_q4_k(static_cast<const BlockQ4_K*>(src), dst, n / kQKK);
+        case DType::kQ5_K:
+            return dequantize_q5_k(static_cast<const BlockQ5_K*>(src), dst, n / kQKK);
+        case DType::kQ6_K:
+            return dequantize_q6_k(static_cast<const BlockQ6_K*>(src), dst, n / kQKK);
+        case DType::kIQ4_XS:
+            return dequantize_iq4_xs(static_cast<const BlockIQ4_XS*>(src), dst, n / kQKK);
+        default:
+            DS_CHECK(false, "dequantize_row: unsupported type");
     }
 }
 
@@ -119,7 +153,8 @@ void quantize_row(DType t, const float* x, void* dst, int64_t n) {
                 const float d = amax / 127.0f;
                 const float id = d != 0 ? 1.0f / d : 0.0f;
                 b[i].d = fp32_to_fp16(d);
-                for (int j = 0; j < kQK; ++j) b[i].qs[j] = static_cast<int8_t>(std::round(x[j] * id));
+                for (int j = 0; j < kQK; ++j)
+                    b[i].qs[j] = static_cast<int8_t>(std::round(x[j] * id));
             }
             return;
         }
@@ -158,13 +193,15 @@ void quantize_row(DType t, const float* x, void* dst, int64_t n) {
                 b[i].m = fp32_to_fp16(mn);
                 for (int j = 0; j < kQK / 2; ++j) {
                     const int q0 = std::min(15, static_cast<int>((x[j] - mn) * id + 0.5f));
-                    const int q1 = std::min(15, static_cast<int>((x[j + kQK / 2] - mn) * id + 0.5f));
+                    const int q1 =
+                        std::min(15, static_cast<int>((x[j + kQK / 2] - mn) * id + 0.5f));
                     b[i].qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
                 }
             }
             return;
         }
-        default: DS_CHECK(false, "quantize_row: unsupported type");
+        default:
+            DS_CHECK(false, "quantize_row: unsupported type");
     }
 }
 

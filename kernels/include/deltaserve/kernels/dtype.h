@@ -23,6 +23,8 @@ enum class DType : uint32_t {
     kQ5_K = 13,
     kQ6_K = 14,
     kQ8_K = 15,
+    kIQ4_NL = 20,
+    kIQ4_XS = 23,
     kBF16 = 30,
 };
 
@@ -33,7 +35,8 @@ struct DTypeTraits {
     bool supported;   // has dequantize and matmul kernels here
 };
 
-// Traits of a type id; nullptr for ids deltaserve does not know.
+// Traits of a type id; nullptr for ids deltaserve does not know. ggml's other types are known
+// by name (unsupported), so a file holding one is refused naming it.
 const DTypeTraits* dtype_traits(uint32_t id);
 const DTypeTraits& dtype_traits(DType t);
 
