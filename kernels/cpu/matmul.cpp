@@ -20,8 +20,28 @@ const MatmulTable& table() {
     return t;
 }
 
-bool uses_int8_activations(DType t) {
-    return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ8_0;
+// The activations a weight type's kernel takes.
+enum class ActivationKind { kFloat, kQ8A, kQ8K };
+
+ActivationKind activation_kind(DType t) {
+    switch (t) {
+        case DType::kQ4_0:
+        case DType::kQ4_1:
+        case DType::kQ5_0:
+        case DType::kQ5_1:
+        case DType::kQ8_0:
+        case DType::kIQ4_NL:
+            return ActivationKind::kQ8A;
+        case DType::kQ2_K:
+        case DType::kQ3_K:
+        case DType::kQ4_K:
+        case DType::kQ5_K:
+        case DType::kQ6_K:
+        case DType::kIQ4_XS:
+            return ActivationKind::kQ8K;
+        default:
+            return ActivationKind::kFloat;
+    }
 }
 
 RowsFn rows_fn(const WeightMatrix& w, DotOrder order) {
@@ -46,6 +66,24 @@ RowsFn rows_fn(const WeightMatrix& w, DotOrder order) {
             return k.q4_1;
         case DType::kQ8_0:
             return k.q8_0;
+        case DType::kQ5_0:
+            return k.q5_0;
+        case DType::kQ5_1:
+            return k.q5_1;
+        case DType::kIQ4_NL:
+            return k.iq4_nl;
+        case DType::kQ2_K:
+            return k.q2_k;
+        case DType::kQ3_K:
+            return k.q3_k;
+        case DType::kQ4_K:
+            return k.q4_k;
+        case DType::kQ5_K:
+            return k.q5_k;
+        case DType::kQ6_K:
+            return k.q6_k;
+        case DType::kIQ4_XS:
+            return k.iq4_xs;
         case DType::kF32:
             return t.f32;
         case DType::kF16:
@@ -57,7 +95,8 @@ RowsFn rows_fn(const WeightMatrix& w, DotOrder order) {
     }
 }
 
-// Types without a direct kernel (Q6_K): dequantize one row at a time and dot in fp32.
+// Types without a direct kernel (none of the supported row-major ones today): dequantize one
+// row at a time and dot in fp32.
 void rows_dequantized(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy,
                       int64_t r0, int64_t r1) {
     std::vector<float> row(static_cast<size_t>(w.cols));
@@ -69,29 +108,47 @@ void rows_dequantized(const WeightMatrix& w, const Activations& a, float* y, int
 }
 
 // Per-thread scratch for quantized activations, grown as needed and reused.
-std::vector<BlockQ8A>& activation_scratch() {
-    thread_local std::vector<BlockQ8A> buf;
-    return buf;
+template <class Block>
+Block* activation_scratch(size_t n) {
+    thread_local std::vector<Block> buf;
+    if (buf.size() < n) buf.resize(n);
+    return buf.data();
+}
+
+// n_tokens rows of x into blocks of `Block`, nb per row, through quantize(row, out).
+template <class Block, class Quantize>
+Block* quantize_rows(const float* x, int64_t ldx, int64_t n_tokens, int64_t nb, ThreadPool* pool,
+                     Quantize quantize) {
+    Block* q = activation_scratch<Block>(static_cast<size_t>(nb * n_tokens));
+    auto run = [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) quantize(x + t * ldx, q + t * nb);
+    };
+    if (pool != nullptr && n_tokens >= 16) {
+        pool->parallel_for(n_tokens, 8, run);
+    } else {
+        run(0, n_tokens);
+    }
+    return q;
 }
 
 Activations prepare(const WeightMatrix& w, const float* x, int64_t ldx, int64_t n_tokens,
                     ThreadPool* pool) {
     Activations a{x, ldx, nullptr, n_tokens};
-    if (!uses_int8_activations(w.type)) return a;
-    const int64_t nb = w.cols / kQK;
-    auto& buf = activation_scratch();
-    if (buf.size() < static_cast<size_t>(nb * n_tokens))
-        buf.resize(static_cast<size_t>(nb * n_tokens));
-    BlockQ8A* q = buf.data();
-    auto quantize = [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t) quantize_activations(x + t * ldx, q + t * nb, w.cols);
-    };
-    if (pool != nullptr && n_tokens >= 16) {
-        pool->parallel_for(n_tokens, 8, quantize);
-    } else {
-        quantize(0, n_tokens);
+    const int64_t n = w.cols;
+    switch (activation_kind(w.type)) {
+        case ActivationKind::kQ8A:
+            a.q = quantize_rows<BlockQ8A>(
+                x, ldx, n_tokens, n / kQK, pool,
+                [n](const float* row, BlockQ8A* out) { quantize_activations(row, out, n); });
+            break;
+        case ActivationKind::kQ8K:
+            a.qk = quantize_rows<BlockQ8K>(
+                x, ldx, n_tokens, n / kQKK, pool,
+                [n](const float* row, BlockQ8K* out) { quantize_activations_q8k(row, out, n); });
+            break;
+        case ActivationKind::kFloat:
+            break;
     }
-    a.q = q;
     return a;
 }
 
@@ -136,8 +193,7 @@ void matmul_shared_input(std::span<const MatmulOutput> outputs, const float* x, 
     const WeightMatrix& first = *outputs[0].w;
     for (const auto& o : outputs) {
         // Different activation formats cannot share one quantization: do them one by one.
-        if (o.w->cols != first.cols ||
-            uses_int8_activations(o.w->type) != uses_int8_activations(first.type)) {
+        if (o.w->cols != first.cols || activation_kind(o.w->type) != activation_kind(first.type)) {
             for (const auto& each : outputs)
                 matmul(*each.w, x, ldx, n_tokens, each.y, each.ldy, pool, order);
             return;

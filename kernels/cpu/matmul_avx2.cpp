@@ -18,6 +18,10 @@ struct Avx2 {
     static __m256i dot_u8s8_add(__m256i acc, __m256i u, __m256i s) {
         return _mm256_add_epi32(acc, dot_u8s8(u, s));
     }
+    // acc + the pair sums of u * s times sc (int16 lanes): K-quant sub-block scales.
+    static __m256i dot_u8s8_scaled_add(__m256i acc, __m256i u, __m256i s, __m256i sc) {
+        return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), sc));
+    }
 };
 }  // namespace
 

@@ -307,8 +307,10 @@ void run_tiles(const WeightMatrix& w, const Activations& a, int64_t inner, float
 }  // namespace deltaserve::kernels
 
 #include "matmul_interleaved.h"
-// After it: it uses its helpers.
+// After it: they use its helpers.
 #include "matmul_ggml_order.h"
+#include "matmul_kquants.h"
+#include "matmul_q5_iq4nl.h"
 
 namespace deltaserve::kernels {
 namespace {
@@ -316,6 +318,37 @@ namespace {
 // The kernel table of one ISA. Isa provides dot_u8s8, dot_u8s8_add and the tile shapes.
 template <class Isa>
 struct IsaKernels {
+    // The kernels of Q5_0, Q5_1, IQ4_NL (B: matmul_q5_iq4nl.h) and of the K-quants and IQ4_XS
+    // (K: matmul_kquants.h). They have no kGgml variant: both orders run these.
+    template <class B>
+    struct Blocks32 {
+        template <int R, int C>
+        struct Tile {
+            static void run(const uint8_t* const* w, const Activations& a, int64_t t, int64_t nb,
+                            float* y, int64_t ldy, int64_t r) {
+                tile_b32<Isa, B, R, C>(w, a, t, nb, y, ldy, r);
+            }
+        };
+        static void rows(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy,
+                         int64_t r0, int64_t r1) {
+            run_tiles<Isa::kRows, Isa::kCols, Tile>(w, a, w.cols / kQK, y, ldy, r0, r1);
+        }
+    };
+    template <class K>
+    struct SuperBlocks {
+        template <int R, int C>
+        struct Tile {
+            static void run(const uint8_t* const* w, const Activations& a, int64_t t, int64_t nb,
+                            float* y, int64_t ldy, int64_t r) {
+                tile_k<Isa, K, R, C>(w, a, t, nb, y, ldy, r);
+            }
+        };
+        static void rows(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy,
+                         int64_t r0, int64_t r1) {
+            run_tiles<Isa::kRows, Isa::kCols, Tile>(w, a, w.cols / kQKK, y, ldy, r0, r1);
+        }
+    };
+
     // The quantized kernels in one summation order (kGgml: matmul_ggml_order.h).
     template <bool kGgml>
     struct Quant {
@@ -413,7 +446,21 @@ struct IsaKernels {
             run_interleaved<kCols, Q8_0x8>(w, a, y, ldy, r0, r1);
         }
         static constexpr QuantKernels table() {
-            return QuantKernels{&q4_0, &q4_1, &q8_0, &q4_0x8, &q4_1x8, &q8_0x8};
+            return QuantKernels{&q4_0,
+                                &q4_1,
+                                &q8_0,
+                                &q4_0x8,
+                                &q4_1x8,
+                                &q8_0x8,
+                                &Blocks32<BQ5<false>>::rows,
+                                &Blocks32<BQ5<true>>::rows,
+                                &Blocks32<BIQ4NL>::rows,
+                                &SuperBlocks<KQ2>::rows,
+                                &SuperBlocks<KQ3>::rows,
+                                &SuperBlocks<KQ4>::rows,
+                                &SuperBlocks<KQ5>::rows,
+                                &SuperBlocks<KQ6>::rows,
+                                &SuperBlocks<KIQ4XS>::rows};
         }
     };
 

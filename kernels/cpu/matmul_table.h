@@ -10,12 +10,13 @@
 namespace deltaserve::kernels {
 
 // The activations of one matmul: fp32 rows, and their int8 blocks when the weight type
-// uses the integer kernels.
+// uses the integer kernels (q for the 32-blocks, qk for the K-quants and IQ4_XS).
 struct Activations {
     const float* x = nullptr;
     int64_t ldx = 0;
     const BlockQ8A* q = nullptr;  // n_tokens * (cols / 32) blocks
     int64_t n_tokens = 0;
+    const BlockQ8K* qk = nullptr;  // n_tokens * (cols / 256) blocks
 };
 
 // Computes rows [r0, r1) of y for every token.
@@ -27,6 +28,9 @@ struct QuantKernels {
     RowsFn q4_0, q4_1, q8_0;
     // The same over rows interleaved by repack_rows; r0 and r1 multiples of kRowInterleave.
     RowsFn q4_0x8, q4_1x8, q8_0x8;
+    // Row-major only; the same functions in both orders (no kGgml variant yet).
+    RowsFn q5_0, q5_1, iq4_nl;                    // against BlockQ8A
+    RowsFn q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs;  // against BlockQ8K
 };
 
 struct MatmulTable {

@@ -2,7 +2,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <random>
+#include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -12,6 +15,7 @@
 #include "deltaserve/kernels/quant.h"
 #include "deltaserve/kernels/repack.h"
 #include "matmul_table.h"
+#include "random_blocks.h"
 
 namespace deltaserve::kernels {
 namespace {
@@ -267,6 +271,146 @@ TEST(MatmulIsa, Avx2AndAvx512GiveTheSameBits) {
             }
             EXPECT_NE(by_order[0], by_order[1]) << dtype_traits(type).name;
         }
+    }
+}
+
+}  // namespace
+}  // namespace deltaserve::kernels
+
+namespace deltaserve::kernels {
+namespace {
+
+// The types with no quantizer here: random blocks (test_blocks::random_rows).
+const DType kNewTypes[] = {DType::kQ4_K, DType::kQ6_K, DType::kQ5_K,   DType::kQ3_K,  DType::kQ2_K,
+                           DType::kQ5_0, DType::kQ5_1, DType::kIQ4_NL, DType::kIQ4_XS};
+
+bool super_blocks(DType t) { return dtype_traits(t).block_elems == kQKK; }
+
+// x's values as the kernels see them: quantized as their activation blocks, back in fp32.
+std::vector<float> activations_as_quantized(DType t, const std::vector<float>& x, int64_t cols) {
+    std::vector<float> out(x.size());
+    const int64_t tokens = static_cast<int64_t>(x.size()) / cols;
+    for (int64_t r = 0; r < tokens; ++r) {
+        const float* src = x.data() + r * cols;
+        float* dst = out.data() + r * cols;
+        if (super_blocks(t)) {
+            std::vector<BlockQ8K> q(cols / kQKK);
+            quantize_activations_q8k(src, q.data(), cols);
+            for (int64_t k = 0; k < cols; ++k) dst[k] = q[k / kQKK].d * q[k / kQKK].qs[k % kQKK];
+        } else {
+            std::vector<BlockQ8A> q(cols / kQK);
+            quantize_activations(src, q.data(), cols);
+            for (int64_t k = 0; k < cols; ++k) dst[k] = q[k / kQK].d * q[k / kQK].qs[k % kQK];
+        }
+    }
+    return out;
+}
+
+// sum((y - ref)^2) / sum(ref^2) over all outputs, ref in float64 from the dequantized weights.
+double nmse(const WeightMatrix& w, const std::vector<float>& x, const std::vector<float>& y) {
+    const int64_t tokens = static_cast<int64_t>(x.size()) / w.cols;
+    std::vector<float> row(w.cols);
+    double err = 0, sum = 0;
+    for (int64_t r = 0; r < w.rows; ++r) {
+        dequantize_row(w.type, w.row(r), row.data(), w.cols);
+        for (int64_t t = 0; t < tokens; ++t) {
+            double ref = 0;
+            for (int64_t k = 0; k < w.cols; ++k) ref += double(row[k]) * x[t * w.cols + k];
+            const double e = y[t * w.rows + r] - ref;
+            err += e * e;
+            sum += ref * ref;
+        }
+    }
+    return err / sum;
+}
+
+// Every new type against float64: with the activations as quantized, only the fp32 scale
+// products and the block accumulation round (the block sums are exact integers), NMSE
+// ~1e-14; Q5_0 and Q5_1 take their offset term through the activations' fp16-rounded sum s
+// (BlockQ8A, as Q4_0 / Q4_1 and llama.cpp do), ~5e-7 for Q5_0's -16 d. Against the fp32
+// activations their 8-bit rounding adds the bound the CUDA parity tests use (1e-4).
+TEST(MatmulQuantTypes, MatchFloat64) {
+    std::mt19937 rng(21);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (DType type : kNewTypes) {
+        for (const auto& [rows, cols, tokens] :
+             {std::tuple<int64_t, int64_t, int64_t>{37, 1024, 1}, {64, 1536, 7}}) {
+            const std::vector<uint8_t> wq =
+                test_blocks::random_rows(type, rows, cols, static_cast<uint32_t>(rows + cols));
+            const WeightMatrix w{type, rows, cols, wq.data()};
+            std::vector<float> x(tokens * cols);
+            for (auto& v : x) v = nd(rng);
+            ThreadPool pool(2);
+            std::vector<float> y(tokens * rows, -1.0f);
+            matmul(w, x.data(), cols, tokens, y.data(), rows, pool);
+            const double exact = nmse(w, activations_as_quantized(type, x, cols), y);
+            const double total = nmse(w, x, y);
+            const bool offset_via_s = type == DType::kQ5_0 || type == DType::kQ5_1;
+            EXPECT_LT(exact, offset_via_s ? 2e-6 : 1e-12)
+                << dtype_traits(type).name << " " << rows << "x" << cols;
+            EXPECT_LT(total, 1e-4) << dtype_traits(type).name << " " << rows << "x" << cols;
+            std::printf("%-7s %4ldx%-5ld %2ld tokens: NMSE %.2e (as quantized), %.2e (fp32 x)\n",
+                        std::string(dtype_traits(type).name).c_str(), long(rows), long(cols),
+                        long(tokens), exact, total);
+        }
+    }
+}
+
+// A token's outputs are the same bits whatever the tokens beside it, the thread count, the
+// instruction set, and in either DotOrder (these types run the same kernels in both).
+TEST(MatmulQuantTypes, SameBitsForAnyBatchThreadsIsaAndOrder) {
+    std::mt19937 rng(23);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int64_t rows = 45, cols = 1024, tokens = 9;
+    for (DType type : kNewTypes) {
+        const std::vector<uint8_t> wq = test_blocks::random_rows(type, rows, cols, 99);
+        const WeightMatrix w{type, rows, cols, wq.data()};
+        std::vector<float> x(tokens * cols);
+        for (auto& v : x) v = nd(rng);
+        const std::string name(dtype_traits(type).name);
+        std::vector<float> all(tokens * rows);
+        {
+            ThreadPool pool(2);
+            matmul(w, x.data(), cols, tokens, all.data(), rows, pool);
+            std::vector<float> ggml(tokens * rows);
+            matmul(w, x.data(), cols, tokens, ggml.data(), rows, pool, DotOrder::kGgml);
+            EXPECT_EQ(ggml, all) << name << ": kGgml runs the same kernels";
+        }
+        ThreadPool one(1);
+        for (int64_t t = 0; t < tokens; ++t) {
+            std::vector<float> alone(rows);
+            matmul(w, x.data() + t * cols, cols, 1, alone.data(), rows, one);
+            EXPECT_EQ(alone,
+                      std::vector<float>(all.begin() + t * rows, all.begin() + (t + 1) * rows))
+                << name << " token " << t;
+        }
+        if (!cpu_features().avx512_vnni) continue;
+        const int64_t nb = cols / kQK, nbk = cols / kQKK;
+        std::vector<BlockQ8A> q(tokens * nb);
+        std::vector<BlockQ8K> qk(tokens * nbk);
+        for (int64_t t = 0; t < tokens; ++t) {
+            quantize_activations(x.data() + t * cols, q.data() + t * nb, cols);
+            quantize_activations_q8k(x.data() + t * cols, qk.data() + t * nbk, cols);
+        }
+        Activations a{x.data(), cols, q.data(), tokens, qk.data()};
+        const auto run = [&](const MatmulTable& table) {
+            const QuantKernels& k = table.quant[0];
+            const RowsFn f = type == DType::kQ4_K     ? k.q4_k
+                             : type == DType::kQ6_K   ? k.q6_k
+                             : type == DType::kQ5_K   ? k.q5_k
+                             : type == DType::kQ3_K   ? k.q3_k
+                             : type == DType::kQ2_K   ? k.q2_k
+                             : type == DType::kQ5_0   ? k.q5_0
+                             : type == DType::kQ5_1   ? k.q5_1
+                             : type == DType::kIQ4_NL ? k.iq4_nl
+                                                      : k.iq4_xs;
+            std::vector<float> y(tokens * rows, -1.0f);
+            f(w, a, y.data(), rows, 0, rows);
+            return y;
+        };
+        const std::vector<float> avx2 = run(avx2_matmul_table());
+        EXPECT_EQ(avx2, all) << name;
+        EXPECT_EQ(run(avx512_matmul_table()), avx2) << name << ": AVX-512 vs AVX2";
     }
 }
 

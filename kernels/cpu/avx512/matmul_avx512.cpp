@@ -17,6 +17,11 @@ struct Avx512Vnni {
     static __m256i dot_u8s8_add(__m256i acc, __m256i u, __m256i s) {
         return _mm256_dpbusd_epi32(acc, u, s);
     }
+    // acc + the pair sums of u * s times sc (int16 lanes): K-quant sub-block scales;
+    // vpdpwssd multiplies and adds in one instruction.
+    static __m256i dot_u8s8_scaled_add(__m256i acc, __m256i u, __m256i s, __m256i sc) {
+        return _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(u, s), sc);
+    }
 };
 }  // namespace
 
