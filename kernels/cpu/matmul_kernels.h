@@ -331,7 +331,7 @@ struct IsaKernels {
         };
         static void rows(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy,
                          int64_t r0, int64_t r1) {
-            run_tiles<Isa::kRows, Isa::kCols, Tile>(w, a, w.cols / kQK, y, ldy, r0, r1);
+            run_tiles_by_rows<Isa::kRows, Isa::kCols, Tile>(w, a, w.cols / kQK, y, ldy, r0, r1);
         }
     };
     template <class K>
@@ -345,7 +345,7 @@ struct IsaKernels {
         };
         static void rows(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy,
                          int64_t r0, int64_t r1) {
-            run_tiles<Isa::kRows, Isa::kCols, Tile>(w, a, w.cols / kQKK, y, ldy, r0, r1);
+            run_tiles_by_rows<Isa::kRows, Isa::kCols, Tile>(w, a, w.cols / kQKK, y, ldy, r0, r1);
         }
     };
 
