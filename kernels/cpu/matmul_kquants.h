@@ -174,16 +174,13 @@ inline void tile_k(const uint8_t* const* wrow, const Activations& a, int64_t t0,
                    float* y, int64_t ldy, int64_t r0) {
     static_assert(R == 1 || R == 4);
     using Block = typename K::Block;
-    // Four rows' sums go through hsum4 and one 4-lane FMA: lane r rounds as row r's scalar
-    // block_fma would.
-    using Acc = std::conditional_t<R == 4, __m128, float>;
-    Acc acc[C], macc[C];
+    // Four rows' sums go through hsum4 and one 4-lane FMA (acc4): lane r rounds as row r's
+    // scalar block_fma (acc1) would.
+    __m128 acc4[C], macc4[C];
+    float acc1[C], macc1[C];
     for (int c = 0; c < C; ++c) {
-        if constexpr (R == 4) {
-            acc[c] = macc[c] = _mm_setzero_ps();
-        } else {
-            acc[c] = macc[c] = 0.0f;
-        }
+        acc4[c] = macc4[c] = _mm_setzero_ps();
+        acc1[c] = macc1[c] = 0.0f;
     }
     const BlockQ8K* act[C];
     for (int c = 0; c < C; ++c) act[c] = a.qk + (t0 + c) * nb;
@@ -237,28 +234,28 @@ inline void tile_k(const uint8_t* const* wrow, const Activations& a, int64_t t0,
             if constexpr (R == 4) {
                 const __m128 d =
                     _mm_mul_ps(_mm_setr_ps(s[0].d, s[1].d, s[2].d, s[3].d), _mm_set1_ps(ab.d));
-                acc[c] = block_fma(hsum4_epi32(isum[0][c], isum[1][c], isum[2][c], isum[3][c]), d,
-                                   acc[c]);
+                acc4[c] = block_fma(hsum4_epi32(isum[0][c], isum[1][c], isum[2][c], isum[3][c]), d,
+                                    acc4[c]);
                 if constexpr (K::kHasMin) {
                     const __m128 dm = _mm_mul_ps(
                         _mm_setr_ps(s[0].dmin, s[1].dmin, s[2].dmin, s[3].dmin), _mm_set1_ps(ab.d));
-                    macc[c] =
-                        block_fma(hsum4_epi32(mins[0], mins[1], mins[2], mins[3]), dm, macc[c]);
+                    macc4[c] =
+                        block_fma(hsum4_epi32(mins[0], mins[1], mins[2], mins[3]), dm, macc4[c]);
                 }
             } else {
-                acc[c] = block_fma(hsum_epi32(isum[0][c]), s[0].d * ab.d, acc[c]);
+                acc1[c] = block_fma(hsum_epi32(isum[0][c]), s[0].d * ab.d, acc1[c]);
                 if constexpr (K::kHasMin)
-                    macc[c] = block_fma(hsum_epi32(mins[0]), s[0].dmin * ab.d, macc[c]);
+                    macc1[c] = block_fma(hsum_epi32(mins[0]), s[0].dmin * ab.d, macc1[c]);
             }
         }
     }
     for (int c = 0; c < C; ++c) {
         if constexpr (R == 4) {
             alignas(16) float out[4];
-            _mm_store_ps(out, _mm_sub_ps(acc[c], macc[c]));
+            _mm_store_ps(out, _mm_sub_ps(acc4[c], macc4[c]));
             for (int r = 0; r < 4; ++r) y[(t0 + c) * ldy + r0 + r] = out[r];
         } else {
-            y[(t0 + c) * ldy + r0] = acc[c] - macc[c];
+            y[(t0 + c) * ldy + r0] = acc1[c] - macc1[c];
         }
     }
 }

@@ -6,7 +6,10 @@
 // activations quantized to int8 blocks with the CPU's rounding, each block's products summed
 // exactly in integers (dp4a), then acc += float(sum) * (d_w * d_x) and, for Q4, the offset
 // term m_w * s_x in a second accumulator. The results differ from the CPU's only in the order
-// the blocks are added. The float types multiply fp32 activations in fp32.
+// the blocks are added. The float types multiply fp32 activations in fp32, and so, for now,
+// do Q5_0, Q5_1, IQ4_NL, the K-quants and IQ4_XS: each weight dequantized as the CPU's
+// dequantize_row (weight_value), without the CPU's int8 activations, so their results
+// differ from the CPU's by its activations' rounding (NMSE ~5e-5).
 #include <algorithm>
 
 #include "matmul.h"

@@ -12,10 +12,30 @@
 
 namespace deltaserve::kernels::cuda {
 
-// The weight types the matmul and embed_rows kernels read, in row-major layout.
+// The weight types the matmul and embed_rows kernels read, in row-major layout. Q5_0, Q5_1,
+// IQ4_NL, the K-quants and IQ4_XS are read one element at a time (weight_value) against
+// fp32 activations: correct, not yet fast (no integer block sums on the device).
 inline bool weight_type_supported(DType t) {
-    return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 || t == DType::kQ4_0 ||
-           t == DType::kQ4_1 || t == DType::kQ8_0;
+    switch (t) {
+        case DType::kF32:
+        case DType::kF16:
+        case DType::kBF16:
+        case DType::kQ4_0:
+        case DType::kQ4_1:
+        case DType::kQ5_0:
+        case DType::kQ5_1:
+        case DType::kQ8_0:
+        case DType::kIQ4_NL:
+        case DType::kQ2_K:
+        case DType::kQ3_K:
+        case DType::kQ4_K:
+        case DType::kQ5_K:
+        case DType::kQ6_K:
+        case DType::kIQ4_XS:
+            return true;
+        default:
+            return false;
+    }
 }
 
 // The types multiplied with int8-quantized activations, as kernels::matmul does on the CPU
