@@ -1,5 +1,6 @@
 // The backend registry, seeded with the CPU reference backend, and what every backend
 // shares: validation, Buffer, and the defaults of the ops it does not implement.
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <string>
@@ -25,6 +26,27 @@ Status validate(const RmsNormRopeParams& p) {
         }
     }
     if (!(p.eps >= 0.0f)) return invalid_argument("rms_norm_rope: eps must be >= 0");
+    return Status();
+}
+
+Status validate_rope(const RopeParams& r, int head_dim, std::string_view op) {
+    const auto bad = [op](const std::string& why) {
+        return invalid_argument(std::string(op) + ": " + why);
+    };
+    if (!(std::isfinite(r.base) && r.base > 0.0f)) return bad("the RoPE base must be > 0");
+    if (!(std::isfinite(r.freq_scale) && r.freq_scale > 0.0f)) {
+        return bad("the RoPE frequency scale must be finite and > 0");
+    }
+    if (r.freq_factors.empty()) return Status();
+    if (static_cast<int64_t>(r.freq_factors.size()) * 2 != head_dim) {
+        return bad(std::to_string(r.freq_factors.size()) + " RoPE frequency factors for heads of " +
+                   std::to_string(head_dim) + " (head_dim / 2 wanted)");
+    }
+    for (float f : r.freq_factors) {
+        if (!(std::isfinite(f) && f > 0.0f)) {
+            return bad("a RoPE frequency factor is " + std::to_string(f) + " (finite, > 0 wanted)");
+        }
+    }
     return Status();
 }
 
@@ -97,7 +119,7 @@ Status Backend::matmul_shared_input(std::span<const MatmulOutput>, const float*,
                                     const Exec&) {
     return not_here(*this, "matmul_shared_input");
 }
-Status Backend::rope_rows(float*, int64_t, int64_t, int, int, const int32_t*, float, RopeStyle,
+Status Backend::rope_rows(float*, int64_t, int64_t, int, int, const int32_t*, const RopeParams&,
                           const Exec&) {
     return not_here(*this, "rope_rows");
 }

@@ -76,13 +76,14 @@ class CpuBackend final : public Backend {
         kernels::matmul_shared_input(outputs, x, ldx, n, *exec.pool, exec.order);
         return Status();
     }
+    using Backend::rope_rows;  // and its plain-RoPE form
     Status rope_rows(float* x, int64_t ldx, int64_t n, int n_heads, int head_dim,
-                     const int32_t* positions, float base, RopeStyle style,
-                     const Exec& exec) override {
+                     const int32_t* positions, const RopeParams& rope, const Exec& exec) override {
         DS_RETURN_IF_ERROR(need_pool(exec, "rope_rows"));
+        DS_RETURN_IF_ERROR(validate_rope(rope, head_dim, "cpu: rope_rows"));
         exec.pool->parallel_for(n, 16, [&](int64_t b, int64_t e) {
             for (int64_t t = b; t < e; ++t)
-                rope(x + t * ldx, n_heads, head_dim, positions[t], base, style);
+                kernels::rope(x + t * ldx, n_heads, head_dim, positions[t], rope);
         });
         return Status();
     }

@@ -1,7 +1,7 @@
 #include "deltaserve/kernels/ops.h"
 
-#include <algorithm>
 #include <immintrin.h>
+#include <algorithm>
 
 #include <cmath>
 
@@ -18,18 +18,22 @@ void rms_norm(float* out, const float* x, const float* weight, int64_t n, float 
     for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
 }
 
-void rope(float* x, int n_heads, int head_dim, int64_t pos, float base, RopeStyle style) {
+void rope(float* x, int n_heads, int head_dim, int64_t pos, const RopeParams& p) {
     const int half = head_dim / 2;
+    const RopeStyle style = p.style;
     // The angles are the same for every head: compute them once.
     float cos_t[512];
     float sin_t[512];
     // theta_j = pos * base^(-2j/d), built by repeated multiplication in float as ggml's
-    // rope cache does, so positions far into the context round the same way.
-    const float theta_scale = std::pow(base, -2.0f / static_cast<float>(head_dim));
+    // rope cache does, so positions far into the context round the same way; then, as
+    // ggml's rope_yarn without extrapolation, divided by the pair's factor and scaled.
+    const float theta_scale = std::pow(p.base, -2.0f / static_cast<float>(head_dim));
+    const float* ff = p.freq_factors.empty() ? nullptr : p.freq_factors.data();
     float theta = static_cast<float>(pos);
     for (int j = 0; j < half; ++j) {
-        cos_t[j] = std::cos(theta);
-        sin_t[j] = std::sin(theta);
+        const float t = p.freq_scale * (ff != nullptr ? theta / ff[j] : theta);
+        cos_t[j] = std::cos(t);
+        sin_t[j] = std::sin(t);
         theta *= theta_scale;
     }
     for (int h = 0; h < n_heads; ++h) {

@@ -220,11 +220,11 @@ class CudaBackend final : public Backend {
         if (!available()) return no_device_;
         return run_matmul_shared_input(outputs, x, ldx, n, stream_of(exec));
     }
+    using Backend::rope_rows;  // and its plain-RoPE form
     Status rope_rows(float* x, int64_t ldx, int64_t n, int n_heads, int head_dim,
-                     const int32_t* positions, float base, RopeStyle style,
-                     const Exec& exec) override {
+                     const int32_t* positions, const RopeParams& rope, const Exec& exec) override {
         if (!available()) return no_device_;
-        return run_rope_rows(x, ldx, n, n_heads, head_dim, positions, base, style, stream_of(exec));
+        return run_rope_rows(x, ldx, n, n_heads, head_dim, positions, rope, stream_of(exec));
     }
     Status silu_mul(float* out, const float* gate, const float* up, int64_t n,
                     const Exec& exec) override {

@@ -46,7 +46,8 @@ __global__ void __launch_bounds__(kRowThreads) rope_rows_kernel(RopeRowsLaunch a
     const int half = a.head_dim / 2;
     float* cos_t = trig;
     float* sin_t = trig + half;
-    rope_table(static_cast<float>(a.positions[blockIdx.x]), a.theta_scale, half, cos_t, sin_t);
+    rope_table(static_cast<float>(a.positions[blockIdx.x]), a.theta_scale, half, cos_t, sin_t,
+               a.freq_factors, a.freq_scale);
     __syncthreads();
     float* x = a.x + static_cast<int64_t>(blockIdx.x) * a.ldx;
     const int n_pairs = a.n_heads * half;

@@ -19,7 +19,9 @@ cudaError_t launch_rms_norm_rows(const float* x, int64_t ldx, const float* weigh
                                  cudaStream_t stream);
 
 // RoPE in place on the first n_heads heads of n <= INT32_MAX rows; theta_scale is
-// base^(-2 / head_dim) from the host's powf, as kernels::rope computes it.
+// base^(-2 / head_dim) from the host's powf, as kernels::rope computes it, then each pair's
+// angle divided by its freq factor (head_dim / 2 of them; nullptr: none) and times
+// freq_scale (RopeParams).
 struct RopeRowsLaunch {
     float* x = nullptr;
     int64_t ldx = 0;
@@ -28,6 +30,8 @@ struct RopeRowsLaunch {
     int head_dim = 0;  // even, <= 1024
     const int32_t* positions = nullptr;
     float theta_scale = 0.0f;
+    const float* freq_factors = nullptr;
+    float freq_scale = 1.0f;
     bool interleaved = true;  // RopeStyle::kInterleaved, else kSplitHalf
 };
 cudaError_t launch_rope_rows(const RopeRowsLaunch& args, cudaStream_t stream);

@@ -164,7 +164,7 @@ Status run_rms_norm_rows(const float* x, int64_t ldx, const float* weight, int64
 }
 
 Status run_rope_rows(float* x, int64_t ldx, int64_t n, int n_heads, int head_dim,
-                     const int32_t* positions, float base, RopeStyle style, cudaStream_t stream) {
+                     const int32_t* positions, const RopeParams& rope, cudaStream_t stream) {
     const char* op = "rope_rows";
     if (n < 0 || n > kMaxRows) return invalid(op, "n must be in [0, 2^31 - 1]");
     if (n_heads < 0) return invalid(op, "n_heads < 0");
@@ -176,9 +176,16 @@ Status run_rope_rows(float* x, int64_t ldx, int64_t n, int n_heads, int head_dim
     if (ldx < static_cast<int64_t>(n_heads) * head_dim)
         return invalid(op, "ldx < n_heads * head_dim");
     if (x == nullptr || positions == nullptr) return invalid(op, "a null pointer");
+    DS_RETURN_IF_ERROR(validate_rope(rope, head_dim, "cuda rope_rows"));
     const std::vector<int32_t> pos = pageable_copy(positions, n);
     DS_ASSIGN_OR_RETURN(StreamBuffer d_pos,
                         StreamBuffer::copy_of(pos.data(), pos.size() * sizeof(int32_t), stream));
+    StreamBuffer d_factors;
+    if (!rope.freq_factors.empty()) {
+        const std::vector<float> ff(rope.freq_factors.begin(), rope.freq_factors.end());
+        DS_ASSIGN_OR_RETURN(d_factors,
+                            StreamBuffer::copy_of(ff.data(), ff.size() * sizeof(float), stream));
+    }
     RopeRowsLaunch a;
     a.x = x;
     a.ldx = ldx;
@@ -187,8 +194,10 @@ Status run_rope_rows(float* x, int64_t ldx, int64_t n, int n_heads, int head_dim
     a.head_dim = head_dim;
     a.positions = d_pos.as<int32_t>();
     // kernels::rope's expression, so that the angles round the same.
-    a.theta_scale = std::pow(base, -2.0f / static_cast<float>(head_dim));
-    a.interleaved = style == RopeStyle::kInterleaved;
+    a.theta_scale = std::pow(rope.base, -2.0f / static_cast<float>(head_dim));
+    a.freq_factors = rope.freq_factors.empty() ? nullptr : d_factors.as<float>();
+    a.freq_scale = rope.freq_scale;
+    a.interleaved = rope.style == RopeStyle::kInterleaved;
     return launched(launch_rope_rows(a, stream), op);
 }
 

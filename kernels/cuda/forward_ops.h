@@ -29,7 +29,7 @@ Status run_matmul_shared_input(std::span<const MatmulOutput> outputs, const floa
 Status run_rms_norm_rows(const float* x, int64_t ldx, const float* weight, int64_t d, int64_t n,
                          float eps, float* out, int64_t ldo, cudaStream_t stream);
 Status run_rope_rows(float* x, int64_t ldx, int64_t n, int n_heads, int head_dim,
-                     const int32_t* positions, float base, RopeStyle style, cudaStream_t stream);
+                     const int32_t* positions, const RopeParams& rope, cudaStream_t stream);
 Status run_silu_mul(float* out, const float* gate, const float* up, int64_t n, cudaStream_t stream);
 Status run_add(float* y, const float* x, int64_t n, cudaStream_t stream);
 Status run_embed_rows(const WeightMatrix& table, const int32_t* tokens, int64_t n, float* out,

@@ -101,6 +101,103 @@ TEST_F(CpuBackendTest, NormRopeSiluAddAndEmbedAreTheKernelsBits) {
     EXPECT_TRUE(same_bits(got, want));
 }
 
+// RoPE scaling (RopeParams): llama3's per-pair factors and linear scaling turn pair j of a
+// head at pos by freq_scale * pos * base^(-2j/d) / factor_j, as ggml_rope_ext does; factors
+// of 1 and a scale of 1 are plain RoPE to the bit; broken params are refused.
+TEST_F(CpuBackendTest, RopeScalingTurnsByEachPairsFactor) {
+    const int n_heads = 3, hd = 16;
+    const int64_t n = 20, ld = n_heads * hd + 5;
+    const std::vector<float> x = random_floats(n * ld, 11);
+    std::vector<int32_t> pos(n);
+    std::iota(pos.begin(), pos.end(), 3);
+    const std::vector<float> ones(hd / 2, 1.0f);
+    const std::vector<float> factors = {1.0f, 1.0f, 1.3f, 2.5f, 6.0f, 8.0f, 8.0f, 8.0f};
+    for (RopeStyle style : {RopeStyle::kInterleaved, RopeStyle::kSplitHalf}) {
+        std::vector<float> got = x, want = x;
+        ASSERT_TRUE(cpu()
+                        .rope_rows(got.data(), ld, n, n_heads, hd, pos.data(),
+                                   RopeParams{500000.0f, style, 1.0f, ones}, exec_)
+                        .ok());
+        ASSERT_TRUE(
+            cpu()
+                .rope_rows(want.data(), ld, n, n_heads, hd, pos.data(), 500000.0f, style, exec_)
+                .ok());
+        EXPECT_TRUE(same_bits(got, want)) << "factors of 1 are plain RoPE";
+
+        const float scale = 0.25f;
+        got = x;
+        ASSERT_TRUE(cpu()
+                        .rope_rows(got.data(), ld, n, n_heads, hd, pos.data(),
+                                   RopeParams{500000.0f, style, scale, factors}, exec_)
+                        .ok());
+        double worst = 0;
+        for (int64_t t = 0; t < n; ++t) {
+            for (int h = 0; h < n_heads; ++h) {
+                for (int j = 0; j < hd / 2; ++j) {
+                    const double theta =
+                        scale * pos[t] * std::pow(500000.0, -2.0 * j / hd) / factors[j];
+                    const int64_t at = t * ld + h * hd;
+                    const int i0 = style == RopeStyle::kInterleaved ? 2 * j : j;
+                    const int i1 = style == RopeStyle::kInterleaved ? 2 * j + 1 : j + hd / 2;
+                    const double a = x[at + i0], b = x[at + i1];
+                    worst = std::max(worst, std::fabs(got[at + i0] -
+                                                      (a * std::cos(theta) - b * std::sin(theta))));
+                    worst = std::max(worst, std::fabs(got[at + i1] -
+                                                      (a * std::sin(theta) + b * std::cos(theta))));
+                }
+            }
+            for (int64_t i = n_heads * hd; i < ld; ++i) EXPECT_EQ(got[t * ld + i], x[t * ld + i]);
+        }
+        EXPECT_LT(worst, 1e-5);
+    }
+
+    float row[hd] = {};
+    const int32_t p0 = 7;
+    const auto refused = [&](const RopeParams& p, const char* why) {
+        const Status st = cpu().rope_rows(row, hd, 1, 1, hd, &p0, p, exec_);
+        EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << why;
+    };
+    const std::vector<float> short_factors(hd / 2 - 1, 1.0f);
+    std::vector<float> nan_factor = factors;
+    nan_factor[2] = NAN;
+    std::vector<float> zero_factor = factors;
+    zero_factor[0] = 0.0f;
+    refused(RopeParams{1e4f, RopeStyle::kInterleaved, 1.0f, short_factors}, "too few factors");
+    refused(RopeParams{1e4f, RopeStyle::kInterleaved, 1.0f, nan_factor}, "a NaN factor");
+    refused(RopeParams{1e4f, RopeStyle::kInterleaved, 1.0f, zero_factor}, "a zero factor");
+    refused(RopeParams{1e4f, RopeStyle::kInterleaved, INFINITY, {}}, "an infinite scale");
+    refused(RopeParams{-1.0f, RopeStyle::kInterleaved, 1.0f, {}}, "a negative base");
+}
+
+// The CUDA backend's rope_rows with factors and a scale against the CPU's (skips without a
+// device).
+TEST_F(CpuBackendTest, CudaRopeScalingMatchesTheCpu) {
+    Backend* cuda = find_backend("cuda");
+    if (cuda == nullptr || !cuda->available()) GTEST_SKIP() << "no CUDA device";
+    const int n_heads = 4, hd = 64;
+    const int64_t n = 9, ld = n_heads * hd + 8;
+    const std::vector<float> x = random_floats(n * ld, 12);
+    std::vector<int32_t> pos(n);
+    std::iota(pos.begin(), pos.end(), 4000);
+    std::vector<float> factors(hd / 2);
+    for (int j = 0; j < hd / 2; ++j) factors[j] = 1.0f + 0.25f * j;
+    for (RopeStyle style : {RopeStyle::kInterleaved, RopeStyle::kSplitHalf}) {
+        const RopeParams p{500000.0f, style, 0.5f, factors};
+        std::vector<float> want = x, got(x.size());
+        ASSERT_TRUE(cpu().rope_rows(want.data(), ld, n, n_heads, hd, pos.data(), p, exec_).ok());
+        auto d = cuda->alloc(x.size() * sizeof(float));
+        ASSERT_TRUE(d.ok());
+        const Exec on_gpu{};
+        ASSERT_TRUE(cuda->copy_in(d->data(), x.data(), x.size() * 4, on_gpu).ok());
+        ASSERT_TRUE(cuda->rope_rows(d->f32(), ld, n, n_heads, hd, pos.data(), p, on_gpu).ok());
+        ASSERT_TRUE(cuda->copy_out(got.data(), d->data(), x.size() * 4, on_gpu).ok());
+        double worst = 0;
+        for (size_t i = 0; i < x.size(); ++i)
+            worst = std::max(worst, double(std::fabs(got[i] - want[i])));
+        EXPECT_LT(worst, 1e-5) << int(style);
+    }
+}
+
 TEST_F(CpuBackendTest, MatmulAndAttentionAreTheKernelsBits) {
     const int64_t rows = 96, cols = 128, n = 5;
     const std::vector<float> wf = random_floats(rows * cols, 7);

@@ -83,11 +83,12 @@ class OwnMemoryBackend final : public kernels::Backend {
         }
         return cpu_.matmul_shared_input(outputs, x, ldx, n, e);
     }
+    using kernels::Backend::rope_rows;  // and its plain-RoPE form
     Status rope_rows(float* x, int64_t ldx, int64_t n, int n_heads, int head_dim,
-                     const int32_t* positions, float base, kernels::RopeStyle style,
+                     const int32_t* positions, const kernels::RopeParams& rope,
                      const kernels::Exec& e) override {
         DS_RETURN_IF_ERROR(rows("rope_rows", x, ldx, int64_t{n_heads} * head_dim, n));
-        return cpu_.rope_rows(x, ldx, n, n_heads, head_dim, positions, base, style, e);
+        return cpu_.rope_rows(x, ldx, n, n_heads, head_dim, positions, rope, e);
     }
     Status silu_mul(float* out, const float* gate, const float* up, int64_t n,
                     const kernels::Exec& e) override {

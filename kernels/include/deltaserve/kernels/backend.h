@@ -91,6 +91,11 @@ struct RmsNormRopeParams {
 // kInvalidArgument when the params break the limits above; OK otherwise.
 Status validate(const RmsNormRopeParams& params);
 
+// kInvalidArgument naming `op` when `rope` cannot turn heads of head_dim: a base or
+// freq_scale that is not finite and > 0, freq_factors that are not head_dim / 2 values each
+// finite and > 0. OK otherwise.
+Status validate_rope(const RopeParams& rope, int head_dim, std::string_view op);
+
 // A compute backend. Implementations are thread-safe: ops may be called concurrently.
 class Backend {
   public:
@@ -152,10 +157,15 @@ class Backend {
                           int64_t ldy, const Exec& exec);
     virtual Status matmul_shared_input(std::span<const MatmulOutput> outputs, const float* x,
                                        int64_t ldx, int64_t n, const Exec& exec);
-    // RoPE on the first n_heads heads of each of n rows, row r at positions[r] (host memory).
+    // RoPE (kernels::rope with `rope`) on the first n_heads heads of each of n rows, row r at
+    // positions[r]; positions and rope.freq_factors (head_dim / 2 values) in host memory.
     virtual Status rope_rows(float* x, int64_t ldx, int64_t n, int n_heads, int head_dim,
-                             const int32_t* positions, float base, RopeStyle style,
-                             const Exec& exec);
+                             const int32_t* positions, const RopeParams& rope, const Exec& exec);
+    // Plain RoPE (RopeParams{base, style}).
+    Status rope_rows(float* x, int64_t ldx, int64_t n, int n_heads, int head_dim,
+                     const int32_t* positions, float base, RopeStyle style, const Exec& exec) {
+        return rope_rows(x, ldx, n, n_heads, head_dim, positions, RopeParams{base, style}, exec);
+    }
     // out[i] = silu(gate[i]) * up[i]; y[i] += x[i]; over n values.
     virtual Status silu_mul(float* out, const float* gate, const float* up, int64_t n,
                             const Exec& exec);

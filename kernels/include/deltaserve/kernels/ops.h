@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 namespace deltaserve::kernels {
 
@@ -15,9 +16,29 @@ enum class RopeStyle {
 // out[i] = x[i] / sqrt(mean(x^2) + eps) * weight[i], for one row of n. out may alias x.
 void rms_norm(float* out, const float* x, const float* weight, int64_t n, float eps);
 
-// Rotates n_heads heads of head_dim elements (contiguous) at position pos:
-// theta_j = pos * base^(-2j / head_dim).
-void rope(float* x, int n_heads, int head_dim, int64_t pos, float base, RopeStyle style);
+// How RoPE turns a head's pair j at position pos, as ggml_rope_ext computes it:
+// theta_j = freq_scale * (pos * base^(-2j / head_dim) / freq_factors[j]), pos * base^(-2j/d)
+// built by repeated multiplication in float (ggml's rope cache). The defaults are plain RoPE,
+// to the bit: x / 1 and 1 * x are exact.
+struct RopeParams {
+    float base = 10000.0f;                      // Default: 10000 (> 0)
+    RopeStyle style = RopeStyle::kInterleaved;  // Default: kInterleaved
+    float freq_scale = 1.0f;  // linear scaling, 1 / factor. Default: 1 (finite, > 0)
+    // head_dim / 2 divisors of theta_j (llama3 scaling, GGUF rope_freqs.weight), host memory
+    // the caller keeps alive for the call. Default: empty (none).
+    std::span<const float> freq_factors;
+
+    // Plain RoPE: no scaling (DeltaKV's angle tables compute only that).
+    bool plain() const { return freq_scale == 1.0f && freq_factors.empty(); }
+};
+
+// Rotates n_heads heads of head_dim elements (contiguous) at position pos.
+// p.freq_factors, when given, holds head_dim / 2 values.
+void rope(float* x, int n_heads, int head_dim, int64_t pos, const RopeParams& p);
+// Plain RoPE: theta_j = pos * base^(-2j / head_dim).
+inline void rope(float* x, int n_heads, int head_dim, int64_t pos, float base, RopeStyle style) {
+    rope(x, n_heads, head_dim, pos, RopeParams{base, style});
+}
 
 // out[i] = silu(gate[i]) * up[i].
 void silu_mul(float* out, const float* gate, const float* up, int64_t n);
