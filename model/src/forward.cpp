@@ -259,16 +259,25 @@ Status Forward::attention_layer(int32_t layer, std::span<const SequenceInput> ba
             DS_RETURN_IF_ERROR(backend_.add(v + t * kvd, w.bv, kvd, all));
         }
     }
+    if (w.q_norm != nullptr) {
+        // Qwen3: each head of q and k RMS-normed on its own (rows of head_dim; q and k are
+        // packed, ld = q_dim and kv_dim).
+        const int64_t hd = cfg_.head_dim;
+        DS_RETURN_IF_ERROR(backend_.rms_norm_rows(q, hd, w.q_norm, hd, n * cfg_.n_heads,
+                                                  cfg_.rms_eps, q, hd, all));
+        DS_RETURN_IF_ERROR(backend_.rms_norm_rows(kr, hd, w.k_norm, hd, n * cfg_.n_kv_heads,
+                                                  cfg_.rms_eps, kr, hd, all));
+    }
     if (kv_tap_) {
         DS_ASSIGN_OR_RETURN(const float* hk, to_host(kr, n * kvd, host_k_));
         DS_ASSIGN_OR_RETURN(const float* hv, to_host(v, n * kvd, host_v_));
         kv_tap_(layer, hk, hv, n, kvd);
     }
-    DS_RETURN_IF_ERROR(backend_.rope_rows(q, qd, n, cfg_.n_heads, cfg_.head_dim, positions_.data(),
-                                          cfg_.rope_theta, cfg_.rope_style, all));
+    const k::RopeParams rope = cfg_.rope();
+    DS_RETURN_IF_ERROR(
+        backend_.rope_rows(q, qd, n, cfg_.n_heads, cfg_.head_dim, positions_.data(), rope, all));
     DS_RETURN_IF_ERROR(backend_.rope_rows(kr, kvd, n, cfg_.n_kv_heads, cfg_.head_dim,
-                                          positions_.data(), cfg_.rope_theta, cfg_.rope_style,
-                                          all));
+                                          positions_.data(), rope, all));
     // The rows in the backend's memory, and (on a device backend, for caches in host memory
     // and the tap) their host copies.
     const LayerRows rows{q, kr, v, xn_.f32(), attn_.f32()};

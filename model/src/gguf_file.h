@@ -15,8 +15,19 @@
 namespace deltaserve::model {
 
 enum class GgufType : uint32_t {
-    kU8 = 0, kI8 = 1, kU16 = 2, kI16 = 3, kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7,
-    kString = 8, kArray = 9, kU64 = 10, kI64 = 11, kF64 = 12,
+    kU8 = 0,
+    kI8 = 1,
+    kU16 = 2,
+    kI16 = 3,
+    kU32 = 4,
+    kI32 = 5,
+    kF32 = 6,
+    kBool = 7,
+    kString = 8,
+    kArray = 9,
+    kU64 = 10,
+    kI64 = 11,
+    kF64 = 12,
 };
 
 // One metadata value. Scalars are decoded; strings and arrays point into the mapping.
@@ -40,7 +51,7 @@ struct GgufTensorInfo {
 };
 
 class GgufFile {
-public:
+  public:
     // Maps and validates path: magic, version 2 or 3, every length and offset in bounds,
     // known tensor types, data inside the file. Errors name the file and the problem.
     static Result<GgufFile> open(const std::string& path);
@@ -51,6 +62,8 @@ public:
     const GgufTensorInfo* find_tensor(std::string_view name) const;
     bool has(std::string_view key) const { return kv_.count(std::string(key)) != 0; }
     const GgufValue* find(std::string_view key) const;
+    // Every metadata key, in order.
+    const std::map<std::string, GgufValue, std::less<>>& metadata() const { return kv_; }
 
     // Typed getters: kNotFound when absent, kInvalidArgument when of another type.
     Result<int64_t> get_int(std::string_view key) const;
@@ -64,7 +77,7 @@ public:
     // Hands the mapping over (to keep weights alive after the file object is gone).
     MappedFile release_mapping() { return std::move(file_); }
 
-private:
+  private:
     MappedFile file_;
     uint32_t version_ = 0;
     std::map<std::string, GgufValue, std::less<>> kv_;

@@ -9,10 +9,12 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 
 #include "deltaserve/common/fp16.h"
 #include "deltaserve/common/logging.h"
 #include "deltaserve/model/model.h"
+#include "hf_config.h"
 #include "loader_common.h"
 #include "safetensors.h"
 
@@ -23,173 +25,10 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-// --- config.json -------------------------------------------------------------------------
-
-struct ArchInfo {
-    std::string_view hf_class;
-    std::string_view model_type;
-    std::string_view arch;
-    bool qkv_bias;
-};
-
-constexpr ArchInfo kArchs[] = {
-    {"LlamaForCausalLM", "llama", "llama", false},
-    {"MistralForCausalLM", "mistral", "mistral", false},
-    {"Qwen2ForCausalLM", "qwen2", "qwen2", true},
-};
-
 // A JSON value that is absent or null counts as missing.
 const json* field(const json& j, std::string_view key) {
     auto it = j.find(key);
     return it == j.end() || it->is_null() ? nullptr : &*it;
-}
-
-class ConfigReader {
-  public:
-    ConfigReader(const json& j, std::string path) : j_(j), path_(std::move(path)) {}
-
-    // A positive int32; `fallback` when absent (std::nullopt: required).
-    Result<int32_t> positive_int(std::string_view key, std::optional<int32_t> fallback) const {
-        const json* v = field(j_, key);
-        if (!v) {
-            if (fallback) return *fallback;
-            return invalid_argument(path_ + ": missing \"" + std::string(key) + "\"");
-        }
-        if (!v->is_number_integer() || v->get<int64_t>() <= 0 || v->get<int64_t>() > INT32_MAX) {
-            return invalid_argument(path_ + ": \"" + std::string(key) +
-                                    "\" must be a positive integer, got " + v->dump());
-        }
-        return static_cast<int32_t>(v->get<int64_t>());
-    }
-
-    Result<float> positive_float(const json& obj, std::string_view key, float fallback) const {
-        const json* v = field(obj, key);
-        if (!v) return fallback;
-        if (!v->is_number() || !(v->get<double>() > 0.0)) {
-            return invalid_argument(path_ + ": \"" + std::string(key) +
-                                    "\" must be a positive number, got " + v->dump());
-        }
-        return static_cast<float>(v->get<double>());
-    }
-
-    Result<bool> boolean(std::string_view key, bool fallback) const {
-        const json* v = field(j_, key);
-        if (!v) return fallback;
-        if (!v->is_boolean()) {
-            return invalid_argument(path_ + ": \"" + std::string(key) + "\" must be a boolean");
-        }
-        return v->get<bool>();
-    }
-
-    const json& root() const { return j_; }
-    const std::string& path() const { return path_; }
-
-  private:
-    const json& j_;
-    std::string path_;
-};
-
-Result<const ArchInfo*> find_arch(const ConfigReader& r) {
-    std::string seen;
-    if (const json* archs = field(r.root(), "architectures"); archs && archs->is_array()) {
-        for (const json& a : *archs) {
-            if (!a.is_string()) continue;
-            for (const ArchInfo& info : kArchs) {
-                if (a.get<std::string>() == info.hf_class) return &info;
-            }
-            if (!seen.empty()) seen += ", ";
-            seen += a.get<std::string>();
-        }
-    } else if (const json* type = field(r.root(), "model_type"); type && type->is_string()) {
-        for (const ArchInfo& info : kArchs) {
-            if (type->get<std::string>() == info.model_type) return &info;
-        }
-        seen = "model_type " + type->get<std::string>();
-    }
-    if (seen.empty()) seen = "none given";
-    return unimplemented(r.path() + ": unsupported architecture (" + seen +
-                         "); supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM");
-}
-
-// Rejects the options that change the graph in ways deltaserve does not implement, rather
-// than producing subtly wrong logits.
-Status check_unsupported(const ConfigReader& r, const json& rope) {
-    if (const json* act = field(r.root(), "hidden_act");
-        act && !(act->is_string() && act->get<std::string>() == "silu")) {
-        return unimplemented(r.path() + ": hidden_act " + act->dump() + " (only silu)");
-    }
-    if (const json* scaling = field(r.root(), "rope_scaling"); scaling && scaling->is_object()) {
-        const json* type = field(*scaling, "rope_type");
-        if (!type) type = field(*scaling, "type");
-        if (!type || !type->is_string() || type->get<std::string>() != "default") {
-            return unimplemented(r.path() + ": rope_scaling " + scaling->dump() +
-                                 " is not supported");
-        }
-    }
-    if (const json* type = field(rope, "rope_type");
-        type && !(type->is_string() && type->get<std::string>() == "default")) {
-        return unimplemented(r.path() + ": rope_type " + type->dump() + " is not supported");
-    }
-    if (const json* mlp_bias = field(r.root(), "mlp_bias"); mlp_bias && *mlp_bias == true) {
-        return unimplemented(r.path() + ": mlp_bias is not supported");
-    }
-    return {};
-}
-
-Result<ModelConfig> parse_config(const std::string& dir) {
-    const std::string path = (fs::path(dir) / "config.json").string();
-    if (!fs::exists(path)) return not_found(dir + ": no config.json (not a Hugging Face model)");
-    DS_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
-    const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) return invalid_argument(path + ": not valid JSON");
-    if (!j.is_object()) return invalid_argument(path + ": not a JSON object");
-    ConfigReader r(j, path);
-    // transformers >= 5 moves rope_theta into rope_parameters.
-    const json* rope_params = field(j, "rope_parameters");
-    const json& rope = rope_params && rope_params->is_object() ? *rope_params : j;
-
-    DS_ASSIGN_OR_RETURN(const ArchInfo* arch, find_arch(r));
-    DS_RETURN_IF_ERROR(check_unsupported(r, rope));
-    ModelConfig c;
-    c.arch = std::string(arch->arch);
-    c.name = fs::path(dir).lexically_normal().filename().string();
-    if (c.name.empty()) {
-        c.name = fs::path(dir).lexically_normal().parent_path().filename().string();
-    }
-    DS_ASSIGN_OR_RETURN(c.d_model, r.positive_int("hidden_size", std::nullopt));
-    DS_ASSIGN_OR_RETURN(c.n_layers, r.positive_int("num_hidden_layers", std::nullopt));
-    DS_ASSIGN_OR_RETURN(c.n_heads, r.positive_int("num_attention_heads", std::nullopt));
-    DS_ASSIGN_OR_RETURN(c.n_kv_heads, r.positive_int("num_key_value_heads", c.n_heads));
-    if (!field(j, "head_dim") && c.d_model % c.n_heads != 0) {
-        return invalid_argument(path + ": hidden_size " + std::to_string(c.d_model) +
-                                " is not a multiple of num_attention_heads " +
-                                std::to_string(c.n_heads) + " and head_dim is not given");
-    }
-    DS_ASSIGN_OR_RETURN(c.head_dim, r.positive_int("head_dim", c.d_model / c.n_heads));
-    DS_ASSIGN_OR_RETURN(c.d_ff, r.positive_int("intermediate_size", std::nullopt));
-    DS_ASSIGN_OR_RETURN(c.n_vocab, r.positive_int("vocab_size", std::nullopt));
-    DS_ASSIGN_OR_RETURN(c.n_ctx_train, r.positive_int("max_position_embeddings", 2048));
-    // Sliding-window attention (Mistral v0.1, Qwen2 with use_sliding_window) equals full
-    // attention up to the window, so the usable context is capped there.
-    DS_ASSIGN_OR_RETURN(const int32_t window, r.positive_int("sliding_window", INT32_MAX));
-    DS_ASSIGN_OR_RETURN(const bool use_window, r.boolean("use_sliding_window", true));
-    if (use_window) c.n_ctx_train = std::min(c.n_ctx_train, window);
-    DS_ASSIGN_OR_RETURN(c.rms_eps, r.positive_float(j, "rms_norm_eps", 1e-6f));
-    DS_ASSIGN_OR_RETURN(c.rope_theta, r.positive_float(rope, "rope_theta", 10000.0f));
-    DS_ASSIGN_OR_RETURN(c.tied_output, r.boolean("tie_word_embeddings", false));
-    DS_ASSIGN_OR_RETURN(const bool attention_bias, r.boolean("attention_bias", false));
-    c.qkv_bias = arch->qkv_bias || attention_bias;
-    if (c.n_heads % c.n_kv_heads != 0) {
-        return invalid_argument(path + ": num_attention_heads " + std::to_string(c.n_heads) +
-                                " is not a multiple of num_key_value_heads " +
-                                std::to_string(c.n_kv_heads));
-    }
-    if (c.head_dim % 2 != 0) {
-        return invalid_argument(path + ": head_dim " + std::to_string(c.head_dim) +
-                                " is odd (RoPE rotates pairs)");
-    }
-    c.rope_style = kernels::RopeStyle::kSplitHalf;
-    return c;
 }
 
 // --- tensors -----------------------------------------------------------------------------
@@ -232,10 +71,25 @@ class TensorReader {
 
     bool contains(const std::string& name) const { return st_.contains(name); }
 
+    // kUnimplemented naming the first tensor no part of the model took. RoPE's inverse
+    // frequencies (rotary_emb.inv_freq, a buffer older checkpoints saved) are made from
+    // config.json, as transformers makes them, and pass.
+    Status all_taken() const {
+        for (const std::string& name : st_.tensor_names()) {
+            if (taken_.count(name) != 0) continue;
+            if (name.size() > 21 && name.ends_with(".rotary_emb.inv_freq")) continue;
+            return unimplemented(st_.file_of(name) + ": tensor '" + name +
+                                 "' is not used by the graph deltaserve computes (refused rather "
+                                 "than ignored)");
+        }
+        return Status();
+    }
+
   private:
     Result<const SafetensorsTensor*> get(const std::string& name,
                                          const std::vector<int64_t>& shape) {
         DS_ASSIGN_OR_RETURN(const SafetensorsTensor* t, st_.get(name));
+        taken_.insert(name);
         if (t->shape != shape) {
             return invalid_argument(st_.file_of(name) + ": tensor '" + name + "' has shape " +
                                     shape_string(t->shape) + ", expected " + shape_string(shape) +
@@ -261,6 +115,7 @@ class TensorReader {
 
     const SafetensorsModel& st_;
     ModelWeights& w_;
+    std::set<std::string> taken_;
 };
 
 Status load_layer(TensorReader& r, const ModelConfig& c, int layer, LayerWeights& l) {
@@ -281,6 +136,10 @@ Status load_layer(TensorReader& r, const ModelConfig& c, int layer, LayerWeights
         if (r.contains(p + bias)) {
             return unimplemented("tensor '" + p + bias + "': this bias is not supported");
         }
+    }
+    if (c.qk_norm) {
+        DS_ASSIGN_OR_RETURN(l.q_norm, r.vector(p + "self_attn.q_norm.weight", c.head_dim));
+        DS_ASSIGN_OR_RETURN(l.k_norm, r.vector(p + "self_attn.k_norm.weight", c.head_dim));
     }
     DS_ASSIGN_OR_RETURN(l.ffn_norm, r.vector(p + "post_attention_layernorm.weight", d));
     DS_ASSIGN_OR_RETURN(l.w_gate, r.matrix(p + "mlp.gate_proj.weight", ff, d));
@@ -306,6 +165,18 @@ Status load_weights(SafetensorsModel& st, ModelConfig& c, ModelWeights& w, bool 
     DS_ASSIGN_OR_RETURN(w.output_norm, r.vector("model.norm.weight", c.d_model));
     if (c.tied_output) {
         w.output = w.token_embd;
+        // A checkpoint may save the tied head too: the same bytes, or refused.
+        if (r.contains("lm_head.weight")) {
+            DS_ASSIGN_OR_RETURN(const WeightMatrix head,
+                                r.matrix("lm_head.weight", c.n_vocab, c.d_model));
+            if (head.type != w.token_embd.type ||
+                std::memcmp(head.data, w.token_embd.data,
+                            kernels::row_bytes(head.type, c.d_model) * c.n_vocab) != 0) {
+                return unimplemented(
+                    "tensor 'lm_head.weight' differs from model.embed_tokens.weight but "
+                    "config.json ties them");
+            }
+        }
     } else if (!r.contains("lm_head.weight")) {
         return not_found(
             "tensor 'lm_head.weight' not found and config.json does not set "
@@ -313,6 +184,7 @@ Status load_weights(SafetensorsModel& st, ModelConfig& c, ModelWeights& w, bool 
     } else {
         DS_ASSIGN_OR_RETURN(w.output, r.matrix("lm_head.weight", c.n_vocab, c.d_model));
     }
+    DS_RETURN_IF_ERROR(r.all_taken());
     st.release_mappings(w.files);
     return {};
 }
@@ -381,7 +253,7 @@ Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& dir,
 Result<std::unique_ptr<Model>> load_hf_model(const std::string& dir, const LoadOptions& options) {
     auto model = std::make_unique<Model>();
     model->format = "hf";
-    DS_ASSIGN_OR_RETURN(model->config, parse_config(dir));
+    DS_ASSIGN_OR_RETURN(model->config, parse_hf_config(dir));
     DS_ASSIGN_OR_RETURN(SafetensorsModel st, SafetensorsModel::open_dir(dir));
     DS_RETURN_IF_ERROR(load_weights(st, model->config, model->weights, options.show_progress)
                            .with_context("loading " + dir));

@@ -331,6 +331,11 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
     CacheParts parts;
     const ModelConfig& c = model.config;
     if (policy.kind == kvstore::KvCacheKind::kDeltaKv) {
+        if (!c.rope().plain()) {
+            // Its angle tables (rope_angles, rope_inverse) turn keys by plain RoPE only.
+            return unimplemented("the deltakv policy does not implement " + c.rope_scaling +
+                                 " RoPE scaling (model '" + c.name + "'); use another policy");
+        }
         if (opts.kv_profile.empty() && !opts.deltakv_profile) {
             return invalid_argument(
                 "the deltakv policy needs a profile (--kv-profile; make one with deltactl "

@@ -25,6 +25,8 @@ struct LayerOnBackend {
     const float* bq = nullptr;  // Qwen2 biases; nullptr without them
     const float* bk = nullptr;
     const float* bv = nullptr;
+    const float* q_norm = nullptr;  // Qwen3's per-head norms; nullptr without them
+    const float* k_norm = nullptr;
     kernels::WeightMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
 };
 

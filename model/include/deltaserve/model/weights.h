@@ -19,6 +19,8 @@ struct LayerWeights {
     WeightMatrix wv;                // kv_dim x d_model
     WeightMatrix wo;                // d_model x q_dim
     std::vector<float> bq, bk, bv;  // Qwen2 biases; empty otherwise
+    std::vector<float> q_norm;      // Qwen3: head_dim, each head of q; empty otherwise
+    std::vector<float> k_norm;      // Qwen3: head_dim, each head of k; empty otherwise
     std::vector<float> ffn_norm;    // d_model
     WeightMatrix w_gate;            // d_ff x d_model
     WeightMatrix w_up;              // d_ff x d_model
