@@ -52,10 +52,15 @@ struct BIQ4NL {
 template <class Isa, class B, int R, int C>
 inline void tile_b32(const uint8_t* const* wrow, const Activations& a, int64_t t0, int64_t nb,
                      float* y, int64_t ldy, int64_t r0) {
+    static_assert(R == 1 || R == 4);
     using Block = typename B::Block;
-    float acc[R][C], macc[R][C];
-    for (int r = 0; r < R; ++r) {
-        for (int c = 0; c < C; ++c) acc[r][c] = macc[r][c] = 0.0f;
+    // Four rows' block sums go through hsum4 and 4-lane FMAs (acc4): lane r rounds as row r's
+    // scalar block_fma and fma (acc1) would.
+    __m128 acc4[C], macc4[C];
+    float acc1[C], macc1[C];
+    for (int c = 0; c < C; ++c) {
+        acc4[c] = macc4[c] = _mm_setzero_ps();
+        acc1[c] = macc1[c] = 0.0f;
     }
     const BlockQ8A* act[C];
     for (int c = 0; c < C; ++c) act[c] = a.q + (t0 + c) * nb;
@@ -73,16 +78,33 @@ inline void tile_b32(const uint8_t* const* wrow, const Activations& a, int64_t t
         for (int c = 0; c < C; ++c) {
             const BlockQ8A& ab = act[c][b];
             const __m256i aq = load32(ab.qs);
+            __m256i sum[R];
             for (int r = 0; r < R; ++r) {
-                const __m256i sum = B::kSigned ? Isa::dot_u8s8(wabs[r], _mm256_sign_epi8(aq, wq[r]))
-                                               : Isa::dot_u8s8(wq[r], aq);
-                acc[r][c] = block_fma(hsum_epi32(sum), wd[r] * ab.d, acc[r][c]);
-                if constexpr (B::kHasOffset) macc[r][c] = std::fma(wm[r], ab.s, macc[r][c]);
+                sum[r] = B::kSigned ? Isa::dot_u8s8(wabs[r], _mm256_sign_epi8(aq, wq[r]))
+                                    : Isa::dot_u8s8(wq[r], aq);
+            }
+            if constexpr (R == 4) {
+                const __m128 d =
+                    _mm_mul_ps(_mm_setr_ps(wd[0], wd[1], wd[2], wd[3]), _mm_set1_ps(ab.d));
+                acc4[c] = block_fma(hsum4_epi32(sum[0], sum[1], sum[2], sum[3]), d, acc4[c]);
+                if constexpr (B::kHasOffset) {
+                    macc4[c] = _mm_fmadd_ps(_mm_setr_ps(wm[0], wm[1], wm[2], wm[3]),
+                                            _mm_set1_ps(ab.s), macc4[c]);
+                }
+            } else {
+                acc1[c] = block_fma(hsum_epi32(sum[0]), wd[0] * ab.d, acc1[c]);
+                if constexpr (B::kHasOffset) macc1[c] = std::fma(wm[0], ab.s, macc1[c]);
             }
         }
     }
-    for (int r = 0; r < R; ++r) {
-        for (int c = 0; c < C; ++c) y[(t0 + c) * ldy + r0 + r] = acc[r][c] + macc[r][c];
+    for (int c = 0; c < C; ++c) {
+        if constexpr (R == 4) {
+            alignas(16) float out[4];
+            _mm_store_ps(out, _mm_add_ps(acc4[c], macc4[c]));
+            for (int r = 0; r < 4; ++r) y[(t0 + c) * ldy + r0 + r] = out[r];
+        } else {
+            y[(t0 + c) * ldy + r0] = acc1[c] + macc1[c];
+        }
     }
 }
 
