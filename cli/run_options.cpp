@@ -7,6 +7,7 @@
 #include "deltaserve/common/logging.h"
 #include "deltaserve/kernels/matmul.h"
 #include "deltaserve/kvstore/kv_policy.h"
+#include "kv_profile.h"
 
 namespace deltaserve::cli {
 
@@ -31,6 +32,9 @@ void RunOptions::register_flags(ArgParser& p) {
     p.add("kv-profile", &kv_profile,
           "deltakv.json or trimkv.json from deltactl calibrate (default: "
           "profiles/<model file name>/<policy>.json when present)");
+    p.add_switch("kv-calibrate", &kv_calibrate,
+                 "deltakv without a profile: calibrate one now into profiles/<model file name>/ "
+                 "(deltactl calibrate, with its progress) instead of refusing to start");
     p.add(
         "kv-select", &kv_select,
         "deltakv: share of the compressed tokens each generated token attends to (reconstructed on "
@@ -91,13 +95,11 @@ model::ContextOptions RunOptions::context() const {
     c.deltakv_pin = kv_pin;
     c.deltakv_follow = kv_follow;
     c.deltakv_exact = kv_exact;
-    // deltakv / trimkv without --kv-profile: what setup calibrates in profiles/<model file>/.
-    auto policy = kvstore::find_kv_policy(kv_policy);
-    if (policy.ok() && !(*policy)->profile_file.empty() && kv_profile.empty()) {
-        const std::string guess = "profiles/" +
-                                  std::filesystem::path(model_path).filename().string() + "/" +
-                                  std::string((*policy)->profile_file);
-        if (std::filesystem::exists(guess)) c.kv_profile = guess;
+    // deltakv / trimkv without --kv-profile: profiles/<model file>/ (deploy/profile.sh,
+    // deltactl calibrate, --kv-calibrate make it there).
+    if (kv_profile.empty()) {
+        const std::string guess = default_kv_profile(model_path, kv_policy);
+        if (!guess.empty() && std::filesystem::exists(guess)) c.kv_profile = guess;
     }
     c.attention =
         attention == "ggml" ? model::AttentionNumerics::kGgml : model::AttentionNumerics::kNative;
@@ -164,6 +166,7 @@ Result<std::unique_ptr<model::Model>> load_model_for_run(const RunOptions& o) {
     if (o.threads < 0 || o.ctx_size < 0 || o.batch_size <= 0) {
         return invalid_argument("--threads and --ctx-size must be >= 0, --batch-size > 0");
     }
+    DS_RETURN_IF_ERROR(ensure_kv_profile(o));
     model::LoadOptions lo;
     lo.tokenizer_path = o.tokenizer_path;
     DS_ASSIGN_OR_RETURN(auto model, model::load_model(o.model_path, lo));

@@ -25,6 +25,7 @@ struct RunOptions {
     std::string kv_policy = "full";
     float kv_keep = 1.0f;
     std::string kv_profile;
+    bool kv_calibrate = false;  // a missing deltakv profile is made at start (kv_profile.h)
     float kv_select = 0.1f;
     int kv_score_every = 0;
     float kv_score_dims = 0.25f;
