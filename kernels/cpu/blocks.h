@@ -138,7 +138,19 @@ struct BlockQ8_0x8 {
     uint16_t d[8];
     int8_t qs[8][32];
 };
+// Q4_K: the rows' 16 six-bit values (8 scales, then 8 minimums) split for the kernels to
+// decode 8 rows at once: scales_lo[p][r] holds the low 4 bits of row r's values 2p (low
+// nibble) and 2p + 1, scales_hi[q][r] the high 2 bits of values 4q .. 4q + 3 (bits 0-1 for
+// 4q); the quants 4 bytes per row as above (qs[k] holds bytes 4k..4k+3 of every row's qs).
+struct BlockQ4_Kx8 {
+    uint16_t d[8];
+    uint16_t dmin[8];
+    uint8_t scales_lo[8][8];
+    uint8_t scales_hi[4][8];
+    uint8_t qs[32][32];
+};
 static_assert(sizeof(BlockQ4_0x8) == 8 * sizeof(BlockQ4_0));
+static_assert(sizeof(BlockQ4_Kx8) == 8 * sizeof(BlockQ4_K));
 static_assert(sizeof(BlockQ4_1x8) == 8 * sizeof(BlockQ4_1));
 static_assert(sizeof(BlockQ8_0x8) == 8 * sizeof(BlockQ8_0));
 

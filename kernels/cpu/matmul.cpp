@@ -55,6 +55,8 @@ RowsFn rows_fn(const WeightMatrix& w, DotOrder order) {
                 return k.q4_1x8;
             case DType::kQ8_0:
                 return k.q8_0x8;
+            case DType::kQ4_K:
+                return k.q4_kx8;
             default:
                 return nullptr;
         }

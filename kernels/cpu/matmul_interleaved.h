@@ -111,10 +111,10 @@ inline void x8_q8_0(const uint8_t* group, const Activations& a, int64_t t0, int6
 
 // Rows [r0, r1) (multiples of 8) x all tokens, C tokens at a time: a row group's blocks stay
 // in L1 while every token passes over them.
-template <int C, template <int> class Kernel>
+template <int C, template <int> class Kernel, int kBlockElems = kQK>
 void run_interleaved(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy, int64_t r0,
                      int64_t r1) {
-    const int64_t nb = w.cols / kQK;
+    const int64_t nb = w.cols / kBlockElems;
     const size_t group_bytes = w.row_stride() * 8;
     const uint8_t* base = static_cast<const uint8_t*>(w.data);
     for (int64_t r = r0; r < r1; r += 8) {

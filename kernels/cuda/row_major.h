@@ -6,8 +6,8 @@
 
 namespace deltaserve::kernels::cuda {
 
-// Writes the rows of w (interleave kRowInterleave: Q4_0, Q4_1 or Q8_0, rows a multiple of
-// kRowInterleave) to out, row-major: w.rows * w.row_stride() bytes.
+// Writes the rows of w (interleaved by repack_rows: rows a multiple of kRowInterleave) to
+// out, row-major: w.rows * w.row_stride() bytes.
 void deinterleave_rows(const WeightMatrix& w, void* out);
 
 }  // namespace deltaserve::kernels::cuda

@@ -209,7 +209,7 @@ TEST(MatmulRepacked, TakesOnlyWholeGroupsOfQuantizedRows) {
     EXPECT_TRUE(repackable({DType::kQ4_1, 16, 64, buf.data()}));
     EXPECT_FALSE(repackable({DType::kQ4_1, 12, 64, buf.data()}));   // not whole groups of 8
     EXPECT_FALSE(repackable({DType::kF16, 16, 64, buf.data()}));    // float kernels read rows
-    EXPECT_FALSE(repackable({DType::kQ6_K, 16, 256, buf.data()}));  // no kernel of its own
+    EXPECT_FALSE(repackable({DType::kQ6_K, 16, 256, buf.data()}));  // no interleaved kernel
     std::vector<uint8_t> out(buf.size());
     const WeightMatrix once = repack_rows({DType::kQ4_1, 16, 64, buf.data()}, out.data());
     EXPECT_FALSE(repackable(once));  // already interleaved
@@ -411,6 +411,64 @@ TEST(MatmulQuantTypes, SameBitsForAnyBatchThreadsIsaAndOrder) {
         const std::vector<float> avx2 = run(avx2_matmul_table());
         EXPECT_EQ(avx2, all) << name;
         EXPECT_EQ(run(avx512_matmul_table()), avx2) << name << ": AVX-512 vs AVX2";
+    }
+}
+
+// Q4_K repacked (BlockQ4_Kx8) gives the row-major kernels' bits for any
+// token count, thread count and ISA, read back as they were, and unpack to the same bytes.
+TEST(MatmulQuantTypes, RepackedSameBitsAsRowMajor) {
+    std::mt19937 rng(29);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const std::pair<int64_t, int64_t> shapes[] = {{64, 1024}, {192, 256}, {8, 2048}};
+    for (const auto& [rows, cols] : shapes) {
+        for (DType type : {DType::kQ4_K}) {
+            const std::string name(dtype_traits(type).name);
+            std::vector<uint8_t> wq = test_blocks::random_rows(type, rows, cols, 7);
+            std::vector<uint8_t> packed(wq.size()), back(wq.size());
+            const WeightMatrix w{type, rows, cols, wq.data()};
+            ASSERT_TRUE(repackable(w)) << name;
+            const WeightMatrix p = repack_rows(w, packed.data());
+            EXPECT_NE(packed, wq);
+            EXPECT_EQ(unpack_rows(p, back.data()).interleave, 1);
+            EXPECT_EQ(back, wq) << name;
+            std::vector<float> ra(cols), rb(cols);
+            for (int64_t r = 0; r < rows; ++r) {
+                dequantize_weight_row(w, r, ra.data());
+                dequantize_weight_row(p, r, rb.data());
+                ASSERT_EQ(ra, rb) << name << " row " << r;
+            }
+            for (int64_t tokens : {1, 2, 3, 8, 17}) {
+                std::vector<float> x(tokens * cols);
+                for (auto& v : x) v = nd(rng);
+                for (int threads : {1, 2}) {
+                    ThreadPool pool(threads);
+                    std::vector<float> ya(tokens * rows), yb(tokens * rows, -1.0f);
+                    matmul(w, x.data(), cols, tokens, ya.data(), rows, pool);
+                    matmul(p, x.data(), cols, tokens, yb.data(), rows, pool);
+                    EXPECT_EQ(ya, yb) << name << " " << rows << "x" << cols << ", " << tokens
+                                      << " tokens, " << threads << " threads";
+                }
+                if (!cpu_features().avx512_vnni) continue;
+                const int64_t nbk = cols / kQKK;
+                std::vector<BlockQ8K> qk(tokens * nbk);
+                for (int64_t t = 0; t < tokens; ++t)
+                    quantize_activations_q8k(x.data() + t * cols, qk.data() + t * nbk, cols);
+                const Activations a{x.data(), cols, nullptr, tokens, qk.data()};
+                const auto run = [&](const MatmulTable& table) {
+                    const QuantKernels& k = table.quant[0];
+                    std::vector<float> y(tokens * rows, -1.0f);
+                    k.q4_kx8(p, a, y.data(), rows, 0, rows);
+                    return y;
+                };
+                const std::vector<float> avx2 = run(avx2_matmul_table());
+                std::vector<float> want(tokens * rows);
+                ThreadPool one(1);
+                matmul(w, x.data(), cols, tokens, want.data(), rows, one);
+                EXPECT_EQ(avx2, want) << name << " AVX2 interleaved, " << tokens << " tokens";
+                EXPECT_EQ(run(avx512_matmul_table()), want)
+                    << name << " AVX-512 interleaved, " << tokens << " tokens";
+            }
+        }
     }
 }
 

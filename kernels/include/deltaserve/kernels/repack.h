@@ -14,13 +14,17 @@ namespace deltaserve::kernels {
 
 constexpr int32_t kRowInterleave = 8;
 
-// Whether repack_rows takes w: Q4_0, Q4_1 or Q8_0, row-major, rows a multiple of
-// kRowInterleave.
+// Whether repack_rows takes w: Q4_0, Q4_1, Q8_0 or Q4_K, row-major, rows a multiple of
+// kRowInterleave. (Q6_K's interleaved kernel was no faster than its row-major one: it stays.)
 bool repackable(const WeightMatrix& w);
 
 // Writes w's blocks, interleaved, to `out` (w.rows * w.row_stride() bytes, the size of w)
 // and returns the matrix over them. w must be repackable.
 WeightMatrix repack_rows(const WeightMatrix& w, void* out);
+
+// The inverse of repack_rows: writes interleaved w's rows, row-major, to `out` (the size of
+// w) and returns the matrix over them (a backend that reads only row-major blocks).
+WeightMatrix unpack_rows(const WeightMatrix& w, void* out);
 
 // dst[0..w.cols) = row r of w, in either layout.
 void dequantize_weight_row(const WeightMatrix& w, int64_t r, float* dst);
