@@ -127,6 +127,10 @@ Status Backend::silu_mul(float*, const float*, const float*, int64_t, const Exec
     return not_here(*this, "silu_mul");
 }
 Status Backend::add(float*, const float*, int64_t, const Exec&) { return not_here(*this, "add"); }
+Status Backend::gelu_mul(float*, const float*, const float*, int64_t, const Exec&) {
+    return not_here(*this, "gelu_mul");
+}
+Status Backend::scale(float*, float, int64_t, const Exec&) { return not_here(*this, "scale"); }
 Status Backend::embed_rows(const WeightMatrix&, const int32_t*, int64_t, float*, const Exec&) {
     return not_here(*this, "embed_rows");
 }

@@ -96,6 +96,18 @@ class CpuBackend final : public Backend {
         });
         return Status();
     }
+    Status gelu_mul(float* out, const float* gate, const float* up, int64_t n,
+                    const Exec& exec) override {
+        DS_RETURN_IF_ERROR(need_pool(exec, "gelu_mul"));
+        exec.pool->parallel_for(n, 16384, [&](int64_t b, int64_t e) {
+            kernels::gelu_mul(out + b, gate + b, up + b, e - b);
+        });
+        return Status();
+    }
+    Status scale(float* x, float s, int64_t n, const Exec&) override {
+        scale_inplace(x, s, n);
+        return Status();
+    }
     Status add(float* y, const float* x, int64_t n, const Exec&) override {
         add_inplace(y, x, n);
         return Status();

@@ -64,6 +64,19 @@ void silu_mul(float* out, const float* gate, const float* up, int64_t n) {
     }
 }
 
+void gelu_mul(float* out, const float* gate, const float* up, int64_t n) {
+    constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
+    constexpr float kCoefA = 0.044715f;
+    for (int64_t i = 0; i < n; ++i) {
+        const float g = gate[i];
+        out[i] = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * g * (1.0f + kCoefA * g * g))) * up[i];
+    }
+}
+
+void scale_inplace(float* x, float s, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
 void add_inplace(float* y, const float* x, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }

@@ -235,6 +235,15 @@ class CudaBackend final : public Backend {
         if (!available()) return no_device_;
         return run_add(y, x, n, stream_of(exec));
     }
+    Status gelu_mul(float* out, const float* gate, const float* up, int64_t n,
+                    const Exec& exec) override {
+        if (!available()) return no_device_;
+        return run_gelu_mul(out, gate, up, n, stream_of(exec));
+    }
+    Status scale(float* x, float s, int64_t n, const Exec& exec) override {
+        if (!available()) return no_device_;
+        return run_scale(x, s, n, stream_of(exec));
+    }
     Status embed_rows(const WeightMatrix& table, const int32_t* tokens, int64_t n, float* out,
                       const Exec& exec) override {
         if (!available()) return no_device_;

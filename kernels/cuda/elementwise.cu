@@ -74,6 +74,26 @@ __global__ void silu_mul_kernel(float* out, const float* gate, const float* up, 
     }
 }
 
+// tanhf is the accurate one, as the CPU's std::tanh.
+__global__ void gelu_mul_kernel(float* out, const float* gate, const float* up, int64_t n) {
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += stride) {
+        const float g = gate[i];
+        const float inner = __fmul_rn(__fmul_rn(0.79788456080286535587989211986876f, g),
+                                      __fadd_rn(1.0f, __fmul_rn(__fmul_rn(0.044715f, g), g)));
+        out[i] = __fmul_rn(__fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, tanhf(inner))), up[i]);
+    }
+}
+
+__global__ void scale_kernel(float* x, float s, int64_t n) {
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += stride) {
+        x[i] = __fmul_rn(x[i], s);
+    }
+}
+
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
     const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -124,6 +144,19 @@ cudaError_t launch_silu_mul(float* out, const float* gate, const float* up, int6
 cudaError_t launch_add(float* y, const float* x, int64_t n, cudaStream_t stream) {
     if (n == 0) return cudaSuccess;
     add_kernel<<<flat_blocks(n), kFlatThreads, 0, stream>>>(y, x, n);
+    return cudaGetLastError();
+}
+
+cudaError_t launch_gelu_mul(float* out, const float* gate, const float* up, int64_t n,
+                            cudaStream_t stream) {
+    if (n == 0) return cudaSuccess;
+    gelu_mul_kernel<<<flat_blocks(n), kFlatThreads, 0, stream>>>(out, gate, up, n);
+    return cudaGetLastError();
+}
+
+cudaError_t launch_scale(float* x, float s, int64_t n, cudaStream_t stream) {
+    if (n == 0) return cudaSuccess;
+    scale_kernel<<<flat_blocks(n), kFlatThreads, 0, stream>>>(x, s, n);
     return cudaGetLastError();
 }
 

@@ -43,6 +43,11 @@ cudaError_t launch_silu_mul(float* out, const float* gate, const float* up, int6
 // y[i] += x[i].
 cudaError_t launch_add(float* y, const float* x, int64_t n, cudaStream_t stream);
 
+// out[i] = gelu(gate[i]) * up[i] (tanh GELU, kernels::gelu_mul's expression); x[i] *= s.
+cudaError_t launch_gelu_mul(float* out, const float* gate, const float* up, int64_t n,
+                            cudaStream_t stream);
+cudaError_t launch_scale(float* x, float s, int64_t n, cudaStream_t stream);
+
 // out[i * cols, (i + 1) * cols) = row tokens[i] of a row-major table of a type
 // weight_type_supported (matmul.h) takes; tokens in range.
 cudaError_t launch_embed_rows(DType type, const void* table, size_t row_stride, int64_t cols,

@@ -216,6 +216,21 @@ Status run_add(float* y, const float* x, int64_t n, cudaStream_t stream) {
     return launched(launch_add(y, x, n, stream), "add");
 }
 
+Status run_gelu_mul(float* out, const float* gate, const float* up, int64_t n,
+                    cudaStream_t stream) {
+    if (n < 0) return invalid("gelu_mul", "n < 0");
+    if (n > 0 && (out == nullptr || gate == nullptr || up == nullptr)) {
+        return invalid("gelu_mul", "a null pointer");
+    }
+    return launched(launch_gelu_mul(out, gate, up, n, stream), "gelu_mul");
+}
+
+Status run_scale(float* x, float s, int64_t n, cudaStream_t stream) {
+    if (n < 0) return invalid("scale", "n < 0");
+    if (n > 0 && x == nullptr) return invalid("scale", "a null pointer");
+    return launched(launch_scale(x, s, n, stream), "scale");
+}
+
 Status run_embed_rows(const WeightMatrix& table, const int32_t* tokens, int64_t n, float* out,
                       cudaStream_t stream) {
     const char* op = "embed_rows";

@@ -32,6 +32,8 @@ Status run_rope_rows(float* x, int64_t ldx, int64_t n, int n_heads, int head_dim
                      const int32_t* positions, const RopeParams& rope, cudaStream_t stream);
 Status run_silu_mul(float* out, const float* gate, const float* up, int64_t n, cudaStream_t stream);
 Status run_add(float* y, const float* x, int64_t n, cudaStream_t stream);
+Status run_gelu_mul(float* out, const float* gate, const float* up, int64_t n, cudaStream_t stream);
+Status run_scale(float* x, float s, int64_t n, cudaStream_t stream);
 Status run_embed_rows(const WeightMatrix& table, const int32_t* tokens, int64_t n, float* out,
                       cudaStream_t stream);
 Status run_store_rows(DType dtype, int64_t width, const float* src, int64_t ld, int64_t n,

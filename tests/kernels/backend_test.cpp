@@ -169,6 +169,51 @@ TEST_F(CpuBackendTest, RopeScalingTurnsByEachPairsFactor) {
     refused(RopeParams{-1.0f, RopeStyle::kInterleaved, 1.0f, {}}, "a negative base");
 }
 
+// Gemma's GeGLU (tanh GELU) and the embedding's scale against their formulas in double; the
+// CUDA backend's against the CPU's (skipped without a device).
+TEST_F(CpuBackendTest, GeluMulAndScaleAreTheirFormulas) {
+    const int64_t m = 40000;
+    std::vector<float> g = random_floats(m, 13), u = random_floats(m, 14);
+    for (int64_t i = 0; i < m; i += 97) g[i] *= 8.0f;  // the tails too
+    std::vector<float> got(m);
+    ASSERT_TRUE(cpu().gelu_mul(got.data(), g.data(), u.data(), m, exec_).ok());
+    double worst = 0;
+    for (int64_t i = 0; i < m; ++i) {
+        const double x = g[i];
+        const double gelu =
+            0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+        worst = std::max(worst, std::fabs(got[i] - gelu * u[i]) / (1.0 + std::fabs(gelu * u[i])));
+    }
+    EXPECT_LT(worst, 1e-6);
+    std::vector<float> x = g;
+    ASSERT_TRUE(cpu().scale(x.data(), 8.0f, m, exec_).ok());
+    for (int64_t i = 0; i < m; ++i) ASSERT_EQ(x[i], g[i] * 8.0f);
+}
+
+TEST_F(CpuBackendTest, CudaGeluMulAndScaleMatchTheCpu) {
+    Backend* cuda = find_backend("cuda");
+    if (cuda == nullptr || !cuda->available()) GTEST_SKIP() << "no CUDA device";
+    const int64_t m = 40000;
+    const std::vector<float> g = random_floats(m, 13), u = random_floats(m, 14);
+    std::vector<float> got(m), x = g;
+    ASSERT_TRUE(cpu().gelu_mul(got.data(), g.data(), u.data(), m, exec_).ok());
+    ASSERT_TRUE(cpu().scale(x.data(), 8.0f, m, exec_).ok());
+    const Exec on_gpu{};
+    auto dg = cuda->alloc(m * 4), du = cuda->alloc(m * 4), dout = cuda->alloc(m * 4);
+    ASSERT_TRUE(dg.ok() && du.ok() && dout.ok());
+    ASSERT_TRUE(cuda->copy_in(dg->data(), g.data(), m * 4, on_gpu).ok());
+    ASSERT_TRUE(cuda->copy_in(du->data(), u.data(), m * 4, on_gpu).ok());
+    ASSERT_TRUE(cuda->gelu_mul(dout->f32(), dg->f32(), du->f32(), m, on_gpu).ok());
+    ASSERT_TRUE(cuda->scale(dg->f32(), 8.0f, m, on_gpu).ok());
+    std::vector<float> cg(m), cs(m);
+    ASSERT_TRUE(cuda->copy_out(cg.data(), dout->data(), m * 4, on_gpu).ok());
+    ASSERT_TRUE(cuda->copy_out(cs.data(), dg->data(), m * 4, on_gpu).ok());
+    double worst = 0;
+    for (int64_t i = 0; i < m; ++i) worst = std::max(worst, double(std::fabs(cg[i] - got[i])));
+    EXPECT_LT(worst, 1e-5);
+    EXPECT_TRUE(same_bits(cs, x));
+}
+
 // The CUDA backend's rope_rows with factors and a scale against the CPU's (skips without a
 // device).
 TEST_F(CpuBackendTest, CudaRopeScalingMatchesTheCpu) {

@@ -102,6 +102,17 @@ class OwnMemoryBackend final : public kernels::Backend {
         DS_RETURN_IF_ERROR(check("add", x, n * 4));
         return cpu_.add(y, x, n, e);
     }
+    Status gelu_mul(float* out, const float* gate, const float* up, int64_t n,
+                    const kernels::Exec& e) override {
+        DS_RETURN_IF_ERROR(check("gelu_mul", out, n * 4));
+        DS_RETURN_IF_ERROR(check("gelu_mul", gate, n * 4));
+        DS_RETURN_IF_ERROR(check("gelu_mul", up, n * 4));
+        return cpu_.gelu_mul(out, gate, up, n, e);
+    }
+    Status scale(float* x, float s, int64_t n, const kernels::Exec& e) override {
+        DS_RETURN_IF_ERROR(check("scale", x, n * 4));
+        return cpu_.scale(x, s, n, e);
+    }
     Status embed_rows(const kernels::WeightMatrix& table, const int32_t* tokens, int64_t n,
                       float* out, const kernels::Exec& e) override {
         DS_RETURN_IF_ERROR(weight("embed_rows", table));

@@ -170,6 +170,11 @@ class Backend {
     virtual Status silu_mul(float* out, const float* gate, const float* up, int64_t n,
                             const Exec& exec);
     virtual Status add(float* y, const float* x, int64_t n, const Exec& exec);
+    // out[i] = gelu(gate[i]) * up[i] (kernels::gelu_mul, Gemma's GeGLU); x[i] *= s; over n
+    // values.
+    virtual Status gelu_mul(float* out, const float* gate, const float* up, int64_t n,
+                            const Exec& exec);
+    virtual Status scale(float* x, float s, int64_t n, const Exec& exec);
     // out[i] = row tokens[i] of `table` (an embedding; tokens in host memory, checked by the
     // caller against table.rows).
     virtual Status embed_rows(const WeightMatrix& table, const int32_t* tokens, int64_t n,

@@ -43,6 +43,13 @@ inline void rope(float* x, int n_heads, int head_dim, int64_t pos, float base, R
 // out[i] = silu(gate[i]) * up[i].
 void silu_mul(float* out, const float* gate, const float* up, int64_t n);
 
+// GeGLU with the tanh GELU (Gemma): out[i] = gelu(gate[i]) * up[i], gelu(g) =
+// 0.5 g (1 + tanh(sqrt(2 / pi) g (1 + 0.044715 g^2))) in float, ggml_gelu_f32's expression.
+void gelu_mul(float* out, const float* gate, const float* up, int64_t n);
+
+// x[i] *= s.
+void scale_inplace(float* x, float s, int64_t n);
+
 // y[i] += x[i].
 void add_inplace(float* y, const float* x, int64_t n);
 
