@@ -65,6 +65,8 @@ Result<std::shared_ptr<const BackendWeights>> BackendWeights::make(const Model& 
         DS_ASSIGN_OR_RETURN(l.bv, on->vector_on(backend, lw.bv));
         DS_ASSIGN_OR_RETURN(l.q_norm, on->vector_on(backend, lw.q_norm));
         DS_ASSIGN_OR_RETURN(l.k_norm, on->vector_on(backend, lw.k_norm));
+        DS_ASSIGN_OR_RETURN(l.attn_post_norm, on->vector_on(backend, lw.attn_post_norm));
+        DS_ASSIGN_OR_RETURN(l.ffn_post_norm, on->vector_on(backend, lw.ffn_post_norm));
         DS_ASSIGN_OR_RETURN(l.wq, upload(lw.wq));
         DS_ASSIGN_OR_RETURN(l.wk, upload(lw.wk));
         DS_ASSIGN_OR_RETURN(l.wv, upload(lw.wv));

@@ -130,6 +130,10 @@ Status Forward::layers(std::span<const SequenceInput> batch, int64_t n_tokens,
                                                x_.f32() + row * d, exec(pool_)));
         row += static_cast<int64_t>(s.tokens.size());
     }
+    if (cfg_.embedding_scale != 1.0f) {  // Gemma: times sqrt(d_model)
+        DS_RETURN_IF_ERROR(
+            backend_.scale(x_.f32(), cfg_.embedding_scale, n_tokens * d, exec(pool_)));
+    }
 
     for (int32_t layer = 0; layer < cfg_.n_layers; ++layer) {
         DS_RETURN_IF_ERROR(attention_layer(layer, batch));
@@ -167,80 +171,6 @@ Status Forward::layers(std::span<const SequenceInput> batch, int64_t n_tokens,
     return logits_out(batch, n_out, logits, candidates);
 }
 
-Status Forward::logits_out(std::span<const SequenceInput> batch, int64_t n_out,
-                           std::vector<float>& logits, std::vector<RowCandidates>* candidates) {
-    const int64_t nv = cfg_.n_vocab;
-    const k::Exec all = exec(pool_);
-    // Whole rows for the sequences that want them; the largest of every row once, for those
-    // that want candidates.
-    if (candidates == nullptr) {
-        return backend_.copy_out(logits.data(), logits_.data(),
-                                 static_cast<size_t>(n_out * nv) * sizeof(float), all);
-    }
-    const auto wants = [](const SequenceInput& s) { return !s.all_logits && s.want.top > 0; };
-    int32_t k_max = 0;
-    int64_t row = 0, run = 0;  // rows [run, row) come over whole, in one copy
-    gather_.clear();           // `also`'s logits: their offsets in logits_
-    const auto whole = [&]() -> Status {
-        const int64_t from = std::exchange(run, row);
-        if (from == row) return Status();
-        return backend_.copy_out(logits.data() + from * nv, logits_.f32() + from * nv,
-                                 static_cast<size_t>((row - from) * nv) * sizeof(float), all);
-    };
-    for (const auto& s : batch) {
-        const int64_t n = s.all_logits ? static_cast<int64_t>(s.tokens.size()) : 1;
-        if (wants(s)) {
-            DS_RETURN_IF_ERROR(whole());
-            run = row + n;
-            k_max = std::max(k_max, static_cast<int32_t>(std::min<int64_t>(s.want.top, nv)));
-            for (int32_t id : s.want.also) {
-                if (id < 0 || id >= nv || (row + 1) * nv > std::numeric_limits<int32_t>::max())
-                    return invalid_argument("forward: a candidate outside the logits");
-                gather_.push_back(static_cast<int32_t>(row * nv + id));
-            }
-        }
-        row += n;
-    }
-    DS_RETURN_IF_ERROR(whole());
-    if (k_max == 0) return Status();
-    top_ids_.resize(static_cast<size_t>(n_out * k_max));
-    top_values_.resize(top_ids_.size());
-    DS_RETURN_IF_ERROR(
-        backend_.top_k(logits_.f32(), nv, n_out, k_max, top_ids_.data(), top_values_.data(), all));
-    also_values_.resize(gather_.size());
-    if (!gather_.empty()) {
-        const size_t bytes = gather_.size() * sizeof(float);
-        if (also_.bytes() < bytes) {
-            also_ = k::Buffer();
-            DS_ASSIGN_OR_RETURN(also_, backend_.alloc(bytes));
-        }
-        DS_RETURN_IF_ERROR(backend_.copy_rows(static_cast<uint8_t*>(also_.data()), sizeof(float),
-                                              nullptr, static_cast<const uint8_t*>(logits_.data()),
-                                              sizeof(float), gather_.data(), sizeof(float),
-                                              static_cast<int64_t>(gather_.size()), all));
-        DS_RETURN_IF_ERROR(backend_.copy_out(also_values_.data(), also_.data(), bytes, all));
-    }
-    row = 0;
-    size_t next_also = 0;
-    for (size_t i = 0; i < batch.size(); ++i) {
-        const SequenceInput& s = batch[i];
-        const int64_t n = s.all_logits ? static_cast<int64_t>(s.tokens.size()) : 1;
-        if (wants(s)) {
-            RowCandidates& c = (*candidates)[i];
-            const auto top = static_cast<size_t>(std::min<int64_t>(s.want.top, nv));
-            const auto at = static_cast<size_t>(row * k_max);
-            c.ids.assign(top_ids_.begin() + at, top_ids_.begin() + at + top);
-            c.logits.assign(top_values_.begin() + at, top_values_.begin() + at + top);
-            for (int32_t id : s.want.also) {
-                c.ids.push_back(id);
-                c.logits.push_back(also_values_[next_also++]);
-            }
-        }
-        row += n;
-    }
-    return Status();
-}
-
 Status Forward::attention_layer(int32_t layer, std::span<const SequenceInput> batch) {
     const LayerOnBackend& w = weights_->layers[static_cast<size_t>(layer)];
     const int64_t n = static_cast<int64_t>(positions_.size());
@@ -273,7 +203,7 @@ Status Forward::attention_layer(int32_t layer, std::span<const SequenceInput> ba
         DS_ASSIGN_OR_RETURN(const float* hv, to_host(v, n * kvd, host_v_));
         kv_tap_(layer, hk, hv, n, kvd);
     }
-    const k::RopeParams rope = cfg_.rope();
+    const k::RopeParams rope = cfg_.rope(layer);
     DS_RETURN_IF_ERROR(
         backend_.rope_rows(q, qd, n, cfg_.n_heads, cfg_.head_dim, positions_.data(), rope, all));
     DS_RETURN_IF_ERROR(backend_.rope_rows(kr, kvd, n, cfg_.n_kv_heads, cfg_.head_dim,
@@ -293,6 +223,8 @@ Status Forward::attention_layer(int32_t layer, std::span<const SequenceInput> ba
     if (attention_tap_) attention_tap_(layer, host.xn, d, host.q, qd, host.k, kvd, n);
     DS_RETURN_IF_ERROR(attend_caches(layer, batch, rows, host));
     DS_RETURN_IF_ERROR(backend_.matmul(w.wo, attn_.f32(), qd, n, tmp_.f32(), d, all));
+    if (w.attn_post_norm != nullptr)
+        DS_RETURN_IF_ERROR(norm_rows(w.attn_post_norm, tmp_.f32(), tmp_.f32(), n));
     return backend_.add(x_.f32(), tmp_.f32(), n * d, all);
 }
 
@@ -300,7 +232,7 @@ Status Forward::attend_caches(int32_t layer, std::span<const SequenceInput> batc
                               const LayerRows& rows, const LayerRows& host) {
     const int64_t d = cfg_.d_model, qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
     k::AttentionShape shape{cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim,
-                            1.0f / std::sqrt(static_cast<float>(cfg_.head_dim))};
+                            cfg_.attention_scale_or_default()};
     // A cache in the backend's memory gets the backend's rows; one in host memory, their host
     // copies (the same rows on the CPU backend).
     const auto rows_of = [&](size_t i) -> const LayerRows& {
@@ -391,7 +323,7 @@ Status Forward::attend_caches(int32_t layer, std::span<const SequenceInput> batc
 
 Status Forward::attend_view(const ViewAttention& job, ThreadPool& pool) {
     const k::AttentionShape shape{cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim,
-                                  1.0f / std::sqrt(static_cast<float>(cfg_.head_dim))};
+                                  cfg_.attention_scale_or_default()};
     const int64_t qd = cfg_.q_dim();
     if (numerics_ == AttentionNumerics::kGgml) {
         // llama.cpp's rounding, on the CPU only. ggml's cell split follows the thread count,
@@ -412,8 +344,14 @@ Status Forward::ffn_layer(int32_t layer, int64_t n) {
     DS_RETURN_IF_ERROR(norm_rows(w.ffn_norm, x_.f32(), xn_.f32(), n));
     const k::MatmulOutput gate_up[] = {{&w.w_gate, gate_.f32(), ff}, {&w.w_up, up_.f32(), ff}};
     DS_RETURN_IF_ERROR(backend_.matmul_shared_input(gate_up, xn_.f32(), d, n, all));
-    DS_RETURN_IF_ERROR(backend_.silu_mul(gate_.f32(), gate_.f32(), up_.f32(), n * ff, all));
+    if (cfg_.gelu_ffn) {  // Gemma's GeGLU
+        DS_RETURN_IF_ERROR(backend_.gelu_mul(gate_.f32(), gate_.f32(), up_.f32(), n * ff, all));
+    } else {
+        DS_RETURN_IF_ERROR(backend_.silu_mul(gate_.f32(), gate_.f32(), up_.f32(), n * ff, all));
+    }
     DS_RETURN_IF_ERROR(backend_.matmul(w.w_down, gate_.f32(), ff, n, tmp_.f32(), d, all));
+    if (w.ffn_post_norm != nullptr)
+        DS_RETURN_IF_ERROR(norm_rows(w.ffn_post_norm, tmp_.f32(), tmp_.f32(), n));
     return backend_.add(x_.f32(), tmp_.f32(), n * d, all);
 }
 

@@ -2,6 +2,7 @@
 // nothing, or refused by name. llama.cpp's llama-model.cpp reads them the same way.
 #include "gguf_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <string_view>
@@ -11,11 +12,12 @@ namespace deltaserve::model {
 namespace {
 
 constexpr GgufArch kArchs[] = {
-    {"llama", kernels::RopeStyle::kInterleaved, true, false},
-    {"mistral", kernels::RopeStyle::kInterleaved, true, false},
+    {"llama", kernels::RopeStyle::kInterleaved, true, false, false},
+    {"mistral", kernels::RopeStyle::kInterleaved, true, false, false},
     // llama.cpp keeps the Hugging Face layout for these and uses NeoX (split-half) RoPE.
-    {"qwen2", kernels::RopeStyle::kSplitHalf, false, false},
-    {"qwen3", kernels::RopeStyle::kSplitHalf, false, true},
+    {"qwen2", kernels::RopeStyle::kSplitHalf, false, false, false},
+    {"qwen3", kernels::RopeStyle::kSplitHalf, false, true, false},
+    {"gemma3", kernels::RopeStyle::kSplitHalf, false, true, true},
 };
 
 // Keys read below.
@@ -35,6 +37,12 @@ constexpr std::string_view kRead[] = {
     "rope.scaling.factor",
     "rope.scale_linear",
     "vocab_size",
+};
+
+// Keys read for Gemma 3 only.
+constexpr std::string_view kReadGemma[] = {
+    "attention.sliding_window",
+    "rope.freq_base_swa",
 };
 
 // Keys that change nothing here: YaRN's original context (YaRN is refused), a flag, and the
@@ -80,12 +88,14 @@ bool listed(const std::string_view (&keys)[N], std::string_view k) {
     return false;
 }
 
-Status check_keys(const GgufFile& g, const std::string& a) {
+Status check_keys(const GgufFile& g, const GgufArch& arch) {
+    const std::string a = arch.name;
     const std::string prefix = a + ".";
     for (const auto& [key, value] : g.metadata()) {
         if (key.compare(0, prefix.size(), prefix) != 0) continue;
         const std::string_view k = std::string_view(key).substr(prefix.size());
-        if (listed(kRead, k) || listed(kNoEffect, k)) continue;
+        if (listed(kRead, k) || listed(kNoEffect, k) || (arch.gemma && listed(kReadGemma, k)))
+            continue;
         bool refused_here = true;
         std::string what = "a key deltaserve does not implement (it may change the result)";
         for (const Refused& r : kRefused) {
@@ -197,6 +207,32 @@ Status read_heads(const GgufFile& g, const std::string& a, ModelConfig& c) {
     return Status();
 }
 
+// Gemma 3 as llama.cpp's llama-model.cpp computes it: the embedding times sqrt(d_model), GeGLU,
+// post norms; with attention.sliding_window, 5 local layers of every 6 (set_swa_pattern(6))
+// at RoPE base 10000 (rope.freq_base_swa when given), unscaled; queries scaled by
+// 1 / sqrt(head_dim), or 1 / sqrt(d_model / n_heads) for the 62-layer 27B.
+Status read_gemma3(const GgufFile& g, ModelConfig& c) {
+    const std::string& a = c.arch;
+    c.embedding_scale = std::sqrt(static_cast<float>(c.d_model));
+    c.gelu_ffn = true;
+    c.post_norms = true;
+    c.attention_scale = c.n_layers == 62
+                            ? 1.0f / std::sqrt(static_cast<float>(c.d_model / c.n_heads))
+                            : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    if (!g.has(a + ".attention.sliding_window")) return Status();
+    DS_ASSIGN_OR_RETURN(c.sliding_window, hparam(g, a, "attention.sliding_window"));
+    DS_ASSIGN_OR_RETURN(const double base, number(g, a + ".rope.freq_base_swa", 10000.0));
+    if (!(base > 0.0 && base < 1e30)) {
+        return invalid_argument(g.path() + ": rope.freq_base_swa = " + std::to_string(base) +
+                                " is out of range");
+    }
+    c.rope_theta_local = static_cast<float>(base);
+    c.local_layer.clear();
+    for (int32_t i = 0; i < c.n_layers; ++i) c.local_layer.push_back(i % 6 < 5);
+    c.n_ctx_train = std::min(c.n_ctx_train, c.sliding_window);
+    return Status();
+}
+
 }  // namespace
 
 Result<const GgufArch*> find_gguf_arch(const GgufFile& g) {
@@ -210,13 +246,13 @@ Result<const GgufArch*> find_gguf_arch(const GgufFile& g) {
                              "qwen3 are)");
     }
     return unimplemented(g.path() + ": architecture '" + arch +
-                         "' is not supported (llama, mistral, qwen2, qwen3 are)");
+                         "' is not supported (llama, mistral, qwen2, qwen3, gemma3 are)");
 }
 
 Status read_gguf_config(const GgufFile& g, const GgufArch& arch, ModelConfig& c) {
     c.arch = arch.name;
     const std::string& a = c.arch;
-    DS_RETURN_IF_ERROR(check_keys(g, a));
+    DS_RETURN_IF_ERROR(check_keys(g, arch));
     auto name = g.get_string("general.name");
     c.name = name ? *name : g.path().substr(g.path().find_last_of('/') + 1);
     DS_ASSIGN_OR_RETURN(c.d_model, hparam(g, a, "embedding_length"));
@@ -241,6 +277,7 @@ Status read_gguf_config(const GgufFile& g, const GgufArch& arch, ModelConfig& c)
     c.rope_style = arch.rope_style;
     DS_RETURN_IF_ERROR(read_rope_scaling(g, a, c));
     c.qk_norm = arch.qk_norm;
+    if (arch.gemma) DS_RETURN_IF_ERROR(read_gemma3(g, c));
     return Status();
 }
 

@@ -12,7 +12,8 @@ struct GgufArch {
     const char* name;
     kernels::RopeStyle rope_style;  // llama.cpp's rope type for it (NORM or NEOX)
     bool rope_freqs;                // reads rope_freqs.weight (llama3 scaling)
-    bool qk_norm;                   // blk.N.attn_q_norm / attn_k_norm (Qwen3)
+    bool qk_norm;                   // blk.N.attn_q_norm / attn_k_norm (Qwen3, Gemma 3)
+    bool gemma;  // Gemma 3's graph (ModelConfig): post norms, GeGLU, sliding-window layers
 };
 
 // The architecture general.architecture names; kUnimplemented for one deltaserve lacks.

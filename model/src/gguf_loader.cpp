@@ -133,6 +133,11 @@ Status read_layer(const GgufFile& g, GgufTensors& t, const ModelConfig& c, int32
         DS_ASSIGN_OR_RETURN(l.q_norm, t.vector(p + "attn_q_norm.weight", c.head_dim));
         DS_ASSIGN_OR_RETURN(l.k_norm, t.vector(p + "attn_k_norm.weight", c.head_dim));
     }
+    if (c.post_norms) {
+        DS_ASSIGN_OR_RETURN(l.attn_post_norm,
+                            t.vector(p + "post_attention_norm.weight", c.d_model));
+        DS_ASSIGN_OR_RETURN(l.ffn_post_norm, t.vector(p + "post_ffw_norm.weight", c.d_model));
+    }
     DS_ASSIGN_OR_RETURN(l.ffn_norm, t.vector(p + "ffn_norm.weight", c.d_model));
     DS_ASSIGN_OR_RETURN(l.w_gate, t.matrix(p + "ffn_gate.weight", c.d_ff, c.d_model));
     DS_ASSIGN_OR_RETURN(l.w_up, t.matrix(p + "ffn_up.weight", c.d_ff, c.d_model));

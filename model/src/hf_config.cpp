@@ -24,13 +24,15 @@ struct ArchInfo {
     std::string_view arch;
     bool qkv_bias;
     bool qk_norm;
+    bool gemma;  // Gemma 3's graph (read_gemma3)
 };
 
 constexpr ArchInfo kArchs[] = {
-    {"LlamaForCausalLM", "llama", "llama", false, false},
-    {"MistralForCausalLM", "mistral", "mistral", false, false},
-    {"Qwen2ForCausalLM", "qwen2", "qwen2", true, false},
-    {"Qwen3ForCausalLM", "qwen3", "qwen3", false, true},
+    {"LlamaForCausalLM", "llama", "llama", false, false, false},
+    {"MistralForCausalLM", "mistral", "mistral", false, false, false},
+    {"Qwen2ForCausalLM", "qwen2", "qwen2", true, false, false},
+    {"Qwen3ForCausalLM", "qwen3", "qwen3", false, true, false},
+    {"Gemma3ForCausalLM", "gemma3_text", "gemma3", false, true, true},
 };
 
 // A JSON value that is absent or null counts as missing.
@@ -109,16 +111,20 @@ Result<const ArchInfo*> find_arch(const ConfigReader& r) {
     if (seen.empty()) seen = "none given";
     return unimplemented(r.path() + ": unsupported architecture (" + seen +
                          "); supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                         "Qwen3ForCausalLM");
+                         "Qwen3ForCausalLM, Gemma3ForCausalLM");
 }
 
 // Rejects the options that change the graph in ways deltaserve does not implement, rather
 // than producing subtly wrong logits.
-Status check_unsupported(const ConfigReader& r) {
+Status check_unsupported(const ConfigReader& r, const ArchInfo& arch) {
     const json& j = r.root();
-    if (const json* act = field(j, "hidden_act");
-        act && !(act->is_string() && act->get<std::string>() == "silu")) {
-        return unimplemented(r.path() + ": hidden_act " + act->dump() + " (only silu)");
+    // Gemma's GeGLU takes the tanh GELU; the others SwiGLU.
+    const char* act_key = arch.gemma ? "hidden_activation" : "hidden_act";
+    const std::string want = arch.gemma ? "gelu_pytorch_tanh" : "silu";
+    if (const json* act = field(j, act_key);
+        act && !(act->is_string() && act->get<std::string>() == want)) {
+        return unimplemented(r.path() + ": " + act_key + " " + act->dump() + " (only " + want +
+                             ")");
     }
     if (const json* mlp_bias = field(j, "mlp_bias"); mlp_bias && *mlp_bias == true) {
         return unimplemented(r.path() + ": mlp_bias is not supported");
@@ -226,6 +232,44 @@ Status read_sizes(const ConfigReader& r, ModelConfig& c) {
     return {};
 }
 
+// Gemma 3 as transformers' Gemma3TextModel computes it: the embedding times sqrt(hidden_size),
+// GeGLU, post norms, queries scaled by query_pre_attn_scalar^-0.5, sliding-window layers
+// (layer_types, else every sliding_window_pattern-th layer global) at rope_local_base_freq,
+// unscaled. Its RMSNorms multiply by 1 + weight: the loader adds the 1.
+Status read_gemma3(const ConfigReader& r, ModelConfig& c) {
+    const json& j = r.root();
+    c.embedding_scale = std::sqrt(static_cast<float>(c.d_model));
+    c.gelu_ffn = true;
+    c.post_norms = true;
+    DS_ASSIGN_OR_RETURN(const float scalar, r.positive_float(j, "query_pre_attn_scalar",
+                                                             static_cast<float>(c.head_dim)));
+    c.attention_scale = 1.0f / std::sqrt(scalar);
+    DS_ASSIGN_OR_RETURN(c.rope_theta_local, r.positive_float(j, "rope_local_base_freq", 10000.0f));
+    DS_ASSIGN_OR_RETURN(const int32_t window, r.positive_int("sliding_window", 0));
+    if (window == 0) return {};
+    c.sliding_window = window;
+    c.local_layer.clear();
+    if (const json* types = field(j, "layer_types")) {
+        if (!types->is_array() || types->size() != static_cast<size_t>(c.n_layers)) {
+            return invalid_argument(r.path() + ": layer_types must list num_hidden_layers types");
+        }
+        for (const json& t : *types) {
+            if (t == "sliding_attention") {
+                c.local_layer.push_back(true);
+            } else if (t == "full_attention") {
+                c.local_layer.push_back(false);
+            } else {
+                return unimplemented(r.path() + ": layer type " + t.dump());
+            }
+        }
+    } else {
+        DS_ASSIGN_OR_RETURN(const int32_t pattern, r.positive_int("sliding_window_pattern", 6));
+        for (int32_t i = 0; i < c.n_layers; ++i) c.local_layer.push_back((i + 1) % pattern != 0);
+    }
+    c.n_ctx_train = std::min(c.n_ctx_train, window);
+    return {};
+}
+
 }  // namespace
 
 std::vector<float> llama3_rope_factors(float base, int head_dim, float factor,
@@ -267,7 +311,7 @@ Result<ModelConfig> parse_hf_config(const std::string& dir) {
     const json& rope = rope_params && rope_params->is_object() ? *rope_params : j;
 
     DS_ASSIGN_OR_RETURN(const ArchInfo* arch, find_arch(r));
-    DS_RETURN_IF_ERROR(check_unsupported(r));
+    DS_RETURN_IF_ERROR(check_unsupported(r, *arch));
     ModelConfig c;
     c.arch = std::string(arch->arch);
     c.name = fs::path(dir).lexically_normal().filename().string();
@@ -284,11 +328,13 @@ Result<ModelConfig> parse_hf_config(const std::string& dir) {
     DS_ASSIGN_OR_RETURN(c.rms_eps, r.positive_float(j, "rms_norm_eps", 1e-6f));
     DS_ASSIGN_OR_RETURN(c.rope_theta, r.positive_float(rope, "rope_theta", 10000.0f));
     DS_RETURN_IF_ERROR(read_rope_scaling(r, rope, c));
-    DS_ASSIGN_OR_RETURN(c.tied_output, r.boolean("tie_word_embeddings", false));
+    // transformers' default: tied for Gemma 3, not for the others.
+    DS_ASSIGN_OR_RETURN(c.tied_output, r.boolean("tie_word_embeddings", arch->gemma));
     DS_ASSIGN_OR_RETURN(const bool attention_bias, r.boolean("attention_bias", false));
     c.qkv_bias = arch->qkv_bias || attention_bias;
     c.qk_norm = arch->qk_norm;
     c.rope_style = kernels::RopeStyle::kSplitHalf;
+    if (arch->gemma) DS_RETURN_IF_ERROR(read_gemma3(r, c));
     return c;
 }
 

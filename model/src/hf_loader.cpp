@@ -118,6 +118,11 @@ class TensorReader {
     std::set<std::string> taken_;
 };
 
+// Gemma's RMSNorm weights w are used as 1 + w (llama.cpp's converter adds the 1 too).
+void plus_one(std::vector<float>& v) {
+    for (float& x : v) x += 1.0f;
+}
+
 Status load_layer(TensorReader& r, const ModelConfig& c, int layer, LayerWeights& l) {
     const std::string p = "model.layers." + std::to_string(layer) + ".";
     const int64_t d = c.d_model, q = c.q_dim(), kv = c.kv_dim(), ff = c.d_ff;
@@ -141,7 +146,19 @@ Status load_layer(TensorReader& r, const ModelConfig& c, int layer, LayerWeights
         DS_ASSIGN_OR_RETURN(l.q_norm, r.vector(p + "self_attn.q_norm.weight", c.head_dim));
         DS_ASSIGN_OR_RETURN(l.k_norm, r.vector(p + "self_attn.k_norm.weight", c.head_dim));
     }
-    DS_ASSIGN_OR_RETURN(l.ffn_norm, r.vector(p + "post_attention_layernorm.weight", d));
+    if (c.post_norms) {
+        // Gemma: post_attention_layernorm is the attention output's; the FFN's input norm is
+        // pre_feedforward_layernorm. Its RMSNorms multiply by 1 + weight.
+        DS_ASSIGN_OR_RETURN(l.attn_post_norm, r.vector(p + "post_attention_layernorm.weight", d));
+        DS_ASSIGN_OR_RETURN(l.ffn_norm, r.vector(p + "pre_feedforward_layernorm.weight", d));
+        DS_ASSIGN_OR_RETURN(l.ffn_post_norm, r.vector(p + "post_feedforward_layernorm.weight", d));
+        for (auto* v : {&l.attn_norm, &l.q_norm, &l.k_norm, &l.attn_post_norm, &l.ffn_norm,
+                        &l.ffn_post_norm}) {
+            plus_one(*v);
+        }
+    } else {
+        DS_ASSIGN_OR_RETURN(l.ffn_norm, r.vector(p + "post_attention_layernorm.weight", d));
+    }
     DS_ASSIGN_OR_RETURN(l.w_gate, r.matrix(p + "mlp.gate_proj.weight", ff, d));
     DS_ASSIGN_OR_RETURN(l.w_up, r.matrix(p + "mlp.up_proj.weight", ff, d));
     DS_ASSIGN_OR_RETURN(l.w_down, r.matrix(p + "mlp.down_proj.weight", d, ff));
@@ -163,6 +180,7 @@ Status load_weights(SafetensorsModel& st, ModelConfig& c, ModelWeights& w, bool 
         if (bar) bar->update(static_cast<double>(i + 1) / c.n_layers);
     }
     DS_ASSIGN_OR_RETURN(w.output_norm, r.vector("model.norm.weight", c.d_model));
+    if (c.post_norms) plus_one(w.output_norm);
     if (c.tied_output) {
         w.output = w.token_embd;
         // A checkpoint may save the tied head too: the same bytes, or refused.

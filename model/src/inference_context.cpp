@@ -300,7 +300,12 @@ void warn_below_floor(const kvstore::DeltaKvProfile& profile, const kvstore::Del
 Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& model,
                                                                    const ContextOptions& options) {
     ContextOptions opts = options;
-    if (opts.n_ctx <= 0) opts.n_ctx = std::min(model.config.n_ctx_train, kDefaultMaxContext);
+    if (opts.n_ctx <= 0) {
+        opts.n_ctx = std::min(model.config.n_ctx_train, kDefaultMaxContext);
+        if (model.config.sliding_window > 0) {
+            opts.n_ctx = std::min(opts.n_ctx, model.config.sliding_window);
+        }
+    }
     if (opts.n_batch <= 0) return invalid_argument("n_batch must be positive");
     // nullptr is the CPU backend: named, so that contexts compare equal however they got it.
     if (opts.backend == nullptr) opts.backend = kernels::find_backend("cpu");
@@ -315,6 +320,14 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
     DS_RETURN_IF_ERROR(
         kernels::attention_shape_supported({mc.n_heads, mc.n_kv_heads, mc.head_dim, 0.0f})
             .with_context("model '" + mc.name + "'"));
+    if (mc.sliding_window > 0 && opts.n_ctx > mc.sliding_window) {
+        // The caches attend over every token; a local layer's window equals that only so far.
+        return unimplemented("model '" + mc.name + "' has sliding-window layers of " +
+                             std::to_string(mc.sliding_window) +
+                             " tokens, and windows in the KV caches are not implemented: a "
+                             "context of at most that many tokens (asked: " +
+                             std::to_string(opts.n_ctx) + ")");
+    }
     if (opts.n_threads <= 0) opts.n_threads = default_thread_count();
     if (opts.threads) opts.n_threads = opts.threads->size();
     if (opts.attention == AttentionNumerics::kGgml && opts.kv_type != KvType::kF16) {
@@ -331,10 +344,12 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
     CacheParts parts;
     const ModelConfig& c = model.config;
     if (policy.kind == kvstore::KvCacheKind::kDeltaKv) {
-        if (!c.rope().plain()) {
+        if (!c.plain_rope_everywhere()) {
             // Its angle tables (rope_angles, rope_inverse) turn keys by plain RoPE only.
-            return unimplemented("the deltakv policy does not implement " + c.rope_scaling +
-                                 " RoPE scaling (model '" + c.name + "'); use another policy");
+            return unimplemented("the deltakv policy does not implement " +
+                                 (c.rope().plain() ? std::string("per-layer RoPE bases")
+                                                   : c.rope_scaling + " RoPE scaling") +
+                                 " (model '" + c.name + "'); use another policy");
         }
         if (opts.kv_profile.empty() && !opts.deltakv_profile) {
             return invalid_argument(

@@ -11,7 +11,10 @@
                                llama.cpp's convert_hf_to_gguf.py makes them; original context 64
                                so that they matter at test lengths), q/k permuted as convert does
   llama-linear-f32.gguf        llama with rope.scaling.type linear, factor 4
-  hf-llama3-{f32,f16}/, hf-qwen3-{f32,f16}/   the same weights as Hugging Face directories:
+  gemma3-{f32,f16,q8_0}.gguf   gemma3: embedding times sqrt(d), GeGLU (tanh GELU), pre and post
+                               norms, QK norm, 5 sliding-window layers (window 48, RoPE base
+                               1e4) then a global one (base 1e6); norms stored + 1 as convert
+  hf-{llama3,qwen3,gemma3}-{f32,f16}/   the same weights as Hugging Face directories:
                                config.json, model.safetensors, tokenizer.json and
                                tokenizer_config.json made from the GGUF's tokenizer
   bad-*.gguf                   files deltaserve must refuse, one reason each (no tokenizer)
@@ -41,6 +44,9 @@ LLAMA3 = dict(arch="llama", head_dim=16, base=10000.0, eps=1e-5, tied=False,
               llama3=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                           original_max_position_embeddings=64))
 LINEAR = dict(arch="llama", head_dim=16, base=10000.0, eps=1e-5, tied=False, linear=4.0)
+# Gemma 3: 6 layers (5 local of sliding-window attention, then a global one), head_dim 32.
+GEMMA3 = dict(arch="gemma3", head_dim=32, base=1000000.0, eps=1e-6, tied=True, layers=6,
+              window=48, local_base=10000.0)
 FILE_TYPE = {"f32": 0, "f16": 1, "q8_0": 7}
 
 
@@ -59,17 +65,25 @@ def random_weights(spec, vocab, seed):
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
     w = {"model.embed_tokens.weight": rng.standard_normal((vocab, D)).astype(np.float32)}
-    for i in range(LAYERS):
+    gemma = spec["arch"] == "gemma3"
+    if gemma:  # Gemma scales the embedding by sqrt(d) and stores its norms as w - 1
+        w["model.embed_tokens.weight"] /= math.sqrt(D)
+        norm_ = norm
+        norm = lambda n: norm_(n) - 1.0  # noqa: E731
+    for i in range(spec.get("layers", LAYERS)):
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = norm(D)
         w[p + "self_attn.q_proj.weight"] = mat(q_dim, D, 2.0)
         w[p + "self_attn.k_proj.weight"] = mat(kv_dim, D, 2.0)
         w[p + "self_attn.v_proj.weight"] = mat(kv_dim, D)
         w[p + "self_attn.o_proj.weight"] = mat(D, q_dim)
-        if spec["arch"] == "qwen3":
+        if spec["arch"] in ("qwen3", "gemma3"):
             w[p + "self_attn.q_norm.weight"] = norm(hd)
             w[p + "self_attn.k_norm.weight"] = norm(hd)
         w[p + "post_attention_layernorm.weight"] = norm(D)
+        if gemma:
+            w[p + "pre_feedforward_layernorm.weight"] = norm(D)
+            w[p + "post_feedforward_layernorm.weight"] = norm(D)
         w[p + "mlp.gate_proj.weight"] = mat(FF, D)
         w[p + "mlp.up_proj.weight"] = mat(FF, D)
         w[p + "mlp.down_proj.weight"] = mat(D, FF)
@@ -129,10 +143,21 @@ GGUF_NAMES = {
 }
 
 
+GEMMA_NAMES = dict(GGUF_NAMES, **{
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+})
+
+
 def gguf_tensors(spec, w):
     """(name, float32 array) in llama.cpp's names and layout."""
     out = []
+    gemma = spec["arch"] == "gemma3"
+    names = GEMMA_NAMES if gemma else GGUF_NAMES
     for name, t in w.items():
+        if gemma and name.endswith("norm.weight"):
+            t = t + np.float32(1)  # convert_hf_to_gguf.py's Gemma3Model adds the 1
         if name == "model.embed_tokens.weight":
             out.append(("token_embd.weight", t))
         elif name == "model.norm.weight":
@@ -145,7 +170,7 @@ def gguf_tensors(spec, w):
                 t = permute(t, HEADS)
             if spec["arch"] == "llama" and rest == "self_attn.k_proj.weight":
                 t = permute(t, KV_HEADS)
-            out.append((f"blk.{i}.{GGUF_NAMES[rest]}", t))
+            out.append((f"blk.{i}.{names[rest]}", t))
     if "llama3" in spec:
         out.insert(0, ("rope_freqs.weight", llama3_factors(spec["base"], spec["head_dim"],
                                                            spec["llama3"])))
@@ -162,14 +187,17 @@ def write_gguf(path, spec, w, dtype, tok, extra_keys=(), extra_tensors=(), arch=
     g.add_vocab_size(vocab)
     g.add_context_length(CTX)
     g.add_embedding_length(D)
-    g.add_block_count(LAYERS)
+    g.add_block_count(spec.get("layers", LAYERS))
     g.add_feed_forward_length(FF)
     g.add_head_count(HEADS)
     g.add_head_count_kv(KV_HEADS)
     g.add_rope_freq_base(spec["base"])
     g.add_layer_norm_rms_eps(spec["eps"])
-    g.add_rope_dimension_count(spec["head_dim"])
-    if spec["head_dim"] != D // HEADS or spec["arch"] == "qwen3":
+    if spec["arch"] != "gemma3":  # Gemma3Model writes none
+        g.add_rope_dimension_count(spec["head_dim"])
+    if "window" in spec:
+        g.add_sliding_window(spec["window"])
+    if spec["head_dim"] != D // HEADS or spec["arch"] in ("qwen3", "gemma3"):
         g.add_key_length(spec["head_dim"])
         g.add_value_length(spec["head_dim"])
     if "linear" in spec:
@@ -179,11 +207,11 @@ def write_gguf(path, spec, w, dtype, tok, extra_keys=(), extra_tensors=(), arch=
         g.add_key_value(key.replace("{arch}", a), val, vt, sub)
     for key, val, vt, sub in tok:
         g.add_key_value(key, val, vt, sub)
+    if dtype == "f16":  # what an f16 checkpoint holds: its norms' f16 values, in F32 here
+        w = {k: v.astype(np.float16).astype(np.float32) if v.ndim == 1 else v
+             for k, v in w.items()}
     for name, t in list(gguf_tensors(spec, w)) + list(extra_tensors):
-        if t.ndim == 1 and dtype == "f16" and name != "rope_freqs.weight":
-            # convert_hf_to_gguf.py of an f16 checkpoint: its norms' f16 values, in F32.
-            g.add_tensor(name, t.astype(np.float16).astype(np.float32))
-        elif t.ndim == 1 or dtype == "f32":
+        if t.ndim == 1 or dtype == "f32":
             g.add_tensor(name, t.astype(np.float32))
         elif dtype == "f16":
             g.add_tensor(name, t.astype(np.float16))
@@ -249,10 +277,11 @@ def write_hf(out, spec, w, dtype, tok, cfg_extra=None, tensors_extra=None):
     os.makedirs(out, exist_ok=True)
     qwen3 = spec["arch"] == "qwen3"
     vocab = w["model.embed_tokens.weight"].shape[0]
+    cls = {"qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
     cfg = {
-        "architectures": ["Qwen3ForCausalLM" if qwen3 else "LlamaForCausalLM"],
+        "architectures": [cls.get(spec["arch"], "LlamaForCausalLM")],
         "model_type": spec["arch"], "hidden_size": D, "intermediate_size": FF,
-        "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
+        "num_hidden_layers": spec.get("layers", LAYERS), "num_attention_heads": HEADS,
         "num_key_value_heads": KV_HEADS, "head_dim": spec["head_dim"], "vocab_size": vocab,
         "max_position_embeddings": CTX, "rms_norm_eps": spec["eps"], "rope_theta": spec["base"],
         "tie_word_embeddings": spec["tied"], "hidden_act": "silu", "attention_bias": False,
@@ -260,6 +289,12 @@ def write_hf(out, spec, w, dtype, tok, cfg_extra=None, tensors_extra=None):
     }
     if qwen3:
         cfg.update(use_sliding_window=False, sliding_window=None, max_window_layers=LAYERS)
+    if spec["arch"] == "gemma3":
+        del cfg["hidden_act"]
+        cfg.update(model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh",
+                   query_pre_attn_scalar=spec["head_dim"], sliding_window=spec["window"],
+                   sliding_window_pattern=6, rope_local_base_freq=spec["local_base"],
+                   final_logit_softcapping=None, attn_logit_softcapping=None)
     if "llama3" in spec:
         cfg["rope_scaling"] = dict(rope_type="llama3", **spec["llama3"])
         # convert_hf_to_gguf.py reads this one from the top level.
@@ -339,7 +374,7 @@ def write_all(a):
         return
     tok = tokenizer_fields(a.tokenizer_from)
     vocab = len(next(v for k, v, _, _ in tok if k == "tokenizer.ggml.tokens"))
-    specs = {"qwen3": (QWEN3, 1), "llama3": (LLAMA3, 2)}
+    specs = {"qwen3": (QWEN3, 1), "llama3": (LLAMA3, 2), "gemma3": (GEMMA3, 4)}
     for name, (spec, seed) in specs.items():
         w = random_weights(spec, vocab, seed)
         for dtype in ("f32", "f16", "q8_0"):
@@ -364,7 +399,12 @@ def load_gguf(path):
     scale = 1.0
     if kv.get(f"{arch}.rope.scaling.type", "linear") == "linear":
         scale = 1.0 / kv.get(f"{arch}.rope.scaling.factor", 1.0)
+    gemma = arch == "gemma3"
+    window = kv.get(f"{arch}.attention.sliding_window", 0) if gemma else 0
     m = dict(arch=arch, head_dim=hd, heads=kv[f"{arch}.attention.head_count"],
+             gemma=gemma, window=window, local_base=kv.get(f"{arch}.rope.freq_base_swa", 1e4),
+             local=[window > 0 and i % 6 < 5 for i in range(kv[f"{arch}.block_count"])],
+             attn_scale=1 / math.sqrt(hd),
              kv_heads=kv[f"{arch}.attention.head_count_kv"], layers=kv[f"{arch}.block_count"],
              eps=kv[f"{arch}.attention.layer_norm_rms_epsilon"],
              base=kv[f"{arch}.rope.freq_base"], freq_scale=scale,
@@ -377,6 +417,7 @@ def load_gguf(path):
             attn_norm="attn_norm.weight", wq="attn_q.weight", wk="attn_k.weight",
             wv="attn_v.weight", wo="attn_output.weight", q_norm="attn_q_norm.weight",
             k_norm="attn_k_norm.weight", ffn_norm="ffn_norm.weight", gate="ffn_gate.weight",
+            attn_post="post_attention_norm.weight", ffn_post="post_ffw_norm.weight",
             up="ffn_up.weight", down="ffn_down.weight").items()})
     return m
 
@@ -407,7 +448,13 @@ def load_hf(path):
         factors = llama3_factors(c["rope_theta"], hd, s).astype(np.float64)
     elif s.get("rope_type") == "linear":
         scale = 1.0 / s["factor"]
+    gemma = c["model_type"] == "gemma3_text"
+    window = c.get("sliding_window") or 0 if gemma else 0
+    pattern = c.get("sliding_window_pattern", 6)
     m = dict(arch=c["model_type"], head_dim=hd, heads=c["num_attention_heads"],
+             gemma=gemma, window=window, local_base=c.get("rope_local_base_freq", 1e4),
+             local=[window > 0 and (i + 1) % pattern != 0 for i in range(c["num_hidden_layers"])],
+             attn_scale=1 / math.sqrt(c.get("query_pre_attn_scalar", hd)),
              kv_heads=c["num_key_value_heads"], layers=c["num_hidden_layers"],
              eps=c["rms_norm_eps"], base=c["rope_theta"], freq_scale=scale, factors=factors,
              neox=True, embed=t["model.embed_tokens.weight"], out_norm=t["model.norm.weight"],
@@ -418,9 +465,18 @@ def load_hf(path):
             attn_norm="input_layernorm.weight", wq="self_attn.q_proj.weight",
             wk="self_attn.k_proj.weight", wv="self_attn.v_proj.weight",
             wo="self_attn.o_proj.weight", q_norm="self_attn.q_norm.weight",
-            k_norm="self_attn.k_norm.weight", ffn_norm="post_attention_layernorm.weight",
+            k_norm="self_attn.k_norm.weight",
+            ffn_norm="pre_feedforward_layernorm.weight" if gemma else
+            "post_attention_layernorm.weight",
+            attn_post="post_attention_layernorm.weight" if gemma else "-",
+            ffn_post="post_feedforward_layernorm.weight" if gemma else "-",
             gate="mlp.gate_proj.weight", up="mlp.up_proj.weight",
             down="mlp.down_proj.weight").items()})
+    if gemma:  # Gemma's RMSNorm multiplies by 1 + weight
+        m["out_norm"] = m["out_norm"] + 1
+        for b in m["blocks"]:
+            for k in ("attn_norm", "q_norm", "k_norm", "ffn_norm", "attn_post", "ffn_post"):
+                b[k] = b[k] + 1
     return m
 
 
@@ -428,13 +484,14 @@ def rms_norm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def rope(x, pos, m):
-    """x: [n, heads, hd]; theta_j = pos * base^(-2j/hd) / factors[j] * freq_scale."""
+def rope(x, pos, m, local=False):
+    """x: [n, heads, hd]; theta_j = pos * base^(-2j/hd) / factors[j] * freq_scale (a local
+    layer: its own base, unscaled)."""
     hd = m["head_dim"]
-    theta = m["base"] ** (-np.arange(0, hd, 2) / hd)
-    if m["factors"] is not None:
+    theta = (m["local_base"] if local else m["base"]) ** (-np.arange(0, hd, 2) / hd)
+    if m["factors"] is not None and not local:
         theta = theta / m["factors"]
-    ang = pos[:, None, None] * theta[None, None, :] * m["freq_scale"]
+    ang = pos[:, None, None] * theta[None, None, :] * (1.0 if local else m["freq_scale"])
     c, s = np.cos(ang), np.sin(ang)
     if m["neox"]:
         a, b = x[..., :hd // 2], x[..., hd // 2:]
@@ -448,25 +505,34 @@ def rope(x, pos, m):
 def forward(m, tokens):
     """Logits of every position, float64, causal attention over all tokens."""
     n, hd, nh, nkv = len(tokens), m["head_dim"], m["heads"], m["kv_heads"]
-    x = m["embed"][tokens]
+    x = m["embed"][tokens] * (math.sqrt(m["embed"].shape[1]) if m["gemma"] else 1.0)
     pos = np.arange(n, dtype=np.float64)
-    mask = np.triu(np.full((n, n), -np.inf), 1)
-    for b in m["blocks"]:
+    causal = np.triu(np.full((n, n), -np.inf), 1)
+    # A local layer's query at p sees the keys at p - window + 1 .. p.
+    windowed = causal + np.tril(np.full((n, n), -np.inf), -m["window"]) if m["window"] else causal
+    for b, local in zip(m["blocks"], m["local"]):
+        mask = windowed if local else causal
         h = rms_norm(x, b["attn_norm"], m["eps"])
         q = (h @ b["wq"].T).reshape(n, nh, hd)
         k = (h @ b["wk"].T).reshape(n, nkv, hd)
         v = (h @ b["wv"].T).reshape(n, nkv, hd)
         if b["q_norm"] is not None:
             q, k = rms_norm(q, b["q_norm"], m["eps"]), rms_norm(k, b["k_norm"], m["eps"])
-        q, k = rope(q, pos, m), rope(k, pos, m)
+        q, k = rope(q, pos, m, local), rope(k, pos, m, local)
         k, v = np.repeat(k, nh // nkv, axis=1), np.repeat(v, nh // nkv, axis=1)
-        s = np.einsum("qhd,khd->hqk", q, k) / math.sqrt(hd) + mask
+        s = np.einsum("qhd,khd->hqk", q, k) * m["attn_scale"] + mask
         p = np.exp(s - s.max(axis=-1, keepdims=True))
         p /= p.sum(axis=-1, keepdims=True)
-        x = x + np.einsum("hqk,khd->qhd", p, v).reshape(n, nh * hd) @ b["wo"].T
+        a = np.einsum("hqk,khd->qhd", p, v).reshape(n, nh * hd) @ b["wo"].T
+        x = x + (rms_norm(a, b["attn_post"], m["eps"]) if m["gemma"] else a)
         h = rms_norm(x, b["ffn_norm"], m["eps"])
         g = h @ b["gate"].T
-        x = x + (g / (1 + np.exp(-g)) * (h @ b["up"].T)) @ b["down"].T
+        if m["gemma"]:  # GeGLU, tanh GELU
+            act = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3)))
+        else:
+            act = g / (1 + np.exp(-g))
+        f = (act * (h @ b["up"].T)) @ b["down"].T
+        x = x + (rms_norm(f, b["ffn_post"], m["eps"]) if m["gemma"] else f)
     return rms_norm(x, m["out_norm"], m["eps"]) @ m["output"].T
 
 

@@ -20,7 +20,8 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-// The prompt: token ids of SmolLM2's vocabulary, 24 of them (positions up to 24 + 8).
+// The prompt: token ids of SmolLM2's vocabulary, 24 of them (positions up to 24 + 8, inside
+// Gemma 3's window of 48).
 const std::vector<int32_t> kPrompt = {1,    504, 3458,  282,  253, 1345,  30,   378,
                                       2114, 253, 17811, 3465, 288, 16,    6040, 3302,
                                       29,   216, 41,    42,   45,  11100, 30,   2};
@@ -71,7 +72,7 @@ class ArchParity : public ::testing::Test {
     };
     static Run run(const Model& m) {
         ContextOptions co;
-        co.n_ctx = 128;
+        co.n_ctx = 0;  // the model's default (Gemma 3's: its window, 48)
         co.n_threads = 2;
         co.kv_type = KvType::kF32;  // the oracle's K and V are not rounded to fp16
         auto ctx = InferenceContext::create(m, co);
@@ -177,8 +178,43 @@ TEST_F(ArchParity, LinearScalingMatchesFloat64) {
     EXPECT_FLOAT_EQ(m->config.rope_freq_scale, 0.25f);
 }
 
+TEST_F(ArchParity, Gemma3MatchesFloat64) {
+    for (const char* f : {"gemma3-f32.gguf", "gemma3-f16.gguf", "gemma3-q8_0.gguf"}) {
+        against_oracle(f);
+    }
+    auto m = load("gemma3-f32.gguf");
+    ASSERT_NE(m, nullptr);
+    const ModelConfig& c = m->config;
+    EXPECT_EQ(c.arch, "gemma3");
+    EXPECT_EQ(c.q_dim(), 128);
+    EXPECT_TRUE(c.gelu_ffn && c.post_norms && c.qk_norm && c.tied_output);
+    EXPECT_FLOAT_EQ(c.embedding_scale, 8.0f);
+    EXPECT_EQ(c.sliding_window, 48);
+    EXPECT_EQ(c.local_layer, (std::vector<bool>{true, true, true, true, true, false}));
+    EXPECT_FLOAT_EQ(c.rope(0).base, 10000.0f);
+    EXPECT_FLOAT_EQ(c.rope(5).base, 1000000.0f);
+    // Full attention equals the local layers' window only up to the window: no more.
+    ContextOptions co;
+    co.n_ctx = 49;
+    auto ctx = InferenceContext::create(*m, co);
+    ASSERT_FALSE(ctx.ok());
+    EXPECT_EQ(ctx.error().code(), StatusCode::kUnimplemented);
+    EXPECT_NE(ctx.error().message().find("sliding-window layers of 48"), std::string::npos)
+        << ctx.error().to_string();
+    co.n_ctx = 0;  // the default: the window
+    auto fits = InferenceContext::create(*m, co);
+    ASSERT_TRUE(fits.ok()) << fits.error().to_string();
+    EXPECT_EQ((*fits)->n_ctx(), 48);
+    co.kv.policy = "deltakv";
+    auto deltakv = InferenceContext::create(*m, co);
+    ASSERT_FALSE(deltakv.ok());
+    EXPECT_NE(deltakv.error().message().find("per-layer RoPE bases"), std::string::npos)
+        << deltakv.error().to_string();
+}
+
 TEST_F(ArchParity, HuggingFaceMatchesFloat64) {
-    for (const char* f : {"hf-qwen3-f32", "hf-qwen3-f16", "hf-llama3-f32", "hf-llama3-f16"}) {
+    for (const char* f : {"hf-qwen3-f32", "hf-qwen3-f16", "hf-llama3-f32", "hf-llama3-f16",
+                          "hf-gemma3-f32", "hf-gemma3-f16"}) {
         against_oracle(f);
     }
 }
@@ -189,7 +225,9 @@ TEST_F(ArchParity, GgufAndHuggingFaceAgree) {
     for (const auto& [gguf, hf] :
          {std::pair{"qwen3-f32.gguf", "hf-qwen3-f32"}, std::pair{"qwen3-f16.gguf", "hf-qwen3-f16"},
           std::pair{"llama3-f32.gguf", "hf-llama3-f32"},
-          std::pair{"llama3-f16.gguf", "hf-llama3-f16"}}) {
+          std::pair{"llama3-f16.gguf", "hf-llama3-f16"},
+          std::pair{"gemma3-f32.gguf", "hf-gemma3-f32"},
+          std::pair{"gemma3-f16.gguf", "hf-gemma3-f16"}}) {
         auto a = load(gguf);
         auto b = load(hf);
         ASSERT_TRUE(a && b);

@@ -27,6 +27,8 @@ struct LayerOnBackend {
     const float* bv = nullptr;
     const float* q_norm = nullptr;  // Qwen3's per-head norms; nullptr without them
     const float* k_norm = nullptr;
+    const float* attn_post_norm = nullptr;  // Gemma 3's output norms; nullptr without them
+    const float* ffn_post_norm = nullptr;
     kernels::WeightMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
 };
 

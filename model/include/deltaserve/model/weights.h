@@ -13,18 +13,20 @@ namespace deltaserve::model {
 using kernels::WeightMatrix;
 
 struct LayerWeights {
-    std::vector<float> attn_norm;   // d_model
-    WeightMatrix wq;                // q_dim x d_model
-    WeightMatrix wk;                // kv_dim x d_model
-    WeightMatrix wv;                // kv_dim x d_model
-    WeightMatrix wo;                // d_model x q_dim
-    std::vector<float> bq, bk, bv;  // Qwen2 biases; empty otherwise
-    std::vector<float> q_norm;      // Qwen3: head_dim, each head of q; empty otherwise
-    std::vector<float> k_norm;      // Qwen3: head_dim, each head of k; empty otherwise
-    std::vector<float> ffn_norm;    // d_model
-    WeightMatrix w_gate;            // d_ff x d_model
-    WeightMatrix w_up;              // d_ff x d_model
-    WeightMatrix w_down;            // d_model x d_ff
+    std::vector<float> attn_norm;       // d_model
+    WeightMatrix wq;                    // q_dim x d_model
+    WeightMatrix wk;                    // kv_dim x d_model
+    WeightMatrix wv;                    // kv_dim x d_model
+    WeightMatrix wo;                    // d_model x q_dim
+    std::vector<float> bq, bk, bv;      // Qwen2 biases; empty otherwise
+    std::vector<float> q_norm;          // Qwen3: head_dim, each head of q; empty otherwise
+    std::vector<float> k_norm;          // Qwen3: head_dim, each head of k; empty otherwise
+    std::vector<float> attn_post_norm;  // Gemma 3: d_model, the attention's output; or empty
+    std::vector<float> ffn_post_norm;   // Gemma 3: d_model, the FFN's output; or empty
+    std::vector<float> ffn_norm;        // d_model
+    WeightMatrix w_gate;                // d_ff x d_model
+    WeightMatrix w_up;                  // d_ff x d_model
+    WeightMatrix w_down;                // d_model x d_ff
 };
 
 struct ModelWeights {
