@@ -149,7 +149,16 @@ struct BlockQ4_Kx8 {
     uint8_t scales_hi[4][8];
     uint8_t qs[32][32];
 };
+// Q6_K: scales[k][r] is row r's scale k (by scale, then row, for a vector load of 8 rows');
+// ql and qh 4 bytes per row as above.
+struct BlockQ6_Kx8 {
+    uint16_t d[8];
+    int8_t scales[16][8];
+    uint8_t ql[32][32];
+    uint8_t qh[16][32];
+};
 static_assert(sizeof(BlockQ4_0x8) == 8 * sizeof(BlockQ4_0));
+static_assert(sizeof(BlockQ6_Kx8) == 8 * sizeof(BlockQ6_K));
 static_assert(sizeof(BlockQ4_Kx8) == 8 * sizeof(BlockQ4_K));
 static_assert(sizeof(BlockQ4_1x8) == 8 * sizeof(BlockQ4_1));
 static_assert(sizeof(BlockQ8_0x8) == 8 * sizeof(BlockQ8_0));

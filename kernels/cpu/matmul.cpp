@@ -57,6 +57,8 @@ RowsFn rows_fn(const WeightMatrix& w, DotOrder order) {
                 return k.q8_0x8;
             case DType::kQ4_K:
                 return k.q4_kx8;
+            case DType::kQ6_K:
+                return k.q6_kx8;
             default:
                 return nullptr;
         }

@@ -1,4 +1,5 @@
-// The matmul micro-kernel of Q4_K over rows interleaved by repack_rows (BlockQ4_Kx8): one
+// The matmul micro-kernels of Q4_K and Q6_K over rows interleaved by repack_rows
+// (BlockQ4_Kx8, BlockQ6_Kx8): one
 // 256-bit register holds the same 4 quants of 8 rows, one integer product with a broadcast
 // activation word gives 8 rows' partial sums, and each sub-block's 8 sums are multiplied by
 // the 8 rows' scales (vpmulld) into the super-block's int32; the minimums come in through
@@ -96,6 +97,85 @@ inline void x8_q4_k(const uint8_t* group, const Activations& a, int64_t t0, int6
     for (int c = 0; c < C; ++c) {
         _mm256_storeu_ps(y + (t0 + c) * ldy + r0, _mm256_sub_ps(acc[c], macc[c]));
     }
+}
+
+// Q6_K: per 16-value half of each 32-value chunk, the 8 rows' sums times their scale; the
+// quants' -32 through the activations' sums (32 * sum_k scale_k * bsums[k], vpmaddwd with
+// each row's scale pair).
+template <class Isa, int C>
+inline void x8_q6_k(const uint8_t* group, const Activations& a, int64_t t0, int64_t nb, float* y,
+                    int64_t ldy, int64_t r0) {
+    const BlockQ6_Kx8* w = reinterpret_cast<const BlockQ6_Kx8*>(group);
+    __m256 acc[C];
+    const BlockQ8K* act[C];
+    for (int c = 0; c < C; ++c) {
+        acc[c] = _mm256_setzero_ps();
+        act[c] = a.qk + (t0 + c) * nb;
+    }
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
+    const auto load = [](const uint8_t* p) {
+        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    };
+    for (int64_t b = 0; b < nb; ++b) {
+        prefetch_block<sizeof(BlockQ6_Kx8)>(group, b * sizeof(BlockQ6_Kx8));
+        const BlockQ6_Kx8& blk = w[b];
+        const auto scale = [&](int k) {  // the rows' scale k, one a lane
+            return _mm256_cvtepi8_epi32(
+                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk.scales[k])));
+        };
+        __m256i isum[C];
+        for (int c = 0; c < C; ++c) isum[c] = _mm256_setzero_si256();
+        // Half h (128 values); s: the 16-value half of each of its chunks 4h + q.
+        for (int h = 0; h < 2; ++h) {
+            for (int s = 0; s < 2; ++s) {
+                __m256i part[C][4];
+                for (int c = 0; c < C; ++c) {
+                    for (int q = 0; q < 4; ++q) part[c][q] = _mm256_setzero_si256();
+                }
+                for (int g = 4 * s; g < 4 * s + 4; ++g) {  // values 4g .. 4g + 3 of each chunk
+                    const __m256i l0 = load(blk.ql[16 * h + g]);
+                    const __m256i l1 = load(blk.ql[16 * h + 8 + g]);
+                    const __m256i hb = load(blk.qh[8 * h + g]);
+                    const auto high = [&](int shift) {
+                        return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, shift), m2),
+                                                 4);
+                    };
+                    const __m256i v[4] = {
+                        _mm256_or_si256(_mm256_and_si256(l0, m4), high(0)),
+                        _mm256_or_si256(_mm256_and_si256(l1, m4), high(2)),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), high(4)),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), high(6))};
+                    for (int c = 0; c < C; ++c) {
+                        const int8_t* x = act[c][b].qs + 128 * h + 4 * g;
+                        for (int q = 0; q < 4; ++q) {
+                            part[c][q] =
+                                Isa::dot_u8s8_add(part[c][q], v[q], broadcast4(x + 32 * q));
+                        }
+                    }
+                }
+                for (int q = 0; q < 4; ++q) {
+                    const __m256i sc = scale(2 * (4 * h + q) + s);
+                    for (int c = 0; c < C; ++c)
+                        isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(part[c][q], sc));
+                }
+            }
+        }
+        // Each row's scales 2j and 2j + 1 as an int16 pair.
+        __m256i pairs[8];
+        for (int j = 0; j < 8; ++j) {
+            pairs[j] = _mm256_or_si256(_mm256_and_si256(scale(2 * j), _mm256_set1_epi32(0xFFFF)),
+                                       _mm256_slli_epi32(scale(2 * j + 1), 16));
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.d)));
+        for (int c = 0; c < C; ++c) {
+            __m256i off = _mm256_setzero_si256();
+            for (int j = 0; j < 8; ++j)
+                off = _mm256_add_epi32(off, _mm256_madd_epi16(pairs[j], bsum_pair(act[c][b], j)));
+            isum[c] = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(off, 5));
+            acc[c] = block_fma(isum[c], _mm256_mul_ps(d, _mm256_set1_ps(act[c][b].d)), acc[c]);
+        }
+    }
+    for (int c = 0; c < C; ++c) _mm256_storeu_ps(y + (t0 + c) * ldy + r0, acc[c]);
 }
 
 }  // namespace

@@ -48,6 +48,17 @@ struct IsaKernels {
             x8_q4_k<Isa, C>(g, a, t, nb, y, ldy, r);
         }
     };
+    template <int C>
+    struct Q6_Kx8 {
+        static void run(const uint8_t* g, const Activations& a, int64_t t, int64_t nb, float* y,
+                        int64_t ldy, int64_t r) {
+            x8_q6_k<Isa, C>(g, a, t, nb, y, ldy, r);
+        }
+    };
+    static void q6_kx8(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy,
+                       int64_t r0, int64_t r1) {
+        run_interleaved<Isa::kInterleavedCols, Q6_Kx8, kQKK>(w, a, y, ldy, r0, r1);
+    }
     static void q4_kx8(const WeightMatrix& w, const Activations& a, float* y, int64_t ldy,
                        int64_t r0, int64_t r1) {
         run_interleaved<Isa::kInterleavedCols, Q4_Kx8, kQKK>(w, a, y, ldy, r0, r1);
@@ -165,7 +176,8 @@ struct IsaKernels {
                                 &SuperBlocks<KQ5>::rows,
                                 &SuperBlocks<KQ6>::rows,
                                 &SuperBlocks<KIQ4XS>::rows,
-                                &q4_kx8};
+                                &q4_kx8,
+                                &q6_kx8};
         }
     };
 

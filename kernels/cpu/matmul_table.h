@@ -28,10 +28,10 @@ struct QuantKernels {
     RowsFn q4_0, q4_1, q8_0;
     // The same over rows interleaved by repack_rows; r0 and r1 multiples of kRowInterleave.
     RowsFn q4_0x8, q4_1x8, q8_0x8;
-    // The same functions in both orders (no kGgml variant yet); row-major but the last.
+    // The same functions in both orders (no kGgml variant yet); row-major but the last two.
     RowsFn q5_0, q5_1, iq4_nl;                    // against BlockQ8A
     RowsFn q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs;  // against BlockQ8K
-    RowsFn q4_kx8;                                // interleaved, as q4_0x8
+    RowsFn q4_kx8, q6_kx8;                        // interleaved, as q4_0x8
 };
 
 struct MatmulTable {

@@ -57,8 +57,14 @@ void pack_block(const Block* const* rows, int64_t b, Packed& out) {
                 out.scales_hi[q][r] = static_cast<uint8_t>(hi);
             }
         }
-        interleave_row(reinterpret_cast<const uint8_t(&)[sizeof(blk.qs)]>(blk.qs), r,
-                       reinterpret_cast<uint8_t(*)[32]>(out.qs));
+        if constexpr (requires { blk.ql; }) {
+            for (int k = 0; k < 16; ++k) out.scales[k][r] = blk.scales[k];
+            interleave_row(blk.ql, r, out.ql);
+            interleave_row(blk.qh, r, out.qh);
+        } else {
+            interleave_row(reinterpret_cast<const uint8_t(&)[sizeof(blk.qs)]>(blk.qs), r,
+                           reinterpret_cast<uint8_t(*)[32]>(out.qs));
+        }
     }
 }
 
@@ -76,8 +82,14 @@ void unpack_block(const Packed& in, int r, Block& out) {
         }
         join_scales_k4(v, out.scales);
     }
-    deinterleave_row(reinterpret_cast<const uint8_t(*)[32]>(in.qs), r,
-                     reinterpret_cast<uint8_t(&)[sizeof(out.qs)]>(out.qs));
+    if constexpr (requires { out.ql; }) {
+        for (int k = 0; k < 16; ++k) out.scales[k] = in.scales[k][r];
+        deinterleave_row(in.ql, r, out.ql);
+        deinterleave_row(in.qh, r, out.qh);
+    } else {
+        deinterleave_row(reinterpret_cast<const uint8_t(*)[32]>(in.qs), r,
+                         reinterpret_cast<uint8_t(&)[sizeof(out.qs)]>(out.qs));
+    }
 }
 
 // Blocks per row of w.
@@ -123,7 +135,7 @@ void dequantize_interleaved(const WeightMatrix& w, int64_t r, float* dst) {
 
 bool repackable(const WeightMatrix& w) {
     const bool type = w.type == DType::kQ4_0 || w.type == DType::kQ4_1 || w.type == DType::kQ8_0 ||
-                      w.type == DType::kQ4_K;
+                      w.type == DType::kQ4_K || w.type == DType::kQ6_K;
     return type && w.interleave == 1 && w.rows > 0 && w.rows % kRowInterleave == 0 &&
            w.cols % dtype_traits(w.type).block_elems == 0;
 }
@@ -139,6 +151,9 @@ WeightMatrix repack_rows(const WeightMatrix& w, void* out) {
             break;
         case DType::kQ4_K:
             repack<BlockQ4_K, BlockQ4_Kx8>(w, out);
+            break;
+        case DType::kQ6_K:
+            repack<BlockQ6_K, BlockQ6_Kx8>(w, out);
             break;
         default:
             repack<BlockQ8_0, BlockQ8_0x8>(w, out);
@@ -166,6 +181,9 @@ WeightMatrix unpack_rows(const WeightMatrix& w, void* out) {
         case DType::kQ4_K:
             unpack<BlockQ4_K, BlockQ4_Kx8>(w, out);
             break;
+        case DType::kQ6_K:
+            unpack<BlockQ6_K, BlockQ6_Kx8>(w, out);
+            break;
         default:
             DS_CHECK(false, "unpack_rows: an interleaved matrix of an unknown type");
     }
@@ -192,6 +210,9 @@ void dequantize_weight_row(const WeightMatrix& w, int64_t r, float* dst) {
             break;
         case DType::kQ4_K:
             dequantize_interleaved<BlockQ4_K, BlockQ4_Kx8>(w, r, dst);
+            break;
+        case DType::kQ6_K:
+            dequantize_interleaved<BlockQ6_K, BlockQ6_Kx8>(w, r, dst);
             break;
         default:
             DS_CHECK(false, "dequantize_weight_row: an interleaved matrix of an unknown type");

@@ -41,7 +41,8 @@ inline bool weight_type_supported(DType t) {
 // The types repack_rows interleaves (kernels/repack.h), which upload_weight turns back into
 // rows (row_major.h).
 inline bool interleaved_type(DType t) {
-    return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ8_0 || t == DType::kQ4_K;
+    return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ8_0 || t == DType::kQ4_K ||
+           t == DType::kQ6_K;
 }
 
 // The types multiplied with int8-quantized activations, as kernels::matmul does on the CPU

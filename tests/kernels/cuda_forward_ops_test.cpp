@@ -221,7 +221,7 @@ TEST_F(CudaForwardOps, MatmulMatchesCpuAndExactProducts) {
                                 {DType::kQ2_K, false, 75, 1024}, {DType::kQ3_K, false, 75, 1024},
                                 {DType::kQ4_K, false, 75, 1024}, {DType::kQ5_K, false, 75, 1024},
                                 {DType::kQ6_K, false, 75, 1024}, {DType::kIQ4_XS, false, 75, 1024},
-                                {DType::kQ4_K, true, 72, 1024}};
+                                {DType::kQ4_K, true, 72, 1024},  {DType::kQ6_K, true, 72, 1024}};
     uint32_t seed = 100;
     for (const MatmulCase& c : cases) {
         const std::string label = std::string(dtype_traits(c.type).name) +

@@ -209,7 +209,7 @@ TEST(MatmulRepacked, TakesOnlyWholeGroupsOfQuantizedRows) {
     EXPECT_TRUE(repackable({DType::kQ4_1, 16, 64, buf.data()}));
     EXPECT_FALSE(repackable({DType::kQ4_1, 12, 64, buf.data()}));   // not whole groups of 8
     EXPECT_FALSE(repackable({DType::kF16, 16, 64, buf.data()}));    // float kernels read rows
-    EXPECT_FALSE(repackable({DType::kQ6_K, 16, 256, buf.data()}));  // no interleaved kernel
+    EXPECT_FALSE(repackable({DType::kQ3_K, 16, 256, buf.data()}));  // no interleaved kernel
     std::vector<uint8_t> out(buf.size());
     const WeightMatrix once = repack_rows({DType::kQ4_1, 16, 64, buf.data()}, out.data());
     EXPECT_FALSE(repackable(once));  // already interleaved
@@ -414,14 +414,14 @@ TEST(MatmulQuantTypes, SameBitsForAnyBatchThreadsIsaAndOrder) {
     }
 }
 
-// Q4_K repacked (BlockQ4_Kx8) gives the row-major kernels' bits for any
+// Q4_K and Q6_K repacked (BlockQ4_Kx8, BlockQ6_Kx8) give the row-major kernels' bits for any
 // token count, thread count and ISA, read back as they were, and unpack to the same bytes.
 TEST(MatmulQuantTypes, RepackedSameBitsAsRowMajor) {
     std::mt19937 rng(29);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     const std::pair<int64_t, int64_t> shapes[] = {{64, 1024}, {192, 256}, {8, 2048}};
     for (const auto& [rows, cols] : shapes) {
-        for (DType type : {DType::kQ4_K}) {
+        for (DType type : {DType::kQ4_K, DType::kQ6_K}) {
             const std::string name(dtype_traits(type).name);
             std::vector<uint8_t> wq = test_blocks::random_rows(type, rows, cols, 7);
             std::vector<uint8_t> packed(wq.size()), back(wq.size());
@@ -457,7 +457,7 @@ TEST(MatmulQuantTypes, RepackedSameBitsAsRowMajor) {
                 const auto run = [&](const MatmulTable& table) {
                     const QuantKernels& k = table.quant[0];
                     std::vector<float> y(tokens * rows, -1.0f);
-                    k.q4_kx8(p, a, y.data(), rows, 0, rows);
+                    (type == DType::kQ4_K ? k.q4_kx8 : k.q6_kx8)(p, a, y.data(), rows, 0, rows);
                     return y;
                 };
                 const std::vector<float> avx2 = run(avx2_matmul_table());

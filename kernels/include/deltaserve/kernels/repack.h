@@ -14,8 +14,8 @@ namespace deltaserve::kernels {
 
 constexpr int32_t kRowInterleave = 8;
 
-// Whether repack_rows takes w: Q4_0, Q4_1, Q8_0 or Q4_K, row-major, rows a multiple of
-// kRowInterleave. (Q6_K's interleaved kernel was no faster than its row-major one: it stays.)
+// Whether repack_rows takes w: Q4_0, Q4_1, Q8_0, Q4_K or Q6_K, row-major, rows a multiple
+// of kRowInterleave.
 bool repackable(const WeightMatrix& w);
 
 // Writes w's blocks, interleaved, to `out` (w.rows * w.row_stride() bytes, the size of w)
