@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "blocks.h"
@@ -209,10 +210,11 @@ void quantize_activations(const float* x, BlockQ8A* out, int64_t n) {
     const __m256 sign_mask = _mm256_set1_ps(-0.0f);
     for (int64_t i = 0; i < n / kQK; ++i, x += kQK) {
         __m256 v[4];
-        __m256 amax = _mm256_setzero_ps();
+        __m256 amax = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
         for (int k = 0; k < 4; ++k) {
             v[k] = _mm256_loadu_ps(x + 8 * k);
             amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign_mask, v[k]));
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps(v[k], v[k], _CMP_UNORD_Q));
         }
         __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(amax, 1), _mm256_castps256_ps128(amax));
         m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
@@ -237,6 +239,10 @@ void quantize_activations(const float* x, BlockQ8A* out, int64_t n) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[i].qs), p);
         out[i].d = fp16_round(d);
         out[i].s = fp16_round(d * static_cast<float>(isum));
+        // max_ps drops a NaN, and its quant is a finite -128: make the block's scale NaN so
+        // that every output the NaN reaches is NaN.
+        if (_mm256_movemask_ps(nan) != 0)
+            out[i].d = out[i].s = std::numeric_limits<float>::quiet_NaN();
     }
 }
 

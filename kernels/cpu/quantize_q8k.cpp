@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "blocks.h"
 
@@ -11,18 +12,23 @@ namespace deltaserve::kernels {
 void quantize_activations_q8k(const float* x, BlockQ8K* out, int64_t n) {
     for (int64_t i = 0; i < n / kQKK; ++i, x += kQKK) {
         BlockQ8K& y = out[i];
-        // The first value of the largest magnitude, with its sign (ggml's scan; NaN never
-        // wins a comparison).
+        // The first value of the largest magnitude, with its sign (ggml's scan, where NaN
+        // never wins a comparison).
         float amax = 0.0f, max = 0.0f;
+        bool nan = false;
         for (int j = 0; j < kQKK; ++j) {
             const float ax = std::fabs(x[j]);
+            nan |= ax != ax;
             if (ax > amax) {
                 amax = ax;
                 max = x[j];
             }
         }
-        if (amax == 0.0f) {
+        if (amax == 0.0f || nan) {
+            // A NaN makes the block's scale NaN (ggml's scan would drop it, and the products
+            // of the rest would hide it): every output it reaches is NaN.
             std::memset(&y, 0, sizeof(y));
+            if (nan) y.d = std::numeric_limits<float>::quiet_NaN();
             continue;
         }
         const float iscale = -127.0f / max;

@@ -3,6 +3,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <tuple>
@@ -411,6 +413,30 @@ TEST(MatmulQuantTypes, SameBitsForAnyBatchThreadsIsaAndOrder) {
         const std::vector<float> avx2 = run(avx2_matmul_table());
         EXPECT_EQ(avx2, all) << name;
         EXPECT_EQ(run(avx512_matmul_table()), avx2) << name << ": AVX-512 vs AVX2";
+    }
+}
+
+// Hostile values: a NaN or inf scale in a weight block, or a NaN activation, gives a NaN or
+// inf output where it reaches (never a finite value that hides it), for every new type.
+TEST(MatmulQuantTypes, NonFiniteScalesAndActivationsReachTheOutputs) {
+    const int64_t rows = 8, cols = 512;
+    for (DType type : kNewTypes) {
+        const std::string name(dtype_traits(type).name);
+        std::vector<uint8_t> wq = test_blocks::random_rows(type, rows, cols, 3);
+        const uint16_t nan = 0x7E00, inf = 0x7C00;
+        const int d_at = test_blocks::half_offsets(type)[0];
+        std::memcpy(&wq[d_at], &nan, 2);                          // row 0, block 0
+        std::memcpy(&wq[row_bytes(type, cols) + d_at], &inf, 2);  // row 1, block 0
+        const WeightMatrix w{type, rows, cols, wq.data()};
+        std::vector<float> x(2 * cols, 0.5f);
+        x[cols + 7] = std::numeric_limits<float>::quiet_NaN();  // token 1
+        ThreadPool pool(1);
+        std::vector<float> y(2 * rows);
+        matmul(w, x.data(), cols, 2, y.data(), rows, pool);
+        EXPECT_TRUE(std::isnan(y[0])) << name;
+        EXPECT_FALSE(std::isfinite(y[1])) << name;
+        for (int64_t r = 2; r < rows; ++r) EXPECT_TRUE(std::isfinite(y[r])) << name << " " << r;
+        for (int64_t r = 0; r < rows; ++r) EXPECT_TRUE(std::isnan(y[rows + r])) << name << " " << r;
     }
 }
 
