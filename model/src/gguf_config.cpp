@@ -227,8 +227,7 @@ Status read_gemma3(const GgufFile& g, ModelConfig& c) {
                                 " is out of range");
     }
     c.rope_theta_local = static_cast<float>(base);
-    c.local_layer.clear();
-    for (int32_t i = 0; i < c.n_layers; ++i) c.local_layer.push_back(i % 6 < 5);
+    c.local_pattern = 6;  // llama.cpp: il % 6 < 5 is local
     c.n_ctx_train = std::min(c.n_ctx_train, c.sliding_window);
     return Status();
 }

@@ -263,8 +263,7 @@ Status read_gemma3(const ConfigReader& r, ModelConfig& c) {
             }
         }
     } else {
-        DS_ASSIGN_OR_RETURN(const int32_t pattern, r.positive_int("sliding_window_pattern", 6));
-        for (int32_t i = 0; i < c.n_layers; ++i) c.local_layer.push_back((i + 1) % pattern != 0);
+        DS_ASSIGN_OR_RETURN(c.local_pattern, r.positive_int("sliding_window_pattern", 6));
     }
     c.n_ctx_train = std::min(c.n_ctx_train, window);
     return {};

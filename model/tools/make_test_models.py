@@ -295,6 +295,10 @@ def write_hf(out, spec, w, dtype, tok, cfg_extra=None, tensors_extra=None):
                    query_pre_attn_scalar=spec["head_dim"], sliding_window=spec["window"],
                    sliding_window_pattern=6, rope_local_base_freq=spec["local_base"],
                    final_logit_softcapping=None, attn_logit_softcapping=None)
+        if dtype == "f16":  # newer transformers list the layers' types instead
+            del cfg["sliding_window_pattern"]
+            cfg["layer_types"] = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                                  for i in range(spec["layers"])]
     if "llama3" in spec:
         cfg["rope_scaling"] = dict(rope_type="llama3", **spec["llama3"])
         # convert_hf_to_gguf.py reads this one from the top level.
@@ -451,9 +455,11 @@ def load_hf(path):
     gemma = c["model_type"] == "gemma3_text"
     window = c.get("sliding_window") or 0 if gemma else 0
     pattern = c.get("sliding_window_pattern", 6)
+    types = c.get("layer_types") or ["full_attention" if (i + 1) % pattern == 0 else
+                                     "sliding_attention" for i in range(c["num_hidden_layers"])]
     m = dict(arch=c["model_type"], head_dim=hd, heads=c["num_attention_heads"],
              gemma=gemma, window=window, local_base=c.get("rope_local_base_freq", 1e4),
-             local=[window > 0 and (i + 1) % pattern != 0 for i in range(c["num_hidden_layers"])],
+             local=[window > 0 and t == "sliding_attention" for t in types],
              attn_scale=1 / math.sqrt(c.get("query_pre_attn_scalar", hd)),
              kv_heads=c["num_key_value_heads"], layers=c["num_hidden_layers"],
              eps=c["rms_norm_eps"], base=c["rope_theta"], freq_scale=scale, factors=factors,

@@ -190,7 +190,12 @@ TEST_F(ArchParity, Gemma3MatchesFloat64) {
     EXPECT_TRUE(c.gelu_ffn && c.post_norms && c.qk_norm && c.tied_output);
     EXPECT_FLOAT_EQ(c.embedding_scale, 8.0f);
     EXPECT_EQ(c.sliding_window, 48);
-    EXPECT_EQ(c.local_layer, (std::vector<bool>{true, true, true, true, true, false}));
+    for (int32_t i = 0; i < 6; ++i) EXPECT_EQ(c.is_local(i), i < 5) << i;
+    for (const char* dir : {"hf-gemma3-f32", "hf-gemma3-f16"}) {  // a pattern; layer_types
+        auto hf = load(dir);
+        ASSERT_NE(hf, nullptr);
+        for (int32_t i = 0; i < 6; ++i) EXPECT_EQ(hf->config.is_local(i), i < 5) << dir << i;
+    }
     EXPECT_FLOAT_EQ(c.rope(0).base, 10000.0f);
     EXPECT_FLOAT_EQ(c.rope(5).base, 1000000.0f);
     // Full attention equals the local layers' window only up to the window: no more.

@@ -36,7 +36,9 @@ struct ModelConfig {
     // Gemma 3: the embedding times sqrt(d_model), GeGLU (tanh GELU) for SwiGLU, RMSNorms of
     // the attention's and the FFN's outputs before their residual adds, a query scale of its
     // own, and local layers of sliding-window attention (local_layer[i]) with RoPE of their
-    // own (rope_theta_local, unscaled) beside the global ones. The caches hold full
+    // own (rope_theta_local, unscaled) beside the global ones: layer i is local when
+    // local_layer[i] says so, else (without a list) when local_pattern > 0 and (i + 1) is
+    // not a multiple of it (Gemma 3: 6). The caches hold full
     // attention, which equals the window's up to `sliding_window` tokens: contexts are
     // capped there (InferenceContext::create refuses more).
     float embedding_scale = 1.0f;  // 1: none
@@ -44,7 +46,8 @@ struct ModelConfig {
     bool post_norms = false;
     float attention_scale = 0.0f;   // 0: 1 / sqrt(head_dim)
     int32_t sliding_window = 0;     // 0: none
-    std::vector<bool> local_layer;  // n_layers values, or empty (every layer global)
+    std::vector<bool> local_layer;  // n_layers values (HF layer_types), or empty
+    int32_t local_pattern = 0;      // 0: no pattern
     float rope_theta_local = 10000.0f;
 
     int32_t q_dim() const { return n_heads * head_dim; }
@@ -55,7 +58,10 @@ struct ModelConfig {
         return {rope_theta, rope_style, rope_freq_scale, rope_freq_factors};
     }
     bool is_local(int32_t layer) const {
-        return static_cast<size_t>(layer) < local_layer.size() && local_layer[layer];
+        if (!local_layer.empty()) {
+            return static_cast<size_t>(layer) < local_layer.size() && local_layer[layer];
+        }
+        return local_pattern > 0 && (layer + 1) % local_pattern != 0;
     }
     kernels::RopeParams rope(int32_t layer) const {
         if (is_local(layer)) return {rope_theta_local, rope_style, 1.0f, {}};
