@@ -69,7 +69,12 @@ struct KQ3 {
         aux[3] = ((aux[1] >> 4) & m2) | (((tmp >> 6) & m1) << 4);
         aux[0] = (aux[0] & m2) | (((tmp >> 0) & m1) << 4);
         aux[1] = (aux[1] & m2) | (((tmp >> 2) & m1) << 4);
-        const __m128i sc = _mm_sub_epi8(load128(aux), _mm_set1_epi8(32));
+        // From registers: four 32-bit stores read back as one 128-bit load would stall on
+        // store forwarding.
+        const __m128i sc =
+            _mm_sub_epi8(_mm_setr_epi32(static_cast<int>(aux[0]), static_cast<int>(aux[1]),
+                                        static_cast<int>(aux[2]), static_cast<int>(aux[3])),
+                         _mm_set1_epi8(32));
         return {_mm256_cvtepi8_epi16(sc), _mm256_setzero_si256(), half_to_float(b.d), 0.0f};
     }
     static __m256i chunk(const Block& b, int j) {
@@ -91,7 +96,8 @@ inline KScales scales_k4(const Block& b) {
     u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
     u[2] = mins_lo;
     u[0] &= k1;
-    const __m128i v = load128(u);
+    const __m128i v = _mm_setr_epi32(static_cast<int>(u[0]), static_cast<int>(u[1]),
+                                     static_cast<int>(u[2]), static_cast<int>(u[3]));
     return {twice_u8(v), twice_u8(_mm_srli_si128(v, 8)), half_to_float(b.d), half_to_float(b.dmin)};
 }
 
