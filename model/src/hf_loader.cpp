@@ -71,14 +71,14 @@ class TensorReader {
 
     bool contains(const std::string& name) const { return st_.contains(name); }
 
-    // kUnimplemented naming the first tensor no part of the model took. RoPE's inverse
-    // frequencies (rotary_emb.inv_freq, a buffer older checkpoints saved) are made from
-    // config.json, as transformers makes them, and pass.
-    Status all_taken() const {
-        for (const std::string& name : st_.tensor_names()) {
+    // kUnimplemented naming the first of `names` (every tensor of the checkpoint) no part of
+    // the model took. RoPE's inverse frequencies (rotary_emb.inv_freq, a buffer older
+    // checkpoints saved) are made from config.json, as transformers makes them, and pass.
+    Status all_taken(const std::vector<std::string>& names) const {
+        for (const std::string& name : names) {
             if (taken_.count(name) != 0) continue;
             if (name.size() > 21 && name.ends_with(".rotary_emb.inv_freq")) continue;
-            return unimplemented(st_.file_of(name) + ": tensor '" + name +
+            return unimplemented("tensor '" + name +
                                  "' is not used by the graph deltaserve computes (refused rather "
                                  "than ignored)");
         }
@@ -165,7 +165,37 @@ Status load_layer(TensorReader& r, const ModelConfig& c, int layer, LayerWeights
     return {};
 }
 
-Status load_weights(SafetensorsModel& st, ModelConfig& c, ModelWeights& w, bool progress) {
+// Every tensor of the directory's checkpoint: the index's names and every tensor of its shards
+// (an index may leave some out), or model.safetensors'. open_dir has checked the files and
+// the shard names already; their headers are read again here (safetensors.* keys the DeltaKV
+// profile's cache: deploy/profile.sh).
+Result<std::vector<std::string>> checkpoint_tensors(const std::string& dir) {
+    std::set<std::string> names, files;
+    const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+    if (fs::exists(index)) {
+        DS_ASSIGN_OR_RETURN(std::string text, read_text_file(index.string()));
+        const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+        const json* map = j.is_object() ? field(j, "weight_map") : nullptr;
+        if (map == nullptr || !map->is_object()) {
+            return invalid_argument(index.string() + ": no weight_map");
+        }
+        for (const auto& [name, file] : map->items()) {
+            names.insert(name);
+            if (file.is_string()) files.insert(file.get<std::string>());
+        }
+    } else {
+        files.insert("model.safetensors");
+    }
+    for (const std::string& f : files) {
+        DS_ASSIGN_OR_RETURN(SafetensorsFile sf,
+                            SafetensorsFile::open((fs::path(dir) / f).string()));
+        for (const auto& [name, t] : sf.tensors()) names.insert(name);
+    }
+    return std::vector<std::string>(names.begin(), names.end());
+}
+
+Status load_weights(SafetensorsModel& st, const std::vector<std::string>& all, ModelConfig& c,
+                    ModelWeights& w, bool progress) {
     TensorReader r(st, w);
     // Biases present without the config saying so (e.g. attention_bias missing) are used.
     if (!c.qkv_bias && r.contains("model.layers.0.self_attn.q_proj.bias")) c.qkv_bias = true;
@@ -202,7 +232,7 @@ Status load_weights(SafetensorsModel& st, ModelConfig& c, ModelWeights& w, bool 
     } else {
         DS_ASSIGN_OR_RETURN(w.output, r.matrix("lm_head.weight", c.n_vocab, c.d_model));
     }
-    DS_RETURN_IF_ERROR(r.all_taken());
+    DS_RETURN_IF_ERROR(r.all_taken(all));
     st.release_mappings(w.files);
     return {};
 }
@@ -273,7 +303,8 @@ Result<std::unique_ptr<Model>> load_hf_model(const std::string& dir, const LoadO
     model->format = "hf";
     DS_ASSIGN_OR_RETURN(model->config, parse_hf_config(dir));
     DS_ASSIGN_OR_RETURN(SafetensorsModel st, SafetensorsModel::open_dir(dir));
-    DS_RETURN_IF_ERROR(load_weights(st, model->config, model->weights, options.show_progress)
+    DS_ASSIGN_OR_RETURN(const std::vector<std::string> all, checkpoint_tensors(dir));
+    DS_RETURN_IF_ERROR(load_weights(st, all, model->config, model->weights, options.show_progress)
                            .with_context("loading " + dir));
     DS_ASSIGN_OR_RETURN(model->tokenizer, load_tokenizer(dir, options, model->config.n_vocab));
     DS_ASSIGN_OR_RETURN(model->chat_template, load_chat_template(dir));

@@ -3,7 +3,6 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
-#include <set>
 
 namespace deltaserve::model {
 
@@ -236,15 +235,6 @@ Result<const SafetensorsTensor*> SafetensorsModel::get(std::string_view name) co
 }
 
 bool SafetensorsModel::contains(std::string_view name) const { return where_.contains(name); }
-
-std::vector<std::string> SafetensorsModel::tensor_names() const {
-    std::set<std::string> names;
-    for (const auto& [name, file] : where_) names.insert(name);
-    for (const SafetensorsFile& f : files_) {
-        for (const auto& [name, t] : f.tensors()) names.insert(name);
-    }
-    return {names.begin(), names.end()};
-}
 
 std::string SafetensorsModel::file_of(std::string_view name) const {
     auto it = where_.find(name);

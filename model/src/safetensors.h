@@ -75,8 +75,6 @@ class SafetensorsModel {
     bool contains(std::string_view name) const;
     // The file holding `name` (for messages); "" when absent.
     std::string file_of(std::string_view name) const;
-    // Every tensor of every file (sorted, once each), whether the index names it or not.
-    std::vector<std::string> tensor_names() const;
 
     // Moves every mapping into `out`; the tensors stay valid as long as `out` holds them,
     // but this object must not be used afterwards.
