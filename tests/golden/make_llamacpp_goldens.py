@@ -13,7 +13,9 @@ size and sha256 so a test knows it has the same file. Needs the gguf package (.v
     tests/golden/make_llamacpp_goldens.py --bin "$bin"      # quantize (a few minutes)
     tests/golden/make_llamacpp_goldens.py --bin "$bin" --goldens   # and rewrite the goldens
     tests/golden/make_llamacpp_goldens.py --bin "$bin" --goldens --model M.gguf --name NAME
-        # the goldens of any other model (a random-weight test model, Gemma 3 ...)
+        # the goldens of any other model (Gemma 3: --ppl-tokens 512); the random-weight
+        # test models of model/tools/make_test_models.py (deterministic) as testmodel_*:
+        #   --model DIR/qwen3-f32.gguf --name testmodel_qwen3_f32 --ppl-tokens 256
 
 Quantizing is deterministic for a given llama.cpp version, so a fresh machine's files are
 the goldens' files: the script checks each file's sha256 against its golden and says so

@@ -1,9 +1,10 @@
 // deltaserve against llama.cpp on the models people download: every golden in
 // tests/data/llamacpp/ (llama.cpp's tokens, logits and greedy continuations, made by
 // tests/golden/make_llamacpp_goldens.py) on its model file, found in <models>/quant/ or
-// <models>/. The quantized files come from llama.cpp's llama-quantize
-// (tests/llamacpp/run.sh makes them and runs this test); a test whose file is absent skips
-// saying so.
+// <models>/ (Gemma 3 270M), or written here by model/tools/make_test_models.py (testmodel_*:
+// qwen3, llama3- and linear-scaled llama). The quantized files come from llama.cpp's
+// llama-quantize (tests/llamacpp/run.sh makes them and runs this test); a test whose file is
+// absent skips saying so.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -19,6 +20,7 @@
 #include "deltaserve/model/model.h"
 #include "deltaserve/model/sampler.h"
 #include "deltaserve/model/scoring.h"
+#include "test_models.h"
 #include "test_paths.h"
 
 namespace deltaserve::model {
@@ -54,12 +56,30 @@ std::vector<std::string> golden_names() {
     return names;
 }
 
-std::string model_file_for(const json& g) {
+// A golden's model file: in <models>/quant or <models>; a testmodel_* golden's in the random
+// models model/tools/make_test_models.py writes (deterministically), made once here.
+std::string model_file_for(const std::string& golden, const json& g, std::string* why) {
     const std::string file = g["model_file"].get<std::string>();
     for (const std::string dir : {testing::models_dir() + "/quant", testing::models_dir()}) {
         if (testing::file_exists(dir + "/" + file)) return dir + "/" + file;
     }
-    return "";
+    if (golden.rfind("testmodel_", 0) != 0) {
+        *why = file + " not found in " + testing::models_dir() +
+               "/quant: tests/llamacpp/run.sh makes it with llama.cpp's llama-quantize";
+        return "";
+    }
+    // Written once, removed as the process ends.
+    static std::string made_why;
+    static const struct Made {
+        std::string dir = testing::write_test_models(false, &made_why);
+        ~Made() {
+            std::error_code ec;
+            if (!dir.empty()) fs::remove_all(dir, ec);
+        }
+    } made;
+    const std::string& dir = made.dir;
+    *why = made_why;
+    return dir.empty() ? "" : dir + "/" + file;
 }
 
 class LlamaCppParity : public ::testing::TestWithParam<std::string> {};
@@ -67,12 +87,9 @@ class LlamaCppParity : public ::testing::TestWithParam<std::string> {};
 TEST_P(LlamaCppParity, TokensLogitsAndGreedyMatchLlamaCpp) {
     std::ifstream in(testing::test_data_dir() + "/llamacpp/" + GetParam() + ".json");
     const json g = json::parse(in);
-    const std::string path = model_file_for(g);
-    if (path.empty()) {
-        GTEST_SKIP() << g["model_file"].get<std::string>() << " not found in "
-                     << testing::models_dir()
-                     << "/quant: tests/llamacpp/run.sh makes it with llama.cpp's llama-quantize";
-    }
+    std::string why;
+    const std::string path = model_file_for(GetParam(), g, &why);
+    if (path.empty()) GTEST_SKIP() << why;
     // Quantizing is deterministic per llama.cpp version; another file is another model.
     ASSERT_EQ(static_cast<int64_t>(fs::file_size(path)), g["model_size_bytes"].get<int64_t>())
         << path << " is not the file the golden was made from: regenerate it "
