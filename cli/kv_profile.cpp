@@ -1,5 +1,6 @@
 #include "kv_profile.h"
 
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -47,9 +48,18 @@ Status calibrate(const RunOptions& o, const fs::path& out_dir) {
                  model_path.c_str(), out_dir.c_str());
     const auto start = std::chrono::steady_clock::now();
     pid_t pid = 0;
+    // serve blocks SIGINT and SIGTERM for its own waiter; the child starts with none blocked,
+    // so Ctrl-C stops a calibration (and then this start, which fails).
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    sigset_t none;
+    sigemptyset(&none);
+    posix_spawnattr_setsigmask(&attr, &none);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
     // posix_spawnp: the path is absolute when /proc/self/exe resolves, else found on PATH.
-    if (const int err = posix_spawnp(&pid, tool.c_str(), nullptr, nullptr, argv.data(), environ);
-        err != 0) {
+    const int err = posix_spawnp(&pid, tool.c_str(), nullptr, &attr, argv.data(), environ);
+    posix_spawnattr_destroy(&attr);
+    if (err != 0) {
         return failed_precondition("--kv-calibrate: cannot run " + tool + ": " +
                                    std::string(std::strerror(err)));
     }
