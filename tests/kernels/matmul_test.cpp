@@ -480,10 +480,12 @@ TEST(MatmulQuantTypes, RepackedSameBitsAsRowMajor) {
                 for (int64_t t = 0; t < tokens; ++t)
                     quantize_activations_q8k(x.data() + t * cols, qk.data() + t * nbk, cols);
                 const Activations a{x.data(), cols, nullptr, tokens, qk.data()};
-                const auto run = [&](const MatmulTable& table) {
+                // The shape by value: clang 14 does not capture structured bindings.
+                const int64_t n_rows = rows;
+                const auto run = [&, n_rows](const MatmulTable& table) {
                     const QuantKernels& k = table.quant[0];
-                    std::vector<float> y(tokens * rows, -1.0f);
-                    (type == DType::kQ4_K ? k.q4_kx8 : k.q6_kx8)(p, a, y.data(), rows, 0, rows);
+                    std::vector<float> y(tokens * n_rows, -1.0f);
+                    (type == DType::kQ4_K ? k.q4_kx8 : k.q6_kx8)(p, a, y.data(), n_rows, 0, n_rows);
                     return y;
                 };
                 const std::vector<float> avx2 = run(avx2_matmul_table());
