@@ -107,8 +107,8 @@ Status top_k_on_host(const float* logits, int64_t n_vocab, int64_t n_rows, int32
 
 Status check_upload(const WeightMatrix& w) {
     DS_RETURN_IF_ERROR(check_shape(w, "upload_weight"));
-    const bool interleaved = w.interleave == kRowInterleave && interleaved_type(w.type) &&
-                             w.rows % kRowInterleave == 0;
+    const bool interleaved =
+        w.interleave == kRowInterleave && interleaved_type(w.type) && w.rows % kRowInterleave == 0;
     if (w.interleave != 1 && !interleaved) {
         return invalid("upload_weight", "interleave " + std::to_string(w.interleave) +
                                             " is not a layout repack_rows makes");

@@ -11,10 +11,11 @@
 namespace deltaserve::kernels {
 
 // How a quantized row's products are summed. kBlock: each block of 32 (a K-quant's
-// super-block of 256) in integers (exact), then one FMA per block into the row's accumulator; fastest, and the same bits for any
-// layout, tile, token count or instruction set. kGgml: llama.cpp's vec_dot order (8 fp32
-// lanes per row, each block's 8 partial sums converted and added, the lanes summed at the
-// end), for logits equal to llama.cpp's (--attention ggml). The two differ in the last bits.
+// super-block of 256) in integers (exact), then one FMA per block into the row's accumulator;
+// fastest, and the same bits for any layout, tile, token count or instruction set. kGgml:
+// llama.cpp's vec_dot order (8 fp32 lanes per row, each block's 8 partial sums converted and added,
+// the lanes summed at the end), for logits equal to llama.cpp's (--attention ggml). The two differ
+// in the last bits.
 enum class DotOrder { kBlock = 0, kGgml = 1 };
 
 // y[t * ldy + r] = sum_k W[r][k] * x[t * ldx + k], for t < n_tokens and r < w.rows.
