@@ -69,10 +69,11 @@ void load_tile(const KvView& kv, int g, int dim, int32_t k0, int nk, float* kt, 
 }
 
 // One online-softmax step for row r: sc[0, n) holds its scores for a run of keys (n a
-// multiple of 8; only the first `valid` count). They become weights exp(s - m) in place
-// (zero past `valid`), the row's max and sum move on, and the returned factor is what the
+// multiple of 8; only [first, valid) count, first < valid). They become weights exp(s - m) in
+// place (zero outside), the row's max and sum move on, and the returned factor is what the
 // row's output must be rescaled by before the weighted values are added.
-float softmax_step(Partial& st, int r, float* sc, int n, int valid) {
+float softmax_step(Partial& st, int r, float* sc, int n, int first, int valid) {
+    for (int j = 0; j < first; ++j) sc[j] = sc[first];  // out of the max's way
     float mx;
     if (valid == n) {  // the max of whole vectors (exact, in any order)
         __m256 m8 = _mm256_load_ps(sc);
@@ -90,6 +91,7 @@ float softmax_step(Partial& st, int r, float* sc, int n, int valid) {
     for (int j = 0; j < n; j += 8) {
         _mm256_store_ps(sc + j, exp256(_mm256_sub_ps(_mm256_load_ps(sc + j), mv)));
     }
+    for (int j = 0; j < first; ++j) sc[j] = 0.0f;
     float sum = 0.0f;
     for (int j = 0; j < valid; ++j) sum += sc[j];
     for (int j = valid; j < n; ++j) sc[j] = 0.0f;
@@ -129,6 +131,15 @@ void add_weighted_values(float* o, float corr, const float* p, int valid, int di
     if (dim - d0 >= 8) weigh_chunks<1>(o, cv, p, valid, d0, load_v);
 }
 
+// The first key row r sees (its window's; 0 without one) and whether it sees any of keys
+// [t0, t0 + nk).
+inline int32_t first_key(const KvView& kv, int32_t qpos) {
+    return kv.window > 0 ? std::max(0, qpos - kv.window + 1) : 0;
+}
+inline bool sees(const KvView& kv, int32_t qpos, int32_t t0, int32_t nk) {
+    return qpos - t0 + 1 > 0 && first_key(kv, qpos) < t0 + nk;
+}
+
 // Attends rows (query vectors qrow[r] at positions qpos[r]) over keys [k0, k1) of head g.
 void attend(const AttentionShape& s, const KvView& kv, int g, const float* const* qrow,
             const int32_t* qpos, int n_rows, int32_t k0, int32_t k1, Partial& st) {
@@ -142,11 +153,11 @@ void attend(const AttentionShape& s, const KvView& kv, int g, const float* const
         // Scores of two rows at a time: each key tile's loads serve both, and eight sums
         // run side by side.
         for (int r = 0; r < n_rows;) {
-            if (qpos[r] - t0 + 1 <= 0) {  // no key of this tile is visible to the row
+            if (!sees(kv, qpos[r], t0, nk)) {  // no key of this tile is visible to the row
                 ++r;
                 continue;
             }
-            const int pair = r + 1 < n_rows && qpos[r + 1] - t0 + 1 > 0 ? 2 : 1;
+            const int pair = r + 1 < n_rows && sees(kv, qpos[r + 1], t0, nk) ? 2 : 1;
             __m256 acc[2][kVecs];
             for (int i = 0; i < 2; ++i) {
                 for (int v = 0; v < kVecs; ++v) acc[i][v] = _mm256_setzero_ps();
@@ -175,11 +186,12 @@ void attend(const AttentionShape& s, const KvView& kv, int g, const float* const
             }
             for (int i = 0; i < pair; ++i, ++r) {
                 const int valid = std::min(nk, qpos[r] - t0 + 1);
+                const int first = std::max(0, first_key(kv, qpos[r]) - t0);
                 alignas(32) float sc[kKeyTile];
                 const __m256 scale = _mm256_set1_ps(s.scale);
                 for (int v = 0; v < kVecs; ++v)
                     _mm256_store_ps(sc + 8 * v, _mm256_mul_ps(acc[i][v], scale));
-                const float corr = softmax_step(st, r, sc, kKeyTile, valid);
+                const float corr = softmax_step(st, r, sc, kKeyTile, first, valid);
                 add_weighted_values(st.o + static_cast<size_t>(r) * dim, corr, sc, valid, dim,
                                     [&](int j, int d) { return _mm256_load_ps(vt + j * dim + d); });
             }
@@ -222,12 +234,12 @@ void few_rows_tile(const AttentionShape& s, const KvView& kv, int g, const float
         }
     }
     for (int r = 0; r < n_rows; ++r) {
-        const int32_t visible = qpos[r] - t0 + 1;
-        if (visible <= 0) continue;
-        const int valid = std::min(nk, visible);
+        if (!sees(kv, qpos[r], t0, nk)) continue;
+        const int valid = std::min(nk, qpos[r] - t0 + 1);
+        const int first = std::max(0, first_key(kv, qpos[r]) - t0);
         alignas(32) float sc[8];
         _mm256_store_ps(sc, _mm256_mul_ps(reduce8(part[r]), _mm256_set1_ps(s.scale)));
-        const float corr = softmax_step(st, r, sc, 8, valid);
+        const float corr = softmax_step(st, r, sc, 8, first, valid);
         add_weighted_values(st.o + static_cast<size_t>(r) * dim, corr, sc, valid, dim,
                             [&](int j, int d) { return load_kv8(vrow[j], d, kv.dtype); });
     }
@@ -242,8 +254,13 @@ void attend_few_rows(const AttentionShape& s, const KvView& kv, int g0, int n_he
                      const float* const* const* qrow, const int32_t* qpos, int n_rows, int32_t k0,
                      int32_t k1, Partial* st) {
     int32_t last_visible = 0;
-    for (int r = 0; r < n_rows; ++r) last_visible = std::max(last_visible, qpos[r] + 1);
+    int32_t first_visible = k1;
+    for (int r = 0; r < n_rows; ++r) {
+        last_visible = std::max(last_visible, qpos[r] + 1);
+        first_visible = std::min(first_visible, first_key(kv, qpos[r]));
+    }
     k1 = std::min(k1, last_visible);
+    k0 = std::max(k0, first_visible);
     for (int32_t t0 = k0; t0 < k1; t0 += 8) {
         for (int i = 0; i < n_heads; ++i)
             few_rows_tile(s, kv, g0 + i, qrow[i], qpos, n_rows, t0, k1, st[i]);
@@ -340,8 +357,10 @@ Status attention_shape_supported(const AttentionShape& s) {
     return {};
 }
 
-void attention(const AttentionShape& s, const KvView& kv, const float* q, int64_t ldq, int32_t n_q,
-               float* out, int64_t ldo, ThreadPool& pool, float* lse, bool causal) {
+void attention(const AttentionShape& s, const KvView& kv_in, const float* q, int64_t ldq,
+               int32_t n_q, float* out, int64_t ldo, ThreadPool& pool, float* lse, bool causal) {
+    KvView kv = kv_in;
+    if (!causal) kv.window = 0;  // a window is causal
     DS_CHECK(s.head_dim % 8 == 0 && s.head_dim <= kMaxHeadDim, "unsupported head_dim");
     DS_CHECK(s.n_kv_heads > 0 && s.n_kv_heads <= kMaxKvHeads && s.n_heads % s.n_kv_heads == 0,
              "bad GQA shape");
@@ -355,8 +374,9 @@ void attention(const AttentionShape& s, const KvView& kv, const float* q, int64_
     const int32_t q_block = std::max(1, kMaxRows / group);
     const int32_t n_qblocks = (n_q + q_block - 1) / q_block;
     // Few query blocks over many keys (decode): split the keys too, merge afterwards.
+    const int32_t span = kv.window > 0 ? std::min(n_keys, kv.window + n_q - 1) : n_keys;
     const int32_t splits =
-        n_qblocks == 1 ? std::max<int32_t>(1, (n_keys + kSplitKeys - 1) / kSplitKeys) : 1;
+        n_qblocks == 1 ? std::max<int32_t>(1, (span + kSplitKeys - 1) / kSplitKeys) : 1;
     const int rows = std::min(n_q, q_block) * group;
     const int64_t n_items = static_cast<int64_t>(s.n_kv_heads) * n_qblocks * splits;
 
@@ -392,8 +412,9 @@ void attention(const AttentionShape& s, const KvView& kv, const float* q, int64_
                 n_rows = gather_rows(s, q, ldq, p0, g, i0, i1, qrow[g], qpos[g]);
                 heads_rows[g] = qrow[g];
                 const int32_t last = std::min(kv.n_of(g), p0 + i1);  // keys [0, last) visible
-                const int32_t per = (last + splits - 1) / splits;
-                k0[g] = std::min(last, sp * per);
+                const int32_t first = std::min(last, first_key(kv, p0 + i0));
+                const int32_t per = (last - first + splits - 1) / splits;
+                k0[g] = std::min(last, first + sp * per);
                 k1[g] = std::min(last, k0[g] + per);
                 st[g] = buf.make(n_rows, s.head_dim, static_cast<size_t>(item_index(qb, sp, g)));
                 st[g].reset();
@@ -462,21 +483,22 @@ void attention_reference(const AttentionShape& s, const KvView& kv, const float*
         for (int h = 0; h < s.n_heads; ++h) {
             const int g = h / group;
             const int32_t n = kv.n_of(g) - n_q + i + 1;
+            const int32_t t0 = kv.window > 0 ? std::max(0, n - kv.window) : 0;
             const float* qh = q + i * ldq + static_cast<int64_t>(h) * s.head_dim;
             w.assign(static_cast<size_t>(n), 0.0);
             double mx = -1e300;
-            for (int32_t t = 0; t < n; ++t) {
+            for (int32_t t = t0; t < n; ++t) {
                 double dot = 0;
                 for (int d = 0; d < s.head_dim; ++d) dot += double(qh[d]) * value(kv.k, t, g, d);
                 w[t] = dot * s.scale;
                 mx = std::max(mx, w[t]);
             }
             double sum = 0;
-            for (auto& x : w) sum += (x = std::exp(x - mx));
+            for (int32_t t = t0; t < n; ++t) sum += (w[t] = std::exp(w[t] - mx));
             float* o = out + i * ldo + static_cast<int64_t>(h) * s.head_dim;
             for (int d = 0; d < s.head_dim; ++d) {
                 double acc = 0;
-                for (int32_t t = 0; t < n; ++t) acc += w[t] * value(kv.v, t, g, d);
+                for (int32_t t = t0; t < n; ++t) acc += w[t] * value(kv.v, t, g, d);
                 o[d] = static_cast<float>(acc / sum);
             }
         }

@@ -30,7 +30,9 @@ constexpr int32_t kSplitMin = 512;  // from this many cells, one-token batches s
 
 float h2f(uint16_t h) { return _cvtsh_ss(h); }
 uint16_t f2h(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
-__m256 load_h8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+__m256 load_h8(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 void store_h8(uint16_t* p, __m256 v) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
 }
@@ -50,11 +52,13 @@ float dot_f16(const uint16_t* x, const uint16_t* y, int n) {
     __m256 acc[8];  // acc[2j] and acc[2j + 1]: low and high halves of ggml's sum[j]
     for (auto& a : acc) a = _mm256_setzero_ps();
     for (int i = 0; i < np; i += 64) {
-        for (int h = 0; h < 8; ++h) acc[h] = _mm256_fmadd_ps(load_h8(x + i + 8 * h), load_h8(y + i + 8 * h), acc[h]);
+        for (int h = 0; h < 8; ++h)
+            acc[h] = _mm256_fmadd_ps(load_h8(x + i + 8 * h), load_h8(y + i + 8 * h), acc[h]);
     }
     alignas(32) float s[16];
     _mm256_store_ps(s, _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])));
-    _mm256_store_ps(s + 8, _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
+    _mm256_store_ps(s + 8,
+                    _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
     double sum = reduce16(s);
     for (int i = np; i < n; ++i) sum += static_cast<double>(h2f(x[i]) * h2f(y[i]));
     return static_cast<float>(sum);
@@ -84,8 +88,8 @@ struct Rows {
     const uint16_t* k(int32_t pos, int g) const { return row(kv.k, pos, g); }
     const uint16_t* v(int32_t pos, int g) const { return row(kv.v, pos, g); }
     const uint16_t* row(const uint8_t* base, int32_t pos, int g) const {
-        return reinterpret_cast<const uint16_t*>(base + static_cast<size_t>(kv.slots[pos]) * kv.row_stride +
-                                                 kv.head_offset(g));
+        return reinterpret_cast<const uint16_t*>(
+            base + static_cast<size_t>(kv.slots[pos]) * kv.row_stride + kv.head_offset(g));
     }
 };
 
@@ -135,16 +139,19 @@ double softmax_tile(float* x, float m) {
 
 // ggml_compute_forward_flash_attn_ext_tiled for one row at position pos: fp32 Q, keys in
 // tiles of 64 cells, scores and values accumulated by single fused multiply-add chains.
-void tiled_row(const Rows& r, int g, const float* q, int32_t pos, int32_t n_cells, float* o) {
+// Cells before `lo` are masked (a window's).
+void tiled_row(const Rows& r, int g, const float* q, int32_t lo, int32_t pos, int32_t n_cells,
+               float* o) {
     const int dim = r.s.head_dim;
     alignas(32) float kq[kTile];
     alignas(32) float vbuf[kMaxDim];
     float m = kNegInf, s = 0.0f;
     std::fill(o, o + dim, 0.0f);
-    for (int32_t t0 = 0; t0 < n_cells && t0 <= pos; t0 += kTile) {
+    for (int32_t t0 = lo / kTile * kTile; t0 < n_cells && t0 <= pos; t0 += kTile) {
         const int visible = std::min<int32_t>(kTile, pos - t0 + 1);
+        const int first = std::max<int32_t>(0, lo - t0);
         for (int j = 0; j < kTile; ++j) {
-            if (j >= visible) {
+            if (j >= visible || j < first) {
                 kq[j] = kNegInf;
                 continue;
             }
@@ -163,12 +170,13 @@ void tiled_row(const Rows& r, int g, const float* q, int32_t pos, int32_t n_cell
         }
         m = m_new;
         s = static_cast<float>(static_cast<double>(s) + softmax_tile(kq, m_new));
-        for (int j = 0; j < visible; ++j) {
+        for (int j = first; j < visible; ++j) {
             const uint16_t* v = r.v(t0 + j, g);
             for (int d = 0; d < dim; d += 8) _mm256_storeu_ps(vbuf + d, load_h8(v + d));
             const __m256 p = _mm256_set1_ps(kq[j]);
             for (int d = 0; d < dim; d += 8) {
-                _mm256_storeu_ps(o + d, _mm256_fmadd_ps(p, _mm256_loadu_ps(vbuf + d), _mm256_loadu_ps(o + d)));
+                _mm256_storeu_ps(
+                    o + d, _mm256_fmadd_ps(p, _mm256_loadu_ps(vbuf + d), _mm256_loadu_ps(o + d)));
             }
         }
     }
@@ -177,7 +185,8 @@ void tiled_row(const Rows& r, int g, const float* q, int32_t pos, int32_t n_cell
 
 // The one-token path over many cells: ggml splits the cells in n_split equal chunks (one per
 // thread), runs one_chunk on each, and merges the partial states in chunk order.
-void split_row(const Rows& r, int g, const uint16_t* q16, int32_t pos, int32_t n_cells, int n_split, float* o) {
+void split_row(const Rows& r, int g, const uint16_t* q16, int32_t lo, int32_t pos, int32_t n_cells,
+               int n_split, float* o) {
     const int dim = r.s.head_dim;
     const int32_t chunk = (n_cells + n_split - 1) / n_split;
     alignas(32) float part[kMaxDim];
@@ -185,8 +194,9 @@ void split_row(const Rows& r, int g, const uint16_t* q16, int32_t pos, int32_t n
     std::fill(o, o + dim, 0.0f);
     for (int i = 0; i < n_split; ++i) {
         const int32_t c0 = i * chunk;
-        if (c0 >= n_cells) continue;
-        const RowState st = one_chunk(r, g, q16, c0, std::min({c0 + chunk, n_cells, pos + 1}), part);
+        if (c0 >= n_cells || c0 + chunk <= lo) continue;
+        const RowState st =
+            one_chunk(r, g, q16, std::max(c0, lo), std::min({c0 + chunk, n_cells, pos + 1}), part);
         if (st.s == 0.0f) continue;
         const float m_new = std::fmax(m, st.m);
         const float scale_old = std::exp(m - m_new);
@@ -200,10 +210,15 @@ void split_row(const Rows& r, int g, const uint16_t* q16, int32_t pos, int32_t n
 
 }  // namespace
 
-void attention_ggml(const AttentionShape& s, const KvView& kv, const float* q, int64_t ldq, int32_t n_q,
-                    int32_t p0, float* out, int64_t ldo, int n_split, ThreadPool& pool) {
-    DS_CHECK(kv.head_slots == nullptr && kv.dtype == DType::kF16 && p0 + n_q <= kv.n,
+void attention_ggml(const AttentionShape& s, const KvView& kv, const float* q, int64_t ldq,
+                    int32_t n_q, int32_t p0, float* out, int64_t ldo, int n_split,
+                    ThreadPool& pool) {
+    DS_CHECK(kv.head_slots == nullptr && kv.dtype == DType::kF16 &&
+                 (kv.window > 0 ? n_q <= kv.n : p0 + n_q <= kv.n),
              "llama.cpp-compatible attention needs an fp16 cache of every position");
+    // Cells are the view's entries: position p0 at cell p0 of a cache of every position, and a
+    // window cache's entries starting where it holds them.
+    if (kv.window > 0) p0 = kv.n - n_q;
     const int group = s.n_heads / s.n_kv_heads;
     const int dim = s.head_dim;
     const int32_t n_cells = std::max(kPad, (p0 + n_q + kPad - 1) / kPad * kPad);
@@ -218,18 +233,19 @@ void attention_ggml(const AttentionShape& s, const KvView& kv, const float* q, i
             const int h = static_cast<int>(it % s.n_heads);
             const int g = h / group;
             const int32_t pos = p0 + i;
+            const int32_t lo = kv.window > 0 ? std::max(0, pos - kv.window + 1) : 0;
             const float* qh = q + i * ldq + static_cast<int64_t>(h) * dim;
             float* o = out + i * ldo + static_cast<int64_t>(h) * dim;
             if (tiled) {
-                tiled_row(rows, g, qh, pos, n_cells, o);
+                tiled_row(rows, g, qh, lo, pos, n_cells, o);
                 continue;
             }
             for (int d = 0; d < dim; ++d) q16[d] = f2h(qh[d]);
             if (split) {
-                split_row(rows, g, q16, pos, n_cells, n_split, o);
+                split_row(rows, g, q16, lo, pos, n_cells, n_split, o);
                 continue;
             }
-            const RowState st = one_chunk(rows, g, q16, 0, pos + 1, o);
+            const RowState st = one_chunk(rows, g, q16, lo, pos + 1, o);
             scale_f32(o, st.s == 0.0f ? 0.0f : 1.0f / st.s, dim);
         }
     });

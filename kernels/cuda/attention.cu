@@ -54,7 +54,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionLaunch a) 
     const int g = at.h / (a.n_heads / a.n_kv_heads);
     const int32_t t_list = a.q_table[at.i] + g;
     const int32_t visible = a.list_n[t_list] - a.q_back[at.i];
-    const int32_t k0 = static_cast<int32_t>(blockIdx.y) * a.split_keys;
+    const int32_t lo = a.window > 0 ? max(0, visible - a.window) : 0;
+    const int32_t k0 = lo + static_cast<int32_t>(blockIdx.y) * a.split_keys;
     const int32_t k1 = min(visible, k0 + a.split_keys);
     const int32_t* slots = a.slots + a.list_start[t_list];
     const size_t head_off = static_cast<size_t>(g) * a.head_stride;

@@ -33,6 +33,9 @@ struct AttentionLaunch {
     float* out = nullptr;
     int64_t ldo = 0;
     int32_t n_q = 0;  // every sequence's; n_q * n_heads <= INT32_MAX
+    // > 0: a sliding-window layer's (KvView::window): query i reads only the last `window`
+    // of its entries [0, list_n[t] - q_back[i]).
+    int32_t window = 0;
     int n_heads = 0;
     int n_kv_heads = 0;
     int head_dim = 0;  // a multiple of 8, <= 256

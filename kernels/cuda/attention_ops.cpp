@@ -17,7 +17,7 @@ namespace {
 
 bool same_pool(const KvView& a, const KvView& b) {
     return a.k == b.k && a.v == b.v && a.dtype == b.dtype && a.row_stride == b.row_stride &&
-           a.head_stride == b.head_stride;
+           a.head_stride == b.head_stride && a.window == b.window;
 }
 
 // Jobs over one pool (same_pool), checked, as one launch; lse and not causal: one job.
@@ -96,6 +96,7 @@ Status attention_one_launch(const AttentionShape& s, std::span<const AttentionJo
     a.out = out;
     a.ldo = ldo;
     a.n_q = static_cast<int32_t>(n_q);
+    a.window = causal ? kv.window : 0;
     a.n_heads = s.n_heads;
     a.n_kv_heads = s.n_kv_heads;
     a.head_dim = s.head_dim;

@@ -2,6 +2,7 @@
 // forward pass produces: prefill chunks, decode steps, long contexts split over threads.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -234,6 +235,76 @@ TEST(AttentionColumnSums, MatchDirectSoftmax) {
             }
         }
     }
+}
+
+// A sliding window (Gemma 3's local layers): each query sees the `window` entries ending at
+// its own. The truth, made without the window: each query alone over a view of just those
+// entries. The kernel, the reference and llama.cpp's rounding give it, on every path
+// (a chunk past the window, a chunk inside it, decode split over keys, per-head lists) and
+// on views that hold more than the window (a cache that keeps every token) or just it.
+TEST(AttentionWindow, EachQuerySeesTheWindowEndingAtItself) {
+    struct WindowCase {
+        Case c;
+        int32_t window;
+    };
+    for (const WindowCase& wc :
+         {WindowCase{{9, 3, 64, 600, 70, DType::kF16}, 512},  // tiled, past the window
+          WindowCase{{9, 3, 64, 100, 37, DType::kF16}, 64},   // rows whose windows differ
+          WindowCase{{9, 3, 64, 2000, 1, DType::kF16}, 512},  // decode over a long view
+          WindowCase{{9, 3, 64, 511, 1, DType::kF16}, 512},   // the view is the window
+          WindowCase{{4, 1, 128, 40, 5, DType::kF32}, 7},     // few rows, windows of 7
+          WindowCase{{8, 4, 8, 3, 4, DType::kF32}, 100}}) {   // a window longer than the view
+        const Case& c = wc.c;
+        const Inputs in = make_inputs(c);
+        KvView windowed = in.view;
+        windowed.window = wc.window;
+        std::vector<float> want(in.q.size()), got(in.q.size(), -1.0f), ref(in.q.size(), -2.0f);
+        ThreadPool pool(2);
+        for (int32_t i = 0; i < c.n_q; ++i) {
+            const int32_t end = c.n_past + i + 1;
+            const int32_t begin = std::max(0, end - wc.window);
+            KvView alone = in.view;
+            alone.slots = in.slots.data() + begin;
+            alone.n = end - begin;
+            attention(in.shape, alone, in.q.data() + i * in.q_dim, in.q_dim, 1,
+                      want.data() + i * in.q_dim, in.q_dim, pool);
+        }
+        attention(in.shape, windowed, in.q.data(), in.q_dim, c.n_q, got.data(), in.q_dim, pool);
+        attention_reference(in.shape, windowed, in.q.data(), in.q_dim, c.n_q, ref.data(), in.q_dim);
+        EXPECT_LT(max_abs_diff(got, want), 2e-5) << c.n_past << " + " << c.n_q;
+        EXPECT_LT(max_abs_diff(ref, want), 2e-5) << c.n_past << " + " << c.n_q;
+        if (c.dtype == DType::kF16) {
+            std::vector<float> ggml(in.q.size(), -3.0f);
+            attention_ggml(in.shape, windowed, in.q.data(), in.q_dim, c.n_q, c.n_past, ggml.data(),
+                           in.q_dim, 2, pool);
+            EXPECT_LT(max_abs_diff(ggml, want), 2e-2) << c.n_past << " + " << c.n_q;
+        }
+        // Without the causal mask the window does not apply: every entry is seen.
+        std::vector<float> open(in.q.size()), open_windowed(in.q.size());
+        std::vector<float> lse(static_cast<size_t>(c.n_q) * c.n_heads), lse_w(lse.size());
+        attention(in.shape, in.view, in.q.data(), in.q_dim, c.n_q, open.data(), in.q_dim, pool,
+                  lse.data(), false);
+        attention(in.shape, windowed, in.q.data(), in.q_dim, c.n_q, open_windowed.data(), in.q_dim,
+                  pool, lse_w.data(), false);
+        EXPECT_EQ(open, open_windowed);
+    }
+    // Per-head lists take the window too: one KV head's list, the others' windows alike.
+    const Case c{4, 2, 64, 300, 3, DType::kF16};
+    const Inputs in = make_inputs(c);
+    const int32_t n = c.n_past + c.n_q;
+    const int32_t* lists[2] = {in.slots.data(), in.slots.data()};
+    const int32_t counts[2] = {n, n};
+    KvView per_head = in.view;
+    per_head.head_slots = lists;
+    per_head.head_n = counts;
+    per_head.window = 50;
+    KvView shared = in.view;
+    shared.window = 50;
+    std::vector<float> a(in.q.size()), b(in.q.size());
+    ThreadPool pool(2);
+    attention(in.shape, per_head, in.q.data(), in.q_dim, c.n_q, a.data(), in.q_dim, pool);
+    attention(in.shape, shared, in.q.data(), in.q_dim, c.n_q, b.data(), in.q_dim, pool);
+    EXPECT_LT(max_abs_diff(a, b), 1e-6);
 }
 
 // llama.cpp-compatible attention: still attention (close to the exact result, within the

@@ -17,6 +17,11 @@ namespace deltaserve::kernels {
 // KV head g of a row is at byte g * head_stride. With per-head lists, KV head g reads its
 // own entries head_slots[g][0, head_n[g]) (policies that keep different tokens per head;
 // their rows hold one head each and head_stride steps from one head's arena to the next).
+//
+// A sliding-window layer's view (Gemma 3's local layers) sets `window`: a causal query then
+// sees at most the `window` entries that end at its own (llama.cpp's LLAMA_SWA_TYPE_STANDARD:
+// key position p0 is visible to query position p1 when p1 - p0 < window), the entries being
+// consecutive positions. 0: no window.
 struct KvView {
     DType dtype = DType::kF16;  // kF16 or kF32
     const uint8_t* k = nullptr;
@@ -27,6 +32,7 @@ struct KvView {
     size_t head_stride = 0;
     const int32_t* const* head_slots = nullptr;
     const int32_t* head_n = nullptr;
+    int32_t window = 0;
 
     const int32_t* slots_of(int g) const { return head_slots != nullptr ? head_slots[g] : slots; }
     int32_t n_of(int g) const { return head_n != nullptr ? head_n[g] : n; }
@@ -47,7 +53,8 @@ struct AttentionShape {
 // merged at the end. With lse, also the log of each row's softmax denominator,
 // lse[i * n_heads + h] = log sum_j exp(scale * q[i, h] . k_j), so that attention over other
 // entries can be merged in (merge_attention).
-// Without `causal`, every query sees every entry of the view (none of them its own).
+// Without `causal`, every query sees every entry of the view (none of them its own), and the
+// window does not apply.
 void attention(const AttentionShape& shape, const KvView& kv, const float* q, int64_t ldq,
                int32_t n_q, float* out, int64_t ldo, ThreadPool& pool, float* lse = nullptr,
                bool causal = true);
@@ -65,12 +72,15 @@ void merge_attention(float* out, float* lse, const float* out_b, const float* ls
 // output accumulator rounded to fp16, the cells of a one-token batch over 512+ (padded)
 // cells split into n_split chunks (llama.cpp's thread count) merged in order. Slower than
 // attention(). Requires an fp16 cache holding every position: entry p is position p, and
-// the queries are at positions p0 .. p0 + n_q - 1.
+// the queries are at positions p0 .. p0 + n_q - 1. With a window, the masked entries are
+// skipped as ggml skips a -inf mask (a window cache's first entry is then position p0 -
+// (kv.n - n_q), not 0; only the distances matter).
 void attention_ggml(const AttentionShape& shape, const KvView& kv, const float* q, int64_t ldq,
-                    int32_t n_q, int32_t p0, float* out, int64_t ldo, int n_split, ThreadPool& pool);
+                    int32_t n_q, int32_t p0, float* out, int64_t ldo, int n_split,
+                    ThreadPool& pool);
 
 // The straightforward implementation (one query, one head at a time), for tests.
-void attention_reference(const AttentionShape& shape, const KvView& kv, const float* q,
-                         int64_t ldq, int32_t n_q, float* out, int64_t ldo);
+void attention_reference(const AttentionShape& shape, const KvView& kv, const float* q, int64_t ldq,
+                         int32_t n_q, float* out, int64_t ldo);
 
 }  // namespace deltaserve::kernels
