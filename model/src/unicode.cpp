@@ -108,6 +108,46 @@ std::string encode_utf8(std::span<const uint32_t> cps) {
     return out;
 }
 
+std::string to_valid_utf8(std::string_view bytes) {
+    if (find_invalid_utf8(bytes) < 0) return std::string(bytes);
+    const auto* s = reinterpret_cast<const unsigned char*>(bytes.data());
+    const size_t n = bytes.size();
+    std::string out;
+    out.reserve(n + 8);
+    for (size_t i = 0; i < n;) {
+        const unsigned char c = s[i];
+        // The sequence's length and its second byte's range (no overlongs, surrogates or
+        // values past U+10FFFF); 0: c starts no sequence.
+        size_t len = 0;
+        unsigned char lo = 0x80, hi = 0xBF;
+        if (c < 0x80) {
+            len = 1;
+        } else if (c >= 0xC2 && c <= 0xDF) {
+            len = 2;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            len = 3;
+            if (c == 0xE0) lo = 0xA0;
+            if (c == 0xED) hi = 0x9F;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            len = 4;
+            if (c == 0xF0) lo = 0x90;
+            if (c == 0xF4) hi = 0x8F;
+        }
+        size_t k = 1;  // bytes of the longest valid prefix of a sequence (the maximal subpart)
+        while (len > 0 && k < len && i + k < n && s[i + k] >= (k == 1 ? lo : 0x80) &&
+               s[i + k] <= (k == 1 ? hi : 0xBF)) {
+            ++k;
+        }
+        if (len > 0 && k == len) {
+            out.append(bytes.substr(i, len));
+        } else {
+            out += "\xEF\xBF\xBD";  // U+FFFD
+        }
+        i += k;
+    }
+    return out;
+}
+
 uint32_t byte_to_codepoint(uint8_t byte) { return byte_map().to_cp[byte]; }
 
 int codepoint_to_byte(uint32_t cp) {

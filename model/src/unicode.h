@@ -27,6 +27,23 @@ extern const CodepointRange kLetterRanges[];
 extern const size_t kLetterRangesCount;
 extern const CodepointRange kNumberRanges[];
 extern const size_t kNumberRangesCount;
+
+// NFC tables (unicode_nfc_data.cpp), sorted by code point.
+struct CombiningClassRange {
+    uint32_t first;
+    uint32_t last;
+    uint8_t ccc;  // canonical combining class, nonzero
+};
+struct Decomposition {
+    uint32_t cp;
+    uint32_t first;
+    uint32_t second;  // 0: a singleton
+    bool composes;    // a primary composite: first + second compose back to cp
+};
+extern const CombiningClassRange kCombiningClasses[];
+extern const size_t kCombiningClassesCount;
+extern const Decomposition kDecompositions[];
+extern const size_t kDecompositionsCount;
 }  // namespace detail
 
 // The Unicode version the tables were generated from, e.g. "15.1.0".
@@ -48,6 +65,10 @@ inline size_t utf8_sequence_length(unsigned char lead) {
     return kLengths[lead >> 4];
 }
 
+// Unicode Normalization Form C (canonical decomposition, canonical order, canonical
+// composition; the tables' Unicode version), as HF tokenizers' NFC normalizer.
+std::vector<uint32_t> nfc(std::span<const uint32_t> cps);
+
 // Decodes UTF-8 into code points. Errors: kInvalidArgument naming the byte offset of the
 // first invalid sequence (truncated, overlong, surrogate, past U+10FFFF).
 Result<std::vector<uint32_t>> decode_utf8(std::string_view text);
@@ -55,6 +76,10 @@ Result<std::vector<uint32_t>> decode_utf8(std::string_view text);
 // Appends the UTF-8 encoding of cp (cp must be a valid scalar value).
 void append_utf8(uint32_t cp, std::string* out);
 std::string encode_utf8(std::span<const uint32_t> cps);
+
+// bytes with every invalid sequence replaced by U+FFFD, one per maximal subpart (the longest
+// prefix of a valid sequence, else one byte), as Rust's String::from_utf8_lossy does.
+std::string to_valid_utf8(std::string_view bytes);
 
 // GPT-2 byte-level mapping: bytes 0x21-0x7E, 0xA1-0xAC, 0xAE-0xFF map to themselves, the
 // other 68 bytes in increasing order to U+0100, U+0101, ... (space -> U+0120 'Ġ').

@@ -47,6 +47,42 @@ TEST(Utf8Test, DecodeErrorNamesTheOffset) {
     EXPECT_NE(cps.error().message().find("offset 6"), std::string::npos) << cps.error().message();
 }
 
+// As Python's and Rust's lossy decoders (HF's decode): one U+FFFD per maximal subpart.
+TEST(Utf8Test, ToValidReplacesMaximalSubparts) {
+    const std::string r = "\xEF\xBF\xBD";
+    EXPECT_EQ(unicode::to_valid_utf8("caf\xC3\xA9"), "caf\xC3\xA9");
+    EXPECT_EQ(unicode::to_valid_utf8("a\xF1\x80\x80"
+                                     "b"),
+              "a" + r + "b");                                              // truncated 4-byte
+    EXPECT_EQ(unicode::to_valid_utf8("\xC0\x80"), r + r);                  // overlong
+    EXPECT_EQ(unicode::to_valid_utf8("\xED\xA0\x80"), r + r + r);          // surrogate
+    EXPECT_EQ(unicode::to_valid_utf8("\xE0\x80\xAF"), r + r + r);          // overlong '/'
+    EXPECT_EQ(unicode::to_valid_utf8("\xF4\x90\x80\x80"), r + r + r + r);  // past U+10FFFF
+    EXPECT_EQ(unicode::to_valid_utf8("x\xE2\x82"), "x" + r);               // truncated at the end
+    EXPECT_EQ(unicode::to_valid_utf8("\xF0\x9F\x98"), r);
+}
+
+std::vector<uint32_t> nfc(std::vector<uint32_t> cps) { return unicode::nfc(cps); }
+
+// Against Python's unicodedata2 15.1 normalize("NFC", ...).
+TEST(Utf8Test, Nfc) {
+    using Cps = std::vector<uint32_t>;
+    EXPECT_EQ(nfc({'e', 0x301}), (Cps{0xE9}));
+    EXPECT_EQ(nfc({0x212B}), (Cps{0xC5}));                    // singleton: Angstrom sign
+    EXPECT_EQ(nfc({0x1112, 0x1161, 0x11AB}), (Cps{0xD55C}));  // conjoining jamo
+    EXPECT_EQ(nfc({0xAC00, 0x11A8}), (Cps{0xAC01}));          // LV + T
+    EXPECT_EQ(nfc({0x1100, 0x1161, 0x11A8, 0x301}), (Cps{0xAC01, 0x301}));
+    EXPECT_EQ(nfc({'a', 0x323, 0x302}), (Cps{0x1EAD}));  // marks in either order
+    EXPECT_EQ(nfc({'a', 0x302, 0x323}), (Cps{0x1EAD}));
+    EXPECT_EQ(nfc({'A', 0x30A, 0x301}), (Cps{0x1FA}));              // composes twice
+    EXPECT_EQ(nfc({'q', 0x307, 0x323}), (Cps{'q', 0x323, 0x307}));  // reordered, no composite
+    EXPECT_EQ(nfc({0x958}), (Cps{0x915, 0x93C}));                   // composition exclusion
+    EXPECT_EQ(nfc({0x344}), (Cps{0x308, 0x301}));                   // non-starter decomposition
+    EXPECT_EQ(nfc({0xF73}), (Cps{0xF71, 0xF72}));
+    EXPECT_EQ(nfc({'a', 0x305, 0x301}), (Cps{'a', 0x305, 0x301}));  // blocked (same class)
+    EXPECT_EQ(nfc({'a', 'b', 0x7F}), (Cps{'a', 'b', 0x7F}));
+}
+
 TEST(Utf8Test, CharacterClasses) {
     EXPECT_TRUE(unicode::is_letter('a'));
     EXPECT_TRUE(unicode::is_letter(0xE9));    // é
