@@ -22,7 +22,6 @@ uint64_t pair_key(int32_t left, int32_t right) {
            static_cast<uint32_t>(right);
 }
 
-
 class BpeTokenizer final : public Tokenizer {
   public:
     static Result<std::unique_ptr<Tokenizer>> create(Vocab vocab) {
@@ -214,8 +213,17 @@ Result<std::vector<int32_t>> BpeTokenizer::encode(std::string_view text, bool ad
             out.push_back(f.token);
             continue;
         }
-        const std::string_view fragment = text.substr(f.offset, f.length);
-        DS_ASSIGN_OR_RETURN(const std::vector<uint32_t> cps, unicode::decode_utf8(fragment));
+        std::string_view fragment = text.substr(f.offset, f.length);
+        DS_ASSIGN_OR_RETURN(std::vector<uint32_t> cps, unicode::decode_utf8(fragment));
+        std::string normalized;  // HF normalizes what is left between the special tokens
+        if (vocab_.nfc) {
+            std::vector<uint32_t> composed = unicode::nfc(cps);
+            if (composed != cps) {
+                normalized = unicode::encode_utf8(composed);
+                fragment = normalized;
+                cps = std::move(composed);
+            }
+        }
         size_t byte = 0;
         for (size_t word_len : pre_tokenize(pre_, cps)) {
             const size_t begin = byte;

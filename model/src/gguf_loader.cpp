@@ -217,6 +217,7 @@ Result<std::unique_ptr<Tokenizer>> gguf_tokenizer(const GgufFile& g) {
     if (kind == "gpt2") {
         DS_ASSIGN_OR_RETURN(v.merges, g.get_string_array("tokenizer.ggml.merges"));
         if (auto pre = g.get_string("tokenizer.ggml.pre")) v.pre = *pre;
+        v.nfc = v.pre == "qwen2";  // Qwen2's tokenizer.json normalizes to NFC; llama.cpp does not
         v.add_bos = false;
         if (auto b = g.get_bool("tokenizer.ggml.add_bos_token")) v.add_bos = *b;
         return make_bpe_tokenizer(std::move(v));
@@ -225,6 +226,9 @@ Result<std::unique_ptr<Tokenizer>> gguf_tokenizer(const GgufFile& g) {
         v.add_bos = true;
         if (auto b = g.get_bool("tokenizer.ggml.add_bos_token")) v.add_bos = *b;
         if (auto b = g.get_bool("tokenizer.ggml.add_space_prefix")) v.add_space_prefix = *b;
+        if (auto arch = g.get_string("general.architecture")) {
+            v.merges_by_position = arch->rfind("gemma", 0) == 0;
+        }
         return make_spm_tokenizer(std::move(v));
     }
     return unimplemented(g.path() + ": tokenizer model '" + kind +

@@ -1,5 +1,7 @@
-// Hugging Face tokenizer.json (BPE model, ByteLevel pre-tokenizer) -> Vocab -> byte-level
-// BPE tokenizer. nlohmann::json exceptions stay inside this file.
+// Hugging Face tokenizer.json -> Vocab -> tokenizer: BPE models with a ByteLevel
+// pre-tokenizer (no normalizer, or NFC) as byte-level BPE; BPE with byte fallback and spaces
+// as U+2581 (Gemma's) as SentencePiece-style, by the file's merge ranks. nlohmann::json exceptions
+// stay inside this file.
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -10,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "deltaserve/model/tokenizer.h"
+#include "pre_tokenizer.h"
 
 namespace deltaserve::model {
 namespace {
@@ -107,7 +110,41 @@ Status set_token(Vocab* vocab, int64_t id, std::string text, TokenType type) {
     return {};
 }
 
-Result<Vocab> vocab_from_json(const json& doc) {
+// The SentencePiece-style BPE (Gemma's): spaces made U+2581 by a Replace normalizer, no
+// split (a Split on " " finds none after it), byte fallback, and the decoder undoing that.
+Status check_byte_fallback_shape(const json& doc) {
+    const json replace_space = {
+        {"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}};
+    const json split_space = {{"type", "Split"},
+                              {"pattern", {{"String", " "}}},
+                              {"behavior", "MergedWithPrevious"},
+                              {"invert", false}};
+    const json decoder = {
+        {"type", "Sequence"},
+        {"decoders",
+         {{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
+          {{"type", "ByteFallback"}},
+          {{"type", "Fuse"}}}}};
+    auto get = [&](const char* key) { return doc.contains(key) ? doc[key] : json(); };
+    if (get("normalizer") != replace_space) {
+        return unimplemented("byte-fallback BPE with normalizer " + get("normalizer").dump());
+    }
+    if (!get("pre_tokenizer").is_null() && get("pre_tokenizer") != split_space) {
+        return unimplemented("byte-fallback BPE with pre_tokenizer " +
+                             get("pre_tokenizer").dump().substr(0, 300));
+    }
+    if (get("decoder") != decoder) {
+        return unimplemented("byte-fallback BPE with decoder " + get("decoder").dump());
+    }
+    const json& model = doc["model"];
+    if (model.value("ignore_merges", false) || !model.value("dropout", json()).is_null()) {
+        return unimplemented("byte-fallback BPE with ignore_merges or dropout");
+    }
+    return {};
+}
+
+// *spm: the vocabulary is SentencePiece-style (byte fallback), else byte-level BPE.
+Result<Vocab> vocab_from_json(const json& doc, bool* spm) {
     if (!doc.is_object() || !doc.contains("model") || !doc["model"].is_object()) {
         return invalid_argument("no \"model\" object");
     }
@@ -151,8 +188,30 @@ Result<Vocab> vocab_from_json(const json& doc) {
         }
     }
     if (vocab.tokens.empty()) return invalid_argument("empty vocabulary");
+    *spm = model.value("byte_fallback", false);
+    if (*spm) {
+        DS_RETURN_IF_ERROR(check_byte_fallback_shape(doc));
+        for (size_t id = 0; id < vocab.tokens.size(); ++id) {
+            if (vocab.types[id] == TokenType::kNormal && parse_byte_token(vocab.tokens[id]) >= 0) {
+                vocab.types[id] = TokenType::kByte;
+            }
+        }
+        if (model.contains("unk_token") && model["unk_token"].is_string()) {
+            vocab.unk_id = find_id(vocab, model["unk_token"].get<std::string>());
+        }
+        vocab.pre = "default";
+        vocab.add_space_prefix = false;
+        return vocab;
+    }
     const json pre = doc.contains("pre_tokenizer") ? doc["pre_tokenizer"] : json();
     DS_ASSIGN_OR_RETURN(vocab.pre, detect_pre(pre));
+    // A normalizer changes the ids: none, or NFC (Qwen2's); others are refused.
+    const json normalizer = doc.contains("normalizer") ? doc["normalizer"] : json();
+    if (type_of(normalizer) == "NFC") {
+        vocab.nfc = true;
+    } else if (!normalizer.is_null()) {
+        return unimplemented("unsupported normalizer " + normalizer.dump().substr(0, 300));
+    }
     vocab.add_bos = vocab.pre == "llama3";  // llama.cpp's default for the pre type
     vocab.add_space_prefix = false;
     return vocab;
@@ -179,7 +238,8 @@ Status apply_config(const std::string& config_path, Vocab* vocab) {
 Result<std::unique_ptr<Tokenizer>> load(const std::string& tokenizer_json_path) {
     Result<json> doc = read_json(tokenizer_json_path);
     if (!doc.ok()) return doc.error();
-    Result<Vocab> vocab = vocab_from_json(*doc);
+    bool spm = false;
+    Result<Vocab> vocab = vocab_from_json(*doc, &spm);
     if (!vocab.ok()) return vocab.error().with_context(tokenizer_json_path);
     if (vocab->eos_id < 0) vocab->eos_id = find_id(*vocab, "<|endoftext|>");
     const std::filesystem::path config =
@@ -189,7 +249,8 @@ Result<std::unique_ptr<Tokenizer>> load(const std::string& tokenizer_json_path) 
         DS_RETURN_IF_ERROR(apply_config(config.string(), &*vocab));
     }
     if (vocab->add_bos && vocab->bos_id < 0) vocab->add_bos = false;
-    Result<std::unique_ptr<Tokenizer>> tok = make_bpe_tokenizer(std::move(*vocab));
+    Result<std::unique_ptr<Tokenizer>> tok =
+        spm ? make_spm_tokenizer(std::move(*vocab)) : make_bpe_tokenizer(std::move(*vocab));
     if (!tok.ok()) return tok.error().with_context(tokenizer_json_path);
     return tok;
 }

@@ -41,15 +41,25 @@ int32_t find_token(const TokenIndex& index, std::string_view text) {
     return it == index.end() ? -1 : it->second;
 }
 
+uint64_t pair_key(int32_t left, int32_t right) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
+           static_cast<uint32_t>(right);
+}
+
+// What a pair of symbols would merge into: a token (-1: none) and the merge's score.
+struct PairMerge {
+    int32_t result = -1;
+    float score = 0.0f;
+};
 
 // Greedy highest-score merging, shared by both tokenizers: while some adjacent pair of
-// symbols joins into a token, merge the pair whose token scores highest (ties: leftmost).
-// ids[i] is symbol i's token (-1: none). lookup(left, right) returns the token the pair
-// would become or -1; on_merge(left, right) lets the caller update its own per-symbol state.
-// Returns the surviving symbols' indices, in order.
+// symbols joins into a token, merge the pair that scores highest (ties: leftmost).
+// ids[i] is symbol i's token (-1: none). lookup(left, right) returns the PairMerge of the
+// pair; pairs scoring min_score or less never merge. on_merge(left, right) lets the caller
+// update its own per-symbol state. Returns the surviving symbols' indices, in order.
 template <typename LookupFn, typename MergeFn>
-std::vector<int32_t> merge_by_score(std::vector<int32_t>* ids, const std::vector<float>& scores,
-                                    float min_score, LookupFn lookup, MergeFn on_merge) {
+std::vector<int32_t> merge_by_score(std::vector<int32_t>* ids, float min_score, LookupFn lookup,
+                                    MergeFn on_merge) {
     struct Candidate {
         float score;
         int32_t left, right, left_id, right_id, result;
@@ -68,11 +78,9 @@ std::vector<int32_t> merge_by_score(std::vector<int32_t>* ids, const std::vector
     auto push = [&](int32_t left) {
         if (left < 0 || next[left] < 0) return;
         const int32_t right = next[left];
-        const int32_t result = lookup(left, right);
-        if (result < 0) return;
-        const float score = static_cast<size_t>(result) < scores.size() ? scores[result] : 0.0f;
-        if (!(score > min_score)) return;
-        heap.push_back({score, left, right, (*ids)[left], (*ids)[right], result});
+        const PairMerge m = lookup(left, right);
+        if (m.result < 0 || !(m.score > min_score)) return;
+        heap.push_back({m.score, left, right, (*ids)[left], (*ids)[right], m.result});
         std::push_heap(heap.begin(), heap.end());
     };
     for (int32_t i = 0; i + 1 < n; ++i) push(i);
@@ -100,10 +108,47 @@ std::vector<int32_t> merge_by_score(std::vector<int32_t>* ids, const std::vector
 // ---------------------------------------------------------------------------------------
 // GGUF "llama" vocabularies.
 
+// llama.cpp's Gemma conversion writes the tokens of 2-31 "▁" as spaces, user-defined; HF's
+// GGUF converter (transformers' gemma_tokenizer) spells them "▁" again, so they are merged
+// like other tokens rather than cut out of the text. A token made only of spaces is the run
+// of "▁" it stands for.
+void respell_space_runs(Vocab* vocab) {
+    for (size_t id = 0; id < vocab->tokens.size(); ++id) {
+        std::string& text = vocab->tokens[id];
+        if (text.empty() || text.find_first_not_of(' ') != std::string::npos) continue;
+        const size_t n = text.size();
+        text.clear();
+        for (size_t i = 0; i < n; ++i) text += kSpaceMarker;
+        if (!vocab->types.empty()) vocab->types[id] = TokenType::kNormal;
+    }
+}
+
+// Merge priority of each token: its score, or minus its id (merges_by_position).
+std::vector<float> merge_priorities(const Vocab& vocab) {
+    if (!vocab.merges_by_position) return vocab.scores;
+    std::vector<float> priority(vocab.tokens.size());
+    for (size_t id = 0; id < priority.size(); ++id) priority[id] = -static_cast<float>(id);
+    return priority;
+}
+
 class SpmTokenizer final : public Tokenizer {
   public:
     explicit SpmTokenizer(Vocab vocab)
-        : Tokenizer(std::move(vocab)), specials_(vocab_), index_(index_tokens(vocab_.tokens)) {
+        : Tokenizer(std::move(vocab)),
+          specials_(vocab_),
+          index_(index_tokens(vocab_.tokens)),
+          priorities_(merge_priorities(vocab_)) {
+        for (size_t rank = 0; rank < vocab_.merges.size(); ++rank) {
+            const std::string& merge = vocab_.merges[rank];
+            const size_t space = merge.find(' ', 1);
+            if (space == std::string::npos) continue;
+            const int32_t left = find_token(index_, std::string_view(merge).substr(0, space));
+            const int32_t right = find_token(index_, std::string_view(merge).substr(space + 1));
+            const int32_t result =
+                find_token(index_, merge.substr(0, space) + merge.substr(space + 1));
+            if (left < 0 || right < 0 || result < 0) continue;
+            ranked_.emplace(pair_key(left, right), RankedMerge{static_cast<int32_t>(rank), result});
+        }
         for (int b = 0; b < 256; ++b) {
             char hex[8];
             std::snprintf(hex, sizeof(hex), "<0x%02X>", b);
@@ -191,13 +236,24 @@ class SpmTokenizer final : public Tokenizer {
             ids.push_back(find_token(index_, std::string_view(text).substr(i, len)));
             i += len;
         }
-        auto lookup = [&](int32_t l, int32_t r) {
-            return find_token(index_,
-                              std::string_view(text).substr(begin[l], length[l] + length[r]));
+        auto lookup = [&](int32_t l, int32_t r) -> PairMerge {
+            if (!ranked_.empty()) {  // a tokenizer.json's merges: the lowest rank first
+                if (ids[l] < 0 || ids[r] < 0) return {};
+                auto it = ranked_.find(pair_key(ids[l], ids[r]));
+                if (it == ranked_.end()) return {};
+                return {it->second.result, -static_cast<float>(it->second.rank)};
+            }
+            // HF merges two tokens only; llama.cpp any two spans whose text is a token.
+            if (vocab_.merges_by_position && (ids[l] < 0 || ids[r] < 0)) return {};
+            const int32_t result =
+                find_token(index_, std::string_view(text).substr(begin[l], length[l] + length[r]));
+            if (result < 0) return {};
+            return {result,
+                    static_cast<size_t>(result) < priorities_.size() ? priorities_[result] : 0.0f};
         };
         auto on_merge = [&](int32_t l, int32_t r) { length[l] += length[r]; };
-        for (int32_t i : merge_by_score(
-                 &ids, vocab_.scores, -std::numeric_limits<float>::infinity(), lookup, on_merge)) {
+        for (int32_t i :
+             merge_by_score(&ids, -std::numeric_limits<float>::infinity(), lookup, on_merge)) {
             if (ids[i] >= 0) {
                 out->push_back(ids[i]);
                 continue;
@@ -209,8 +265,15 @@ class SpmTokenizer final : public Tokenizer {
         }
     }
 
+    struct RankedMerge {
+        int32_t rank;
+        int32_t result;
+    };
+
     SpecialTokenSplitter specials_;
     TokenIndex index_;
+    std::vector<float> priorities_;                     // per token: higher merges first
+    std::unordered_map<uint64_t, RankedMerge> ranked_;  // (left, right) -> merge; may be empty
     int32_t byte_ids_[256];
 };
 
@@ -247,13 +310,17 @@ class Llama2cTokenizer final : public Tokenizer {
             }
             i += len;
         }
-        auto lookup = [&](int32_t l, int32_t r) {
-            return find_token(index_, vocab_.tokens[ids[l]] + vocab_.tokens[ids[r]]);
+        auto lookup = [&](int32_t l, int32_t r) -> PairMerge {
+            const int32_t result =
+                find_token(index_, vocab_.tokens[ids[l]] + vocab_.tokens[ids[r]]);
+            if (result < 0) return {};
+            return {result, static_cast<size_t>(result) < vocab_.scores.size()
+                                ? vocab_.scores[result]
+                                : 0.0f};
         };
         // run.c only merges pairs scoring above -1e10.
         std::vector<int32_t> out;
-        for (int32_t i :
-             merge_by_score(&ids, vocab_.scores, -1e10f, lookup, [](int32_t, int32_t) {})) {
+        for (int32_t i : merge_by_score(&ids, -1e10f, lookup, [](int32_t, int32_t) {})) {
             out.push_back(ids[i]);
         }
         return out;
@@ -306,6 +373,7 @@ Result<std::unique_ptr<Tokenizer>> make_spm_tokenizer(Vocab vocab) {
         }
     }
     fill_default_eog_ids(&vocab);
+    respell_space_runs(&vocab);
     return std::unique_ptr<Tokenizer>(new SpmTokenizer(std::move(vocab)));
 }
 

@@ -2,16 +2,37 @@
 
 #include <algorithm>
 
+#include "pre_tokenizer.h"
+#include "unicode.h"
+
 namespace deltaserve::model {
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool render_special) const {
     std::string out;
+    std::string bytes;  // a run of byte tokens (<0xXX>)
+    // HF's ByteFallback decoder: a run that is not valid UTF-8 as a whole is one U+FFFD per
+    // byte. Tokens rendered as nothing (skipped control tokens) do not end a run.
+    auto end_run = [&] {
+        if (find_invalid_utf8(bytes) < 0) {
+            out += bytes;
+        } else {
+            for (size_t i = 0; i < bytes.size(); ++i) out += "\xEF\xBF\xBD";
+        }
+        bytes.clear();
+    };
     int32_t prev = -1;
     for (int32_t id : ids) {
-        out += token_to_piece(id, prev, render_special);
+        const std::string piece = token_to_piece(id, prev, render_special);
+        if (token_type(vocab_, id) == TokenType::kByte) {
+            bytes += piece;
+        } else if (!piece.empty()) {
+            end_run();
+            out += piece;
+        }
         prev = id;
     }
-    return out;
+    end_run();
+    return unicode::to_valid_utf8(out);  // byte-level pieces may leave partial sequences
 }
 
 bool Tokenizer::is_eog(int32_t id) const {

@@ -1,7 +1,9 @@
 // Hugging Face tokenizer.json: fixtures written to a temp folder, a tiny handmade one and
 // one built from SmolLM2's GGUF vocabulary (which must tokenize exactly like the GGUF).
 #include <gtest/gtest.h>
+
 #include <unistd.h>
+#include <cstdio>
 
 #include <filesystem>
 #include <fstream>
@@ -87,6 +89,59 @@ TEST_F(HfTokenizerTest, TinyTokenizer) {
     EXPECT_EQ((*tok)->decode(*ids), "ab<tool>b");
 }
 
+// Gemma's shape: spaces as U+2581, byte fallback, merges by rank (ids as HF tokenizers 0.23
+// gives them for this file).
+TEST_F(HfTokenizerTest, ByteFallbackBpe) {
+    json vocab = {{"<unk>", 0}};
+    char hex[8];
+    for (int b = 0; b < 256; ++b) {
+        std::snprintf(hex, sizeof(hex), "<0x%02X>", b);
+        vocab[hex] = b + 1;
+    }
+    const std::string sp = "\xE2\x96\x81";
+    vocab.update({{sp, 257},
+                  {"a", 258},
+                  {"b", 259},
+                  {"ab", 260},
+                  {sp + "a", 261},
+                  {"ba", 262},
+                  {"\n", 263}});
+    json doc = {
+        {"model",
+         {{"type", "BPE"},
+          {"unk_token", "<unk>"},
+          {"byte_fallback", true},
+          {"fuse_unk", true},
+          {"vocab", vocab},
+          // "ba" before "ab" before "▁a": not the ids' order
+          {"merges", json::array({{"b", "a"}, {"a", "b"}, {sp, "a"}})}}},
+        {"added_tokens",
+         {{{"id", 0}, {"content", "<unk>"}, {"special", true}},
+          {{"id", 263}, {"content", "\n"}, {"special", false}}}},
+        {"normalizer", {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", sp}}},
+        {"pre_tokenizer", nullptr},
+        {"decoder",
+         {{"type", "Sequence"},
+          {"decoders",
+           {{{"type", "Replace"}, {"pattern", {{"String", sp}}}, {"content", " "}},
+            {{"type", "ByteFallback"}},
+            {{"type", "Fuse"}}}}}}};
+    auto tok = load(doc);
+    ASSERT_TRUE(tok.ok()) << tok.error().to_string();
+    EXPECT_EQ((*tok)->vocab().types[1 + 'x'], TokenType::kByte);
+    for (const auto& [text, ids] :
+         std::vector<std::pair<std::string, Ids>>{{"aba b\n", {258, 262, 257, 259, 263}},
+                                                  {" ab \xC3\xA9", {257, 260, 257, 196, 170}},
+                                                  {"<unk>x", {0, 121}}}) {
+        auto got = (*tok)->encode(text, false, true);
+        ASSERT_TRUE(got.ok());
+        EXPECT_EQ(*got, ids) << text;
+        EXPECT_EQ((*tok)->decode(ids, true), text);
+    }
+    doc["decoder"] = nullptr;  // a decoder of another shape would decode otherwise
+    EXPECT_EQ(load(doc).error().code(), StatusCode::kUnimplemented);
+}
+
 TEST_F(HfTokenizerTest, ReadsTokenizerConfig) {
     json doc = tiny_tokenizer();
     doc["added_tokens"].push_back({{"id", 259}, {"content", "<s>"}, {"special", true}});
@@ -148,6 +203,9 @@ TEST_F(HfTokenizerTest, Errors) {
     doc = tiny_tokenizer();
     doc["pre_tokenizer"]["use_regex"] = "yes";  // a value of the wrong type
     EXPECT_EQ(code(doc.dump()), StatusCode::kInvalidArgument);
+    doc = tiny_tokenizer();
+    doc["normalizer"] = {{"type", "NFKC"}};  // would change the ids: refused, not ignored
+    EXPECT_EQ(code(doc.dump()), StatusCode::kUnimplemented);
     doc = tiny_tokenizer();
     doc["added_tokens"].push_back({{"id", "x"}});
     EXPECT_EQ(code(doc.dump()), StatusCode::kInvalidArgument);

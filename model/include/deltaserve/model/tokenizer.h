@@ -31,19 +31,29 @@ struct Vocab {
     std::vector<std::string> tokens;  // BPE: byte-mapped text ("Ġhello"); SPM: "▁hello"
     std::vector<float> scores;        // SPM merge scores; may be empty for BPE
     std::vector<TokenType> types;     // empty means all kNormal
-    std::vector<std::string> merges;  // BPE only: "left right", rank = index
-    std::string pre = "gpt2";         // BPE pre-tokenizer: gpt2, smollm, llama3, qwen2, ...
+    // "left right", rank = index. BPE; SPM from a tokenizer.json (HF's BPE with byte
+    // fallback): merges of two tokens, lowest rank first, replace the scores.
+    std::vector<std::string> merges;
+    std::string pre = "gpt2";  // BPE pre-tokenizer: gpt2, smollm, llama3, qwen2, ...
     int32_t bos_id = -1;
     int32_t eos_id = -1;
     int32_t unk_id = -1;
     int32_t pad_id = -1;
     bool add_bos = false;
     bool add_space_prefix = true;  // SPM only
+    // SPM only: merges ranked by token id (lower first) instead of score, and only of two
+    // tokens, as Hugging Face's Gemma tokenizers rank them (their scores do not follow the
+    // merge order). Default: false (llama.cpp's score order); the GGUF loader sets it for
+    // the gemma architectures.
+    bool merges_by_position = false;
+    // BPE only: the text is NFC-normalized before it is split (Qwen2's tokenizer.json).
+    // Default: false; set for the qwen2 pre-tokenizer and a tokenizer.json's NFC normalizer.
+    bool nfc = false;
     std::vector<int32_t> eog_ids;  // end-of-generation ids (eos plus e.g. <|im_end|>)
 };
 
 class Tokenizer {
-public:
+  public:
     virtual ~Tokenizer() = default;
 
     // Text -> ids. add_bos: prepend BOS when the vocabulary has one. parse_special: cut
@@ -59,7 +69,9 @@ public:
     virtual std::string token_to_piece(int32_t id, int32_t prev_id = -1,
                                        bool render_special = false) const = 0;
 
-    // Concatenated pieces of ids.
+    // The text of ids, as Hugging Face tokenizers decode it: the pieces concatenated, then
+    // made valid UTF-8 (each invalid sequence one U+FFFD; a run of byte-fallback tokens that
+    // is not valid UTF-8 as a whole one U+FFFD per byte). Streaming wants token_to_piece.
     std::string decode(std::span<const int32_t> ids, bool render_special = false) const;
 
     const Vocab& vocab() const { return vocab_; }
@@ -68,7 +80,7 @@ public:
     int32_t eos_id() const { return vocab_.eos_id; }
     bool is_eog(int32_t id) const;
 
-protected:
+  protected:
     explicit Tokenizer(Vocab vocab) : vocab_(std::move(vocab)) {}
     Vocab vocab_;
 };
