@@ -8,8 +8,9 @@ The oracle for tests/model/hf_parity_tokenizer_test.cpp. Each vocabulary's GGUF 
 read with the `gguf` package and turned into a `tokenizers.Tokenizer` by transformers' GGUF
 converter (`convert_gguf_tokenizer`, the code behind `from_pretrained(..., gguf_file=...)`),
 then set to the shape of the model's published tokenizer.json where the converter's differs
-(`OFFICIAL_SHAPE` says what and why). That tokenizer is saved beside the vocabulary as
-<name>.tokenizer.json (models/ is not committed; the C++ test loads it when present).
+(`OFFICIAL_SHAPE` says what and why). That tokenizer is saved beside the GGUF as
+<GGUF name less .gguf>.tokenizer.json (models/ is not committed; the C++ test loads it when
+present).
 
 cases.json: the texts, in order: every non-empty line of corpus.txt (split at "\\n" only, so
 CRLF lines keep their "\\r"; the "§§ title" lines excepted), then every section of it whole,
@@ -21,6 +22,9 @@ then the synthetic texts of `extra_cases` (NUL, long runs, seeded random code po
                deltaserve's parse_special=false); left out when equal to ids
   decode       decode(ids, skip_special_tokens=False); left out when equal to the text
   decode_skip  decode(ids, skip_special_tokens=True); left out when equal to decode
+and "decodes": both decodes of seeded id sequences no text encodes to (broken UTF-8 from
+single-byte and byte-fallback tokens, special tokens, any ids). Tokens that are not special
+but added (llama.cpp's user-defined ones) are matched in the text in both modes.
 """
 import argparse
 import hashlib
@@ -187,6 +191,33 @@ def golden(tok, cases):
     return entries
 
 
+def id_sequences(tok, name, n_tokens, count=60):
+    """Seeded id sequences that no text encodes to: single-byte tokens (lead and continuation
+    bytes, so broken UTF-8), byte-fallback tokens, special tokens and any others, mixed."""
+    vocab = tok.get_vocab(with_added_tokens=True)
+    byte_level = json.loads(tok.to_str())["decoder"]["type"] == "ByteLevel"
+    if byte_level:
+        alphabet = {c for c in vocab if len(c) == 1}
+        singles = sorted(vocab[c] for c in alphabet)
+    else:
+        singles = sorted(i for t, i in vocab.items() if len(t) == 6 and t.startswith("<0x"))
+    specials = sorted(i for i, t in tok.get_added_tokens_decoder().items() if t.special)
+    rng = random.Random("decode-" + name)
+    out = []
+    for _ in range(count):
+        ids = []
+        for _ in range(rng.randint(1, 12)):
+            pool = rng.choice([singles, singles, specials or singles, None])
+            ids.append(rng.choice(pool) if pool else rng.randrange(n_tokens))
+        out.append(ids)
+    return out
+
+
+def decodes(tok, sequences):
+    return [{"ids": ids, "decode": tok.decode(ids, skip_special_tokens=False),
+             "decode_skip": tok.decode(ids, skip_special_tokens=True)} for ids in sequences]
+
+
 def sha256(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -227,6 +258,7 @@ def main():
             "tokenizers_version": tokenizers.__version__,
             "transformers_version": transformers.__version__,
             "cases": golden(tok, cases),
+            "decodes": decodes(tok, id_sequences(tok, name, tok.get_vocab_size())),
         })
         print(f"{name}: {len(cases)} texts", file=sys.stderr)
 

@@ -4,7 +4,8 @@
 // vocabulary is loaded through the GGUF loader and, where the golden script saved it beside
 // the GGUF, through the tokenizer.json loader too; every text must encode to HF's ids exactly
 // (special tokens in the text matched, and not), decode to HF's bytes (special tokens
-// rendered, and skipped), and round-trip where HF's does.
+// rendered, and skipped), and round-trip where HF's does; and seeded id sequences that no
+// text encodes to must decode to HF's bytes.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -102,6 +103,28 @@ Tally check_all(const Tokenizer& tok, const json& cases, const json& golden,
     return t;
 }
 
+// HF's decodes of id sequences no text encodes to (broken UTF-8, special tokens, any ids).
+void check_decodes(const Tokenizer& tok, const json& golden, const std::string& label) {
+    int same = 0, total = 0;
+    for (const json& e : golden["decodes"]) {
+        const Ids ids = e["ids"].get<Ids>();
+        const std::string decoded = tok.decode(ids, /*render_special=*/true);
+        const std::string skipped = tok.decode(ids, /*render_special=*/false);
+        const bool ok = decoded == e["decode"].get<std::string>() &&
+                        skipped == e["decode_skip"].get<std::string>();
+        EXPECT_TRUE(ok) << label << " decode of " << ids_text(ids) << "\n  got  "
+                        << json(decoded).dump(-1, ' ', false, json::error_handler_t::replace)
+                        << " / "
+                        << json(skipped).dump(-1, ' ', false, json::error_handler_t::replace)
+                        << "\n  want " << e["decode"].dump() << " / " << e["decode_skip"].dump();
+        same += ok ? 1 : 0;
+        ++total;
+    }
+    EXPECT_GT(total, 0);
+    std::printf("[ parity ] %s: %d of %d id sequences decode identically\n", label.c_str(), same,
+                total);
+}
+
 void expect_all(const Tally& t) {
     EXPECT_EQ(t.encode, t.texts);
     EXPECT_EQ(t.plain, t.texts);
@@ -131,6 +154,7 @@ TEST_P(HfParityTest, GgufVocabularyMatchesHf) {
     auto tok = load_gguf_tokenizer(vocab_path_);
     ASSERT_TRUE(tok.ok()) << tok.error().to_string();
     expect_all(check_all(**tok, cases_, golden_, std::string(GetParam()) + " (GGUF)"));
+    check_decodes(**tok, golden_, std::string(GetParam()) + " (GGUF)");
 }
 
 // The tokenizer.json transformers' converter made (saved by the golden script, not by setup).
@@ -141,6 +165,7 @@ TEST_P(HfParityTest, TokenizerJsonMatchesHf) {
     auto tok = load_hf_tokenizer(json_path);
     ASSERT_TRUE(tok.ok()) << tok.error().to_string();
     expect_all(check_all(**tok, cases_, golden_, std::string(GetParam()) + " (tokenizer.json)"));
+    check_decodes(**tok, golden_, std::string(GetParam()) + " (tokenizer.json)");
 }
 
 INSTANTIATE_TEST_SUITE_P(Vocabularies, HfParityTest,
