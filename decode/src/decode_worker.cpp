@@ -20,6 +20,7 @@
 #include "deltaserve/decode/kv_stream_io.h"
 #include "deltaserve/kvstore/kv_policy.h"
 #include "deltaserve/model/deltakv_profile.h"
+#include "deltaserve/model/kv_groups.h"
 #include "deltaserve/model/trimkv_profile.h"
 #include "deltaserve/transport/kv_stream.h"
 #include "deltaserve/transport/wire_format.h"
@@ -110,8 +111,11 @@ class DecodeWorkerImpl final : public DecodeWorker {
         if (prefix_exact && pool && options_.prefix_cache_bytes > 0) {
             const std::string fingerprint[] = {ids_.model_id, ids_.profile_id,
                                                std::to_string(static_cast<int>(ids_.codec))};
-            prefix_ = std::make_unique<PrefixCache>(prefix_cache_root(fingerprint),
-                                                    options_.prefix_cache_bytes, pool);
+            // (The layer groups were made once already, for the pool.)
+            auto groups = model::kv_layer_groups(model_.config);
+            prefix_ = std::make_unique<PrefixCache>(
+                prefix_cache_root(fingerprint), options_.prefix_cache_bytes, pool,
+                groups.ok() ? std::move(*groups) : kvstore::KvLayerGroups{});
             // Blocks only the prefix cache holds are the first to go when the pool runs short.
             pool->set_reclaimer([this](int32_t missing) { prefix_->reclaim(missing); });
         }
@@ -498,7 +502,15 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
         }
     }
     // Evaluate at least one token to get logits.
-    const int32_t keep = static_cast<int32_t>(std::min(reuse, t->spec.tokens.size() - 1));
+    int32_t keep = static_cast<int32_t>(std::min(reuse, t->spec.tokens.size() - 1));
+    // KV whose sliding-window layers no longer hold the window that ends at keep cannot
+    // start there (a turn that rewinds a Gemma session): the prompt is computed again.
+    const model::InferenceContext* start = from_cache.get();
+    if (!t->spec.session_id.empty()) {
+        auto it = sessions_.find(t->spec.session_id);
+        if (it != sessions_.end() && it->second.ctx) start = it->second.ctx.get();
+    }
+    if (start != nullptr && keep > 0) keep = start->kept_by_truncate(keep);
     const bool remote = shippable_ && n - keep > options_.local_prefill_max;
     DS_RETURN_IF_ERROR(book_locked(*t, remote ? 0 : n - keep));
     std::unique_ptr<model::InferenceContext> held;
@@ -1230,8 +1242,10 @@ Result<std::unique_ptr<DecodeWorker>> DecodeWorker::create(const model::Model& m
     const bool prefix_exact = policy.shareable;
     if (policy.paged && !c.kv_blocks) {  // one pool of blocks for every session's KV
         const model::ModelConfig& mc = model.config;
+        // A block holds one layer group's rows (all layers, but for sliding-window models).
+        DS_ASSIGN_OR_RETURN(const kvstore::KvLayerGroups groups, model::kv_layer_groups(mc));
         kvstore::BlockPoolOptions po{
-            mc.n_layers, mc.kv_dim(), mc.n_kv_heads,
+            groups.group_layers, mc.kv_dim(), mc.n_kv_heads,
             c.kv_type == model::KvType::kF16 ? kernels::DType::kF16 : kernels::DType::kF32, 0};
         po.n_blocks = kvstore::BlockPool::blocks_in(po, options.kv_memory);
         po.backend = device;

@@ -13,8 +13,41 @@ uint64_t prefix_cache_root(std::span<const std::string> fingerprint) {
 
 uint64_t PrefixCache::root_of(const std::string& scope) const { return hash_string(root_, scope); }
 
+PrefixCache::PrefixCache(uint64_t root, size_t max_bytes, std::shared_ptr<kvstore::BlockPool> pool,
+                         kvstore::KvLayerGroups groups)
+    : root_(root),
+      max_bytes_(max_bytes),
+      pool_(std::move(pool)),
+      groups_(groups.group_layers > 0 ? std::move(groups)
+                                      : kvstore::KvLayerGroups::whole(pool_->options().n_layers)) {}
+
+namespace {
+void release_ids(kvstore::BlockPool& pool, const std::vector<int32_t>& ids) {
+    for (int32_t id : ids) {
+        if (id >= 0) pool.release(std::span<const int32_t>(&id, 1));
+    }
+}
+}  // namespace
+
 PrefixCache::~PrefixCache() {
-    for (const auto& [hash, b] : blocks_) pool_->release(std::span<const int32_t>(&b.block, 1));
+    for (const auto& [hash, b] : blocks_) release_ids(*pool_, b.ids);
+}
+
+size_t PrefixCache::usable(const std::vector<const Block*>& chain) const {
+    if (!groups_.has_window()) return chain.size();
+    for (size_t c = chain.size(); c > 0; --c) {
+        const int64_t end = static_cast<int64_t>(c) * kBlockTokens;
+        const size_t need =
+            static_cast<size_t>(std::max<int64_t>(0, end - groups_.window + 1) / kBlockTokens);
+        bool whole = true;
+        for (size_t b = need; b < c && whole; ++b) {
+            for (int32_t g = 0; g < groups_.n_groups(); ++g) {
+                if (chain[b]->ids[static_cast<size_t>(g)] < 0) whole = false;
+            }
+        }
+        if (whole) return c;
+    }
+    return 0;
 }
 
 std::vector<const PrefixCache::Block*> PrefixCache::chain_locked(uint64_t root,
@@ -52,7 +85,7 @@ int32_t PrefixCache::held(std::span<const int32_t> tokens, const std::string& sc
     std::lock_guard<std::mutex> lock(mu_);
     // As load() matches: leaving the last token.
     return static_cast<int32_t>(
-               chain_locked(root, tokens.first(tokens.size() - 1), tokens.size()).size()) *
+               usable(chain_locked(root, tokens.first(tokens.size() - 1), tokens.size()))) *
            kBlockTokens;
 }
 
@@ -63,12 +96,13 @@ Result<int32_t> PrefixCache::load(std::span<const int32_t> tokens, const std::st
         return failed_precondition("the context's KV is not in the prefix cache's block pool");
     const uint64_t root = root_of(scope);
     std::lock_guard<std::mutex> lock(mu_);
-    const auto chain = chain_locked(root, tokens.first(tokens.size() - 1), tokens.size());
+    auto chain = chain_locked(root, tokens.first(tokens.size() - 1), tokens.size());
+    chain.resize(usable(chain));
     if (chain.empty()) return 0;
     touch_locked(chain);
     // Adopted under the lock: the cache's references keep the blocks until ctx holds its own.
     std::vector<int32_t> ids;
-    for (const Block* b : chain) ids.push_back(b->block);
+    for (const Block* b : chain) ids.insert(ids.end(), b->ids.begin(), b->ids.end());
     DS_RETURN_IF_ERROR(ctx.adopt_kv_blocks(ids));
     const int32_t n = static_cast<int32_t>(chain.size()) * kBlockTokens;
     hit_tokens_ += n;
@@ -81,6 +115,8 @@ void PrefixCache::store(std::span<const int32_t> tokens, const std::string& scop
     if (whole == 0 || max_bytes_ == 0 || ctx.kv_block_pool() != pool_.get()) return;
     const uint64_t root = root_of(scope);
     const std::vector<int32_t> ids = ctx.kv_blocks(static_cast<int32_t>(whole));
+    const auto n_groups = static_cast<size_t>(groups_.n_groups());
+    if (ids.size() != whole * n_groups) return;  // another layout: not this cache's contexts
     std::lock_guard<std::mutex> lock(mu_);
     uint64_t parent = root;
     std::vector<const Block*> chain;
@@ -95,14 +131,28 @@ void PrefixCache::store(std::span<const int32_t> tokens, const std::string& scop
                             it->second.tokens.end())) {
                 break;
             }
+            // A window group's block the entry no longer had, this context still has.
+            for (size_t g = 0; g < n_groups; ++g) {
+                int32_t& have = it->second.ids[g];
+                const int32_t id = ids[i * n_groups + g];
+                if (have >= 0 || id < 0) continue;
+                have = id;
+                pool_->retain(std::span<const int32_t>(&have, 1));
+                ++n_ids_;
+            }
         } else {
             Block& b = blocks_[hash];
             b.hash = hash;
             b.parent = parent;
             b.depth = static_cast<int32_t>(i);
             b.tokens.assign(part.begin(), part.end());
-            b.block = ids[i];
-            pool_->retain(std::span<const int32_t>(&b.block, 1));
+            b.ids.assign(ids.begin() + static_cast<std::ptrdiff_t>(i * n_groups),
+                         ids.begin() + static_cast<std::ptrdiff_t>((i + 1) * n_groups));
+            for (int32_t id : b.ids) {
+                if (id < 0) continue;
+                pool_->retain(std::span<const int32_t>(&id, 1));
+                ++n_ids_;
+            }
             if (i > 0) blocks_.at(parent).children.push_back(hash);
             lru_.push_front(hash);
             b.lru = lru_.begin();
@@ -113,20 +163,22 @@ void PrefixCache::store(std::span<const int32_t> tokens, const std::string& scop
     // The new chain is the most recently used, its deepest block first.
     touch_locked(chain);
     const size_t block_bytes = pool_->block_bytes();
-    evict_locked([&] { return blocks_.size() * block_bytes > max_bytes_; }, false);
+    evict_locked([&] { return static_cast<size_t>(n_ids_) * block_bytes > max_bytes_; }, false);
 }
 
 int32_t PrefixCache::reclaim(int32_t blocks) {
     std::lock_guard<std::mutex> lock(mu_);
-    int32_t taken = 0;
-    return evict_locked([&] { return taken++ < blocks; }, true);
+    const int64_t before = n_ids_;
+    evict_locked([&] { return before - n_ids_ < blocks; }, true);
+    return static_cast<int32_t>(before - n_ids_);
 }
 
 void PrefixCache::erase_leaf_locked(uint64_t hash) {
     auto it = blocks_.find(hash);
     const Block& b = it->second;
     lru_.erase(b.lru);
-    pool_->release(std::span<const int32_t>(&b.block, 1));
+    release_ids(*pool_, b.ids);
+    n_ids_ -= std::count_if(b.ids.begin(), b.ids.end(), [](int32_t id) { return id >= 0; });
     if (b.depth > 0) {
         auto p = blocks_.find(b.parent);
         if (p != blocks_.end()) std::erase(p->second.children, hash);
@@ -143,7 +195,9 @@ int32_t PrefixCache::evict_locked(More&& more, bool only_ours) {
     while (it != lru_.begin()) {
         --it;
         const Block& b = blocks_.at(*it);
-        if (!b.children.empty() || (only_ours && pool_->refs(b.block) > 1)) continue;
+        const bool shared = std::any_of(b.ids.begin(), b.ids.end(),
+                                        [&](int32_t id) { return id >= 0 && pool_->refs(id) > 1; });
+        if (!b.children.empty() || (only_ours && shared)) continue;
         if (!more()) break;
         const uint64_t hash = *it;
         it = std::next(it);  // erase invalidates *it only
@@ -155,8 +209,7 @@ int32_t PrefixCache::evict_locked(More&& more, bool only_ours) {
 
 PrefixCache::Stats PrefixCache::stats() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return Stats{static_cast<int64_t>(blocks_.size()),
-                 static_cast<int64_t>(blocks_.size() * pool_->block_bytes()), hit_tokens_};
+    return Stats{n_ids_, n_ids_ * static_cast<int64_t>(pool_->block_bytes()), hit_tokens_};
 }
 
 }  // namespace deltaserve::decode

@@ -16,6 +16,12 @@
 // Only caches whose state at a prefix is the state of that prefix computed alone can be
 // matched this way (full KV: every token's row is final once stored); the decode worker asks
 // for one only then. Thread-safe.
+//
+// A model with sliding-window layers keeps a block per layer group (kvstore::KvLayerGroups):
+// an entry holds each group's block of its 16 positions, a window group's only while some
+// context still had it when the entry was stored (or filled in by a later store). A prefix
+// matches up to the last block whose window groups' blocks the window ending there needs are
+// all held (vLLM's rule for sliding-window layers).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +35,7 @@
 
 #include "deltaserve/common/status.h"
 #include "deltaserve/kvstore/block_pool.h"
+#include "deltaserve/kvstore/kv_layer_groups.h"
 #include "deltaserve/model/inference_context.h"
 
 namespace deltaserve::decode {
@@ -40,8 +47,9 @@ class PrefixCache {
     // root: what the KV depends on besides the tokens (model, profile, codec); max_bytes:
     // the blocks' bytes at most; pool: the blocks' pool, the contexts' (ContextOptions::
     // kv_blocks).
-    PrefixCache(uint64_t root, size_t max_bytes, std::shared_ptr<kvstore::BlockPool> pool)
-        : root_(root), max_bytes_(max_bytes), pool_(std::move(pool)) {}
+    // groups: how the contexts' layers share the pool's blocks (default: one group).
+    PrefixCache(uint64_t root, size_t max_bytes, std::shared_ptr<kvstore::BlockPool> pool,
+                kvstore::KvLayerGroups groups = {});
     ~PrefixCache();
     PrefixCache(const PrefixCache&) = delete;
     PrefixCache& operator=(const PrefixCache&) = delete;
@@ -81,7 +89,9 @@ class PrefixCache {
         uint64_t hash = 0, parent = 0;
         int32_t depth = 0;  // its first token is at depth * kBlockTokens
         std::vector<int32_t> tokens;
-        int32_t block = -1;  // in pool_: one reference is the cache's
+        // In pool_, one per layer group (-1: a window group's not held); one reference each is
+        // the cache's.
+        std::vector<int32_t> ids;
         std::vector<uint64_t> children;
         std::list<uint64_t>::iterator lru;  // in lru_, most recent at the front
     };
@@ -91,6 +101,9 @@ class PrefixCache {
     std::vector<const Block*> chain_locked(uint64_t root, std::span<const int32_t> tokens,
                                            size_t max_blocks) const;
     uint64_t root_of(const std::string& scope) const;
+    // How many blocks of a chain load() may take: the window groups' blocks that the window
+    // ending at the last one reaches are held.
+    size_t usable(const std::vector<const Block*>& chain) const;
     // Makes a chain the most recently used.
     void touch_locked(const std::vector<const Block*>& chain);
     // Drops a block no other block follows, and the cache's reference to its pool block.
@@ -103,7 +116,9 @@ class PrefixCache {
     const uint64_t root_;
     const size_t max_bytes_;
     const std::shared_ptr<kvstore::BlockPool> pool_;
+    const kvstore::KvLayerGroups groups_;
     mutable std::mutex mu_;
+    int64_t n_ids_ = 0;  // pool blocks the entries hold
     std::unordered_map<uint64_t, Block> blocks_;
     std::list<uint64_t> lru_;
     int64_t hit_tokens_ = 0;

@@ -23,6 +23,7 @@ constexpr std::array<KvPolicyInfo, 9> kPolicies = [] {
     full.shippable = full.shareable = full.storable = full.paged = true;
     full.codec = KvCodecId::kRows;
     full.ggml_attention = true;
+    full.windows = true;
     KvPolicyInfo deltakv;
     deltakv.name = "deltakv";
     deltakv.summary = "DeltaKV: references kept exact, the rest as small latent residuals";

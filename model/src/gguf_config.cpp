@@ -228,7 +228,6 @@ Status read_gemma3(const GgufFile& g, ModelConfig& c) {
     }
     c.rope_theta_local = static_cast<float>(base);
     c.local_pattern = 6;  // llama.cpp: il % 6 < 5 is local
-    c.n_ctx_train = std::min(c.n_ctx_train, c.sliding_window);
     return Status();
 }
 

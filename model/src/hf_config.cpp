@@ -265,7 +265,6 @@ Status read_gemma3(const ConfigReader& r, ModelConfig& c) {
     } else {
         DS_ASSIGN_OR_RETURN(c.local_pattern, r.positive_int("sliding_window_pattern", 6));
     }
-    c.n_ctx_train = std::min(c.n_ctx_train, window);
     return {};
 }
 

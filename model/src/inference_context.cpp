@@ -14,6 +14,7 @@
 #include "deltaserve/kvstore/kv_policy.h"
 #include "deltaserve/model/deltakv_profile.h"
 #include "deltaserve/model/forward.h"
+#include "deltaserve/model/kv_groups.h"
 #include "deltaserve/model/trimkv_profile.h"
 
 namespace deltaserve::model {
@@ -26,6 +27,7 @@ constexpr int32_t kDefaultMaxContext = 8192;
 // and a policy (eviction), or a profile and its options (DeltaKV).
 struct CacheParts {
     std::shared_ptr<kvstore::BlockPool> blocks;
+    kvstore::KvLayerGroups groups;  // how the model's layers share the pool's blocks
     std::unique_ptr<kvstore::HeadSlotPool> head_slots;
     std::unique_ptr<kvstore::EvictionPolicy> policy;
     std::shared_ptr<const kvstore::DeltaKvProfile> profile;
@@ -55,7 +57,8 @@ class InferenceContextImpl final : public InferenceContext {
             cache_ = std::make_unique<kvstore::EvictingSequenceCache>(
                 *parts_.head_slots, std::move(parts_.policy), options_.kv);
         } else {
-            cache_ = std::make_unique<kvstore::FullSequenceCache>(parts_.blocks, options_.n_ctx);
+            cache_ = std::make_unique<kvstore::FullSequenceCache>(parts_.blocks, options_.n_ctx,
+                                                                  parts_.groups, options_.n_batch);
         }
         return Status();
     }
@@ -84,6 +87,9 @@ class InferenceContextImpl final : public InferenceContext {
         more_ = 0;
         cache_->truncate(n_keep);
     }
+    int32_t kept_by_truncate(int32_t n_keep) const override {
+        return cache_->kept_by_truncate(n_keep);
+    }
     const Model& model() const override { return model_; }
     size_t kv_bytes() const override { return cache_->bytes(); }
     size_t kv_held_bytes() const override { return cache_->held_bytes(); }
@@ -99,7 +105,8 @@ class InferenceContextImpl final : public InferenceContext {
         return cache_->blocks(n_blocks);
     }
     Status adopt_kv_blocks(std::span<const int32_t> blocks) override {
-        if (static_cast<int64_t>(blocks.size()) * kvstore::BlockPool::kBlockTokens >
+        if (static_cast<int64_t>(blocks.size() / static_cast<size_t>(cache_->n_groups())) *
+                kvstore::BlockPool::kBlockTokens >
             options_.n_ctx) {
             return out_of_range("more blocks than the context holds");
         }
@@ -302,7 +309,8 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
     ContextOptions opts = options;
     if (opts.n_ctx <= 0) {
         opts.n_ctx = std::min(model.config.n_ctx_train, kDefaultMaxContext);
-        if (model.config.sliding_window > 0) {
+        const auto policy = kvstore::find_kv_policy(opts.kv.policy);
+        if (model.config.sliding_window > 0 && policy.ok() && !(*policy)->windows) {
             opts.n_ctx = std::min(opts.n_ctx, model.config.sliding_window);
         }
     }
@@ -320,13 +328,16 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
     DS_RETURN_IF_ERROR(
         kernels::attention_shape_supported({mc.n_heads, mc.n_kv_heads, mc.head_dim, 0.0f})
             .with_context("model '" + mc.name + "'"));
-    if (mc.sliding_window > 0 && opts.n_ctx > mc.sliding_window) {
-        // The caches attend over every token; a local layer's window equals that only so far.
+    DS_ASSIGN_OR_RETURN(const kvstore::KvPolicyInfo* windows_policy,
+                        kvstore::find_kv_policy(opts.kv.policy));
+    if (mc.sliding_window > 0 && opts.n_ctx > mc.sliding_window && !windows_policy->windows) {
+        // Its cache attends over every token; a local layer's window equals that only so far.
         return unimplemented("model '" + mc.name + "' has sliding-window layers of " +
-                             std::to_string(mc.sliding_window) +
-                             " tokens, and windows in the KV caches are not implemented: a "
-                             "context of at most that many tokens (asked: " +
-                             std::to_string(opts.n_ctx) + ")");
+                             std::to_string(mc.sliding_window) + " tokens, and the " +
+                             opts.kv.policy +
+                             " policy does not implement them: a context of at most that many "
+                             "tokens (asked: " +
+                             std::to_string(opts.n_ctx) + "), or the full policy");
     }
     if (opts.n_threads <= 0) opts.n_threads = default_thread_count();
     if (opts.threads) opts.n_threads = opts.threads->size();
@@ -418,7 +429,8 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
         kvstore::HeadSlotPoolOptions ho{c.n_layers, c.n_kv_heads, c.head_dim, opts.n_ctx, dtype};
         DS_ASSIGN_OR_RETURN(parts.head_slots, kvstore::HeadSlotPool::create(ho));
     } else {
-        kvstore::BlockPoolOptions po{c.n_layers, c.kv_dim(), c.n_kv_heads, dtype, 0};
+        DS_ASSIGN_OR_RETURN(parts.groups, kv_layer_groups(c));
+        kvstore::BlockPoolOptions po{parts.groups.group_layers, c.kv_dim(), c.n_kv_heads, dtype, 0};
         // Full KV lives where the forward pass runs: on a device backend, in its memory.
         po.backend = opts.backend;
         if (opts.kv_blocks) {
@@ -435,8 +447,12 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
             }
             parts.blocks = opts.kv_blocks;
         } else {
-            po.n_blocks = (opts.n_ctx + kvstore::BlockPool::kBlockTokens - 1) /
-                          kvstore::BlockPool::kBlockTokens;
+            // Every group's blocks of n_ctx tokens (a window group's fewer, but a context's
+            // own pool is address space until written).
+            po.n_blocks =
+                parts.groups.n_groups() * ((opts.n_ctx + kvstore::BlockPool::kBlockTokens - 1) /
+                                               kvstore::BlockPool::kBlockTokens +
+                                           1);
             DS_ASSIGN_OR_RETURN(parts.blocks, kvstore::BlockPool::create(po));
         }
     }

@@ -198,23 +198,82 @@ TEST_F(ArchParity, Gemma3MatchesFloat64) {
     }
     EXPECT_FLOAT_EQ(c.rope(0).base, 10000.0f);
     EXPECT_FLOAT_EQ(c.rope(5).base, 1000000.0f);
-    // Full attention equals the local layers' window only up to the window: no more.
+    // The full policy's cache holds the windows; a policy whose cache attends every token
+    // equals the local layers' window only up to the window: no more.
     ContextOptions co;
     co.n_ctx = 49;
+    co.kv.policy = "h2o";
+    co.kv.keep = 0.5f;
     auto ctx = InferenceContext::create(*m, co);
     ASSERT_FALSE(ctx.ok());
     EXPECT_EQ(ctx.error().code(), StatusCode::kUnimplemented);
-    EXPECT_NE(ctx.error().message().find("sliding-window layers of 48"), std::string::npos)
+    EXPECT_NE(ctx.error().message().find("sliding-window layers of 48 tokens, and the h2o policy"),
+              std::string::npos)
         << ctx.error().to_string();
-    co.n_ctx = 0;  // the default: the window
+    co.n_ctx = 0;  // the default for it: the window
     auto fits = InferenceContext::create(*m, co);
     ASSERT_TRUE(fits.ok()) << fits.error().to_string();
     EXPECT_EQ((*fits)->n_ctx(), 48);
+    co.kv = {};
+    auto full = InferenceContext::create(*m, co);  // the full policy: the model's context
+    ASSERT_TRUE(full.ok()) << full.error().to_string();
+    EXPECT_EQ((*full)->n_ctx(), 512);
     co.kv.policy = "deltakv";
     auto deltakv = InferenceContext::create(*m, co);
     ASSERT_FALSE(deltakv.ok());
     EXPECT_NE(deltakv.error().message().find("per-layer RoPE bases"), std::string::npos)
         << deltakv.error().to_string();
+}
+
+// Past the window (48): 120 prompt tokens in chunks of 16 and 8 decode steps, so the local
+// layers' caches give back the blocks their windows left while the global layer keeps every
+// token; the logits of every position and the greedy tokens are the oracle's, whose local
+// layers mask all but the window.
+TEST_F(ArchParity, Gemma3PastTheWindowMatchesFloat64) {
+    std::vector<int32_t> prompt;
+    for (int32_t i = 0; i < 120; ++i) prompt.push_back(kPrompt[(i * 7) % kPrompt.size()] + i);
+    for (const char* f : {"gemma3-f32.gguf", "hf-gemma3-f32"}) {
+        auto m = load(f);
+        ASSERT_NE(m, nullptr);
+        ContextOptions co;
+        co.n_ctx = 256;
+        co.n_batch = 16;
+        co.n_threads = 2;
+        co.kv_type = KvType::kF32;
+        auto ctx = InferenceContext::create(*m, co);
+        ASSERT_TRUE(ctx.ok()) << ctx.error().to_string();
+        auto all = (*ctx)->eval_all(prompt);
+        ASSERT_TRUE(all.ok()) << all.error().to_string();
+        // The local layers hold about their window, the global one every token: well below
+        // every layer's rows of 120 tokens.
+        const size_t row = static_cast<size_t>(m->config.kv_dim()) * 4 * 2;  // fp32 K and V
+        const size_t every = 120 * row * 6;
+        EXPECT_LT((*ctx)->kv_bytes(), every * 3 / 4) << f;
+        EXPECT_GE((*ctx)->kv_bytes(), 120 * row + 5 * 48 * row) << f;
+        std::vector<int32_t> greedy;
+        const size_t nv = static_cast<size_t>(m->config.n_vocab);
+        std::vector<float> last(all->end() - static_cast<std::ptrdiff_t>(nv), all->end());
+        for (int i = 0; i < kGreedy; ++i) {
+            const auto t =
+                static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin());
+            greedy.push_back(t);
+            const int32_t one[] = {t};
+            auto next = (*ctx)->eval(one);
+            ASSERT_TRUE(next.ok());
+            last.assign(next->begin(), next->end());
+        }
+        std::vector<double> want_logits;
+        const json o = testing::oracle(*dir_ + "/" + f, prompt, kGreedy, &want_logits);
+        ASSERT_FALSE(o.is_discarded());
+        ASSERT_EQ(want_logits.size(), all->size());
+        double worst = 0;
+        for (size_t i = 0; i < want_logits.size(); ++i)
+            worst = std::max(worst, std::fabs((*all)[i] - want_logits[i]));
+        EXPECT_LT(worst, bound_for(f)) << f;
+        EXPECT_EQ(greedy, o["greedy"].get<std::vector<int32_t>>()) << f;
+        std::printf("%-16s 120 tokens past a window of 48: max |logit - float64| = %.3g\n", f,
+                    worst);
+    }
 }
 
 TEST_F(ArchParity, HuggingFaceMatchesFloat64) {

@@ -14,6 +14,7 @@
 #include "deltaserve/kernels/attention.h"
 #include "deltaserve/kernels/backend.h"
 #include "deltaserve/kvstore/block_pool.h"
+#include "deltaserve/kvstore/kv_layer_groups.h"
 
 namespace deltaserve::kvstore {
 
@@ -79,8 +80,12 @@ class SequenceCache {
     // next commit only; truncate forgets it. Default: ignored.
     virtual void expect_more(int32_t n_more) { (void)n_more; }
     // Keeps the first n_keep committed positions (n_keep <= n_tokens()) and gives back every
-    // slot past them, reserved ones included: truncate(n_tokens()) undoes a reserve.
+    // slot past them, reserved ones included: truncate(n_tokens()) undoes a reserve. A cache
+    // whose window layers no longer hold the window that ends at n_keep keeps nothing instead
+    // (kept_by_truncate says which); truncate(n_tokens()) always keeps every committed one.
     virtual void truncate(int32_t n_keep) = 0;
+    // How many positions truncate(n_keep) would keep: n_keep or 0.
+    virtual int32_t kept_by_truncate(int32_t n_keep) const { return n_keep; }
     // Bytes this sequence holds: K and V of every layer, and what a compressing cache keeps
     // to find them (slot ids, positions, statistics).
     virtual size_t bytes() const = 0;
@@ -100,10 +105,14 @@ class SequenceCache {
 
     // Paged caches (blocks of a BlockPool: full KV) can share their prefixes. blocks(n): the
     // blocks holding the first n * BlockPool::kBlockTokens committed positions (n at most
-    // n_tokens() / kBlockTokens). adopt_blocks: an empty cache on the same pool takes such
-    // blocks of another sequence (one more reference each) as its first positions; they stay
-    // read-only, a write into one copies it first. Default: no blocks; kUnimplemented.
+    // n_tokens() / kBlockTokens), n_groups() per position block (KvLayerGroups: block i of
+    // group g at i * n_groups + g; -1 for a window group's block its window left). adopt_blocks:
+    // an empty cache on the same pool takes such blocks of another sequence (one more
+    // reference each) as its first positions; they stay read-only, a write into one copies it
+    // first; a window group's blocks may be -1 except those the window ending at the last of
+    // them reaches. Default: no blocks; kUnimplemented.
     virtual const BlockPool* block_pool() const { return nullptr; }
+    virtual int32_t n_groups() const { return 1; }
     virtual std::vector<int32_t> blocks(int32_t n_blocks) const {
         (void)n_blocks;
         return {};
@@ -187,14 +196,19 @@ inline size_t full_fp16_bytes(int32_t n_tokens, int32_t n_layers, int32_t kv_dim
 }
 
 // Every token of every layer, in blocks of a BlockPool (kBlockTokens positions each, found
-// through the sequence's block table) at the pool's precision.
+// through the sequence's block tables, one per layer group) at the pool's precision; a
+// sliding-window layer's group holds only the blocks its window reaches (KvLayerGroups).
 class FullSequenceCache final : public SequenceCache, public SequenceCodec {
   public:
     // max_tokens: positions the sequence may hold at most (its context; a reserve past it is
-    // refused, as is an import of more).
+    // refused, as is an import of more). groups: how the model's layers map to the pool's
+    // blocks (default: one group of the pool's layers, no window). max_chunk: the most
+    // positions one forward call adds (the context's batch), which bounds a window group's
+    // blocks in bytes_bound (a larger reserve still works, past the bound).
     explicit FullSequenceCache(std::shared_ptr<BlockPool> pool,
-                               int32_t max_tokens = std::numeric_limits<int32_t>::max())
-        : pool_(std::move(pool)), max_tokens_(max_tokens) {}
+                               int32_t max_tokens = std::numeric_limits<int32_t>::max(),
+                               KvLayerGroups groups = {},
+                               int32_t max_chunk = std::numeric_limits<int32_t>::max());
     ~FullSequenceCache() override;
     FullSequenceCache(const FullSequenceCache&) = delete;
     FullSequenceCache& operator=(const FullSequenceCache&) = delete;
@@ -208,25 +222,28 @@ class FullSequenceCache final : public SequenceCache, public SequenceCodec {
     kernels::KvView view(int32_t layer, int32_t n_visible_new) const override;
     Status commit(int32_t n) override;
     void truncate(int32_t n_keep) override;
-    // The rows of its positions (reserved ones too); held_bytes(): whole blocks, shared
-    // ones included.
+    int32_t kept_by_truncate(int32_t n_keep) const override;
+    // The rows of its positions (reserved ones too) in every layer, a window layer's held
+    // ones; held_bytes(): whole blocks, shared ones included.
     size_t bytes() const override;
     size_t held_bytes() const override;
     size_t bytes_bound(int32_t n_tokens) const override;
     const BlockPool* block_pool() const override { return pool_.get(); }
+    int32_t n_groups() const override { return groups_.n_groups(); }
     std::vector<int32_t> blocks(int32_t n_blocks) const override;
     Status adopt_blocks(std::span<const int32_t> blocks) override;
     SequenceCodec* codec() override { return this; }
-    // State: the token count and the row size. A layer (or a range of its rows): the K rows,
-    // then the V rows, at the pool's precision.
+    // State: the token count and the row size (and the window, with window layers). A layer
+    // (or a range of its rows): the K rows, then the V rows, at the pool's precision; a window
+    // layer's starts with the first position it holds (int32), the rows from there: the
+    // window's (a range before the window exports none; an importer takes the rows the
+    // window that ends at the state's count reaches, and refuses a part that lacks some).
     Result<std::vector<uint8_t>> export_state() const override;
     Result<std::vector<uint8_t>> export_layer(int32_t layer) const override;
     Status import_state(std::span<const uint8_t> state) override;
     Status import_layer(int32_t layer, std::span<const uint8_t> part) override;
     bool ships_rows() const override { return true; }
-    int32_t rows_final_end(int32_t /*layer*/, bool /*last*/) const override {
-        return static_cast<int32_t>(slots_.size());
-    }
+    int32_t rows_final_end(int32_t /*layer*/, bool /*last*/) const override { return n_slots_; }
     Result<std::vector<uint8_t>> export_rows_state(int32_t n_tokens) const override;
     Result<std::vector<uint8_t>> export_rows(int32_t layer, int32_t begin,
                                              int32_t end) const override;
@@ -235,14 +252,27 @@ class FullSequenceCache final : public SequenceCache, public SequenceCodec {
 
   private:
     // The block the next position falls in, when other sequences hold it too, becomes a copy
-    // of its own.
+    // of its own (in every group).
     Status own_partial_block();
+    // Window groups: gives back the blocks no query from position `from` on reaches.
+    void drop_before(int32_t from);
+    // The first position a window layer holds.
+    int32_t window_first() const { return dropped_ * BlockPool::kBlockTokens; }
+    // Position blocks per window group at most, with n_tokens positions (bytes_bound).
+    int32_t window_blocks_bound(int32_t n_tokens) const;
+    size_t rows_bytes(int32_t n) const { return 2 * pool_->row_bytes() * static_cast<size_t>(n); }
 
     std::shared_ptr<BlockPool> pool_;
     const int32_t max_tokens_;
-    std::vector<int32_t> table_;  // the block table: block i holds positions [16 i, 16 i + 16)
-    std::vector<int32_t> slots_;  // position -> slot, committed then reserved
+    const KvLayerGroups groups_;
+    const int32_t max_chunk_;
+    // Per group, the block table (block i holds positions [16 i, 16 i + 16); -1: a window
+    // group's block given back) and position -> slot (-1 there), committed then reserved.
+    std::vector<std::vector<int32_t>> tables_;
+    std::vector<std::vector<int32_t>> slots_;
+    int32_t n_slots_ = 0;  // positions committed and reserved
     int32_t n_committed_ = 0;
+    int32_t dropped_ = 0;  // window groups: blocks [0, dropped_) given back
     // A truncate ended inside a block, which others may hold (the next reserve looks).
     bool partial_ = false;
 };

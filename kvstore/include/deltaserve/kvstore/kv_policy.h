@@ -50,6 +50,10 @@ struct KvPolicyInfo {
     KvCodecId codec = KvCodecId::kNone;
     // Whether llama.cpp-compatible attention (AttentionNumerics::kGgml) can run over it.
     bool ggml_attention = false;
+    // Runs models with sliding-window layers (Gemma 3) past their window: a window layer
+    // holds only its window (KvLayerGroups). The others serve such a model up to its window
+    // only, where its window layers equal global ones.
+    bool windows = false;
 };
 
 // Every policy, full first.

@@ -115,6 +115,9 @@ class InferenceContext {
     virtual void reset() = 0;
     // Keeps the first n_keep tokens and drops the rest (n_keep <= n_past()).
     virtual void truncate(int32_t n_keep) = 0;
+    // How many positions truncate(n_keep) keeps: n_keep, or 0 where the cache's sliding-window
+    // layers no longer hold the window that ends at n_keep (the turn then recomputes).
+    virtual int32_t kept_by_truncate(int32_t n_keep) const { return n_keep; }
     // Bytes the KV cache holds for the sequence, and their ratio to the bytes of the same
     // tokens in an fp16 cache that keeps everything (1 for "full" with an fp16 cache).
     virtual size_t kv_bytes() const = 0;
@@ -130,8 +133,9 @@ class InferenceContext {
     virtual size_t kv_prefill_bytes_bound(int32_t n_tokens, int32_t n_new) const = 0;
     // Paged KV (the full policy): the block pool, the blocks of the first n_blocks *
     // kBlockTokens tokens, and taking such blocks of another context on the same pool into an
-    // empty one (kvstore::SequenceCache::blocks / adopt_blocks). Null, empty and
-    // kUnimplemented for other policies.
+    // empty one (kvstore::SequenceCache::blocks / adopt_blocks: with sliding-window layers,
+    // several ids per position block, one per layer group). Null, empty and kUnimplemented
+    // for other policies.
     virtual const kvstore::BlockPool* kv_block_pool() const = 0;
     virtual std::vector<int32_t> kv_blocks(int32_t n_blocks) const = 0;
     virtual Status adopt_kv_blocks(std::span<const int32_t> blocks) = 0;

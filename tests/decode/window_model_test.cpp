@@ -1,0 +1,135 @@
+// A model with sliding-window layers (Gemma 3 270M: 15 local layers of window 512, 3 global;
+// setup fetches it) through the decode worker, past its window: the prefix cache gives a
+// resent conversation its cached blocks (each layer group's, the local ones the window needs)
+// and the answer is the uncached one; a prompt prefilled on a prefill node, its layers shipped
+// as they are computed, answers as one prefilled here.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <memory>
+
+#include "decode_turns.h"
+#include "deltaserve/decode/decode_worker.h"
+#include "deltaserve/model/model.h"
+#include "deltaserve/prefill/prefill_worker.h"
+#include "deltaserve/transport/transport_factory.h"
+#include "test_paths.h"
+
+namespace deltaserve {
+namespace {
+
+using decode::TurnEnd;
+using decode::TurnSpec;
+using testing::CollectingSink;
+
+class WindowModelTest : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() {
+        const std::string path = testing::models_dir() + "/gemma-3-270m-q4_k_m.gguf";
+        if (!std::filesystem::exists(path)) return;
+        model::LoadOptions lo;
+        lo.show_progress = false;
+        auto m = model::load_model(path, lo);
+        ASSERT_TRUE(m.ok()) << m.error().to_string();
+        model_ = m->release();
+    }
+    static void TearDownTestSuite() {
+        delete model_;
+        model_ = nullptr;
+    }
+    void SetUp() override {
+        if (model_ == nullptr)
+            GTEST_SKIP()
+                << "models/gemma-3-270m-q4_k_m.gguf is absent (deploy/setup.sh fetches it)";
+    }
+    void TearDown() override {
+        prefill_.reset();
+        decode_.reset();
+    }
+    static std::vector<int32_t> tokens(int32_t n, int32_t seed) {
+        std::vector<int32_t> t = {2};  // <bos>
+        for (int32_t i = 1; i < n; ++i) t.push_back(1000 + (i * 7919 + seed * 104729) % 30000);
+        return t;
+    }
+    void start(size_t cache_bytes, int32_t local_prefill_max = 100000) {
+        decode::DecodeOptions d;
+        d.context.n_ctx = 2048;
+        d.context.n_threads = 2;
+        d.context.n_batch = 256;
+        d.threads = 2;
+        d.local_prefill_max = local_prefill_max;
+        d.prefix_cache_bytes = cache_bytes;
+        d.model_id = "gemma";
+        prefill_.reset();
+        decode_.reset();
+        auto dw = decode::DecodeWorker::create(*model_, d);
+        ASSERT_TRUE(dw.ok()) << dw.error().to_string();
+        decode_ = std::move(*dw);
+        if (!transport_) transport_ = std::move(*transport::make_transport("inproc", {}));
+        address_ = *decode_->listen(*transport_, "decode-" + std::to_string(++workers_));
+        prefill::PrefillOptions p;
+        p.context = d.context;
+        p.model_id = "gemma";
+        auto pw = prefill::PrefillWorker::create(*model_, p, *transport_);
+        ASSERT_TRUE(pw.ok()) << pw.error().to_string();
+        prefill_ = std::move(*pw);
+    }
+    struct Ran {
+        TurnEnd end;
+        decode::TurnPlan plan;
+    };
+    Result<Ran> run(const TurnSpec& spec) {
+        auto sink = std::make_shared<CollectingSink>();
+        auto plan = decode_->start_turn(spec, sink);
+        if (!plan.ok()) return plan.status();
+        if (plan->remote_prefill) {
+            auto r = prefill_->prefill({spec, address_, plan->pull_tokens});
+            if (!r.ok()) decode_->cancel(spec.turn_id, r.status());
+        }
+        auto end = sink->wait();
+        if (!end.ok()) return end.status();
+        end->text = sink->text();
+        return Ran{*end, *plan};
+    }
+
+    static inline model::Model* model_ = nullptr;
+    std::unique_ptr<transport::Transport> transport_;
+    std::unique_ptr<decode::DecodeWorker> decode_;
+    std::unique_ptr<prefill::PrefillWorker> prefill_;
+    std::string address_;
+    int workers_ = 0;
+};
+
+TEST_F(WindowModelTest, AResentConversationPastTheWindowResumesFromTheCache) {
+    const auto first = tokens(700, 1);
+    auto second = first;
+    const auto more = tokens(150, 2);
+    second.insert(second.end(), more.begin() + 1, more.end());
+    start(0);  // the answers computed whole
+    auto alone = run(testing::greedy_turn(1, second, "", 12));
+    ASSERT_TRUE(alone.ok()) << alone.status().to_string();
+    start(size_t{64} << 20);
+    auto a = run(testing::greedy_turn(2, first, "", 12));
+    ASSERT_TRUE(a.ok()) << a.status().to_string();
+    auto b = run(testing::greedy_turn(3, second, "", 12));
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    EXPECT_EQ(b->end.cached_tokens, 700 / 16 * 16) << "the first prompt's whole blocks";
+    EXPECT_EQ(b->end.text, alone->end.text) << "the cached prefix changed the answer";
+    EXPECT_GT(decode_->stats().prefix_cache_bytes, 0);
+}
+
+TEST_F(WindowModelTest, APrefillNodeShipsPastTheWindow) {
+    const auto prompt = tokens(900, 3);
+    start(0);
+    auto here = run(testing::greedy_turn(1, prompt, "", 12));
+    ASSERT_TRUE(here.ok()) << here.status().to_string();
+    EXPECT_FALSE(here->plan.remote_prefill);
+    start(0, /*local_prefill_max=*/0);
+    auto there = run(testing::greedy_turn(2, prompt, "", 12));
+    ASSERT_TRUE(there.ok()) << there.status().to_string();
+    EXPECT_TRUE(there->plan.remote_prefill);
+    EXPECT_EQ(there->end.text, here->end.text);
+}
+
+}  // namespace
+}  // namespace deltaserve
