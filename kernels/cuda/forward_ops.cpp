@@ -29,8 +29,10 @@ std::string type_name(DType t) {
 
 Status check_shape(const WeightMatrix& w, const char* op) {
     if (!weight_type_supported(w.type)) {
-        return invalid(op, type_name(w.type) +
-                               " weights are not supported (F32, F16, BF16, Q4_0, Q4_1, Q8_0)");
+        return invalid(op,
+                       type_name(w.type) +
+                           " weights are not supported (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, "
+                           "Q8_0, IQ4_NL, Q2_K-Q6_K, IQ4_XS)");
     }
     if (w.cols <= 0) return invalid(op, "cols must be > 0");
     if (uses_int8_activations(w.type) && w.cols % 32 != 0) {

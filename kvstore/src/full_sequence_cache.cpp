@@ -289,7 +289,12 @@ Result<std::vector<uint8_t>> FullSequenceCache::export_rows_state(int32_t n_toke
     ByteWriter w(out);
     w.i32(n_tokens);
     w.i32(static_cast<int32_t>(pool_->row_bytes()));
-    if (groups_.has_window()) w.i32(groups_.window);
+    if (groups_.has_window()) {  // and which layers are window layers, a byte each
+        w.i32(groups_.window);
+        w.i32(groups_.n_layers());
+        for (int32_t l = 0; l < groups_.n_layers(); ++l)
+            out.push_back(groups_.is_window_layer(l) ? 1 : 0);
+    }
     return out;
 }
 
@@ -325,9 +330,12 @@ Result<std::vector<uint8_t>> FullSequenceCache::export_rows(int32_t layer, int32
 Status FullSequenceCache::import_state(std::span<const uint8_t> state) {
     if (n_slots_ != 0) return failed_precondition("importing into a cache that is not empty");
     ByteReader r(state);
-    int32_t n = 0, row = 0, window = 0;
-    if (!r.i32(n) || !r.i32(row) || (r.remaining() == 4 && !r.i32(window)) || r.remaining() != 0 ||
-        n < 0) {
+    int32_t n = 0, row = 0, window = 0, n_layers = 0;
+    std::span<const uint8_t> window_layer;
+    if (!r.i32(n) || !r.i32(row) || n < 0 ||
+        (r.remaining() > 0 && (!r.i32(window) || !r.i32(n_layers) || window <= 0 || n_layers <= 0 ||
+                               r.remaining() != static_cast<size_t>(n_layers))) ||
+        (window > 0 && (window_layer = r.take(static_cast<size_t>(n_layers))).empty())) {
         return data_loss("full-KV state: malformed (" + std::to_string(state.size()) + " bytes)");
     }
     if (static_cast<size_t>(row) != pool_->row_bytes()) {
@@ -335,10 +343,14 @@ Status FullSequenceCache::import_state(std::span<const uint8_t> state) {
                                    " bytes, this cache holds " +
                                    std::to_string(pool_->row_bytes()));
     }
-    if (window != groups_.window) {
+    bool same_layers = window == 0 || n_layers == groups_.n_layers();
+    for (int32_t l = 0; same_layers && window > 0 && l < n_layers; ++l)
+        same_layers = (window_layer[static_cast<size_t>(l)] != 0) == groups_.is_window_layer(l);
+    if (window != groups_.window || !same_layers) {
         return failed_precondition("full-KV state: sliding-window layers of " +
-                                   std::to_string(window) + " tokens, this cache's are " +
-                                   std::to_string(groups_.window) + " (0: none)");
+                                   std::to_string(window) + " tokens (0: none), this cache's are " +
+                                   std::to_string(groups_.window) +
+                                   (same_layers ? "" : ", or other layers"));
     }
     if (n > max_tokens_) {
         return resource_exhausted("full-KV state: " + std::to_string(n) +

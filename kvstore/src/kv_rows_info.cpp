@@ -41,10 +41,31 @@ Result<KvRowsInfo> kv_rows_info(KvCodecId codec, std::span<const uint8_t> state,
     const int32_t n = end - begin;
     ByteReader r(state);
     if (codec == KvCodecId::kRows) {
-        int32_t n_tokens = 0, row = 0;
-        if (!r.i32(n_tokens) || !r.i32(row) || r.remaining() != 0 || row <= 0 || end > n_tokens)
+        // FullSequenceCache's: n_tokens, row bytes; with window layers, the window, the layer
+        // count and a byte per layer (1: a window layer, whose part starts with the first
+        // position it holds).
+        int32_t n_tokens = 0, row = 0, window = 0, n_layers = 0;
+        if (!r.i32(n_tokens) || !r.i32(row) || row <= 0 || end > n_tokens ||
+            (r.remaining() > 0 &&
+             (!r.i32(window) || !r.i32(n_layers) || window <= 0 || n_layers <= 0 ||
+              r.remaining() != static_cast<size_t>(n_layers))))
             return bad("a full-KV rows state that does not parse");
-        return exact_rows(n, row, part, with_kinds);
+        if (window > 0 && layer >= n_layers)
+            return invalid_argument("KV rows: no layer " + std::to_string(layer));
+        const std::span<const uint8_t> flags = r.take(static_cast<size_t>(n_layers));
+        if (window == 0 || flags[static_cast<size_t>(layer)] == 0)
+            return exact_rows(n, row, part, with_kinds);
+        ByteReader p(part);
+        int32_t first = 0;
+        if (!p.i32(first) || first < begin || first > end)
+            return bad("a window layer's part without its first position");
+        DS_ASSIGN_OR_RETURN(KvRowsInfo info,
+                            exact_rows(end - first, row, part.subspan(4), with_kinds));
+        info.dropped = first - begin;
+        if (with_kinds)
+            info.kinds.insert(info.kinds.begin(), static_cast<size_t>(first - begin),
+                              KvRowsInfo::Kind::kDropped);
+        return info;
     }
     if (codec != KvCodecId::kDeltaKv) return invalid_argument("KV rows: a codec with no rows");
     // DeltaKvCodec::state_head with kRowsState: n_tokens, -1, sinks, k, latent bits, m,

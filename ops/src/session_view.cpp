@@ -125,8 +125,8 @@ Result<std::vector<TokenRow>> token_kinds(const StoredSession& s, const BlockRea
                                 kvstore::kv_rows_info(m.codec, m.codec_state, layer, m.begin, m.end,
                                                       v.parts[static_cast<size_t>(layer)], true));
             for (int32_t p = std::max(begin, m.begin); p < std::min(end, m.end); ++p) {
-                static constexpr const char* kNames[] = {"exact", "sink", "reference", "latent",
-                                                         "buffer"};
+                static constexpr const char* kNames[] = {"exact",  "sink",   "reference",
+                                                         "latent", "buffer", "dropped"};
                 out.push_back(
                     {p, m.tokens[static_cast<size_t>(p - m.begin)],
                      kNames[static_cast<int>(info.kinds[static_cast<size_t>(p - m.begin)])]});

@@ -11,7 +11,9 @@
 #include <memory>
 #include <vector>
 
+#include "deltaserve/kvstore/kv_block.h"
 #include "deltaserve/kvstore/kv_cache.h"
+#include "deltaserve/kvstore/kv_rows_info.h"
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/kv_blocks.h"
 #include "deltaserve/model/kv_groups.h"
@@ -185,6 +187,21 @@ TEST_F(WindowKv, StoredBlocksWrittenTurnByTurnRestoreExactly) {
     auto c = context();
     ASSERT_TRUE(import_kv_blocks(*c, all, {}, o).ok());
     EXPECT_EQ(next(*a, tokens(4, 10)), next(*c, tokens(4, 10)));
+    // What a tool reads of them without a cache (deltactl session describe): the first
+    // block's local layers hold none of its tokens, its global layers all.
+    auto first = kvstore::parse_kv_block(all[0], o.fingerprint);
+    ASSERT_TRUE(first.ok()) << first.error().to_string();
+    const kvstore::KvBlockMeta& m = first->meta;
+    auto local =
+        kvstore::kv_rows_info(m.codec, m.codec_state, 0, m.begin, m.end, first->parts[0], true);
+    auto global =
+        kvstore::kv_rows_info(m.codec, m.codec_state, 5, m.begin, m.end, first->parts[5], true);
+    ASSERT_TRUE(local.ok() && global.ok());
+    EXPECT_EQ(local->dropped, 256);
+    EXPECT_EQ(local->exact_bytes, 0u);
+    EXPECT_EQ(local->kinds.back(), kvstore::KvRowsInfo::Kind::kDropped);
+    EXPECT_EQ(global->dropped, 0);
+    EXPECT_EQ(global->buffer, 256);
     auto d = context();
     const Status part = import_kv_blocks(*d, std::span(all).first(2), {}, o);
     EXPECT_EQ(part.code(), StatusCode::kDataLoss) << part.to_string();

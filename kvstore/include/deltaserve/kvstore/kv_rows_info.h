@@ -18,10 +18,13 @@ struct KvRowsInfo {
     // Tokens of the range by kind. Exact: sinks, references (DeltaKV's every stride-th token
     // and those kept exact), the recent buffer not compressed yet; compressed: latents.
     int32_t sinks = 0, references = 0, latents = 0, buffer = 0;
+    // Tokens of the range a sliding-window layer no longer held when the block was written
+    // (before its window): no rows.
+    int32_t dropped = 0;
     uint64_t exact_bytes = 0;   // fp16 (or fp32) K and V rows
     uint64_t latent_bytes = 0;  // latents, their reference ordinals and error codes
     // Each token's kind, in order (filled when asked for).
-    enum class Kind : uint8_t { kExact, kSink, kReference, kLatent, kBuffer };
+    enum class Kind : uint8_t { kExact, kSink, kReference, kLatent, kBuffer, kDropped };
     std::vector<Kind> kinds;
 };
 
