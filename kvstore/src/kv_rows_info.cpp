@@ -50,7 +50,7 @@ Result<KvRowsInfo> kv_rows_info(KvCodecId codec, std::span<const uint8_t> state,
              (!r.i32(window) || !r.i32(n_layers) || window <= 0 || n_layers <= 0 ||
               r.remaining() != static_cast<size_t>(n_layers))))
             return bad("a full-KV rows state that does not parse");
-        if (window > 0 && layer >= n_layers)
+        if (window > 0 && (layer < 0 || layer >= n_layers))
             return invalid_argument("KV rows: no layer " + std::to_string(layer));
         const std::span<const uint8_t> flags = r.take(static_cast<size_t>(n_layers));
         if (window == 0 || flags[static_cast<size_t>(layer)] == 0)
