@@ -32,8 +32,20 @@ class PoolUnitView final : public UnitView {
 
 EvictingSequenceCache::EvictingSequenceCache(HeadSlotPool& pool,
                                              std::unique_ptr<EvictionPolicy> policy,
-                                             const EvictionConfig& config)
-    : pool_(pool), policy_(std::move(policy)), config_(config) {
+                                             const EvictionConfig& config,
+                                             std::vector<bool> window_layer, int32_t window)
+    : pool_(pool),
+      policy_(std::move(policy)),
+      config_(config),
+      window_layer_(std::move(window_layer)),
+      window_(window_layer_.empty() ? 0 : std::max(0, window)) {
+    const int32_t n_layers = pool_.options().n_layers;
+    DS_CHECK(window_layer_.empty() || static_cast<int32_t>(window_layer_.size()) == n_layers,
+             "window layers given for another number of layers");
+    window_layer_.resize(static_cast<size_t>(n_layers), false);
+    for (int32_t u = 0; u < pool_.n_units(); ++u) {
+        if (!is_window_layer(u / pool_.options().n_kv_heads)) ranked_.push_back(u);
+    }
     units_.resize(static_cast<size_t>(pool_.n_units()));
     lists_.resize(static_cast<size_t>(pool_.options().n_kv_heads));
     counts_.resize(lists_.size());
@@ -114,6 +126,9 @@ kernels::KvView EvictingSequenceCache::view(int32_t layer, int32_t n_visible_new
         pool_.k_base(u0 + std::min<int32_t>(1, pool_.options().n_kv_heads - 1)) - pool_.k_base(u0));
     v.head_slots = lists_.data();
     v.head_n = counts_.data();
+    // A window layer holds consecutive positions: the kernel's window over entries is the
+    // window over positions.
+    v.window = is_window_layer(layer) ? window_ : 0;
     return v;
 }
 
@@ -121,7 +136,7 @@ Status EvictingSequenceCache::observe(int32_t layer, const kernels::AttentionSha
                                       const float* q, int64_t ldq, const float* hidden, int64_t ldh,
                                       int32_t n, ThreadPool& threads) {
     const AttentionStat stat = policy_->stat();
-    if (stat == AttentionStat::kNone) return Status();
+    if (stat == AttentionStat::kNone || is_window_layer(layer)) return Status();  // not ranked
     if (!policy_->continual() && n == 1)
         return Status();  // it shrinks after prompts only: nothing to gather
     if (stat == AttentionStat::kTokenGate) {
@@ -158,39 +173,56 @@ Status EvictingSequenceCache::commit(int32_t n) {
     DS_CHECK(n <= n_reserved_, "commit past reserve");
     n_reserved_ -= n;
     n_tokens_ += n;
+    drop_before_window(n_tokens_);
     if (policy_->continual() || n > 1) shrink();
     return Status();
 }
 
-void EvictingSequenceCache::shrink() {
-    std::vector<PoolUnitView> views;
-    views.reserve(units_.size());
+void EvictingSequenceCache::drop_before_window(int32_t from) {
+    if (window_ == 0) return;
+    const int32_t first = std::max(0, from - window_ + 1 - kWindowSlack);
+    if (first <= window_first_) return;
     for (int32_t u = 0; u < pool_.n_units(); ++u) {
+        if (!is_window_layer(u / pool_.options().n_kv_heads)) continue;
+        const Unit& unit = units_[u];
+        drop(u, [&](size_t j) { return unit.pos[j] < first; });
+    }
+    window_first_ = first;
+}
+
+void EvictingSequenceCache::shrink() {
+    if (ranked_.empty()) return;
+    // The policy sees the global layers' units only, numbered among themselves.
+    const int32_t heads = pool_.options().n_kv_heads;
+    std::vector<PoolUnitView> views;
+    views.reserve(ranked_.size());
+    for (size_t i = 0; i < ranked_.size(); ++i) {
+        const int32_t u = ranked_[i];
         Unit& unit = units_[u];
         views.emplace_back(pool_, u, unit.slot.data());
         views.back().n = committed(unit);
         views.back().pos = unit.pos.data();
         views.back().stat = unit.stat.data();
         views.back().head_dim = pool_.options().head_dim;
-        views.back().layer = u / pool_.options().n_kv_heads;
-        views.back().n_layers = pool_.options().n_layers;
+        views.back().layer = static_cast<int32_t>(i) / heads;
+        views.back().n_layers = static_cast<int32_t>(ranked_.size()) / heads;
         views.back().n_tokens = n_tokens_;
         views.back().state = &unit.state;
     }
     std::vector<const UnitView*> ptrs;
     for (const auto& v : views) ptrs.push_back(&v);
-    std::vector<int32_t> per_unit =
-        policy_->budgets(ptrs, static_cast<int64_t>(budget(n_tokens_)) * pool_.n_units());
-    if (per_unit.empty()) per_unit.assign(units_.size(), budget(n_tokens_));
+    const int64_t total = static_cast<int64_t>(budget(n_tokens_)) * std::ssize(ranked_);
+    std::vector<int32_t> per_unit = policy_->budgets(ptrs, total);
+    if (per_unit.empty()) per_unit.assign(ranked_.size(), budget(n_tokens_));
     std::vector<uint8_t> keep;
-    for (int32_t u = 0; u < pool_.n_units(); ++u) {
-        const Unit& unit = units_[u];
-        const int32_t n = committed(unit);
-        const int32_t keep_n = per_unit[u];
+    for (size_t i = 0; i < ranked_.size(); ++i) {
+        const int32_t u = ranked_[i];
+        const int32_t n = committed(units_[u]);
+        const int32_t keep_n = per_unit[i];
         if (n <= keep_n) continue;
         keep.assign(static_cast<size_t>(n), 0);
-        policy_->select(views[u], keep_n, keep);
-        apply_merges(u, policy_->merges(views[u], keep));
+        policy_->select(views[i], keep_n, keep);
+        apply_merges(u, policy_->merges(views[i], keep));
         // Reserved entries (j >= n) stay.
         drop(u, [&](size_t j) { return j < static_cast<size_t>(n) && !keep[j]; });
     }
@@ -248,12 +280,20 @@ void EvictingSequenceCache::apply_merges(int32_t u,
     }
 }
 
+int32_t EvictingSequenceCache::kept_by_truncate(int32_t n_keep) const {
+    if (window_first_ == 0 || n_keep >= n_tokens_) return n_keep;
+    // The query at n_keep sees the window from n_keep - window + 1.
+    return std::max(0, n_keep - window_ + 1) >= window_first_ ? n_keep : 0;
+}
+
 void EvictingSequenceCache::truncate(int32_t n_keep) {
     DS_CHECK(n_keep >= 0 && n_keep <= n_tokens_, "truncate past the end");
+    n_keep = kept_by_truncate(n_keep);
     for (int32_t u = 0; u < pool_.n_units(); ++u) {
         const Unit& unit = units_[u];
         drop(u, [&](size_t j) { return unit.pos[j] >= n_keep; });
     }
+    if (n_keep == 0) window_first_ = 0;
     n_tokens_ = n_keep;
     n_reserved_ = 0;
 }
@@ -264,9 +304,17 @@ size_t EvictingSequenceCache::bytes() const {
     return entries * entry_bytes() + units_.size() * sizeof(float);  // + each unit's policy state
 }
 
+int32_t EvictingSequenceCache::window_entries(int32_t n_tokens) const {
+    return std::min(n_tokens, window_ - 1 + kWindowSlack);
+}
+
 size_t EvictingSequenceCache::bytes_bound(int32_t n_tokens) const {
-    const size_t entries = static_cast<size_t>(std::min(std::max(n_tokens, 0), budget(n_tokens)));
-    return units_.size() * (entries * entry_bytes() + sizeof(float));
+    n_tokens = std::max(n_tokens, 0);
+    const auto ranked = static_cast<size_t>(std::min(n_tokens, budget(n_tokens)));
+    const size_t windowed = window_ > 0 ? static_cast<size_t>(window_entries(n_tokens)) : 0;
+    const size_t n_window_units = units_.size() - ranked_.size();
+    return (ranked_.size() * ranked + n_window_units * windowed) * entry_bytes() +
+           units_.size() * sizeof(float);
 }
 
 std::span<const int32_t> EvictingSequenceCache::positions(int32_t layer, int32_t head) const {

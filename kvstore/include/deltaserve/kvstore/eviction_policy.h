@@ -50,9 +50,11 @@ struct UnitView {
     const int32_t* pos = nullptr;
     const float* stat = nullptr;
     int32_t head_dim = 0;
-    int32_t layer = 0, n_layers = 0;  // where the unit sits
-    int32_t n_tokens = 0;             // tokens in the sequence
-    float* state = nullptr;           // one float the policy may keep per unit (D2O's threshold)
+    // Where the unit sits among the layers the policy ranks: every layer, or a model's global
+    // layers when the others attend a sliding window (EvictingSequenceCache).
+    int32_t layer = 0, n_layers = 0;
+    int32_t n_tokens = 0;    // tokens in the sequence
+    float* state = nullptr;  // one float the policy may keep per unit (D2O's threshold)
     // Key of entry j (after RoPE) as floats into out[head_dim].
     virtual void key(int32_t j, float* out) const = 0;
 
@@ -84,7 +86,8 @@ class EvictionPolicy {
     // Marks `budget` (< u.n) entries of u to keep in keep[0, u.n).
     virtual void select(const UnitView& u, int32_t budget, std::vector<uint8_t>& keep) const = 0;
     // Policies that spread one budget over all (layer, head) units (KV-Compress): given every
-    // unit and the total entries the sequence may keep, the entries each unit keeps. Empty
+    // ranked unit and the total entries the sequence may keep in them, the entries each keeps.
+    // Empty
     // (the default): every unit gets the same budget.
     virtual std::vector<int32_t> budgets(const std::vector<const UnitView*>& units,
                                          int64_t total) const {
