@@ -12,6 +12,7 @@ constexpr KvPolicyInfo evicting(std::string_view name, std::string_view summary)
     p.summary = summary;
     p.kind = KvCacheKind::kEvicting;
     p.compresses = true;
+    p.windows = true;  // a window layer keeps its window, outside the budget
     return p;
 }
 

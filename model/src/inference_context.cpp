@@ -54,8 +54,14 @@ class InferenceContextImpl final : public InferenceContext {
                 cache_, kvstore::DeltaKvSequenceCache::create(*parts_.profile, parts_.deltakv,
                                                               *threads_, options_.backend));
         } else if (parts_.policy) {
+            // Its sliding-window layers keep their window, outside the policy's budget.
+            const ModelConfig& c = model_.config;
+            std::vector<bool> window_layer(static_cast<size_t>(c.n_layers));
+            for (int32_t l = 0; l < c.n_layers; ++l)
+                window_layer[l] = c.sliding_window > 0 && c.is_local(l);
             cache_ = std::make_unique<kvstore::EvictingSequenceCache>(
-                *parts_.head_slots, std::move(parts_.policy), options_.kv);
+                *parts_.head_slots, std::move(parts_.policy), options_.kv, std::move(window_layer),
+                c.sliding_window);
         } else {
             cache_ = std::make_unique<kvstore::FullSequenceCache>(parts_.blocks, options_.n_ctx,
                                                                   parts_.groups, options_.n_batch);
@@ -332,12 +338,12 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
                         kvstore::find_kv_policy(opts.kv.policy));
     if (mc.sliding_window > 0 && opts.n_ctx > mc.sliding_window && !windows_policy->windows) {
         // Its cache attends over every token; a local layer's window equals that only so far.
-        return unimplemented("model '" + mc.name + "' has sliding-window layers of " +
-                             std::to_string(mc.sliding_window) + " tokens, and the " +
-                             opts.kv.policy +
-                             " policy does not implement them: a context of at most that many "
-                             "tokens (asked: " +
-                             std::to_string(opts.n_ctx) + "), or the full policy");
+        return unimplemented(
+            "model '" + mc.name + "' has sliding-window layers of " +
+            std::to_string(mc.sliding_window) + " tokens, and the " + opts.kv.policy +
+            " policy does not implement them: a context of at most that many "
+            "tokens (asked: " +
+            std::to_string(opts.n_ctx) + "), or a policy that does (full or an evicting one)");
     }
     if (opts.n_threads <= 0) opts.n_threads = default_thread_count();
     if (opts.threads) opts.n_threads = opts.threads->size();

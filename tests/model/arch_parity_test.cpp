@@ -198,22 +198,30 @@ TEST_F(ArchParity, Gemma3MatchesFloat64) {
     }
     EXPECT_FLOAT_EQ(c.rope(0).base, 10000.0f);
     EXPECT_FLOAT_EQ(c.rope(5).base, 1000000.0f);
-    // The full policy's cache holds the windows; a policy whose cache attends every token
-    // equals the local layers' window only up to the window: no more.
+    // The full and the evicting policies' caches hold the windows; deltakv's attends every
+    // token, which equals the local layers' window only up to the window: no more.
     ContextOptions co;
     co.n_ctx = 49;
-    co.kv.policy = "h2o";
-    co.kv.keep = 0.5f;
+    co.kv.policy = "deltakv";
     auto ctx = InferenceContext::create(*m, co);
     ASSERT_FALSE(ctx.ok());
     EXPECT_EQ(ctx.error().code(), StatusCode::kUnimplemented);
-    EXPECT_NE(ctx.error().message().find("sliding-window layers of 48 tokens, and the h2o policy"),
-              std::string::npos)
+    EXPECT_NE(
+        ctx.error().message().find("sliding-window layers of 48 tokens, and the deltakv policy"),
+        std::string::npos)
         << ctx.error().to_string();
-    co.n_ctx = 0;  // the default for it: the window
+    co.kv.policy = "h2o";
+    co.kv.keep = 0.5f;
+    co.n_threads = 2;
+    auto h2o = InferenceContext::create(*m, co);
+    ASSERT_TRUE(h2o.ok()) << h2o.error().to_string();
+    std::vector<int32_t> past(49);
+    for (int32_t i = 0; i < 49; ++i) past[i] = kPrompt[i % kPrompt.size()];
+    EXPECT_TRUE((*h2o)->eval(past).ok());
+    co.n_ctx = 0;  // the default for it: the model's context
     auto fits = InferenceContext::create(*m, co);
     ASSERT_TRUE(fits.ok()) << fits.error().to_string();
-    EXPECT_EQ((*fits)->n_ctx(), 48);
+    EXPECT_EQ((*fits)->n_ctx(), 512);
     co.kv = {};
     auto full = InferenceContext::create(*m, co);  // the full policy: the model's context
     ASSERT_TRUE(full.ok()) << full.error().to_string();

@@ -51,8 +51,9 @@ struct KvPolicyInfo {
     // Whether llama.cpp-compatible attention (AttentionNumerics::kGgml) can run over it.
     bool ggml_attention = false;
     // Runs models with sliding-window layers (Gemma 3) past their window: a window layer
-    // holds only its window (KvLayerGroups). The others serve such a model up to its window
-    // only, where its window layers equal global ones.
+    // holds only its window (full: KvLayerGroups; the evicting ones: EvictingSequenceCache,
+    // outside their budget). The others (deltakv) serve such a model up to its window only,
+    // where its window layers equal global ones.
     bool windows = false;
 };
 
