@@ -6,11 +6,13 @@
 // recomputed, never attended with rows missing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <vector>
 
+#include "deltaserve/kvstore/evicting_cache.h"
 #include "deltaserve/kvstore/kv_block.h"
 #include "deltaserve/kvstore/kv_cache.h"
 #include "deltaserve/kvstore/kv_rows_info.h"
@@ -45,11 +47,14 @@ class WindowKv : public ::testing::Test {
             GTEST_SKIP()
                 << "models/gemma-3-270m-q4_k_m.gguf is absent (deploy/setup.sh fetches it)";
     }
-    static std::unique_ptr<InferenceContext> context() {
+    static std::unique_ptr<InferenceContext> context(const std::string& policy = "full",
+                                                     float keep = 1.0f) {
         ContextOptions co;
         co.n_ctx = 2048;
         co.n_batch = 128;
         co.n_threads = 2;
+        co.kv.policy = policy;
+        co.kv.keep = keep;
         auto ctx = InferenceContext::create(*model_, co);
         EXPECT_TRUE(ctx.ok()) << ctx.error().to_string();
         return ctx.ok() ? std::move(*ctx) : nullptr;
@@ -108,6 +113,42 @@ TEST_F(WindowKv, ALocalLayerHoldsItsWindow) {
                 static_cast<double>(ctx->kv_bytes()) / static_cast<double>(every));
     // What a worker books is bounded the same way (a block per group more).
     EXPECT_LT(ctx->kv_bytes_bound(1400), every * 2 / 3);
+}
+
+// The evicting policies past the window: 1200 tokens in chunks of 128 and a few steps; the
+// global layers hold the keep ratio of their tokens, the local ones their window and the
+// slack, every one.
+TEST_F(WindowKv, EvictingPoliciesHoldTheGlobalBudgetAndTheWindows) {
+    const ModelConfig& c = model_->config;
+    auto full = context();
+    ASSERT_NE(full, nullptr);
+    ASSERT_TRUE(full->eval(tokens(1200)).ok());
+    const auto slack = kvstore::EvictingSequenceCache::kWindowSlack;
+    const size_t local = 15 * static_cast<size_t>(c.n_kv_heads) * (kWindow - 1 + slack);
+    const size_t entry = 4 * static_cast<size_t>(c.head_dim) + 8;  // fp16 K, V; slot, position
+    for (const char* policy : {"streaming", "h2o"}) {
+        auto ctx = context(policy, 0.5f);
+        ASSERT_NE(ctx, nullptr);
+        auto l = ctx->eval(tokens(1200));
+        ASSERT_TRUE(l.ok()) << policy << ": " << l.error().to_string();
+        for (int32_t step = 0; step < 4; ++step) {
+            const int32_t next[] = {
+                static_cast<int32_t>(std::max_element(l->begin(), l->end()) - l->begin())};
+            l = ctx->eval(next);
+            ASSERT_TRUE(l.ok()) << policy;
+        }
+        const int32_t n = ctx->n_past();
+        const size_t global = kvstore::full_fp16_bytes(n, 3, c.kv_dim()) / 2;
+        const size_t units = static_cast<size_t>(18 * c.n_kv_heads) * sizeof(float);
+        EXPECT_LE(ctx->kv_bytes(), global + local * (entry + 4) + units) << policy;
+        EXPECT_GE(ctx->kv_bytes(), local * entry) << policy;
+        EXPECT_LE(ctx->kv_bytes(), ctx->kv_bytes_bound(n)) << policy;
+        EXPECT_LT(ctx->kv_bytes(), full->kv_bytes()) << policy;
+        std::printf(
+            "%-9s %d tokens at keep 0.5: %zu KV bytes (full: %zu at 1200), keep_ratio "
+            "%.3f\n",
+            policy, n, ctx->kv_bytes(), full->kv_bytes(), ctx->keep_ratio());
+    }
 }
 
 // Shipped whole (export_state and every layer), then both go on alike: the same bits.
