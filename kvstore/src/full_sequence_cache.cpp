@@ -113,7 +113,10 @@ Status FullSequenceCache::reserve(int32_t n_new) {
                                       groups_.windowed[static_cast<size_t>(g)] ? dropped_ : 0);
         more += std::max(0, nb - from);
     }
-    DS_ASSIGN_OR_RETURN(std::vector<int32_t> got, pool_->allocate(more));
+    std::vector<int32_t> got;  // (most steps need no new block: no trip to the pool's lock)
+    if (more > 0) {
+        DS_ASSIGN_OR_RETURN(got, pool_->allocate(more));
+    }
     size_t next = 0;
     for (int32_t g = 0; g < groups_.n_groups(); ++g) {
         auto& table = tables_[static_cast<size_t>(g)];
