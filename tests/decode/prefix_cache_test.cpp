@@ -65,23 +65,9 @@ class PrefixCacheTest : public testing::DefaultModelTest {
         prefill_.reset();
         decode_.reset();
     }
-    struct Ran {
-        TurnEnd end;
-        decode::TurnPlan plan;
-    };
     // Runs a turn to its end (on the prefill worker too when the plan says so).
-    Result<Ran> run(const TurnSpec& spec) {
-        auto sink = std::make_shared<CollectingSink>();
-        auto plan = decode_->start_turn(spec, sink);
-        if (!plan.ok()) return plan.status();
-        if (plan->remote_prefill) {
-            auto r = prefill_->prefill({spec, address_, plan->pull_tokens});
-            if (!r.ok()) decode_->cancel(spec.turn_id, r.status());
-        }
-        auto end = sink->wait();
-        if (!end.ok()) return end.status();
-        end->text = sink->text();
-        return Ran{*end, *plan};
+    Result<testing::TurnRun> run(const TurnSpec& spec) {
+        return testing::run_turn(*decode_, *prefill_, address_, spec);
     }
     // The answers of `prompts` from a worker with no prefix cache.
     std::vector<std::string> uncached_answers(const std::vector<std::vector<int32_t>>& prompts) {

@@ -13,6 +13,7 @@
 #include "deltaserve/model/model.h"
 #include "deltaserve/prefill/prefill_worker.h"
 #include "deltaserve/transport/transport_factory.h"
+#include "gemma_model.h"
 #include "test_paths.h"
 
 namespace deltaserve {
@@ -24,23 +25,9 @@ using testing::CollectingSink;
 
 class WindowModelTest : public ::testing::Test {
   protected:
-    static void SetUpTestSuite() {
-        const std::string path = testing::models_dir() + "/gemma-3-270m-q4_k_m.gguf";
-        if (!std::filesystem::exists(path)) return;
-        model::LoadOptions lo;
-        lo.show_progress = false;
-        auto m = model::load_model(path, lo);
-        ASSERT_TRUE(m.ok()) << m.error().to_string();
-        model_ = m->release();
-    }
-    static void TearDownTestSuite() {
-        delete model_;
-        model_ = nullptr;
-    }
     void SetUp() override {
-        if (model_ == nullptr)
-            GTEST_SKIP()
-                << "models/gemma-3-270m-q4_k_m.gguf is absent (deploy/setup.sh fetches it)";
+        model_ = testing::gemma_model();
+        if (model_ == nullptr) GTEST_SKIP() << testing::kGemmaAbsent;
     }
     void TearDown() override {
         prefill_.reset();
@@ -74,22 +61,9 @@ class WindowModelTest : public ::testing::Test {
         ASSERT_TRUE(pw.ok()) << pw.error().to_string();
         prefill_ = std::move(*pw);
     }
-    struct Ran {
-        TurnEnd end;
-        decode::TurnPlan plan;
-    };
-    Result<Ran> run(const TurnSpec& spec) {
-        auto sink = std::make_shared<CollectingSink>();
-        auto plan = decode_->start_turn(spec, sink);
-        if (!plan.ok()) return plan.status();
-        if (plan->remote_prefill) {
-            auto r = prefill_->prefill({spec, address_, plan->pull_tokens});
-            if (!r.ok()) decode_->cancel(spec.turn_id, r.status());
-        }
-        auto end = sink->wait();
-        if (!end.ok()) return end.status();
-        end->text = sink->text();
-        return Ran{*end, *plan};
+    // Runs a turn to its end (on the prefill worker too when the plan says so).
+    Result<testing::TurnRun> run(const TurnSpec& spec) {
+        return testing::run_turn(*decode_, *prefill_, address_, spec);
     }
 
     static inline model::Model* model_ = nullptr;

@@ -20,6 +20,7 @@
 #include "deltaserve/model/kv_blocks.h"
 #include "deltaserve/model/kv_groups.h"
 #include "deltaserve/model/model.h"
+#include "gemma_model.h"
 #include "test_paths.h"
 
 namespace deltaserve::model {
@@ -29,23 +30,9 @@ constexpr int32_t kWindow = 512;
 
 class WindowKv : public ::testing::Test {
   protected:
-    static void SetUpTestSuite() {
-        const std::string path = testing::models_dir() + "/gemma-3-270m-q4_k_m.gguf";
-        if (!std::filesystem::exists(path)) return;
-        LoadOptions lo;
-        lo.show_progress = false;
-        auto m = load_model(path, lo);
-        ASSERT_TRUE(m.ok()) << m.error().to_string();
-        model_ = m->release();
-    }
-    static void TearDownTestSuite() {
-        delete model_;
-        model_ = nullptr;
-    }
     void SetUp() override {
-        if (model_ == nullptr)
-            GTEST_SKIP()
-                << "models/gemma-3-270m-q4_k_m.gguf is absent (deploy/setup.sh fetches it)";
+        model_ = testing::gemma_model();
+        if (model_ == nullptr) GTEST_SKIP() << testing::kGemmaAbsent;
     }
     static std::unique_ptr<InferenceContext> context(const std::string& policy = "full",
                                                      float keep = 1.0f) {

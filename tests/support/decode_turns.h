@@ -4,11 +4,14 @@
 
 #include <chrono>
 #include <future>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "deltaserve/decode/decode_worker.h"
 #include "deltaserve/decode/turn.h"
+#include "deltaserve/prefill/prefill_worker.h"
 
 namespace deltaserve::testing {
 
@@ -49,5 +52,28 @@ class CollectingSink : public decode::TurnSink {
     std::string text_;
     std::promise<Result<decode::TurnEnd>> done_;
 };
+
+// A turn run to its end: how it ended (its text in end.text) and the worker's plan.
+struct TurnRun {
+    decode::TurnEnd end;
+    decode::TurnPlan plan;
+};
+
+// Starts `spec` on `decode`, prefills it on `prefill` (connected to the decode worker at
+// `address`) when the plan says so, and waits for its end.
+inline Result<TurnRun> run_turn(decode::DecodeWorker& decode, prefill::PrefillWorker& prefill,
+                                const std::string& address, const decode::TurnSpec& spec) {
+    auto sink = std::make_shared<CollectingSink>();
+    auto plan = decode.start_turn(spec, sink);
+    if (!plan.ok()) return plan.status();
+    if (plan->remote_prefill) {
+        auto r = prefill.prefill({spec, address, plan->pull_tokens});
+        if (!r.ok()) decode.cancel(spec.turn_id, r.status());
+    }
+    auto end = sink->wait();
+    if (!end.ok()) return end.status();
+    end->text = sink->text();
+    return TurnRun{*end, *plan};
+}
 
 }  // namespace deltaserve::testing
