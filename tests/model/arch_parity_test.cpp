@@ -41,26 +41,15 @@ double near_tie_for(const std::string& file) {
 
 class ArchParity : public ::testing::Test {
   protected:
-    static void SetUpTestSuite() {
-        if (!testing::file_exists(testing::default_gguf_model()) ||
-            !testing::file_exists(testing::tools_python()))
-            return;
-        dir_ = new std::string(testing::write_test_models(/*only_bad=*/false, &why_));
-    }
-    static void TearDownTestSuite() {
-        if (dir_ != nullptr && !dir_->empty()) fs::remove_all(*dir_);
-        delete dir_;
-        dir_ = nullptr;
-    }
     void SetUp() override {
         DS_REQUIRE_TEST_MODEL_TOOLS();
-        ASSERT_TRUE(dir_ != nullptr && !dir_->empty()) << why_;
+        ASSERT_FALSE(dir().empty()) << testing::test_models(/*only_bad=*/false).why;
     }
 
     static std::unique_ptr<Model> load(const std::string& name) {
         LoadOptions lo;
         lo.show_progress = false;
-        auto m = load_model(*dir_ + "/" + name, lo);
+        auto m = load_model(dir() + "/" + name, lo);
         EXPECT_TRUE(m.ok()) << name << ": " << m.error().to_string();
         return m.ok() ? std::move(*m) : nullptr;
     }
@@ -105,7 +94,7 @@ class ArchParity : public ::testing::Test {
         if (!m) return INFINITY;
         const Run r = run(*m);
         std::vector<double> want_logits;
-        const json o = testing::oracle(*dir_ + "/" + name, kPrompt, kGreedy, &want_logits);
+        const json o = testing::oracle(dir() + "/" + name, kPrompt, kGreedy, &want_logits);
         EXPECT_FALSE(o.is_discarded());
         EXPECT_EQ(want_logits.size(), r.logits.size()) << name;
         if (o.is_discarded() || r.logits.empty() || want_logits.size() != r.logits.size())
@@ -129,11 +118,8 @@ class ArchParity : public ::testing::Test {
         return worst;
     }
 
-    static std::string* dir_;
-    static std::string why_;
+    static const std::string& dir() { return testing::test_models(/*only_bad=*/false).dir; }
 };
-std::string* ArchParity::dir_ = nullptr;
-std::string ArchParity::why_;
 
 TEST_F(ArchParity, Qwen3MatchesFloat64) {
     for (const char* f : {"qwen3-f32.gguf", "qwen3-f16.gguf", "qwen3-q8_0.gguf"}) {
@@ -160,8 +146,8 @@ TEST_F(ArchParity, Llama3ScalingMatchesFloat64) {
     ASSERT_EQ(m->config.rope_freq_factors.size(), 8u);
     // The factors matter at these positions: the oracle without them is far off.
     std::vector<double> plain, scaled;
-    testing::oracle(*dir_ + "/llama3-f32.gguf", kPrompt, 0, &plain, /*plain_rope=*/true);
-    testing::oracle(*dir_ + "/llama3-f32.gguf", kPrompt, 0, &scaled);
+    testing::oracle(dir() + "/llama3-f32.gguf", kPrompt, 0, &plain, /*plain_rope=*/true);
+    testing::oracle(dir() + "/llama3-f32.gguf", kPrompt, 0, &scaled);
     ASSERT_EQ(plain.size(), scaled.size());
     ASSERT_FALSE(plain.empty());
     double apart = 0;
@@ -271,7 +257,7 @@ TEST_F(ArchParity, Gemma3PastTheWindowMatchesFloat64) {
             last.assign(next->begin(), next->end());
         }
         std::vector<double> want_logits;
-        const json o = testing::oracle(*dir_ + "/" + f, prompt, kGreedy, &want_logits);
+        const json o = testing::oracle(dir() + "/" + f, prompt, kGreedy, &want_logits);
         ASSERT_FALSE(o.is_discarded());
         ASSERT_EQ(want_logits.size(), all->size());
         double worst = 0;

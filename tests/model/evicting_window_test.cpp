@@ -64,23 +64,19 @@ class EvictingWindow : public ::testing::Test {
         if (!testing::file_exists(testing::default_gguf_model()) ||
             !testing::file_exists(testing::tools_python()))
             return;
-        dir_ = new std::string(testing::write_test_models(/*only_bad=*/false, &why_));
-        if (dir_->empty()) return;
+        if (dir().empty()) return;
         LoadOptions lo;
         lo.show_progress = false;
-        auto m = load_model(*dir_ + "/gemma3-f32.gguf", lo);
+        auto m = load_model(dir() + "/gemma3-f32.gguf", lo);
         if (m.ok()) model_ = m->release();
     }
     static void TearDownTestSuite() {
-        if (dir_ != nullptr && !dir_->empty()) fs::remove_all(*dir_);
-        delete dir_;
         delete model_;
-        dir_ = nullptr;
         model_ = nullptr;
     }
     void SetUp() override {
         DS_REQUIRE_TEST_MODEL_TOOLS();
-        ASSERT_TRUE(dir_ != nullptr && !dir_->empty()) << why_;
+        ASSERT_FALSE(dir().empty()) << testing::test_models(/*only_bad=*/false).why;
         ASSERT_NE(model_, nullptr);
         ASSERT_EQ(model_->config.sliding_window, kWindow);
     }
@@ -117,12 +113,9 @@ class EvictingWindow : public ::testing::Test {
         EXPECT_TRUE(ctx.ok()) << policy << ": " << ctx.error().to_string();
         return ctx.ok() ? std::move(*ctx) : nullptr;
     }
-    static std::string* dir_;
-    static std::string why_;
+    static const std::string& dir() { return testing::test_models(/*only_bad=*/false).dir; }
     static Model* model_;
 };
-std::string* EvictingWindow::dir_ = nullptr;
-std::string EvictingWindow::why_;
 Model* EvictingWindow::model_ = nullptr;
 
 // 300 tokens in chunks of 16, then 8 steps: the local layers drop what their window left

@@ -68,18 +68,9 @@ std::string model_file_for(const std::string& golden, const json& g, std::string
                "/quant: tests/llamacpp/run.sh makes it with llama.cpp's llama-quantize";
         return "";
     }
-    // Written once, removed as the process ends.
-    static std::string made_why;
-    static const struct Made {
-        std::string dir = testing::write_test_models(false, &made_why);
-        ~Made() {
-            std::error_code ec;
-            if (!dir.empty()) fs::remove_all(dir, ec);
-        }
-    } made;
-    const std::string& dir = made.dir;
-    *why = made_why;
-    return dir.empty() ? "" : dir + "/" + file;
+    const testing::TestModelsDir& made = testing::test_models(/*only_bad=*/false);
+    *why = made.why;
+    return made.dir.empty() ? "" : made.dir + "/" + file;
 }
 
 class LlamaCppParity : public ::testing::TestWithParam<std::string> {};

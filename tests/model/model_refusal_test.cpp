@@ -16,38 +16,24 @@ namespace fs = std::filesystem;
 
 class ModelRefusal : public ::testing::Test {
   protected:
-    static void SetUpTestSuite() {
-        if (!testing::file_exists(testing::default_gguf_model()) ||
-            !testing::file_exists(testing::tools_python()))
-            return;
-        dir_ = new std::string(testing::write_test_models(/*only_bad=*/true, &why_));
-    }
-    static void TearDownTestSuite() {
-        if (dir_ != nullptr && !dir_->empty()) fs::remove_all(*dir_);
-        delete dir_;
-        dir_ = nullptr;
-    }
     void SetUp() override {
         DS_REQUIRE_TEST_MODEL_TOOLS();
-        ASSERT_TRUE(dir_ != nullptr && !dir_->empty()) << why_;
+        ASSERT_FALSE(dir().empty()) << testing::test_models(/*only_bad=*/true).why;
     }
 
     // Loading `name` fails with `code`, and the message says `says`.
     static void refused(const std::string& name, StatusCode code, const std::string& says) {
         LoadOptions lo;
         lo.show_progress = false;
-        auto m = load_model(*dir_ + "/" + name, lo);
+        auto m = load_model(dir() + "/" + name, lo);
         ASSERT_FALSE(m.ok()) << name << " loaded";
         EXPECT_EQ(m.error().code(), code) << name << ": " << m.error().to_string();
         EXPECT_NE(m.error().message().find(says), std::string::npos)
             << name << ": " << m.error().to_string();
     }
 
-    static std::string* dir_;
-    static std::string why_;
+    static const std::string& dir() { return testing::test_models(/*only_bad=*/true).dir; }
 };
-std::string* ModelRefusal::dir_ = nullptr;
-std::string ModelRefusal::why_;
 
 TEST_F(ModelRefusal, GgufTensorsNoPartOfTheModelUses) {
     refused("bad-unused-tensor.gguf", StatusCode::kUnimplemented, "'blk.0.attn_rot_embd'");

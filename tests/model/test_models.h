@@ -56,6 +56,29 @@ inline std::string write_test_models(bool only_bad, std::string* why) {
     return dir.string();
 }
 
+// The models of write_test_models(only_bad), written once per test program (at the first
+// call) and removed as it ends; dir is "" with the reason in why when they could not be
+// written.
+struct TestModelsDir {
+    std::string dir, why;
+};
+inline const TestModelsDir& test_models(bool only_bad) {
+    struct Held {
+        TestModelsDir d;
+        explicit Held(bool bad) { d.dir = write_test_models(bad, &d.why); }
+        ~Held() {
+            std::error_code ec;
+            if (!d.dir.empty()) std::filesystem::remove_all(d.dir, ec);
+        }
+    };
+    if (only_bad) {
+        static const Held bad(true);
+        return bad.d;
+    }
+    static const Held all(false);
+    return all.d;
+}
+
 // The oracle's float64 run of `model` on `tokens` with `greedy` steps after them (without
 // the file's RoPE scaling with plain_rope): every token's logits into *logits (tokens x
 // n_vocab), and {"n_vocab": n, "greedy": [ids], "gaps": [top-2 gap before each]}.
