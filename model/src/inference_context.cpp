@@ -313,10 +313,12 @@ void warn_below_floor(const kvstore::DeltaKvProfile& profile, const kvstore::Del
 Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& model,
                                                                    const ContextOptions& options) {
     ContextOptions opts = options;
+    DS_ASSIGN_OR_RETURN(const kvstore::KvPolicyInfo* const policy_info,
+                        kvstore::find_kv_policy(opts.kv.policy));
+    const kvstore::KvPolicyInfo& policy = *policy_info;
     if (opts.n_ctx <= 0) {
         opts.n_ctx = std::min(model.config.n_ctx_train, kDefaultMaxContext);
-        const auto policy = kvstore::find_kv_policy(opts.kv.policy);
-        if (model.config.sliding_window > 0 && policy.ok() && !(*policy)->windows) {
+        if (model.config.sliding_window > 0 && !policy.windows) {
             opts.n_ctx = std::min(opts.n_ctx, model.config.sliding_window);
         }
     }
@@ -334,9 +336,7 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
     DS_RETURN_IF_ERROR(
         kernels::attention_shape_supported({mc.n_heads, mc.n_kv_heads, mc.head_dim, 0.0f})
             .with_context("model '" + mc.name + "'"));
-    DS_ASSIGN_OR_RETURN(const kvstore::KvPolicyInfo* windows_policy,
-                        kvstore::find_kv_policy(opts.kv.policy));
-    if (mc.sliding_window > 0 && opts.n_ctx > mc.sliding_window && !windows_policy->windows) {
+    if (mc.sliding_window > 0 && opts.n_ctx > mc.sliding_window && !policy.windows) {
         // Its cache attends over every token; a local layer's window equals that only so far.
         return unimplemented(
             "model '" + mc.name + "' has sliding-window layers of " +
@@ -353,7 +353,6 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
     const kernels::DType dtype =
         opts.kv_type == KvType::kF16 ? kernels::DType::kF16 : kernels::DType::kF32;
     DS_RETURN_IF_ERROR(opts.kv.validate());
-    const kvstore::KvPolicyInfo& policy = **kvstore::find_kv_policy(opts.kv.policy);
     if (!policy.ggml_attention && opts.attention == AttentionNumerics::kGgml) {
         return invalid_argument("llama.cpp-compatible attention does not run over the " +
                                 opts.kv.policy + " policy's cache");
