@@ -172,26 +172,33 @@ void DeltaKvSequenceCache::attended_rows_call(int32_t layer, std::span<const int
                                               float* out, uint8_t* latent) {
     const int32_t d = profile_.d, m = profile_.m, kv_dim = d / 2;
     const int32_t li = layer_index_[layer];
-    const bool full = options_.full_layer[layer];
+    const bool full = options_.full_layer[layer], window = options_.is_window_layer(layer);
     std::vector<int32_t> lat;
     std::vector<size_t> lat_at;
-    const SlotPool& pool = full ? *full_pool_ : *sparse_pool_;
+    const SlotPool& pool = window ? *window_pool_ : full ? *full_pool_ : *sparse_pool_;
+    const std::vector<int32_t>& slot_of = window ? window_slot_ : full ? full_slot_ : sparse_slot_;
+    const float theta = window && options_.window_rope_theta > 0.0f ? options_.window_rope_theta
+                                                                    : options_.rope_theta;
     std::vector<uint8_t> kv(2 * pool.row_bytes());
     for (size_t i = 0; i < positions.size(); ++i) {
         const int32_t pos = positions[i];
         float* x = out + i * static_cast<size_t>(d);
-        latent[i] = !full && sparse_slot_[pos] < 0;
+        if (window && slot_of[pos] < 0) {  // past the window: not held
+            latent[i] = 2;
+            std::fill(x, x + d, 0.0f);
+            continue;
+        }
+        latent[i] = !full && !window && sparse_slot_[pos] < 0;
         if (latent[i]) {
             lat.push_back(pos);
             lat_at.push_back(i);
             continue;
         }
-        const int32_t slot = full ? full_slot_[pos] : sparse_slot_[pos];
+        const int32_t slot = slot_of[pos];
         must(pool.read_rows(li, std::span<const int32_t>(&slot, 1), kv.data()));
         read_kv_row(k::DType::kF16, kv.data(), x, kv_dim);
         read_kv_row(k::DType::kF16, kv.data() + pool.row_bytes(), x + kv_dim, kv_dim);
-        k::rope_inverse(x, options_.n_kv_heads, options_.head_dim, pos, options_.rope_theta,
-                        options_.rope_style);
+        k::rope_inverse(x, options_.n_kv_heads, options_.head_dim, pos, theta, options_.rope_style);
     }
     if (lat.empty()) return;
     gather_refs(li, lat, d);
@@ -282,6 +289,7 @@ Result<bool> DeltaKvSequenceCache::attend(int32_t layer, const kernels::Attentio
 bool DeltaKvSequenceCache::attend_call(int32_t layer, const kernels::AttentionShape& shape,
                                        const float* q, int64_t ldq, int32_t n, float* out,
                                        int64_t ldo) {
+    if (options_.is_window_layer(layer)) return false;  // exact rows: the view is all of it
     if (n > 1) return attend_chunk(layer, shape, q, ldq, n, out, ldo);
     if (options_.full_layer[layer] || latent_sel_.empty()) return false;
     DS_CHECK(n == 1, "latent tokens are selected for single-token calls only");
@@ -340,6 +348,7 @@ bool DeltaKvSequenceCache::attend_call(int32_t layer, const kernels::AttentionSh
 
 bool DeltaKvSequenceCache::corrects(int32_t layer) const {
     return options_.logit_correction != 0.0f && !options_.full_layer[layer] &&
+           !options_.is_window_layer(layer) &&
            static_cast<size_t>(layer) < profile_.key_error_var.size() &&
            !profile_.key_error_var[layer].empty();
 }
@@ -372,7 +381,7 @@ void DeltaKvSequenceCache::add_logit_correction(int32_t layer, const kernels::At
 bool DeltaKvSequenceCache::attend_chunk(int32_t layer, const kernels::AttentionShape& shape,
                                         const float* q, int64_t ldq, int32_t n, float* out,
                                         int64_t ldo) {
-    if (options_.full_layer[layer]) return false;
+    if (options_.full_layer[layer] || options_.is_window_layer(layer)) return false;
     // What the commit compresses is known from positions alone; the last chunk of a prompt
     // scores its tokens for the pins while they are still exact.
     if (!plan_.active && more_ == 0) plan_compression(n_tokens_ + n_reserved_);

@@ -12,6 +12,7 @@
 
 #include "deltakv_codec.h"
 #include "deltakv_scratch.h"
+#include "deltaserve/kvstore/kv_layer_groups.h"
 #include "row_io.h"
 
 namespace deltaserve::kvstore {
@@ -21,7 +22,8 @@ namespace k = deltaserve::kernels;
 namespace {
 
 int32_t n_sparse_layers(const DeltaKvOptions& o) {
-    return static_cast<int32_t>(std::count(o.full_layer.begin(), o.full_layer.end(), 0));
+    return o.n_global_layers() -
+           static_cast<int32_t>(std::count(o.full_layer.begin(), o.full_layer.end(), uint8_t{1}));
 }
 
 // The profile's compressors as `backend`'s ops read them: uploaded the first time a session
@@ -37,6 +39,15 @@ Result<std::shared_ptr<const DeltaKvOnBackend>> on_backend(const DeltaKvProfile&
     on->backend = &backend;
     for (size_t l = 0; l < profile.layers.size(); ++l) {
         const k::DeltaKvLayer& w = profile.layers[l];
+        if (!profile.has_compressor(static_cast<int32_t>(l))) {  // (a window layer's: none)
+            on->enc.emplace_back();
+            on->wd_v.push_back(nullptr);
+            if (int4) {
+                on->dec.emplace_back();
+                on->dec_k.emplace_back();
+            }
+            continue;
+        }
         k::DeltaKvLayer e = w;
         DS_ASSIGN_OR_RETURN(e.w1, backend.upload_weight(w.w1));
         DS_ASSIGN_OR_RETURN(e.w2, backend.upload_weight(w.w2));
@@ -71,6 +82,12 @@ Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(
             std::to_string(profile.d) + ") does not fit this model (" + std::to_string(o.n_layers) +
             " layers, D " + std::to_string(2 * o.n_kv_heads * o.head_dim) + ")");
     }
+    for (int32_t l = 0; l < o.n_layers; ++l) {
+        if (!o.full_layer[l] && !o.is_window_layer(l) && !profile.has_compressor(l)) {
+            return invalid_argument("DeltaKV profile has no compressor for layer " +
+                                    std::to_string(l) + ", which these options compress");
+        }
+    }
     if (o.latent_bits == 4 && (profile.int4.size() != profile.layers.size() ||
                                profile.int4_k.size() != profile.layers.size())) {
         return invalid_argument(
@@ -99,6 +116,11 @@ Result<std::unique_ptr<DeltaKvSequenceCache>> DeltaKvSequenceCache::create(
         // Room for every token in full precision (a prompt waits exact for its end:
         // expect_more); a chunk's reconstructions go to recon_k_ / recon_v_.
         DS_ASSIGN_OR_RETURN(c->sparse_pool_, pool_of(c->sparse_layers_.size()));
+    }
+    if (!c->window_layers_.empty()) {
+        // Address space for every position; rows past the window go back to the pool and are
+        // taken again (lowest first), so what is in memory is the window and the chunk.
+        DS_ASSIGN_OR_RETURN(c->window_pool_, pool_of(c->window_layers_.size()));
     }
     DS_ASSIGN_OR_RETURN(c->on_, on_backend(profile, *c->backend_, o.latent_bits == 4));
     c->enc_ = &c->on_->enc;
@@ -134,8 +156,16 @@ DeltaKvSequenceCache::DeltaKvSequenceCache(const DeltaKvProfile& profile,
       codec_(std::make_unique<DeltaKvCodec>(*this)) {
     layer_index_.resize(static_cast<size_t>(options.n_layers));
     group_of_.assign(static_cast<size_t>(options.n_layers), -1);
+    observes_.assign(static_cast<size_t>(options.n_layers), 0);
     int32_t observation = -1;
+    std::vector<int32_t> global;  // the layers full_layer chooses among, in order
     for (int32_t l = 0; l < options.n_layers; ++l) {
+        if (options.is_window_layer(l)) {
+            layer_index_[l] = static_cast<int32_t>(window_layers_.size());
+            window_layers_.push_back(l);
+            continue;
+        }
+        global.push_back(l);
         if (options.full_layer[l]) {
             layer_index_[l] = static_cast<int32_t>(full_layers_.size());
             full_layers_.push_back(l);
@@ -146,14 +176,16 @@ DeltaKvSequenceCache::DeltaKvSequenceCache(const DeltaKvProfile& profile,
             group_of_[l] = observation;
         }
     }
-    for (int32_t l = 0; !options.full_layer[0] && l + 1 < options.n_layers; ++l) {
-        if (options.full_layer[l] && !options.full_layer[l + 1]) {
-            first_observation_ = l;
-            break;
-        }
+    // A full layer observes for the sparse layers after it: those up to the next full one
+    // (window layers between them take no part).
+    for (size_t i = 0; i + 1 < global.size(); ++i) {
+        observes_[global[i]] = options.full_layer[global[i]] && !options.full_layer[global[i + 1]];
+        if (observes_[global[i]] && first_observation_ < 0 && !options.full_layer[global[0]])
+            first_observation_ = global[i];
     }
     scorer_.assign(static_cast<size_t>(options.n_layers), 0);
     for (int32_t l = 0, since_full = 0; l < options.n_layers; ++l) {
+        if (options.is_window_layer(l)) continue;
         if (options.full_layer[l]) {
             since_full = 0;
             continue;
@@ -178,9 +210,10 @@ size_t DeltaKvSequenceCache::latent_bytes() const {
 
 Status DeltaKvSequenceCache::reserve(int32_t n_new) {
     if (n_new <= n_reserved_) return Status();
+    drop_window_before(n_tokens_);  // this call's first query sees the window ending there
     const int32_t more = n_new - n_reserved_;
     DS_ASSIGN_OR_RETURN(std::vector<int32_t> f, full_pool_->allocate(more));
-    std::vector<int32_t> s;
+    std::vector<int32_t> s, w;
     if (sparse_pool_) {
         auto got = sparse_pool_->allocate(more);
         if (!got.ok()) {
@@ -189,18 +222,47 @@ Status DeltaKvSequenceCache::reserve(int32_t n_new) {
         }
         s = std::move(*got);
     }
+    if (window_pool_) {
+        auto got = window_pool_->allocate(more);
+        if (!got.ok()) {
+            full_pool_->release(f);
+            if (sparse_pool_) sparse_pool_->release(s);
+            return got.status();
+        }
+        w = std::move(*got);
+    }
     for (int32_t i = 0; i < more; ++i) {
         full_slot_.push_back(f[i]);
         sparse_slot_.push_back(sparse_pool_ ? s[i] : -1);
+        window_slot_.push_back(window_pool_ ? w[i] : -1);
         region_.add_position();
     }
     n_reserved_ = n_new;
     return Status();
 }
 
+void DeltaKvSequenceCache::drop_window_before(int32_t from) {
+    if (!window_pool_) return;
+    const int32_t upto = std::min(static_cast<int32_t>(window_slot_.size()),
+                                  std::max(0, from - options_.sliding_window + 1 - kWindowSlack));
+    std::vector<int32_t> freed;
+    for (int32_t p = window_from_; p < upto; ++p) {
+        if (window_slot_[p] >= 0) freed.push_back(std::exchange(window_slot_[p], -1));
+    }
+    window_pool_->release(freed);
+    window_from_ = std::max(window_from_, upto);
+}
+
 Status DeltaKvSequenceCache::store(int32_t layer, int32_t first, int32_t n, const float* kk,
                                    const float* v, int64_t ld) {
     DS_CHECK(first + n <= n_reserved_, "store past reserve");
+    if (options_.is_window_layer(layer)) {
+        return window_pool_->store(
+            layer_index_[layer],
+            std::span<const int32_t>(window_slot_)
+                .subspan(static_cast<size_t>(n_tokens_ + first), static_cast<size_t>(n)),
+            kk, v, ld);
+    }
     const bool full = options_.full_layer[layer];
     SlotPool& pool = full ? *full_pool_ : *sparse_pool_;
     const std::vector<int32_t>& slot_of = full ? full_slot_ : sparse_slot_;
@@ -227,6 +289,18 @@ Status DeltaKvSequenceCache::store(int32_t layer, int32_t first, int32_t n, cons
 }
 
 kernels::KvView DeltaKvSequenceCache::view(int32_t layer, int32_t n_visible_new) const {
+    if (options_.is_window_layer(layer)) {  // the positions held, each query its window
+        k::KvView v;
+        v.dtype = k::DType::kF16;
+        v.k = window_pool_->k_base(layer_index_[layer]);
+        v.v = window_pool_->v_base(layer_index_[layer]);
+        v.row_stride = window_pool_->row_bytes();
+        v.head_stride = window_pool_->head_bytes();
+        v.slots = window_slot_.data() + window_from_;
+        v.n = n_tokens_ + n_visible_new - window_from_;
+        v.window = options_.sliding_window;
+        return v;
+    }
     const bool full = options_.full_layer[layer];
     const SlotPool& pool = full ? *full_pool_ : *sparse_pool_;
     const int32_t li = layer_index_[layer];
@@ -261,8 +335,9 @@ std::vector<int32_t> DeltaKvSequenceCache::view_positions(int32_t layer,
                                                           int32_t n_visible_new) const {
     std::vector<int32_t> pos;
     const int32_t end = n_tokens_ + n_visible_new;
-    if (options_.full_layer[layer]) {
-        for (int32_t p = 0; p < end; ++p) pos.push_back(p);
+    if (options_.full_layer[layer] || options_.is_window_layer(layer)) {
+        for (int32_t p = options_.full_layer[layer] ? 0 : window_from_; p < end; ++p)
+            pos.push_back(p);
         return pos;
     }
     for (int32_t p = 0; p < std::min(options_.sinks, n_tokens_); ++p) pos.push_back(p);
@@ -350,6 +425,7 @@ void DeltaKvSequenceCache::commit_call(int32_t n) {
 
 void DeltaKvSequenceCache::truncate(int32_t n_keep) {
     DS_CHECK(n_keep >= 0 && n_keep <= n_tokens_, "truncate past the end");
+    n_keep = kept_by_truncate(n_keep);
     drop_plan();
     release_temp();
     forget_angles();
@@ -359,11 +435,18 @@ void DeltaKvSequenceCache::truncate(int32_t n_keep) {
     hints_.clear();
     plan_.exact_carry = plan_.carry_before = 0.0;
     const int32_t end = n_tokens_ + n_reserved_;
-    std::vector<int32_t> full_freed, sparse_freed;
+    std::vector<int32_t> full_freed, sparse_freed, window_freed;
     for (int32_t p = n_keep; p < end; ++p) {
         full_freed.push_back(full_slot_[p]);
         if (sparse_slot_[p] >= 0) sparse_freed.push_back(sparse_slot_[p]);
+        if (window_slot_[p] >= 0) window_freed.push_back(window_slot_[p]);
     }
+    if (window_pool_) {
+        window_pool_->release(window_freed);
+        window_pool_->trim();
+    }
+    window_slot_.resize(static_cast<size_t>(n_keep));
+    if (n_keep == 0) window_from_ = 0;
     full_pool_->release(full_freed);
     full_pool_->trim();
     region_.truncate(n_keep, latent_bytes(), options_.k);
@@ -382,6 +465,17 @@ void DeltaKvSequenceCache::truncate(int32_t n_keep) {
     }
 }
 
+int32_t DeltaKvSequenceCache::kept_by_truncate(int32_t n_keep) const {
+    if (window_from_ == 0 || n_keep >= n_tokens_) return n_keep;
+    return std::max(0, n_keep - options_.sliding_window + 1) >= window_from_ ? n_keep : 0;
+}
+
+size_t DeltaKvSequenceCache::window_bytes() const {
+    if (!window_pool_) return 0;
+    return static_cast<size_t>(std::max(0, n_tokens_ - window_from_)) * window_layers_.size() * 2 *
+           window_pool_->row_bytes();
+}
+
 size_t DeltaKvSequenceCache::bytes_bound(int32_t n_tokens) const {
     const size_t n = static_cast<size_t>(std::max(n_tokens, 0));
     const size_t row = static_cast<size_t>(options_.n_kv_heads) * options_.head_dim * 2 * 2;
@@ -395,11 +489,15 @@ size_t DeltaKvSequenceCache::bytes_bound(int32_t n_tokens) const {
         n * full_layers_.size() * row + exact * sparse_layers_.size() * row +
         (n - exact) * sparse_layers_.size() * (latent_bytes() + sizeof(uint16_t) * options_.k);
     // A keep target lets the buffer grow while the session stays under it.
-    const auto target = static_cast<size_t>(
-        std::ceil(options_.keep *
-                  static_cast<double>(full_fp16_bytes(static_cast<int32_t>(n), options_.n_layers,
-                                                      options_.n_kv_heads * options_.head_dim))));
-    return std::max(compressed, target) + n * meta;
+    const auto target = static_cast<size_t>(std::ceil(
+        options_.keep *
+        static_cast<double>(full_fp16_bytes(static_cast<int32_t>(n), options_.n_global_layers(),
+                                            options_.n_kv_heads * options_.head_dim))));
+    // A window layer holds its window, the slack and the chunk a forward call brings.
+    const size_t window_rows =
+        std::min(n, static_cast<size_t>(options_.sliding_window - 1 + kWindowSlack +
+                                        std::min(options_.n_batch, n_tokens)));
+    return std::max(compressed, target) + n * meta + window_rows * window_layers_.size() * row;
 }
 
 size_t DeltaKvSequenceCache::prefill_bytes_bound(int32_t n_tokens, int32_t n_new) const {
@@ -411,7 +509,8 @@ size_t DeltaKvSequenceCache::prefill_bytes_bound(int32_t n_tokens, int32_t n_new
 }
 
 size_t DeltaKvSequenceCache::resident_bytes() const {
-    return full_pool_->resident_bytes() + (sparse_pool_ ? sparse_pool_->resident_bytes() : 0);
+    return full_pool_->resident_bytes() + (sparse_pool_ ? sparse_pool_->resident_bytes() : 0) +
+           (window_pool_ ? window_pool_->resident_bytes() : 0);
 }
 
 size_t DeltaKvSequenceCache::bytes_upto(int32_t n) const {

@@ -24,10 +24,13 @@ class DeltaKvCodec final : public SequenceCodec {
     explicit DeltaKvCodec(DeltaKvSequenceCache& cache) : c_(cache) {}
 
     // State: the token count, the compressed region's end, the settings a receiver must
-    // share, and which tokens of the region are references (a bitmap). A full layer: every
-    // token's K rows then V rows (fp16). A sparse layer: the full-precision tokens' K then V
-    // rows, the latents, their reference positions, their error codes (a byte each,
-    // deltakv_error_code).
+    // share (with the layers' roles, a byte each: 0 sparse, 1 full, 2 window; when a layer is
+    // a window layer, the window and the layer count after them, int32s), and which tokens of
+    // the region
+    // are references (a bitmap). A full layer: every token's K rows then V rows (fp16). A
+    // sparse layer: the full-precision tokens' K then V rows, the latents, their reference
+    // positions, their error codes (a byte each, deltakv_error_code). A window layer: the
+    // first position it holds (int32), then those positions' K then V rows.
     Result<std::vector<uint8_t>> export_state() const override;
     Result<std::vector<uint8_t>> export_layer(int32_t layer) const override;
     Status import_state(std::span<const uint8_t> state) override;
@@ -47,7 +50,7 @@ class DeltaKvCodec final : public SequenceCodec {
                                              int32_t end) const override;
     Status import_rows(int32_t layer, int32_t begin, int32_t end,
                        std::span<const uint8_t> part) override;
-    // Full layers NaN; a sparse layer's from its latents' error codes (a latent imported
+    // Full and window layers NaN; a sparse layer's from its latents' error codes (a latent imported
     // without them, as from a state whose layer has not come, is not measured).
     std::vector<float> rows_error(int32_t begin, int32_t end) const override;
 
@@ -56,8 +59,16 @@ class DeltaKvCodec final : public SequenceCodec {
     // The region end a rows state carries instead of one (no region yet).
     static constexpr int32_t kRowsState = -1;
     // A state's fixed part: the token count, the region end (or kRowsState), the settings
-    // a receiver must share, the layer roles.
+    // a receiver must share, the layer roles (and the window).
     std::vector<uint8_t> state_head(int32_t n_tokens, int32_t region_end) const;
+    std::vector<uint8_t> roles() const;
+    // A window layer's part of positions [begin, end): the first it holds, then their rows.
+    // The importer refuses (kDataLoss) a part without every row the cache holds, and takes
+    // only those.
+    Result<std::vector<uint8_t>> export_window_rows(int32_t layer, int32_t begin,
+                                                    int32_t end) const;
+    Status import_window_rows(int32_t layer, int32_t begin, int32_t end,
+                              std::span<const uint8_t> part);
     // Zeros in every held row: what attention over a layer not yet imported reads.
     Status zero_rows();
     Status begin_rows_import(int32_t n);

@@ -48,9 +48,9 @@ void DeltaKvSequenceCache::plan_compression(int32_t n_total) {
     const size_t row = static_cast<size_t>(options_.n_kv_heads) * options_.head_dim * 2 * 2;
     const size_t saved =
         sparse_layers_.size() * (row - latent_bytes() - sizeof(uint16_t) * options_.k);
-    const double target =
-        options_.keep * static_cast<double>(full_fp16_bytes(
-                            n_total, options_.n_layers, options_.n_kv_heads * options_.head_dim));
+    const double target = options_.keep * static_cast<double>(full_fp16_bytes(
+                                              n_total, options_.n_global_layers(),
+                                              options_.n_kv_heads * options_.head_dim));
     // The session's bytes before this plan (planning moves no slots): one pass, not one per block.
     const size_t held = options_.keep > 0.0f && n_total - plan_.end >= 2 * options_.window
                             ? bytes_upto(n_total)

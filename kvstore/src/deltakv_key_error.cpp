@@ -20,7 +20,7 @@ std::vector<float> deltakv_key_error_variance(const DeltaKvProfile& profile, int
         (ref ? refs : latent).push_back(p);
     }
     const int64_t nl = static_cast<int64_t>(latent.size());
-    if (nl == 0 || layer < 0 || layer >= static_cast<int32_t>(profile.layers.size())) return var;
+    if (nl == 0 || !profile.has_compressor(layer)) return var;
     std::vector<float> ref_x(refs.size() * d), lx(static_cast<size_t>(nl) * d), rm(lx.size());
     for (size_t i = 0; i < refs.size(); ++i)
         std::copy_n(x + static_cast<size_t>(refs[i]) * d, d, ref_x.data() + i * d);

@@ -24,7 +24,11 @@ double latent_token_bytes(const DeltaKvProfile& profile, const DeltaKvOptions& o
 
 DeltaKvOptions deltakv_options_for_keep(const DeltaKvProfile& profile, float keep,
                                         DeltaKvOptions o) {
-    const int32_t n_layers = o.n_layers;
+    const int32_t n_layers = o.n_layers, n_global = o.n_global_layers();
+    // Full layers are global layers: a window layer keeps its window, outside the target.
+    const auto can_be_full = [&](int32_t l) {
+        return l >= 0 && l < n_layers && !o.full_layer[l] && !o.is_window_layer(l);
+    };
     if (keep < 0.25f) {  // fewer references and a shorter buffer
         o.stride = 2 * profile.stride;
         o.window = 32;
@@ -34,26 +38,26 @@ DeltaKvOptions deltakv_options_for_keep(const DeltaKvProfile& profile, float kee
     const double latent = latent_token_bytes(profile, o);
     const double n = 2048.0;
     const double s = 1.0 / o.stride + latent / full_token + (1.5 * o.window + o.sinks) / n;
-    int32_t n_full = static_cast<int32_t>(std::floor((keep - s) / (1.0 - s) * n_layers));
-    n_full = std::clamp(n_full, 1, n_layers);
+    int32_t n_full = static_cast<int32_t>(std::floor((keep - s) / (1.0 - s) * n_global));
+    n_full = std::clamp(n_full, 1, std::max(1, n_global));
     o.keep = keep;
     // The observation layer calibration measured, then the most sensitive layers. A profile
     // that orders only some layers (or none) falls back to the first layers.
     o.full_layer.assign(static_cast<size_t>(n_layers), 0);
     int32_t chosen = 0;
-    if (profile.observation_layer >= 0 && profile.observation_layer < n_layers) {
+    if (can_be_full(profile.observation_layer)) {
         o.full_layer[profile.observation_layer] = 1;
         chosen = 1;
     }
     for (int32_t l : profile.sensitivity_order) {
         if (chosen >= n_full) break;
-        if (l >= 0 && l < n_layers && !o.full_layer[l]) {
+        if (can_be_full(l)) {
             o.full_layer[l] = 1;
             ++chosen;
         }
     }
     for (int32_t l = 0; l < n_layers && chosen < n_full; ++l) {
-        if (!o.full_layer[l]) {
+        if (can_be_full(l)) {
             o.full_layer[l] = 1;
             ++chosen;
         }
@@ -70,13 +74,19 @@ double deltakv_keep_floor(const DeltaKvProfile& profile, const DeltaKvOptions& o
     const double sparse = exact * row + (1.0 - exact) * latent;
     // As bytes_upto(): per position its slots, latent index and reference flag; the ref_list.
     const double meta = 3 * sizeof(int32_t) + 1 + sizeof(int32_t) / static_cast<double>(o.stride);
-    return (row + (o.n_layers - 1) * sparse + meta) / (o.n_layers * row);
+    const int32_t n_global = std::max(1, o.n_global_layers());
+    return (row + (n_global - 1) * sparse + meta) / (n_global * row);
 }
 
 void prepare_int4_decoders(DeltaKvProfile& profile) {
     profile.int4.clear();
     profile.int4_k.clear();
     for (const auto& layer : profile.layers) {
+        if (layer.w1.data == nullptr) {  // no compressor (a window layer's)
+            profile.int4.emplace_back();
+            profile.int4_k.emplace_back();
+            continue;
+        }
         profile.int4.push_back(k::make_int4_decoder(layer));
         profile.int4_k.push_back(k::make_int4_decoder(layer, layer.d() / 2));
     }
@@ -87,10 +97,23 @@ Status DeltaKvOptions::validate() const {
     if (n_layers < 1 || n_kv_heads < 1 || head_dim < 2 || head_dim % 2 != 0)
         return bad("the model's shape (layers, KV heads, an even head_dim) is not set");
     if (!(rope_theta > 0.0f)) return bad("rope_theta must be positive");
+    if (!window_layer.empty()) {
+        if (static_cast<int32_t>(window_layer.size()) != n_layers ||
+            std::any_of(window_layer.begin(), window_layer.end(), [](uint8_t w) { return w > 1; }))
+            return bad("window_layer needs a 0 or 1 per layer");
+        if (sliding_window < 1 && n_global_layers() < n_layers)
+            return bad("window layers need a sliding_window of at least 1 token");
+        if (!(window_rope_theta >= 0.0f)) return bad("window_rope_theta must be at least 0");
+    }
     if (static_cast<int32_t>(full_layer.size()) != n_layers ||
         std::find(full_layer.begin(), full_layer.end(), 1) == full_layer.end()) {
         return bad("at least one layer must be a full-attention layer");
     }
+    for (int32_t l = 0; l < n_layers; ++l) {
+        if (full_layer[l] > 1 || (full_layer[l] && is_window_layer(l)))
+            return bad("layer " + std::to_string(l) + " is a window layer, not a full one");
+    }
+    if (n_batch < 1) return bad("n_batch must be at least 1");
     if (sinks < 1) return bad("sinks must be at least 1");
     if (stride < 1) return bad("stride must be at least 1");
     if (k < 1 || k > 16) return bad("k (references per latent) must be in [1, 16]");

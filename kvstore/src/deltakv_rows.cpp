@@ -4,6 +4,8 @@
 // judging layer compressed them), and taking such ranges back.
 #include <algorithm>
 #include <climits>
+#include <cstring>
+#include <string>
 
 #include "byte_io.h"
 #include "deltakv_codec.h"
@@ -12,7 +14,9 @@ namespace deltaserve::kvstore {
 
 int32_t DeltaKvCodec::rows_final_end(int32_t layer, bool last) const {
     const int32_t stored = c_.n_tokens_ + c_.n_reserved_;
-    if (layer < 0 || layer >= c_.options_.n_layers || c_.options_.full_layer[layer]) return stored;
+    if (layer < 0 || layer >= c_.options_.n_layers || c_.options_.full_layer[layer] ||
+        c_.options_.is_window_layer(layer))
+        return stored;
     // Which of the plan's tokens stay exact is known once every judging layer compressed it.
     if (c_.exact_pending()) return std::min(stored, c_.region_.end);
     return last ? stored : std::min(stored, c_.region_end());
@@ -31,6 +35,7 @@ Result<std::vector<uint8_t>> DeltaKvCodec::export_rows(int32_t layer, int32_t be
         return invalid_argument("rows [" + std::to_string(begin) + ", " + std::to_string(end) +
                                 ") are not in the cache (" + std::to_string(stored) + ")");
     }
+    if (c_.options_.is_window_layer(layer)) return export_window_rows(layer, begin, end);
     const bool full = c_.options_.full_layer[layer];
     const SlotPool& pool = full ? *c_.full_pool_ : *c_.sparse_pool_;
     const int32_t li = c_.layer_index_[layer];
@@ -101,6 +106,7 @@ Status DeltaKvCodec::begin_rows_import(int32_t n) {
     DS_RETURN_IF_ERROR(c_.reserve(n));
     c_.n_reserved_ = 0;
     c_.n_tokens_ = n;
+    c_.drop_window_before(n);  // window layers take the rows the window ending at n reaches
     c_.region_.end = c_.options_.sinks;
     rows_import_ = true;
     kinds_end_ = c_.options_.sinks;
@@ -125,6 +131,7 @@ Status DeltaKvCodec::import_rows(int32_t layer, int32_t begin, int32_t end,
         return invalid_argument(where + " are not in the imported state (" +
                                 std::to_string(c_.n_tokens_) + " tokens)");
     }
+    if (c_.options_.is_window_layer(layer)) return import_window_rows(layer, begin, end, part);
     const bool full = c_.options_.full_layer[layer];
     SlotPool& pool = full ? *c_.full_pool_ : *c_.sparse_pool_;
     const int32_t li = c_.layer_index_[layer];
@@ -225,6 +232,55 @@ Status DeltaKvCodec::import_rows(int32_t layer, int32_t begin, int32_t end,
     const auto errors = r.take(latent.size());
     c_.region_.errors[li].insert(c_.region_.errors[li].end(), errors.begin(), errors.end());
     return {};
+}
+
+Result<std::vector<uint8_t>> DeltaKvCodec::export_window_rows(int32_t layer, int32_t begin,
+                                                              int32_t end) const {
+    const int32_t first = std::min(end, std::max(begin, c_.window_from_));
+    std::vector<uint8_t> out;
+    ByteWriter w(out);
+    w.i32(first);
+    DS_RETURN_IF_ERROR(append_pool_rows(
+        w, *c_.window_pool_, c_.layer_index_[layer],
+        std::span<const int32_t>(c_.window_slot_)
+            .subspan(static_cast<size_t>(first), static_cast<size_t>(end - first))));
+    return out;
+}
+
+Status DeltaKvCodec::import_window_rows(int32_t layer, int32_t begin, int32_t end,
+                                        std::span<const uint8_t> part) {
+    const std::string where = "DeltaKV window layer " + std::to_string(layer) + " rows [" +
+                              std::to_string(begin) + ", " + std::to_string(end) + ")";
+    ByteReader r(part);
+    int32_t first = 0;
+    if (!r.i32(first) || first < begin || first > end)
+        return data_loss(where + ": a part without its first position");
+    // Every row the cache holds (from window_first()) must come.
+    const int32_t from = std::max(begin, c_.window_from_);
+    if (first > from) {
+        return data_loss(where + ": the rows from " + std::to_string(first) +
+                         ", but the window needs them from " + std::to_string(from));
+    }
+    const size_t row = c_.window_pool_->row_bytes();
+    const auto n = static_cast<size_t>(end - first);
+    if (r.remaining() != 2 * row * n) {
+        return data_loss(where + ": " + std::to_string(part.size()) + " bytes, expected " +
+                         std::to_string(4 + 2 * row * n));
+    }
+    if (from >= end) return {};
+    // The part is K rows then V rows from `first`: take the held ones of each.
+    const auto held = static_cast<size_t>(end - from), skip = static_cast<size_t>(from - first);
+    const uint8_t* rows = part.data() + 4;
+    std::vector<uint8_t> taken;
+    if (skip > 0) {
+        taken.resize(2 * row * held);
+        std::memcpy(taken.data(), rows + skip * row, held * row);
+        std::memcpy(taken.data() + held * row, rows + (n + skip) * row, held * row);
+        rows = taken.data();
+    }
+    return c_.window_pool_->write_rows(
+        c_.layer_index_[layer],
+        std::span<const int32_t>(c_.window_slot_).subspan(static_cast<size_t>(from), held), rows);
 }
 
 }  // namespace deltaserve::kvstore

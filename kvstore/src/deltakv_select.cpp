@@ -45,6 +45,7 @@ Status DeltaKvSequenceCache::observe(int32_t layer, const kernels::AttentionShap
 
 void DeltaKvSequenceCache::observe_call(int32_t layer, const kernels::AttentionShape& shape,
                                         const float* q, int64_t ldq, int32_t n) {
+    if (options_.is_window_layer(layer)) return;  // exact rows, no part in DeltaKV's choices
     // What this call's commit compresses is known from positions alone: each sparse layer
     // compresses its share here, once its rows are stored and attended, so a prefill node
     // can ship the layer while later layers compute.
@@ -55,9 +56,7 @@ void DeltaKvSequenceCache::observe_call(int32_t layer, const kernels::AttentionS
         if (!plan_.blocks.empty() && !plan_.done[sl]) compress_layer(sl);
         return;
     }
-    const bool observation = options_.full_layer[layer] && layer + 1 < options_.n_layers &&
-                             !options_.full_layer[layer + 1];
-    if (!observation) return;
+    if (!observes_[layer]) return;
     release_temp();
     std::fill(reconstructed_.begin(), reconstructed_.end(), 0);
     const int32_t r0 = options_.sinks, r1 = region_.end;

@@ -29,6 +29,13 @@ Status append_pool_rows(ByteWriter& w, const SlotPool& pool, int32_t layer,
     return Status();
 }
 
+std::vector<uint8_t> DeltaKvCodec::roles() const {
+    std::vector<uint8_t> out(static_cast<size_t>(c_.options_.n_layers));
+    for (int32_t l = 0; l < c_.options_.n_layers; ++l)
+        out[l] = c_.options_.is_window_layer(l) ? 2 : c_.options_.full_layer[l];
+    return out;
+}
+
 std::vector<uint8_t> DeltaKvCodec::state_head(int32_t n_tokens, int32_t region_end) const {
     std::vector<uint8_t> out;
     ByteWriter w(out);
@@ -37,7 +44,12 @@ std::vector<uint8_t> DeltaKvCodec::state_head(int32_t n_tokens, int32_t region_e
           c_.profile_.m, static_cast<int32_t>(c_.sparse_layers_.size())}) {
         w.i32(v);
     }
-    for (int32_t l = 0; l < c_.options_.n_layers; ++l) out.push_back(c_.options_.full_layer[l]);
+    const std::vector<uint8_t> r = roles();
+    w.bytes(r.data(), r.size());
+    if (!c_.window_layers_.empty()) {  // the window, and the layer count: the roles are whole
+        w.i32(c_.options_.sliding_window);
+        w.i32(c_.options_.n_layers);
+    }
     return out;
 }
 
@@ -79,9 +91,19 @@ Status DeltaKvCodec::import_state(std::span<const uint8_t> state) {
         return failed_precondition(
             "DeltaKV state: made with other settings (sinks, k, latent bits, m or layer roles)");
     }
-    std::vector<uint8_t> roles(static_cast<size_t>(c_.options_.n_layers));
-    if (!r.bytes(roles.data(), roles.size()) || roles != c_.options_.full_layer) {
-        return failed_precondition("DeltaKV state: other full-attention layers");
+    std::vector<uint8_t> theirs(static_cast<size_t>(c_.options_.n_layers));
+    if (!r.bytes(theirs.data(), theirs.size()) || theirs != roles()) {
+        return failed_precondition("DeltaKV state: other full-attention or window layers");
+    }
+    if (!c_.window_layers_.empty()) {
+        int32_t window = 0, n_layers = 0;
+        if (!r.i32(window) || !r.i32(n_layers) || n_layers != c_.options_.n_layers)
+            return data_loss("DeltaKV state: truncated");
+        if (window != c_.options_.sliding_window) {
+            return failed_precondition("DeltaKV state: window layers of " + std::to_string(window) +
+                                       " tokens, this cache's are " +
+                                       std::to_string(c_.options_.sliding_window));
+        }
     }
     if (comp_end == kRowsState) {
         if (r.remaining() != 0) return data_loss("DeltaKV rows state: trailing bytes");
@@ -112,6 +134,7 @@ Status DeltaKvCodec::import_state(std::span<const uint8_t> state) {
     c_.region_.sync_ref_list();
     c_.n_reserved_ = 0;
     c_.n_tokens_ = n;
+    c_.drop_window_before(n);  // window layers take the rows the window ending at n reaches
     c_.region_.end = comp_end;
     // Until its layer arrives, a sparse layer reconstructs from zero latents and no
     // references, and full-precision rows read zeros: memory-safe, never read as real KV.
@@ -131,6 +154,9 @@ Status DeltaKvCodec::zero_rows() {
         DS_RETURN_IF_ERROR(c_.full_pool_->write_rows(static_cast<int32_t>(fl), full, nullptr));
     for (size_t sl = 0; sl < c_.sparse_layers_.size(); ++sl)
         DS_RETURN_IF_ERROR(c_.sparse_pool_->write_rows(static_cast<int32_t>(sl), sparse, nullptr));
+    const std::vector<int32_t> window = held_slots(c_.window_slot_, c_.n_tokens_);
+    for (size_t wl = 0; wl < c_.window_layers_.size(); ++wl)
+        DS_RETURN_IF_ERROR(c_.window_pool_->write_rows(static_cast<int32_t>(wl), window, nullptr));
     return Status();
 }
 
@@ -140,7 +166,7 @@ std::vector<float> DeltaKvCodec::rows_error(int32_t begin, int32_t end) const {
     begin = std::max(begin, 0);
     end = std::min(end, c_.n_tokens_);
     for (int32_t l = 0; l < n_layers; ++l) {
-        if (c_.options_.full_layer[l]) continue;
+        if (c_.options_.full_layer[l] || c_.options_.is_window_layer(l)) continue;
         const auto& codes = c_.region_.errors[c_.layer_index_[l]];
         double sum = 0.0;
         int64_t latents = 0, measured = 0;
@@ -166,6 +192,7 @@ Result<std::vector<uint8_t>> DeltaKvCodec::export_layer(int32_t layer) const {
     if (layer < 0 || layer >= c_.options_.n_layers) return invalid_argument("no such layer");
     if (c_.n_reserved_ != 0)
         return failed_precondition("cannot export a cache with reserved positions");
+    if (c_.options_.is_window_layer(layer)) return export_window_rows(layer, 0, c_.n_tokens_);
     const bool full = c_.options_.full_layer[layer];
     const SlotPool& pool = full ? *c_.full_pool_ : *c_.sparse_pool_;
     const std::vector<int32_t>& slot_of = full ? c_.full_slot_ : c_.sparse_slot_;
@@ -191,6 +218,7 @@ Status DeltaKvCodec::import_layer(int32_t layer, std::span<const uint8_t> part) 
     c_.forget_mirrors();  // the latents are rewritten
     if (rows_import_) return import_rows(layer, 0, c_.n_tokens_, part);
     if (layer < 0 || layer >= c_.options_.n_layers) return invalid_argument("no such layer");
+    if (c_.options_.is_window_layer(layer)) return import_window_rows(layer, 0, c_.n_tokens_, part);
     const bool full = c_.options_.full_layer[layer];
     SlotPool& pool = full ? *c_.full_pool_ : *c_.sparse_pool_;
     const std::vector<int32_t>& slot_of = full ? c_.full_slot_ : c_.sparse_slot_;

@@ -10,9 +10,6 @@ namespace deltaserve::kvstore {
 namespace {
 constexpr int32_t kB = BlockPool::kBlockTokens;
 int32_t blocks_for(int64_t n_tokens) { return static_cast<int32_t>((n_tokens + kB - 1) / kB); }
-// Window groups keep this many positions before the window, so that a turn may rewind a few
-// tokens (a chat template that renders the last answer again otherwise) without recomputing.
-constexpr int32_t kWindowSlack = 64;
 }  // namespace
 
 FullSequenceCache::FullSequenceCache(std::shared_ptr<BlockPool> pool, int32_t max_tokens,

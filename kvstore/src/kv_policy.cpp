@@ -32,6 +32,7 @@ constexpr std::array<KvPolicyInfo, 9> kPolicies = [] {
     deltakv.compresses = deltakv.shippable = deltakv.storable = true;
     deltakv.profile_file = "deltakv.json";
     deltakv.codec = KvCodecId::kDeltaKv;
+    deltakv.windows = true;  // a window layer keeps its window exact; global layers compress
     KvPolicyInfo trimkv = evicting("trimkv", "TRIM-KV: learned retention gates evict per head");
     trimkv.profile_file = "trimkv.json";
     return std::array<KvPolicyInfo, 9>{

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,21 @@ Result<KvRowsInfo> exact_rows(int32_t n, int32_t row, std::span<const uint8_t> p
     return info;
 }
 
+// A window layer's part: the first position it holds, then exact rows from there.
+Result<KvRowsInfo> window_rows(int32_t begin, int32_t end, int32_t row,
+                               std::span<const uint8_t> part, bool with_kinds) {
+    ByteReader p(part);
+    int32_t first = 0;
+    if (!p.i32(first) || first < begin || first > end)
+        return bad("a window layer's part without its first position");
+    DS_ASSIGN_OR_RETURN(KvRowsInfo info, exact_rows(end - first, row, part.subspan(4), with_kinds));
+    info.dropped = first - begin;
+    if (with_kinds)
+        info.kinds.insert(info.kinds.begin(), static_cast<size_t>(first - begin),
+                          KvRowsInfo::Kind::kDropped);
+    return info;
+}
+
 }  // namespace
 
 Result<KvRowsInfo> kv_rows_info(KvCodecId codec, std::span<const uint8_t> state, int32_t layer,
@@ -55,35 +71,38 @@ Result<KvRowsInfo> kv_rows_info(KvCodecId codec, std::span<const uint8_t> state,
         const std::span<const uint8_t> flags = r.take(static_cast<size_t>(n_layers));
         if (window == 0 || flags[static_cast<size_t>(layer)] == 0)
             return exact_rows(n, row, part, with_kinds);
-        ByteReader p(part);
-        int32_t first = 0;
-        if (!p.i32(first) || first < begin || first > end)
-            return bad("a window layer's part without its first position");
-        DS_ASSIGN_OR_RETURN(KvRowsInfo info,
-                            exact_rows(end - first, row, part.subspan(4), with_kinds));
-        info.dropped = first - begin;
-        if (with_kinds)
-            info.kinds.insert(info.kinds.begin(), static_cast<size_t>(first - begin),
-                              KvRowsInfo::Kind::kDropped);
-        return info;
+        return window_rows(begin, end, row, part, with_kinds);
     }
     if (codec != KvCodecId::kDeltaKv) return invalid_argument("KV rows: a codec with no rows");
     // DeltaKvCodec::state_head with kRowsState: n_tokens, -1, sinks, k, latent bits, m,
-    // sparse layers, then each layer's role (1: full).
+    // sparse layers, then each layer's role (0 sparse, 1 full, 2 window) and, where a layer
+    // is a window layer, the window and the layer count (int32s). Without window layers the
+    // roles are all 0 or 1, so a byte of another value says the two follow them.
     int32_t v[7];
     for (int32_t& x : v) {
         if (!r.i32(x)) return bad("a DeltaKV rows state cut short");
     }
     const int32_t n_tokens = v[0], sinks = v[2], k = v[3], bits = v[4], m = v[5];
-    const size_t n_layers = r.remaining();
+    const std::span<const uint8_t> tail = r.take(r.remaining());
+    const bool windows = std::any_of(tail.begin(), tail.end(), [](uint8_t b) { return b > 1; });
+    const size_t n_layers = windows && tail.size() >= 8 ? tail.size() - 8 : tail.size();
+    const auto roles = tail.first(n_layers);
+    int32_t window = 0, counted = static_cast<int32_t>(n_layers);
+    if (windows && tail.size() >= 8) {
+        std::memcpy(&window, tail.data() + n_layers, 4);
+        std::memcpy(&counted, tail.data() + n_layers + 4, 4);
+    }
     if (v[1] != -1 || n_tokens < end || sinks < 0 || k < 1 || k > 64 || (bits != 4 && bits != 16) ||
-        m < 1 || m > 4096 || n_layers == 0) {
+        m < 1 || m > 4096 || n_layers == 0 ||
+        std::any_of(roles.begin(), roles.end(), [](uint8_t b) { return b > 2; }) ||
+        windows != (std::find(roles.begin(), roles.end(), 2) != roles.end()) ||
+        (windows && (window < 1 || counted != static_cast<int32_t>(n_layers)))) {
         return bad("a DeltaKV rows state that does not parse");
     }
     if (layer < 0 || static_cast<size_t>(layer) >= n_layers)
         return invalid_argument("KV rows: no layer " + std::to_string(layer));
-    const auto roles = r.take(n_layers);
-    if (roles[static_cast<size_t>(layer)] != 0) return exact_rows(n, 0, part, with_kinds);
+    if (roles[static_cast<size_t>(layer)] == 1) return exact_rows(n, 0, part, with_kinds);
+    if (roles[static_cast<size_t>(layer)] == 2) return window_rows(begin, end, 0, part, with_kinds);
 
     ByteReader p(part);
     int32_t region = 0;

@@ -57,8 +57,7 @@ class InferenceContextImpl final : public InferenceContext {
             // Its sliding-window layers keep their window, outside the policy's budget.
             const ModelConfig& c = model_.config;
             std::vector<bool> window_layer(static_cast<size_t>(c.n_layers));
-            for (int32_t l = 0; l < c.n_layers; ++l)
-                window_layer[l] = c.sliding_window > 0 && c.is_local(l);
+            for (int32_t l = 0; l < c.n_layers; ++l) window_layer[l] = c.is_window_layer(l);
             cache_ = std::make_unique<kvstore::EvictingSequenceCache>(
                 *parts_.head_slots, std::move(parts_.policy), options_.kv, std::move(window_layer),
                 c.sliding_window);
@@ -360,8 +359,16 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
     CacheParts parts;
     const ModelConfig& c = model.config;
     if (policy.kind == kvstore::KvCacheKind::kDeltaKv) {
-        if (!c.plain_rope_everywhere()) {
-            // Its angle tables (rope_angles, rope_inverse) turn keys by plain RoPE only.
+        // Its angle tables (rope_angles, rope_inverse) turn the global layers' keys by plain
+        // RoPE of one base; its window layers keep exact rows and turn none.
+        std::vector<uint8_t> window_layer(static_cast<size_t>(c.n_layers), 0);
+        bool one_base = true;
+        for (int32_t l = 0; l < c.n_layers; ++l) {
+            window_layer[l] = c.is_window_layer(l);
+            if (!window_layer[l] && c.is_local(l) && c.rope_theta_local != c.rope_theta)
+                one_base = false;
+        }
+        if (!c.rope().plain() || !one_base) {
             return unimplemented("the deltakv policy does not implement " +
                                  (c.rope().plain() ? std::string("per-layer RoPE bases")
                                                    : c.rope_scaling + " RoPE scaling") +
@@ -383,6 +390,12 @@ Result<std::unique_ptr<InferenceContext>> InferenceContext::create(const Model& 
         }
         kvstore::DeltaKvOptions o = deltakv_options(c, *parts.profile);
         o.n_ctx = opts.n_ctx;
+        o.n_batch = opts.n_batch;
+        if (c.sliding_window > 0) {
+            o.window_layer = std::move(window_layer);
+            o.sliding_window = c.sliding_window;
+            o.window_rope_theta = c.rope_theta_local;
+        }
         if (!(opts.deltakv_select > 0.0f && opts.deltakv_select <= 1.0f)) {
             return invalid_argument("deltakv select ratio must be in (0, 1], got " +
                                     std::to_string(opts.deltakv_select));

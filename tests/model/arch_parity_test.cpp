@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "deltaserve/kvstore/deltakv_cache.h"
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/model.h"
 #include "test_models.h"
@@ -184,18 +186,9 @@ TEST_F(ArchParity, Gemma3MatchesFloat64) {
     }
     EXPECT_FLOAT_EQ(c.rope(0).base, 10000.0f);
     EXPECT_FLOAT_EQ(c.rope(5).base, 1000000.0f);
-    // The full and the evicting policies' caches hold the windows; deltakv's attends every
-    // token, which equals the local layers' window only up to the window: no more.
+    // Every policy's cache holds the windows: a context past the window.
     ContextOptions co;
     co.n_ctx = 49;
-    co.kv.policy = "deltakv";
-    auto ctx = InferenceContext::create(*m, co);
-    ASSERT_FALSE(ctx.ok());
-    EXPECT_EQ(ctx.error().code(), StatusCode::kUnimplemented);
-    EXPECT_NE(
-        ctx.error().message().find("sliding-window layers of 48 tokens, and the deltakv policy"),
-        std::string::npos)
-        << ctx.error().to_string();
     co.kv.policy = "h2o";
     co.kv.keep = 0.5f;
     co.n_threads = 2;
@@ -212,11 +205,64 @@ TEST_F(ArchParity, Gemma3MatchesFloat64) {
     auto full = InferenceContext::create(*m, co);  // the full policy: the model's context
     ASSERT_TRUE(full.ok()) << full.error().to_string();
     EXPECT_EQ((*full)->n_ctx(), 512);
-    co.kv.policy = "deltakv";
+    co.kv.policy = "deltakv";  // (the local layers' RoPE base is theirs: not compressed)
     auto deltakv = InferenceContext::create(*m, co);
     ASSERT_FALSE(deltakv.ok());
-    EXPECT_NE(deltakv.error().message().find("per-layer RoPE bases"), std::string::npos)
+    EXPECT_NE(deltakv.error().message().find("needs a profile"), std::string::npos)
         << deltakv.error().to_string();
+}
+
+// DeltaKV past the window (48) of the model whose one global layer (5) is its full layer: the
+// local layers keep their windows exact, so its logits are the full policy's (f16 KV both),
+// and its KV is about the windows and one layer's tokens. (Compression of the global layers
+// is kvstore_deltakv_window_test's.)
+TEST_F(ArchParity, Gemma3DeltaKvPastTheWindowKeepsTheWindowsExact) {
+    auto m = load("gemma3-f32.gguf");
+    ASSERT_NE(m, nullptr);
+    auto profile = std::make_shared<kvstore::DeltaKvProfile>();
+    profile->d = 2 * m->config.kv_dim();
+    profile->m = 8;
+    profile->layers.resize(6);  // no compressor: layer 5 stays full, the others are windows
+    kvstore::prepare_int4_decoders(*profile);
+    std::vector<int32_t> prompt;
+    for (int32_t i = 0; i < 240; ++i) prompt.push_back(kPrompt[(i * 7) % kPrompt.size()] + i);
+    ContextOptions co;
+    co.n_ctx = 300;
+    co.n_batch = 16;
+    co.n_threads = 2;
+    auto full = InferenceContext::create(*m, co);
+    co.kv.policy = "deltakv";
+    co.deltakv_profile = profile;
+    auto dkv = InferenceContext::create(*m, co);
+    ASSERT_TRUE(full.ok() && dkv.ok()) << dkv.error().to_string();
+    auto a = (*full)->eval_all(prompt);
+    auto b = (*dkv)->eval_all(prompt);
+    ASSERT_TRUE(a.ok() && b.ok()) << b.error().to_string();
+    double worst = 0;
+    for (size_t i = 0; i < a->size(); ++i)
+        worst = std::max(worst, double(std::fabs((*a)[i] - (*b)[i])));
+    EXPECT_LT(worst, 1e-4);
+    const size_t row = static_cast<size_t>(m->config.kv_dim()) * 2 * 2;  // fp16 K and V
+    EXPECT_LT((*dkv)->kv_bytes(), 240 * row * 6 * 3 / 4);
+    EXPECT_GE((*dkv)->kv_bytes(), 240 * row + 5 * 48 * row);
+    // Shipped and restored: the next tokens' logits are the same.
+    auto state = (*dkv)->export_kv_state();
+    ASSERT_TRUE(state.ok());
+    auto restored = InferenceContext::create(*m, co);
+    ASSERT_TRUE(restored.ok());
+    ASSERT_TRUE((*restored)->import_kv_state(*state).ok());
+    for (int32_t l = 0; l < 6; ++l) {
+        auto part = (*dkv)->export_kv_layer(l);
+        ASSERT_TRUE(part.ok());
+        ASSERT_TRUE((*restored)->import_kv_layer(l, *part).ok()) << l;
+    }
+    const int32_t next[] = {kPrompt[3]};
+    auto x = (*dkv)->eval(next);
+    ASSERT_TRUE(x.ok());
+    const std::vector<float> want(x->begin(), x->end());
+    auto y = (*restored)->eval(next);
+    ASSERT_TRUE(y.ok());
+    EXPECT_EQ(want, std::vector<float>(y->begin(), y->end()));
 }
 
 // Past the window (48): 240 prompt tokens in chunks of 16 and 8 decode steps, so the local

@@ -2,7 +2,8 @@
 // layers keep sinks, references (every stride-th token) and a recent buffer in full
 // precision and every other token as a small latent residual against the mean of its k
 // nearest references; decode attends, per sparse layer, to the sinks, the buffer and the
-// tokens an observation layer selected, reconstructing only those.
+// tokens an observation layer selected, reconstructing only those. A model's sliding-window
+// layers are neither: they keep their window exact (DeltaKvOptions::window_layer).
 #pragma once
 
 #include <algorithm>
@@ -42,7 +43,7 @@ struct DeltaKvUploads {
 };
 
 // A model's trained compressors and the settings they were trained with (one compressor
-// per layer; full layers do not use theirs).
+// per layer; full layers do not use theirs; a sliding-window layer may have none).
 struct DeltaKvProfile {
     std::string model_id;
     int32_t d = 0, m = 0, k = 4, stride = 10, sinks = 16, window = 64, latent_bits = 4;
@@ -62,10 +63,16 @@ struct DeltaKvProfile {
     std::vector<std::vector<float>> key_error_var;
     // The compressors on the device backends sessions used (shared by copies of the profile).
     std::shared_ptr<DeltaKvUploads> uploads = std::make_shared<DeltaKvUploads>();
+
+    // Whether `layer` has a compressor (its matrices set).
+    bool has_compressor(int32_t layer) const {
+        return layer >= 0 && static_cast<size_t>(layer) < layers.size() &&
+               layers[layer].w1.data != nullptr;
+    }
 };
 
-// Makes profile.int4 and int4_k from the layers' decoders. Loaders call it once; every session
-// using the profile shares the result.
+// Makes profile.int4 and int4_k from the layers' decoders (empty ones for a layer without a
+// compressor). Loaders call it once; every session using the profile shares the result.
 void prepare_int4_decoders(DeltaKvProfile& profile);
 
 struct DeltaKvOptions {
@@ -76,6 +83,15 @@ struct DeltaKvOptions {
     // layer have no observation layer: a chunk attends their whole compressed region, a
     // decode step the previous step's selection (see last_select_).
     std::vector<uint8_t> full_layer;
+    // Per layer (empty: none): 1 = a sliding-window layer (Gemma 3's local layers), neither
+    // full nor sparse: its rows stay exact, but only those its window of `sliding_window`
+    // tokens still reaches and kWindowSlack before them (so a turn may rewind that far);
+    // the rest are given back. DeltaKV compresses the global layers only.
+    std::vector<uint8_t> window_layer;
+    int32_t sliding_window = 0;
+    // The window layers' RoPE base where it is not rope_theta (Gemma 3's local base; 0: the
+    // same). Only the tools' attended_rows reads it: the cache turns no window layer's keys.
+    float window_rope_theta = 0.0f;
     int32_t sinks = 16, stride = 10, k = 4;
     int32_t window =
         64;  // the buffer; its oldest `window` tokens are compressed when it reaches 2x (see keep)
@@ -122,7 +138,8 @@ struct DeltaKvOptions {
     // Chunks of 2+ tokens (prefill): how many of that region's tokens to attend, the highest
     // scored; 0 = all of it, as the paper's prefill sees every token before compressing.
     int32_t prefill_select = 0;
-    // Target keep ratio (0: none). A full buffer's oldest window is compressed only when
+    // Target keep ratio (0: none), of the global layers' full KV (a window layer's window is
+    // outside it). A full buffer's oldest window is compressed only when
     // the session would exceed it otherwise: the room under the target, a share of the
     // context, keeps as many recent tokens exact (the buffer grows with the session).
     float keep = 0.0f;
@@ -133,9 +150,22 @@ struct DeltaKvOptions {
     // correction where the profile has none); 0 turns it off.
     float logit_correction = 1.0f;
     int32_t n_ctx = 0;
+    // The most tokens one forward call brings: what a window layer holds besides its window
+    // (bytes_bound).
+    int32_t n_batch = 512;
+
+    bool is_window_layer(int32_t layer) const {
+        return !window_layer.empty() && window_layer[static_cast<size_t>(layer)] != 0;
+    }
+    // The layers that are not window layers: those full_layer chooses among.
+    int32_t n_global_layers() const {
+        return n_layers - static_cast<int32_t>(
+                              std::count(window_layer.begin(), window_layer.end(), uint8_t{1}));
+    }
 
     // kInvalidArgument naming the first setting out of its range (the model's shape, at
-    // least one full layer, the ranges documented above, and a context whose references
+    // least one full layer that is not a window layer, window layers with a window, the
+    // ranges documented above, and a context whose references
     // fit the 16-bit ordinals latents name them by). Whether a profile fits is
     // DeltaKvSequenceCache::create's to check.
     Status validate() const;
@@ -207,10 +237,14 @@ class DeltaKvSequenceCache final : public SequenceCache {
     // at its last chunk, as one call's prompt is, whatever the chunking.
     Status commit(int32_t n) override;
     void expect_more(int32_t n_more) override { more_ = std::max(0, n_more); }
+    // Once window layers gave back rows, a cut whose next query's window reaches them keeps
+    // nothing (kept_by_truncate says so).
     void truncate(int32_t n_keep) override;
+    int32_t kept_by_truncate(int32_t n_keep) const override;
     // Full layers, full-precision tokens of the sparse layers, latents with their reference
-    // ids, and the position maps; not a chunk's reconstructions (freed at its commit).
-    size_t bytes() const override { return bytes_upto(n_tokens_); }
+    // ids, the position maps and the window layers' rows; not a chunk's reconstructions
+    // (freed at its commit).
+    size_t bytes() const override { return bytes_upto(n_tokens_) + window_bytes(); }
     size_t bytes_bound(int32_t n_tokens) const override;
     // The prompt's rows of the sparse layers, exact until its last chunk, and one layer's
     // reconstructions of the region a chunk attends.
@@ -224,6 +258,8 @@ class DeltaKvSequenceCache final : public SequenceCache {
 
     int32_t compressed_tokens() const { return region_.n_latents(); }
     int32_t n_full_layers() const { return static_cast<int32_t>(full_layers_.size()); }
+    // The first position the window layers hold (0 without window layers).
+    int32_t window_first() const { return window_from_; }
     // The latent tokens the current single-token call's layer group attends (after its store).
     int32_t selected_latent_tokens() const { return static_cast<int32_t>(latent_sel_.size()); }
     // Their positions, in order.
@@ -244,8 +280,9 @@ class DeltaKvSequenceCache final : public SequenceCache {
     // Layer `layer`'s [K; V] row (K before RoPE) of each of `positions` (below n_tokens()),
     // d floats each into out, as this cache gives them to attention: exact rows as stored,
     // a latent token as a decode step reconstructs it (Dec(z) plus the mean of its
-    // references); latent[i] says which. For the tools: deltactl fidelity compares them with
-    // a full KV history's. Between forward calls only (it uses the step's scratch).
+    // references); latent[i] says which (1), or 2 for a window layer's row past its window,
+    // which the cache no longer holds (zeros). For the tools: deltactl fidelity compares them
+    // with a full KV history's. Between forward calls only (it uses the step's scratch).
     // Errors: the device's.
     Status attended_rows(int32_t layer, std::span<const int32_t> positions, float* out,
                          uint8_t* latent);
@@ -265,7 +302,12 @@ class DeltaKvSequenceCache final : public SequenceCache {
     void attended_rows_call(int32_t layer, std::span<const int32_t> positions, float* out,
                             uint8_t* latent);
     size_t latent_bytes() const;
+    // The global layers' bytes of positions [0, n); the window layers' rows held now.
     size_t bytes_upto(int32_t n) const;
+    size_t window_bytes() const;
+    // Window layers: gives back the rows no query from position `from` on reaches, less the
+    // slack (kWindowSlack).
+    void drop_window_before(int32_t from);
     // Compression, in three steps: which blocks the commit of a session of n_total tokens
     // compresses (the oldest windows while the buffer holds twice the window) and their
     // references; each sparse layer's latents (from its observe, or at commit); then, at
@@ -391,12 +433,17 @@ class DeltaKvSequenceCache final : public SequenceCache {
     DeltaKvRegion region_;
     // What the commit of the forward call in progress compresses.
     DeltaKvPlan plan_;
-    std::vector<int32_t> full_layers_, sparse_layers_;
-    std::vector<int32_t> layer_index_;  // layer -> index among full or sparse layers
+    std::vector<int32_t> full_layers_, sparse_layers_, window_layers_;
+    std::vector<int32_t> layer_index_;  // layer -> index among full, sparse or window layers
     std::vector<int32_t> group_of_;     // sparse layer -> its observation layer
-    std::unique_ptr<SlotPool> full_pool_, sparse_pool_;
+    // Per layer: a full layer whose next global layer is sparse (it selects for its group).
+    std::vector<uint8_t> observes_;
+    std::unique_ptr<SlotPool> full_pool_, sparse_pool_, window_pool_;
     std::vector<int32_t> full_slot_;    // position -> slot in the full-layer pool
     std::vector<int32_t> sparse_slot_;  // position -> slot in the sparse pool, -1 if compressed
+    // position -> slot in the window layers' pool, -1 below window_from_ (given back).
+    std::vector<int32_t> window_slot_;
+    int32_t window_from_ = 0;
     int32_t n_tokens_ = 0, n_reserved_ = 0;
     int32_t more_ = 0;  // expect_more: prompt tokens after this call's
     // The current group's selection: the region's references to attend and their slots.

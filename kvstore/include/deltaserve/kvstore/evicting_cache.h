@@ -11,6 +11,7 @@
 #include "deltaserve/kvstore/eviction_policy.h"
 #include "deltaserve/kvstore/head_slot_pool.h"
 #include "deltaserve/kvstore/kv_cache.h"
+#include "deltaserve/kvstore/kv_layer_groups.h"
 
 namespace deltaserve::kvstore {
 
@@ -29,7 +30,7 @@ namespace deltaserve::kvstore {
 // whose window they no longer hold keeps nothing (kept_by_truncate).
 class EvictingSequenceCache final : public SequenceCache {
   public:
-    static constexpr int32_t kWindowSlack = 64;
+    static constexpr int32_t kWindowSlack = kvstore::kWindowSlack;
     // window_layer: per model layer, whether it attends a window of `window` tokens (empty,
     // or window 0: none).
     EvictingSequenceCache(HeadSlotPool& pool, std::unique_ptr<EvictionPolicy> policy,

@@ -16,6 +16,11 @@
 
 namespace deltaserve::kvstore {
 
+// Every cache's window layers keep this many positions before the window, so that a turn may
+// rewind a few tokens (a chat template that renders the last answer again otherwise) without
+// recomputing.
+inline constexpr int32_t kWindowSlack = 64;
+
 struct KvLayerGroups {
     int32_t group_layers = 0;          // layers per block: the pool's BlockPoolOptions::n_layers
     int32_t window = 0;                // the window layers' window in tokens; 0: none

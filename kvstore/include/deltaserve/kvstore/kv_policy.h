@@ -52,8 +52,9 @@ struct KvPolicyInfo {
     bool ggml_attention = false;
     // Runs models with sliding-window layers (Gemma 3) past their window: a window layer
     // holds only its window (full: KvLayerGroups; the evicting ones: EvictingSequenceCache,
-    // outside their budget). The others (deltakv) serve such a model up to its window only,
-    // where its window layers equal global ones.
+    // outside their budget; deltakv: exact, beside the global layers it compresses). A policy
+    // without it would serve such a model up to its window only, where its window layers
+    // equal global ones.
     bool windows = false;
 };
 

@@ -169,7 +169,8 @@ class InferenceContext {
     // compressed (kvstore::SequenceCodec::rows_error); empty when the cache keeps them exact.
     virtual std::vector<float> kv_rows_error(int32_t begin, int32_t end) const = 0;
     // Layer `layer`'s [K; V] rows (K before RoPE; 2 * kv_dim floats a position) of
-    // `positions` as the cache gives them to attention, and whether each is a latent
+    // `positions` as the cache gives them to attention, and whether each is a latent (1), or
+    // 2 for a window layer's row past its window, not held
     // (kvstore::DeltaKvSequenceCache::attended_rows). Errors: kFailedPrecondition for other
     // caches than DeltaKV's, kOutOfRange for a position or layer the cache does not hold.
     virtual Status kv_attended_rows(int32_t layer, std::span<const int32_t> positions,

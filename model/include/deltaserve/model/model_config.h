@@ -38,9 +38,9 @@ struct ModelConfig {
     // own, and local layers of sliding-window attention (local_layer[i]) with RoPE of their
     // own (rope_theta_local, unscaled) beside the global ones: layer i is local when
     // local_layer[i] says so, else (without a list) when local_pattern > 0 and (i + 1) is
-    // not a multiple of it (Gemma 3: 6). The caches hold full
-    // attention, which equals the window's up to `sliding_window` tokens: contexts are
-    // capped there (InferenceContext::create refuses more).
+    // not a multiple of it (Gemma 3: 6). A cache whose policy declares windows
+    // (kvstore::KvPolicyInfo::windows) keeps a local layer's window only; any other is capped
+    // at `sliding_window` tokens, where full attention equals the window's.
     float embedding_scale = 1.0f;  // 1: none
     bool gelu_ffn = false;
     bool post_norms = false;
@@ -63,6 +63,8 @@ struct ModelConfig {
         }
         return local_pattern > 0 && (layer + 1) % local_pattern != 0;
     }
+    // A local layer that attends a sliding window (a local layer without one attends fully).
+    bool is_window_layer(int32_t layer) const { return sliding_window > 0 && is_local(layer); }
     kernels::RopeParams rope(int32_t layer) const {
         if (is_local(layer)) return {rope_theta_local, rope_style, 1.0f, {}};
         return rope();
