@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Makes the default model's DeltaKV profile (profiles/<model file>/deltakv.json), which
-# `--kv-policy deltakv` and the tests use; the main command (deploy/start.sh) serves full KV
+# Makes the default model's DeltaKV profile (profiles/<model file>/deltakv.json), and Gemma 3
+# 270M's, which `--kv-policy deltakv` and the tests use; the main command (deploy/start.sh) serves full KV
 # and needs none. Run after deploy/setup.sh (deploy/test.sh runs both). Safe to run again.
 #   DELTASERVE_BUILD_DIR, DELTASERVE_MODELS_DIR  as deploy/setup.sh's
 #   DELTASERVE_PROFILES_DIR                      where profiles go (default: profiles)
@@ -33,30 +33,41 @@ PROFILE_SOURCES=(ops/calibrate ops/src/calibrate_command.cpp ops/src/calibration
                  model/src/deltakv_profile.cpp model/include/deltaserve/model/deltakv_profile.h
                  model/src/trimkv_profile.cpp model/include/deltaserve/model/trimkv_profile.h
                  model/src/safetensors.cpp model/src/safetensors.h)
-PROFILE_DIR=${DELTASERVE_PROFILES_DIR:-profiles}/$MODEL_FILE
-CALIBRATE_FLAGS=(--tokens 32768 --epochs 8 --latent 256 --stride 40)
-if [ ! -s "$PROFILE_DIR/deltakv.json" ]; then
-  CACHED=""
+# make_profile MODEL_FILE CALIBRATE_FLAGS...: the model's profiles, from the cache when these
+# sources made them before.
+make_profile() {
+  local MODEL_FILE=$1
+  shift
+  local CALIBRATE_FLAGS=("$@")
+  local PROFILE_DIR=${DELTASERVE_PROFILES_DIR:-profiles}/$MODEL_FILE
+  [ -s "$PROFILE_DIR/deltakv.json" ] && return 0
+  local CACHED="" key
   if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
     key=$({ git ls-files -s "${PROFILE_SOURCES[@]}"; echo "$MODEL_FILE ${CALIBRATE_FLAGS[*]} $PROFILE_EPOCH"; } |
       sha256sum | cut -c1-16)
     CACHED=${DELTASERVE_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/deltaserve}/profiles/$MODEL_FILE/$key
   fi
   if [ -n "$CACHED" ] && [ -s "$CACHED/deltakv.json" ]; then
-    log "taking the DeltaKV profile calibrated earlier from these sources ($CACHED)"
+    log "taking the DeltaKV profile of $MODEL_FILE calibrated earlier from these sources ($CACHED)"
     mkdir -p "$PROFILE_DIR"
     cp "$CACHED"/* "$PROFILE_DIR"/
-  else
-    log "calibrating the DeltaKV profile of $MODEL_FILE (deltactl calibrate)"
-    "$BUILD_DIR/bin/deltactl" calibrate --model "$MODELS_DIR/$MODEL_FILE" --out "$PROFILE_DIR" \
-      "${CALIBRATE_FLAGS[@]}" \
-      2> >(grep --line-buffered -E "epoch 8/8|epoch 6/6|held-out|observation layer|written|error" >&2)
-    if [ -n "$CACHED" ]; then
-      rm -rf "$CACHED.part"
-      mkdir -p "$CACHED.part"
-      cp "$PROFILE_DIR"/* "$CACHED.part"/
-      rm -rf "$CACHED"
-      mv "$CACHED.part" "$CACHED"
-    fi
+    return 0
   fi
-fi
+  log "calibrating the DeltaKV profile of $MODEL_FILE (deltactl calibrate)"
+  "$BUILD_DIR/bin/deltactl" calibrate --model "$MODELS_DIR/$MODEL_FILE" --out "$PROFILE_DIR" \
+    "${CALIBRATE_FLAGS[@]}" \
+    2> >(grep --line-buffered -E "epoch 8/8|epoch 6/6|held-out|observation layer|written|error" >&2)
+  if [ -n "$CACHED" ]; then
+    rm -rf "$CACHED.part"
+    mkdir -p "$CACHED.part"
+    cp "$PROFILE_DIR"/* "$CACHED.part"/
+    rm -rf "$CACHED"
+    mv "$CACHED.part" "$CACHED"
+  fi
+}
+
+make_profile "$MODEL_FILE" --tokens 32768 --epochs 8 --latent 256 --stride 40
+# Gemma 3 270M (deploy/setup.sh fetches it): its 3 global layers only (its 15 sliding-window
+# layers keep their window exact), m = D/2, the same texts and stride; about 4.5 minutes.
+make_profile gemma-3-270m-q4_k_m.gguf --tokens 32768 --epochs 8 --latent 256 --stride 40 \
+  --steps deltakv

@@ -26,7 +26,9 @@ Result<std::unique_ptr<kvstore::DeltaKvProfile>> load_deltakv_profile(const std:
                                                                       const ModelConfig& config) {
     namespace fs = std::filesystem;
     std::ifstream in(json_path);
-    if (!in) return not_found("cannot open DeltaKV profile " + json_path + " (make one with deltactl calibrate)");
+    if (!in)
+        return not_found("cannot open DeltaKV profile " + json_path +
+                         " (make one with deltactl calibrate)");
     const auto j = nlohmann::json::parse(in, nullptr, false);
     if (j.is_discarded() || !j.is_object() || j.value("format", "") != "deltaserve-deltakv/1") {
         return invalid_argument(json_path + " is not a deltaserve DeltaKV profile");
@@ -46,36 +48,47 @@ Result<std::unique_ptr<kvstore::DeltaKvProfile>> load_deltakv_profile(const std:
         return invalid_argument(json_path + ": " + e.what());
     }
     if (p->model_id != deltakv_model_id(config)) {
-        return invalid_argument(json_path + " was calibrated for '" + p->model_id + "', not this model ('" +
-                                deltakv_model_id(config) + "')");
+        return invalid_argument(json_path + " was calibrated for '" + p->model_id +
+                                "', not this model ('" + deltakv_model_id(config) + "')");
     }
     const int32_t max_m = max_deltakv_latent(config);
     if (p->d != 2 * config.kv_dim() || p->m < 1 || p->m > max_m || p->k < 1 || p->stride < 1 ||
         p->sinks < 0 || p->window < 1 || (p->latent_bits != 4 && p->latent_bits != 16)) {
         return invalid_argument(json_path + ": settings out of range (D must be " +
-                                std::to_string(2 * config.kv_dim()) + ", m 1.." + std::to_string(max_m) +
+                                std::to_string(2 * config.kv_dim()) + ", m 1.." +
+                                std::to_string(max_m) +
                                 ", k, stride and window >= 1, latent_bits 4 or 16)");
     }
-    const std::string weights = (fs::path(json_path).parent_path() / j.value("weights", "deltakv.safetensors")).string();
+    const std::string weights =
+        (fs::path(json_path).parent_path() / j.value("weights", "deltakv.safetensors")).string();
     DS_ASSIGN_OR_RETURN(SafetensorsFile st, SafetensorsFile::open(weights));
     const int64_t d = p->d, m = p->m;
-    const auto tensor = [&](int32_t layer, const char* name, int64_t rows, int64_t cols) -> Result<kernels::WeightMatrix> {
+    const auto tensor = [&](int32_t layer, const char* name, int64_t rows,
+                            int64_t cols) -> Result<kernels::WeightMatrix> {
         const std::string key = "layers." + std::to_string(layer) + "." + name;
         const SafetensorsTensor* t = st.find(key);
-        if (t == nullptr || t->dtype != "F32" || t->shape.size() != 2 || (rows > 0 && t->shape[0] != rows) ||
-            (cols > 0 && t->shape[1] != cols)) {
+        if (t == nullptr || t->dtype != "F32" || t->shape.size() != 2 ||
+            (rows > 0 && t->shape[0] != rows) || (cols > 0 && t->shape[1] != cols)) {
             return invalid_argument(weights + ": tensor " + key + " is missing or misshapen");
         }
         p->storage.emplace_back(t->n_bytes / sizeof(float));
         std::memcpy(p->storage.back().data(), t->data, t->n_bytes);
         for (float x : p->storage.back()) {
-            if (!std::isfinite(x)) return invalid_argument(weights + ": tensor " + key + " holds NaN or infinity");
+            if (!std::isfinite(x))
+                return invalid_argument(weights + ": tensor " + key + " holds NaN or infinity");
         }
-        return kernels::WeightMatrix{kernels::DType::kF32, t->shape[0], t->shape[1], p->storage.back().data()};
+        return kernels::WeightMatrix{kernels::DType::kF32, t->shape[0], t->shape[1],
+                                     p->storage.back().data()};
     };
     p->storage.reserve(static_cast<size_t>(config.n_layers) * 4);
     for (int32_t l = 0; l < config.n_layers; ++l) {
         kernels::DeltaKvLayer w;
+        // A sliding-window layer keeps its window exact: calibration trains none for it.
+        if (config.is_window_layer(l) &&
+            st.find("layers." + std::to_string(l) + ".enc.w1") == nullptr) {
+            p->layers.push_back(w);
+            continue;
+        }
         DS_ASSIGN_OR_RETURN(w.w1, tensor(l, "enc.w1", -1, d));
         DS_ASSIGN_OR_RETURN(w.w2, tensor(l, "enc.w2", w.w1.rows, d));
         DS_ASSIGN_OR_RETURN(w.w3, tensor(l, "enc.w3", m, w.w1.rows));
@@ -114,7 +127,8 @@ Result<std::unique_ptr<kvstore::DeltaKvProfile>> load_deltakv_profile(const std:
                 for (const auto& x : l) v.push_back(x.is_number() ? x.get<float>() : -1.0f);
             }
             if (!l.is_array() || (!v.empty() && v.size() != per) ||
-                std::any_of(v.begin(), v.end(), [](float x) { return !(x >= 0.0f && std::isfinite(x)); })) {
+                std::any_of(v.begin(), v.end(),
+                            [](float x) { return !(x >= 0.0f && std::isfinite(x)); })) {
                 return invalid_argument(json_path + ": key_error_var holds a layer that is not " +
                                         std::to_string(per) + " non-negative numbers");
             }
@@ -125,7 +139,8 @@ Result<std::unique_ptr<kvstore::DeltaKvProfile>> load_deltakv_profile(const std:
     return p;
 }
 
-kvstore::DeltaKvOptions deltakv_options(const ModelConfig& c, const kvstore::DeltaKvProfile& profile) {
+kvstore::DeltaKvOptions deltakv_options(const ModelConfig& c,
+                                        const kvstore::DeltaKvProfile& profile) {
     kvstore::DeltaKvOptions o;
     o.n_layers = c.n_layers;
     o.n_kv_heads = c.n_kv_heads;

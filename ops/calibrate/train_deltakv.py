@@ -2,8 +2,9 @@
 """Trains DeltaKV compressors, one per layer, on recorded pre-RoPE KV (NumPy, CPU).
 
 Input (written by `deltactl calibrate`): KV_DIR/meta.json with n_layers, D (= 2 * kv_dim),
-the sequence lengths, and KV_DIR/layer_XX.f32 holding each layer's rows x = [K ; V]
-(pre-RoPE K, all KV heads) of every token, sequence after sequence.
+the sequence lengths, the layers to train (all but a model's sliding-window layers), and
+KV_DIR/layer_XX.f32 holding each of those layers' rows x = [K ; V] (pre-RoPE K, all KV heads)
+of every token, sequence after sequence.
 
 Per layer, as ../shared/methods/deltakv.md sections 1-4 describe (the per-layer MSE objective,
 the paper's cheap first step for a small model):
@@ -159,12 +160,13 @@ def main():
 
     meta = json.load(open(os.path.join(a.kv, "meta.json")))
     d, n_layers, lengths = meta["D"], meta["n_layers"], meta["sequences"]
+    layers = meta.get("layers", list(range(n_layers)))  # a model's window layers get none
     m = a.m or d // 4
     hidden = a.hidden or (3 * d) // 2
     rng = np.random.default_rng(a.seed)
     tensors, report = {}, []
     t0 = time.time()
-    for layer in range(n_layers):
+    for layer in layers:
         rows = np.fromfile(os.path.join(a.kv, f"layer_{layer:02d}.f32"), dtype=np.float32).reshape(-1, d)
         xs, rs, at = [], [], 0
         for n in lengths:

@@ -146,7 +146,17 @@ Status add_key_error(const Options& o, const model::Model& m, const fs::path& ou
     return Status();
 }
 
-// Records each layer's rows [K (pre-RoPE); V] of every token to OUT/kv/layer_XX.f32.
+// The layers DeltaKV may compress: all but a model's sliding-window layers, which keep their
+// window exact (kvstore::DeltaKvOptions::window_layer) and get no compressor.
+std::vector<int32_t> global_layers(const model::ModelConfig& c) {
+    std::vector<int32_t> out;
+    for (int32_t l = 0; l < c.n_layers; ++l) {
+        if (!c.is_window_layer(l)) out.push_back(l);
+    }
+    return out;
+}
+
+// Records each global layer's rows [K (pre-RoPE); V] of every token to OUT/kv/layer_XX.f32.
 // Also keeps the recorded sequences' tokens (for the end-to-end objective).
 Status record_kv(const Options& o, const model::Model& m, const fs::path& kv_dir,
                  nlohmann::json& meta, std::vector<int32_t>& first_sequence,
@@ -156,15 +166,17 @@ Status record_kv(const Options& o, const model::Model& m, const fs::path& kv_dir
     co.n_threads = o.threads;
     DS_ASSIGN_OR_RETURN(auto ctx, model::InferenceContext::create(m, co));
     const int32_t kv_dim = m.config.kv_dim();
-    std::vector<std::ofstream> files;
-    for (int32_t l = 0; l < m.config.n_layers; ++l) {
+    const std::vector<int32_t> layers = global_layers(m.config);
+    std::vector<std::ofstream> files(static_cast<size_t>(m.config.n_layers));
+    for (int32_t l : layers) {
         char name[32];
         std::snprintf(name, sizeof name, "layer_%02d.f32", l);
-        files.emplace_back(kv_dir / name, std::ios::binary);
-        if (!files.back()) return internal_error("cannot write " + (kv_dir / name).string());
+        files[l].open(kv_dir / name, std::ios::binary);
+        if (!files[l]) return internal_error("cannot write " + (kv_dir / name).string());
     }
     std::vector<float> row(static_cast<size_t>(2 * kv_dim));
     ctx->set_kv_tap([&](int32_t layer, const float* k, const float* v, int64_t n, int64_t ld) {
+        if (!files[layer].is_open()) return;  // a window layer
         for (int64_t t = 0; t < n; ++t) {
             std::copy_n(k + t * ld, kv_dim, row.data());
             std::copy_n(v + t * ld, kv_dim, row.data() + kv_dim);
@@ -186,12 +198,15 @@ Status record_kv(const Options& o, const model::Model& m, const fs::path& kv_dir
         std::fprintf(stderr, "[calibrate] recorded KV of %lld / %d tokens (%s)\n",
                      static_cast<long long>(total), o.max_tokens, s.text.c_str());
     }
-    for (auto& f : files) {
-        f.close();
-        if (!f) return internal_error("writing recorded KV failed (disk full?)");
+    for (int32_t l : layers) {
+        files[l].close();
+        if (!files[l]) return internal_error("writing recorded KV failed (disk full?)");
     }
     if (lengths.empty()) return invalid_argument("no calibration text long enough (64+ tokens)");
-    meta = {{"D", 2 * kv_dim}, {"n_layers", m.config.n_layers}, {"sequences", lengths}};
+    meta = {{"D", 2 * kv_dim},
+            {"n_layers", m.config.n_layers},
+            {"layers", layers},
+            {"sequences", lengths}};
     std::ofstream(kv_dir / "meta.json") << meta.dump();
     return Status();
 }
@@ -294,10 +309,12 @@ Result<std::vector<double>> measure_sensitivity(const Options& o, const model::M
     model::ContextOptions co;
     DS_ASSIGN_OR_RETURN(std::vector<float> ref, full_kv_logits(o, m, tokens, co));
     co.kv_profile = profile;
+    // A window layer is never compressed: its KL stays 0 (and it is never made full).
     std::vector<double> kl(static_cast<size_t>(n_layers), 0.0), lf, lp;
-    for (int32_t layer = 0; layer < n_layers; ++layer) {
-        co.deltakv_full_layers.assign(static_cast<size_t>(n_layers), 1);
-        co.deltakv_full_layers[layer] = 0;
+    const std::vector<int32_t> global = global_layers(m.config);
+    for (int32_t layer : global) {
+        co.deltakv_full_layers.assign(static_cast<size_t>(n_layers), 0);
+        for (int32_t l : global) co.deltakv_full_layers[l] = l != layer;
         DS_ASSIGN_OR_RETURN(auto ctx, model::InferenceContext::create(m, co));
         DS_ASSIGN_OR_RETURN(std::vector<float> got, ctx->eval_all(tokens));
         for (size_t t = 0; t + 1 < tokens.size(); ++t) {
@@ -315,21 +332,30 @@ Result<std::vector<double>> measure_sensitivity(const Options& o, const model::M
 // decode step attends in the layers after it (OmniKV's filter layer; only the pick differs
 // between candidates, every other layer compressed alike). Per candidate, the mean
 // KL(full || DeltaKV) over the sequence's last tokens fed one at a time, the rest in chunks.
-// Only the first few layers are candidates: each costs a pass over the sequence, and the
-// layers before the first full layer (the lead) attend the previous step's pick.
+// Only the first few global layers are candidates: each costs a pass over the sequence, and
+// the layers before the first full layer (the lead) attend the previous step's pick.
 constexpr int32_t kObserverCandidates = 4;
 
-Result<std::vector<double>> measure_observers(const Options& o, const model::Model& m,
-                                              const std::string& profile,
-                                              const std::vector<int32_t>& tokens) {
+struct Observers {
+    std::vector<int32_t> layers;  // the candidates
+    std::vector<double> kl;       // each one's
+};
+
+Result<Observers> measure_observers(const Options& o, const model::Model& m,
+                                    const std::string& profile,
+                                    const std::vector<int32_t>& tokens) {
     const int32_t n_layers = m.config.n_layers, n_vocab = m.config.n_vocab;
     const size_t tail = std::min<size_t>(128, tokens.size() / 4);
     const std::span<const int32_t> all(tokens), head = all.first(tokens.size() - tail);
     model::ContextOptions co;
     DS_ASSIGN_OR_RETURN(std::vector<float> ref, full_kv_logits(o, m, all, co));
     co.kv_profile = profile;
-    std::vector<double> kl, lf, lp;
-    for (int32_t layer = 0; layer < std::min(kObserverCandidates, n_layers); ++layer) {
+    Observers r;
+    std::vector<double>& kl = r.kl;
+    std::vector<double> lf, lp;
+    r.layers = global_layers(m.config);
+    r.layers.resize(std::min<size_t>(r.layers.size(), kObserverCandidates));
+    for (int32_t layer : r.layers) {
         co.deltakv_full_layers.assign(static_cast<size_t>(n_layers), 0);
         co.deltakv_full_layers[layer] = 1;
         DS_ASSIGN_OR_RETURN(auto ctx, model::InferenceContext::create(m, co));
@@ -345,7 +371,7 @@ Result<std::vector<double>> measure_observers(const Options& o, const model::Mod
         std::fprintf(stderr, "[calibrate] layer %d as the observation layer: decode KL %.5f\n",
                      layer, kl.back());
     }
-    return kl;
+    return r;
 }
 
 // Runs `python ops/calibrate/<script> args...` on the recorded data (removed afterwards
@@ -460,9 +486,11 @@ int calibrate_deltakv(const Options& o, const model::Model& m, const fs::path& o
                      observers.error().message().c_str());
         return 1;
     }
-    profile["observer_kl"] = *observers;
-    profile["observation_layer"] = static_cast<int32_t>(
-        std::min_element(observers->begin(), observers->end()) - observers->begin());
+    profile["observer_kl"] = observers->kl;
+    profile["observer_layers"] = observers->layers;
+    profile["observation_layer"] =
+        observers->layers[std::min_element(observers->kl.begin(), observers->kl.end()) -
+                          observers->kl.begin()];
     // Which layers lose most when compressed: they are kept full after the observation layer.
     first_sequence.resize(std::min<size_t>(first_sequence.size(), 1024));
     auto kl = measure_sensitivity(o, m, (out / "deltakv.json").string(), first_sequence);
@@ -471,8 +499,7 @@ int calibrate_deltakv(const Options& o, const model::Model& m, const fs::path& o
                      kl.error().message().c_str());
         return 1;
     }
-    std::vector<int32_t> order(kl->size());
-    std::iota(order.begin(), order.end(), 0);
+    std::vector<int32_t> order = global_layers(c);  // (a window layer is never full)
     std::stable_sort(order.begin(), order.end(),
                      [&](int32_t a, int32_t b) { return (*kl)[a] > (*kl)[b]; });
     profile["sensitivity_kl"] = *kl;
@@ -593,6 +620,13 @@ int calibrate_main(int argc, char** argv) {
     if (!m.ok()) {
         std::fprintf(stderr, "deltactl: error: %s\n", m.error().message().c_str());
         return 1;
+    }
+    if (o.objective == "ntp" && (*m)->config.arch != "llama") {
+        std::fprintf(stderr,
+                     "deltactl: error: --objective ntp implements the llama architecture only "
+                     "(its JAX twin), not %s\n",
+                     (*m)->config.arch.c_str());
+        return 2;
     }
     if (o.latent > model::max_deltakv_latent((*m)->config)) {
         std::fprintf(stderr, "deltactl: error: --latent must be at most %d for this model\n",

@@ -40,6 +40,7 @@ Result<nlohmann::json> measure_key_error(const model::Model& m, const std::strin
             n - std::min(n, o.sinks) - (n - std::min(n, o.sinks) + o.stride - 1) / o.stride;
         if (n_latent <= 0) continue;
         for (int32_t l = 0; l < c.n_layers; ++l) {
+            if (!profile->has_compressor(l)) continue;
             const std::vector<float> var =
                 kvstore::deltakv_key_error_variance(*profile, l, x[l].data(), n, o, pool);
             for (int32_t i = 0; i < per; ++i) sum[l][i] += static_cast<double>(var[i]) * n_latent;
@@ -51,6 +52,10 @@ Result<nlohmann::json> measure_key_error(const model::Model& m, const std::strin
         return invalid_argument("no calibration sequence long enough to measure key errors");
     nlohmann::json out = nlohmann::json::array();
     for (int32_t l = 0; l < c.n_layers; ++l) {
+        if (!profile->has_compressor(l)) {  // a window layer: nothing reconstructed
+            out.push_back(nlohmann::json::array());
+            continue;
+        }
         std::vector<float> v(static_cast<size_t>(per));
         for (int32_t i = 0; i < per; ++i) v[i] = static_cast<float>(sum[l][i] / weight);
         out.push_back(v);

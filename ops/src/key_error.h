@@ -16,7 +16,8 @@ namespace deltaserve::ops {
 // Runs the model over each sequence, compresses every layer's [K; V] as the cache would
 // (kvstore::deltakv_key_error_variance) and returns the profile's "key_error_var": per
 // layer, the error variance per KV head and RoPE pair, averaged over the sequences by token
-// count (every layer: any may be compressed).
+// count (every layer with a compressor: any of them may be compressed; an empty list for a
+// sliding-window layer, which has none).
 Result<nlohmann::json> measure_key_error(const model::Model& m, const std::string& profile_json,
                                          const std::vector<std::vector<int32_t>>& sequences,
                                          int threads);
