@@ -32,13 +32,17 @@ bool file_exists(const std::string& path) { return std::filesystem::exists(path)
 std::string stories_model() { return shared_dir() + "/models/stories260K.bin"; }
 std::string stories_tokenizer() { return shared_dir() + "/models/tok512.bin"; }
 std::string default_gguf_model() { return models_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf"; }
+std::string profiles_dir() {
+    return env_or("DELTASERVE_PROFILES_DIR", std::string(DELTASERVE_SOURCE_DIR) + "/profiles");
+}
 std::string default_deltakv_profile() {
-    return env_or("DELTASERVE_PROFILES_DIR", std::string(DELTASERVE_SOURCE_DIR) + "/profiles") +
-           "/SmolLM2-135M-Instruct.Q4_1.gguf/deltakv.json";
+    return profiles_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf/deltakv.json";
 }
 std::string default_trimkv_gates() {
-    return env_or("DELTASERVE_PROFILES_DIR", std::string(DELTASERVE_SOURCE_DIR) + "/profiles") +
-           "/SmolLM2-135M-Instruct.Q4_1.gguf/trimkv.json";
+    return profiles_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf/trimkv.json";
+}
+std::string gemma_deltakv_profile() {
+    return profiles_dir() + "/gemma-3-270m-q4_k_m.gguf/deltakv.json";
 }
 
 std::string tools_python() {

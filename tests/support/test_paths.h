@@ -36,6 +36,10 @@ std::string default_gguf_model();
 // The default model's DeltaKV profile, which setup calibrates ($DELTASERVE_PROFILES_DIR or
 // <repo>/profiles).
 std::string default_deltakv_profile();
+// Gemma 3 270M's, which deploy/profile.sh calibrates beside it.
+std::string gemma_deltakv_profile();
+// Where setup's profiles are: $DELTASERVE_PROFILES_DIR or <repo>/profiles.
+std::string profiles_dir();
 std::string default_trimkv_gates();
 // Python with jax, gguf and openai (calibrate's end-to-end objective, the gateway's client
 // tests): $DELTASERVE_TOOLS_PYTHON or the venv setup makes (<repo>/.venv-tools).
