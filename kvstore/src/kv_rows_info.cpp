@@ -41,6 +41,8 @@ Result<KvRowsInfo> window_rows(int32_t begin, int32_t end, int32_t row,
     if (!p.i32(first) || first < begin || first > end)
         return bad("a window layer's part without its first position");
     DS_ASSIGN_OR_RETURN(KvRowsInfo info, exact_rows(end - first, row, part.subspan(4), with_kinds));
+    info.exact_bytes = part.size();  // (with the position, as a sparse part's region end)
+    info.window = true;
     info.dropped = first - begin;
     if (with_kinds)
         info.kinds.insert(info.kinds.begin(), static_cast<size_t>(first - begin),

@@ -57,6 +57,7 @@ Described describe_blocks(const StoredSession& s, const BlockReader& read) {
             }
             LayerSum& L = d.layers[static_cast<size_t>(l)];
             L.full = info->full;
+            L.window = info->window;
             L.sinks += info->sinks;
             L.references += info->references;
             L.latents += info->latents;
@@ -72,7 +73,7 @@ Described describe_blocks(const StoredSession& s, const BlockReader& read) {
                 err_sum += e;
                 ++err_n;
             }
-            if (info->full && full_token_bytes == 0 && n > 0) {
+            if (info->full && !info->window && full_token_bytes == 0 && n > 0) {
                 // A full layer's rows: K and V of every token; full KV's bytes per token.
                 full_token_bytes = info->exact_bytes / static_cast<uint64_t>(n) *
                                    static_cast<uint64_t>(m.n_layers());
@@ -92,8 +93,10 @@ Described describe_blocks(const StoredSession& s, const BlockReader& read) {
 }
 
 std::string layer_role(const Described& d, size_t layer) {
+    if (d.layers[layer].window) return "window";
     if (!d.layers[layer].full) return "sparse";
     for (size_t l = layer + 1; l < d.layers.size(); ++l) {
+        if (d.layers[l].window) continue;
         if (!d.layers[l].full) return "observation";
     }
     return "full";

@@ -19,6 +19,7 @@ namespace deltaserve::ops {
 // What one session's stored blocks hold, read and checked block by block.
 struct LayerSum {
     bool full = true;
+    bool window = false;  // a sliding-window layer (its window kept exact)
     int64_t sinks = 0, references = 0, latents = 0, buffer = 0;
     uint64_t exact_bytes = 0, latent_bytes = 0;
     double err_sq = 0.0;
@@ -55,7 +56,8 @@ BlockReader store_reader(const StoreView& view, const Store& store);
 
 Described describe_blocks(const StoredSession& s, const BlockReader& read);
 // A layer's role: "sparse" (compressed), "observation" (a full layer before sparse ones,
-// whose queries pick the tokens they reconstruct) or "full".
+// whose queries pick the tokens they reconstruct), "window" (a sliding-window layer, its
+// window exact) or "full".
 std::string layer_role(const Described& d, size_t layer);
 
 // Tokens [begin, end) of the session: each one's id and kind (sink, reference, latent, recent

@@ -51,7 +51,9 @@ void check(std::span<const uint8_t> bytes, uint64_t fingerprint) {
         if (info.ok() && info->kinds.size() != static_cast<size_t>(m.end - m.begin)) std::abort();
         if (info.ok() &&
             (info->sinks < 0 || info->references < 0 || info->latents < 0 || info->buffer < 0 ||
-             info->sinks + info->references + info->latents + info->buffer != m.end - m.begin ||
+             info->dropped < 0 ||
+             info->sinks + info->references + info->latents + info->buffer + info->dropped !=
+                 m.end - m.begin ||
              info->exact_bytes + info->latent_bytes != v->parts[static_cast<size_t>(l)].size()))
             std::abort();
     }
@@ -82,6 +84,27 @@ void write_seeds(const std::string& dir) {
     std::vector<uint8_t> a(48, 1), b(24, 2);
     const std::span<const uint8_t> parts[] = {a, b};
     write_seed(dir + "/deltakv-2-layers", *kvstore::encode_kv_block(m, parts));
+    // A model with a window layer (0), a full one and a sparse one: the DeltaKV rows state's
+    // roles (2 1 0), the window and the layer count; the window layer's part starts with the
+    // first position it holds (8), its rows from there; the sparse layer's region is empty.
+    const auto i32 = [](std::vector<uint8_t>& out, int32_t v) {
+        for (int b = 0; b < 4; ++b) out.push_back(static_cast<uint8_t>(v >> (8 * b)));
+    };
+    m.codec_state.clear();
+    for (int32_t v : {16, -1, 4, 2, 4, 8, 1}) i32(m.codec_state, v);
+    m.codec_state.insert(m.codec_state.end(), {2, 1, 0});
+    i32(m.codec_state, 8);
+    i32(m.codec_state, 3);
+    m.layer_error = {0.0f, 0.0f, 0.0f};
+    std::vector<uint8_t> window;
+    i32(window, 8);
+    window.resize(4 + 2 * 8 * 2, 3);
+    std::vector<uint8_t> sparse;
+    i32(sparse, 4);
+    sparse.resize(4 + 2 * 16 * 2, 4);
+    std::vector<uint8_t> full(2 * 16 * 2, 5);
+    const std::span<const uint8_t> three[] = {window, full, sparse};
+    write_seed(dir + "/deltakv-window-layer", *kvstore::encode_kv_block(m, three));
     m.codec = kvstore::KvCodecId::kRows;
     m.parent = hash_tokens(kFingerprint, m.tokens);
     m.begin = 16;
@@ -91,7 +114,7 @@ void write_seeds(const std::string& dir) {
     m.layer_error = {0.0f};
     const std::span<const uint8_t> one[] = {std::span<const uint8_t>()};
     write_seed(dir + "/rows-empty-part", *kvstore::encode_kv_block(m, one));
-    std::fprintf(stderr, "wrote 2 seeds to %s\n", dir.c_str());
+    std::fprintf(stderr, "wrote 3 seeds to %s\n", dir.c_str());
 }
 
 }  // namespace

@@ -226,7 +226,9 @@ TEST_F(WindowKv, StoredBlocksWrittenTurnByTurnRestoreExactly) {
         kvstore::kv_rows_info(m.codec, m.codec_state, 5, m.begin, m.end, first->parts[5], true);
     ASSERT_TRUE(local.ok() && global.ok());
     EXPECT_EQ(local->dropped, 256);
-    EXPECT_EQ(local->exact_bytes, 0u);
+    EXPECT_EQ(local->exact_bytes, 4u) << "no rows: its first position only";
+    EXPECT_TRUE(local->window);
+    EXPECT_FALSE(global->window);
     EXPECT_EQ(local->kinds.back(), kvstore::KvRowsInfo::Kind::kDropped);
     EXPECT_EQ(global->dropped, 0);
     EXPECT_EQ(global->buffer, 256);

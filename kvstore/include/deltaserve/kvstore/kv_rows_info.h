@@ -21,7 +21,8 @@ struct KvRowsInfo {
     // Tokens of the range a sliding-window layer no longer held when the block was written
     // (before its window): no rows.
     int32_t dropped = 0;
-    uint64_t exact_bytes = 0;   // fp16 (or fp32) K and V rows
+    bool window = false;        // a sliding-window layer's part (full KV's or DeltaKV's)
+    uint64_t exact_bytes = 0;   // fp16 (or fp32) K and V rows, with the part's own header
     uint64_t latent_bytes = 0;  // latents, their reference ordinals and error codes
     // Each token's kind, in order (filled when asked for).
     enum class Kind : uint8_t { kExact, kSink, kReference, kLatent, kBuffer, kDropped };
