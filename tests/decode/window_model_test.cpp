@@ -38,11 +38,16 @@ class WindowModelTest : public ::testing::Test {
         for (int32_t i = 1; i < n; ++i) t.push_back(1000 + (i * 7919 + seed * 104729) % 30000);
         return t;
     }
-    void start(size_t cache_bytes, int32_t local_prefill_max = 100000) {
+    void start(size_t cache_bytes, int32_t local_prefill_max = 100000, bool deltakv = false) {
         decode::DecodeOptions d;
         d.context.n_ctx = 2048;
         d.context.n_threads = 2;
         d.context.n_batch = 256;
+        if (deltakv) {
+            d.context.kv.policy = "deltakv";
+            d.context.kv.keep = 0.5f;
+            d.context.kv_profile = testing::gemma_deltakv_profile();
+        }
         d.threads = 2;
         d.local_prefill_max = local_prefill_max;
         d.prefix_cache_bytes = cache_bytes;
@@ -99,6 +104,23 @@ TEST_F(WindowModelTest, APrefillNodeShipsPastTheWindow) {
     ASSERT_TRUE(here.ok()) << here.status().to_string();
     EXPECT_FALSE(here->plan.remote_prefill);
     start(0, /*local_prefill_max=*/0);
+    auto there = run(testing::greedy_turn(2, prompt, "", 12));
+    ASSERT_TRUE(there.ok()) << there.status().to_string();
+    EXPECT_TRUE(there->plan.remote_prefill);
+    EXPECT_EQ(there->end.text, here->end.text);
+}
+
+// DeltaKV's compressed global layers and exact windows, shipped layer by layer as the
+// prefill node computes them: the decode node answers as it does computing the prompt itself.
+TEST_F(WindowModelTest, APrefillNodeShipsDeltaKvPastTheWindow) {
+    if (!testing::file_exists(testing::gemma_deltakv_profile()))
+        GTEST_SKIP() << testing::gemma_deltakv_profile() << " is absent (deploy/profile.sh)";
+    const auto prompt = tokens(900, 4);
+    start(0, 100000, true);
+    auto here = run(testing::greedy_turn(1, prompt, "", 12));
+    ASSERT_TRUE(here.ok()) << here.status().to_string();
+    EXPECT_FALSE(here->plan.remote_prefill);
+    start(0, /*local_prefill_max=*/0, true);
     auto there = run(testing::greedy_turn(2, prompt, "", 12));
     ASSERT_TRUE(there.ok()) << there.status().to_string();
     EXPECT_TRUE(there->plan.remote_prefill);
