@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
 #include <random>
 
 #include "deltaserve/common/fp16.h"
@@ -176,23 +177,32 @@ TEST(DeltaKvWindow, WindowLayersHoldTheirWindowAndGlobalLayersCompressAsAlone) {
     EXPECT_LT(window_pool, 3 * row * 300 / 2);
 }
 
+// A windowed cache holding n tokens, fed 20 at a time.
+std::unique_ptr<DeltaKvSequenceCache> session(const DeltaKvProfile& p, Rows& rows, int32_t n,
+                                              ThreadPool& threads) {
+    auto c = DeltaKvSequenceCache::create(p, windowed(), threads);
+    EXPECT_TRUE(c.ok()) << c.error().to_string();
+    if (!c.ok()) return nullptr;
+    for (int32_t at = 0; at < n; at += 20) chunk(**c, rows, 20, kAll, threads);
+    return std::move(*c);
+}
+
 TEST(DeltaKvWindow, ACutInsideTheSlackKeepsTheSessionOneBeforeItKeepsNothing) {
     ThreadPool threads(2);
     const DeltaKvProfile p6 = profile(6, kGlobal);
-    auto c = DeltaKvSequenceCache::create(p6, windowed(), threads);
-    ASSERT_TRUE(c.ok());
     Rows rows;
-    for (int32_t n = 0; n < 300; n += 20) chunk(**c, rows, 20, kAll, threads);
-    const int32_t first = (*c)->window_first();  // 280 - 23 - 64
-    EXPECT_EQ((*c)->kept_by_truncate(first + kWindow - 1), first + kWindow - 1);
-    EXPECT_EQ((*c)->kept_by_truncate(first + kWindow - 2), 0);
-    (*c)->truncate(first + kWindow + 10);
-    EXPECT_EQ((*c)->n_tokens(), first + kWindow + 10);
-    chunk(**c, rows, 20, kAll, threads);  // and it goes on from there
-    EXPECT_EQ((*c)->n_tokens(), first + kWindow + 30);
-    (*c)->truncate(first);
-    EXPECT_EQ((*c)->n_tokens(), 0) << "the window of the next query is gone: nothing kept";
-    EXPECT_EQ((*c)->window_first(), 0);
+    auto c = session(p6, rows, 300, threads);
+    ASSERT_TRUE(c);
+    const int32_t first = c->window_first();  // 280 - 23 - 64
+    EXPECT_EQ(c->kept_by_truncate(first + kWindow - 1), first + kWindow - 1);
+    EXPECT_EQ(c->kept_by_truncate(first + kWindow - 2), 0);
+    c->truncate(first + kWindow + 10);
+    EXPECT_EQ(c->n_tokens(), first + kWindow + 10);
+    chunk(*c, rows, 20, kAll, threads);  // and it goes on from there
+    EXPECT_EQ(c->n_tokens(), first + kWindow + 30);
+    c->truncate(first);
+    EXPECT_EQ(c->n_tokens(), 0) << "the window of the next query is gone: nothing kept";
+    EXPECT_EQ(c->window_first(), 0);
 }
 
 // Every layer's part the same, a window layer's from the later of the two caches' first rows
@@ -215,59 +225,57 @@ void expect_same_parts(DeltaKvSequenceCache& a, DeltaKvSequenceCache& b) {
 TEST(DeltaKvWindow, ASessionShipsWholeAndAsRowsWithItsWindows) {
     ThreadPool threads(2);
     const DeltaKvProfile p6 = profile(6, kGlobal);
-    auto c = DeltaKvSequenceCache::create(p6, windowed(), threads);
-    ASSERT_TRUE(c.ok());
     Rows rows;
-    for (int32_t n = 0; n < 200; n += 20) chunk(**c, rows, 20, kAll, threads);
-    auto state = (*c)->codec()->export_state();
+    auto c = session(p6, rows, 200, threads);
+    ASSERT_TRUE(c);
+    auto state = c->codec()->export_state();
     ASSERT_TRUE(state.ok());
     // Whole.
     auto whole = DeltaKvSequenceCache::create(p6, windowed(), threads);
     ASSERT_TRUE(whole.ok());
     ASSERT_TRUE((*whole)->codec()->import_state(*state).ok());
     for (int32_t l = 0; l < 6; ++l) {
-        auto part = (*c)->codec()->export_layer(l);
+        auto part = c->codec()->export_layer(l);
         ASSERT_TRUE(part.ok());
         ASSERT_TRUE((*whole)->codec()->import_layer(l, *part).ok()) << l;
     }
     EXPECT_EQ((*whole)->window_first(), std::max(0, 200 - kWindow + 1 - kWindowSlack));
-    expect_same_parts(**c, **whole);
+    expect_same_parts(*c, **whole);
     // As rows, in two ranges a layer, read by the tools without a cache.
-    auto rows_state = (*c)->codec()->export_rows_state(200);
+    auto rows_state = c->codec()->export_rows_state(200);
     ASSERT_TRUE(rows_state.ok());
     auto by_rows = DeltaKvSequenceCache::create(p6, windowed(), threads);
     ASSERT_TRUE(by_rows.ok());
     ASSERT_TRUE((*by_rows)->codec()->import_state(*rows_state).ok());
     for (int32_t l = 0; l < 6; ++l) {
         for (const auto [b, e] : {std::pair{0, 96}, std::pair{96, 200}}) {
-            auto part = (*c)->codec()->export_rows(l, b, e);
+            auto part = c->codec()->export_rows(l, b, e);
             ASSERT_TRUE(part.ok()) << part.error().to_string();
             ASSERT_TRUE((*by_rows)->codec()->import_rows(l, b, e, *part).ok()) << l << " " << b;
             auto info = kv_rows_info(KvCodecId::kDeltaKv, *rows_state, l, b, e, *part, true);
             ASSERT_TRUE(info.ok()) << info.error().to_string();
             const int32_t dropped =
-                kWindowLayer[l] ? std::clamp((*c)->window_first() - b, 0, e - b) : 0;
+                kWindowLayer[l] ? std::clamp(c->window_first() - b, 0, e - b) : 0;
             EXPECT_EQ(info->dropped, dropped) << l << " " << b;
             EXPECT_EQ(info->kinds.size(), static_cast<size_t>(e - b));
         }
     }
-    expect_same_parts(**c, **by_rows);
+    expect_same_parts(*c, **by_rows);
     // Both go on as the original does.
     Rows again = rows;
-    chunk(**c, rows, 20, kAll, threads);
+    chunk(*c, rows, 20, kAll, threads);
     chunk(**whole, again, 20, kAll, threads);
-    expect_same_parts(**c, **whole);
+    expect_same_parts(*c, **whole);
 }
 
 TEST(DeltaKvWindow, PartsWithoutTheRowsTheWindowNeedsAreRefused) {
     ThreadPool threads(2);
     const DeltaKvProfile p6 = profile(6, kGlobal);
-    auto c = DeltaKvSequenceCache::create(p6, windowed(), threads);
-    ASSERT_TRUE(c.ok());
     Rows rows;
-    for (int32_t n = 0; n < 200; n += 20) chunk(**c, rows, 20, kAll, threads);
-    auto state = (*c)->codec()->export_state();
-    auto part = (*c)->codec()->export_layer(0);
+    auto c = session(p6, rows, 200, threads);
+    ASSERT_TRUE(c);
+    auto state = c->codec()->export_state();
+    auto part = c->codec()->export_layer(0);
     ASSERT_TRUE(state.ok() && part.ok());
     auto d = DeltaKvSequenceCache::create(p6, windowed(), threads);
     ASSERT_TRUE(d.ok());
@@ -306,7 +314,7 @@ TEST(DeltaKvWindow, PartsWithoutTheRowsTheWindowNeedsAreRefused) {
     ASSERT_TRUE(f.ok());
     EXPECT_EQ((*f)->codec()->import_state(*state).code(), StatusCode::kFailedPrecondition);
     // The tools refuse a part whose state is cut in its window field.
-    auto rs = (*c)->codec()->export_rows_state(200);
+    auto rs = c->codec()->export_rows_state(200);
     ASSERT_TRUE(rs.ok());
     const std::vector<uint8_t> short_state(rs->begin(), rs->end() - 2);
     EXPECT_FALSE(kv_rows_info(KvCodecId::kDeltaKv, short_state, 0, 0, 200, *part).ok());
