@@ -2,7 +2,9 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <random>
+#include <sstream>
 
 #include "deltaserve/common/logging.h"
 #include "deltaserve/kernels/matmul.h"
@@ -15,6 +17,9 @@ void RunOptions::register_flags(ArgParser& p) {
     p.add("model", &model_path, "GGUF file, Hugging Face directory or llama2.c checkpoint");
     p.add("tokenizer", &tokenizer_path,
           "tokenizer file overriding the model's (tokenizer.bin, tokenizer.json, GGUF)");
+    p.add("chat-template", &chat_template_path,
+          "a Jinja chat template file overriding the model's own (tokenizer.chat_template), "
+          "for a model that carries none or a wrong one");
     p.add("threads", &threads, "threads; 0 = one per core");
     p.add("ctx-size", &ctx_size, "context size in tokens; 0 = the model's, at most 8192");
     p.add("batch-size", &batch_size, "prompt tokens per forward pass");
@@ -172,6 +177,18 @@ Result<std::unique_ptr<model::Model>> load_model_for_run(const RunOptions& o) {
     DS_ASSIGN_OR_RETURN(auto model, model::load_model(o.model_path, lo));
     if (!model->tokenizer) {
         return failed_precondition(o.model_path + " has no tokenizer; pass --tokenizer");
+    }
+    if (!o.chat_template_path.empty()) {
+        std::ifstream f(o.chat_template_path, std::ios::binary);
+        if (!f) return not_found("--chat-template " + o.chat_template_path + ": cannot be read");
+        std::stringstream text;
+        text << f.rdbuf();
+        const model::Tokenizer& tok = *model->tokenizer;
+        model->chat_template = model::ChatTemplate::from_jinja(
+            text.str(), model::special_token_text(tok, tok.bos_id()),
+            model::special_token_text(tok, tok.eos_id()));
+        DS_RETURN_IF_ERROR(
+            model->chat_template.status().with_context("--chat-template " + o.chat_template_path));
     }
     return model;
 }

@@ -853,8 +853,9 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
     conversation.insert(conversation.end(), request.messages.begin(), request.messages.end());
     const model::Tokenizer& tok = *model_.tokenizer;
     decode::TurnSpec spec;
-    auto tokens =
-        model::encode_chat(tok, model_.chat_template, conversation, /*add_generation_prompt=*/true);
+    model::ChatRenderOptions render;
+    render.kwargs_json = request.chat_template_kwargs;
+    auto tokens = model::encode_chat(tok, model_.chat_template, conversation, render);
     if (!tokens.ok() || tokens->empty()) {
         release(nullptr, nullptr);
         return tokens.ok() ? invalid_argument("the conversation renders to no tokens")

@@ -139,6 +139,15 @@ Result<ChatRequest> parse_object(const json& j, const model::SamplingParams& def
         if (r.model.size() > kMaxModelNameBytes) return bad("model", "is too long");
     }
     DS_ASSIGN_OR_RETURN(r.messages, parse_messages(j));
+    if (const json* kw = field_of(j, "chat_template_kwargs"); kw != nullptr && !kw->is_null()) {
+        if (!kw->is_object()) return bad("chat_template_kwargs", "must be an object");
+        if (kw->contains("messages") || kw->contains("tools") ||
+            kw->contains("add_generation_prompt")) {
+            return bad("chat_template_kwargs",
+                       "must not set messages, tools or add_generation_prompt");
+        }
+        r.chat_template_kwargs = kw->dump();
+    }
     DS_RETURN_IF_ERROR(number(j, "temperature", r.sampling.temperature));
     DS_RETURN_IF_ERROR(number(j, "top_p", r.sampling.top_p));
     DS_RETURN_IF_ERROR(number(j, "min_p", r.sampling.min_p));

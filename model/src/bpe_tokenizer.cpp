@@ -33,8 +33,9 @@ class BpeTokenizer final : public Tokenizer {
         return std::unique_ptr<Tokenizer>(std::move(tok));
     }
 
-    Result<std::vector<int32_t>> encode(std::string_view text, bool add_bos,
-                                        bool parse_special) const override;
+    Result<std::vector<int32_t>> encode_text(
+        std::string_view text, bool add_bos, bool parse_special,
+        std::span<const std::pair<size_t, size_t>> plain) const override;
     std::string token_to_piece(int32_t id, int32_t prev_id, bool render_special) const override;
 
   private:
@@ -200,15 +201,16 @@ void BpeTokenizer::encode_word(std::string_view bytes, std::vector<Symbol>* symb
     }
 }
 
-Result<std::vector<int32_t>> BpeTokenizer::encode(std::string_view text, bool add_bos,
-                                                  bool parse_special) const {
+Result<std::vector<int32_t>> BpeTokenizer::encode_text(
+    std::string_view text, bool add_bos, bool parse_special,
+    std::span<const std::pair<size_t, size_t>> plain) const {
     const int64_t bad = find_invalid_utf8(text);
     if (bad >= 0) return invalid_argument("invalid UTF-8 at byte offset " + std::to_string(bad));
     std::vector<int32_t> out;
     if (add_bos && vocab_.bos_id >= 0) out.push_back(vocab_.bos_id);
     std::vector<Symbol> symbols;
     std::vector<Candidate> heap;
-    for (const TextFragment& f : specials_.split(text, parse_special)) {
+    for (const TextFragment& f : specials_.split(text, parse_special, plain)) {
         if (f.token >= 0) {
             out.push_back(f.token);
             continue;

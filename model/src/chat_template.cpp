@@ -1,172 +1,117 @@
 #include "deltaserve/model/chat_template.h"
 
-#include <string>
+#include <nlohmann/json.hpp>
+
+#include "deltaserve/model/jinja.h"
 
 namespace deltaserve::model {
 namespace {
 
-constexpr std::string_view kImStart = "<|im_start|>";
-constexpr std::string_view kImEnd = "<|im_end|>";
-constexpr std::string_view kHeaderStart = "<|start_header_id|>";
-constexpr std::string_view kHeaderEnd = "<|end_header_id|>";
-constexpr std::string_view kEotId = "<|eot_id|>";
-constexpr std::string_view kBeginOfText = "<|begin_of_text|>";
+// llama.cpp's fallback for a model without a template: ChatML, no system prompt.
+constexpr const char* kChatML =
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
-// A system prompt written literally in a ChatML template, as SmolLM2's and Qwen2's carry:
-// "<|im_start|>system\n<literal text><|im_end|>" where the newline may be written as "\n"
-// inside a Jinja string. Text containing Jinja syntax or quotes is not a literal.
-std::string literal_default_system(std::string_view jinja) {
-    const std::string opener = std::string(kImStart) + "system";
-    for (size_t pos = jinja.find(opener); pos != std::string_view::npos;
-         pos = jinja.find(opener, pos + 1)) {
-        size_t start = pos + opener.size();
-        if (jinja.substr(start, 1) == "\n") {
-            start += 1;
-        } else if (jinja.substr(start, 2) == "\\n") {
-            start += 2;
-        } else {
-            continue;
-        }
-        const size_t end = jinja.find(kImEnd, start);
-        if (end == std::string_view::npos) continue;
-        const std::string_view text = jinja.substr(start, end - start);
-        if (text.empty() || text.find_first_of("'\"{}") != std::string_view::npos) continue;
-        return std::string(text);
+Result<jinja::Value> message_value(const ChatMessage& m) {
+    if (!m.json.empty()) {
+        DS_ASSIGN_OR_RETURN(jinja::Value v, jinja::value_from_json(m.json, /*from_input=*/true));
+        if (!v.is_dict()) return invalid_argument("a chat message must be a JSON object");
+        return v;
     }
-    return {};
-}
-
-std::string_view trim(std::string_view s) {
-    const char* ws = " \t\n\r\f\v";
-    const size_t first = s.find_first_not_of(ws);
-    if (first == std::string_view::npos) return {};
-    return s.substr(first, s.find_last_not_of(ws) - first + 1);
+    jinja::Dict d;
+    d.set("role", jinja::Value::input(m.role));
+    d.set("content", jinja::Value::input(m.content));
+    return jinja::Value::dict(std::move(d));
 }
 
 }  // namespace
 
-Result<ChatTemplate> detect_chat_template(std::string_view jinja) {
-    ChatTemplate tmpl;
-    if (jinja.empty()) return tmpl;  // plain ChatML
-    if (jinja.find(kImStart) != std::string_view::npos) {
-        tmpl.kind = ChatTemplateKind::kChatML;
-        tmpl.default_system = literal_default_system(jinja);
-        return tmpl;
-    }
-    if (jinja.find(kHeaderStart) != std::string_view::npos &&
-        jinja.find(kEotId) != std::string_view::npos) {
-        tmpl.kind = ChatTemplateKind::kLlama3;
-        tmpl.bos_text = std::string(kBeginOfText);
-        return tmpl;
-    }
-    return unimplemented("unrecognised chat template (known: ChatML, Llama-3): " +
-                         std::string(jinja.substr(0, 120)));
+ChatTemplate::ChatTemplate() {
+    auto t = jinja::JinjaTemplate::parse(kChatML);
+    template_ = std::make_shared<const jinja::JinjaTemplate>(std::move(*t));
+    source_ = kChatML;
 }
 
-namespace {
-
-// Appends to segments, merging adjacent text.
-class SegmentWriter {
-  public:
-    void special(std::string_view marker) { out_.push_back({std::string(marker), true}); }
-    SegmentWriter& text(std::string_view t) {
-        if (t.empty()) return *this;
-        if (out_.empty() || out_.back().special) out_.push_back({"", false});
-        out_.back().text.append(t);
-        return *this;
+ChatTemplate ChatTemplate::from_jinja(std::string source, std::string bos_token,
+                                      std::string eos_token) {
+    ChatTemplate t;
+    t.is_default_ = false;
+    t.bos_ = std::move(bos_token);
+    t.eos_ = std::move(eos_token);
+    auto parsed = jinja::JinjaTemplate::parse(source);
+    if (parsed.has_value()) {
+        t.template_ = std::make_shared<const jinja::JinjaTemplate>(std::move(*parsed));
+    } else {
+        t.template_.reset();
+        t.status_ = failed_precondition("the model's chat template cannot be used: " +
+                                        parsed.error().message());
     }
-    std::vector<ChatSegment> take() { return std::move(out_); }
-
-  private:
-    std::vector<ChatSegment> out_;
-};
-
-}  // namespace
-
-std::vector<ChatSegment> render_chat_template(const ChatTemplate& tmpl,
-                                              const std::vector<ChatMessage>& messages,
-                                              bool add_generation_prompt) {
-    SegmentWriter w;
-    switch (tmpl.kind) {
-        case ChatTemplateKind::kChatML: {
-            auto turn = [&](std::string_view role, std::string_view content) {
-                w.special(kImStart);
-                w.text(role).text("\n").text(content);
-                w.special(kImEnd);
-                w.text("\n");
-            };
-            // The template adds its system prompt inside the message loop, so only when
-            // there is at least one message.
-            if (!messages.empty() && messages[0].role != "system" && !tmpl.default_system.empty()) {
-                turn("system", tmpl.default_system);
-            }
-            for (const ChatMessage& m : messages) turn(m.role, m.content);
-            if (add_generation_prompt) {
-                w.special(kImStart);
-                w.text("assistant\n");
-            }
-            break;
-        }
-        case ChatTemplateKind::kLlama3: {
-            auto header = [&](std::string_view role) {
-                w.special(kHeaderStart);
-                w.text(role);
-                w.special(kHeaderEnd);
-                w.text("\n\n");
-            };
-            if (!tmpl.bos_text.empty()) w.special(tmpl.bos_text);
-            if (!messages.empty() && messages[0].role != "system" && !tmpl.default_system.empty()) {
-                header("system");
-                w.text(trim(tmpl.default_system));
-                w.special(kEotId);
-            }
-            for (const ChatMessage& m : messages) {
-                header(m.role);
-                w.text(trim(m.content));  // the template trims content
-                w.special(kEotId);
-            }
-            if (add_generation_prompt) header("assistant");
-            break;
-        }
-    }
-    return w.take();
+    t.source_ = std::move(source);
+    return t;
 }
 
-std::string apply_chat_template(const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages,
-                                bool add_generation_prompt) {
-    std::string out;
-    for (const ChatSegment& s : render_chat_template(tmpl, messages, add_generation_prompt)) {
-        out += s.text;
+Result<jinja::JinjaText> ChatTemplate::render(const std::vector<ChatMessage>& messages,
+                                              const ChatRenderOptions& options) const {
+    if (!status_.ok()) return status_;
+    jinja::Dict ctx;
+    if (!options.kwargs_json.empty()) {
+        DS_ASSIGN_OR_RETURN(jinja::Value kw, jinja::value_from_json(options.kwargs_json, true));
+        if (!kw.is_dict()) return invalid_argument("chat_template_kwargs must be a JSON object");
+        for (const auto& [k, v] : kw.entries().entries()) ctx.set(k, v);
     }
-    return out;
+    jinja::ValueList list;
+    for (const ChatMessage& m : messages) {
+        DS_ASSIGN_OR_RETURN(jinja::Value v, message_value(m));
+        list.push_back(std::move(v));
+    }
+    // The request's own variables win over chat_template_kwargs, as in vLLM.
+    ctx.set("messages", jinja::Value::list(std::move(list)));
+    if (!options.tools_json.empty()) {
+        DS_ASSIGN_OR_RETURN(jinja::Value tools, jinja::value_from_json(options.tools_json, true));
+        ctx.set("tools", std::move(tools));
+    }
+    ctx.set("add_generation_prompt", jinja::Value::boolean(options.add_generation_prompt));
+    ctx.set("bos_token", jinja::Value::literal(bos_));
+    ctx.set("eos_token", jinja::Value::literal(eos_));
+    jinja::RenderOptions ro;
+    ro.now = options.now;
+    return template_->render(jinja::Value::dict(std::move(ctx)), ro);
+}
+
+Result<std::string> apply_chat_template(const ChatTemplate& tmpl,
+                                        const std::vector<ChatMessage>& messages,
+                                        bool add_generation_prompt) {
+    ChatRenderOptions o;
+    o.add_generation_prompt = add_generation_prompt;
+    DS_ASSIGN_OR_RETURN(jinja::JinjaText t, tmpl.render(messages, o));
+    return std::move(t.text);
+}
+
+std::string special_token_text(const Tokenizer& tokenizer, int32_t id) {
+    if (id < 0 || id >= tokenizer.vocab_size()) return "";
+    return tokenizer.token_to_piece(id, -1, /*render_special=*/true);
+}
+
+Result<std::vector<int32_t>> encode_chat(const Tokenizer& tokenizer, const ChatTemplate& tmpl,
+                                         const std::vector<ChatMessage>& messages,
+                                         const ChatRenderOptions& options) {
+    DS_ASSIGN_OR_RETURN(jinja::JinjaText prompt, tmpl.render(messages, options));
+    DS_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                        tokenizer.encode_prompt(prompt.text, false, prompt.input));
+    const int32_t bos = tokenizer.bos_id();
+    if (tokenizer.vocab().add_bos && bos >= 0 && (ids.empty() || ids[0] != bos)) {
+        ids.insert(ids.begin(), bos);
+    }
+    return ids;
 }
 
 Result<std::vector<int32_t>> encode_chat(const Tokenizer& tokenizer, const ChatTemplate& tmpl,
                                          const std::vector<ChatMessage>& messages,
                                          bool add_generation_prompt) {
-    // A marker the vocabulary has no single token for is text, as it was when the whole
-    // prompt was encoded at once: it joins the text around it.
-    std::vector<ChatSegment> segments;
-    for (ChatSegment& s : render_chat_template(tmpl, messages, add_generation_prompt)) {
-        if (s.special) {
-            auto ids = tokenizer.encode(s.text, false, true);
-            if (!ids.ok()) return ids.status();
-            s.special = ids->size() == 1;
-        }
-        if (!s.special && !segments.empty() && !segments.back().special) {
-            segments.back().text += s.text;
-        } else {
-            segments.push_back(std::move(s));
-        }
-    }
-    std::vector<int32_t> ids;
-    if (tokenizer.vocab().add_bos && tokenizer.bos_id() >= 0) ids.push_back(tokenizer.bos_id());
-    for (const ChatSegment& s : segments) {
-        DS_ASSIGN_OR_RETURN(const std::vector<int32_t> part,
-                            tokenizer.encode(s.text, false, s.special));
-        ids.insert(ids.end(), part.begin(), part.end());
-    }
-    return ids;
+    ChatRenderOptions o;
+    o.add_generation_prompt = add_generation_prompt;
+    return encode_chat(tokenizer, tmpl, messages, o);
 }
 
 }  // namespace deltaserve::model

@@ -260,10 +260,13 @@ Result<std::unique_ptr<Model>> load_gguf_model(const std::string& path,
                                 " tokens but the model " + std::to_string(model->config.n_vocab));
     }
     if (auto tmpl = g.get_string("tokenizer.chat_template")) {
-        if (auto t = detect_chat_template(*tmpl)) {
-            model->chat_template = *t;
-        } else {
-            spdlog::warn("{}: {}; using ChatML", path, t.error().message());
+        const Tokenizer& tok = *model->tokenizer;
+        model->chat_template = ChatTemplate::from_jinja(
+            *tmpl, special_token_text(tok, tok.bos_id()), special_token_text(tok, tok.eos_id()));
+        if (!model->chat_template.status().ok()) {
+            // Completion still works; chat requests get this error.
+            spdlog::warn("{}: the chat template cannot be used: {}", path,
+                         model->chat_template.status().message());
         }
     }
     prefault(g, options.show_progress);

@@ -239,7 +239,9 @@ Status load_weights(SafetensorsModel& st, const std::vector<std::string>& all, M
 
 // --- tokenizer and chat template ---------------------------------------------------------
 
-Result<ChatTemplate> load_chat_template(const std::string& dir) {
+// The Jinja text of the model's chat template: tokenizer_config.json's chat_template (a
+// string, or the "default" of a list), else chat_template.jinja; "" when neither.
+Result<std::string> chat_template_source(const std::string& dir) {
     std::string jinja;
     const fs::path config_path = fs::path(dir) / "tokenizer_config.json";
     if (fs::exists(config_path)) {
@@ -265,14 +267,7 @@ Result<ChatTemplate> load_chat_template(const std::string& dir) {
     if (jinja.empty() && fs::exists(jinja_path)) {
         DS_ASSIGN_OR_RETURN(jinja, read_text_file(jinja_path.string()));
     }
-    if (jinja.empty()) return ChatTemplate{};
-    auto detected = detect_chat_template(jinja);
-    if (!detected) {
-        // Plain completion still works; only chat framing is affected.
-        spdlog::warn("{}: {}; using ChatML", dir, detected.error().message());
-        return ChatTemplate{};
-    }
-    return detected;
+    return jinja;
 }
 
 Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& dir,
@@ -307,7 +302,17 @@ Result<std::unique_ptr<Model>> load_hf_model(const std::string& dir, const LoadO
     DS_RETURN_IF_ERROR(load_weights(st, all, model->config, model->weights, options.show_progress)
                            .with_context("loading " + dir));
     DS_ASSIGN_OR_RETURN(model->tokenizer, load_tokenizer(dir, options, model->config.n_vocab));
-    DS_ASSIGN_OR_RETURN(model->chat_template, load_chat_template(dir));
+    DS_ASSIGN_OR_RETURN(const std::string jinja, chat_template_source(dir));
+    if (!jinja.empty()) {
+        const Tokenizer& tok = *model->tokenizer;
+        model->chat_template = ChatTemplate::from_jinja(
+            jinja, special_token_text(tok, tok.bos_id()), special_token_text(tok, tok.eos_id()));
+        if (!model->chat_template.status().ok()) {
+            // Completion still works; chat requests get this error.
+            spdlog::warn("{}: the chat template cannot be used: {}", dir,
+                         model->chat_template.status().message());
+        }
+    }
     return model;
 }
 

@@ -1,9 +1,8 @@
 #include "pre_tokenizer.h"
 
-#include <cstdio>
-
 #include <algorithm>
 #include <array>
+#include <cstdio>
 
 #include "unicode.h"
 
@@ -229,8 +228,19 @@ SpecialTokenSplitter::SpecialTokenSplitter(const Vocab& vocab) {
     });
 }
 
-std::vector<TextFragment> SpecialTokenSplitter::split(std::string_view text,
-                                                      bool parse_special) const {
+namespace {
+
+bool overlaps(size_t b, size_t e, std::span<const std::pair<size_t, size_t>> ranges) {
+    const auto it = std::lower_bound(ranges.begin(), ranges.end(), b,
+                                     [](const auto& r, size_t at) { return r.second <= at; });
+    return it != ranges.end() && it->first < e;
+}
+
+}  // namespace
+
+std::vector<TextFragment> SpecialTokenSplitter::split(
+    std::string_view text, bool parse_special,
+    std::span<const std::pair<size_t, size_t>> plain) const {
     std::vector<TextFragment> fragments;
     if (text.empty()) return fragments;
     fragments.push_back({-1, 0, text.size()});
@@ -246,13 +256,19 @@ std::vector<TextFragment> SpecialTokenSplitter::split(std::string_view text,
             }
             size_t begin = f.offset;
             const size_t end = f.offset + f.length;
-            while (begin < end) {
-                const size_t match = text.substr(0, end).find(special.text, begin);
+            size_t from = begin;
+            while (from < end) {
+                const size_t match = text.substr(0, end).find(special.text, from);
                 if (match == std::string_view::npos) break;
+                if (!special.always && overlaps(match, match + special.text.size(), plain)) {
+                    from = match + 1;  // the user's text: not a control token
+                    continue;
+                }
                 found = true;
                 if (match > begin) next.push_back({-1, begin, match - begin});
                 next.push_back({special.id, 0, 0});
                 begin = match + special.text.size();
+                from = begin;
             }
             if (begin < end) next.push_back({-1, begin, end - begin});
         }

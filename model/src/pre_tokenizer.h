@@ -46,7 +46,10 @@ class SpecialTokenSplitter {
   public:
     explicit SpecialTokenSplitter(const Vocab& vocab);
 
-    std::vector<TextFragment> split(std::string_view text, bool parse_special) const;
+    // No control or unknown token is cut from a match that overlaps `plain` (sorted,
+    // disjoint byte ranges of text: a chat prompt's user text).
+    std::vector<TextFragment> split(std::string_view text, bool parse_special,
+                                    std::span<const std::pair<size_t, size_t>> plain = {}) const;
 
   private:
     struct Special {

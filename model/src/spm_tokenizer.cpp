@@ -158,8 +158,9 @@ class SpmTokenizer final : public Tokenizer {
         }
     }
 
-    Result<std::vector<int32_t>> encode(std::string_view text, bool add_bos,
-                                        bool parse_special) const override {
+    Result<std::vector<int32_t>> encode_text(
+        std::string_view text, bool add_bos, bool parse_special,
+        std::span<const std::pair<size_t, size_t>> plain) const override {
         const int64_t bad = find_invalid_utf8(text);
         if (bad >= 0) {
             return invalid_argument("invalid UTF-8 at byte offset " + std::to_string(bad));
@@ -167,7 +168,7 @@ class SpmTokenizer final : public Tokenizer {
         std::vector<int32_t> out;
         if (add_bos && vocab_.bos_id >= 0) out.push_back(vocab_.bos_id);
         bool prev_special = true;  // the text's start counts as after a special token
-        for (const TextFragment& f : specials_.split(text, parse_special)) {
+        for (const TextFragment& f : specials_.split(text, parse_special, plain)) {
             if (f.token >= 0) {
                 out.push_back(f.token);
                 prev_special = true;
@@ -285,8 +286,9 @@ class Llama2cTokenizer final : public Tokenizer {
     explicit Llama2cTokenizer(Vocab vocab)
         : Tokenizer(std::move(vocab)), index_(index_tokens(vocab_.tokens)) {}
 
-    Result<std::vector<int32_t>> encode(std::string_view text, bool add_bos,
-                                        bool /*parse_special*/) const override {
+    Result<std::vector<int32_t>> encode_text(
+        std::string_view text, bool add_bos, bool /*parse_special*/,
+        std::span<const std::pair<size_t, size_t>> /*plain*/) const override {
         const int64_t bad = find_invalid_utf8(text);
         if (bad >= 0) {
             return invalid_argument("invalid UTF-8 at byte offset " + std::to_string(bad));

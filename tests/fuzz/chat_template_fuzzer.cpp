@@ -1,5 +1,7 @@
-// The chat templates: any Jinja text is recognised or refused (kUnimplemented), and a
-// recognised template renders any conversation with every message's content in it.
+// The Jinja engine on hostile templates and conversations: any template text parses or is
+// refused with kInvalidArgument; a parsed one renders any conversation, or fails with
+// kInvalidArgument (what the template does wrong, or raises) or kResourceExhausted (its
+// bounds), never a crash or a hang; every input byte range lies inside the output.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <cstdint>
@@ -8,36 +10,44 @@
 #include <vector>
 
 #include "deltaserve/model/chat_template.h"
+#include "deltaserve/model/jinja.h"
 
 using namespace deltaserve;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FuzzedDataProvider in(data, size);
-    const std::string jinja = in.ConsumeRandomLengthString(4096);
-    auto tmpl = model::detect_chat_template(jinja);
-    if (!tmpl.ok()) {
-        if (tmpl.error().code() != StatusCode::kUnimplemented) std::abort();
+    const std::string source = in.ConsumeRandomLengthString(4096);
+    auto parsed = model::jinja::JinjaTemplate::parse(source);
+    if (!parsed.has_value()) {
+        if (parsed.error().code() != StatusCode::kInvalidArgument) std::abort();
         return 0;
     }
-    const bool generation_prompt = in.ConsumeBool();
+    model::ChatTemplate tmpl = model::ChatTemplate::from_jinja(source, "<s>", "</s>");
+    if (!tmpl.status().ok()) std::abort();
+    model::ChatRenderOptions options;
+    options.add_generation_prompt = in.ConsumeBool();
+    options.now = 1785024000;
+    if (in.ConsumeBool())
+        options.tools_json = R"([{"type": "function", "function": {"name": "f"}}])";
     std::vector<model::ChatMessage> messages;
     static const char* const kRoles[] = {"system", "user", "assistant", "tool"};
-    while (in.remaining_bytes() > 0 && messages.size() < 64) {
+    while (in.remaining_bytes() > 0 && messages.size() < 16) {
         model::ChatMessage m;
         m.role = in.ConsumeBool() ? std::string(kRoles[in.ConsumeIntegralInRange(0, 3)])
-                                  : in.ConsumeRandomLengthString(32);
-        m.content = in.ConsumeRandomLengthString(1024);
+                                  : in.ConsumeRandomLengthString(16);
+        m.content = in.ConsumeRandomLengthString(256);
         messages.push_back(std::move(m));
     }
-    const std::string prompt = model::apply_chat_template(*tmpl, messages, generation_prompt);
-    // Llama-3 trims contents: look for the trimmed text.
-    for (const auto& m : messages) {
-        const size_t b = m.content.find_first_not_of(" \t\n\r\f\v");
-        if (b == std::string::npos) continue;
-        const size_t e = m.content.find_last_not_of(" \t\n\r\f\v");
-        if (prompt.find(std::string_view(m.content).substr(b, e - b + 1)) == std::string::npos) {
-            std::abort();
-        }
+    auto out = tmpl.render(messages, options);
+    if (!out.has_value()) {
+        const StatusCode c = out.error().code();
+        if (c != StatusCode::kInvalidArgument && c != StatusCode::kResourceExhausted) std::abort();
+        return 0;
+    }
+    size_t last = 0;
+    for (const auto& [b, e] : out->input) {
+        if (b < last || e <= b || e > out->text.size()) std::abort();
+        last = e;
     }
     return 0;
 }

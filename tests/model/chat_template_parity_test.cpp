@@ -192,5 +192,71 @@ TEST(ChatTemplateParity, EveryTemplateRendersAsJinja2Does) {
         tally.size(), same, both_raise, refused, mismatch);
 }
 
+// A session's next turn reuses the KV of its earlier prompt and answer as far as the new
+// prompt's tokens agree with them (the decode node's prefix match). What the templates give:
+// the whole conversation starts with the earlier messages' rendering in every template of
+// the families issue 58 names (their history is not rewritten); most also keep the
+// earlier generation prompt and answer as they were, while thinking templates open the
+// generation with "<think>" that the history does not keep, or drop earlier thinking, so
+// the match stops there and the rest is recomputed. Cohere's tool-use templates render the
+// first user message differently once an answer follows it: their sessions recompute the
+// whole prompt each turn.
+TEST(ChatTemplateParity, AConversationRendersAsItsEarlierTurnsAndAnswers) {
+    const std::filesystem::path corpus = testing::models_dir() + "/chat_templates";
+    if (!std::filesystem::exists(corpus / ".complete")) GTEST_SKIP() << corpus << " is missing";
+    std::map<std::string, std::string> sources;
+    for (const auto& dir :
+         {corpus, std::filesystem::path(testing::test_data_dir() + "/chat_templates")}) {
+        for (const auto& e : std::filesystem::directory_iterator(dir)) {
+            if (e.path().extension() == ".jinja") {
+                sources[e.path().stem().string()] = read_file(e.path());
+            }
+        }
+    }
+    const std::string answer = "Hello! How can I help?";
+    const std::string first = R"([{"role": "user", "content": "Hi"}])";
+    const std::string whole = R"([{"role": "user", "content": "Hi"}, {"role": "assistant", )"
+                              R"("content": "Hello! How can I help?"}, {"role": "user", )"
+                              R"("content": "Tell me a joke."}])";
+    int whole_turn = 0, history_only = 0, neither = 0;
+    std::string partial, partial_none;
+    for (const auto& [name, source] : sources) {
+        Result<JinjaTemplate> t = JinjaTemplate::parse(source);
+        if (!t.has_value()) continue;
+        const auto [bos, eos] = bos_eos(name);
+        const auto render = [&](const std::string& messages, bool gen) -> Result<JinjaText> {
+            DS_ASSIGN_OR_RETURN(Value m, value_from_json(messages, true));
+            Dict d;
+            d.set("messages", m);
+            d.set("add_generation_prompt", Value::boolean(gen));
+            d.set("bos_token", Value::literal(bos));
+            d.set("eos_token", Value::literal(eos));
+            RenderOptions o;
+            o.now = 1785024000;
+            return t->render(Value::dict(std::move(d)), o);
+        };
+        Result<JinjaText> prompt = render(first, true), history = render(first, false),
+                          after = render(whole, true);
+        if (!prompt.has_value() || !history.has_value() || !after.has_value()) continue;
+        if (after->text.rfind(prompt->text + answer, 0) == 0) {
+            ++whole_turn;
+        } else if (after->text.rfind(history->text, 0) == 0) {
+            ++history_only;
+            partial += " " + name;
+        } else {
+            ++neither;
+            partial_none += " " + name;
+            EXPECT_FALSE(required(name)) << name
+                                         << ": the conversation does not start with its "
+                                            "earlier message";
+        }
+    }
+    std::printf(
+        "%d templates keep the earlier prompt and answer; %d the earlier messages "
+        "only:%s; %d neither\n",
+        whole_turn, history_only, partial.c_str(), neither);
+    EXPECT_GT(whole_turn, 30);
+}
+
 }  // namespace
 }  // namespace deltaserve::model::jinja

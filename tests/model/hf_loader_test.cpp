@@ -514,7 +514,10 @@ TEST_F(HfLoaderTest, ChatTemplateComesFromTokenizerConfig) {
                R"('<|eot_id|>' }}{% endfor %}"})");
     auto r = load_hf_model(dir_.string(), options_);
     ASSERT_TRUE(r.ok()) << r.error().to_string();
-    EXPECT_EQ((*r)->chat_template.kind, ChatTemplateKind::kLlama3);
+    EXPECT_FALSE((*r)->chat_template.is_default());
+    auto prompt = apply_chat_template((*r)->chat_template, {{"user", "Hi"}}, false);
+    ASSERT_TRUE(prompt.has_value()) << prompt.error().message();
+    EXPECT_EQ(*prompt, "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>");
 }
 
 // --- parity with the llama2.c checkpoint ---------------------------------------------------

@@ -43,6 +43,10 @@ struct ChatRequest {
     // -1: not given.
     int32_t expected_turn = -1;
     std::string tenant;  // who asks (from the API key, never from the body)
+    // chat_template_kwargs (as vLLM takes it): a JSON object of extra variables for the
+    // model's chat template (enable_thinking ...); "" when not given. A session's turn uses
+    // its own request's.
+    std::string chat_template_kwargs;
 };
 
 // Parses a POST /v1/chat/completions body. Errors (kInvalidArgument) name the field:

@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "deltaserve/common/status.h"
@@ -60,8 +61,20 @@ class Tokenizer {
     // control / user-defined tokens written in the text (e.g. "<|im_start|>") out as
     // single ids; otherwise they are tokenized as plain text.
     // Errors: kInvalidArgument when text is not valid UTF-8 (naming the byte offset).
-    virtual Result<std::vector<int32_t>> encode(std::string_view text, bool add_bos,
-                                                bool parse_special) const = 0;
+    Result<std::vector<int32_t>> encode(std::string_view text, bool add_bos,
+                                        bool parse_special) const {
+        return encode_text(text, add_bos, parse_special, {});
+    }
+
+    // A rendered chat prompt: control tokens are cut out of the template's text but never
+    // out of the byte ranges `plain` (sorted, disjoint: the messages' and tools' text), so
+    // a user who writes "<|im_start|>" gets those characters. Everything else is tokenized
+    // as one text, as Hugging Face tokenizes the whole prompt.
+    Result<std::vector<int32_t>> encode_prompt(
+        std::string_view text, bool add_bos,
+        std::span<const std::pair<size_t, size_t>> plain) const {
+        return encode_text(text, add_bos, true, plain);
+    }
 
     // The bytes token `id` contributes to the output when it follows `prev_id` (-1 at the
     // start). Control tokens render as "" unless render_special. Pieces may be partial
@@ -82,6 +95,10 @@ class Tokenizer {
 
   protected:
     explicit Tokenizer(Vocab vocab) : vocab_(std::move(vocab)) {}
+    // encode and encode_prompt: no control token is cut from inside `plain`.
+    virtual Result<std::vector<int32_t>> encode_text(
+        std::string_view text, bool add_bos, bool parse_special,
+        std::span<const std::pair<size_t, size_t>> plain) const = 0;
     Vocab vocab_;
 };
 
