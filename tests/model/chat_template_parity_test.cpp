@@ -83,7 +83,8 @@ TEST(ChatTemplateParity, EveryTemplateRendersAsJinja2Does) {
             if (e.path().extension() != ".jinja") continue;
             const std::string name = e.path().stem().string();
             sources[name] = read_file(e.path());
-            const auto [bos, eos] = bos_eos(name);
+            const std::pair<std::string, std::string> special = bos_eos(name);
+            const std::string bos = special.first, eos = special.second;
             job["templates"][name] = {{"source", sources[name]}, {"bos", bos}, {"eos", eos}};
         }
     }
@@ -132,7 +133,8 @@ TEST(ChatTemplateParity, EveryTemplateRendersAsJinja2Does) {
         Result<Value> input = value_from_json(ctx.dump(), /*from_input=*/true);
         ASSERT_TRUE(input.has_value());
         Dict d = input->entries();
-        const auto [bos, eos] = bos_eos(name);
+        const std::pair<std::string, std::string> special = bos_eos(name);
+        const std::string bos = special.first, eos = special.second;
         d.set("bos_token", Value::literal(bos));
         d.set("eos_token", Value::literal(eos));
         d.set("add_generation_prompt", Value::boolean(r["add_generation_prompt"].get<bool>()));
@@ -223,7 +225,8 @@ TEST(ChatTemplateParity, AConversationRendersAsItsEarlierTurnsAndAnswers) {
     for (const auto& [name, source] : sources) {
         Result<JinjaTemplate> t = JinjaTemplate::parse(source);
         if (!t.has_value()) continue;
-        const auto [bos, eos] = bos_eos(name);
+        const std::pair<std::string, std::string> special = bos_eos(name);
+        const std::string bos = special.first, eos = special.second;
         const auto render = [&](const std::string& messages, bool gen) -> Result<JinjaText> {
             DS_ASSIGN_OR_RETURN(Value m, value_from_json(messages, true));
             Dict d;
