@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "unicode.h"
+
 namespace deltaserve::model::jinja {
 namespace {
 
@@ -28,24 +30,6 @@ std::string normalize_newlines(std::string_view s) {
         }
     }
     return out;
-}
-
-void append_utf8(std::string& out, uint32_t cp) {
-    if (cp < 0x80) {
-        out.push_back(static_cast<char>(cp));
-    } else if (cp < 0x800) {
-        out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-        out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else if (cp < 0x10000) {
-        out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-        out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-        out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else {
-        out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-        out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-        out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-        out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
 }
 
 int hex_value(char c) {
@@ -116,7 +100,7 @@ Result<std::string> decode_string(std::string_view body, int line) {
                     return invalid_argument("line " + std::to_string(line) +
                                             ": a string escape of a surrogate or past U+10FFFF");
                 }
-                append_utf8(out, cp);
+                unicode::append_utf8(cp, &out);
                 break;
             }
             case 'N':
@@ -129,7 +113,7 @@ Result<std::string> decode_string(std::string_view body, int line) {
                          ++k) {
                         v = v * 8 + static_cast<uint32_t>(s[++i] - '0');
                     }
-                    append_utf8(out, v);
+                    unicode::append_utf8(v, &out);
                 } else {
                     out.push_back('\\');
                     out.push_back(c);

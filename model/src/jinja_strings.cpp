@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "jinja_format.h"
+#include "unicode.h"
 
 namespace deltaserve::model::jinja {
 namespace {
@@ -16,24 +17,6 @@ struct CodePoints {
     }
     size_t size() const { return cp.size(); }
 };
-
-void append_utf8(std::string& out, uint32_t c) {
-    if (c < 0x80) {
-        out.push_back(static_cast<char>(c));
-    } else if (c < 0x800) {
-        out.push_back(static_cast<char>(0xC0 | (c >> 6)));
-        out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-    } else if (c < 0x10000) {
-        out.push_back(static_cast<char>(0xE0 | (c >> 12)));
-        out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-        out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-    } else {
-        out.push_back(static_cast<char>(0xF0 | (c >> 18)));
-        out.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-        out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-        out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-    }
-}
 
 // ASCII and Latin-1 letters (U+00C0..U+00FE but the signs; U+00DF and U+00FF have no
 // single-code-point partner in Latin-1 and stay).
@@ -216,7 +199,7 @@ std::string change_case(std::string_view s, std::string_view how) {
         if (r == c) {
             out.append(s.substr(p.at[i], p.at[i + 1] - p.at[i]));
         } else {
-            append_utf8(out, r);
+            unicode::append_utf8(r, &out);
         }
     }
     return out;
