@@ -47,6 +47,8 @@ ChatTemplate ChatTemplate::from_jinja(std::string source, std::string bos_token,
         t.status_ = failed_precondition("the model's chat template cannot be used: " +
                                         parsed.error().message());
     }
+    t.renders_tools_ = source.find("tools") != std::string::npos;
+    t.tool_format_ = detect_tool_call_format(source, &t.tool_unparsed_);
     t.source_ = std::move(source);
     return t;
 }

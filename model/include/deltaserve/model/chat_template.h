@@ -17,6 +17,7 @@
 #include "deltaserve/common/status.h"
 #include "deltaserve/model/jinja_value.h"
 #include "deltaserve/model/tokenizer.h"
+#include "deltaserve/model/tool_calls.h"
 
 namespace deltaserve::model {
 
@@ -56,6 +57,18 @@ class ChatTemplate {
     // OK, or why the template cannot be used.
     Status status() const { return status_; }
 
+    // Whether the template renders a request's tools (its text reads the variable `tools`).
+    bool renders_tools() const { return renders_tools_; }
+    // The format the template teaches its model to call tools in, detected from its text
+    // (detect_tool_call_format); where that is kNone, the known format it names instead
+    // ("" if none). An operator's --tool-call-parser sets it.
+    ToolCallFormat tool_call_format() const { return tool_format_; }
+    const std::string& unparsed_tool_format() const { return tool_unparsed_; }
+    void set_tool_call_format(ToolCallFormat format) {
+        tool_format_ = format;
+        tool_unparsed_.clear();
+    }
+
     // The prompt, its bytes from the messages and tools marked as input (JinjaText::input).
     // Errors: kInvalidArgument for a template error, a refused construct or what the
     // template raises ("chat template: ..."); kResourceExhausted past the render bounds.
@@ -67,6 +80,9 @@ class ChatTemplate {
     std::string source_, bos_, eos_;
     bool is_default_ = true;
     Status status_;
+    bool renders_tools_ = false;
+    ToolCallFormat tool_format_ = ToolCallFormat::kNone;
+    std::string tool_unparsed_;
 };
 
 // The prompt as text, for display and tests.
