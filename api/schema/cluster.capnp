@@ -29,6 +29,7 @@ struct TurnSpec {
   maxTokens @4 :Int32;
   stop @5 :List(Text);
   cacheScope @6 :Text;
+  shownTokens @7 :List(Int32);
 }
 
 struct TurnPlan {

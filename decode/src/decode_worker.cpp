@@ -445,6 +445,13 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
     // gateway's own requests are.
     DS_RETURN_IF_ERROR(model::validate_sampling(spec.sampling));
     if (spec.stop.size() > 16) return invalid_argument("a turn has at most 16 stop strings");
+    if (spec.shown_tokens.size() > 16)
+        return invalid_argument("a turn shows at most 16 control tokens");
+    for (int32_t tok : spec.shown_tokens) {
+        if (tok < 0 || tok >= model_.config.n_vocab)
+            return invalid_argument("shown token id " + std::to_string(tok) +
+                                    " is outside the vocabulary");
+    }
     if (spec.cache_scope.size() > 256)
         return invalid_argument("a cache scope has at most 256 bytes");
     for (const std::string& stop : spec.stop) {

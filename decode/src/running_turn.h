@@ -1,6 +1,7 @@
 // A turn inside the decode worker: waiting for its KV, or generating in the worker's loop.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -48,7 +49,9 @@ struct Turn {
         if (tok.is_eog(token)) return stop_with("stop");
         ++end.completion_tokens;
         sampler.accept(token);
-        const bool stopped = scan.add(tok.token_to_piece(token, prev));
+        const bool shown = std::find(spec.shown_tokens.begin(), spec.shown_tokens.end(), token) !=
+                           spec.shown_tokens.end();
+        const bool stopped = scan.add(tok.token_to_piece(token, prev, shown));
         prev = token;
         const std::string_view piece = scan.release(stopped);
         if (!piece.empty() && !sink->on_piece(piece)) return stop_with("cancelled");

@@ -44,6 +44,8 @@ inline void to_capnp(const decode::TurnSpec& s, TurnSpec::Builder b) {
     auto stop = b.initStop(static_cast<unsigned>(s.stop.size()));
     for (unsigned i = 0; i < s.stop.size(); ++i) stop.set(i, s.stop[i]);
     b.setCacheScope(s.cache_scope);
+    auto shown = b.initShownTokens(static_cast<unsigned>(s.shown_tokens.size()));
+    for (unsigned i = 0; i < s.shown_tokens.size(); ++i) shown.set(i, s.shown_tokens[i]);
 }
 inline decode::TurnSpec from_capnp(TurnSpec::Reader r) {
     decode::TurnSpec s;
@@ -61,6 +63,7 @@ inline decode::TurnSpec from_capnp(TurnSpec::Reader r) {
     s.max_tokens = r.getMaxTokens();
     for (auto t : r.getStop()) s.stop.emplace_back(t.cStr());
     s.cache_scope = r.getCacheScope();
+    for (int32_t t : r.getShownTokens()) s.shown_tokens.push_back(t);
     return s;
 }
 

@@ -22,6 +22,10 @@ struct TurnSpec {
     // Whose cached prefixes the turn may use and add to (the tenant): KV computed for one
     // scope is never found by another's prompts. "" = the scope of all turns without one.
     std::string cache_scope;
+    // Control tokens whose text the answer shows (at most 16): the markers of the model's
+    // tool calls, e.g. <|python_tag|> or [TOOL_CALLS], for the gateway to find them. Other
+    // control tokens are left out of the text, as before.
+    std::vector<int32_t> shown_tokens;
 };
 
 struct TurnEnd {
