@@ -20,6 +20,9 @@ void RunOptions::register_flags(ArgParser& p) {
     p.add("chat-template", &chat_template_path,
           "a Jinja chat template file overriding the model's own (tokenizer.chat_template), "
           "for a model that carries none or a wrong one");
+    p.add("tool-call-parser", &tool_call_parser,
+          "how the model writes tool calls: hermes, llama3_json, mistral or none (default: the "
+          "format its chat template teaches, when it is one of these)");
     p.add("threads", &threads, "threads; 0 = one per core");
     p.add("ctx-size", &ctx_size, "context size in tokens; 0 = the model's, at most 8192");
     p.add("batch-size", &batch_size, "prompt tokens per forward pass");
@@ -189,6 +192,14 @@ Result<std::unique_ptr<model::Model>> load_model_for_run(const RunOptions& o) {
             model::special_token_text(tok, tok.eos_id()));
         DS_RETURN_IF_ERROR(
             model->chat_template.status().with_context("--chat-template " + o.chat_template_path));
+    }
+    if (!o.tool_call_parser.empty()) {
+        auto format = model::tool_call_format_named(o.tool_call_parser);
+        if (!format) {
+            return invalid_argument("--tool-call-parser " + o.tool_call_parser +
+                                    ": not one of hermes, llama3_json, mistral, none");
+        }
+        model->chat_template.set_tool_call_format(*format);
     }
     return model;
 }

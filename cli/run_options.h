@@ -17,6 +17,7 @@ struct RunOptions {
     std::string model_path;
     std::string tokenizer_path;
     std::string chat_template_path;  // --chat-template: a Jinja file overriding the model's
+    std::string tool_call_parser;    // --tool-call-parser: "" = the one the template teaches
     int32_t threads = 0;
     int32_t ctx_size = 0;
     int32_t batch_size = 512;

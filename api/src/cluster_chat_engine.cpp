@@ -16,6 +16,7 @@
 #include "prefill_watch.h"
 #include "random_id.h"
 #include "session_quota.h"
+#include "tool_answer.h"
 
 namespace deltaserve::api {
 
@@ -99,6 +100,7 @@ ClusterChatEngine::ClusterChatEngine(const model::Model& model, std::string mode
       quota_(std::make_unique<SessionQuota>(
           SessionQuota::Caps{options_.max_stored_sessions, options_.max_stored_sessions_per_tenant,
                              options_.max_stored_bytes, options_.max_stored_bytes_per_tenant})) {
+    tool_tokens_ = tool_call_tokens(*model_.tokenizer, model_.chat_template.tool_call_format());
     if (options_.records) recover();
     // Pins outlive a restart: the pinned sessions' KV back in their nodes' memory, off the
     // caller's thread (a node may be slow to answer).
@@ -124,7 +126,11 @@ ClusterChatEngine::ClusterChatEngine(const model::Model& model, std::string mode
 bool ClusterChatEngine::save(const Session& s) const {
     if (!options_.records) return true;
     nlohmann::json history = nlohmann::json::array();
-    for (const auto& m : s.history) history.push_back({{"role", m.role}, {"content", m.content}});
+    for (const auto& m : s.history) {
+        nlohmann::json e = {{"role", m.role}, {"content", m.content}};
+        if (!m.json.empty()) e["message"] = m.json;  // with its tool calls, as the template sees it
+        history.push_back(std::move(e));
+    }
     // The idle time as a wall-clock time: the steady clock starts again with the process.
     nlohmann::json j = {{"v", kRecordVersion},
                         {"tenant", s.tenant},
@@ -202,9 +208,16 @@ std::optional<ClusterChatEngine::Session> ClusterChatEngine::parse_record(
         s.last_used = std::min(now, j.at("last_used").get<int64_t>() - wall_offset());
         for (const auto& m : j.at("history")) {
             std::string role = m.at("role").get<std::string>();
-            if (role != "system" && role != "user" && role != "assistant")
+            if (role != "system" && role != "user" && role != "assistant" && role != "tool")
                 throw std::runtime_error("a message of role '" + role.substr(0, 32) + "'");
-            s.history.push_back({std::move(role), m.at("content").get<std::string>()});
+            std::string whole;
+            if (m.contains("message")) {
+                whole = m.at("message").get<std::string>();
+                const auto w = nlohmann::json::parse(whole);
+                if (!w.is_object() || w.at("role").get<std::string>() != role)
+                    throw std::runtime_error("a message that is not its role's");
+            }
+            s.history.push_back({std::move(role), m.at("content").get<std::string>(), whole});
         }
         if (s.turns < 0 || s.tokens < 0 || s.cached_tokens < 0)
             throw std::runtime_error("negative counts");
@@ -784,6 +797,8 @@ Status ClusterChatEngine::check_expected_turn(Session& s, const ChatRequest& req
 Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
                                                const TurnCallbacks& callbacks) {
     const auto t0 = std::chrono::steady_clock::now();
+    const bool with_tools = request.parse_tool_calls;
+    if (with_tools) DS_RETURN_IF_ERROR(check_tools_servable(model_.chat_template));
     if (callbacks.wanted && !callbacks.wanted()) {  // left while it queued for a thread
         TurnResult gone;
         gone.finish_reason = "cancelled";
@@ -832,7 +847,7 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
                 if (done != nullptr) s.node = on;
                 if (said) {
                     s.history = conversation;
-                    s.history.push_back({"assistant", done->text});
+                    s.history.push_back(assistant_message(done->text, done->tool_calls));
                     ++s.turns;
                     s.tokens = done->usage.prompt_tokens + done->usage.completion_tokens;
                     s.cached_tokens = done->usage.cached_tokens;
@@ -855,6 +870,7 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
     decode::TurnSpec spec;
     model::ChatRenderOptions render;
     render.kwargs_json = request.chat_template_kwargs;
+    render.tools_json = request.tools_json;
     auto tokens = model::encode_chat(tok, model_.chat_template, conversation, render);
     if (!tokens.ok() || tokens->empty()) {
         release(nullptr, nullptr);
@@ -868,6 +884,7 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
     spec.max_tokens = request.max_tokens;
     spec.stop = request.stop;
     spec.cache_scope = request.tenant;  // tenants never meet in the prefix cache
+    if (with_tools) spec.shown_tokens = tool_tokens_;
     auto sink = std::make_shared<QueueSink>();
     if (node == nullptr) node = least_loaded_decode(nullptr);
     if (node == nullptr) {
@@ -904,6 +921,9 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
         if (!st.ok() && !cancelled) node->cancel(id, st);
     }
     TurnResult result;
+    ToolAnswer answer(
+        with_tools ? model_.chat_template.tool_call_format() : model::ToolCallFormat::kNone,
+        request.parallel_tool_calls, callbacks);
     bool first = true;
     const auto cancel = [&] {
         cancelled = true;
@@ -923,7 +943,7 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             first = false;
         }
-        if (!cancelled && !callbacks.on_piece(piece)) cancel();
+        if (!cancelled && !answer.feed(piece)) cancel();
     }
     Result<decode::TurnEnd> ended = sink->end();
     if (!ended.ok()) {
@@ -935,8 +955,12 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
         result.ttft_seconds =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
-    result.text = std::move(end.text);
+    if (!cancelled && !answer.finish()) cancelled = true;  // the turn has ended already
+    result.text = with_tools ? answer.content() : std::move(end.text);
+    result.tool_calls = answer.calls();
     result.finish_reason = cancelled ? "cancelled" : end.finish_reason;
+    if (!result.tool_calls.empty() && result.finish_reason == "stop")
+        result.finish_reason = "tool_calls";
     result.usage.prompt_tokens = end.prompt_tokens;
     result.usage.cached_tokens = end.cached_tokens;
     result.usage.kv_source = end.kv_source;

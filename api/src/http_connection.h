@@ -11,6 +11,7 @@
 #include <boost/beast/http.hpp>
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -71,6 +72,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
     // The turn thread's side.
     bool on_piece(std::string_view piece);
+    bool on_tool_call(int index, const model::ToolCall& call);
+    // Streams one chunk (the SSE head first); false when the client is gone or too slow.
+    bool stream_chunk(const std::function<std::string(bool first)>& chunk);
 
     GatewayCore& g_;
     Socket socket_;

@@ -70,6 +70,9 @@ void Connection::chat() {
         asio::post(self->socket_.get_executor(), [self] { self->queue_timer_.cancel(); });
         TurnCallbacks callbacks;
         callbacks.on_piece = [&](std::string_view piece) { return self->on_piece(piece); };
+        callbacks.on_tool_call = [&](int index, const model::ToolCall& call) {
+            return self->on_tool_call(index, call);
+        };
         callbacks.wanted = [&] { return self->alive_ && !self->g_.cut; };
         Result<TurnResult> r = self->g_.engine.run_turn(self->request_, callbacks);
         asio::post(self->socket_.get_executor(),
@@ -99,6 +102,25 @@ void Connection::wait_for_thread(uint64_t ticket) {
 }
 
 bool Connection::on_piece(std::string_view piece) {
+    return stream_chunk([&](bool first) {
+        return chunk_json(id_, created_, g_.engine.model_id(), std::string(piece), first, "",
+                          std::nullopt);
+    });
+}
+
+bool Connection::on_tool_call(int index, const model::ToolCall& call) {
+    // Named first, then its arguments, as OpenAI streams a call.
+    for (int part = 0; part < 2; ++part) {
+        const bool sent = stream_chunk([&](bool first) {
+            return tool_call_chunk_json(id_, created_, g_.engine.model_id(), index, call, part,
+                                        first);
+        });
+        if (!sent) return false;
+    }
+    return true;
+}
+
+bool Connection::stream_chunk(const std::function<std::string(bool first)>& chunk) {
     if (!alive_ || g_.cut) return false;
     if (!request_.stream) return true;
     if (unread_.load() > g_.options.max_unread_bytes) {
@@ -110,8 +132,7 @@ bool Connection::on_piece(std::string_view piece) {
     std::string bytes;
     if (!head_sent_)
         bytes = format_sse_head(request_.session_id, stream_keep_alive_, allow_origin_);
-    bytes += sse_event(chunk_json(id_, created_, g_.engine.model_id(), std::string(piece),
-                                  !head_sent_, "", std::nullopt));
+    bytes += sse_event(chunk(!head_sent_));
     head_sent_ = true;
     asio::post(socket_.get_executor(), [self = shared_from_this(), b = std::move(bytes)]() mutable {
         self->send(std::move(b));
@@ -140,7 +161,7 @@ void Connection::end_turn(Result<TurnResult> r) {
     if (!request_.stream || (!head_sent_ && !r.ok())) {
         if (!r.ok()) return answer(session_error(r.error(), !request_.session_id.empty()));
         HttpAnswer a{200, completion_json(id_, created_, model, r->text, r->finish_reason, r->usage,
-                                          request_.session_id, session_answer(*r))};
+                                          request_.session_id, session_answer(*r), r->tool_calls)};
         a.session_id = request_.session_id;
         a.kv_source = r->usage.kv_source;
         return answer(a);

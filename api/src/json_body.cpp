@@ -10,8 +10,6 @@ namespace deltaserve::api {
 
 namespace {
 
-using json = nlohmann::json;
-
 // Walks the body's brackets before nlohmann builds anything, so that a deeply nested or
 // element-heavy body is refused before it costs memory or stack.
 Status check_json_shape(std::string_view body) {
@@ -59,26 +57,26 @@ Status check_json_shape(std::string_view body) {
     return Status();
 }
 
-}  // namespace
-
-Result<json> parse_json_body(std::string_view body) {
+template <typename Json>
+Result<Json> parse_body(std::string_view body) {
     DS_RETURN_IF_ERROR(check_json_shape(body));
     std::vector<std::unordered_set<std::string>> keys;  // of each object open
     std::string duplicate;
     bool found = false;
-    const json::parser_callback_t seen = [&](int, json::parse_event_t event, json& parsed) {
+    using Event = typename Json::parse_event_t;
+    const typename Json::parser_callback_t seen = [&](int, Event event, Json& parsed) {
         switch (event) {
-            case json::parse_event_t::object_start:
+            case Event::object_start:
                 keys.emplace_back();
                 break;
-            case json::parse_event_t::object_end:
+            case Event::object_end:
                 if (!keys.empty()) keys.pop_back();
                 break;
-            case json::parse_event_t::key:
+            case Event::key:
                 if (!found && !keys.empty() && parsed.is_string() &&
-                    !keys.back().insert(parsed.get_ref<const std::string&>()).second) {
+                    !keys.back().insert(parsed.template get_ref<const std::string&>()).second) {
                     found = true;
-                    duplicate = parsed.get_ref<const std::string&>();
+                    duplicate = parsed.template get_ref<const std::string&>();
                 }
                 break;
             default:
@@ -86,13 +84,23 @@ Result<json> parse_json_body(std::string_view body) {
         }
         return true;
     };
-    json j = json::parse(body, seen, /*allow_exceptions=*/false);
+    Json j = Json::parse(body, seen, /*allow_exceptions=*/false);
     if (j.is_discarded()) return invalid_argument("the request body is not valid JSON");
     if (found) {
         return invalid_argument("the request body names the key '" + duplicate.substr(0, 64) +
                                 "' twice in one object");
     }
     return j;
+}
+
+}  // namespace
+
+Result<nlohmann::json> parse_json_body(std::string_view body) {
+    return parse_body<nlohmann::json>(body);
+}
+
+Result<nlohmann::ordered_json> parse_ordered_json_body(std::string_view body) {
+    return parse_body<nlohmann::ordered_json>(body);
 }
 
 }  // namespace deltaserve::api

@@ -14,5 +14,8 @@ namespace deltaserve::api {
 // Errors: kInvalidArgument for a body that is not JSON, nests deeper than kMaxJsonDepth,
 // holds more than kMaxJsonElements values, or has a duplicate key in any object (named).
 Result<nlohmann::json> parse_json_body(std::string_view body);
+// The same, keeping each object's keys in the body's order (what a chat template's tojson
+// shows the model of a request's tools and tool calls).
+Result<nlohmann::ordered_json> parse_ordered_json_body(std::string_view body);
 
 }  // namespace deltaserve::api

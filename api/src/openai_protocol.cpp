@@ -6,74 +6,34 @@
 
 #include "deltaserve/model/tokenizer.h"
 #include "json_body.h"
+#include "json_fields.h"
+#include "openai_tools.h"
 
 namespace deltaserve::api {
 
 namespace {
 
-using json = nlohmann::json;
-
-Status bad(const std::string& field, const std::string& what) {
-    return invalid_argument("'" + field + "' " + what);
-}
-
-// A field that may be left out or null; otherwise has to pass `type`.
-const json* field_of(const json& j, const char* field) {
-    auto it = j.find(field);
-    if (it == j.end() || it->is_null()) return nullptr;
-    return &*it;
-}
-
-// A number field, if present (its range is validate_sampling's to check).
-Status number(const json& j, const char* field, float& out) {
-    const json* v = field_of(j, field);
-    if (v == nullptr) return Status();
-    if (!v->is_number()) return bad(field, "must be a number");
-    out = static_cast<float>(v->get<double>());
-    return Status();
-}
-
-Status integer(const json& j, const char* field, int64_t lo, int64_t hi, int64_t& out,
-               bool& given) {
-    given = false;
-    const json* v = field_of(j, field);
-    if (v == nullptr) return Status();
-    if (!v->is_number_integer()) return bad(field, "must be an integer");
-    const bool too_big = v->is_number_unsigned() && v->get<uint64_t>() > uint64_t{INT64_MAX};
-    const int64_t x = too_big ? INT64_MAX : v->get<int64_t>();
-    if (too_big || x < lo || x > hi)
-        return bad(field, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-    out = x;
-    given = true;
-    return Status();
-}
-
-Status boolean(const json& j, const char* field, const std::string& name, bool& out) {
-    const json* v = field_of(j, field);
-    if (v == nullptr) return Status();
-    if (!v->is_boolean()) return bad(name, "must be true or false");
-    out = v->get<bool>();
-    return Status();
-}
+using json = RequestJson;
 
 // A message's content: a string, or an array of {"type": "text", "text": ...} parts.
 Result<std::string> content_text(const json* c, const std::string& field) {
     if (c == nullptr) return std::string();
     if (c->is_string()) return c->get<std::string>();
-    if (!c->is_array()) return bad(field, "must be a string or an array of text parts");
+    if (!c->is_array()) return bad_field(field, "must be a string or an array of text parts");
     std::string text;
     for (size_t i = 0; i < c->size(); ++i) {
         const json& part = (*c)[i];
         const std::string at = field + "[" + std::to_string(i) + "]";
-        if (!part.is_object()) return bad(at, "must be an object");
+        if (!part.is_object()) return bad_field(at, "must be an object");
         const json* type = field_of(part, "type");
-        if (type == nullptr || !type->is_string()) return bad(at + ".type", "must be a string");
+        if (type == nullptr || !type->is_string())
+            return bad_field(at + ".type", "must be a string");
         if (type->get<std::string>() != "text") {
-            return bad(at + ".type", "is '" + type->get<std::string>().substr(0, 32) +
-                                         "', not text (only text parts are supported)");
+            return bad_field(at + ".type", "is '" + type->get<std::string>().substr(0, 32) +
+                                               "', not text (only text parts are supported)");
         }
         const json* t = field_of(part, "text");
-        if (t == nullptr || !t->is_string()) return bad(at + ".text", "must be a string");
+        if (t == nullptr || !t->is_string()) return bad_field(at + ".text", "must be a string");
         text += t->get<std::string>();
     }
     return text;
@@ -82,26 +42,31 @@ Result<std::string> content_text(const json* c, const std::string& field) {
 Result<std::vector<model::ChatMessage>> parse_messages(const json& j) {
     const json* ms = field_of(j, "messages");
     if (ms == nullptr || !ms->is_array() || ms->empty())
-        return bad("messages", "must be a non-empty array");
+        return bad_field("messages", "must be a non-empty array");
     if (ms->size() > kMaxMessages)
-        return bad("messages", "holds more than " + std::to_string(kMaxMessages) + " messages");
+        return bad_field("messages",
+                         "holds more than " + std::to_string(kMaxMessages) + " messages");
     std::vector<model::ChatMessage> out;
     for (size_t i = 0; i < ms->size(); ++i) {
         const json& m = (*ms)[i];
         const std::string at = "messages[" + std::to_string(i) + "]";
-        if (!m.is_object()) return bad(at, "must be an object");
+        if (!m.is_object()) return bad_field(at, "must be an object");
         const json* r = field_of(m, "role");
-        if (r == nullptr || !r->is_string()) return bad(at + ".role", "must be a string");
+        if (r == nullptr || !r->is_string()) return bad_field(at + ".role", "must be a string");
         std::string role = r->get<std::string>();
         if (role == "developer") role = "system";
-        if (role != "system" && role != "user" && role != "assistant") {
-            return bad(at + ".role", "must be system, developer, user or assistant, not '" +
-                                         role.substr(0, 32) + "'");
+        if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
+            return bad_field(at + ".role",
+                             "must be system, developer, user, assistant or tool, not '" +
+                                 role.substr(0, 32) + "'");
         }
-        DS_ASSIGN_OR_RETURN(std::string text,
-                            content_text(field_of(m, "content"), at + ".content"));
-        if (model::find_invalid_utf8(text) >= 0) return bad(at + ".content", "is not valid UTF-8");
-        out.push_back({role, std::move(text)});
+        const json* content = field_of(m, "content");
+        DS_ASSIGN_OR_RETURN(std::string text, content_text(content, at + ".content"));
+        if (model::find_invalid_utf8(text) >= 0)
+            return bad_field(at + ".content", "is not valid UTF-8");
+        model::ChatMessage message{role, std::move(text)};
+        DS_RETURN_IF_ERROR(parse_message_extras(m, at, content != nullptr, message));
+        out.push_back(std::move(message));
     }
     return out;
 }
@@ -115,17 +80,17 @@ Status parse_stop(const json& j, std::vector<std::string>& out) {
         out.push_back(s->get<std::string>());
     } else if (s->is_array() && s->size() <= kMaxStopStrings) {
         for (const json& x : *s) {
-            if (!x.is_string()) return bad("stop", must);
+            if (!x.is_string()) return bad_field("stop", must);
             out.push_back(x.get<std::string>());
         }
     } else {
-        return bad("stop", must);
+        return bad_field("stop", must);
     }
     for (const std::string& x : out) {
-        if (x.empty()) return bad("stop", "must not hold an empty string");
+        if (x.empty()) return bad_field("stop", "must not hold an empty string");
         if (x.size() > kMaxStopBytes)
-            return bad("stop",
-                       "holds a string longer than " + std::to_string(kMaxStopBytes) + " bytes");
+            return bad_field(
+                "stop", "holds a string longer than " + std::to_string(kMaxStopBytes) + " bytes");
     }
     return Status();
 }
@@ -134,52 +99,53 @@ Result<ChatRequest> parse_object(const json& j, const model::SamplingParams& def
     ChatRequest r;
     r.sampling = defaults;
     if (const json* m = field_of(j, "model")) {
-        if (!m->is_string()) return bad("model", "must be a string");
+        if (!m->is_string()) return bad_field("model", "must be a string");
         r.model = m->get<std::string>();
-        if (r.model.size() > kMaxModelNameBytes) return bad("model", "is too long");
+        if (r.model.size() > kMaxModelNameBytes) return bad_field("model", "is too long");
     }
     DS_ASSIGN_OR_RETURN(r.messages, parse_messages(j));
     if (const json* kw = field_of(j, "chat_template_kwargs"); kw != nullptr && !kw->is_null()) {
-        if (!kw->is_object()) return bad("chat_template_kwargs", "must be an object");
+        if (!kw->is_object()) return bad_field("chat_template_kwargs", "must be an object");
         if (kw->contains("messages") || kw->contains("tools") ||
             kw->contains("add_generation_prompt")) {
-            return bad("chat_template_kwargs",
-                       "must not set messages, tools or add_generation_prompt");
+            return bad_field("chat_template_kwargs",
+                             "must not set messages, tools or add_generation_prompt");
         }
         r.chat_template_kwargs = kw->dump();
     }
-    DS_RETURN_IF_ERROR(number(j, "temperature", r.sampling.temperature));
-    DS_RETURN_IF_ERROR(number(j, "top_p", r.sampling.top_p));
-    DS_RETURN_IF_ERROR(number(j, "min_p", r.sampling.min_p));
-    DS_RETURN_IF_ERROR(number(j, "repetition_penalty", r.sampling.repeat_penalty));
+    DS_RETURN_IF_ERROR(number_field(j, "temperature", r.sampling.temperature));
+    DS_RETURN_IF_ERROR(number_field(j, "top_p", r.sampling.top_p));
+    DS_RETURN_IF_ERROR(number_field(j, "min_p", r.sampling.min_p));
+    DS_RETURN_IF_ERROR(number_field(j, "repetition_penalty", r.sampling.repeat_penalty));
     int64_t v = 0;
     bool given = false;
-    DS_RETURN_IF_ERROR(integer(j, "top_k", -1, 1 << 20, v, given));
+    DS_RETURN_IF_ERROR(integer_field(j, "top_k", -1, 1 << 20, v, given));
     if (given) r.sampling.top_k = static_cast<int32_t>(v < 0 ? 0 : v);  // -1: off, as vLLM
     DS_RETURN_IF_ERROR(model::validate_sampling(r.sampling));
-    DS_RETURN_IF_ERROR(integer(j, "seed", INT64_MIN, INT64_MAX, v, given));
+    DS_RETURN_IF_ERROR(integer_field(j, "seed", INT64_MIN, INT64_MAX, v, given));
     if (given) {
         r.sampling.seed = static_cast<uint64_t>(v);
         r.seed_given = true;
     }
-    DS_RETURN_IF_ERROR(integer(j, "max_tokens", 1, 1 << 30, v, given));
+    DS_RETURN_IF_ERROR(integer_field(j, "max_tokens", 1, 1 << 30, v, given));
     if (given) r.max_tokens = static_cast<int32_t>(v);
-    DS_RETURN_IF_ERROR(integer(j, "max_completion_tokens", 1, 1 << 30, v, given));
+    DS_RETURN_IF_ERROR(integer_field(j, "max_completion_tokens", 1, 1 << 30, v, given));
     if (given) r.max_tokens = static_cast<int32_t>(v);
-    DS_RETURN_IF_ERROR(integer(j, "n", 1, 1, v, given));
+    DS_RETURN_IF_ERROR(integer_field(j, "n", 1, 1, v, given));
     DS_RETURN_IF_ERROR(parse_stop(j, r.stop));
-    DS_RETURN_IF_ERROR(boolean(j, "stream", "stream", r.stream));
+    DS_RETURN_IF_ERROR(parse_tool_fields(j, r));
+    DS_RETURN_IF_ERROR(boolean_field(j, "stream", "stream", r.stream));
     if (const json* so = field_of(j, "stream_options")) {
-        if (!so->is_object()) return bad("stream_options", "must be an object");
+        if (!so->is_object()) return bad_field("stream_options", "must be an object");
         DS_RETURN_IF_ERROR(
-            boolean(*so, "include_usage", "stream_options.include_usage", r.include_usage));
+            boolean_field(*so, "include_usage", "stream_options.include_usage", r.include_usage));
     }
     if (const json* id = field_of(j, "session_id")) {
-        if (!id->is_string()) return bad("session_id", "must be a string");
+        if (!id->is_string()) return bad_field("session_id", "must be a string");
         r.session_id = id->get<std::string>();
         DS_RETURN_IF_ERROR(check_session_id(r.session_id, "session_id"));
     }
-    DS_RETURN_IF_ERROR(integer(j, "expected_turn", 0, INT32_MAX, v, given));
+    DS_RETURN_IF_ERROR(integer_field(j, "expected_turn", 0, INT32_MAX, v, given));
     if (given) r.expected_turn = static_cast<int32_t>(v);
     return r;
 }
@@ -202,7 +168,7 @@ Status check_session_id(std::string_view id, std::string_view field) {
 
 Result<ChatRequest> parse_chat_request(std::string_view body,
                                        const model::SamplingParams& defaults) {
-    DS_ASSIGN_OR_RETURN(const json j, parse_json_body(body));
+    DS_ASSIGN_OR_RETURN(const json j, parse_ordered_json_body(body));
     if (!j.is_object()) return invalid_argument("the request body must be a JSON object");
     try {  // every access above is type-checked; this is the last line, not the plan
         return parse_object(j, defaults);
@@ -229,13 +195,25 @@ std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 std::string completion_json(const std::string& id, int64_t created, const std::string& model,
                             const std::string& text, const std::string& finish_reason,
                             const Usage& usage, const std::string& session_id,
-                            const SessionAnswer& session) {
+                            const SessionAnswer& session,
+                            const std::vector<model::ToolCall>& tool_calls) {
+    json message = {{"role", "assistant"},
+                    {"content", text.empty() && !tool_calls.empty() ? json() : json(text)}};
+    if (!tool_calls.empty()) {
+        json calls = json::array();
+        for (const model::ToolCall& c : tool_calls) {
+            calls.push_back({{"id", c.id},
+                             {"type", "function"},
+                             {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+        }
+        message["tool_calls"] = std::move(calls);
+    }
     json j = {{"id", id},
               {"object", "chat.completion"},
               {"created", created},
               {"model", model},
               {"choices", json::array({{{"index", 0},
-                                        {"message", {{"role", "assistant"}, {"content", text}}},
+                                        {"message", std::move(message)},
                                         {"logprobs", nullptr},
                                         {"finish_reason", finish_reason}}})},
               {"usage", usage_json(usage)}};
@@ -271,6 +249,29 @@ std::string chunk_json(const std::string& id, int64_t created, const std::string
         j["session_stored"] = session.stored;
     }
     return dump(j);
+}
+
+std::string tool_call_chunk_json(const std::string& id, int64_t created, const std::string& model,
+                                 int index, const model::ToolCall& call, int part, bool first) {
+    json c = {{"index", index}};
+    if (part == 0) {
+        c["id"] = call.id;
+        c["type"] = "function";
+        c["function"] = {{"name", call.name}, {"arguments", ""}};
+    } else {
+        c["function"] = {{"arguments", call.arguments}};
+    }
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    delta["tool_calls"] = json::array({std::move(c)});
+    return dump({{"id", id},
+                 {"object", "chat.completion.chunk"},
+                 {"created", created},
+                 {"model", model},
+                 {"choices", json::array({{{"index", 0},
+                                           {"delta", std::move(delta)},
+                                           {"logprobs", nullptr},
+                                           {"finish_reason", nullptr}}})}});
 }
 
 std::string error_json(const std::string& message, const std::string& type, int status,

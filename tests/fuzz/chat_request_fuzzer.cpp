@@ -1,7 +1,9 @@
 // The chat request parser (POST /v1/chat/completions bodies): any bytes give a request or a
-// kInvalidArgument, never an exception or a crash; what it accepts renders as a prompt.
+// kInvalidArgument, never an exception or a crash; what it accepts renders as a prompt, and
+// its tools and whole messages are the JSON the template takes.
 #include <cstdint>
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 #include <string_view>
 
 #include "deltaserve/api/openai_protocol.h"
@@ -23,6 +25,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!prompt.ok()) std::abort();
     for (const auto& m : r->messages) {
         if (prompt->find(m.content) == std::string::npos) std::abort();
+        // A message with tool calls or a tool_call_id reaches the template as an object of
+        // its own role.
+        if (!m.json.empty()) {
+            const auto j = nlohmann::json::parse(m.json, nullptr, false);
+            if (!j.is_object() || j.value("role", "") != m.role) std::abort();
+        }
+    }
+    if (!r->tools_json.empty()) {
+        const auto tools = nlohmann::json::parse(r->tools_json, nullptr, false);
+        if (!tools.is_array() || tools.empty() || !r->parse_tool_calls) std::abort();
     }
     return 0;
 }

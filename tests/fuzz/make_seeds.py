@@ -283,6 +283,32 @@ bodies = {
                                                         {"type": "text", "text": " there"}]}],
                "stream": True, "stream_options": {"include_usage": True},
                "max_completion_tokens": 8, "session_id": "chat-42"},
+    "tools": {"messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}],
+        "tools": [{"type": "function", "function": {
+            "name": "get_weather", "description": "Weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                           "required": ["city"]}}}],
+        "tool_choice": "auto", "parallel_tool_calls": False},
 }
 for name, body in bodies.items():
     write("chat_request", name + ".json", json.dumps(body))
+
+# --- tool calls in answers: a byte for the format (0 hermes, 1 llama3_json, 2 mistral; +4 not
+# parallel), a byte for the split, the answer ------------------------------------------------
+answers = {
+    "hermes": b"\x00\x03Let me check.\n<tool_call>\n"
+              b'{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    "llama3": b'\x01\x05<|python_tag|>{"name": "a", "parameters": {"n": 1}}; '
+              b'{"name": "b", "parameters": {}}',
+    "mistral": b'\x02\x07[TOOL_CALLS][{"name": "f", "arguments": {"x": [1, 2]}, '
+               b'"id": "a1B2c3D4e"}]',
+    "mistral-args": b'\x06\x02Ok.[TOOL_CALLS]get_weather[ARGS]{"city": "Lyon"}'
+                    b"[TOOL_CALLS]t[CALL_ID]x9[ARGS]{}",
+}
+for name, data in answers.items():
+    write("tool_calls", name, data)

@@ -17,8 +17,11 @@
 namespace deltaserve::api {
 
 struct TurnResult {
-    std::string text;
-    std::string finish_reason;  // "stop" (end of turn or a stop string) or "length"
+    std::string text;  // the answer's text, less its tool calls
+    // "stop" (end of turn or a stop string), "length", or "tool_calls" (it ended after
+    // calling tools)
+    std::string finish_reason;
+    std::vector<model::ToolCall> tool_calls;  // each with the id the gateway gave it
     Usage usage;
     double ttft_seconds = 0;  // request start to the first piece (or the end)
     // A session's turn: whether its record (the conversation with this answer) is on disk,
@@ -99,13 +102,16 @@ struct ClusterView {
 };
 
 // What a turn's caller gives it. on_piece gets each piece of text (whole UTF-8 characters,
-// stop strings held back) and returns false to cancel the turn. wanted (empty: always) is
+// stop strings held back, and with tools what may be a tool call) and returns false to cancel
+// the turn; on_tool_call (may be empty) each tool call as it completes, with its index in
+// the answer. wanted (empty: always) is
 // asked while the turn waits for its next piece, every kWantedPollMs at most apart: a prompt
 // that queues or prefills for minutes is cancelled as soon as it returns false (a client
 // that left, a server whose drain ran out), its KV freed then, not at its first piece.
 struct TurnCallbacks {
     static constexpr int kWantedPollMs = 100;
     std::function<bool(std::string_view)> on_piece;
+    std::function<bool(int, const model::ToolCall&)> on_tool_call;
     std::function<bool()> wanted;
 };
 

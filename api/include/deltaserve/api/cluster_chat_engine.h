@@ -142,6 +142,7 @@ class ClusterChatEngine : public ChatEngine {
     Session* find_locked(const std::string& key);
 
     const model::Model& model_;
+    std::vector<int32_t> tool_tokens_;  // the control tokens of the model's tool calls
     const std::string model_id_;
     const std::vector<DecodeNode*> decode_;
     const std::vector<PrefillNode*> prefill_;

@@ -11,17 +11,21 @@
 #include "deltaserve/common/status.h"
 #include "deltaserve/model/chat_template.h"
 #include "deltaserve/model/sampler.h"
+#include "deltaserve/model/tool_calls.h"
 
 namespace deltaserve::api {
 
 // Limits of a request (each a 400 naming what is over it).
-inline constexpr int kMaxJsonDepth = 32;           // nesting of objects and arrays
-inline constexpr size_t kMaxJsonElements = 65536;  // values in objects and arrays, in all
-inline constexpr size_t kMaxMessages = 4096;       // messages in one request
-inline constexpr size_t kMaxStopStrings = 4;       // as OpenAI
-inline constexpr size_t kMaxStopBytes = 1024;      // bytes of one stop string
-inline constexpr size_t kMaxModelNameBytes = 256;  // bytes of the model field
-inline constexpr size_t kMaxSessionIdBytes = 128;  // bytes of a session id
+inline constexpr int kMaxJsonDepth = 32;            // nesting of objects and arrays
+inline constexpr size_t kMaxJsonElements = 65536;   // values in objects and arrays, in all
+inline constexpr size_t kMaxMessages = 4096;        // messages in one request
+inline constexpr size_t kMaxStopStrings = 4;        // as OpenAI
+inline constexpr size_t kMaxStopBytes = 1024;       // bytes of one stop string
+inline constexpr size_t kMaxModelNameBytes = 256;   // bytes of the model field
+inline constexpr size_t kMaxSessionIdBytes = 128;   // bytes of a session id
+inline constexpr size_t kMaxTools = 128;            // tools, and tool calls in one message
+inline constexpr size_t kMaxToolNameBytes = 64;     // a function's name (as OpenAI)
+inline constexpr size_t kMaxToolCallIdBytes = 256;  // a tool call's id, a message's name
 
 // A session id: 1 to 128 characters of [A-Za-z0-9._:-], so it can go into a header, a log
 // line or a URL path as it is. kInvalidArgument naming `field` otherwise.
@@ -47,13 +51,22 @@ struct ChatRequest {
     // model's chat template (enable_thinking ...); "" when not given. A session's turn uses
     // its own request's.
     std::string chat_template_kwargs;
+    // tools: the functions the model may call, a JSON array of {"type": "function",
+    // "function": {"name", "description", "parameters"}} in the request's key order, as the
+    // chat template shows them to the model; "" when none, or when tool_choice is "none"
+    // (the tools are then not shown, and the answer is not looked at for calls).
+    std::string tools_json;
+    bool parse_tool_calls = false;    // tools given, tool_choice auto
+    bool parallel_tool_calls = true;  // false: the first call of an answer only
 };
 
 // Parses a POST /v1/chat/completions body. Errors (kInvalidArgument) name the field:
 // malformed JSON, a body over the limits above, no messages, an unknown role, non-text
 // content, a field of the wrong JSON type, values out of range (model::validate_sampling),
-// n != 1, a session_id outside check_session_id's rules. Unknown fields are ignored, as the
-// peers do. Never throws. Sampling fields not given keep the
+// n != 1, a session_id outside check_session_id's rules, a tool or tool call not as OpenAI
+// defines it (a tool message without tool_call_id, arguments that are not a JSON object),
+// tool_choice "required" or a named function (not supported yet). Unknown fields are
+// ignored, as the peers do. Never throws. Sampling fields not given keep the
 // server's defaults (its --temperature etc. flags, as llama.cpp's server does).
 Result<ChatRequest> parse_chat_request(std::string_view body,
                                        const model::SamplingParams& defaults);
@@ -76,11 +89,13 @@ struct SessionAnswer {
     bool stored = true;
 };
 
-// A whole answer (chat.completion).
+// A whole answer (chat.completion): its message's content (null when it is empty and the
+// answer called tools) and tool_calls (each call's id as the server gave it).
 std::string completion_json(const std::string& id, int64_t created, const std::string& model,
                             const std::string& text, const std::string& finish_reason,
                             const Usage& usage, const std::string& session_id,
-                            const SessionAnswer& session = {});
+                            const SessionAnswer& session = {},
+                            const std::vector<model::ToolCall>& tool_calls = {});
 
 // One streamed chunk (chat.completion.chunk): the role in the first, then content pieces,
 // then the finish reason; usage alone in the last when asked for.
@@ -88,6 +103,12 @@ std::string chunk_json(const std::string& id, int64_t created, const std::string
                        const std::optional<std::string>& content, bool first,
                        const std::string& finish_reason, const std::optional<Usage>& usage,
                        const SessionAnswer& session = {});
+
+// A tool call streamed as OpenAI streams it (delta.tool_calls[0], its index in the answer):
+// part 0 names it ({index, id, type, function: {name, arguments: ""}}), part 1 gives its
+// arguments ({index, function: {arguments}}).
+std::string tool_call_chunk_json(const std::string& id, int64_t created, const std::string& model,
+                                 int index, const model::ToolCall& call, int part, bool first);
 
 // {"error": {"message", "type", "param", "code"}}: type invalid_request_error (400),
 // not_found_error (404), server_error (500), ...; code is `code` when given (OpenAI's
