@@ -12,11 +12,12 @@ using testing::KvMemoryTest;
 
 class ShownTokensTest : public KvMemoryTest {
   protected:
-    // A ChatML conversation that has just ended a turn: the model's next token is the
-    // control token that opens the next one.
+    // A ChatML conversation whose user turn has just ended: the model's next token is the
+    // control token that opens the assistant's turn.
     std::vector<int32_t> after_a_turn() {
         auto ids = model_->tokenizer->encode(
-            "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\nHi!<|im_end|>\n",
+            "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+            "Hello<|im_end|>\n",
             /*add_bos=*/false, /*parse_special=*/true);
         EXPECT_TRUE(ids.ok());
         return ids.ok() ? *ids : std::vector<int32_t>{};
@@ -40,7 +41,7 @@ TEST_F(ShownTokensTest, ANamedControlTokenIsWrittenAndOthersAreNot) {
     auto shown = run(spec);
     ASSERT_TRUE(shown.ok()) << shown.status().to_string();
     // The same tokens, greedy; only the first one's text differs.
-    ASSERT_EQ(shown->text.rfind("<|im_start|>", 0), 0u) << shown->text;
+    ASSERT_EQ(shown->text.rfind("<|im_start|>", 0), 0u) << shown->text << " / " << hidden->text;
     EXPECT_EQ(shown->text.substr(std::string("<|im_start|>").size()), hidden->text);
     EXPECT_EQ(hidden->text.find("<|im_start|>"), std::string::npos);
     EXPECT_EQ(shown->completion_tokens, hidden->completion_tokens);
