@@ -23,14 +23,24 @@ bool valid_tool_name(const std::string& name) {
     return true;
 }
 
+// The "function" object of a tool or a tool call whose "type" is "function" (a call may
+// leave its type out, as OpenAI's own examples do).
+Result<const RequestJson*> function_of(const RequestJson& j, const std::string& at,
+                                       bool type_required) {
+    std::string type = type_required ? "" : "function";
+    bool given = false;
+    DS_RETURN_IF_ERROR(string_field(j, "type", at + ".type", 64, type, given));
+    if (type != "function") return bad_field(at + ".type", "must be \"function\"");
+    const RequestJson* fn = field_of(j, "function");
+    if (fn == nullptr || !fn->is_object()) return bad_field(at + ".function", "must be an object");
+    return fn;
+}
+
 Status parse_tool(const RequestJson& tool, const std::string& at, std::set<std::string>& names) {
     if (!tool.is_object()) return bad_field(at, "must be an object");
-    std::string type, name, text;
+    DS_ASSIGN_OR_RETURN(const RequestJson* fn, function_of(tool, at, /*type_required=*/true));
+    std::string name, text;
     bool given = false;
-    DS_RETURN_IF_ERROR(string_field(tool, "type", at + ".type", 64, type, given));
-    if (type != "function") return bad_field(at + ".type", "must be \"function\"");
-    const RequestJson* fn = field_of(tool, "function");
-    if (fn == nullptr || !fn->is_object()) return bad_field(at + ".function", "must be an object");
     DS_RETURN_IF_ERROR(
         string_field(*fn, "name", at + ".function.name", kMaxToolNameBytes, name, given));
     if (!valid_tool_name(name)) {
@@ -63,14 +73,11 @@ Result<RequestJson> call_arguments(const RequestJson& args, const std::string& a
 
 Result<RequestJson> parse_tool_call(const RequestJson& call, const std::string& at) {
     if (!call.is_object()) return bad_field(at, "must be an object");
-    std::string id, type = "function", name;
+    std::string id, name;
     bool given = false;
     DS_RETURN_IF_ERROR(string_field(call, "id", at + ".id", kMaxToolCallIdBytes, id, given));
     if (id.empty()) return bad_field(at + ".id", "must be a non-empty string");
-    DS_RETURN_IF_ERROR(string_field(call, "type", at + ".type", 64, type, given));
-    if (type != "function") return bad_field(at + ".type", "must be \"function\"");
-    const RequestJson* fn = field_of(call, "function");
-    if (fn == nullptr || !fn->is_object()) return bad_field(at + ".function", "must be an object");
+    DS_ASSIGN_OR_RETURN(const RequestJson* fn, function_of(call, at, /*type_required=*/false));
     DS_RETURN_IF_ERROR(
         string_field(*fn, "name", at + ".function.name", kMaxToolCallIdBytes, name, given));
     if (name.empty()) return bad_field(at + ".function.name", "must be a non-empty string");

@@ -85,7 +85,7 @@ bool ToolAnswer::finish() { return deliver(parser_.finish()); }
 bool ToolAnswer::deliver(model::ToolCallParser::Step step) {
     bool go_on = true;
     if (!step.content.empty()) {
-        content_ += step.content;
+        if (format_ != model::ToolCallFormat::kNone) content_ += step.content;  // else unused
         go_on = callbacks_.on_piece(step.content);
     }
     for (model::ToolCall& call : step.calls) {

@@ -37,7 +37,8 @@ class ToolAnswer {
     // The answer ended: what was held back, as calls or text; false when the caller cancels.
     bool finish();
 
-    const std::string& content() const { return content_; }  // the text less the calls
+    // The text less the calls ("" for kNone: the turn's own text is the answer).
+    const std::string& content() const { return content_; }
     const std::vector<model::ToolCall>& calls() const { return calls_; }
 
   private:
