@@ -85,6 +85,26 @@ int32_t Sampler::sample(std::span<const float> logits) {
     return pick();
 }
 
+int32_t Sampler::sample(std::span<const float> logits, std::span<const uint64_t> allowed) {
+    cand_.clear();
+    for (size_t w = 0; w < allowed.size(); ++w) {
+        for (uint64_t bits = allowed[w]; bits != 0; bits &= bits - 1) {
+            const size_t id = w * 64 + static_cast<size_t>(__builtin_ctzll(bits));
+            if (id >= logits.size()) break;
+            cand_.push_back({static_cast<int32_t>(id), logits[id]});
+        }
+    }
+    if (cand_.empty()) return -1;
+    // Both in id order.
+    auto it = cand_.begin();
+    for (int32_t id : penalized()) {
+        while (it != cand_.end() && it->id < id) ++it;
+        if (it != cand_.end() && it->id == id)
+            it->logit = penalize(it->logit, params_.repeat_penalty);
+    }
+    return pick();
+}
+
 int32_t Sampler::sample_candidates(std::span<const int32_t> ids, std::span<const float> logits) {
     cand_.clear();
     DS_CHECK(!ids.empty() && ids.size() == logits.size(), "sampling from no candidates");

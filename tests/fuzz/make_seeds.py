@@ -312,3 +312,17 @@ answers = {
 }
 for name, data in answers.items():
     write("tool_calls", name, data)
+
+# --- response schemas: two bytes for the schema's length, the schema, a text to match ----------
+schemas = {
+    "person": (b'{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"}},'
+               b'"required":["name","age"],"additionalProperties":false}',
+               b'{"name": "Ada \\u00e9", "age": -3}'),
+    "defs": (b'{"$defs":{"n":{"type":"object","properties":{"k":{"type":"array","items":'
+             b'{"$ref":"#/$defs/n"},"maxItems":2}}}},"$ref":"#/$defs/n"}', b'{"k":[{"k":[]},{}]}'),
+    "anyof": (b'{"anyOf":[{"enum":["a",1,null]},{"type":["number","boolean"]}]}', b"1.5e-3"),
+    "map": (b'{"type":"object","additionalProperties":{"type":"array","minItems":1}}',
+            b'{"x":[true,{"y":null}]}'),
+}
+for name, (schema, text) in schemas.items():
+    write("json_schema", name, len(schema).to_bytes(2, "big") + schema + text)

@@ -35,6 +35,11 @@ class Sampler {
     // Picks the next token from n_vocab logits.
     int32_t sample(std::span<const float> logits);
 
+    // sample() among the tokens `allowed` lets through (bit i % 64 of word i / 64 for token
+    // i), as constrained decoding masks a row: the other tokens are never picked, the filters
+    // and the draw see only these. -1 when it lets none through.
+    int32_t sample(std::span<const float> logits, std::span<const uint64_t> allowed);
+
     // Sampling from a row's largest logits only (a device backend's top_k), for rows too
     // large to bring over whole. What sample() needs of a row: its candidates_wanted()
     // largest logits (ties: the lower id first) and the logits of the tokens penalized()
