@@ -149,13 +149,14 @@ fi
 
 # Python tools from PyPI in .venv-tools: JAX (CPU wheel) and gguf for `deltactl calibrate
 # --objective ntp` (the model's differentiable twin), and the openai client the gateway's
-# tests speak with. The engine never loads them.
+# tests speak with, jinja2 (the chat templates' oracle) and jsonschema (structured output's).
+# The engine never loads them.
 TOOLS_VENV=.venv-tools
-if ! "$TOOLS_VENV/bin/python" -c "import jax, gguf, openai, jinja2" >/dev/null 2>&1; then
-  log "installing jax[cpu], gguf, openai and jinja2 into $TOOLS_VENV (PyPI)"
+if ! "$TOOLS_VENV/bin/python" -c "import jax, gguf, openai, jinja2, jsonschema" >/dev/null 2>&1; then
+  log "installing jax[cpu], gguf, openai, jinja2 and jsonschema into $TOOLS_VENV (PyPI)"
   /usr/bin/python3 -m venv "$TOOLS_VENV"
   "$TOOLS_VENV/bin/pip" install --quiet --disable-pip-version-check 'jax[cpu]==0.10.2' 'gguf==0.19.0' \
-    'openai==3.54.0' 'jinja2==3.1.4'
+    'openai==3.54.0' 'jinja2==3.1.4' 'jsonschema==4.23.0'
 fi
 
 log "building in $BUILD_DIR"

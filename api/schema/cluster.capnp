@@ -30,6 +30,7 @@ struct TurnSpec {
   stop @5 :List(Text);
   cacheScope @6 :Text;
   shownTokens @7 :List(Int32);
+  jsonSchema @8 :Text;  # structured output: the answer's JSON Schema ("" = free text)
 }
 
 struct TurnPlan {

@@ -885,6 +885,7 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
     spec.stop = request.stop;
     spec.cache_scope = request.tenant;  // tenants never meet in the prefix cache
     if (with_tools) spec.shown_tokens = tool_tokens_;
+    spec.json_schema = request.json_schema;
     auto sink = std::make_shared<QueueSink>();
     if (node == nullptr) node = least_loaded_decode(nullptr);
     if (node == nullptr) {

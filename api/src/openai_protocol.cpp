@@ -7,6 +7,7 @@
 #include "deltaserve/model/tokenizer.h"
 #include "json_body.h"
 #include "json_fields.h"
+#include "openai_response_format.h"
 #include "openai_tools.h"
 
 namespace deltaserve::api {
@@ -134,6 +135,7 @@ Result<ChatRequest> parse_object(const json& j, const model::SamplingParams& def
     DS_RETURN_IF_ERROR(integer_field(j, "n", 1, 1, v, given));
     DS_RETURN_IF_ERROR(parse_stop(j, r.stop));
     DS_RETURN_IF_ERROR(parse_tool_fields(j, r));
+    DS_RETURN_IF_ERROR(parse_response_format(j, r));
     DS_RETURN_IF_ERROR(boolean_field(j, "stream", "stream", r.stream));
     if (const json* so = field_of(j, "stream_options")) {
         if (!so->is_object()) return bad_field("stream_options", "must be an object");

@@ -19,6 +19,7 @@
 #include "deltaserve/common/logging.h"
 #include "deltaserve/decode/kv_stream_io.h"
 #include "deltaserve/kvstore/kv_policy.h"
+#include "deltaserve/model/constraint_factory.h"
 #include "deltaserve/model/deltakv_profile.h"
 #include "deltaserve/model/kv_groups.h"
 #include "deltaserve/model/trimkv_profile.h"
@@ -82,7 +83,8 @@ class DecodeWorkerImpl final : public DecodeWorker {
           threads_(std::move(threads)),
           ids_{options_.model_id, options_.profile_id, kv_codec(options_.context)},
           probe_(std::move(probe)),
-          runner_(model, threads_, options_.context.attention, options_.context.backend) {
+          runner_(model, threads_, options_.context.attention, options_.context.backend),
+          constraints_(*model.tokenizer) {
         if (options_.host_tier || options_.disk_tier || options_.device_tier) {
             auto policy = kvstore::find_kv_policy(options_.context.kv.policy);
             if (policy.ok() && (*policy)->storable) {
@@ -412,6 +414,7 @@ class DecodeWorkerImpl final : public DecodeWorker {
     std::vector<model::CandidateWant> step_wants_;
     std::vector<std::vector<int32_t>> step_penalized_;
     std::vector<model::RowCandidates> step_candidates_;
+    model::ConstraintFactory constraints_;  // the turns' response formats
 
     mutable std::mutex mu_;
     std::condition_variable wake_;
@@ -459,7 +462,12 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
             return invalid_argument("a stop string must have 1 to 1024 bytes");
         }
     }
+    std::unique_ptr<model::TokenConstraint> constraint;
+    if (!spec.json_schema.empty()) {
+        DS_ASSIGN_OR_RETURN(constraint, constraints_.make(spec.json_schema));
+    }
     auto t = std::make_shared<Turn>(std::move(spec), std::move(sink), model_);
+    t->constraint = std::move(constraint);
     auto promoted = promote(t->spec);
     // A turn with no KV of its own here (stateless, or a session this worker holds nothing
     // of) starts from what the prefix cache has of its prompt, or the tiers' stored prefix
@@ -961,6 +969,7 @@ void DecodeWorkerImpl::step(const std::vector<std::shared_ptr<Turn>>& batch,
         for (size_t i = 0; i < batch.size(); ++i) {
             const Turn& t = *batch[i];
             if (t.stage == Turn::Stage::kPrefillHere) continue;
+            if (t.wants_whole_row()) continue;
             step_penalized_[i] = t.sampler.penalized();
             step_wants_[i] = {t.sampler.candidates_wanted(), step_penalized_[i]};
         }
@@ -994,7 +1003,7 @@ void DecodeWorkerImpl::step(const std::vector<std::shared_ptr<Turn>>& batch,
             t.cached.push_back(t.next_token);
             const model::RowCandidates* c = on_device ? &step_candidates_[i] : nullptr;
             t.take(c != nullptr && !c->ids.empty() ? t.sampler.sample_candidates(c->ids, c->logits)
-                                                   : t.sampler.sample(row));
+                                                   : t.pick(row));
         }
     }
 }

@@ -15,6 +15,7 @@
 #include "deltaserve/model/inference_context.h"
 #include "deltaserve/model/model.h"
 #include "deltaserve/model/sampler.h"
+#include "deltaserve/model/token_constraint.h"
 
 namespace deltaserve::decode {
 
@@ -35,17 +36,31 @@ struct Turn {
     // sampled (the random stream skips the draw it took there).
     void admit_local(std::span<const float> logits) {
         if (spec.max_tokens == 0) return stop_with("length");
-        take(sampler.sample(logits));
+        take(pick(logits));
     }
     void admit_remote() {
         if (spec.max_tokens == 0) return stop_with("length");
         sampler.skip_sample();
         take(first_token);
     }
+    // The next token from a row of logits: among those the constraint allows, if any.
+    int32_t pick(std::span<const float> logits) {
+        if (constraint == nullptr) return sampler.sample(logits);
+        return sampler.sample(logits, constraint->allowed());
+    }
+    // A turn whose answer is constrained takes the whole row (not a device's top-k).
+    bool wants_whole_row() const { return constraint != nullptr; }
     // A generated token: streams its text, then either ends the turn (done) or leaves the
     // token in next_token for the next forward pass.
     void take(int32_t token) {
         const model::Tokenizer& tok = *model.tokenizer;
+        if (constraint != nullptr && !constraint->accept(token)) {
+            // No token continues the grammar (the vocabulary lacks the bytes), or a prefill
+            // node's first token does not: the answer would break the format.
+            return fail(
+                internal_error("constrained decoding: no token of the vocabulary can "
+                               "continue the response format here"));
+        }
         if (tok.is_eog(token)) return stop_with("stop");
         ++end.completion_tokens;
         sampler.accept(token);
@@ -55,7 +70,9 @@ struct Turn {
         prev = token;
         const std::string_view piece = scan.release(stopped);
         if (!piece.empty() && !sink->on_piece(piece)) return stop_with("cancelled");
-        if (stopped) return stop_with("stop");
+        if (stopped || (constraint != nullptr && constraint->must_end())) {
+            return stop_with("stop");
+        }
         if (spec.max_tokens >= 0 && end.completion_tokens >= spec.max_tokens)
             return stop_with("length");
         next_token = token;
@@ -110,6 +127,9 @@ struct Turn {
     // may have computed it meanwhile): a turn with no KV of its own.
     bool look_again = false;
     model::Sampler sampler;
+    // The response format's constraint (spec.json_schema), made by the worker; null for free
+    // text.
+    std::unique_ptr<model::TokenConstraint> constraint;
     StopScanner scan;
     int32_t prev = -1;
     int32_t next_token = -1;
@@ -118,6 +138,11 @@ struct Turn {
     TurnEnd end;
 
   private:
+    void fail(Status why) {
+        std::lock_guard<std::mutex> lock(mu);
+        failure = std::move(why);
+        failed = true;
+    }
     void stop_with(const char* reason) {
         done = true;
         finish_reason = reason;

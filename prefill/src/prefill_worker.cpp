@@ -9,6 +9,7 @@
 #include <set>
 
 #include "deltaserve/decode/kv_stream_io.h"
+#include "deltaserve/model/constraint_factory.h"
 #include "deltaserve/model/sampler.h"
 #include "deltaserve/transport/kv_stream.h"
 #include "deltaserve/transport/wire_format.h"
@@ -28,7 +29,8 @@ class PrefillWorkerImpl final : public PrefillWorker {
           options_(std::move(options)),
           transport_(transport),
           ctx_(std::move(ctx)),
-          ids_{options_.model_id, options_.profile_id, decode::kv_codec(options_.context)} {}
+          ids_{options_.model_id, options_.profile_id, decode::kv_codec(options_.context)},
+          constraints_(*model.tokenizer) {}
 
     ~PrefillWorkerImpl() override {
         for (auto& [address, conn] : connections_) conn->close();
@@ -130,6 +132,7 @@ class PrefillWorkerImpl final : public PrefillWorker {
     transport::Transport& transport_;
     std::unique_ptr<model::InferenceContext> ctx_;
     const decode::KvStreamIds ids_;
+    model::ConstraintFactory constraints_;  // the first token of a structured answer
     std::map<std::string, std::shared_ptr<transport::Connection>> connections_;
     // One request at a time, in the order they came (enter, leave): the waiting tickets,
     // whether one runs, the turns of prefill() calls under way (a count per id: a retried
@@ -175,6 +178,10 @@ Result<PrefillResult> PrefillWorkerImpl::run(const PrefillRequest& request) {
         return invalid_argument("cannot pull " + std::to_string(request.pull_tokens) + " of " +
                                 std::to_string(n) + " prompt tokens");
     }
+    std::unique_ptr<model::TokenConstraint> constraint;
+    if (!turn.json_schema.empty()) {
+        DS_ASSIGN_OR_RETURN(constraint, constraints_.make(turn.json_schema));
+    }
     DS_ASSIGN_OR_RETURN(auto conn, connection_to(request.decode_address));
     const uint64_t sent_before = conn->stats().bytes_sent;
     PrefillResult result;
@@ -198,7 +205,10 @@ Result<PrefillResult> PrefillWorkerImpl::run(const PrefillRequest& request) {
     if (st.ok()) {
         model::Sampler sampler(turn.sampling);
         for (int32_t t : turn.tokens) sampler.accept(t);
-        result.first_token = sampler.sample(*logits);
+        result.first_token = constraint == nullptr ? sampler.sample(*logits)
+                                                   : sampler.sample(*logits, constraint->allowed());
+        // No token can begin the format: the decode node's turn fails on it.
+        if (result.first_token < 0) result.first_token = 0;
         if (rows) {
             StreamHeader h;
             h.kind = StreamKind::kEnd;

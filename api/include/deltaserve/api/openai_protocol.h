@@ -58,6 +58,9 @@ struct ChatRequest {
     std::string tools_json;
     bool parse_tool_calls = false;    // tools given, tool_choice auto
     bool parallel_tool_calls = true;  // false: the first call of an answer only
+    // Structured output (response_format json_object / json_schema, or the peers' fields):
+    // the JSON Schema the answer must be a value of, compact; "" for free text.
+    std::string json_schema;
 };
 
 // Parses a POST /v1/chat/completions body. Errors (kInvalidArgument) name the field:

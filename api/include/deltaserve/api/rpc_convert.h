@@ -46,6 +46,7 @@ inline void to_capnp(const decode::TurnSpec& s, TurnSpec::Builder b) {
     b.setCacheScope(s.cache_scope);
     auto shown = b.initShownTokens(static_cast<unsigned>(s.shown_tokens.size()));
     for (unsigned i = 0; i < s.shown_tokens.size(); ++i) shown.set(i, s.shown_tokens[i]);
+    b.setJsonSchema(s.json_schema);
 }
 inline decode::TurnSpec from_capnp(TurnSpec::Reader r) {
     decode::TurnSpec s;
@@ -64,6 +65,7 @@ inline decode::TurnSpec from_capnp(TurnSpec::Reader r) {
     for (auto t : r.getStop()) s.stop.emplace_back(t.cStr());
     s.cache_scope = r.getCacheScope();
     for (int32_t t : r.getShownTokens()) s.shown_tokens.push_back(t);
+    s.json_schema = r.getJsonSchema();
     return s;
 }
 

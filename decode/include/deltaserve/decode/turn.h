@@ -26,6 +26,10 @@ struct TurnSpec {
     // tool calls, e.g. <|python_tag|> or [TOOL_CALLS], for the gateway to find them. Other
     // control tokens are left out of the text, as before.
     std::vector<int32_t> shown_tokens;
+    // Structured output: the answer is a JSON value of this JSON Schema (text), enforced
+    // token by token (model/json_schema_grammar.h); "" = free text. The turn ends "stop" once
+    // the value is whole and nothing can follow it.
+    std::string json_schema;
 };
 
 struct TurnEnd {
