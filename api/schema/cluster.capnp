@@ -31,6 +31,8 @@ struct TurnSpec {
   cacheScope @6 :Text;
   shownTokens @7 :List(Int32);
   jsonSchema @8 :Text;  # structured output: the answer's JSON Schema ("" = free text)
+  jsonPrefix @9 :Text;  # literal text before that value, and after it
+  jsonSuffix @10 :Text;
 }
 
 struct TurnPlan {

@@ -13,6 +13,7 @@
 #include "deltaserve/api/openai_protocol.h"
 #include "deltaserve/api/version.h"
 #include "deltaserve/common/logging.h"
+#include "forced_tool_call.h"
 #include "prefill_watch.h"
 #include "random_id.h"
 #include "session_quota.h"
@@ -799,6 +800,11 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
     const auto t0 = std::chrono::steady_clock::now();
     const bool with_tools = request.parse_tool_calls;
     if (with_tools) DS_RETURN_IF_ERROR(check_tools_servable(model_.chat_template));
+    ForcedCall forced;
+    if (request.force_tool_call) {
+        DS_ASSIGN_OR_RETURN(forced, forced_tool_call(model_.chat_template.tool_call_format(),
+                                                     request.tools_json, request.forced_tool_name));
+    }
     if (callbacks.wanted && !callbacks.wanted()) {  // left while it queued for a thread
         TurnResult gone;
         gone.finish_reason = "cancelled";
@@ -886,6 +892,11 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
     spec.cache_scope = request.tenant;  // tenants never meet in the prefix cache
     if (with_tools) spec.shown_tokens = tool_tokens_;
     spec.json_schema = request.json_schema;
+    if (request.force_tool_call) {
+        spec.json_schema = std::move(forced.schema);
+        spec.json_prefix = std::move(forced.prefix);
+        spec.json_suffix = std::move(forced.suffix);
+    }
     auto sink = std::make_shared<QueueSink>();
     if (node == nullptr) node = least_loaded_decode(nullptr);
     if (node == nullptr) {

@@ -136,6 +136,9 @@ Result<ChatRequest> parse_object(const json& j, const model::SamplingParams& def
     DS_RETURN_IF_ERROR(parse_stop(j, r.stop));
     DS_RETURN_IF_ERROR(parse_tool_fields(j, r));
     DS_RETURN_IF_ERROR(parse_response_format(j, r));
+    if (r.force_tool_call && !r.json_schema.empty()) {
+        return bad_field("tool_choice", "cannot force a call and a response_format together");
+    }
     DS_RETURN_IF_ERROR(boolean_field(j, "stream", "stream", r.stream));
     if (const json* so = field_of(j, "stream_options")) {
         if (!so->is_object()) return bad_field("stream_options", "must be an object");

@@ -121,6 +121,7 @@ Status parse_tool_fields(const RequestJson& j, ChatRequest& r) {
             if (names.count(name) == 0)
                 return bad_field("tool_choice.function.name", "names no function of tools");
             choice = "a named function";
+            r.forced_tool_name = name;
         } else {
             return bad_field("tool_choice", "must be a string or an object");
         }
@@ -128,12 +129,10 @@ Status parse_tool_fields(const RequestJson& j, ChatRequest& r) {
     if (choice != "auto" && choice != "none") {
         if (tools == nullptr || tools->empty())
             return bad_field("tool_choice", "needs tools to choose from");
-        // Forcing a call needs the answer constrained to the call's grammar.
-        return bad_field("tool_choice", "'" + choice +
-                                            "' is not supported by this server yet (it needs "
-                                            "constrained decoding); use auto or none");
+        // Enforced by constrained decoding once the template's call format is known.
+        r.force_tool_call = true;
     }
-    if (tools != nullptr && !tools->empty() && choice == "auto") {
+    if (tools != nullptr && !tools->empty() && choice != "none") {
         r.tools_json = dump(*tools);
         r.parse_tool_calls = true;
     }

@@ -462,9 +462,14 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
             return invalid_argument("a stop string must have 1 to 1024 bytes");
         }
     }
+    if (spec.json_prefix.size() > 256 || spec.json_suffix.size() > 256)
+        return invalid_argument("a response format's prefix and suffix have at most 256 bytes");
+    if (spec.json_schema.empty() && !(spec.json_prefix.empty() && spec.json_suffix.empty()))
+        return invalid_argument("a response format's prefix and suffix need its schema");
     std::unique_ptr<model::TokenConstraint> constraint;
     if (!spec.json_schema.empty()) {
-        DS_ASSIGN_OR_RETURN(constraint, constraints_.make(spec.json_schema));
+        DS_ASSIGN_OR_RETURN(
+            constraint, constraints_.make(spec.json_schema, spec.json_prefix, spec.json_suffix));
     }
     auto t = std::make_shared<Turn>(std::move(spec), std::move(sink), model_);
     t->constraint = std::move(constraint);

@@ -459,6 +459,13 @@ class SchemaCompiler {
 
 Result<std::shared_ptr<const Grammar>> json_schema_grammar(std::string_view schema,
                                                            const JsonSchemaLimits& limits) {
+    return json_schema_grammar(schema, "", "", limits);
+}
+
+Result<std::shared_ptr<const Grammar>> json_schema_grammar(std::string_view schema,
+                                                           std::string_view prefix,
+                                                           std::string_view suffix,
+                                                           const JsonSchemaLimits& limits) {
     if (schema.size() > limits.max_schema_bytes) {
         return invalid_argument("response schema: over " + std::to_string(limits.max_schema_bytes) +
                                 " bytes");
@@ -481,8 +488,19 @@ Result<std::shared_ptr<const Grammar>> json_schema_grammar(std::string_view sche
     SchemaCompiler compiler(doc, limits, *g);
     uint32_t value = 0;
     DS_ASSIGN_OR_RETURN(value, compiler.compile(doc, "", 0));
-    // The value alone: a turn ends as soon as it is whole and cannot go on.
-    g->set_root(value);
+    // The value alone (between the literals): a turn ends as soon as it is whole and cannot
+    // go on.
+    if (prefix.empty() && suffix.empty()) {
+        g->set_root(value);
+    } else {
+        const uint32_t root = g->new_rule();
+        Grammar::Sequence seq = g->literal(prefix);
+        seq.push_back(Grammar::ref(value));
+        const Grammar::Sequence tail = g->literal(suffix);
+        seq.insert(seq.end(), tail.begin(), tail.end());
+        g->add(root, std::move(seq));
+        g->set_root(root);
+    }
     Status st = g->finish(limits.max_elements);
     if (!st.ok()) return invalid_argument("response schema: " + st.message());
     return std::shared_ptr<const Grammar>(std::move(g));

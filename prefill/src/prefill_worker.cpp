@@ -180,7 +180,8 @@ Result<PrefillResult> PrefillWorkerImpl::run(const PrefillRequest& request) {
     }
     std::unique_ptr<model::TokenConstraint> constraint;
     if (!turn.json_schema.empty()) {
-        DS_ASSIGN_OR_RETURN(constraint, constraints_.make(turn.json_schema));
+        DS_ASSIGN_OR_RETURN(
+            constraint, constraints_.make(turn.json_schema, turn.json_prefix, turn.json_suffix));
     }
     DS_ASSIGN_OR_RETURN(auto conn, connection_to(request.decode_address));
     const uint64_t sent_before = conn->stats().bytes_sent;

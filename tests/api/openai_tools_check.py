@@ -12,14 +12,17 @@ again for the new question. Checks (exit 1 with the reason on failure):
   to the same call;
 - the loop goes on unchanged: the SDK's own assistant message and a tool message with the
   result are sent back, and the model answers in text;
-- tool_choice "required" is a BadRequestError naming tool_choice, and a tool message without
-  tool_call_id is one naming it.
+- tool_choice "required" and a named function answer a call (to the named one) even to a
+  question the model would answer in text, its arguments valid for the function's parameters
+  (jsonschema); a forced call whose parameters use a keyword the grammar cannot enforce is a
+  BadRequestError naming it; a tool message without tool_call_id is one naming tool_call_id.
 Prints one JSON line with what it saw.
 """
 import argparse
 import json
 import sys
 
+import jsonschema
 import openai
 
 TOOLS = [{
@@ -32,6 +35,17 @@ TOOLS = [{
                        "required": ["city"]},
     },
 }]
+
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Get the current time in a time zone",
+        "parameters": {"type": "object",
+                       "properties": {"zone": {"type": "string"}},
+                       "required": ["zone"], "additionalProperties": False},
+    },
+}
 
 # Earlier turns that called the tool, its results and the answers: the pattern to follow
 # (a model of 135M parameters needs three to write the call rather than imitate the result).
@@ -105,13 +119,30 @@ def main():
     if not text.strip() and not final.choices[0].message.tool_calls:
         fail("the turn after the tool result said nothing")
 
+    # Forced: a call even where the model would rather talk, valid for its parameters.
+    both = TOOLS + [TIME_TOOL]
+    for choice, want in (("required", None),
+                         ({"type": "function", "function": {"name": "get_time"}}, "get_time")):
+        r = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Tell me a joke."}], tools=both,
+            tool_choice=choice, temperature=0, max_tokens=64)
+        c = r.choices[0]
+        if c.finish_reason != "tool_calls" or not c.message.tool_calls:
+            fail(f"tool_choice {choice}: answered {c.message.content!r} ({c.finish_reason})")
+        forced = c.message.tool_calls[0].function
+        tool = next((t for t in both if t["function"]["name"] == forced.name), None)
+        if tool is None or (want and forced.name != want):
+            fail(f"tool_choice {choice}: called {forced.name}")
+        jsonschema.validate(json.loads(forced.arguments), tool["function"]["parameters"])
     try:
-        client.chat.completions.create(model=model, messages=messages, tools=TOOLS,
+        bad = [{"type": "function", "function": {"name": "mail", "parameters": {
+            "type": "object", "properties": {"to": {"type": "string", "format": "email"}}}}}]
+        client.chat.completions.create(model=model, messages=messages, tools=bad,
                                        tool_choice="required", max_tokens=4)
-        fail("tool_choice required was accepted")
+        fail("a forced call with a 'format' keyword was accepted")
     except openai.BadRequestError as e:
-        if "tool_choice" not in str(e):
-            fail(f"tool_choice required: {e}")
+        if "tool_choice" not in str(e) or "format" not in str(e):
+            fail(f"tool_choice required with 'format': {e}")
     try:
         client.chat.completions.create(
             model=model, max_tokens=4,

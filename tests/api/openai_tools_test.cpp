@@ -63,14 +63,22 @@ TEST(OpenAiTools, ToolChoiceNoneHidesTheTools) {
     EXPECT_FALSE(none->parse_tool_calls);
 }
 
-TEST(OpenAiTools, ForcedCallsAreRefusedByName) {
+TEST(OpenAiTools, ForcedCallsAreTakenAndCheckedByName) {
     const json tools = json::array({kWeatherTool});
-    EXPECT_NE(error_of(body_with({{"tools", tools}, {"tool_choice", "required"}}))
-                  .find("'tool_choice' 'required' is not supported"),
-              std::string::npos);
+    auto required = parse(body_with({{"tools", tools}, {"tool_choice", "required"}}));
+    ASSERT_TRUE(required.ok()) << required.error().message();
+    EXPECT_TRUE(required->force_tool_call);
+    EXPECT_TRUE(required->parse_tool_calls);
+    EXPECT_EQ(required->forced_tool_name, "");
     const json named = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
-    EXPECT_NE(error_of(body_with({{"tools", tools}, {"tool_choice", named}}))
-                  .find("'a named function' is not supported"),
+    auto one = parse(body_with({{"tools", tools}, {"tool_choice", named}}));
+    ASSERT_TRUE(one.ok()) << one.error().message();
+    EXPECT_TRUE(one->force_tool_call);
+    EXPECT_EQ(one->forced_tool_name, "get_weather");
+    EXPECT_NE(error_of(body_with({{"tools", tools},
+                                  {"tool_choice", "required"},
+                                  {"response_format", {{"type", "json_object"}}}}))
+                  .find("cannot force a call and a response_format together"),
               std::string::npos);
     const json other = {{"type", "function"}, {"function", {{"name", "get_time"}}}};
     EXPECT_NE(error_of(body_with({{"tools", tools}, {"tool_choice", other}}))

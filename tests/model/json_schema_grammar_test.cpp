@@ -197,5 +197,20 @@ TEST(JsonSchemaGrammarTest, AnnotationsChangeNothing) {
     EXPECT_FALSE(admits(g, "1"));
 }
 
+TEST(JsonSchemaGrammarTest, ValueBetweenLiterals) {
+    // A forced Hermes call: the call's object between its markers.
+    auto g = json_schema_grammar(
+        R"({"anyOf":[{"type":"object","properties":{"name":{"const":"f"},"arguments":{
+        "type":"object"}},"required":["name","arguments"],"additionalProperties":false}]})",
+        "<tool_call>\n", "\n</tool_call>");
+    ASSERT_TRUE(g.ok()) << g.status().to_string();
+    EXPECT_TRUE(admits(*g, "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>"));
+    EXPECT_FALSE(admits(*g, "{\"name\": \"f\", \"arguments\": {}}"));
+    EXPECT_FALSE(admits(*g, "<tool_call>\n{\"name\": \"g\", \"arguments\": {}}\n</tool_call>"));
+    GrammarMatcher m(*g);
+    ASSERT_TRUE(m.accept("<tool_call>\n{\"name\":\"f\",\"arguments\":{}}\n</tool_call>"));
+    EXPECT_TRUE(m.must_end());
+}
+
 }  // namespace
 }  // namespace deltaserve::model

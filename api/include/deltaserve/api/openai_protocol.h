@@ -56,7 +56,11 @@ struct ChatRequest {
     // chat template shows them to the model; "" when none, or when tool_choice is "none"
     // (the tools are then not shown, and the answer is not looked at for calls).
     std::string tools_json;
-    bool parse_tool_calls = false;    // tools given, tool_choice auto
+    bool parse_tool_calls = false;  // tools given, tool_choice not none
+    // tool_choice "required" (any of the tools) or a named function (forced_tool_name): the
+    // answer is one call, enforced while decoding (forced_tool_call.h).
+    bool force_tool_call = false;
+    std::string forced_tool_name;
     bool parallel_tool_calls = true;  // false: the first call of an answer only
     // Structured output (response_format json_object / json_schema, or the peers' fields):
     // the JSON Schema the answer must be a value of, compact; "" for free text.
@@ -68,7 +72,7 @@ struct ChatRequest {
 // content, a field of the wrong JSON type, values out of range (model::validate_sampling),
 // n != 1, a session_id outside check_session_id's rules, a tool or tool call not as OpenAI
 // defines it (a tool message without tool_call_id, arguments that are not a JSON object),
-// tool_choice "required" or a named function (not supported yet). Unknown fields are
+// a response_format or tool_choice the engine cannot enforce. Unknown fields are
 // ignored, as the peers do. Never throws. Sampling fields not given keep the
 // server's defaults (its --temperature etc. flags, as llama.cpp's server does).
 Result<ChatRequest> parse_chat_request(std::string_view body,

@@ -47,6 +47,8 @@ inline void to_capnp(const decode::TurnSpec& s, TurnSpec::Builder b) {
     auto shown = b.initShownTokens(static_cast<unsigned>(s.shown_tokens.size()));
     for (unsigned i = 0; i < s.shown_tokens.size(); ++i) shown.set(i, s.shown_tokens[i]);
     b.setJsonSchema(s.json_schema);
+    b.setJsonPrefix(s.json_prefix);
+    b.setJsonSuffix(s.json_suffix);
 }
 inline decode::TurnSpec from_capnp(TurnSpec::Reader r) {
     decode::TurnSpec s;
@@ -66,6 +68,8 @@ inline decode::TurnSpec from_capnp(TurnSpec::Reader r) {
     s.cache_scope = r.getCacheScope();
     for (int32_t t : r.getShownTokens()) s.shown_tokens.push_back(t);
     s.json_schema = r.getJsonSchema();
+    s.json_prefix = r.getJsonPrefix();
+    s.json_suffix = r.getJsonSuffix();
     return s;
 }
 

@@ -30,6 +30,8 @@ struct TurnSpec {
     // token by token (model/json_schema_grammar.h); "" = free text. The turn ends "stop" once
     // the value is whole and nothing can follow it.
     std::string json_schema;
+    // Literal text before and after that value (a forced tool call's markers); "" = none.
+    std::string json_prefix, json_suffix;
 };
 
 struct TurnEnd {

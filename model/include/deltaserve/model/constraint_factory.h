@@ -22,15 +22,19 @@ class ConstraintFactory {
     explicit ConstraintFactory(const Tokenizer& tokenizer, size_t kept_grammars = 32)
         : tokenizer_(tokenizer), kept_(kept_grammars) {}
 
-    // A constraint to the values of `json_schema` (json_schema_grammar's errors).
-    Result<std::unique_ptr<TokenConstraint>> make(std::string_view json_schema);
+    // A constraint to the values of `json_schema`, between `prefix` and `suffix`
+    // (json_schema_grammar's errors).
+    Result<std::unique_ptr<TokenConstraint>> make(std::string_view json_schema,
+                                                  std::string_view prefix = "",
+                                                  std::string_view suffix = "");
 
   private:
     const Tokenizer& tokenizer_;
     const size_t kept_;
     std::mutex mu_;
     std::shared_ptr<const GrammarVocab> vocab_;
-    std::list<std::pair<std::string, std::shared_ptr<const Grammar>>> grammars_;  // newest first
+    // By schema, prefix and suffix (each length-prefixed), the newest first.
+    std::list<std::pair<std::string, std::shared_ptr<const Grammar>>> grammars_;
 };
 
 }  // namespace deltaserve::model

@@ -37,4 +37,11 @@ struct JsonSchemaLimits {
 Result<std::shared_ptr<const Grammar>> json_schema_grammar(std::string_view schema,
                                                            const JsonSchemaLimits& limits = {});
 
+// The same value between two literal texts (a forced tool call's markers, e.g. Hermes'
+// "<tool_call>\n" and "\n</tool_call>").
+Result<std::shared_ptr<const Grammar>> json_schema_grammar(std::string_view schema,
+                                                           std::string_view prefix,
+                                                           std::string_view suffix,
+                                                           const JsonSchemaLimits& limits = {});
+
 }  // namespace deltaserve::model
