@@ -16,6 +16,8 @@ struct SendOptions {
   seedGiven @1 :Bool;              # false: the server picks a seed
   maxTokens @2 :Int32 = -1;        # -1: up to the context size
   stop @3 :List(Text);
+  jsonSchema @4 :Text;             # structured output: the answer's JSON Schema ("" = text),
+                                   # checked as HTTP's response_format is
 }
 
 struct Usage {

@@ -6,6 +6,7 @@
 #include "chat.capnp.h"
 #include "deltaserve/api/rpc_convert.h"
 #include "deltaserve/common/logging.h"
+#include "openai_response_format.h"
 #include "rpc_thread.h"
 
 namespace deltaserve::api {
@@ -57,6 +58,8 @@ Result<ChatRequest> request_of(rpc::ChatSession::SendParams::Reader p,
                                     std::to_string(kMaxStopBytes) + " bytes");
         req.stop.emplace_back(s.cStr());
     }
+    DS_RETURN_IF_ERROR(set_response_schema(
+        std::string_view(o.getJsonSchema().cStr(), o.getJsonSchema().size()), req));
     return req;
 }
 

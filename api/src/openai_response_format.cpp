@@ -90,10 +90,15 @@ Status parse_response_format(const RequestJson& j, ChatRequest& r) {
         return invalid_argument(
             "give one of response_format, json_schema and guided_json, not several");
     }
-    if (!schema.empty()) {
-        DS_RETURN_IF_ERROR(model::json_schema_grammar(schema).status());
-        r.json_schema = std::move(schema);
-    }
+    return set_response_schema(schema, r);
+}
+
+Status set_response_schema(std::string_view schema, ChatRequest& r) {
+    if (schema.empty()) return Status();
+    DS_RETURN_IF_ERROR(model::json_schema_grammar(schema).status());
+    const RequestJson parsed = RequestJson::parse(schema, nullptr, false);
+    if (parsed.is_discarded()) return invalid_argument("response schema: not valid JSON");
+    r.json_schema = parsed.dump();
     return Status();
 }
 

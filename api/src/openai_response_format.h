@@ -14,4 +14,8 @@ namespace deltaserve::api {
 // naming the keyword. Errors (kInvalidArgument) name the field.
 Status parse_response_format(const RequestJson& j, ChatRequest& r);
 
+// The check both APIs share: schema (JSON text) into r.json_schema, compact, once the
+// engine can enforce it ("" leaves the answer free text).
+Status set_response_schema(std::string_view schema, ChatRequest& r);
+
 }  // namespace deltaserve::api

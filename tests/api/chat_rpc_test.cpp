@@ -46,8 +46,8 @@ struct Answer {
 };
 
 Answer send(capnp::EzRpcClient& client, rpc::ChatSession::Client session, const std::string& role,
-            const std::string& content, int max_tokens, float temperature = 0,
-            bool cancel = false) {
+            const std::string& content, int max_tokens, float temperature = 0, bool cancel = false,
+            const std::string& json_schema = "") {
     Answer a;
     auto req = session.sendRequest();
     auto m = req.initMessages(1);
@@ -58,6 +58,7 @@ Answer send(capnp::EzRpcClient& client, rpc::ChatSession::Client session, const 
     o.getSampling().setTopP(1.0f);
     o.setSeedGiven(true);
     o.setMaxTokens(max_tokens);
+    o.setJsonSchema(json_schema);
     req.setSink(kj::heap<Sink>(a.streamed, a.pieces,
                                cancel ? kj::Maybe<rpc::ChatSession::Client>(session)
                                       : kj::Maybe<rpc::ChatSession::Client>(nullptr)));
@@ -236,6 +237,34 @@ TEST_F(ChatRpcTest, KeysSeparateTenantsAndGuardTheAdminService) {
                   std::string::npos)
             << r.getError().getMessage().cStr();
     }
+}
+
+// Structured output over the chat service: the same schema check as HTTP's response_format
+// (a keyword it cannot enforce is refused by name), and an answer that is the schema's value.
+TEST_F(ChatRpcTest, AResponseSchemaIsEnforcedOrRefusedByName) {
+    ServingProcess server(serve_args({"--rpc-port", "0"}));
+    ASSERT_NE(server.port(), 0) << server.log();
+    ASSERT_NE(rpc_port(server), 0) << server.log();
+    capnp::EzRpcClient client("127.0.0.1", rpc_port(server));
+    auto chat = client.getMain<rpc::Gateway>().chatRequest().send().getService();
+    auto open = chat.createRequest();
+    open.setSessionId("json");
+    rpc::ChatSession::Client session = open.send().getSession();
+    const std::string schema =
+        R"({"type":"object","properties":{"capital":{"enum":["Paris","Rome"]}},)"
+        R"("required":["capital"],"additionalProperties":false})";
+    Answer a =
+        send(client, session, "user", "What is the capital of France?", 48, 0, false, schema);
+    ASSERT_EQ(a.error, "");
+    EXPECT_EQ(a.finish, "stop");
+    const auto v = json::parse(a.text, nullptr, false);
+    ASSERT_TRUE(v.is_object()) << a.text;
+    EXPECT_TRUE(v["capital"] == "Paris" || v["capital"] == "Rome") << a.text;
+    EXPECT_EQ(v.size(), 1u) << a.text;
+    Answer bad =
+        send(client, session, "user", "Again.", 8, 0, false, R"({"type":"string","pattern":"^P"})");
+    EXPECT_NE(bad.error.find("'pattern'"), std::string::npos) << bad.error;
+    EXPECT_EQ(server.stop(), 0) << server.log();
 }
 
 TEST_F(ChatRpcTest, CancelAndBadInputAreClear) {
