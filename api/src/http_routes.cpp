@@ -8,6 +8,7 @@
 #include "gateway_core.h"
 #include "http_connection.h"
 #include "json_body.h"
+#include "tokenize_answer.h"
 
 namespace deltaserve::api {
 
@@ -91,6 +92,12 @@ void Connection::route() {
         return answer({200, g_.metrics.render(g_.engine.stats()), "text/plain; version=0.0.4"});
     }
     if (path_ == "/v1/chat/completions") return chat();
+    if (path_ == "/tokenize" || path_ == "/detokenize") {
+        const std::string& body = parser_->get().body();
+        auto out = path_ == "/tokenize" ? tokenize_answer(g_.engine.model(), body)
+                                        : detokenize_answer(g_.engine.model(), body);
+        return answer(out.ok() ? HttpAnswer{200, std::move(*out)} : status_answer(out.status()));
+    }
     return sessions(path_);
 }
 
@@ -107,7 +114,8 @@ void Connection::options(const std::string& allow) {
 
 bool Connection::authorize() {
     // Everything but /health needs a key when the server has keys (/metrics only when asked).
-    const bool keyed = path_.substr(0, 4) == "/v1/" ||
+    const bool keyed = path_.substr(0, 4) == "/v1/" || path_ == "/tokenize" ||
+                       path_ == "/detokenize" ||
                        (path_ == "/metrics" && g_.access.options().metrics_need_key);
     if (!keyed) return true;
     const auto& req = parser_->get();

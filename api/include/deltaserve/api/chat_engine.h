@@ -12,6 +12,7 @@
 #include "deltaserve/common/status.h"
 #include "deltaserve/decode/decode_worker.h"
 #include "deltaserve/decode/tier_stats.h"
+#include "deltaserve/model/model.h"
 #include "deltaserve/prefill/prefill_worker.h"
 
 namespace deltaserve::api {
@@ -121,6 +122,8 @@ class ChatEngine {
   public:
     virtual ~ChatEngine() = default;
     virtual std::string model_id() const = 0;
+    // The served model as the gateway holds it (its tokenizer and chat template: /tokenize).
+    virtual const model::Model& model() const = 0;
     // Runs one turn: with a session_id, the messages are the session's new ones (the
     // session must be open and belong to request.tenant: else kNotFound); without, the whole
     // conversation. A turn the caller cancels (TurnCallbacks) ends with finish_reason

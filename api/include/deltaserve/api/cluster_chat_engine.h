@@ -60,6 +60,7 @@ class ClusterChatEngine : public ChatEngine {
                       ClusterEngineOptions options);
     ~ClusterChatEngine() override;
     std::string model_id() const override { return model_id_; }
+    const model::Model& model() const override { return model_; }
     // Errors besides the workers': kNotFound for a session that is not open,
     // kFailedPrecondition when the session has a turn running.
     Result<TurnResult> run_turn(const ChatRequest& request,

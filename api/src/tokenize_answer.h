@@ -1,0 +1,25 @@
+// POST /tokenize and /detokenize as llama-server and vLLM answer them: text (llama-server's
+// `content`, vLLM's `prompt`) or a chat (`messages`, rendered as a turn is, with
+// `add_generation_prompt`) to token ids, and ids back to text.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "deltaserve/common/status.h"
+#include "deltaserve/model/model.h"
+
+namespace deltaserve::api {
+
+// {"tokens": [...], "count": n, "max_model_len": the model's trained context}; with
+// llama-server's with_pieces, each token {"id", "piece"} (the piece as text where it is
+// valid UTF-8, else its bytes). add_special (llama-server; default false) or
+// add_special_tokens (vLLM; default true) adds BOS where the vocabulary has one; control
+// tokens written in the text are parsed, as both do. Errors (kInvalidArgument) name the
+// field.
+Result<std::string> tokenize_answer(const model::Model& model, std::string_view body);
+
+// {"content": text, "prompt": text} for {"tokens": [ids]} (each in the vocabulary).
+Result<std::string> detokenize_answer(const model::Model& model, std::string_view body);
+
+}  // namespace deltaserve::api
