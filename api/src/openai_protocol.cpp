@@ -9,6 +9,7 @@
 #include "json_fields.h"
 #include "openai_response_format.h"
 #include "openai_tools.h"
+#include "openai_unserved.h"
 
 namespace deltaserve::api {
 
@@ -133,6 +134,7 @@ Result<ChatRequest> parse_object(const json& j, const model::SamplingParams& def
     DS_RETURN_IF_ERROR(integer_field(j, "max_completion_tokens", 1, 1 << 30, v, given));
     if (given) r.max_tokens = static_cast<int32_t>(v);
     DS_RETURN_IF_ERROR(integer_field(j, "n", 1, 1, v, given));
+    DS_RETURN_IF_ERROR(refuse_unserved_fields(j));
     DS_RETURN_IF_ERROR(parse_stop(j, r.stop));
     DS_RETURN_IF_ERROR(parse_tool_fields(j, r));
     DS_RETURN_IF_ERROR(parse_response_format(j, r));

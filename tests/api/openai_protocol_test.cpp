@@ -34,7 +34,11 @@ TEST(OpenAiProtocol, ReadsTheUsualFields) {
         {"stream", true},
         {"stream_options", {{"include_usage", true}}},
         {"session_id", "s1"},
-        {"logit_bias", json::object()}};  // unknown to us: ignored
+        {"logit_bias", json::object()},  // neutral values of fields not served: accepted
+        {"presence_penalty", 0},
+        {"logprobs", false},
+        {"modalities", {"text"}},
+        {"user", "u-1"}};  // changes nothing: ignored
     auto r = parse_chat_request(body.dump(), server_defaults());
     ASSERT_TRUE(r.ok()) << r.error().message();
     EXPECT_EQ(r->model, "m");
@@ -51,6 +55,30 @@ TEST(OpenAiProtocol, ReadsTheUsualFields) {
     EXPECT_TRUE(r->stream);
     EXPECT_TRUE(r->include_usage);
     EXPECT_EQ(r->session_id, "s1");
+}
+
+TEST(OpenAiProtocol, FieldsNotServedAreRefusedByName) {
+    const std::pair<const char*, json> cases[] = {
+        {"logprobs", true},
+        {"top_logprobs", 5},
+        {"logit_bias", {{"42", -100}}},
+        {"presence_penalty", 0.5},
+        {"frequency_penalty", -1},
+        {"functions", json::array({{{"name", "f"}}})},
+        {"function_call", "auto"},
+        {"audio", {{"voice", "alloy"}}},
+        {"modalities", {"text", "audio"}},
+        {"prediction", {{"type", "content"}, {"content", "x"}}},
+        {"reasoning_effort", "high"},
+    };
+    for (const auto& [field, value] : cases) {
+        json body = {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}};
+        body[field] = value;
+        auto r = parse_chat_request(body.dump(), server_defaults());
+        ASSERT_FALSE(r.ok()) << field;
+        EXPECT_NE(r.error().message().find(std::string("'") + field + "'"), std::string::npos)
+            << r.error().message();
+    }
 }
 
 TEST(OpenAiProtocol, RefusesWhatItCannotDoNamingTheField) {

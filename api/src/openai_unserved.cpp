@@ -1,0 +1,51 @@
+#include "openai_unserved.h"
+
+#include <string>
+
+namespace deltaserve::api {
+
+namespace {
+
+// Neutral: left out, null, false, 0, "", or an empty object or array.
+bool neutral(const RequestJson& v) {
+    if (v.is_null()) return true;
+    if (v.is_boolean()) return !v.get<bool>();
+    if (v.is_number()) return v.get<double>() == 0.0;
+    if (v.is_string()) return v.get_ref<const std::string&>().empty();
+    return v.empty();  // object or array
+}
+
+}  // namespace
+
+Status refuse_unserved_fields(const RequestJson& j) {
+    struct Unserved {
+        const char* field;
+        const char* instead;
+    };
+    static const Unserved kUnserved[] = {
+        {"logprobs", "is not supported yet"},
+        {"top_logprobs", "is not supported yet"},
+        {"logit_bias", "is not supported"},
+        {"presence_penalty", "is not supported (repetition_penalty is)"},
+        {"frequency_penalty", "is not supported (repetition_penalty is)"},
+        {"functions", "is not supported (use tools)"},
+        {"function_call", "is not supported (use tool_choice)"},
+        {"audio", "is not supported (text only)"},
+        {"prediction", "is not supported"},
+        {"web_search_options", "is not supported"},
+        {"reasoning_effort",
+         "is not supported (a template's own switch goes in chat_template_kwargs)"},
+        {"verbosity", "is not supported"},
+    };
+    for (const Unserved& u : kUnserved) {
+        auto it = j.find(u.field);
+        if (it != j.end() && !neutral(*it)) return bad_field(u.field, u.instead);
+    }
+    if (auto it = j.find("modalities"); it != j.end() && !it->is_null()) {
+        const bool text = it->is_array() && it->size() == 1 && (*it)[0] == "text";
+        if (!text) return bad_field("modalities", "must be [\"text\"] (text only)");
+    }
+    return Status();
+}
+
+}  // namespace deltaserve::api
