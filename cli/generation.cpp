@@ -30,7 +30,7 @@ Result<GenerationStats> generate_tokens(model::InferenceContext& ctx, model::Sam
             break;
         }
         st.generated.push_back(next);
-        sampler.accept(next);
+        sampler.accept_generated(next);
         on_token(next);
         if (max_tokens >= 0 && static_cast<int32_t>(st.generated.size()) == max_tokens) break;
         if (ctx.n_past() >= ctx.n_ctx()) {

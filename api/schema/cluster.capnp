@@ -19,6 +19,8 @@ struct Sampling {
   repeatPenalty @4 :Float32;
   repeatLastN @5 :Int32;
   seed @6 :UInt64;
+  presencePenalty @7 :Float32;
+  frequencyPenalty @8 :Float32;
 }
 
 struct TurnSpec {

@@ -27,6 +27,8 @@ Result<model::SamplingParams> sampling_of(rpc::SendOptions::Reader o,
     p.repeat_penalty = s.getRepeatPenalty() == 0 ? 1.0f : s.getRepeatPenalty();
     p.repeat_last_n = s.getRepeatLastN();
     p.seed = s.getSeed();
+    p.presence_penalty = s.getPresencePenalty();
+    p.frequency_penalty = s.getFrequencyPenalty();
     DS_RETURN_IF_ERROR(model::validate_sampling(p));
     return p;
 }

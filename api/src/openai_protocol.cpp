@@ -119,6 +119,8 @@ Result<ChatRequest> parse_object(const json& j, const model::SamplingParams& def
     DS_RETURN_IF_ERROR(number_field(j, "top_p", r.sampling.top_p));
     DS_RETURN_IF_ERROR(number_field(j, "min_p", r.sampling.min_p));
     DS_RETURN_IF_ERROR(number_field(j, "repetition_penalty", r.sampling.repeat_penalty));
+    DS_RETURN_IF_ERROR(number_field(j, "presence_penalty", r.sampling.presence_penalty));
+    DS_RETURN_IF_ERROR(number_field(j, "frequency_penalty", r.sampling.frequency_penalty));
     int64_t v = 0;
     bool given = false;
     DS_RETURN_IF_ERROR(integer_field(j, "top_k", -1, 1 << 20, v, given));

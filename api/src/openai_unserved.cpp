@@ -26,8 +26,6 @@ Status refuse_unserved_fields(const RequestJson& j) {
         {"logprobs", "is not supported yet"},
         {"top_logprobs", "is not supported yet"},
         {"logit_bias", "is not supported"},
-        {"presence_penalty", "is not supported (repetition_penalty is)"},
-        {"frequency_penalty", "is not supported (repetition_penalty is)"},
         {"functions", "is not supported (use tools)"},
         {"function_call", "is not supported (use tool_choice)"},
         {"audio", "is not supported (text only)"},

@@ -63,7 +63,7 @@ struct Turn {
         }
         if (tok.is_eog(token)) return stop_with("stop");
         ++end.completion_tokens;
-        sampler.accept(token);
+        sampler.accept_generated(token);
         const bool shown = std::find(spec.shown_tokens.begin(), spec.shown_tokens.end(), token) !=
                            spec.shown_tokens.end();
         const bool stopped = scan.add(tok.token_to_piece(token, prev, shown));

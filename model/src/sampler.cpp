@@ -27,6 +27,8 @@ Status validate_sampling(const SamplingParams& p) {
     DS_RETURN_IF_ERROR(out_of("top_k", 0, kMaxCount, false, p.top_k));
     DS_RETURN_IF_ERROR(out_of("repetition_penalty", 0, 10, true, p.repeat_penalty));
     DS_RETURN_IF_ERROR(out_of("repeat_last_n", 0, kMaxCount, false, p.repeat_last_n));
+    DS_RETURN_IF_ERROR(out_of("presence_penalty", -2, 2, false, p.presence_penalty));
+    DS_RETURN_IF_ERROR(out_of("frequency_penalty", -2, 2, false, p.frequency_penalty));
     return Status();
 }
 
@@ -42,8 +44,14 @@ void Sampler::accept(int32_t token) {
     if (static_cast<int32_t>(recent_.size()) > params_.repeat_last_n) recent_.pop_front();
 }
 
+void Sampler::accept_generated(int32_t token) {
+    accept(token);
+    if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) ++generated_[token];
+}
+
 void Sampler::reset() {
     recent_.clear();
+    generated_.clear();
     rng_.seed(params_.seed);
 }
 
@@ -55,8 +63,9 @@ void Sampler::skip_sample() {
 }
 
 std::vector<int32_t> Sampler::penalized() const {
-    if (params_.repeat_penalty == 1.0f) return {};
-    std::vector<int32_t> seen(recent_.begin(), recent_.end());
+    std::vector<int32_t> seen;
+    if (params_.repeat_penalty != 1.0f) seen.assign(recent_.begin(), recent_.end());
+    for (const auto& [id, n] : generated_) seen.push_back(id);
     std::sort(seen.begin(), seen.end());
     seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
     return seen;
@@ -70,17 +79,25 @@ int32_t Sampler::candidates_wanted() const {
     return params_.top_k > 0 ? params_.top_k + more : 0;
 }
 
-namespace {
+namespace {}  // namespace
 
-float penalize(float l, float penalty) { return l > 0 ? l / penalty : l * penalty; }
-
-}  // namespace
+float Sampler::penalize(int32_t id, float l) const {
+    // llama.cpp's order: the repetition penalty (on the window), then frequency and presence.
+    if (params_.repeat_penalty != 1.0f &&
+        std::find(recent_.begin(), recent_.end(), id) != recent_.end()) {
+        l = l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty;
+    }
+    if (auto it = generated_.find(id); it != generated_.end()) {
+        l -= params_.frequency_penalty * static_cast<float>(it->second) + params_.presence_penalty;
+    }
+    return l;
+}
 
 int32_t Sampler::sample(std::span<const float> logits) {
     cand_.resize(logits.size());
     for (size_t i = 0; i < logits.size(); ++i) cand_[i] = {static_cast<int32_t>(i), logits[i]};
     for (int32_t id : penalized()) {
-        cand_[id].logit = penalize(cand_[id].logit, params_.repeat_penalty);
+        cand_[id].logit = penalize(id, cand_[id].logit);
     }
     return pick();
 }
@@ -99,8 +116,7 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const uint64_t>
     auto it = cand_.begin();
     for (int32_t id : penalized()) {
         while (it != cand_.end() && it->id < id) ++it;
-        if (it != cand_.end() && it->id == id)
-            it->logit = penalize(it->logit, params_.repeat_penalty);
+        if (it != cand_.end() && it->id == id) it->logit = penalize(id, it->logit);
     }
     return pick();
 }
@@ -117,7 +133,7 @@ int32_t Sampler::sample_candidates(std::span<const int32_t> ids, std::span<const
     for (int32_t id : penalized()) {
         auto it = std::lower_bound(cand_.begin(), cand_.end(), Candidate{id, 0.0f}, by_id);
         if (it != cand_.end() && it->id == id) {
-            it->logit = penalize(it->logit, params_.repeat_penalty);
+            it->logit = penalize(id, it->logit);
         }
     }
     return pick();

@@ -35,7 +35,7 @@ TEST(OpenAiProtocol, ReadsTheUsualFields) {
         {"stream_options", {{"include_usage", true}}},
         {"session_id", "s1"},
         {"logit_bias", json::object()},  // neutral values of fields not served: accepted
-        {"presence_penalty", 0},
+        {"presence_penalty", 0.5},
         {"logprobs", false},
         {"modalities", {"text"}},
         {"user", "u-1"}};  // changes nothing: ignored
@@ -55,6 +55,7 @@ TEST(OpenAiProtocol, ReadsTheUsualFields) {
     EXPECT_TRUE(r->stream);
     EXPECT_TRUE(r->include_usage);
     EXPECT_EQ(r->session_id, "s1");
+    EXPECT_FLOAT_EQ(r->sampling.presence_penalty, 0.5f);
 }
 
 TEST(OpenAiProtocol, FieldsNotServedAreRefusedByName) {
@@ -62,8 +63,8 @@ TEST(OpenAiProtocol, FieldsNotServedAreRefusedByName) {
         {"logprobs", true},
         {"top_logprobs", 5},
         {"logit_bias", {{"42", -100}}},
-        {"presence_penalty", 0.5},
-        {"frequency_penalty", -1},
+        {"presence_penalty", 2.5},  // out of OpenAI's range
+        {"frequency_penalty", -3},
         {"functions", json::array({{{"name", "f"}}})},
         {"function_call", "auto"},
         {"audio", {{"voice", "alloy"}}},

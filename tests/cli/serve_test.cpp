@@ -5,6 +5,8 @@
 // it cleanly.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
 
 #include <thread>
 
@@ -176,6 +178,34 @@ TEST_F(ServeTest, BadInputGetsClearErrorsAndTheServerStaysUp) {
     EXPECT_EQ(http_request(port, "GET", "/health").status, 200);
     const HttpResponse ok = post_chat(port, chat_body("Hello", 4));
     EXPECT_EQ(ok.status, 200) << ok.body;
+    EXPECT_EQ(server.stop(), 0) << server.log();
+}
+
+// OpenAI's presence and frequency penalties reach the sampler: a greedy answer that
+// repeats itself repeats less with them, and a value out of [-2, 2] is a 400 naming it.
+TEST_F(ServeTest, PresenceAndFrequencyPenaltiesChangeTheAnswer) {
+    ServingProcess server(serve_args({}));
+    ASSERT_NE(server.port(), 0) << server.log();
+    const auto distinct_words = [&](json extra) {
+        json body = chat_body("Write the word cat twenty times.", 40);
+        body.update(extra);
+        const HttpResponse r = post_chat(server.port(), body);
+        EXPECT_EQ(r.status, 200) << r.body;
+        const std::string text = json::parse(r.body)["choices"][0]["message"]["content"];
+        std::set<std::string> words;
+        std::istringstream in(text);
+        for (std::string w; in >> w;) words.insert(w);
+        return std::make_pair(words.size(), text);
+    };
+    const auto plain = distinct_words(json::object());
+    const auto penalized = distinct_words({{"presence_penalty", 2.0}, {"frequency_penalty", 2.0}});
+    EXPECT_NE(plain.second, penalized.second);
+    EXPECT_GT(penalized.first, plain.first) << plain.second << " | " << penalized.second;
+    json body = chat_body("hi", 4);
+    body["frequency_penalty"] = 2.5;
+    const HttpResponse r = post_chat(server.port(), body);
+    EXPECT_EQ(r.status, 400);
+    EXPECT_NE(r.body.find("frequency_penalty"), std::string::npos) << r.body;
     EXPECT_EQ(server.stop(), 0) << server.log();
 }
 

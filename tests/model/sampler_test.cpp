@@ -85,6 +85,26 @@ TEST(Sampler, RepetitionPenaltyDemotesSeenTokens) {
     EXPECT_EQ(s.sample(logits()), 2);  // 3.0 / 2 = 1.5 < 2.5
 }
 
+TEST(Sampler, PresenceAndFrequencyPenalizeOnlyGeneratedTokens) {
+    SamplingParams p;  // logits(): 1.0 3.0 2.5 -1.0 3.0 0.0
+    p.temperature = 0.0f;
+    p.presence_penalty = 0.4f;
+    p.frequency_penalty = 0.2f;
+    Sampler s(p);
+    s.accept(1);  // the prompt's: not penalized
+    EXPECT_EQ(s.sample(logits()), 1);
+    s.accept_generated(1);  // 1: 3.0 - 0.2 - 0.4 = 2.4
+    EXPECT_EQ(s.sample(logits()), 4);
+    s.accept_generated(4);  // 4: 2.4 too; 2 at 2.5 leads
+    EXPECT_EQ(s.sample(logits()), 2);
+    s.accept_generated(1);  // 1: 3.0 - 0.4 - 0.4 = 2.2
+    s.accept_generated(2);  // 2: 1.9
+    EXPECT_EQ(s.sample(logits()), 4);
+    EXPECT_EQ(s.penalized(), (std::vector<int32_t>{1, 2, 4}));
+    p.presence_penalty = 2.5f;
+    EXPECT_FALSE(validate_sampling(p).ok());
+}
+
 // Sampling from a row's largest logits (a device's top_k) and the penalized tokens' picks
 // what sampling the whole row picks, with the same draws: over random rows with ties, every
 // kind of setting, and a penalty whose tokens change as the picks are accepted.

@@ -40,6 +40,8 @@ inline void to_capnp(const decode::TurnSpec& s, TurnSpec::Builder b) {
     m.setRepeatPenalty(s.sampling.repeat_penalty);
     m.setRepeatLastN(s.sampling.repeat_last_n);
     m.setSeed(s.sampling.seed);
+    m.setPresencePenalty(s.sampling.presence_penalty);
+    m.setFrequencyPenalty(s.sampling.frequency_penalty);
     b.setMaxTokens(s.max_tokens);
     auto stop = b.initStop(static_cast<unsigned>(s.stop.size()));
     for (unsigned i = 0; i < s.stop.size(); ++i) stop.set(i, s.stop[i]);
@@ -63,6 +65,8 @@ inline decode::TurnSpec from_capnp(TurnSpec::Reader r) {
     s.sampling.repeat_penalty = m.getRepeatPenalty();
     s.sampling.repeat_last_n = m.getRepeatLastN();
     s.sampling.seed = m.getSeed();
+    s.sampling.presence_penalty = m.getPresencePenalty();
+    s.sampling.frequency_penalty = m.getFrequencyPenalty();
     s.max_tokens = r.getMaxTokens();
     for (auto t : r.getStop()) s.stop.emplace_back(t.cStr());
     s.cache_scope = r.getCacheScope();
