@@ -9,7 +9,9 @@ namespace deltaserve::model {
 namespace {
 
 constexpr uint8_t kStringStates = 14;  // json_string's states 0..13
-constexpr size_t kCacheEntries = 1024;
+// The stack masks one turn keeps: 4 MiB (128 masks of a 262144-token vocabulary, 682 of a
+// 49152-token one), emptied when full.
+constexpr size_t kCacheBytes = size_t{4} << 20;
 
 void set_bit(std::vector<uint64_t>& mask, int32_t id) {
     mask[static_cast<size_t>(id) / 64] |= uint64_t{1} << (id % 64);
@@ -97,7 +99,7 @@ const std::vector<uint64_t>& TokenConstraint::stack_mask(const GrammarStack& sta
     std::string key = key_of(stack);
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
-    if (cache_.size() >= kCacheEntries) cache_.clear();
+    if ((cache_.size() + 1) * vocab_->words() * sizeof(uint64_t) > kCacheBytes) cache_.clear();
     ++stats_.stacks_made;
     std::vector<uint64_t> mask(vocab_->words(), 0);
     if (stack.empty()) {
