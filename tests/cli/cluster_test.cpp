@@ -82,6 +82,29 @@ TEST_P(ClusterLinkTest, AnswersLikeServeAndSessionsContinue) {
     }
     EXPECT_GT(cluster.metric("deltaserve_kv_bytes_shipped_total"), 0);
 
+    // Structured output: the schema travels to the prefill node (which samples the first
+    // token under it) and the decode node; the answer is the embedded mode's, and valid.
+    json structured = chat_body("Describe a cat as JSON.", 48);
+    structured["response_format"] = {
+        {"type", "json_schema"},
+        {"json_schema",
+         {{"name", "cat"},
+          {"schema",
+           {{"type", "object"},
+            {"properties", {{"name", {{"type", "string"}}}, {"legs", {{"type", "integer"}}}}},
+            {"required", {"name", "legs"}},
+            {"additionalProperties", false}}}}}};
+    const HttpResponse ca = post_chat(port, structured);
+    const HttpResponse cb = post_chat(serve.port(), structured);
+    ASSERT_EQ(ca.status, 200) << ca.body;
+    ASSERT_EQ(cb.status, 200) << cb.body;
+    const json ja = json::parse(ca.body)["choices"][0];
+    EXPECT_EQ(ja["message"]["content"], json::parse(cb.body)["choices"][0]["message"]["content"]);
+    if (ja["finish_reason"] == "stop") {
+        const json v = json::parse(ja["message"]["content"].get<std::string>());
+        EXPECT_TRUE(v["name"].is_string() && v["legs"].is_number_integer()) << v.dump();
+    }
+
     // A session: turn 2 sends only its new message; the history's KV is pulled from the decode
     // node to the prefill node, not computed again.
     expect_session_continues(port);
