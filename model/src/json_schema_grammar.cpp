@@ -1,5 +1,6 @@
 #include "deltaserve/model/json_schema_grammar.h"
 
+#include <initializer_list>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -95,6 +96,9 @@ class SchemaCompiler {
         return rule;
     }
 
+  private:
+    static constexpr uint32_t kNone = ~uint32_t{0};
+
     uint32_t ws() {
         if (ws_ != kNone) return ws_;
         ws_ = g_.new_rule();
@@ -107,9 +111,6 @@ class SchemaCompiler {
         g_.add(ws_, {g_.byte('\n'), Grammar::ref(pad)});
         return ws_;
     }
-
-  private:
-    static constexpr uint32_t kNone = ~uint32_t{0};
 
     Status refuse(const std::string& why, const std::string& where) const {
         return invalid_argument("response schema: " + why + " at " + at_path(where));
@@ -222,14 +223,15 @@ class SchemaCompiler {
         if (t == "string") return string_value();
         if (t == "number") return number(true);
         if (t == "integer") return number(false);
-        const uint32_t rule = g_.new_rule();
-        if (t == "boolean") {
-            g_.add(rule, g_.literal("true"));
-            g_.add(rule, g_.literal("false"));
-        } else {
-            g_.add(rule, g_.literal("null"));
-        }
-        return rule;
+        return t == "boolean" ? literals(boolean_, {"true", "false"}) : literals(null_, {"null"});
+    }
+
+    // A rule of these texts, made once into `cached`.
+    uint32_t literals(uint32_t& cached, std::initializer_list<std::string_view> texts) {
+        if (cached != kNone) return cached;
+        cached = g_.new_rule();
+        for (std::string_view t : texts) g_.add(cached, g_.literal(t));
+        return cached;
     }
 
     // key ws ":" ws value ws
@@ -268,26 +270,19 @@ class SchemaCompiler {
         if (!extra.is_boolean() && !extra.is_object()) {
             return refuse("'additionalProperties' must be a boolean or a schema", where);
         }
-        const uint32_t rule = g_.new_rule();
-        Seq open = {g_.byte('{'), Grammar::ref(ws())};
         if (props.empty()) {
-            Seq closed = open;
-            closed.push_back(g_.byte('}'));
-            g_.add(rule, closed);
-            if (extra.is_boolean() && !extra.get<bool>()) return rule;
+            if (extra.is_boolean() && !extra.get<bool>()) {
+                const uint32_t empty = g_.new_rule();
+                g_.add(empty, {g_.byte('{'), Grammar::ref(ws()), g_.byte('}')});
+                return empty;
+            }
             // A map: string keys, values of the additionalProperties schema.
             uint32_t value = 0;
             DS_ASSIGN_OR_RETURN(value, compile(extra, where + "/additionalProperties", depth + 1));
-            const Seq m = member({g_.byte('"'), Grammar::json_string_body()}, value);
-            Seq more = comma();
-            more.insert(more.end(), m.begin(), m.end());
-            Seq some = open;
-            some.insert(some.end(), m.begin(), m.end());
-            some.push_back(Grammar::ref(g_.repeat(more, 0, -1)));
-            some.push_back(g_.byte('}'));
-            g_.add(rule, some);
-            return rule;
+            return map_of(value);
         }
+        const uint32_t rule = g_.new_rule();
+        Seq open = {g_.byte('{'), Grammar::ref(ws())};
         // first[i]: members i.. with none before them; after[i]: the same after one.
         const size_t n = props.size();
         std::vector<uint32_t> first(n + 1), after(n + 1);
@@ -375,6 +370,24 @@ class SchemaCompiler {
         return rule;
     }
 
+    // "{" ws (member ("," ws member)*)? "}", string keys, values of `value`.
+    uint32_t map_of(uint32_t value) {
+        const uint32_t rule = g_.new_rule();
+        const Seq open = {g_.byte('{'), Grammar::ref(ws())};
+        Seq none = open;
+        none.push_back(g_.byte('}'));
+        g_.add(rule, none);
+        const Seq m = member({g_.byte('"'), Grammar::json_string_body()}, value);
+        Seq more = comma();
+        more.insert(more.end(), m.begin(), m.end());
+        Seq some = open;
+        some.insert(some.end(), m.begin(), m.end());
+        some.push_back(Grammar::ref(g_.repeat(more, 0, -1)));
+        some.push_back(g_.byte('}'));
+        g_.add(rule, some);
+        return rule;
+    }
+
     uint32_t string_value() {
         if (string_ != kNone) return string_;
         string_ = g_.new_rule();
@@ -424,25 +437,8 @@ class SchemaCompiler {
     uint32_t any_value() {
         if (any_ != kNone) return any_;
         any_ = g_.new_rule();
-        const uint32_t object = g_.new_rule();
-        const Seq open = {g_.byte('{'), Grammar::ref(ws())};
-        Seq none = open;
-        none.push_back(g_.byte('}'));
-        g_.add(object, none);
-        const Seq m = member({g_.byte('"'), Grammar::json_string_body()}, any_);
-        Seq more = comma();
-        more.insert(more.end(), m.begin(), m.end());
-        Seq some = open;
-        some.insert(some.end(), m.begin(), m.end());
-        some.push_back(Grammar::ref(g_.repeat(more, 0, -1)));
-        some.push_back(g_.byte('}'));
-        g_.add(object, some);
-        const uint32_t boolean = g_.new_rule(), null = g_.new_rule();
-        g_.add(boolean, g_.literal("true"));
-        g_.add(boolean, g_.literal("false"));
-        g_.add(null, g_.literal("null"));
-        for (uint32_t r :
-             {object, array_of(any_, 0, -1), string_value(), number(true), boolean, null}) {
+        for (uint32_t r : {map_of(any_), array_of(any_, 0, -1), string_value(), number(true),
+                           literals(boolean_, {"true", "false"}), literals(null_, {"null"})}) {
             g_.add(any_, {Grammar::ref(r)});
         }
         return any_;
@@ -452,7 +448,8 @@ class SchemaCompiler {
     const JsonSchemaLimits& limits_;
     Grammar& g_;
     std::map<std::string, uint32_t> refs_;
-    uint32_t ws_ = kNone, string_ = kNone, number_ = kNone, integer_ = kNone, any_ = kNone;
+    uint32_t ws_ = kNone, string_ = kNone, number_ = kNone, integer_ = kNone, any_ = kNone,
+             boolean_ = kNone, null_ = kNone;
 };
 
 }  // namespace

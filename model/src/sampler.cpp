@@ -41,7 +41,12 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.se
 void Sampler::accept(int32_t token) {
     if (params_.repeat_last_n <= 0) return;
     recent_.push_back(token);
-    if (static_cast<int32_t>(recent_.size()) > params_.repeat_last_n) recent_.pop_front();
+    ++in_window_[token];
+    if (static_cast<int32_t>(recent_.size()) > params_.repeat_last_n) {
+        auto it = in_window_.find(recent_.front());
+        if (--it->second == 0) in_window_.erase(it);
+        recent_.pop_front();
+    }
 }
 
 void Sampler::accept_generated(int32_t token) {
@@ -51,6 +56,7 @@ void Sampler::accept_generated(int32_t token) {
 
 void Sampler::reset() {
     recent_.clear();
+    in_window_.clear();
     generated_.clear();
     rng_.seed(params_.seed);
 }
@@ -64,7 +70,9 @@ void Sampler::skip_sample() {
 
 std::vector<int32_t> Sampler::penalized() const {
     std::vector<int32_t> seen;
-    if (params_.repeat_penalty != 1.0f) seen.assign(recent_.begin(), recent_.end());
+    if (params_.repeat_penalty != 1.0f) {
+        for (const auto& [id, n] : in_window_) seen.push_back(id);
+    }
     for (const auto& [id, n] : generated_) seen.push_back(id);
     std::sort(seen.begin(), seen.end());
     seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
@@ -79,12 +87,9 @@ int32_t Sampler::candidates_wanted() const {
     return params_.top_k > 0 ? params_.top_k + more : 0;
 }
 
-namespace {}  // namespace
-
 float Sampler::penalize(int32_t id, float l) const {
     // llama.cpp's order: the repetition penalty (on the window), then frequency and presence.
-    if (params_.repeat_penalty != 1.0f &&
-        std::find(recent_.begin(), recent_.end(), id) != recent_.end()) {
+    if (params_.repeat_penalty != 1.0f && in_window_.count(id) != 0) {
         l = l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty;
     }
     if (auto it = generated_.find(id); it != generated_.end()) {

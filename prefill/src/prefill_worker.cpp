@@ -208,9 +208,12 @@ Result<PrefillResult> PrefillWorkerImpl::run(const PrefillRequest& request) {
         for (int32_t t : turn.tokens) sampler.accept(t);
         result.first_token = constraint == nullptr ? sampler.sample(*logits)
                                                    : sampler.sample(*logits, constraint->allowed());
-        // No token can begin the format: the decode node's turn fails on it.
-        if (result.first_token < 0) result.first_token = 0;
-        if (rows) {
+        if (result.first_token < 0) {
+            // No token of the vocabulary can begin the format: the turn fails (aborted below).
+            st = internal_error(
+                "constrained decoding: no token of the vocabulary can begin "
+                "the response format");
+        } else if (rows) {
             StreamHeader h;
             h.kind = StreamKind::kEnd;
             h.turn = turn.turn_id;

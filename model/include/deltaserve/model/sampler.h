@@ -7,6 +7,7 @@
 #include <map>
 #include <random>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "deltaserve/common/status.h"
@@ -79,8 +80,9 @@ class Sampler {
     std::mt19937_64 rng_;
     // The penalties on one token's logit.
     float penalize(int32_t id, float logit) const;
-    std::deque<int32_t> recent_;
-    std::map<int32_t, int32_t> generated_;  // count of each generated token
+    std::deque<int32_t> recent_;                      // the repetition penalty's window
+    std::unordered_map<int32_t, int32_t> in_window_;  // count of each token in it
+    std::map<int32_t, int32_t> generated_;            // count of each generated token
     std::vector<Candidate> cand_;
 };
 
