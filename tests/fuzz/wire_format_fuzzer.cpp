@@ -1,5 +1,5 @@
 // The KV data plane's framing: KV shipments (wire_format.h) and KV stream message headers
-// (kv_stream.h). Any bytes decode or are refused with kDataLoss / kInvalidArgument /
+// (kv_stream.h), with a kEnd's first-token log-probabilities. Any bytes decode or are refused with kDataLoss / kInvalidArgument /
 // kFailedPrecondition, never read past; what decodes encodes back to the same bytes.
 // The first byte picks the decoder (even: shipment, odd: stream header) and, for shipments,
 // whether the expected model and profile ids are checked. DELTASERVE_FUZZ_WRITE_SEEDS=DIR
@@ -13,12 +13,15 @@
 #include <string>
 #include <vector>
 
+#include "deltaserve/model/token_logprobs.h"
 #include "deltaserve/transport/kv_stream.h"
 #include "deltaserve/transport/wire_format.h"
 
 using namespace deltaserve;
 
 namespace {
+
+constexpr int32_t kVocab = 49152;
 
 void expect_refusal(const Status& s) {
     switch (s.code()) {
@@ -55,6 +58,12 @@ void stream_header(std::span<const uint8_t> bytes) {
     if (!again.ok() || again->size() != b.size() ||
         !std::equal(again->begin(), again->end(), b.begin())) {
         std::abort();
+    }
+    // A kEnd's message: the first token's log-probabilities, when the turn asked for them.
+    if (h->kind == transport::StreamKind::kEnd && !h->message.empty()) {
+        auto lp = model::decode_token_logprobs(h->message, kVocab);
+        if (!lp.ok()) return expect_refusal(lp.status());
+        if (model::encode_token_logprobs(*lp) != h->message) std::abort();
     }
 }
 
@@ -96,7 +105,15 @@ void write_seeds(const std::string& dir) {
     bytes = *transport::encode_stream_header(h);
     write_seed(dir + "/stream-abort", 1,
                std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
-    std::fprintf(stderr, "wrote 4 seeds to %s\n", dir.c_str());
+    h.kind = transport::StreamKind::kEnd;
+    h.token = 42;
+    std::vector<float> logits(kVocab);
+    for (size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<float>(i % 97) * 0.1f;
+    h.message = model::encode_token_logprobs(model::token_logprobs(logits, 42, 5));
+    bytes = *transport::encode_stream_header(h);
+    write_seed(dir + "/stream-end-logprobs", 1,
+               std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+    std::fprintf(stderr, "wrote 5 seeds to %s\n", dir.c_str());
 }
 
 }  // namespace
