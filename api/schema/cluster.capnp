@@ -35,6 +35,7 @@ struct TurnSpec {
   jsonSchema @8 :Text;  # structured output: the answer's JSON Schema ("" = free text)
   jsonPrefix @9 :Text;  # literal text before that value, and after it
   jsonSuffix @10 :Text;
+  logprobs @11 :Int32 = -1;  # top logprobs per generated token (0..20); -1 = none
 }
 
 struct TurnPlan {
@@ -61,6 +62,18 @@ interface TokenSink {
   # Where a turn's text goes, hosted by the gateway. Calls arrive in order; end comes last.
   piece @0 (text :Text) -> ();
   end @1 (end :TurnEnd) -> ();
+  logprobs @2 (token :TokenLogprobs) -> ();
+  # A generated token's log-probabilities (TurnSpec.logprobs), before its piece.
+}
+
+struct TokenLogprob {
+  token @0 :Int32;
+  logprob @1 :Float32;
+}
+
+struct TokenLogprobs {
+  chosen @0 :TokenLogprob;
+  top @1 :List(TokenLogprob);
 }
 
 interface Turn {

@@ -38,6 +38,10 @@ class SinkImpl final : public rpc::TokenSink::Server {
         if (!b_->ended) b_->sink->on_piece(context.getParams().getText().cStr());
         return kj::READY_NOW;
     }
+    kj::Promise<void> logprobs(LogprobsContext context) override {
+        if (!b_->ended) b_->sink->on_logprobs(rpc::from_capnp(context.getParams().getToken()));
+        return kj::READY_NOW;
+    }
     kj::Promise<void> end(EndContext context) override {
         b_->end(rpc::from_capnp(context.getParams().getEnd()));
         return kj::READY_NOW;

@@ -48,6 +48,15 @@ class RemoteSink final : public decode::TurnSink {
             }
         });
     }
+    void on_logprobs(const model::TokenLogprobs& lp) override {
+        on_rpc_thread([&] {
+            KJ_IF_MAYBE (s, state_->sink) {
+                auto req = s->logprobsRequest();
+                rpc::to_capnp(lp, req.initToken());
+                req.send().detach([](kj::Exception&&) {});
+            }
+        });
+    }
     void on_end(Result<decode::TurnEnd> end) override {
         on_rpc_thread([&] {
             KJ_IF_MAYBE (s, state_->sink) {

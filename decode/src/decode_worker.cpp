@@ -448,6 +448,10 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
     // gateway's own requests are.
     DS_RETURN_IF_ERROR(model::validate_sampling(spec.sampling));
     if (spec.stop.size() > 16) return invalid_argument("a turn has at most 16 stop strings");
+    if (spec.logprobs < -1 || spec.logprobs > model::kMaxTopLogprobs) {
+        return invalid_argument("a turn's top logprobs must be -1 (none) to " +
+                                std::to_string(model::kMaxTopLogprobs));
+    }
     if (spec.shown_tokens.size() > 16)
         return invalid_argument("a turn shows at most 16 control tokens");
     for (int32_t tok : spec.shown_tokens) {
@@ -1007,8 +1011,11 @@ void DecodeWorkerImpl::step(const std::vector<std::shared_ptr<Turn>>& batch,
         } else {
             t.cached.push_back(t.next_token);
             const model::RowCandidates* c = on_device ? &step_candidates_[i] : nullptr;
-            t.take(c != nullptr && !c->ids.empty() ? t.sampler.sample_candidates(c->ids, c->logits)
-                                                   : t.pick(row));
+            if (c != nullptr && !c->ids.empty()) {
+                t.take(t.sampler.sample_candidates(c->ids, c->logits));
+            } else {
+                t.take_from(row);
+            }
         }
     }
 }
@@ -1195,6 +1202,18 @@ Status DecodeWorkerImpl::on_stream_message(transport::Connection& conn, const St
                                             std::to_string(h.token));
                 }
                 t->first_token = h.token;
+                if (t->spec.logprobs >= 0) {
+                    auto lp = model::decode_token_logprobs(h.message, model_.config.n_vocab);
+                    if (!lp.ok()) {
+                        return invalid_argument("the prefill node's first token: " +
+                                                lp.status().message());
+                    }
+                    if (lp->chosen.token != h.token) {
+                        return invalid_argument(
+                            "the prefill node's logprobs are not its first token's");
+                    }
+                    t->first_logprobs = std::move(*lp);
+                }
                 t->cached = t->spec.tokens;
                 t->admissible = true;
             }
@@ -1220,7 +1239,7 @@ void DecodeWorkerImpl::answer_pull(transport::Connection& conn, const StreamHead
             history = std::move(t->history);  // the new KV replaces it
         }
     }
-    Status st = history ? send_kv(conn, *history, h.turn, h.session, ids_, -1,
+    Status st = history ? send_kv(conn, *history, h.turn, h.session, ids_, -1, "",
                                   transport::deadline_in(std::chrono::seconds(60)))
                         : failed_precondition("no cached KV of " + std::to_string(h.n_tokens) +
                                               " tokens for session " + h.session);

@@ -90,7 +90,7 @@ Status send_part(transport::Connection& conn, uint64_t turn, const std::string& 
 
 Status send_kv(transport::Connection& conn, const model::InferenceContext& ctx, uint64_t turn,
                const std::string& session, const KvStreamIds& ids, int32_t token,
-               transport::Deadline deadline) {
+               const std::string& end_message, transport::Deadline deadline) {
     const int32_t n_layers = ctx.model().config.n_layers;
     const int32_t n = ctx.n_past();
     DS_ASSIGN_OR_RETURN(auto state, ctx.export_kv_state());
@@ -106,6 +106,7 @@ Status send_kv(transport::Connection& conn, const model::InferenceContext& ctx, 
     }
     h.kind = StreamKind::kEnd;
     h.token = token;
+    h.message = end_message;
     return send_stream_message(conn, h, ctx.export_kv_hints(), deadline);
 }
 

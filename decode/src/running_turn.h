@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -36,23 +37,31 @@ struct Turn {
     // sampled (the random stream skips the draw it took there).
     void admit_local(std::span<const float> logits) {
         if (spec.max_tokens == 0) return stop_with("length");
-        take(pick(logits));
+        take_from(logits);
     }
     void admit_remote() {
         if (spec.max_tokens == 0) return stop_with("length");
         sampler.skip_sample();
-        take(first_token);
+        take(first_token, first_logprobs ? &*first_logprobs : nullptr);
     }
     // The next token from a row of logits: among those the constraint allows, if any.
     int32_t pick(std::span<const float> logits) {
         if (constraint == nullptr) return sampler.sample(logits);
         return sampler.sample(logits, constraint->allowed());
     }
-    // A turn whose answer is constrained takes the whole row (not a device's top-k).
-    bool wants_whole_row() const { return constraint != nullptr; }
+    // The next token from a row, with its log-probabilities when the spec asks for them.
+    void take_from(std::span<const float> logits) {
+        const int32_t token = pick(logits);
+        if (spec.logprobs < 0 || token < 0) return take(token);
+        const model::TokenLogprobs lp = model::token_logprobs(logits, token, spec.logprobs);
+        take(token, &lp);
+    }
+    // A turn whose answer is constrained, or that reports log-probabilities, takes the whole
+    // row (not a device's top-k).
+    bool wants_whole_row() const { return constraint != nullptr || spec.logprobs >= 0; }
     // A generated token: streams its text, then either ends the turn (done) or leaves the
     // token in next_token for the next forward pass.
-    void take(int32_t token) {
+    void take(int32_t token, const model::TokenLogprobs* lp = nullptr) {
         const model::Tokenizer& tok = *model.tokenizer;
         if (constraint != nullptr && !constraint->accept(token)) {
             // No token continues the grammar (the vocabulary lacks the bytes), or a prefill
@@ -63,6 +72,7 @@ struct Turn {
         }
         if (tok.is_eog(token)) return stop_with("stop");
         ++end.completion_tokens;
+        if (lp != nullptr) sink->on_logprobs(*lp);
         sampler.accept_generated(token);
         const bool shown = std::find(spec.shown_tokens.begin(), spec.shown_tokens.end(), token) !=
                            spec.shown_tokens.end();
@@ -113,6 +123,7 @@ struct Turn {
     const transport::Connection* kv_from = nullptr;
     std::atomic<bool> admissible{false};
     int32_t first_token = -1;
+    std::optional<model::TokenLogprobs> first_logprobs;  // the prefill node's, when asked
     // Waiting for its KV, it fails past this: kv_wait_ms from its start, then from each
     // message of its stream (a long prompt streaming its rows stays alive).
     std::atomic<std::chrono::steady_clock::time_point> kv_deadline{};

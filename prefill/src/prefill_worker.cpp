@@ -11,6 +11,7 @@
 #include "deltaserve/decode/kv_stream_io.h"
 #include "deltaserve/model/constraint_factory.h"
 #include "deltaserve/model/sampler.h"
+#include "deltaserve/model/token_logprobs.h"
 #include "deltaserve/transport/kv_stream.h"
 #include "deltaserve/transport/wire_format.h"
 
@@ -38,6 +39,8 @@ class PrefillWorkerImpl final : public PrefillWorker {
 
     Result<PrefillResult> prefill(const PrefillRequest& request) override {
         DS_RETURN_IF_ERROR(model::validate_sampling(request.turn.sampling));
+        if (request.turn.logprobs < -1 || request.turn.logprobs > model::kMaxTopLogprobs)
+            return invalid_argument("a turn's top logprobs must be -1 (none) to 20");
         const uint64_t id = request.turn.turn_id;
         const bool admitted = enter(id);
         const auto t0 = std::chrono::steady_clock::now();
@@ -213,16 +216,25 @@ Result<PrefillResult> PrefillWorkerImpl::run(const PrefillRequest& request) {
             st = internal_error(
                 "constrained decoding: no token of the vocabulary can begin "
                 "the response format");
-        } else if (rows) {
-            StreamHeader h;
-            h.kind = StreamKind::kEnd;
-            h.turn = turn.turn_id;
-            h.token = result.first_token;
-            st =
-                decode::send_stream_message(*conn, h, ctx_->export_kv_hints(), transfer_deadline());
         } else {
-            st = decode::send_kv(*conn, *ctx_, turn.turn_id, turn.session_id, ids_,
-                                 result.first_token, transfer_deadline());
+            // The kEnd message names the first token, and carries its log-probabilities when
+            // the turn reports them.
+            const std::string first_logprobs =
+                turn.logprobs < 0 ? std::string()
+                                  : model::encode_token_logprobs(model::token_logprobs(
+                                        *logits, result.first_token, turn.logprobs));
+            if (rows) {
+                StreamHeader h;
+                h.kind = StreamKind::kEnd;
+                h.turn = turn.turn_id;
+                h.token = result.first_token;
+                h.message = first_logprobs;
+                st = decode::send_stream_message(*conn, h, ctx_->export_kv_hints(),
+                                                 transfer_deadline());
+            } else {
+                st = decode::send_kv(*conn, *ctx_, turn.turn_id, turn.session_id, ids_,
+                                     result.first_token, first_logprobs, transfer_deadline());
+            }
         }
     }
     if (st.ok()) st = conn->flush(transfer_deadline());

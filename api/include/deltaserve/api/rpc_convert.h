@@ -5,6 +5,7 @@
 
 #include "cluster.capnp.h"
 #include "deltaserve/decode/decode_worker.h"
+#include "deltaserve/model/token_logprobs.h"
 #include "deltaserve/prefill/prefill_worker.h"
 
 namespace deltaserve::api::rpc {
@@ -51,6 +52,7 @@ inline void to_capnp(const decode::TurnSpec& s, TurnSpec::Builder b) {
     b.setJsonSchema(s.json_schema);
     b.setJsonPrefix(s.json_prefix);
     b.setJsonSuffix(s.json_suffix);
+    b.setLogprobs(s.logprobs);
 }
 inline decode::TurnSpec from_capnp(TurnSpec::Reader r) {
     decode::TurnSpec s;
@@ -74,7 +76,29 @@ inline decode::TurnSpec from_capnp(TurnSpec::Reader r) {
     s.json_schema = r.getJsonSchema();
     s.json_prefix = r.getJsonPrefix();
     s.json_suffix = r.getJsonSuffix();
+    s.logprobs = r.getLogprobs();
     return s;
+}
+
+// Log-probabilities as a peer sent them: at most model::kMaxTopLogprobs top tokens are read;
+// the receiver checks the ids and values (model::check_token_logprobs).
+inline void to_capnp(const model::TokenLogprobs& lp, TokenLogprobs::Builder b) {
+    b.initChosen().setToken(lp.chosen.token);
+    b.getChosen().setLogprob(lp.chosen.logprob);
+    auto top = b.initTop(static_cast<unsigned>(lp.top.size()));
+    for (unsigned i = 0; i < lp.top.size(); ++i) {
+        top[i].setToken(lp.top[i].token);
+        top[i].setLogprob(lp.top[i].logprob);
+    }
+}
+inline model::TokenLogprobs from_capnp(TokenLogprobs::Reader r) {
+    model::TokenLogprobs lp;
+    lp.chosen = {r.getChosen().getToken(), r.getChosen().getLogprob()};
+    for (auto e : r.getTop()) {
+        if (lp.top.size() == static_cast<size_t>(model::kMaxTopLogprobs)) break;
+        lp.top.push_back({e.getToken(), e.getLogprob()});
+    }
+    return lp;
 }
 
 inline void to_capnp(const Result<decode::TurnEnd>& end, TurnEnd::Builder b) {

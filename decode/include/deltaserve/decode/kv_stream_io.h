@@ -42,10 +42,11 @@ void send_abort(transport::Connection& conn, uint64_t turn, const std::string& w
 Status send_part(transport::Connection& conn, uint64_t turn, const std::string& session,
                  const KvStreamIds& ids, int32_t layer, int32_t n_layers, int32_t begin,
                  int32_t end, std::span<const uint8_t> part, transport::Deadline deadline);
-// A context's whole KV: kBegin with its state, every layer, kEnd with `token`.
+// A context's whole KV: kBegin with its state, every layer, kEnd with `token` and
+// `end_message` (the first token's encoded log-probabilities, or "").
 Status send_kv(transport::Connection& conn, const model::InferenceContext& ctx, uint64_t turn,
                const std::string& session, const KvStreamIds& ids, int32_t token,
-               transport::Deadline deadline);
+               const std::string& end_message, transport::Deadline deadline);
 
 // Takes a shipment into a context that imported the stream's state. covered[layer] counts
 // the tokens of each layer taken so far: a layer comes whole or as rows in order.

@@ -9,6 +9,7 @@
 
 #include "deltaserve/common/status.h"
 #include "deltaserve/model/sampler.h"
+#include "deltaserve/model/token_logprobs.h"
 
 namespace deltaserve::decode {
 
@@ -32,6 +33,9 @@ struct TurnSpec {
     std::string json_schema;
     // Literal text before and after that value (a forced tool call's markers); "" = none.
     std::string json_prefix, json_suffix;
+    // Each generated token's log-probability and this many most likely tokens at its place
+    // (0..model::kMaxTopLogprobs), to TurnSink::on_logprobs; -1 = none.
+    int32_t logprobs = -1;
 };
 
 struct TurnEnd {
@@ -53,6 +57,9 @@ class TurnSink {
     virtual ~TurnSink() = default;
     // A piece of the answer (whole UTF-8 characters); returning false cancels the turn.
     virtual bool on_piece(std::string_view piece) = 0;
+    // A generated token's log-probabilities (TurnSpec::logprobs), before the piece that
+    // holds its text (which may come with a later token's, or be cut as a stop string).
+    virtual void on_logprobs(const model::TokenLogprobs& lp) { (void)lp; }
     // The turn ended: how, or why it failed. Called exactly once, after the last piece.
     virtual void on_end(Result<TurnEnd> end) = 0;
 };
