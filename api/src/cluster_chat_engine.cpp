@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <limits>
 #include <optional>
+#include <variant>
 
 #include <nlohmann/json.hpp>
 
@@ -17,6 +18,7 @@
 #include "prefill_watch.h"
 #include "random_id.h"
 #include "session_quota.h"
+#include "token_texts.h"
 #include "tool_answer.h"
 
 namespace deltaserve::api {
@@ -46,33 +48,39 @@ int64_t wall_offset() {
 constexpr std::string_view kRecordPrefix = "gw/";
 constexpr int kRecordVersion = 1;
 
-// Hands the decode worker's pieces to the request's thread: the worker's loop never waits
-// on a slow client.
+// Hands the decode worker's pieces (and tokens' log-probabilities, in their order) to the
+// request's thread: the worker's loop never waits on a slow client.
 class QueueSink : public decode::TurnSink {
   public:
     bool on_piece(std::string_view piece) override {
         std::lock_guard<std::mutex> lock(mu_);
-        pieces_.emplace_back(piece);
+        items_.emplace_back(std::string(piece));
         cv_.notify_one();
         return true;
+    }
+    void on_logprobs(const model::TokenLogprobs& lp) override {
+        std::lock_guard<std::mutex> lock(mu_);
+        items_.emplace_back(lp);
+        cv_.notify_one();
     }
     void on_end(Result<decode::TurnEnd> end) override {
         std::lock_guard<std::mutex> lock(mu_);
         end_.emplace(std::move(end));
         cv_.notify_one();
     }
-    enum class Next { kPiece, kEnded, kNothingYet };
-    // Waits up to `wait` for the next piece (into piece). kEnded once the turn ended and
-    // every piece was taken.
-    Next next(std::chrono::milliseconds wait, std::string& piece) {
+    using Item = std::variant<std::string, model::TokenLogprobs>;
+    enum class Next { kItem, kEnded, kNothingYet };
+    // Waits up to `wait` for the next piece or log-probabilities (into item). kEnded once the
+    // turn ended and every item was taken.
+    Next next(std::chrono::milliseconds wait, Item& item) {
         std::unique_lock<std::mutex> lock(mu_);
-        if (!cv_.wait_for(lock, wait, [&] { return !pieces_.empty() || end_.has_value(); })) {
+        if (!cv_.wait_for(lock, wait, [&] { return !items_.empty() || end_.has_value(); })) {
             return Next::kNothingYet;
         }
-        if (pieces_.empty()) return Next::kEnded;
-        piece = std::move(pieces_.front());
-        pieces_.pop_front();
-        return Next::kPiece;
+        if (items_.empty()) return Next::kEnded;
+        item = std::move(items_.front());
+        items_.pop_front();
+        return Next::kItem;
     }
     Result<decode::TurnEnd> end() {
         std::lock_guard<std::mutex> lock(mu_);
@@ -82,7 +90,7 @@ class QueueSink : public decode::TurnSink {
   private:
     std::mutex mu_;
     std::condition_variable cv_;
-    std::deque<std::string> pieces_;
+    std::deque<Item> items_;
     std::optional<Result<decode::TurnEnd>> end_;
 };
 
@@ -889,6 +897,7 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
     spec.sampling = request.sampling;
     spec.max_tokens = request.max_tokens;
     spec.stop = request.stop;
+    spec.logprobs = request.top_logprobs;
     spec.cache_scope = request.tenant;  // tenants never meet in the prefix cache
     if (with_tools) spec.shown_tokens = tool_tokens_;
     spec.json_schema = request.json_schema;
@@ -941,15 +950,32 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
         cancelled = true;
         node->cancel(spec.turn_id, Status());
     };
-    std::string piece;
+    QueueSink::Item item;
+    TokenTexts texts(*model_.tokenizer, spec.tokens.back());
+    Status bad_node;  // log-probabilities the decode node should not have sent
     for (;;) {
-        const auto next =
-            sink->next(std::chrono::milliseconds(TurnCallbacks::kWantedPollMs), piece);
+        const auto next = sink->next(std::chrono::milliseconds(TurnCallbacks::kWantedPollMs), item);
         if (next == QueueSink::Next::kEnded) break;
         if (next == QueueSink::Next::kNothingYet) {
             if (!cancelled && callbacks.wanted && !callbacks.wanted()) cancel();
             continue;
         }
+        if (const auto* lp = std::get_if<model::TokenLogprobs>(&item)) {
+            if (cancelled) continue;
+            Status st = spec.logprobs < 0
+                            ? unavailable("the decode node sent logprobs no one asked for")
+                            : model::check_token_logprobs(*lp, model_.config.n_vocab);
+            if (!st.ok()) {
+                bad_node = st;
+                cancel();
+                continue;
+            }
+            LogprobEntry entry = texts.entry(*lp);
+            if (callbacks.on_logprobs) callbacks.on_logprobs(entry);
+            result.logprobs.push_back(std::move(entry));
+            continue;
+        }
+        const std::string& piece = std::get<std::string>(item);
         if (first) {
             result.ttft_seconds =
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -958,6 +984,7 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
         if (!cancelled && !answer.feed(piece)) cancel();
     }
     Result<decode::TurnEnd> ended = sink->end();
+    if (!bad_node.ok()) ended = bad_node.with_context("decode node " + node->name());
     if (!ended.ok()) {
         release(node, nullptr);
         return ended.status();

@@ -73,6 +73,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     // The turn thread's side.
     bool on_piece(std::string_view piece);
     bool on_tool_call(int index, const model::ToolCall& call);
+    // Keeps a token's log-probabilities for the next streamed chunk.
+    void on_logprobs(const LogprobEntry& entry) { pending_logprobs_.push_back(entry); }
+    // The log-probabilities a chunk carries (those since the last; taken), or null.
+    std::optional<std::vector<LogprobEntry>> take_logprobs();
     // Streams one chunk (the SSE head first); false when the client is gone or too slow.
     bool stream_chunk(const std::function<std::string(bool first)>& chunk);
 
@@ -98,6 +102,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     ChatRequest request_;
     std::string id_;
     int64_t created_ = 0;
+    std::vector<LogprobEntry> pending_logprobs_;  // the turn thread's, then end_turn's
     std::chrono::steady_clock::time_point started_;
     bool stream_keep_alive_ = false;  // a stream's head says keep-alive: more may follow it
 

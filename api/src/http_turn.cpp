@@ -58,6 +58,7 @@ void Connection::chat() {
     head_sent_ = false;
     stream_keep_alive_ = keep_alive_ && !draining_ && !g_.stopping;
     in_turn_ = true;
+    pending_logprobs_.clear();
     if (request_.stream) {
         // Small, so that a client that stops reading fills outbox_ (write deadline,
         // max_unread_bytes) instead of megabytes of kernel buffer.
@@ -73,6 +74,9 @@ void Connection::chat() {
         callbacks.on_tool_call = [&](int index, const model::ToolCall& call) {
             return self->on_tool_call(index, call);
         };
+        if (self->request_.top_logprobs >= 0 && self->request_.stream) {
+            callbacks.on_logprobs = [&](const LogprobEntry& e) { self->on_logprobs(e); };
+        }
         callbacks.wanted = [&] { return self->alive_ && !self->g_.cut; };
         Result<TurnResult> r = self->g_.engine.run_turn(self->request_, callbacks);
         asio::post(self->socket_.get_executor(),
@@ -101,10 +105,16 @@ void Connection::wait_for_thread(uint64_t ticket) {
     });
 }
 
+std::optional<std::vector<LogprobEntry>> Connection::take_logprobs() {
+    if (request_.top_logprobs < 0) return std::nullopt;
+    return std::exchange(pending_logprobs_, {});
+}
+
 bool Connection::on_piece(std::string_view piece) {
     return stream_chunk([&](bool first) {
+        const auto logprobs = take_logprobs();
         return chunk_json(id_, created_, g_.engine.model_id(), std::string(piece), first, "",
-                          std::nullopt);
+                          std::nullopt, {}, logprobs ? &*logprobs : nullptr);
     });
 }
 
@@ -161,7 +171,8 @@ void Connection::end_turn(Result<TurnResult> r) {
     if (!request_.stream || (!head_sent_ && !r.ok())) {
         if (!r.ok()) return answer(session_error(r.error(), !request_.session_id.empty()));
         HttpAnswer a{200, completion_json(id_, created_, model, r->text, r->finish_reason, r->usage,
-                                          request_.session_id, session_answer(*r), r->tool_calls)};
+                                          request_.session_id, session_answer(*r), r->tool_calls,
+                                          request_.top_logprobs >= 0 ? &r->logprobs : nullptr)};
         a.session_id = request_.session_id;
         a.kv_source = r->usage.kv_source;
         return answer(a);
@@ -172,9 +183,13 @@ void Connection::end_turn(Result<TurnResult> r) {
         const HttpAnswer e = status_answer(r.error());
         tail += sse_event(error_json(r.error().message(), "server_error", e.status));
     } else {
-        tail += sse_event(chunk_json(
-            id_, created_, model, head_sent_ ? std::nullopt : std::optional<std::string>(""),
-            !head_sent_, r->finish_reason, std::nullopt, session_answer(*r)));
+        // The tokens whose text was held back or cut (a stop string) come with the end.
+        auto logprobs = take_logprobs();
+        if (logprobs && logprobs->empty()) logprobs.reset();
+        tail += sse_event(chunk_json(id_, created_, model,
+                                     head_sent_ ? std::nullopt : std::optional<std::string>(""),
+                                     !head_sent_, r->finish_reason, std::nullopt,
+                                     session_answer(*r), logprobs ? &*logprobs : nullptr));
         if (request_.include_usage) {
             tail += sse_event(chunk_json(id_, created_, model, std::nullopt, false, "", r->usage));
         }

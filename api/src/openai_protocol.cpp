@@ -7,6 +7,7 @@
 #include "deltaserve/model/tokenizer.h"
 #include "json_body.h"
 #include "json_fields.h"
+#include "openai_logprobs.h"
 #include "openai_response_format.h"
 #include "openai_tools.h"
 #include "openai_unserved.h"
@@ -136,6 +137,7 @@ Result<ChatRequest> parse_object(const json& j, const model::SamplingParams& def
     DS_RETURN_IF_ERROR(integer_field(j, "max_completion_tokens", 1, 1 << 30, v, given));
     if (given) r.max_tokens = static_cast<int32_t>(v);
     DS_RETURN_IF_ERROR(integer_field(j, "n", 1, 1, v, given));
+    DS_RETURN_IF_ERROR(parse_logprobs_fields(j, r.top_logprobs));
     DS_RETURN_IF_ERROR(refuse_unserved_fields(j));
     DS_RETURN_IF_ERROR(parse_stop(j, r.stop));
     DS_RETURN_IF_ERROR(parse_tool_fields(j, r));
@@ -205,7 +207,8 @@ std::string completion_json(const std::string& id, int64_t created, const std::s
                             const std::string& text, const std::string& finish_reason,
                             const Usage& usage, const std::string& session_id,
                             const SessionAnswer& session,
-                            const std::vector<model::ToolCall>& tool_calls) {
+                            const std::vector<model::ToolCall>& tool_calls,
+                            const std::vector<LogprobEntry>* logprobs) {
     json message = {{"role", "assistant"},
                     {"content", text.empty() && !tool_calls.empty() ? json() : json(text)}};
     if (!tool_calls.empty()) {
@@ -223,7 +226,7 @@ std::string completion_json(const std::string& id, int64_t created, const std::s
               {"model", model},
               {"choices", json::array({{{"index", 0},
                                         {"message", std::move(message)},
-                                        {"logprobs", nullptr},
+                                        {"logprobs", chat_logprobs_json(logprobs)},
                                         {"finish_reason", finish_reason}}})},
               {"usage", usage_json(usage)}};
     if (!session_id.empty()) j["session_id"] = session_id;
@@ -237,7 +240,7 @@ std::string completion_json(const std::string& id, int64_t created, const std::s
 std::string chunk_json(const std::string& id, int64_t created, const std::string& model,
                        const std::optional<std::string>& content, bool first,
                        const std::string& finish_reason, const std::optional<Usage>& usage,
-                       const SessionAnswer& session) {
+                       const SessionAnswer& session, const std::vector<LogprobEntry>* logprobs) {
     json j = {
         {"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model}};
     if (usage) {
@@ -251,7 +254,7 @@ std::string chunk_json(const std::string& id, int64_t created, const std::string
     j["choices"] =
         json::array({{{"index", 0},
                       {"delta", delta},
-                      {"logprobs", nullptr},
+                      {"logprobs", chat_logprobs_json(logprobs)},
                       {"finish_reason", finish_reason.empty() ? json() : json(finish_reason)}}});
     if (session.turn >= 0) {
         j["session_turn"] = session.turn;

@@ -23,8 +23,6 @@ Status refuse_unserved_fields(const RequestJson& j) {
         const char* instead;
     };
     static const Unserved kUnserved[] = {
-        {"logprobs", "is not supported yet"},
-        {"top_logprobs", "is not supported yet"},
         {"logit_bias", "is not supported"},
         {"functions", "is not supported (use tools)"},
         {"function_call", "is not supported (use tool_choice)"},

@@ -105,6 +105,24 @@ TEST_P(ClusterLinkTest, AnswersLikeServeAndSessionsContinue) {
         EXPECT_TRUE(v["name"].is_string() && v["legs"].is_number_integer()) << v.dump();
     }
 
+    // Log-probabilities: the first token's from the prefill node (with its KV), the rest
+    // from the decode node over the gateway's sink; the embedded mode's, up to rounding.
+    json with_logprobs = chat_body("Name three colours.", 6);
+    with_logprobs["logprobs"] = true;
+    with_logprobs["top_logprobs"] = 3;
+    const HttpResponse la = post_chat(port, with_logprobs);
+    const HttpResponse lb = post_chat(serve.port(), with_logprobs);
+    ASSERT_EQ(la.status, 200) << la.body;
+    ASSERT_EQ(lb.status, 200) << lb.body;
+    const json ea = json::parse(la.body)["choices"][0]["logprobs"]["content"];
+    const json eb = json::parse(lb.body)["choices"][0]["logprobs"]["content"];
+    ASSERT_EQ(ea.size(), eb.size()) << la.body;
+    for (size_t i = 0; i < ea.size(); ++i) {
+        EXPECT_EQ(ea[i]["token"], eb[i]["token"]) << i;
+        EXPECT_NEAR(ea[i]["logprob"].get<double>(), eb[i]["logprob"].get<double>(), 5e-3) << i;
+        EXPECT_EQ(ea[i]["top_logprobs"].size(), 3u) << i;
+    }
+
     // A session: turn 2 sends only its new message; the history's KV is pulled from the decode
     // node to the prefill node, not computed again.
     expect_session_continues(port);

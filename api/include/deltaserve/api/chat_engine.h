@@ -23,6 +23,7 @@ struct TurnResult {
     // calling tools)
     std::string finish_reason;
     std::vector<model::ToolCall> tool_calls;  // each with the id the gateway gave it
+    std::vector<LogprobEntry> logprobs;       // each answer token's, when asked for
     Usage usage;
     double ttft_seconds = 0;  // request start to the first piece (or the end)
     // A session's turn: whether its record (the conversation with this answer) is on disk,
@@ -113,6 +114,9 @@ struct TurnCallbacks {
     static constexpr int kWantedPollMs = 100;
     std::function<bool(std::string_view)> on_piece;
     std::function<bool(int, const model::ToolCall&)> on_tool_call;
+    // Each answer token's log-probabilities (ChatRequest::top_logprobs), before the piece
+    // that holds its text; may be empty.
+    std::function<void(const LogprobEntry&)> on_logprobs;
     std::function<bool()> wanted;
 };
 

@@ -65,6 +65,20 @@ struct ChatRequest {
     // Structured output (response_format json_object / json_schema, or the peers' fields):
     // the JSON Schema the answer must be a value of, compact; "" for free text.
     std::string json_schema;
+    // logprobs true: each answer token's log-probability, with top_logprobs (0..20) most
+    // likely tokens at its place; -1: logprobs false or left out.
+    int32_t top_logprobs = -1;
+};
+
+// A generated token's log-probabilities as an answer shows them (choices[].logprobs): each
+// token as its bytes (its text in `token`, bytes that are not UTF-8 replaced by U+FFFD).
+struct LogprobToken {
+    std::string bytes;
+    float logprob = 0.0f;
+};
+struct LogprobEntry {
+    LogprobToken chosen;
+    std::vector<LogprobToken> top;  // the most likely first
 };
 
 // Parses a POST /v1/chat/completions body. Errors (kInvalidArgument) name the field:
@@ -97,19 +111,23 @@ struct SessionAnswer {
 };
 
 // A whole answer (chat.completion): its message's content (null when it is empty and the
-// answer called tools) and tool_calls (each call's id as the server gave it).
+// answer called tools), tool_calls (each call's id as the server gave it) and logprobs
+// ({"content": [...]} as OpenAI writes them; null when not asked for).
 std::string completion_json(const std::string& id, int64_t created, const std::string& model,
                             const std::string& text, const std::string& finish_reason,
                             const Usage& usage, const std::string& session_id,
                             const SessionAnswer& session = {},
-                            const std::vector<model::ToolCall>& tool_calls = {});
+                            const std::vector<model::ToolCall>& tool_calls = {},
+                            const std::vector<LogprobEntry>* logprobs = nullptr);
 
 // One streamed chunk (chat.completion.chunk): the role in the first, then content pieces,
-// then the finish reason; usage alone in the last when asked for.
+// then the finish reason; usage alone in the last when asked for. logprobs: those of the
+// tokens since the last chunk (null when not asked for).
 std::string chunk_json(const std::string& id, int64_t created, const std::string& model,
                        const std::optional<std::string>& content, bool first,
                        const std::string& finish_reason, const std::optional<Usage>& usage,
-                       const SessionAnswer& session = {});
+                       const SessionAnswer& session = {},
+                       const std::vector<LogprobEntry>* logprobs = nullptr);
 
 // A tool call streamed as OpenAI streams it (delta.tool_calls[0], its index in the answer):
 // part 0 names it ({index, id, type, function: {name, arguments: ""}}), part 1 gives its
