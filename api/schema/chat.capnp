@@ -7,8 +7,26 @@ $import "/capnp/c++.capnp".namespace("deltaserve::api::rpc");
 using Cluster = import "cluster.capnp";
 
 struct Message {
-  role @0 :Text;     # system, user or assistant
+  role @0 :Text;     # system, developer, user, assistant or tool
   content @1 :Text;
+  toolCallId @2 :Text;          # a tool message's: the call it answers
+  toolCalls @3 :List(ToolCall); # an assistant message's calls
+}
+
+struct ToolCall {
+  id @0 :Text;
+  name @1 :Text;
+  arguments @2 :Text;  # a JSON object, as text
+}
+
+struct LogprobToken {
+  bytes @0 :Data;      # the token's text
+  logprob @1 :Float32;
+}
+
+struct LogprobEntry {
+  chosen @0 :LogprobToken;
+  top @1 :List(LogprobToken);  # the most likely first
 }
 
 struct SendOptions {
@@ -18,6 +36,11 @@ struct SendOptions {
   stop @3 :List(Text);
   jsonSchema @4 :Text;             # structured output: the answer's JSON Schema ("" = text),
                                    # checked as HTTP's response_format is
+  tools @5 :Text;                  # OpenAI's tools array as JSON text ("" = none)
+  toolChoice @6 :Text;             # OpenAI's tool_choice as JSON text ("" = auto)
+  parallelToolCalls @7 :Bool = true;
+  topLogprobs @8 :Int32 = -1;      # each answer token's logprob and this many top tokens
+                                   # (0-20); -1 = none
 }
 
 struct Usage {
@@ -28,10 +51,12 @@ struct Usage {
 
 interface ChatSession {
   send @0 (messages :List(Message), options :SendOptions, sink :Cluster.TokenSink)
-      -> (finishReason :Text, text :Text, usage :Usage, error :Cluster.Error);
-  # Runs a turn with the new messages; the answer streams to sink.piece (only piece is
-  # called), and every piece has reached the sink when send returns. error is set when the
-  # turn failed. One send at a time per session.
+      -> (finishReason :Text, text :Text, usage :Usage, error :Cluster.Error,
+          toolCalls :List(ToolCall), logprobs :List(LogprobEntry));
+  # Runs a turn with the new messages; the answer's text streams to sink.piece (only piece
+  # is called), and every piece has reached the sink when send returns. text is the answer
+  # less its tool calls (finishReason "tool_calls" when it made some). error is set when
+  # the turn failed. One send at a time per session.
   cancel @1 () -> ();
   # Ends the running send early (finishReason "cancelled").
   close @2 () -> ();

@@ -6,7 +6,11 @@
 #include "chat.capnp.h"
 #include "deltaserve/api/rpc_convert.h"
 #include "deltaserve/common/logging.h"
+#include "json_body.h"
+#include "json_fields.h"
+#include "openai_logprobs.h"
 #include "openai_response_format.h"
+#include "openai_tools.h"
 #include "rpc_thread.h"
 
 namespace deltaserve::api {
@@ -33,20 +37,58 @@ Result<model::SamplingParams> sampling_of(rpc::SendOptions::Reader o,
     return p;
 }
 
+std::string text_of(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
+
+// A JSON field given as text (tools, tool_choice): parsed with the body's limits.
+Status json_text_field(capnp::Text::Reader text, const char* field, RequestJson& into) {
+    if (text.size() == 0) return Status();
+    auto parsed = parse_ordered_json_body(text_of(text));
+    if (!parsed.ok()) return bad_field(field, "must be JSON: " + parsed.status().message());
+    into[field] = std::move(*parsed);
+    return Status();
+}
+
+// A message's tool fields as the HTTP message would carry them, through the same checks.
+Status message_extras(rpc::Message::Reader m, size_t i, model::ChatMessage& out) {
+    if (m.getToolCallId().size() == 0 && m.getToolCalls().size() == 0) {
+        if (out.role == "tool")
+            return bad_field("messages[" + std::to_string(i) + "].tool_call_id", "is required");
+        return Status();
+    }
+    RequestJson j = {{"role", out.role}, {"content", out.content}};
+    if (m.getToolCallId().size() > 0) j["tool_call_id"] = text_of(m.getToolCallId());
+    if (m.getToolCalls().size() > 0) {
+        RequestJson calls = RequestJson::array();
+        for (auto c : m.getToolCalls()) {
+            calls.push_back(
+                {{"id", text_of(c.getId())},
+                 {"type", "function"},
+                 {"function",
+                  {{"name", text_of(c.getName())}, {"arguments", text_of(c.getArguments())}}}});
+        }
+        j["tool_calls"] = std::move(calls);
+    }
+    return parse_message_extras(j, "messages[" + std::to_string(i) + "]", true, out);
+}
+
 Result<ChatRequest> request_of(rpc::ChatSession::SendParams::Reader p,
                                const ChatRpcOptions& options) {
     ChatRequest req;
     if (p.getMessages().size() == 0) return invalid_argument("messages: none given");
     if (p.getMessages().size() > kMaxMessages) return invalid_argument("messages: too many");
+    size_t i = 0;
     for (auto m : p.getMessages()) {
         const std::string role = m.getRole();
-        if (role != "system" && role != "user" && role != "assistant" && role != "developer") {
+        if (role != "system" && role != "user" && role != "assistant" && role != "developer" &&
+            role != "tool") {
             return invalid_argument("messages: unknown role '" + role.substr(0, 32) + "'");
         }
         std::string content = m.getContent();
         if (model::find_invalid_utf8(content) >= 0)
             return invalid_argument("messages: content is not valid UTF-8");
-        req.messages.push_back({role == "developer" ? "system" : role, std::move(content)});
+        model::ChatMessage message{role == "developer" ? "system" : role, std::move(content)};
+        DS_RETURN_IF_ERROR(message_extras(m, i++, message));
+        req.messages.push_back(std::move(message));
     }
     auto o = p.getOptions();
     DS_ASSIGN_OR_RETURN(req.sampling, sampling_of(o, options.sampling));
@@ -60,8 +102,24 @@ Result<ChatRequest> request_of(rpc::ChatSession::SendParams::Reader p,
                                     std::to_string(kMaxStopBytes) + " bytes");
         req.stop.emplace_back(s.cStr());
     }
+    // Tools, tool_choice and logprobs: the HTTP request's fields, through its checks.
+    RequestJson fields = RequestJson::object();
+    DS_RETURN_IF_ERROR(json_text_field(o.getTools(), "tools", fields));
+    DS_RETURN_IF_ERROR(json_text_field(o.getToolChoice(), "tool_choice", fields));
+    fields["parallel_tool_calls"] = o.getParallelToolCalls();
+    if (o.getTopLogprobs() >= 0) {
+        fields["logprobs"] = true;
+        fields["top_logprobs"] = o.getTopLogprobs();
+    } else if (o.getTopLogprobs() != -1) {
+        return bad_field("top_logprobs", "must be -1 (none) or in [0, 20]");
+    }
+    DS_RETURN_IF_ERROR(parse_tool_fields(fields, req));
+    DS_RETURN_IF_ERROR(parse_logprobs_fields(fields, req.top_logprobs));
     DS_RETURN_IF_ERROR(set_response_schema(
         std::string_view(o.getJsonSchema().cStr(), o.getJsonSchema().size()), req));
+    if (req.force_tool_call && !req.json_schema.empty()) {
+        return bad_field("tool_choice", "cannot force a call and a response_format together");
+    }
     return req;
 }
 
@@ -155,6 +213,25 @@ class ChatSessionImpl final : public rpc::ChatSession::Server {
                 if (!state->out.ok()) return rpc::to_capnp(state->out.status(), r.initError());
                 r.setFinishReason(state->cancelled ? "cancelled" : state->out->finish_reason);
                 r.setText(state->out->text);
+                const auto& calls = state->out->tool_calls;
+                auto c = r.initToolCalls(static_cast<unsigned>(calls.size()));
+                for (unsigned i = 0; i < calls.size(); ++i) {
+                    c[i].setId(calls[i].id);
+                    c[i].setName(calls[i].name);
+                    c[i].setArguments(calls[i].arguments);
+                }
+                const auto& lps = state->out->logprobs;
+                auto l = r.initLogprobs(static_cast<unsigned>(lps.size()));
+                for (unsigned i = 0; i < lps.size(); ++i) {
+                    const auto put = [](const LogprobToken& t, rpc::LogprobToken::Builder b) {
+                        b.setBytes(kj::arrayPtr(reinterpret_cast<const kj::byte*>(t.bytes.data()),
+                                                t.bytes.size()));
+                        b.setLogprob(t.logprob);
+                    };
+                    put(lps[i].chosen, l[i].initChosen());
+                    auto top = l[i].initTop(static_cast<unsigned>(lps[i].top.size()));
+                    for (unsigned k = 0; k < lps[i].top.size(); ++k) put(lps[i].top[k], top[k]);
+                }
                 auto u = r.initUsage();
                 u.setPromptTokens(state->out->usage.prompt_tokens);
                 u.setCompletionTokens(state->out->usage.completion_tokens);

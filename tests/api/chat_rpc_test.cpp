@@ -267,6 +267,99 @@ TEST_F(ChatRpcTest, AResponseSchemaIsEnforcedOrRefusedByName) {
     EXPECT_EQ(server.stop(), 0) << server.log();
 }
 
+// Tools and logprobs as the HTTP API takes them (the same checks): a forced call comes back
+// in toolCalls, the tool's answer goes in a tool message with its call's id, and each answer
+// token's logprobs come with the answer.
+TEST_F(ChatRpcTest, ToolsAndLogprobsAsHttpHasThem) {
+    const std::string qwen = models_dir() + "/chat_templates/Qwen-Qwen2.5-7B-Instruct.jinja";
+    DS_REQUIRE_FILE(qwen, "the chat template corpus (deploy/setup.sh)");
+    ServingProcess server(
+        serve_args({"--rpc-port", "0", "--chat-template", qwen, "--ctx-size", "2048"}));
+    ASSERT_NE(server.port(), 0) << server.log();
+    ASSERT_NE(rpc_port(server), 0) << server.log();
+    capnp::EzRpcClient client("127.0.0.1", rpc_port(server));
+    auto chat = client.getMain<rpc::Gateway>().chatRequest().send().getService();
+    auto open = chat.createRequest();
+    open.setSessionId("tools");
+    rpc::ChatSession::Client session = open.send().getSession();
+    const std::string tools =
+        R"([{"type":"function","function":{"name":"get_weather","parameters":)"
+        R"({"type":"object","properties":{"city":{"type":"string"}},"required":["city"],)"
+        R"("additionalProperties":false}}}])";
+    std::string streamed;
+    int pieces = 0;
+
+    auto req = session.sendRequest();
+    auto m = req.initMessages(1);
+    m[0].setRole("user");
+    m[0].setContent("What is the weather in Paris?");
+    auto o = req.initOptions();
+    o.initSampling().setTemperature(0);
+    o.setMaxTokens(48);
+    o.setTools(tools);
+    o.setToolChoice(R"("required")");
+    req.setSink(kj::heap<Sink>(streamed, pieces));
+    auto r = req.send().wait(client.getWaitScope());
+    ASSERT_FALSE(r.hasError()) << r.getError().getMessage().cStr();
+    EXPECT_EQ(std::string(r.getFinishReason().cStr()), "tool_calls");
+    ASSERT_EQ(r.getToolCalls().size(), 1u);
+    const auto call = r.getToolCalls()[0];
+    EXPECT_EQ(std::string(call.getName().cStr()), "get_weather");
+    const json args = json::parse(call.getArguments().cStr(), nullptr, false);
+    ASSERT_TRUE(args.is_object()) << call.getArguments().cStr();
+    EXPECT_TRUE(args["city"].is_string()) << args.dump();
+    const std::string call_id = call.getId().cStr();
+
+    // The tool's answer, and the next answer's logprobs.
+    auto next = session.sendRequest();
+    m = next.initMessages(1);
+    m[0].setRole("tool");
+    m[0].setContent(R"({"temperature": 11})");
+    m[0].setToolCallId(call_id);
+    o = next.initOptions();
+    o.initSampling().setTemperature(0);
+    o.setMaxTokens(6);
+    o.setTools(tools);
+    o.setTopLogprobs(2);
+    next.setSink(kj::heap<Sink>(streamed, pieces));
+    auto r2 = next.send().wait(client.getWaitScope());
+    ASSERT_FALSE(r2.hasError()) << r2.getError().getMessage().cStr();
+    ASSERT_EQ(r2.getLogprobs().size(), static_cast<unsigned>(r2.getUsage().getCompletionTokens()));
+    std::string joined;
+    for (auto e : r2.getLogprobs()) {
+        joined.append(reinterpret_cast<const char*>(e.getChosen().getBytes().begin()),
+                      e.getChosen().getBytes().size());
+        EXPECT_LE(e.getChosen().getLogprob(), 0.0f);
+        EXPECT_EQ(e.getTop().size(), 2u);
+    }
+    EXPECT_EQ(joined, std::string(r2.getText().cStr()));
+
+    // What HTTP refuses, refused by name.
+    const auto refused = [&](const char* role, const char* call_id_given, const char* choice,
+                             int top) {
+        auto bad = session.sendRequest();
+        auto bm = bad.initMessages(1);
+        bm[0].setRole(role);
+        bm[0].setContent("x");
+        bm[0].setToolCallId(call_id_given);
+        auto bo = bad.initOptions();
+        bo.setMaxTokens(2);
+        bo.setTools(tools);
+        bo.setToolChoice(choice);
+        bo.setTopLogprobs(top);
+        bad.setSink(kj::heap<Sink>(streamed, pieces));
+        auto br = bad.send().wait(client.getWaitScope());
+        return br.hasError() ? std::string(br.getError().getMessage().cStr()) : std::string();
+    };
+    EXPECT_NE(refused("tool", "", "", -1).find("tool_call_id"), std::string::npos);
+    EXPECT_NE(refused("user", "", R"({"type":"function","function":{"name":"nope"}})", -1)
+                  .find("tool_choice"),
+              std::string::npos);
+    EXPECT_NE(refused("user", "", "[1,", -1).find("tool_choice"), std::string::npos);
+    EXPECT_NE(refused("user", "", "", 21).find("top_logprobs"), std::string::npos);
+    EXPECT_EQ(server.stop(), 0) << server.log();
+}
+
 TEST_F(ChatRpcTest, CancelAndBadInputAreClear) {
     ServingProcess server(serve_args({"--rpc-port", "0"}));
     ASSERT_NE(rpc_port(server), 0) << server.log();
