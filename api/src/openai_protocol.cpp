@@ -7,6 +7,7 @@
 #include "deltaserve/model/tokenizer.h"
 #include "json_body.h"
 #include "json_fields.h"
+#include "openai_generation.h"
 #include "openai_logprobs.h"
 #include "openai_response_format.h"
 #include "openai_tools.h"
@@ -74,30 +75,6 @@ Result<std::vector<model::ChatMessage>> parse_messages(const json& j) {
     return out;
 }
 
-Status parse_stop(const json& j, std::vector<std::string>& out) {
-    const json* s = field_of(j, "stop");
-    if (s == nullptr) return Status();
-    const std::string must =
-        "must be a string or an array of up to " + std::to_string(kMaxStopStrings) + " strings";
-    if (s->is_string()) {
-        out.push_back(s->get<std::string>());
-    } else if (s->is_array() && s->size() <= kMaxStopStrings) {
-        for (const json& x : *s) {
-            if (!x.is_string()) return bad_field("stop", must);
-            out.push_back(x.get<std::string>());
-        }
-    } else {
-        return bad_field("stop", must);
-    }
-    for (const std::string& x : out) {
-        if (x.empty()) return bad_field("stop", "must not hold an empty string");
-        if (x.size() > kMaxStopBytes)
-            return bad_field(
-                "stop", "holds a string longer than " + std::to_string(kMaxStopBytes) + " bytes");
-    }
-    return Status();
-}
-
 Result<ChatRequest> parse_object(const json& j, const model::SamplingParams& defaults) {
     ChatRequest r;
     r.sampling = defaults;
@@ -116,40 +93,17 @@ Result<ChatRequest> parse_object(const json& j, const model::SamplingParams& def
         }
         r.chat_template_kwargs = kw->dump();
     }
-    DS_RETURN_IF_ERROR(number_field(j, "temperature", r.sampling.temperature));
-    DS_RETURN_IF_ERROR(number_field(j, "top_p", r.sampling.top_p));
-    DS_RETURN_IF_ERROR(number_field(j, "min_p", r.sampling.min_p));
-    DS_RETURN_IF_ERROR(number_field(j, "repetition_penalty", r.sampling.repeat_penalty));
-    DS_RETURN_IF_ERROR(number_field(j, "presence_penalty", r.sampling.presence_penalty));
-    DS_RETURN_IF_ERROR(number_field(j, "frequency_penalty", r.sampling.frequency_penalty));
+    DS_RETURN_IF_ERROR(parse_generation_fields(j, r));
     int64_t v = 0;
     bool given = false;
-    DS_RETURN_IF_ERROR(integer_field(j, "top_k", -1, 1 << 20, v, given));
-    if (given) r.sampling.top_k = static_cast<int32_t>(v < 0 ? 0 : v);  // -1: off, as vLLM
-    DS_RETURN_IF_ERROR(model::validate_sampling(r.sampling));
-    DS_RETURN_IF_ERROR(integer_field(j, "seed", INT64_MIN, INT64_MAX, v, given));
-    if (given) {
-        r.sampling.seed = static_cast<uint64_t>(v);
-        r.seed_given = true;
-    }
-    DS_RETURN_IF_ERROR(integer_field(j, "max_tokens", 1, 1 << 30, v, given));
-    if (given) r.max_tokens = static_cast<int32_t>(v);
     DS_RETURN_IF_ERROR(integer_field(j, "max_completion_tokens", 1, 1 << 30, v, given));
     if (given) r.max_tokens = static_cast<int32_t>(v);
-    DS_RETURN_IF_ERROR(integer_field(j, "n", 1, 1, v, given));
     DS_RETURN_IF_ERROR(parse_logprobs_fields(j, r.top_logprobs));
     DS_RETURN_IF_ERROR(refuse_unserved_fields(j));
-    DS_RETURN_IF_ERROR(parse_stop(j, r.stop));
     DS_RETURN_IF_ERROR(parse_tool_fields(j, r));
     DS_RETURN_IF_ERROR(parse_response_format(j, r));
     if (r.force_tool_call && !r.json_schema.empty()) {
         return bad_field("tool_choice", "cannot force a call and a response_format together");
-    }
-    DS_RETURN_IF_ERROR(boolean_field(j, "stream", "stream", r.stream));
-    if (const json* so = field_of(j, "stream_options")) {
-        if (!so->is_object()) return bad_field("stream_options", "must be an object");
-        DS_RETURN_IF_ERROR(
-            boolean_field(*so, "include_usage", "stream_options.include_usage", r.include_usage));
     }
     if (const json* id = field_of(j, "session_id")) {
         if (!id->is_string()) return bad_field("session_id", "must be a string");
@@ -188,20 +142,7 @@ Result<ChatRequest> parse_chat_request(std::string_view body,
     }
 }
 
-namespace {
-
-json usage_json(const Usage& u) {
-    json details = {{"cached_tokens", u.cached_tokens}};
-    if (!u.kv_source.empty()) details["kv_source"] = u.kv_source;
-    return {{"prompt_tokens", u.prompt_tokens},
-            {"completion_tokens", u.completion_tokens},
-            {"total_tokens", u.prompt_tokens + u.completion_tokens},
-            {"prompt_tokens_details", details}};
-}
-
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
-}  // namespace
+namespace {}  // namespace
 
 std::string completion_json(const std::string& id, int64_t created, const std::string& model,
                             const std::string& text, const std::string& finish_reason,

@@ -60,8 +60,8 @@ TEST(OpenAiProtocol, ReadsTheUsualFields) {
 
 TEST(OpenAiProtocol, FieldsNotServedAreRefusedByName) {
     const std::pair<const char*, json> cases[] = {
-        {"logprobs", true},
-        {"top_logprobs", 5},
+        {"logprobs", "yes"},
+        {"top_logprobs", 5},  // without logprobs true
         {"logit_bias", {{"42", -100}}},
         {"presence_penalty", 2.5},  // out of OpenAI's range
         {"frequency_penalty", -3},
@@ -80,6 +80,28 @@ TEST(OpenAiProtocol, FieldsNotServedAreRefusedByName) {
         EXPECT_NE(r.error().message().find(std::string("'") + field + "'"), std::string::npos)
             << r.error().message();
     }
+}
+
+TEST(OpenAiProtocol, LogprobsAsOpenAiTakesThem) {
+    json body = {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}};
+    auto r = parse_chat_request(body.dump(), server_defaults());
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->top_logprobs, -1);
+    body["logprobs"] = true;
+    r = parse_chat_request(body.dump(), server_defaults());
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->top_logprobs, 0);
+    body["top_logprobs"] = 20;
+    r = parse_chat_request(body.dump(), server_defaults());
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->top_logprobs, 20);
+    body["top_logprobs"] = 21;
+    EXPECT_FALSE(parse_chat_request(body.dump(), server_defaults()).ok());
+    body["logprobs"] = false;
+    body["top_logprobs"] = 0;
+    r = parse_chat_request(body.dump(), server_defaults());
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->top_logprobs, -1);
 }
 
 TEST(OpenAiProtocol, RefusesWhatItCannotDoNamingTheField) {
