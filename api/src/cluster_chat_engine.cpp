@@ -803,6 +803,24 @@ Status ClusterChatEngine::check_expected_turn(Session& s, const ChatRequest& req
     return Status();
 }
 
+Result<std::vector<int32_t>> ClusterChatEngine::prompt_tokens(const ChatRequest& request) const {
+    if (!request.session_id.empty())
+        return invalid_argument("a text completion has no session (use chat completions)");
+    const model::Tokenizer& tok = *model_.tokenizer;
+    if (request.prompt_ids.empty()) {
+        // Control tokens written in the prompt are parsed, as vLLM and llama-server do.
+        return tok.encode(request.prompt_text, tok.vocab().add_bos, true);
+    }
+    for (int32_t id : request.prompt_ids) {
+        if (id < 0 || id >= model_.config.n_vocab) {
+            return invalid_argument("'prompt' holds token id " + std::to_string(id) +
+                                    ", outside the vocabulary (" +
+                                    std::to_string(model_.config.n_vocab) + " tokens)");
+        }
+    }
+    return request.prompt_ids;
+}
+
 Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
                                                const TurnCallbacks& callbacks) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -885,7 +903,9 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
     model::ChatRenderOptions render;
     render.kwargs_json = request.chat_template_kwargs;
     render.tools_json = request.tools_json;
-    auto tokens = model::encode_chat(tok, model_.chat_template, conversation, render);
+    auto tokens = request.raw_prompt
+                      ? prompt_tokens(request)
+                      : model::encode_chat(tok, model_.chat_template, conversation, render);
     if (!tokens.ok() || tokens->empty()) {
         release(nullptr, nullptr);
         return tokens.ok() ? invalid_argument("the conversation renders to no tokens")

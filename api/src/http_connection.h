@@ -56,6 +56,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     static constexpr int32_t kSessionListLimit = 100;  // /v1/sessions and /v1/sessions/{id}
     // http_turn.cpp
     void chat();
+    void completion();  // POST /v1/completions
+    // The turn of request_ (parsed): queued on the turn runner, answered as chat or text.
+    void start_turn(const char* id_prefix);
     void answer(HttpAnswer a);          // a whole response, then the next request or close
     HttpAnswer body_too_large() const;  // 413
     void watch_peer();                  // a read pending during a turn: notices the client leave
@@ -103,6 +106,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     std::string id_;
     int64_t created_ = 0;
     std::vector<LogprobEntry> pending_logprobs_;  // the turn thread's, then end_turn's
+    bool completion_ = false;  // a text completion (text_completion answers), not a chat
+    bool echo_ = false;        // ... whose text starts with its prompt
+    size_t text_offset_ = 0;   // characters streamed so far (the logprobs' text_offset)
     std::chrono::steady_clock::time_point started_;
     bool stream_keep_alive_ = false;  // a stream's head says keep-alive: more may follow it
 

@@ -92,6 +92,7 @@ void Connection::route() {
         return answer({200, g_.metrics.render(g_.engine.stats()), "text/plain; version=0.0.4"});
     }
     if (path_ == "/v1/chat/completions") return chat();
+    if (path_ == "/v1/completions") return completion();
     if (path_ == "/tokenize" || path_ == "/detokenize") {
         const std::string& body = parser_->get().body();
         auto out = path_ == "/tokenize" ? tokenize_answer(g_.engine.model(), body)

@@ -98,7 +98,8 @@ Result<RequestTarget> parse_target(std::string_view target) {
 
 const char* allowed_methods(std::string_view path) {
     if (path == "/health" || path == "/v1/models" || path == "/metrics") return "GET, HEAD";
-    if (path == "/v1/chat/completions" || path == "/tokenize" || path == "/detokenize")
+    if (path == "/v1/chat/completions" || path == "/v1/completions" || path == "/tokenize" ||
+        path == "/detokenize")
         return "POST";
     if (path == "/v1/sessions") return "GET, HEAD, POST";
     if (path.substr(0, 13) == "/v1/sessions/") return "GET, HEAD, DELETE";

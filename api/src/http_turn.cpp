@@ -1,5 +1,6 @@
 // A chat turn on a connection: queued on the turn runner (at most the queue timeout), run on
 // a turn thread, its pieces streamed as server-sent events or gathered into one answer.
+#include <algorithm>
 #include <boost/asio/post.hpp>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -7,6 +8,7 @@
 #include "deltaserve/common/logging.h"
 #include "gateway_core.h"
 #include "http_connection.h"
+#include "openai_completions.h"
 #include "random_id.h"
 
 namespace deltaserve::api {
@@ -35,6 +37,38 @@ void Connection::chat() {
         return answer(status_answer(parsed.error()));
     }
     request_ = std::move(*parsed);
+    completion_ = false;
+    if (request_.session_id.empty() && req.find("X-Session-ID") != req.end()) {
+        request_.session_id = std::string(req["X-Session-ID"]);
+        if (Status st = check_session_id(request_.session_id, "X-Session-ID"); !st.ok()) {
+            g_.metrics.request_failed();
+            return answer(status_answer(st));
+        }
+    }
+    start_turn("chatcmpl-");
+}
+
+void Connection::completion() {
+    started_ = std::chrono::steady_clock::now();
+    auto parsed = parse_completion_request(parser_->get().body(), g_.options.sampling);
+    if (!parsed.ok()) {
+        g_.metrics.request_failed();
+        return answer(status_answer(parsed.error()));
+    }
+    request_ = std::move(parsed->turn);
+    completion_ = true;
+    echo_ = parsed->echo;
+    const model::Tokenizer& tok = *g_.engine.model().tokenizer;
+    const auto& ids = request_.prompt_ids;
+    if (echo_ && !ids.empty() && std::all_of(ids.begin(), ids.end(), [&](int32_t id) {
+            return id >= 0 && id < tok.vocab_size();
+        })) {
+        request_.prompt_text = tok.decode(ids, true);  // the echo of a prompt of ids
+    }
+    start_turn("cmpl-");
+}
+
+void Connection::start_turn(const char* id_prefix) {
     const std::string& model = g_.engine.model_id();
     if (!request_.model.empty() && request_.model != model) {
         g_.metrics.request_failed();
@@ -43,17 +77,11 @@ void Connection::chat() {
             "the model '" + request_.model + "' does not exist (this server has '" + model + "')",
             "model_not_found"));
     }
-    if (request_.session_id.empty() && req.find("X-Session-ID") != req.end()) {
-        request_.session_id = std::string(req["X-Session-ID"]);
-        if (Status st = check_session_id(request_.session_id, "X-Session-ID"); !st.ok()) {
-            g_.metrics.request_failed();
-            return answer(status_answer(st));
-        }
-    }
     request_.tenant = tenant_;  // a session not open (or another key's) ends the turn: 404
     if (request_.max_tokens < 0) request_.max_tokens = g_.options.default_max_tokens;
     if (!request_.seed_given) request_.sampling.seed = std::random_device{}();
-    id_ = random_id("chatcmpl-", 12);
+    id_ = random_id(id_prefix, 12);
+    text_offset_ = 0;
     created_ = unix_seconds();
     head_sent_ = false;
     stream_keep_alive_ = keep_alive_ && !draining_ && !g_.stopping;
@@ -113,6 +141,15 @@ std::optional<std::vector<LogprobEntry>> Connection::take_logprobs() {
 bool Connection::on_piece(std::string_view piece) {
     return stream_chunk([&](bool first) {
         const auto logprobs = take_logprobs();
+        if (completion_) {
+            const std::string text = std::string(piece);
+            const size_t offset = text_offset_;
+            for (char c : text) text_offset_ += (static_cast<uint8_t>(c) & 0xc0) != 0x80;
+            return text_completion_chunk_json(id_, created_, g_.engine.model_id(),
+                                              (first && echo_ ? request_.prompt_text : "") + text,
+                                              "", std::nullopt, logprobs ? &*logprobs : nullptr,
+                                              offset);
+        }
         return chunk_json(id_, created_, g_.engine.model_id(), std::string(piece), first, "",
                           std::nullopt, {}, logprobs ? &*logprobs : nullptr);
     });
@@ -170,6 +207,12 @@ void Connection::end_turn(Result<TurnResult> r) {
     const std::string& model = g_.engine.model_id();
     if (!request_.stream || (!head_sent_ && !r.ok())) {
         if (!r.ok()) return answer(session_error(r.error(), !request_.session_id.empty()));
+        if (completion_) {
+            const std::string shown = (echo_ ? request_.prompt_text : "") + r->text;
+            return answer({200, text_completion_json(
+                                    id_, created_, model, shown, r->finish_reason, r->usage,
+                                    request_.top_logprobs >= 0 ? &r->logprobs : nullptr, 0)});
+        }
         HttpAnswer a{200, completion_json(id_, created_, model, r->text, r->finish_reason, r->usage,
                                           request_.session_id, session_answer(*r), r->tool_calls,
                                           request_.top_logprobs >= 0 ? &r->logprobs : nullptr)};
@@ -186,12 +229,22 @@ void Connection::end_turn(Result<TurnResult> r) {
         // The tokens whose text was held back or cut (a stop string) come with the end.
         auto logprobs = take_logprobs();
         if (logprobs && logprobs->empty()) logprobs.reset();
-        tail += sse_event(chunk_json(id_, created_, model,
-                                     head_sent_ ? std::nullopt : std::optional<std::string>(""),
-                                     !head_sent_, r->finish_reason, std::nullopt,
-                                     session_answer(*r), logprobs ? &*logprobs : nullptr));
+        if (completion_) {
+            const std::string rest = !head_sent_ && echo_ ? request_.prompt_text : "";
+            tail += sse_event(text_completion_chunk_json(
+                id_, created_, model, rest, r->finish_reason, std::nullopt,
+                logprobs ? &*logprobs : nullptr, text_offset_));
+        } else {
+            tail += sse_event(chunk_json(id_, created_, model,
+                                         head_sent_ ? std::nullopt : std::optional<std::string>(""),
+                                         !head_sent_, r->finish_reason, std::nullopt,
+                                         session_answer(*r), logprobs ? &*logprobs : nullptr));
+        }
         if (request_.include_usage) {
-            tail += sse_event(chunk_json(id_, created_, model, std::nullopt, false, "", r->usage));
+            tail += sse_event(
+                completion_
+                    ? text_completion_chunk_json(id_, created_, model, "", "", r->usage, nullptr, 0)
+                    : chunk_json(id_, created_, model, std::nullopt, false, "", r->usage));
         }
     }
     tail += sse_event("[DONE]");

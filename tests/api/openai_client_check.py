@@ -63,6 +63,37 @@ def main():
     if usage is None or usage.completion_tokens != answer.usage.completion_tokens or finish is None:
         fail(f"stream usage {usage} finish {finish}")
 
+    # Logprobs, as the client types them: each token's, its top alternatives, the text again.
+    lp = client.chat.completions.create(model=model, messages=question, max_tokens=8, temperature=0,
+                                        logprobs=True, top_logprobs=3)
+    content = lp.choices[0].logprobs.content
+    if "".join(t.token for t in content) != lp.choices[0].message.content or \
+            any(len(t.top_logprobs) != 3 or t.top_logprobs[0].token != t.token or t.logprob > 0
+                for t in content):
+        fail(f"chat logprobs {lp.choices[0].logprobs}")
+
+    # Text completions: a raw prompt, whole and streamed, echo, logprobs as a count.
+    prompt = "The capital of France is"
+    done = client.completions.create(model=model, prompt=prompt, max_tokens=8, temperature=0, logprobs=2)
+    c = done.choices[0]
+    if not c.text or c.logprobs is None or "".join(c.logprobs.tokens) != c.text or \
+            len(c.logprobs.token_logprobs) != done.usage.completion_tokens or \
+            any(len(t) != 2 for t in c.logprobs.top_logprobs):
+        fail(f"completion {done}")
+    streamed = "".join(ch.choices[0].text for ch in client.completions.create(
+        model=model, prompt=prompt, max_tokens=8, temperature=0, stream=True) if ch.choices)
+    if streamed != c.text:
+        fail(f"streamed completion {streamed!r} != {c.text!r}")
+    echoed = client.completions.create(model=model, prompt=prompt, max_tokens=8, temperature=0, echo=True)
+    if echoed.choices[0].text != prompt + c.text:
+        fail(f"echo {echoed.choices[0].text!r}")
+    try:
+        client.completions.create(model=model, prompt=prompt, suffix="!")
+        fail("a suffix was accepted")
+    except openai.BadRequestError as e:
+        if "suffix" not in str(e):
+            fail(f"error does not name the field: {e}")
+
     # Sessions are opened explicitly (the openai client has no call for it: plain HTTP).
     req = urllib.request.Request(f"{base}/sessions", data=json.dumps({"id": "client-check"}).encode(),
                                  headers={"Authorization": f"Bearer {a.api_key}",

@@ -1,6 +1,7 @@
 // The chat request parser (POST /v1/chat/completions bodies): any bytes give a request or a
 // kInvalidArgument, never an exception or a crash; what it accepts renders as a prompt, and
-// its tools and whole messages are the JSON the template takes.
+// its tools and whole messages are the JSON the template takes. The same bytes as a text
+// completion's body (POST /v1/completions): a raw prompt or a kInvalidArgument.
 #include <cstdint>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -8,12 +9,18 @@
 
 #include "deltaserve/api/openai_protocol.h"
 #include "deltaserve/model/chat_template.h"
+#include "openai_completions.h"
 
 using namespace deltaserve;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string_view body(reinterpret_cast<const char*>(data), size);
     model::SamplingParams defaults;
+    auto c = api::parse_completion_request(body, defaults);
+    if (!c.ok() && c.error().code() != StatusCode::kInvalidArgument) std::abort();
+    if (c.ok() &&
+        (!c->turn.raw_prompt || (c->turn.prompt_text.empty() && c->turn.prompt_ids.empty())))
+        std::abort();
     auto r = api::parse_chat_request(body, defaults);
     if (!r.ok()) {
         if (r.error().code() != StatusCode::kInvalidArgument) std::abort();

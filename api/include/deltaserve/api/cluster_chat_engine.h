@@ -87,6 +87,8 @@ class ClusterChatEngine : public ChatEngine {
     Result<std::string> read_block(const std::string& node, uint64_t key, uint64_t limit) override;
 
   private:
+    // A text completion's prompt (ChatRequest::raw_prompt) as ids.
+    Result<std::vector<int32_t>> prompt_tokens(const ChatRequest& request) const;
     struct Session {
         std::string tenant, id;
         std::vector<model::ChatMessage> history;

@@ -68,6 +68,12 @@ struct ChatRequest {
     // logprobs true: each answer token's log-probability, with top_logprobs (0..20) most
     // likely tokens at its place; -1: logprobs false or left out.
     int32_t top_logprobs = -1;
+    // A text completion (POST /v1/completions): the prompt as it is, not a chat. The engine
+    // tokenizes prompt_text (control tokens written in it parsed, BOS as the model adds it),
+    // or takes prompt_ids (checked against the vocabulary). No session, no template.
+    bool raw_prompt = false;
+    std::string prompt_text;
+    std::vector<int32_t> prompt_ids;
 };
 
 // A generated token's log-probabilities as an answer shows them (choices[].logprobs): each
