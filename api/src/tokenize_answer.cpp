@@ -47,12 +47,13 @@ Result<std::string> tokenize_answer(const model::Model& model, std::string_view 
         }
         if (!given) return invalid_argument("give 'content', 'prompt' or 'messages'");
         // llama-server adds no BOS unless add_special; vLLM adds it unless add_special_tokens
-        // is false.
+        // is false. Either only where the model's tokenizer adds one (add_bos_token), as a
+        // completion's prompt gets it.
         bool add_special = std::string(field) == "prompt";
         DS_RETURN_IF_ERROR(boolean_field(j, "add_special", "add_special", add_special));
         DS_RETURN_IF_ERROR(
             boolean_field(j, "add_special_tokens", "add_special_tokens", add_special));
-        DS_ASSIGN_OR_RETURN(ids, tok.encode(text, add_special, true));
+        DS_ASSIGN_OR_RETURN(ids, tok.encode(text, add_special && tok.vocab().add_bos, true));
     }
     bool with_pieces = false;
     DS_RETURN_IF_ERROR(boolean_field(j, "with_pieces", "with_pieces", with_pieces));
