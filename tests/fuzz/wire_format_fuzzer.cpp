@@ -1,9 +1,10 @@
 // The KV data plane's framing: KV shipments (wire_format.h) and KV stream message headers
-// (kv_stream.h), with a kEnd's first-token log-probabilities. Any bytes decode or are refused with kDataLoss / kInvalidArgument /
-// kFailedPrecondition, never read past; what decodes encodes back to the same bytes.
-// The first byte picks the decoder (even: shipment, odd: stream header) and, for shipments,
-// whether the expected model and profile ids are checked. DELTASERVE_FUZZ_WRITE_SEEDS=DIR
-// writes valid shipments and stream headers to DIR (tests/fuzz/corpus/wire_format) and exits.
+// (kv_stream.h), with a kEnd's first-token log-probabilities. Any bytes decode or are refused with
+// kDataLoss / kInvalidArgument / kFailedPrecondition, never read past; what decodes encodes back to
+// the same bytes. The first byte picks the decoder (even: shipment, odd: stream header) and, for
+// shipments, whether the expected model and profile ids are checked.
+// DELTASERVE_FUZZ_WRITE_SEEDS=DIR writes valid shipments and stream headers to DIR
+// (tests/fuzz/corpus/wire_format) and exits.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
