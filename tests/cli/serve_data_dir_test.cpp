@@ -62,13 +62,17 @@ class DataDirTest : public ::testing::TestWithParam<std::vector<std::string>> {
     }
     void TearDown() override { fs::remove_all(dir_); }
 
-    std::vector<std::string> args(const std::string& data_dir) const {
+    std::vector<std::string> args(const std::string& data_dir,
+                                  const std::vector<std::string>& extra = {}) const {
         std::vector<std::string> more = GetParam();
         more.insert(more.end(), {"--data-dir", data_dir});
+        more.insert(more.end(), extra.begin(), extra.end());
         return serve_args(more);
     }
     // The same server without a data dir: one that keeps nothing across restarts.
-    std::vector<std::string> plain_args() const { return args("none"); }
+    std::vector<std::string> plain_args(const std::vector<std::string>& extra = {}) const {
+        return args("none", extra);
+    }
 
     std::string dir_;
 };
@@ -293,10 +297,13 @@ std::string whole_facts(uint16_t port, const std::vector<std::string>& answers) 
 // answers) or, where a store was cut short, computed afresh from its history; never anything
 // else.
 TEST_P(DataDirTest, Kill9AtAnyMomentNeverServesAWrongAnswer) {
+    // Turns run back to back until each kill: on a quiet machine the session outgrows the
+    // tests' usual 1024-token context (up to ~90 turns of ~30 tokens).
+    const std::vector<std::string> kLongContext = {"--ctx-size", "8192"};
     std::mt19937 rng(20261128);
     std::map<int, std::string> seen;  // the answers the client saw, by turn
     for (int round = 0; round < 3; ++round) {
-        ServingProcess server(args(dir_));
+        ServingProcess server(args(dir_, kLongContext));
         ASSERT_NE(server.port(), 0) << server.log();
         const uint16_t port = server.port();
         if (round == 0) ASSERT_EQ(open_session(port, "ada"), 200);
@@ -336,7 +343,7 @@ TEST_P(DataDirTest, Kill9AtAnyMomentNeverServesAWrongAnswer) {
         stop = true;
         client.join();
     }
-    ServingProcess again(args(dir_));
+    ServingProcess again(args(dir_, kLongContext));
     ASSERT_NE(again.port(), 0) << again.log();
     HttpResponse info = http_request(again.port(), "GET", "/v1/sessions/ada");
     ASSERT_EQ(info.status, 200) << info.body;
@@ -355,7 +362,7 @@ TEST_P(DataDirTest, Kill9AtAnyMomentNeverServesAWrongAnswer) {
     RecordProperty("turns", static_cast<int>(turns));
     RecordProperty("answers_seen", static_cast<int>(history.size()));
     if (history.size() < turns) return;
-    ServingProcess ref(plain_args());
+    ServingProcess ref(plain_args(kLongContext));
     ASSERT_NE(ref.port(), 0) << ref.log();
     ASSERT_EQ(open_session(ref.port(), "ada"), 200);
     std::vector<std::string> exact;
