@@ -1,5 +1,6 @@
-// A chat turn on a connection: queued on the turn runner (at most the queue timeout), run on
-// a turn thread, its pieces streamed as server-sent events or gathered into one answer.
+// A chat turn (or a text completion's) on a connection: queued on the turn runner (at most
+// the queue timeout), run on a turn thread, its pieces streamed as server-sent events or
+// gathered into one answer.
 #include <algorithm>
 #include <boost/asio/post.hpp>
 #include <nlohmann/json.hpp>
