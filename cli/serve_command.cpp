@@ -40,13 +40,13 @@ int serve_main(int argc, char** argv) {
     std::string kv_memory, kv_host_memory, kv_device_memory, kv_disk = "0",
                                                              kv_disk_reserve = "64MiB";
     std::string data_dir = default_data_dir();
-    ArgParser p(
-        "deltaserve serve",
-        "Serves --model over an OpenAI-compatible HTTP API (POST /v1/chat/completions, GET "
-        "/v1/models, /health, /metrics), with a prefill and a decode worker in this process. "
-        "Sampling flags are the defaults for requests that leave a field out. A session "
-        "(X-Session-ID header or session_id field) keeps its history and its KV between "
-        "turns: send only the new messages.");
+    ArgParser p("deltaserve serve",
+                "Serves --model over an OpenAI-compatible HTTP API (POST /v1/chat/completions, "
+                "/v1/completions, /tokenize, /detokenize; GET /v1/models, /health, /metrics), with "
+                "a prefill and a decode worker in this process. "
+                "Sampling flags are the defaults for requests that leave a field out. A session "
+                "(X-Session-ID header or session_id field) keeps its history and its KV between "
+                "turns: send only the new messages.");
     o.register_flags(p);
     AccessFlags access;
     access.register_flags(p);
