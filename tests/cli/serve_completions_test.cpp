@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "deltaserve/model/inference_context.h"
+#include "default_model.h"
 #include "deltaserve/model/model.h"
 #include "http_client.h"
 #include "serving.h"
@@ -110,27 +110,13 @@ TEST_F(ServeCompletionsTest, ARawPromptContinuesAsTheModelDoes) {
 
     // The model's own greedy continuation of those ids.
     EXPECT_EQ(server.stop(), 0) << server.log();
-    model::LoadOptions lo;
-    lo.show_progress = false;
-    auto m = model::load_model(default_gguf_model(), lo);
-    ASSERT_TRUE(m.ok()) << m.error().to_string();
-    model::ContextOptions co;
-    co.n_ctx = 256;
-    co.n_threads = 1;
-    auto ctx = model::InferenceContext::create(**m, co);
-    ASSERT_TRUE(ctx.ok());
-    auto logits = (*ctx)->eval(ids);
-    ASSERT_TRUE(logits.ok());
+    std::unique_ptr<model::Model> m(load_default_model());
+    ASSERT_NE(m, nullptr);
     std::string own;
     int32_t prev = ids.back();
-    for (int i = 0; i < 10; ++i) {
-        const int32_t t = static_cast<int32_t>(std::max_element(logits->begin(), logits->end()) -
-                                               logits->begin());
-        own += (*m)->tokenizer->token_to_piece(t, prev);
-        prev = t;
-        const int32_t one[] = {t};
-        logits = (*ctx)->eval(one);
-        ASSERT_TRUE(logits.ok());
+    for (const GreedyStep& step : greedy_steps(*m, ids, 10)) {
+        own += m->tokenizer->token_to_piece(step.token, prev);
+        prev = step.token;
     }
     EXPECT_EQ(text, own);
 }

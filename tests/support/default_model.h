@@ -19,6 +19,17 @@ model::Model* load_default_model();
 std::vector<int32_t> license_tokens(const model::Model& model, size_t n, size_t skip = 0,
                                     bool add_bos = false);
 
+// The model's own greedy continuation of prompt (a fresh one-thread context, full KV): n
+// steps, each the logits after the tokens so far and the token they pick (the lowest id of
+// a tie). Empty (a test failure added) when an evaluation fails. What served answers are
+// checked against.
+struct GreedyStep {
+    std::vector<float> logits;
+    int32_t token = -1;
+};
+std::vector<GreedyStep> greedy_steps(const model::Model& model, const std::vector<int32_t>& prompt,
+                                     int n);
+
 // A suite on the default model with its DeltaKV profile, fed the GPL-3 text: the model is
 // loaded once (model_); each test skips with a message when one of them is absent.
 class DefaultModelTest : public ::testing::Test {
