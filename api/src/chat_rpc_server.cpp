@@ -50,11 +50,6 @@ Status json_text_field(capnp::Text::Reader text, const char* field, RequestJson&
 
 // A message's tool fields as the HTTP message would carry them, through the same checks.
 Status message_extras(rpc::Message::Reader m, size_t i, model::ChatMessage& out) {
-    if (m.getToolCallId().size() == 0 && m.getToolCalls().size() == 0) {
-        if (out.role == "tool")
-            return bad_field("messages[" + std::to_string(i) + "].tool_call_id", "is required");
-        return Status();
-    }
     RequestJson j = {{"role", out.role}, {"content", out.content}};
     if (m.getToolCallId().size() > 0) j["tool_call_id"] = text_of(m.getToolCallId());
     if (m.getToolCalls().size() > 0) {

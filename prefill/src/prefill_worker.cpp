@@ -40,7 +40,8 @@ class PrefillWorkerImpl final : public PrefillWorker {
     Result<PrefillResult> prefill(const PrefillRequest& request) override {
         DS_RETURN_IF_ERROR(model::validate_sampling(request.turn.sampling));
         if (request.turn.logprobs < -1 || request.turn.logprobs > model::kMaxTopLogprobs)
-            return invalid_argument("a turn's top logprobs must be -1 (none) to 20");
+            return invalid_argument("a turn's top logprobs must be -1 (none) to " +
+                                    std::to_string(model::kMaxTopLogprobs));
         const uint64_t id = request.turn.turn_id;
         const bool admitted = enter(id);
         const auto t0 = std::chrono::steady_clock::now();
