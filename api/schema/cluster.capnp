@@ -36,6 +36,7 @@ struct TurnSpec {
   jsonPrefix @9 :Text;  # literal text before that value, and after it
   jsonSuffix @10 :Text;
   logprobs @11 :Int32 = -1;  # top logprobs per generated token (0..20); -1 = none
+  promptLogprobs @12 :Int32 = -1;  # the prompt's too (decode::TurnSpec::prompt_logprobs)
 }
 
 struct TurnPlan {
@@ -74,6 +75,7 @@ struct TokenLogprob {
 struct TokenLogprobs {
   chosen @0 :TokenLogprob;
   top @1 :List(TokenLogprob);
+  rank @2 :Int32;  # the chosen token's place, 1 = the most likely; 0 = not known
 }
 
 interface Turn {

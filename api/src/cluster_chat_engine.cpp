@@ -94,6 +94,18 @@ class QueueSink : public decode::TurnSink {
     std::optional<Result<decode::TurnEnd>> end_;
 };
 
+// A prompt token's log-probabilities from the decode node: of that token, with the top
+// tokens asked for.
+Status check_prompt_logprobs(const model::TokenLogprobs& lp, int32_t token, int32_t n_top,
+                             int32_t n_vocab) {
+    DS_RETURN_IF_ERROR(model::check_token_logprobs(lp, n_vocab));
+    if (lp.chosen.token != token)
+        return unavailable("the decode node scored another token than the prompt's");
+    if (lp.top.size() != static_cast<size_t>(std::min(n_top, n_vocab)) || lp.rank < 1)
+        return unavailable("the decode node's prompt logprobs are not the ones asked for");
+    return Status();
+}
+
 }  // namespace
 
 ClusterChatEngine::ClusterChatEngine(const model::Model& model, std::string model_id,
@@ -918,6 +930,7 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
     spec.max_tokens = request.max_tokens;
     spec.stop = request.stop;
     spec.logprobs = request.top_logprobs;
+    spec.prompt_logprobs = request.prompt_logprobs;
     spec.cache_scope = request.tenant;  // tenants never meet in the prefix cache
     if (with_tools) spec.shown_tokens = tool_tokens_;
     spec.json_schema = request.json_schema;
@@ -972,6 +985,13 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
     };
     QueueSink::Item item;
     TokenTexts texts(*model_.tokenizer, spec.tokens.back());
+    TokenTexts prompt_texts(*model_.tokenizer, spec.tokens.front());
+    // The prompt's log-probabilities come first: one for each token after the first.
+    size_t prompt_left = 0;
+    if (spec.prompt_logprobs >= 0) {
+        prompt_left = spec.tokens.size() - 1;
+        result.prompt_logprobs.push_back(TokenTexts::unscored(*model_.tokenizer, spec.tokens[0]));
+    }
     Status bad_node;  // log-probabilities the decode node should not have sent
     for (;;) {
         const auto next = sink->next(std::chrono::milliseconds(TurnCallbacks::kWantedPollMs), item);
@@ -982,12 +1002,21 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
         }
         if (const auto* lp = std::get_if<model::TokenLogprobs>(&item)) {
             if (cancelled) continue;
-            Status st = spec.logprobs < 0
-                            ? unavailable("the decode node sent logprobs no one asked for")
-                            : model::check_token_logprobs(*lp, model_.config.n_vocab);
+            const bool of_prompt = prompt_left > 0;
+            const size_t at = spec.tokens.size() - prompt_left;  // the prompt token it scores
+            Status st =
+                of_prompt ? check_prompt_logprobs(*lp, spec.tokens[at], spec.prompt_logprobs,
+                                                  model_.config.n_vocab)
+                : spec.logprobs < 0 ? unavailable("the decode node sent logprobs no one asked for")
+                                    : model::check_token_logprobs(*lp, model_.config.n_vocab);
             if (!st.ok()) {
                 bad_node = st;
                 cancel();
+                continue;
+            }
+            if (of_prompt) {
+                --prompt_left;
+                result.prompt_logprobs.push_back(prompt_texts.entry(*lp));
                 continue;
             }
             LogprobEntry entry = texts.entry(*lp);
@@ -1004,6 +1033,8 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
         if (!cancelled && !answer.feed(piece)) cancel();
     }
     Result<decode::TurnEnd> ended = sink->end();
+    if (bad_node.ok() && ended.ok() && prompt_left > 0 && !cancelled)
+        bad_node = unavailable("the decode node left prompt tokens unscored");
     if (!bad_node.ok()) ended = bad_node.with_context("decode node " + node->name());
     if (!ended.ok()) {
         release(node, nullptr);

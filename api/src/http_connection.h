@@ -108,6 +108,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     std::vector<LogprobEntry> pending_logprobs_;  // the turn thread's, then end_turn's
     bool completion_ = false;  // a text completion (text_completion answers), not a chat
     bool echo_ = false;        // ... whose text starts with its prompt
+    int32_t echoed_top_ = -1,
+            listed_top_ = -1;  // ... its prompt's scores shown (CompletionRequest)
     size_t text_offset_ = 0;   // characters streamed so far (the logprobs' text_offset)
     std::chrono::steady_clock::time_point started_;
     bool stream_keep_alive_ = false;  // a stream's head says keep-alive: more may follow it

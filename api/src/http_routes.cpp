@@ -91,6 +91,7 @@ void Connection::route() {
     if (path_ == "/metrics") {
         return answer({200, g_.metrics.render(g_.engine.stats()), "text/plain; version=0.0.4"});
     }
+    if (path_ == "/tokenizer_info") return answer({200, tokenizer_info_answer(g_.engine.model())});
     if (path_ == "/v1/chat/completions") return chat();
     if (path_ == "/v1/completions") return completion();
     if (path_ == "/tokenize" || path_ == "/detokenize") {
@@ -116,7 +117,7 @@ void Connection::options(const std::string& allow) {
 bool Connection::authorize() {
     // Everything but /health needs a key when the server has keys (/metrics only when asked).
     const bool keyed = path_.substr(0, 4) == "/v1/" || path_ == "/tokenize" ||
-                       path_ == "/detokenize" ||
+                       path_ == "/detokenize" || path_ == "/tokenizer_info" ||
                        (path_ == "/metrics" && g_.access.options().metrics_need_key);
     if (!keyed) return true;
     const auto& req = parser_->get();

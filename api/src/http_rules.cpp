@@ -97,7 +97,9 @@ Result<RequestTarget> parse_target(std::string_view target) {
 }
 
 const char* allowed_methods(std::string_view path) {
-    if (path == "/health" || path == "/v1/models" || path == "/metrics") return "GET, HEAD";
+    if (path == "/health" || path == "/v1/models" || path == "/metrics" ||
+        path == "/tokenizer_info")
+        return "GET, HEAD";
     if (path == "/v1/chat/completions" || path == "/v1/completions" || path == "/tokenize" ||
         path == "/detokenize")
         return "POST";

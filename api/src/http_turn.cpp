@@ -59,6 +59,8 @@ void Connection::completion() {
     request_ = std::move(parsed->turn);
     completion_ = true;
     echo_ = parsed->echo;
+    echoed_top_ = parsed->echoed_top;
+    listed_top_ = parsed->listed_top;
     const model::Tokenizer& tok = *g_.engine.model().tokenizer;
     const auto& ids = request_.prompt_ids;
     if (echo_ && !ids.empty() && std::all_of(ids.begin(), ids.end(), [&](int32_t id) {
@@ -210,9 +212,10 @@ void Connection::end_turn(Result<TurnResult> r) {
         if (!r.ok()) return answer(session_error(r.error(), !request_.session_id.empty()));
         if (completion_) {
             const std::string shown = (echo_ ? request_.prompt_text : "") + r->text;
-            return answer({200, text_completion_json(
-                                    id_, created_, model, shown, r->finish_reason, r->usage,
-                                    request_.top_logprobs >= 0 ? &r->logprobs : nullptr, 0)});
+            return answer(
+                {200, text_completion_json(id_, created_, model, shown, r->finish_reason, r->usage,
+                                           request_.top_logprobs >= 0 ? &r->logprobs : nullptr, 0,
+                                           {&r->prompt_logprobs, echoed_top_, listed_top_})});
         }
         HttpAnswer a{200, completion_json(id_, created_, model, r->text, r->finish_reason, r->usage,
                                           request_.session_id, session_answer(*r), r->tool_calls,

@@ -1,5 +1,6 @@
 #include "openai_completions.h"
 
+#include <algorithm>
 #include <climits>
 
 #include "deltaserve/model/token_logprobs.h"
@@ -49,35 +50,69 @@ Status refuse_unserved(const json& j, const CompletionRequest& c) {
         return bad_field("best_of", "must be 1");
     if (const json* b = field_of(j, "logit_bias"); b != nullptr && !b->empty())
         return bad_field("logit_bias", "is not supported");
-    if (c.echo && c.turn.top_logprobs >= 0)
-        return bad_field("echo", "with logprobs (the prompt's logprobs) is not supported yet");
-    if (const json* p = field_of(j, "prompt_logprobs");
-        p != nullptr && !(p->is_number() && *p == 0))
-        return bad_field("prompt_logprobs", "is not supported yet");
+    if (c.turn.prompt_logprobs >= 0 && c.turn.stream) {
+        return bad_field(c.listed_top >= 0 ? "prompt_logprobs" : "echo",
+                         "with the prompt's logprobs cannot be streamed; set stream false");
+    }
     return Status();
 }
 
-json text_logprobs_json(const std::vector<LogprobEntry>* entries, size_t offset) {
+// Legacy completions' logprobs: the echoed prompt's tokens (top of each), then the answer's.
+json text_logprobs_json(const std::vector<LogprobEntry>* entries, size_t offset,
+                        const std::vector<LogprobEntry>* echoed = nullptr, int32_t echoed_top = 0) {
     if (entries == nullptr) return nullptr;
     json tokens = json::array(), values = json::array(), tops = json::array(),
          offsets = json::array();
-    for (const LogprobEntry& e : *entries) {
+    const auto add = [&](const LogprobEntry& e, size_t n_top) {
         tokens.push_back(e.chosen.bytes);
-        values.push_back(e.chosen.logprob);
-        json top = json::object();
-        if (e.top.empty()) top[e.chosen.bytes] = e.chosen.logprob;
-        for (const LogprobToken& t : e.top) {
-            if (!top.contains(t.bytes)) top[t.bytes] = t.logprob;
-        }
-        tops.push_back(std::move(top));
         offsets.push_back(offset);
         // Offsets in characters, as Python indexes the text (a UTF-8 lead byte each).
         for (char c : e.chosen.bytes) offset += (static_cast<uint8_t>(c) & 0xc0) != 0x80;
+        if (!e.scored) {
+            values.push_back(nullptr);
+            tops.push_back(nullptr);
+            return;
+        }
+        values.push_back(e.chosen.logprob);
+        json top = json::object();
+        if (e.top.empty() || n_top == 0) top[e.chosen.bytes] = e.chosen.logprob;
+        for (size_t i = 0; i < e.top.size() && i < n_top; ++i) {
+            if (!top.contains(e.top[i].bytes)) top[e.top[i].bytes] = e.top[i].logprob;
+        }
+        tops.push_back(std::move(top));
+    };
+    if (echoed != nullptr) {
+        for (const LogprobEntry& e : *echoed) add(e, static_cast<size_t>(echoed_top));
     }
+    for (const LogprobEntry& e : *entries) add(e, e.top.size());
     return {{"tokens", std::move(tokens)},
             {"token_logprobs", std::move(values)},
             {"top_logprobs", std::move(tops)},
             {"text_offset", std::move(offsets)}};
+}
+
+// vLLM's prompt_logprobs: per prompt token (null for the first) its id's entry and the
+// n_top most likely, each {logprob, rank, decoded_token}.
+json listed_prompt_json(const std::vector<LogprobEntry>& entries, int32_t n_top) {
+    json out = json::array();
+    for (const LogprobEntry& e : entries) {
+        if (!e.scored) {
+            out.push_back(nullptr);
+            continue;
+        }
+        json place = json::object();
+        place[std::to_string(e.chosen.id)] = {
+            {"logprob", e.chosen.logprob}, {"rank", e.rank}, {"decoded_token", e.chosen.bytes}};
+        for (size_t i = 0; i < e.top.size() && i < static_cast<size_t>(n_top); ++i) {
+            const std::string key = std::to_string(e.top[i].id);
+            if (place.contains(key)) continue;
+            place[key] = {{"logprob", e.top[i].logprob},
+                          {"rank", static_cast<int64_t>(i) + 1},
+                          {"decoded_token", e.top[i].bytes}};
+        }
+        out.push_back(std::move(place));
+    }
+    return out;
 }
 
 json head(const std::string& id, int64_t created, const std::string& model) {
@@ -109,6 +144,14 @@ Result<CompletionRequest> parse_completion_request(std::string_view body,
         bool given = false;
         DS_RETURN_IF_ERROR(integer_field(j, "logprobs", 0, model::kMaxTopLogprobs, n, given));
         if (given) r.top_logprobs = static_cast<int32_t>(n);
+        if (c.echo) c.echoed_top = r.top_logprobs;
+        // vLLM's prompt_logprobs: a count (0-20) or null.
+        if (const json* p = field_of(j, "prompt_logprobs"); p != nullptr && !p->is_null()) {
+            DS_RETURN_IF_ERROR(
+                integer_field(j, "prompt_logprobs", 0, model::kMaxTopLogprobs, n, given));
+            c.listed_top = static_cast<int32_t>(n);
+        }
+        r.prompt_logprobs = std::max(c.echoed_top, c.listed_top);
         DS_RETURN_IF_ERROR(refuse_unserved(j, c));
         return c;
     } catch (const json::exception& e) {
@@ -119,12 +162,18 @@ Result<CompletionRequest> parse_completion_request(std::string_view body,
 std::string text_completion_json(const std::string& id, int64_t created, const std::string& model,
                                  const std::string& text, const std::string& finish_reason,
                                  const Usage& usage, const std::vector<LogprobEntry>* logprobs,
-                                 size_t text_offset) {
+                                 size_t text_offset, const PromptScores& prompt) {
     json j = head(id, created, model);
-    j["choices"] = json::array({{{"index", 0},
-                                 {"text", text},
-                                 {"logprobs", text_logprobs_json(logprobs, text_offset)},
-                                 {"finish_reason", finish_reason}}});
+    const bool echoed = prompt.entries != nullptr && prompt.echoed_top >= 0;
+    json choice = {
+        {"index", 0},
+        {"text", text},
+        {"logprobs", text_logprobs_json(logprobs, text_offset, echoed ? prompt.entries : nullptr,
+                                        prompt.echoed_top)},
+        {"finish_reason", finish_reason}};
+    if (prompt.entries != nullptr && prompt.listed_top >= 0)
+        choice["prompt_logprobs"] = listed_prompt_json(*prompt.entries, prompt.listed_top);
+    j["choices"] = json::array({std::move(choice)});
     j["usage"] = usage_json(usage);
     return dump(j);
 }

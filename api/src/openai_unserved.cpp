@@ -37,6 +37,9 @@ Status refuse_unserved_fields(const RequestJson& j) {
         auto it = j.find(u.field);
         if (it != j.end() && !neutral(*it)) return bad_field(u.field, u.instead);
     }
+    // vLLM's prompt_logprobs (0 asks for the prompt tokens' own): completions serve it.
+    if (auto it = j.find("prompt_logprobs"); it != j.end() && !it->is_null())
+        return bad_field("prompt_logprobs", "is served on /v1/completions, not on chat");
     if (auto it = j.find("modalities"); it != j.end() && !it->is_null()) {
         const bool text = it->is_array() && it->size() == 1 && (*it)[0] == "text";
         if (!text) return bad_field("modalities", "must be [\"text\"] (text only)");

@@ -18,10 +18,19 @@ class TokenTexts {
     // The next answer token's entry (ids checked by model::check_token_logprobs).
     LogprobEntry entry(const model::TokenLogprobs& lp) {
         LogprobEntry e;
-        e.chosen = {tok_.token_to_piece(lp.chosen.token, prev_, true), lp.chosen.logprob};
+        e.chosen = {tok_.token_to_piece(lp.chosen.token, prev_, true), lp.chosen.logprob,
+                    lp.chosen.token};
         for (const model::TokenLogprob& t : lp.top)
-            e.top.push_back({tok_.token_to_piece(t.token, prev_, true), t.logprob});
+            e.top.push_back({tok_.token_to_piece(t.token, prev_, true), t.logprob, t.token});
+        e.rank = lp.rank;
         prev_ = lp.chosen.token;
+        return e;
+    }
+    // A prompt's first token, which nothing scores (its entry shows null).
+    static LogprobEntry unscored(const model::Tokenizer& tokenizer, int32_t token) {
+        LogprobEntry e;
+        e.chosen = {tokenizer.token_to_piece(token, -1, true), 0.0f, token};
+        e.scored = false;
         return e;
     }
 

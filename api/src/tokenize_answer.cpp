@@ -99,4 +99,23 @@ Result<std::string> detokenize_answer(const model::Model& model, std::string_vie
     return nlohmann::json{{"content", text}, {"prompt", text}}.dump();
 }
 
+std::string tokenizer_info_answer(const model::Model& model) {
+    const model::Tokenizer& tok = *model.tokenizer;
+    const auto text = [&](int32_t id) -> nlohmann::json {
+        if (id < 0 || id >= tok.vocab_size()) return nullptr;
+        return model::special_token_text(tok, id);
+    };
+    const model::ChatTemplate& tmpl = model.chat_template;
+    return nlohmann::json{
+        {"tokenizer_class", "deltaserve"},
+        {"bos_token", text(tok.bos_id())},
+        {"eos_token", text(tok.eos_id())},
+        {"pad_token", nullptr},
+        {"unk_token", nullptr},
+        {"add_bos_token", tok.vocab().add_bos},
+        {"chat_template", tmpl.is_default() ? nlohmann::json() : nlohmann::json(tmpl.source())},
+        {"model_max_length", model.config.n_ctx_train}}
+        .dump();
+}
+
 }  // namespace deltaserve::api

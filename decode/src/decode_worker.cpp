@@ -364,6 +364,9 @@ class DecodeWorkerImpl final : public DecodeWorker {
     // One forward pass; each turn's tokens: its next token, or a chunk of its prompt.
     void step(const std::vector<std::shared_ptr<Turn>>& batch,
               const std::vector<std::span<const int32_t>>& tokens);
+    // A prompt chunk's rows of logits (TurnSpec::prompt_logprobs) to the turn's sink: the
+    // log-probabilities of the prompt tokens they predict.
+    void report_prompt_logprobs(Turn& t, const float* rows, size_t n_rows);
     // After a token was taken: the turn goes on (into `next`) or ends.
     void carry_on(const std::shared_ptr<Turn>& t, std::vector<std::shared_ptr<Turn>>& next);
     void update_stats();
@@ -414,6 +417,7 @@ class DecodeWorkerImpl final : public DecodeWorker {
     std::vector<model::CandidateWant> step_wants_;
     std::vector<std::vector<int32_t>> step_penalized_;
     std::vector<model::RowCandidates> step_candidates_;
+    std::vector<uint8_t> step_all_;  // the batch's turns that keep every row (prompt logprobs)
     model::ConstraintFactory constraints_;  // the turns' response formats
 
     mutable std::mutex mu_;
@@ -452,6 +456,10 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
         return invalid_argument("a turn's top logprobs must be -1 (none) to " +
                                 std::to_string(model::kMaxTopLogprobs));
     }
+    if (spec.prompt_logprobs < -1 || spec.prompt_logprobs > model::kMaxTopLogprobs) {
+        return invalid_argument("a turn's prompt top logprobs must be -1 (none) to " +
+                                std::to_string(model::kMaxTopLogprobs));
+    }
     if (spec.shown_tokens.size() > 16)
         return invalid_argument("a turn shows at most 16 control tokens");
     for (int32_t tok : spec.shown_tokens) {
@@ -488,8 +496,11 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
         auto it = sessions_.find(t->spec.session_id);
         own = it != sessions_.end() && it->second.ctx != nullptr;
     }
-    if (prefix_ && !own) from_cache = from_prefix_cache(t->spec);
-    if (tiers_ && !own &&
+    // A turn that reports its prompt's log-probabilities computes the whole prompt: cached KV
+    // comes without the logits.
+    const bool whole_prompt = t->spec.prompt_logprobs >= 0;
+    if (prefix_ && !own && !whole_prompt) from_cache = from_prefix_cache(t->spec);
+    if (tiers_ && !own && !whole_prompt &&
         tiers_->prefix_held(t->spec.tokens, t->spec.cache_scope) >
             (from_cache ? from_cache->n_past() : 0)) {
         if (auto ctx = make_context(); ctx.ok()) {
@@ -535,7 +546,8 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
         if (it != sessions_.end() && it->second.ctx) start = it->second.ctx.get();
     }
     if (start != nullptr && keep > 0) keep = start->kept_by_truncate(keep);
-    const bool remote = shippable_ && n - keep > options_.local_prefill_max;
+    if (whole_prompt) keep = 0;
+    const bool remote = shippable_ && !whole_prompt && n - keep > options_.local_prefill_max;
     DS_RETURN_IF_ERROR(book_locked(*t, remote ? 0 : n - keep));
     std::unique_ptr<model::InferenceContext> held;
     if (!t->spec.session_id.empty()) {
@@ -585,7 +597,7 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
         held->truncate(keep);
         t->ctx = std::move(held);
         t->stage = Turn::Stage::kPrefillHere;
-        t->look_again = prefix_ != nullptr && !own_kv;
+        t->look_again = prefix_ != nullptr && !own_kv && !whole_prompt;
     }
     t->prefilled = keep;
     t->arrival = arrivals_++;
@@ -930,7 +942,9 @@ void DecodeWorkerImpl::run_loop() {
             if (batch.size() >= max_batch || budget <= 0) break;
             if (t->look_again) take_late_prefix(*t);
             const int32_t left = static_cast<int32_t>(t->spec.tokens.size()) - t->prefilled;
-            const int32_t n = std::min(budget, left);
+            // A chunk whose every row of logits is kept takes at most prefill_chunk rows.
+            const int32_t n = std::min(
+                {budget, left, t->spec.prompt_logprobs >= 0 ? options_.prefill_chunk : left});
             t->ctx->expect_more(left - n);  // a compressing cache compresses at the prompt's end
             batch.push_back(t);
             spans.push_back(std::span<const int32_t>(t->spec.tokens).subspan(t->prefilled, n));
@@ -971,6 +985,15 @@ void DecodeWorkerImpl::step(const std::vector<std::shared_ptr<Turn>>& batch,
     for (auto& t : batch) step_contexts_.push_back(t->ctx.get());
     std::vector<float>& logits = step_logits_;
     const bool on_device = runner_.backend() != nullptr && !runner_.backend()->host_memory();
+    step_all_.assign(batch.size(), 0);
+    bool any_all = false;
+    for (size_t i = 0; i < batch.size(); ++i) {
+        const Turn& t = *batch[i];
+        step_all_[i] = t.stage == Turn::Stage::kPrefillHere && t.spec.prompt_logprobs >= 0;
+        any_all = any_all || step_all_[i] != 0;
+    }
+    const std::span<const uint8_t> all =
+        any_all ? std::span<const uint8_t>(step_all_) : std::span<const uint8_t>();
     Status st;
     if (on_device) {
         step_wants_.assign(batch.size(), model::CandidateWant{});
@@ -982,21 +1005,27 @@ void DecodeWorkerImpl::step(const std::vector<std::shared_ptr<Turn>>& batch,
             step_penalized_[i] = t.sampler.penalized();
             step_wants_[i] = {t.sampler.candidates_wanted(), step_penalized_[i]};
         }
-        st = runner_.run(step_contexts_, tokens, step_wants_, logits, step_candidates_);
+        st = runner_.run(step_contexts_, tokens, step_wants_, all, logits, step_candidates_);
+    } else if (any_all) {
+        st = runner_.run(step_contexts_, tokens, {}, all, logits, step_candidates_);
     } else {
         st = runner_.run(step_contexts_, tokens, logits);
     }
     const size_t nv = static_cast<size_t>(model_.config.n_vocab);
+    size_t first_row = 0;  // turn i's rows start here (one each, or a row per new token)
     for (size_t i = 0; i < batch.size(); ++i) {
         Turn& t = *batch[i];
+        const size_t n_rows = step_all_[i] != 0 ? tokens[i].size() : 1;
+        const size_t at = std::exchange(first_row, first_row + n_rows);
         if (!st.ok()) {
             std::lock_guard<std::mutex> lock(t.mu);
             t.failure = st;
             t.failed = true;
             continue;
         }
-        const std::span<const float> row(logits.data() + i * nv, nv);
+        const std::span<const float> row(logits.data() + (at + n_rows - 1) * nv, nv);
         if (t.stage == Turn::Stage::kPrefillHere) {
+            if (step_all_[i] != 0) report_prompt_logprobs(t, logits.data() + at * nv, n_rows);
             t.prefilled += static_cast<int32_t>(tokens[i].size());
             if (t.prefilled < static_cast<int32_t>(t.spec.tokens.size())) continue;
             t.cached = t.spec.tokens;
@@ -1017,6 +1046,17 @@ void DecodeWorkerImpl::step(const std::vector<std::shared_ptr<Turn>>& batch,
                 t.take_from(row);
             }
         }
+    }
+}
+
+void DecodeWorkerImpl::report_prompt_logprobs(Turn& t, const float* rows, size_t n_rows) {
+    const size_t nv = static_cast<size_t>(model_.config.n_vocab);
+    for (size_t j = 0; j < n_rows; ++j) {
+        // Row j follows prompt position prefilled + j: it scores the token after it.
+        const size_t next = static_cast<size_t>(t.prefilled) + j + 1;
+        if (next >= t.spec.tokens.size()) break;
+        t.sink->on_logprobs(model::token_logprobs(std::span<const float>(rows + j * nv, nv),
+                                                  t.spec.tokens[next], t.spec.prompt_logprobs));
     }
 }
 

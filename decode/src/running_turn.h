@@ -70,9 +70,11 @@ struct Turn {
                 internal_error("constrained decoding: no token of the vocabulary can "
                                "continue the response format here"));
         }
+        // The end-of-turn token has its log-probabilities too (as vLLM reports it): what
+        // scoring a prompt needs when the model would end there.
+        if (lp != nullptr) sink->on_logprobs(*lp);
         if (tok.is_eog(token)) return stop_with("stop");
         ++end.completion_tokens;
-        if (lp != nullptr) sink->on_logprobs(*lp);
         sampler.accept_generated(token);
         const bool shown = std::find(spec.shown_tokens.begin(), spec.shown_tokens.end(), token) !=
                            spec.shown_tokens.end();

@@ -200,9 +200,12 @@ class InferenceContextImpl final : public InferenceContext {
                        std::span<const std::span<const int32_t>> tokens, std::vector<float>& logits,
                        const BatchRunner* runner = nullptr, Forward* runner_forward = nullptr,
                        std::span<const CandidateWant> wants = {},
-                       std::vector<RowCandidates>* candidates = nullptr) {
+                       std::vector<RowCandidates>* candidates = nullptr,
+                       std::span<const uint8_t> all_logits = {}) {
         if (!wants.empty() && wants.size() != contexts.size())
             return invalid_argument("eval_batch: candidate wants for another batch");
+        if (!all_logits.empty() && all_logits.size() != contexts.size())
+            return invalid_argument("eval_batch: all-logits flags for another batch");
         if (contexts.empty() || contexts.size() != tokens.size()) {
             return invalid_argument("eval_batch: " + std::to_string(contexts.size()) +
                                     " contexts and " + std::to_string(tokens.size()) +
@@ -232,7 +235,8 @@ class InferenceContextImpl final : public InferenceContext {
             }
             if (tokens[i].empty()) return invalid_argument("eval_batch: a context without tokens");
             DS_RETURN_IF_ERROR(c->check(tokens[i].size()));
-            batch[i] = SequenceInput{c->cache_.get(), tokens[i], false};
+            batch[i] = SequenceInput{c->cache_.get(), tokens[i],
+                                     !all_logits.empty() && all_logits[i] != 0};
             if (!wants.empty()) batch[i].want = wants[i];
         }
         return (runner_forward != nullptr ? *runner_forward : first->forward_)
@@ -508,6 +512,14 @@ Status BatchRunner::run(std::span<InferenceContext* const> contexts,
                         std::vector<RowCandidates>& candidates) {
     return InferenceContextImpl::step(contexts, tokens, logits, this, forward_.get(), wants,
                                       &candidates);
+}
+
+Status BatchRunner::run(std::span<InferenceContext* const> contexts,
+                        std::span<const std::span<const int32_t>> tokens,
+                        std::span<const CandidateWant> wants, std::span<const uint8_t> all_logits,
+                        std::vector<float>& logits, std::vector<RowCandidates>& candidates) {
+    return InferenceContextImpl::step(contexts, tokens, logits, this, forward_.get(), wants,
+                                      &candidates, all_logits);
 }
 
 }  // namespace deltaserve::model

@@ -62,6 +62,10 @@ TokenLogprobs token_logprobs(std::span<const float> logits, int32_t chosen, int3
     };
     TokenLogprobs out;
     out.chosen = {chosen, chosen >= 0 && chosen < n ? logprob(chosen) : 0.0f};
+    if (chosen >= 0 && chosen < n) {
+        out.rank = 1;
+        for (int32_t t = 0; t < n; ++t) out.rank += ahead(logits[t], t, logits[chosen], chosen);
+    }
     // The n_top largest, kept sorted: a token enters when it beats the last kept.
     std::vector<int32_t> top;
     top.reserve(static_cast<size_t>(n_top) + 1);
@@ -85,6 +89,8 @@ Status check_token_logprobs(const TokenLogprobs& lp, int32_t n_vocab) {
                                 " top tokens (at most " + std::to_string(kMaxTopLogprobs) + ")");
     }
     DS_RETURN_IF_ERROR(check_entry(lp.chosen, n_vocab));
+    if (lp.rank < 0 || lp.rank > n_vocab)
+        return invalid_argument("logprobs: rank " + std::to_string(lp.rank) + " is not a place");
     for (const TokenLogprob& e : lp.top) DS_RETURN_IF_ERROR(check_entry(e, n_vocab));
     return {};
 }

@@ -87,6 +87,22 @@ def main():
     echoed = client.completions.create(model=model, prompt=prompt, max_tokens=8, temperature=0, echo=True)
     if echoed.choices[0].text != prompt + c.text:
         fail(f"echo {echoed.choices[0].text!r}")
+    # The prompt scored (lm-eval's loglikelihood): echo with logprobs, and vLLM's
+    # prompt_logprobs through extra_body.
+    scored = client.completions.create(model=model, prompt=prompt + c.text, max_tokens=1, temperature=0,
+                                       echo=True, logprobs=1, extra_body={"prompt_logprobs": 1})
+    s = scored.choices[0]
+    listed = s.model_extra.get("prompt_logprobs") if s.model_extra else None
+    n_prompt = scored.usage.prompt_tokens
+    if s.logprobs.token_logprobs[0] is not None or len(s.logprobs.tokens) < n_prompt or \
+            any(v is None or v > 0 for v in s.logprobs.token_logprobs[1:]) or \
+            not s.text.startswith(prompt + c.text) or listed is None or len(listed) != n_prompt or \
+            listed[0] is not None:
+        fail(f"scored prompt {scored}")
+    # The answer's tokens, scored as a prompt, are those it generated (their values up to rounding).
+    k = len(c.logprobs.tokens)
+    if s.logprobs.tokens[n_prompt - k:n_prompt] != c.logprobs.tokens:
+        fail(f"scored tokens {s.logprobs.tokens} do not end with {c.logprobs.tokens}")
     try:
         client.completions.create(model=model, prompt=prompt, suffix="!")
         fail("a suffix was accepted")

@@ -123,6 +123,29 @@ TEST_P(ClusterLinkTest, AnswersLikeServeAndSessionsContinue) {
         EXPECT_EQ(ea[i]["top_logprobs"].size(), 3u) << i;
     }
 
+    // A prompt's log-probabilities (lm-eval's loglikelihood): the decode node computes the
+    // whole prompt itself and sends each token's over the gateway's sink; as embedded.
+    const json scored = {{"prompt", "The capital of France is Paris."},
+                         {"max_tokens", 1},
+                         {"temperature", 0},
+                         {"echo", true},
+                         {"logprobs", 1},
+                         {"prompt_logprobs", 2}};
+    const HttpResponse pa = http_request(port, "POST", "/v1/completions", scored.dump());
+    const HttpResponse pb = http_request(serve.port(), "POST", "/v1/completions", scored.dump());
+    ASSERT_EQ(pa.status, 200) << pa.body;
+    ASSERT_EQ(pb.status, 200) << pb.body;
+    const json sa = json::parse(pa.body)["choices"][0], sb = json::parse(pb.body)["choices"][0];
+    ASSERT_EQ(sa["logprobs"]["tokens"], sb["logprobs"]["tokens"]);
+    ASSERT_EQ(sa["prompt_logprobs"].size(), sb["prompt_logprobs"].size());
+    EXPECT_TRUE(sa["logprobs"]["token_logprobs"][0].is_null());
+    for (size_t i = 1; i < sa["prompt_logprobs"].size(); ++i) {
+        EXPECT_NEAR(sa["logprobs"]["token_logprobs"][i].get<double>(),
+                    sb["logprobs"]["token_logprobs"][i].get<double>(), 5e-3)
+            << i;
+        EXPECT_EQ(sa["prompt_logprobs"][i].size(), sb["prompt_logprobs"][i].size()) << i;
+    }
+
     // A session: turn 2 sends only its new message; the history's KV is pulled from the decode
     // node to the prefill node, not computed again.
     expect_session_continues(port);

@@ -1,7 +1,8 @@
 // POST /v1/completions through deltaserve serve, as vLLM's and llama-server's clients call
 // it: a raw prompt (text, or the ids /tokenize gives for it: the same answer), greedy text
 // equal to the model's own continuation, whole and streamed, echo, stop and logprobs as a
-// count; fields it does not serve are a 400 naming them.
+// count; fields it does not serve are a 400 naming them. (The prompt's logprobs:
+// serve_prompt_logprobs_test.)
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -134,7 +135,6 @@ TEST_F(ServeCompletionsTest, FieldsNotServedAreRefusedByName) {
         {{{"prompt", "x"}, {"best_of", 2}}, "'best_of'"},
         {{{"prompt", "x"}, {"n", 2}}, "'n'"},
         {{{"prompt", "x"}, {"logprobs", 21}}, "'logprobs'"},
-        {{{"prompt", "x"}, {"logprobs", 1}, {"echo", true}}, "'echo'"},
         {{{"prompt", "x"}, {"logit_bias", {{"5", 1}}}}, "'logit_bias'"},
         {{{"prompt", "x"}, {"temperature", 9}}, "temperature"},
     };

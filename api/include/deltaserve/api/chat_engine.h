@@ -24,6 +24,8 @@ struct TurnResult {
     std::string finish_reason;
     std::vector<model::ToolCall> tool_calls;  // each with the id the gateway gave it
     std::vector<LogprobEntry> logprobs;       // each answer token's, when asked for
+    // ChatRequest::prompt_logprobs: every prompt token's (the first unscored), when asked for.
+    std::vector<LogprobEntry> prompt_logprobs;
     Usage usage;
     double ttft_seconds = 0;  // request start to the first piece (or the end)
     // A session's turn: whether its record (the conversation with this answer) is on disk,

@@ -68,6 +68,10 @@ struct ChatRequest {
     // logprobs true: each answer token's log-probability, with top_logprobs (0..20) most
     // likely tokens at its place; -1: logprobs false or left out.
     int32_t top_logprobs = -1;
+    // The prompt's tokens' log-probabilities with this many most likely tokens at each place
+    // (completions' echo with logprobs, vLLM's prompt_logprobs); -1: not asked for. The
+    // whole prompt is then computed again (decode::TurnSpec::prompt_logprobs).
+    int32_t prompt_logprobs = -1;
     // A text completion (POST /v1/completions): the prompt as it is, not a chat. The engine
     // tokenizes prompt_text (control tokens written in it parsed, BOS as the model adds it),
     // or takes prompt_ids (checked against the vocabulary). No session, no template.
@@ -81,10 +85,13 @@ struct ChatRequest {
 struct LogprobToken {
     std::string bytes;
     float logprob = 0.0f;
+    int32_t id = -1;  // the token id (vLLM's prompt_logprobs are keyed by it)
 };
 struct LogprobEntry {
     LogprobToken chosen;
     std::vector<LogprobToken> top;  // the most likely first
+    int32_t rank = 0;               // chosen's place (1 = the most likely); 0 = not known
+    bool scored = true;             // false: a prompt's first token (no logprob: null)
 };
 
 // Parses a POST /v1/chat/completions body. Errors (kInvalidArgument) name the field:

@@ -53,6 +53,7 @@ inline void to_capnp(const decode::TurnSpec& s, TurnSpec::Builder b) {
     b.setJsonPrefix(s.json_prefix);
     b.setJsonSuffix(s.json_suffix);
     b.setLogprobs(s.logprobs);
+    b.setPromptLogprobs(s.prompt_logprobs);
 }
 inline decode::TurnSpec from_capnp(TurnSpec::Reader r) {
     decode::TurnSpec s;
@@ -77,6 +78,7 @@ inline decode::TurnSpec from_capnp(TurnSpec::Reader r) {
     s.json_prefix = r.getJsonPrefix();
     s.json_suffix = r.getJsonSuffix();
     s.logprobs = r.getLogprobs();
+    s.prompt_logprobs = r.getPromptLogprobs();
     return s;
 }
 
@@ -90,6 +92,7 @@ inline void to_capnp(const model::TokenLogprobs& lp, TokenLogprobs::Builder b) {
         top[i].setToken(lp.top[i].token);
         top[i].setLogprob(lp.top[i].logprob);
     }
+    b.setRank(lp.rank);
 }
 inline model::TokenLogprobs from_capnp(TokenLogprobs::Reader r) {
     model::TokenLogprobs lp;
@@ -98,6 +101,7 @@ inline model::TokenLogprobs from_capnp(TokenLogprobs::Reader r) {
         if (lp.top.size() == static_cast<size_t>(model::kMaxTopLogprobs)) break;
         lp.top.push_back({e.getToken(), e.getLogprob()});
     }
+    lp.rank = r.getRank();
     return lp;
 }
 

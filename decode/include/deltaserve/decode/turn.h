@@ -36,6 +36,11 @@ struct TurnSpec {
     // Each generated token's log-probability and this many most likely tokens at its place
     // (0..model::kMaxTopLogprobs), to TurnSink::on_logprobs; -1 = none.
     int32_t logprobs = -1;
+    // The prompt's log-probabilities: each prompt token after the first, with this many most
+    // likely tokens at its place (0..model::kMaxTopLogprobs), to TurnSink::on_logprobs in
+    // prompt order before any generated token's; -1 = none. The whole prompt is then computed
+    // on the decode node (no cached prefix, session KV or prefill node: none keeps logits).
+    int32_t prompt_logprobs = -1;
 };
 
 struct TurnEnd {
@@ -58,7 +63,9 @@ class TurnSink {
     // A piece of the answer (whole UTF-8 characters); returning false cancels the turn.
     virtual bool on_piece(std::string_view piece) = 0;
     // A generated token's log-probabilities (TurnSpec::logprobs), before the piece that
-    // holds its text (which may come with a later token's, or be cut as a stop string).
+    // holds its text (which may come with a later token's, or be cut as a stop string), and
+    // the end-of-turn token's (which has no text) when the turn ends on one; first,
+    // with TurnSpec::prompt_logprobs, the prompt's tokens' after the first, in order.
     virtual void on_logprobs(const model::TokenLogprobs& lp) { (void)lp; }
     // The turn ended: how, or why it failed. Called exactly once, after the last piece.
     virtual void on_end(Result<TurnEnd> end) = 0;

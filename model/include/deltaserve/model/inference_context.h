@@ -217,6 +217,13 @@ class BatchRunner {
                std::span<const std::span<const int32_t>> tokens,
                std::span<const CandidateWant> wants, std::vector<float>& logits,
                std::vector<RowCandidates>& candidates);
+    // The same, where all_logits[i] != 0 (or all_logits empty: none) gives context i a row
+    // for each of its new tokens, in order, before the next context's rows (its wants[i] is
+    // then not used): what reporting a prompt's log-probabilities needs.
+    Status run(std::span<InferenceContext* const> contexts,
+               std::span<const std::span<const int32_t>> tokens,
+               std::span<const CandidateWant> wants, std::span<const uint8_t> all_logits,
+               std::vector<float>& logits, std::vector<RowCandidates>& candidates);
 
     const Model& model() const { return model_; }
     const ThreadPool* threads() const { return threads_.get(); }

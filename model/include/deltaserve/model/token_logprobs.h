@@ -24,10 +24,13 @@ struct TokenLogprob {
 struct TokenLogprobs {
     TokenLogprob chosen;
     std::vector<TokenLogprob> top;  // the most likely first (ties: the lower id), n_top of them
+    // The chosen token's place in that order (1 = the most likely); 0 = not known (the few
+    // bytes between nodes leave it out: only a prompt's log-probabilities show it).
+    int32_t rank = 0;
 };
 
 // The chosen token's log-probability in a row of logits and its n_top (0..kMaxTopLogprobs)
-// most likely tokens. One pass over the row (plus one for the top tokens).
+// most likely tokens, and its rank. Two passes over the row (plus one for the top tokens).
 TokenLogprobs token_logprobs(std::span<const float> logits, int32_t chosen, int32_t n_top);
 
 // Log-probabilities from a peer: kInvalidArgument for more than kMaxTopLogprobs top tokens,
