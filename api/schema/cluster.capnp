@@ -65,6 +65,8 @@ interface TokenSink {
   end @1 (end :TurnEnd) -> ();
   logprobs @2 (token :TokenLogprobs) -> ();
   # A generated token's log-probabilities (TurnSpec.logprobs), before its piece.
+  promptDone @3 () -> ();
+  # The prompt's KV is in (decode::TurnSink::on_prompt_done), before the first piece.
 }
 
 struct TokenLogprob {

@@ -63,12 +63,18 @@ class QueueSink : public decode::TurnSink {
         items_.emplace_back(lp);
         cv_.notify_one();
     }
+    void on_prompt_done() override {
+        std::lock_guard<std::mutex> lock(mu_);
+        items_.emplace_back(PromptDone{});
+        cv_.notify_one();
+    }
     void on_end(Result<decode::TurnEnd> end) override {
         std::lock_guard<std::mutex> lock(mu_);
         end_.emplace(std::move(end));
         cv_.notify_one();
     }
-    using Item = std::variant<std::string, model::TokenLogprobs>;
+    struct PromptDone {};
+    using Item = std::variant<std::string, model::TokenLogprobs, PromptDone>;
     enum class Next { kItem, kEnded, kNothingYet };
     // Waits up to `wait` for the next piece or log-probabilities (into item). kEnded once the
     // turn ended and every item was taken.
@@ -998,6 +1004,10 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
         if (next == QueueSink::Next::kEnded) break;
         if (next == QueueSink::Next::kNothingYet) {
             if (!cancelled && callbacks.wanted && !callbacks.wanted()) cancel();
+            continue;
+        }
+        if (std::holds_alternative<QueueSink::PromptDone>(item)) {
+            if (!cancelled && callbacks.on_prompt_done) callbacks.on_prompt_done();
             continue;
         }
         if (const auto* lp = std::get_if<model::TokenLogprobs>(&item)) {

@@ -67,7 +67,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     void arm(boost::asio::steady_timer& timer, int64_t ms, bool counted = true);
     void linger();  // after the last answer: discard what the client sends, briefly
     void abort();   // closes the socket; pending operations end with errors
-    void end_turn(Result<TurnResult> result);
+    // result: choice 0's (or the request's error); more: the other choices of n > 1.
+    void end_turn(Result<TurnResult> result, std::vector<TurnResult> more = {});
     // The answer's session fields (session_turn, session_stored) for a session turn.
     SessionAnswer session_answer(const TurnResult& r) const;
     // A queued turn not started within the queue timeout leaves the queue: 503.

@@ -3,13 +3,16 @@
 // gathered into one answer.
 #include <algorithm>
 #include <boost/asio/post.hpp>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "choices_runner.h"
 #include "deltaserve/common/logging.h"
 #include "gateway_core.h"
 #include "http_connection.h"
 #include "openai_completions.h"
+#include "openai_generation.h"
 #include "random_id.h"
 
 namespace deltaserve::api {
@@ -80,6 +83,11 @@ void Connection::start_turn(const char* id_prefix) {
             "the model '" + request_.model + "' does not exist (this server has '" + model + "')",
             "model_not_found"));
     }
+    if (request_.n > 1 && !request_.session_id.empty()) {
+        g_.metrics.request_failed();
+        return answer(status_answer(
+            bad_field("n", "above 1 cannot continue a session (which choice would it keep?)")));
+    }
     request_.tenant = tenant_;  // a session not open (or another key's) ends the turn: 404
     if (request_.max_tokens < 0) request_.max_tokens = g_.options.default_max_tokens;
     if (!request_.seed_given) request_.sampling.seed = std::random_device{}();
@@ -109,9 +117,20 @@ void Connection::start_turn(const char* id_prefix) {
             callbacks.on_logprobs = [&](const LogprobEntry& e) { self->on_logprobs(e); };
         }
         callbacks.wanted = [&] { return self->alive_ && !self->g_.cut; };
-        Result<TurnResult> r = self->g_.engine.run_turn(self->request_, callbacks);
+        auto choices = run_choices(self->g_.engine, self->request_, callbacks);
+        Result<TurnResult> r = unavailable("the turn did not run");
+        std::vector<TurnResult> more;
+        if (choices.ok()) {
+            r = std::move(choices->front());
+            more.assign(std::make_move_iterator(choices->begin() + 1),
+                        std::make_move_iterator(choices->end()));
+        } else {
+            r = choices.status();
+        }
         asio::post(self->socket_.get_executor(),
-                   [self, r = std::move(r)]() mutable { self->end_turn(std::move(r)); });
+                   [self, r = std::move(r), more = std::move(more)]() mutable {
+                       self->end_turn(std::move(r), std::move(more));
+                   });
     });
     if (ticket == 0) {
         in_turn_ = false;
@@ -196,7 +215,7 @@ SessionAnswer Connection::session_answer(const TurnResult& r) const {
     return {r.session_turn, r.session_stored};
 }
 
-void Connection::end_turn(Result<TurnResult> r) {
+void Connection::end_turn(Result<TurnResult> r, std::vector<TurnResult> more) {
     in_turn_ = false;
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
@@ -204,22 +223,31 @@ void Connection::end_turn(Result<TurnResult> r) {
         g_.metrics.request_failed();
     } else {
         g_.metrics.request_done(*r, seconds);
+        for (const TurnResult& c : more) g_.metrics.choice_done(c);
         if (g_.cut && r->finish_reason == "cancelled") r->finish_reason = "shutdown";
     }
     if (closed_ || !alive_) return abort();
     const std::string& model = g_.engine.model_id();
     if (!request_.stream || (!head_sent_ && !r.ok())) {
         if (!r.ok()) return answer(session_error(r.error(), !request_.session_id.empty()));
-        if (completion_) {
-            const std::string shown = (echo_ ? request_.prompt_text : "") + r->text;
-            return answer(
-                {200, text_completion_json(id_, created_, model, shown, r->finish_reason, r->usage,
-                                           request_.top_logprobs >= 0 ? &r->logprobs : nullptr, 0,
-                                           {&r->prompt_logprobs, echoed_top_, listed_top_})});
-        }
-        HttpAnswer a{200, completion_json(id_, created_, model, r->text, r->finish_reason, r->usage,
-                                          request_.session_id, session_answer(*r), r->tool_calls,
-                                          request_.top_logprobs >= 0 ? &r->logprobs : nullptr)};
+        // Each choice's answer (choice 0 with the prompt's scores), then as one.
+        const auto whole = [&](const TurnResult& c, bool first) {
+            if (completion_) {
+                const std::string shown = (echo_ ? request_.prompt_text : "") + c.text;
+                const PromptScores prompt{first ? &r->prompt_logprobs : nullptr, echoed_top_,
+                                          listed_top_};
+                return text_completion_json(id_, created_, model, shown, c.finish_reason, c.usage,
+                                            request_.top_logprobs >= 0 ? &c.logprobs : nullptr, 0,
+                                            prompt);
+            }
+            return completion_json(id_, created_, model, c.text, c.finish_reason, c.usage,
+                                   request_.session_id, session_answer(c), c.tool_calls,
+                                   request_.top_logprobs >= 0 ? &c.logprobs : nullptr);
+        };
+        std::vector<std::string> answers{whole(*r, true)};
+        for (const TurnResult& c : more) answers.push_back(whole(c, false));
+        HttpAnswer a{200, answers.size() == 1 ? answers[0] : merge_choices(answers)};
+        if (completion_) return answer(a);
         a.session_id = request_.session_id;
         a.kv_source = r->usage.kv_source;
         return answer(a);

@@ -58,6 +58,15 @@ void Metrics::request_done(const TurnResult& t, double seconds) {
     }
 }
 
+void Metrics::choice_done(const TurnResult& t) {
+    std::lock_guard<std::mutex> lock(mu_);
+    prompt_tokens_ += t.usage.prompt_tokens;
+    cached_tokens_ += t.usage.cached_tokens;
+    if (t.usage.cached_tokens > 0 && !t.usage.kv_source.empty())
+        cached_by_source_[t.usage.kv_source] += t.usage.cached_tokens;
+    generated_ += t.usage.completion_tokens;
+}
+
 void Metrics::request_failed() {
     std::lock_guard<std::mutex> lock(mu_);
     ++failed_;

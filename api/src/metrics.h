@@ -13,6 +13,9 @@ namespace deltaserve::api {
 class Metrics {
   public:
     void request_done(const TurnResult& t, double seconds);
+    // Another choice of a request with n > 1 (ChatRequest::n): its prompt, cached and
+    // generated tokens count as choice 0's do; requests and latencies are choice 0's.
+    void choice_done(const TurnResult& t);
     void request_failed();
     std::string render(const EngineStats& engine) const;
 

@@ -53,9 +53,11 @@ Status parse_generation_fields(const RequestJson& j, ChatRequest& r) {
     }
     DS_RETURN_IF_ERROR(integer_field(j, "max_tokens", 1, 1 << 30, v, given));
     if (given) r.max_tokens = static_cast<int32_t>(v);
-    DS_RETURN_IF_ERROR(integer_field(j, "n", 1, 1, v, given));
+    DS_RETURN_IF_ERROR(integer_field(j, "n", 1, kMaxChoices, v, given));
+    if (given) r.n = static_cast<int32_t>(v);
     DS_RETURN_IF_ERROR(parse_stop_field(j, r.stop));
     DS_RETURN_IF_ERROR(boolean_field(j, "stream", "stream", r.stream));
+    if (r.n > 1 && r.stream) return bad_field("n", "above 1 is not streamed; set stream false");
     if (const json* so = field_of(j, "stream_options")) {
         if (!so->is_object()) return bad_field("stream_options", "must be an object");
         DS_RETURN_IF_ERROR(
@@ -75,6 +77,23 @@ RequestJson usage_json(const Usage& u) {
 
 std::string dump(const RequestJson& j) {
     return j.dump(-1, ' ', false, RequestJson::error_handler_t::replace);
+}
+
+std::string merge_choices(const std::vector<std::string>& answers) {
+    json out = json::parse(answers.at(0));
+    json choices = json::array();
+    int64_t completion = 0;
+    for (size_t i = 0; i < answers.size(); ++i) {
+        json a = json::parse(answers[i]);
+        json c = a["choices"][0];
+        c["index"] = i;
+        choices.push_back(std::move(c));
+        completion += a["usage"]["completion_tokens"].get<int64_t>();
+    }
+    out["choices"] = std::move(choices);
+    out["usage"]["completion_tokens"] = completion;
+    out["usage"]["total_tokens"] = out["usage"]["prompt_tokens"].get<int64_t>() + completion;
+    return dump(out);
 }
 
 }  // namespace deltaserve::api

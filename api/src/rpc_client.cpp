@@ -42,6 +42,10 @@ class SinkImpl final : public rpc::TokenSink::Server {
         if (!b_->ended) b_->sink->on_logprobs(rpc::from_capnp(context.getParams().getToken()));
         return kj::READY_NOW;
     }
+    kj::Promise<void> promptDone(PromptDoneContext) override {
+        if (!b_->ended) b_->sink->on_prompt_done();
+        return kj::READY_NOW;
+    }
     kj::Promise<void> end(EndContext context) override {
         b_->end(rpc::from_capnp(context.getParams().getEnd()));
         return kj::READY_NOW;

@@ -57,6 +57,13 @@ class RemoteSink final : public decode::TurnSink {
             }
         });
     }
+    void on_prompt_done() override {
+        on_rpc_thread([&] {
+            KJ_IF_MAYBE (s, state_->sink) {
+                s->promptDoneRequest().send().detach([](kj::Exception&&) {});
+            }
+        });
+    }
     void on_end(Result<decode::TurnEnd> end) override {
         on_rpc_thread([&] {
             KJ_IF_MAYBE (s, state_->sink) {

@@ -917,8 +917,9 @@ void DecodeWorkerImpl::run_loop() {
                 t->ctx = std::move(t->incoming);
                 t->history.reset();
             }
-            t->admit_remote();
             cache_prefix(*t);  // before it generates: requests sharing the prompt come now
+            t->sink->on_prompt_done();
+            t->admit_remote();
             carry_on(t, running);
         }
         // One forward pass: up to max_batch turns, the running ones first (round robin when
@@ -1036,6 +1037,7 @@ void DecodeWorkerImpl::step(const std::vector<std::shared_ptr<Turn>>& batch,
                 t.booked -= std::exchange(t.prefill_booked, 0);
             }
             cache_prefix(t);
+            t.sink->on_prompt_done();
             t.admit_local(row);
         } else {
             t.cached.push_back(t.next_token);

@@ -103,6 +103,10 @@ def main():
     k = len(c.logprobs.tokens)
     if s.logprobs.tokens[n_prompt - k:n_prompt] != c.logprobs.tokens:
         fail(f"scored tokens {s.logprobs.tokens} do not end with {c.logprobs.tokens}")
+    # n choices, each at its index.
+    many = client.completions.create(model=model, prompt=prompt, max_tokens=4, temperature=1.0, n=3, seed=3)
+    if sorted(ch.index for ch in many.choices) != [0, 1, 2] or any(not ch.text for ch in many.choices):
+        fail(f"n=3 {many}")
     try:
         client.completions.create(model=model, prompt=prompt, suffix="!")
         fail("a suffix was accepted")

@@ -146,6 +146,22 @@ TEST_P(ClusterLinkTest, AnswersLikeServeAndSessionsContinue) {
         EXPECT_EQ(sa["prompt_logprobs"][i].size(), sb["prompt_logprobs"][i].size()) << i;
     }
 
+    // n choices: the decode node tells the gateway when choice 0's prompt is in (over RPC),
+    // and the others start then; greedy, each is the embedded mode's one answer.
+    json three = chat_body("Name three colours.", 6);
+    three["n"] = 3;
+    const HttpResponse na = post_chat(port, three);
+    const HttpResponse nb = post_chat(serve.port(), chat_body("Name three colours.", 6));
+    ASSERT_EQ(na.status, 200) << na.body;
+    ASSERT_EQ(nb.status, 200) << nb.body;
+    const json choices = json::parse(na.body)["choices"];
+    ASSERT_EQ(choices.size(), 3u) << na.body;
+    for (size_t i = 0; i < 3; ++i) {
+        EXPECT_EQ(choices[i]["message"]["content"],
+                  json::parse(nb.body)["choices"][0]["message"]["content"])
+            << i;
+    }
+
     // A session: turn 2 sends only its new message; the history's KV is pulled from the decode
     // node to the prefill node, not computed again.
     expect_session_continues(port);

@@ -119,6 +119,9 @@ struct TurnCallbacks {
     // Each answer token's log-probabilities (ChatRequest::top_logprobs), before the piece
     // that holds its text; may be empty.
     std::function<void(const LogprobEntry&)> on_logprobs;
+    // The prompt's KV is in (decode::TurnSink::on_prompt_done): a request's other choices
+    // can start and share it; may be empty.
+    std::function<void()> on_prompt_done;
     std::function<bool()> wanted;
 };
 

@@ -26,6 +26,7 @@ inline constexpr size_t kMaxSessionIdBytes = 128;   // bytes of a session id
 inline constexpr size_t kMaxTools = 128;            // tools, and tool calls in one message
 inline constexpr size_t kMaxToolNameBytes = 64;     // a function's name (as OpenAI)
 inline constexpr size_t kMaxToolCallIdBytes = 256;  // a tool call's id, a message's name
+inline constexpr int32_t kMaxChoices = 16;          // n: choices of one request
 
 // A session id: 1 to 128 characters of [A-Za-z0-9._:-], so it can go into a header, a log
 // line or a URL path as it is. kInvalidArgument naming `field` otherwise.
@@ -72,6 +73,9 @@ struct ChatRequest {
     // (completions' echo with logprobs, vLLM's prompt_logprobs); -1: not asked for. The
     // whole prompt is then computed again (decode::TurnSpec::prompt_logprobs).
     int32_t prompt_logprobs = -1;
+    // n: this many choices (1..kMaxChoices), sharing the prompt's KV (choices_runner.h);
+    // not streamed, and never a session's turn.
+    int32_t n = 1;
     // A text completion (POST /v1/completions): the prompt as it is, not a chat. The engine
     // tokenizes prompt_text (control tokens written in it parsed, BOS as the model adds it),
     // or takes prompt_ids (checked against the vocabulary). No session, no template.
@@ -97,11 +101,11 @@ struct LogprobEntry {
 // Parses a POST /v1/chat/completions body. Errors (kInvalidArgument) name the field:
 // malformed JSON, a body over the limits above, no messages, an unknown role, non-text
 // content, a field of the wrong JSON type, values out of range (model::validate_sampling),
-// n != 1, a session_id outside check_session_id's rules, a tool or tool call not as OpenAI
-// defines it (a tool message without tool_call_id, arguments that are not a JSON object),
-// a response_format or tool_choice the engine cannot enforce. Unknown fields are
-// ignored, as the peers do. Never throws. Sampling fields not given keep the
-// server's defaults (its --temperature etc. flags, as llama.cpp's server does).
+// n outside 1..kMaxChoices (or above 1 streamed or with a session), a session_id outside
+// check_session_id's rules, a tool or tool call not as OpenAI defines it (a tool message without
+// tool_call_id, arguments that are not a JSON object), a response_format or tool_choice the engine
+// cannot enforce. Unknown fields are ignored, as the peers do. Never throws. Sampling fields not
+// given keep the server's defaults (its --temperature etc. flags, as llama.cpp's server does).
 Result<ChatRequest> parse_chat_request(std::string_view body,
                                        const model::SamplingParams& defaults);
 

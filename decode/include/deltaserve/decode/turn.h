@@ -67,6 +67,10 @@ class TurnSink {
     // the end-of-turn token's (which has no text) when the turn ends on one; first,
     // with TurnSpec::prompt_logprobs, the prompt's tokens' after the first, in order.
     virtual void on_logprobs(const model::TokenLogprobs& lp) { (void)lp; }
+    // The prompt's KV is in, and in the prefix cache where the worker keeps one: turns that
+    // share the prompt (the choices of one request) can start now and adopt its blocks.
+    // Once, before the turn's first piece; never for a turn that failed before it.
+    virtual void on_prompt_done() {}
     // The turn ended: how, or why it failed. Called exactly once, after the last piece.
     virtual void on_end(Result<TurnEnd> end) = 0;
 };
