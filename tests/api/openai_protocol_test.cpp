@@ -125,7 +125,10 @@ TEST(OpenAiProtocol, RefusesWhatItCannotDoNamingTheField) {
               std::string::npos);
     EXPECT_NE(error_of("{" + user + R"(, "max_tokens": 1.5})").find("'max_tokens'"),
               std::string::npos);
-    EXPECT_NE(error_of("{" + user + R"(, "n": 3})").find("'n'"), std::string::npos);
+    EXPECT_NE(error_of("{" + user + R"(, "n": 17})").find("'n'"), std::string::npos);
+    EXPECT_NE(error_of("{" + user + R"(, "n": 0})").find("'n'"), std::string::npos);
+    EXPECT_NE(error_of("{" + user + R"(, "n": 2, "stream": true})").find("'n'"), std::string::npos);
+    EXPECT_EQ(error_of("{" + user + R"(, "n": 3})"), "accepted");
     EXPECT_NE(error_of("{" + user + R"(, "stop": ["a", "b", "c", "d", "e"]})").find("'stop'"),
               std::string::npos);
     EXPECT_NE(error_of("{" + user + R"(, "stop": [""]})").find("'stop'"), std::string::npos);

@@ -149,7 +149,7 @@ TEST_F(ServeTest, BadInputGetsClearErrorsAndTheServerStaysUp) {
     body["temperature"] = 5;
     expect_error(post_chat(port, body), 400, "'temperature'");
     body = chat_body("hi", 4);
-    body["n"] = 2;
+    body["n"] = 17;
     expect_error(post_chat(port, body), 400, "'n'");
     body = chat_body("hi", 4);
     body["model"] = "gpt-4o";
