@@ -118,10 +118,14 @@ ClusterChatEngine::ClusterChatEngine(const model::Model& model, std::string mode
                                      std::vector<DecodeNode*> decode,
                                      std::vector<PrefillNode*> prefill,
                                      ClusterEngineOptions options)
+    : ClusterChatEngine(model, std::move(model_id),
+                        static_node_set(std::move(decode), std::move(prefill)), options) {}
+
+ClusterChatEngine::ClusterChatEngine(const model::Model& model, std::string model_id,
+                                     std::shared_ptr<NodeSet> nodes, ClusterEngineOptions options)
     : model_(model),
       model_id_(std::move(model_id)),
-      decode_(std::move(decode)),
-      prefill_(std::move(prefill)),
+      nodes_(std::move(nodes)),
       options_(options),
       watch_(std::make_unique<PrefillWatch>()),
       quota_(std::make_unique<SessionQuota>(
@@ -248,10 +252,7 @@ std::optional<ClusterChatEngine::Session> ClusterChatEngine::parse_record(
         }
         if (s.turns < 0 || s.tokens < 0 || s.cached_tokens < 0)
             throw std::runtime_error("negative counts");
-        const std::string node = j.at("node").get<std::string>();
-        for (auto* d : decode_) {
-            if (d->name() == node) s.node = d;
-        }
+        s.node = nodes_->decode_named(j.at("node").get<std::string>());
     } catch (const std::exception& e) {
         spdlog::warn("gateway: a session record ({}) does not parse: {}; dropped", key, e.what());
         return std::nullopt;
@@ -341,7 +342,7 @@ EngineStats ClusterChatEngine::stats() const {
         s.sessions = static_cast<int64_t>(sessions_.size());
     }
     double held = 0, full = 0;
-    for (auto* d : decode_) {
+    for (auto* d : nodes_->decode()) {
         auto ds = d->stats();
         if (!ds.ok()) continue;
         s.queued += ds->waiting;
@@ -359,7 +360,7 @@ EngineStats ClusterChatEngine::stats() const {
     s.sessions_recovered = recovered_;
     s.sessions_recovery_ms = recovery_ms_;
     s.prefill_retries = prefill_retries_.load();
-    for (auto* p : prefill_) {
+    for (auto* p : nodes_->prefill()) {
         auto ps = p->stats();
         if (!ps.ok()) continue;
         s.queued += ps->queued;
@@ -516,7 +517,7 @@ SessionPage ClusterChatEngine::session_page(const std::string& after, int32_t li
 
 std::vector<NodeStats> ClusterChatEngine::node_stats() const {
     std::vector<NodeStats> out;
-    for (auto* d : decode_) {
+    for (auto* d : nodes_->decode()) {
         NodeStats n;
         n.name = d->name();
         n.rpc_address = d->rpc_address();
@@ -536,7 +537,7 @@ std::vector<NodeStats> ClusterChatEngine::node_stats() const {
 Result<std::vector<std::string>> ClusterChatEngine::checkpoint(const std::string& name) const {
     DS_RETURN_IF_ERROR(decode::check_checkpoint_name(name));
     std::vector<std::string> out;
-    for (auto* d : decode_) {
+    for (auto* d : nodes_->decode()) {
         auto path = d->checkpoint(name);
         if (!path.ok()) {
             return Status(path.status().code(),
@@ -601,9 +602,7 @@ Result<decode::SessionBlocks> ClusterChatEngine::session_blocks(const std::strin
 
 Result<std::string> ClusterChatEngine::read_block(const std::string& node, uint64_t key,
                                                   uint64_t limit) {
-    for (auto* d : decode_) {
-        if (d->name() == node) return d->read_block(key, limit);
-    }
+    if (DecodeNode* d = nodes_->decode_named(node)) return d->read_block(key, limit);
     return not_found("no decode node '" + node + "'");
 }
 
@@ -636,7 +635,7 @@ ClusterView ClusterChatEngine::cluster() const {
     v.version = deltaserve_version();
     v.model_id = model_id_;
     v.decode = node_stats();
-    for (auto* p : prefill_) {
+    for (auto* p : nodes_->prefill()) {
         PrefillNodeStats n;
         n.name = p->name();
         n.rpc_address = p->rpc_address();
@@ -725,7 +724,7 @@ void ClusterChatEngine::drop(const std::vector<std::pair<DecodeNode*, std::strin
 DecodeNode* ClusterChatEngine::least_loaded_decode(const DecodeNode* except) const {
     DecodeNode* best = nullptr;
     int64_t load = std::numeric_limits<int64_t>::max();
-    for (auto* d : decode_) {
+    for (auto* d : nodes_->decode()) {
         if (d == except) continue;
         auto st = d->stats();
         if (!st.ok()) continue;  // lost
@@ -739,7 +738,7 @@ PrefillNode* ClusterChatEngine::least_loaded_prefill(
     const std::vector<PrefillNode*>& except) const {
     PrefillNode* best = nullptr;
     int64_t load = std::numeric_limits<int64_t>::max();
-    for (auto* p : prefill_) {
+    for (auto* p : nodes_->prefill()) {
         if (std::find(except.begin(), except.end(), p) != except.end()) continue;
         auto st = p->stats();
         if (!st.ok()) continue;
@@ -946,6 +945,9 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
         spec.json_suffix = std::move(forced.suffix);
     }
     auto sink = std::make_shared<QueueSink>();
+    // A session's home that takes no new turn (it drains, or left the cluster) is not used:
+    // another node recomputes the history.
+    if (node != nullptr && !nodes_->routable(node)) node = nullptr;
     if (node == nullptr) node = least_loaded_decode(nullptr);
     if (node == nullptr) {
         release(nullptr, nullptr);
@@ -974,7 +976,7 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
         const uint64_t id = spec.turn_id;
         watch_->add(id, &callbacks.wanted, [this, node, id] {
             node->cancel(id, Status());
-            for (auto* p : prefill_) p->cancel(id);
+            for (auto* p : nodes_->prefill()) p->cancel(id);
         });
         Status st = prefill_turn(spec, *node, plan.pull_tokens);
         cancelled = watch_->remove(id);

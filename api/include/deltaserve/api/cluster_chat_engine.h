@@ -23,6 +23,7 @@
 
 #include "deltaserve/api/chat_engine.h"
 #include "deltaserve/api/cluster_nodes.h"
+#include "deltaserve/api/node_set.h"
 #include "deltaserve/kvstore/disk_tier.h"
 #include "deltaserve/model/model.h"
 
@@ -58,6 +59,9 @@ class ClusterChatEngine : public ChatEngine {
     ClusterChatEngine(const model::Model& model, std::string model_id,
                       std::vector<DecodeNode*> decode, std::vector<PrefillNode*> prefill,
                       ClusterEngineOptions options);
+    // The nodes as a set that changes (member_nodes.h: the members etcd lists).
+    ClusterChatEngine(const model::Model& model, std::string model_id,
+                      std::shared_ptr<NodeSet> nodes, ClusterEngineOptions options);
     ~ClusterChatEngine() override;
     std::string model_id() const override { return model_id_; }
     const model::Model& model() const override { return model_; }
@@ -147,8 +151,7 @@ class ClusterChatEngine : public ChatEngine {
     const model::Model& model_;
     std::vector<int32_t> tool_tokens_;  // the control tokens of the model's tool calls
     const std::string model_id_;
-    const std::vector<DecodeNode*> decode_;
-    const std::vector<PrefillNode*> prefill_;
+    const std::shared_ptr<NodeSet> nodes_;
     const ClusterEngineOptions options_;
     std::atomic<int64_t> prefill_retries_{0};
     std::thread repin_;  // the stored pins taken again at start (joined in the destructor)
