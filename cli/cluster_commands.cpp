@@ -5,10 +5,12 @@
 #include <filesystem>
 
 #include "access_flags.h"
+#include "cluster_membership.h"
 #include "commands.h"
 #include "data_dir.h"
 #include "deltaserve/api/cluster_chat_engine.h"
 #include "deltaserve/api/cluster_config.h"
+#include "deltaserve/api/member_nodes.h"
 #include "deltaserve/api/rpc_client.h"
 #include "deltaserve/api/rpc_server.h"
 #include "deltaserve/kvstore/host_tier.h"
@@ -22,7 +24,7 @@ namespace deltaserve::cli {
 namespace {
 
 struct RoleFlags {
-    std::string config, name, model;
+    std::string config, name, model, rpc, data;
     int32_t threads = -1, port = -1;
 };
 
@@ -31,7 +33,12 @@ std::optional<int> load(const char* command, const char* summary, int argc, char
                         RoleFlags& f, api::ClusterConfig& c, bool named) {
     ArgParser p(command, summary);
     p.add("config", &f.config, "the cluster config (YAML; deploy/cluster.yaml is an example)");
-    if (named) p.add("name", &f.name, "this node's name in the config");
+    if (named) {
+        p.add("name", &f.name,
+              "this node's name (in the config's node list, or any new name with etcd)");
+        p.add("rpc", &f.rpc, "host:port of its RPC service (overrides the config's entry)");
+        p.add("data", &f.data, "decode: host:port where it takes KV (overrides the config's)");
+    }
     p.add("model", &f.model, "overrides the config's model");
     p.add("threads", &f.threads, "overrides the config's threads");
     if (!named) p.add("port", &f.port, "overrides the config's gateway port (0 = any free port)");
@@ -50,11 +57,29 @@ std::optional<int> load(const char* command, const char* summary, int argc, char
     if (!f.model.empty()) c.model = f.model;
     if (f.threads >= 0) c.threads = f.threads;
     if (f.port >= 0) c.gateway_port = f.port;
-    if (named && c.find(f.name) == nullptr) {
-        print_error(invalid_argument(f.config + " has no node named " + f.name));
+    if (named && c.find(f.name) == nullptr && (c.etcd.empty() || f.rpc.empty())) {
+        print_error(invalid_argument(
+            f.config + " has no node named " + f.name +
+            (c.etcd.empty() ? "" : " (a node that joins through etcd needs --rpc)")));
         return 2;
     }
     return std::nullopt;
+}
+
+// The node's entry: the config's, with the flags' addresses over it, or the flags' alone for
+// a node that joins through etcd.
+std::optional<api::NodeEntry> node_entry(const api::ClusterConfig& c, const RoleFlags& f,
+                                         bool decode_role) {
+    api::NodeEntry me;
+    if (const api::NodeEntry* listed = c.find(f.name)) me = *listed;
+    me.name = f.name;
+    if (!f.rpc.empty()) me.rpc = f.rpc;
+    if (!f.data.empty()) me.data = f.data;
+    if (decode_role && me.data.empty()) {
+        print_error(invalid_argument("decode node " + f.name + " needs a data address (--data)"));
+        return std::nullopt;
+    }
+    return me;
 }
 
 RunOptions run_options(const api::ClusterConfig& c) {
@@ -97,7 +122,9 @@ int node_main(bool decode_role, int argc, char** argv) {
                  argc, argv, f, c, true)) {
         return *code;
     }
-    const api::NodeEntry& me = *c.find(f.name);
+    const std::optional<api::NodeEntry> entry = node_entry(c, f, decode_role);
+    if (!entry) return 2;
+    const api::NodeEntry& me = *entry;
     for (const std::string& address : {me.rpc, me.data}) {
         if (address.empty()) continue;
         if (Status st = api::check_cluster_bind(address, c.cluster_token, c.insecure); !st.ok()) {
@@ -196,11 +223,34 @@ int node_main(bool decode_role, int argc, char** argv) {
         print_error(server.error());
         return 1;
     }
+    api::MemberRecord record;
+    record.role = decode_role ? api::MemberRole::kDecode : api::MemberRole::kPrefill;
+    record.name = me.name;
+    record.rpc = me.rpc;
+    record.data = decode_role ? roles.data_address : "";
+    record.model = roles.model_id;
+    record.kv = c.kv_policy;
+    record.capacity = decode_role ? c.max_batch : 1;
+    auto membership = join_cluster(c, record);
+    if (!membership) {
+        print_error(membership.error());
+        return 1;
+    }
     std::fprintf(stderr, "deltaserve: %s node %s serving RPC on %s%s%s\n",
                  decode_role ? "decode" : "prefill", me.name.c_str(), me.rpc.c_str(),
                  decode_role ? ", KV on " : "", decode_role ? roles.data_address.c_str() : "");
     std::fflush(stderr);
     std::fprintf(stderr, "deltaserve: %s, stopping\n", wait_for_stop(stop_signals));
+    if (*membership) {
+        const auto busy = [&]() -> int64_t {
+            if (decode) {
+                const decode::DecodeStats s = decode->stats();
+                return s.running + s.waiting;
+            }
+            return prefill->stats().queued;
+        };
+        drain_and_leave(**membership, busy, std::chrono::seconds(c.drain_seconds));
+    }
     server->reset();
     prefill.reset();
     decode.reset();
@@ -232,7 +282,30 @@ int gateway_main(int argc, char** argv) {
     std::vector<std::unique_ptr<api::RpcClient>> clients;
     std::vector<api::DecodeNode*> decode;
     std::vector<api::PrefillNode*> prefill;
+    // With etcd the nodes are its members, as they come and go (the config's lists are the
+    // addresses of the nodes that register with them); without, the config's lists.
+    auto etcd = connect_etcd(c);
+    if (!etcd) {
+        print_error(etcd.error());
+        return 1;
+    }
+    std::shared_ptr<api::MemberNodes> members;
+    if (*etcd) {
+        api::MemberNodesOptions mo;
+        mo.prefix = c.etcd_prefix;
+        mo.model_id = model_id(c);
+        mo.cluster_token = c.cluster_token;
+        members = std::make_shared<api::MemberNodes>(**etcd, mo);
+        if (!members->wait_synced(std::chrono::seconds(10))) {
+            std::fprintf(stderr,
+                         "deltaserve: etcd not read within 10 s; serving the members as "
+                         "they come\n");
+        }
+        std::fprintf(stderr, "deltaserve: etcd lists %zu decode and %zu prefill nodes\n",
+                     members->usable_decode(), members->usable_prefill());
+    }
     for (const auto* list : {&c.decode, &c.prefill}) {
+        if (members) break;
         for (const api::NodeEntry& n : *list) {
             auto client = api::RpcClient::connect(n.rpc, std::chrono::seconds(60), c.cluster_token);
             if (!client) {
@@ -276,7 +349,9 @@ int gateway_main(int argc, char** argv) {
         eo.records_store = "gateway";
     }
     const std::string id = model_id(c);
-    api::ClusterChatEngine engine(**model, id, decode, prefill, eo);
+    std::shared_ptr<api::NodeSet> nodes = members;
+    if (!nodes) nodes = api::static_node_set(decode, prefill);
+    api::ClusterChatEngine engine(**model, id, nodes, eo);
     if (eo.records) {
         std::fprintf(stderr, "deltaserve: %lld sessions recovered in %.1f ms\n",
                      static_cast<long long>(engine.sessions_recovered()), engine.recovery_ms());
@@ -296,10 +371,10 @@ int gateway_main(int argc, char** argv) {
     go.allowed_hosts = api::split_keys(c.allowed_hosts);
     go.allowed_origins = api::split_keys(c.allowed_origins);
     go.queue_timeout_ms = c.queue_timeout_ms;
-    return serve_gateway(engine, go, c.gateway_rpc,
-                         " (" + std::to_string(decode.size()) + " decode, " +
-                             std::to_string(prefill.size()) + " prefill nodes)",
-                         stop_signals);
+    const std::string nodes_text = members ? " (nodes from etcd)"
+                                           : " (" + std::to_string(decode.size()) + " decode, " +
+                                                 std::to_string(prefill.size()) + " prefill nodes)";
+    return serve_gateway(engine, go, c.gateway_rpc, nodes_text, stop_signals);
 }
 
 }  // namespace deltaserve::cli

@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "deltaserve/api/etcd_client.h"
 #include "deltaserve/common/byte_size.h"
 #include "deltaserve/kvstore/kv_policy.h"
 
@@ -107,6 +108,22 @@ const std::map<std::string, Setter>& setters() {
             return Status();
         };
         text("data_dir", &ClusterConfig::data_dir);
+        m["etcd"] = [](ClusterConfig& c, const std::string& v) {
+            c.etcd = split_etcd_endpoints(v);
+            return Status();
+        };
+        text("etcd_user", &ClusterConfig::etcd_user);
+        text("etcd_password", &ClusterConfig::etcd_password);
+        m["etcd_prefix"] = [](ClusterConfig& c, const std::string& v) {
+            if (v.size() < 2 || v.front() != '/' || v.back() != '/' || v.size() > 256) {
+                return invalid_argument("etcd_prefix: '" + v +
+                                        "' is not a key prefix that starts and ends with '/'");
+            }
+            c.etcd_prefix = v;
+            return Status();
+        };
+        integer("member_ttl", &ClusterConfig::member_ttl, 2, 3600);
+        integer("drain_seconds", &ClusterConfig::drain_seconds, 0, 3600);
         m["kv_host_memory"] = [](ClusterConfig& c, const std::string& v) {
             auto bytes = parse_byte_size(v);
             if (!bytes) return bytes.status().with_context("kv_host_memory");
@@ -191,6 +208,14 @@ Result<ClusterConfig> load_cluster_config(const std::string& path) {
         for (const auto& kv : root) {
             const std::string key = kv.first.as<std::string>();
             if (key == "prefill" || key == "decode") continue;
+            if (key == "etcd" && kv.second.IsSequence()) {
+                for (const auto& e : kv.second) {
+                    if (!e.IsScalar())
+                        return invalid_argument(path + ": etcd: a list of host:port");
+                    c.etcd.push_back(e.as<std::string>());
+                }
+                continue;
+            }
             if (key == "gateway" || key == "transport") {  // nested: gateway.host -> gateway_host
                 if (!kv.second.IsMap())
                     return invalid_argument(path + ": " + key + " must be a map");
@@ -224,7 +249,16 @@ Result<ClusterConfig> load_cluster_config(const std::string& path) {
                 return invalid_argument(path + ": two nodes named " + n.name);
         }
     }
-    if (c.decode.empty()) return invalid_argument(path + ": no decode node");
+    if (!c.etcd.empty()) {
+        EtcdOptions o;
+        o.endpoints = c.etcd;
+        o.user = c.etcd_user;
+        o.password = c.etcd_password;
+        DS_RETURN_IF_ERROR(EtcdClient::create(o).status().with_context(path + ": etcd"));
+    }
+    if (c.decode.empty() && c.etcd.empty()) {
+        return invalid_argument(path + ": no decode node (and no etcd for nodes to join through)");
+    }
     return c;
 }
 

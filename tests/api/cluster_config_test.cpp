@@ -53,6 +53,34 @@ TEST_F(ClusterConfigFile, TheEnvironmentOverridesTheFile) {
     EXPECT_EQ(c->transport_rndv_scheme, "put_zcopy");
 }
 
+TEST_F(ClusterConfigFile, EtcdReplacesTheNodeListsAndTheEnvironmentNamesItsEndpoints) {
+    auto listed = load(
+        "model: m.gguf\netcd: [\"10.0.0.1:2379\", \"http://10.0.0.2:2379\"]\n"
+        "member_ttl: 5\ndrain_seconds: 3\netcd_prefix: /ds/prod/\n");
+    ASSERT_TRUE(listed.ok()) << listed.error().message();  // no decode node: they join
+    EXPECT_EQ(listed->etcd, (std::vector<std::string>{"10.0.0.1:2379", "http://10.0.0.2:2379"}));
+    EXPECT_EQ(listed->member_ttl, 5);
+    EXPECT_EQ(listed->drain_seconds, 3);
+    EXPECT_EQ(listed->etcd_prefix, "/ds/prod/");
+    setenv("DELTASERVE_ETCD", "a:1, b:2", 1);
+    setenv("DELTASERVE_ETCD_PASSWORD", "pw", 1);
+    auto env = load("model: m.gguf\netcd: c:3\netcd_user: root\n");
+    unsetenv("DELTASERVE_ETCD");
+    unsetenv("DELTASERVE_ETCD_PASSWORD");
+    ASSERT_TRUE(env.ok()) << env.error().message();
+    EXPECT_EQ(env->etcd, (std::vector<std::string>{"a:1", "b:2"}));
+    EXPECT_EQ(env->etcd_password, "pw");
+    for (const char* bad : {"etcd: [\"nohost\"]", "etcd: [\"https://h:1\"]", "etcd: [[1]]",
+                            "etcd: a:1\netcd_prefix: nope", "etcd: a:1\nmember_ttl: 1",
+                            "etcd: a:1\netcd_user: root"}) {
+        auto c = load(std::string("model: m.gguf\n") + bad + "\n");
+        EXPECT_FALSE(c.ok()) << bad;
+    }
+    auto none = load("model: m.gguf\n");
+    ASSERT_FALSE(none.ok());
+    EXPECT_NE(none.error().message().find("no decode node"), std::string::npos);
+}
+
 TEST_F(ClusterConfigFile, RefusesAnUnknownTransportKeyByName) {
     auto c = load(std::string("model: m.gguf\ntransport:\n  rndv: am\n") + kNodes);
     ASSERT_FALSE(c.ok());

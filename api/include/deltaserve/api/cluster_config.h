@@ -79,6 +79,18 @@ struct ClusterConfig {
     std::string allowed_hosts, allowed_origins;
     int32_t queue_timeout_ms = 30'000;
     std::string log_level = "warn";
+    // Membership on etcd (membership.h): its endpoints ("etcd: [host:2379, ...]", or
+    // DELTASERVE_ETCD="a:2379,b:2379"); empty = the static lists below alone. etcd_user /
+    // etcd_password: etcd's authentication (DELTASERVE_ETCD_PASSWORD); etcd_prefix: the
+    // cluster's keys (one etcd can hold several clusters); member_ttl: seconds a member's
+    // lease lives without its keep-alives (a dead node is dropped within it).
+    std::vector<std::string> etcd;
+    std::string etcd_user, etcd_password;
+    std::string etcd_prefix = "/deltaserve/default/";
+    int32_t member_ttl = 10;
+    // A stopped (SIGTERM) node registered in etcd drains: it is marked draining, takes no new
+    // turn and leaves once its running turns end, or after this many seconds.
+    int32_t drain_seconds = 25;
     std::vector<NodeEntry> prefill;
     std::vector<NodeEntry> decode;
 
@@ -87,7 +99,8 @@ struct ClusterConfig {
 };
 
 // Reads a YAML file, then the environment's overrides. Errors: kNotFound (no file),
-// kInvalidArgument naming the key that is malformed, unknown, missing or out of range.
+// kInvalidArgument naming the key that is malformed, unknown, missing or out of range (a
+// config without etcd needs a decode node).
 Result<ClusterConfig> load_cluster_config(const std::string& path);
 // The overrides alone (for tests): DELTASERVE_<UPPER_KEY> for every scalar key.
 Status apply_env_overrides(ClusterConfig& config);

@@ -1,0 +1,198 @@
+// A cluster whose nodes join through real etcd (tests/support/etcd_members.h) instead of the
+// config's lists: nodes started with --name/--rpc/--data register, the gateway uses them as
+// they come, drops one killed with kill -9 within its lease's TTL, and a node stopped with
+// SIGTERM finishes its running turn before it leaves.
+#include <gtest/gtest.h>
+
+#include <future>
+
+#include "etcd_members.h"
+#include "local_cluster.h"
+#include "serving.h"
+
+namespace deltaserve::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+class EtcdCluster {
+  public:
+    EtcdCluster() : etcd_(1) {
+        dir_ = std::filesystem::temp_directory_path() /
+               ("deltaserve-etcd-cluster-" + std::to_string(getpid()));
+        std::filesystem::create_directories(dir_);
+        gateway_rpc_ = free_port();
+        std::ofstream yaml(config());
+        yaml << "model: " << default_gguf_model() << "\n"
+             << "threads: 1\nctx_size: 2048\nlocal_prefill_max: 0\ndata_dir: none\n"
+             << "cluster_token: etcd-test-secret\nadmin_key: " << kAdminKey << "\n"
+             << "gateway: {rpc: \"127.0.0.1:" << gateway_rpc_ << "\"}\n"
+             << "transport: {tls: tcp}\n"
+             << "etcd: [\"" << etcd_.endpoint(0) << "\"]\n"
+             << "etcd_prefix: /deltaserve/test/\nmember_ttl: 2\ndrain_seconds: 20\n";
+    }
+    ~EtcdCluster() { std::filesystem::remove_all(dir_); }
+    bool etcd_ready() const { return etcd_.ready(); }
+    std::string config() const { return (dir_ / "cluster.yaml").string(); }
+
+    // A node of `role` named `name` on free ports, registering itself.
+    std::unique_ptr<ServingProcess> node(const std::string& role, const std::string& name) {
+        std::vector<std::string> args = {role,
+                                         "--config",
+                                         config(),
+                                         "--name",
+                                         name,
+                                         "--rpc",
+                                         "127.0.0.1:" + std::to_string(free_port())};
+        if (role == "decode")
+            args.insert(args.end(), {"--data", "127.0.0.1:" + std::to_string(free_port())});
+        return std::make_unique<ServingProcess>(args, "serving RPC on");
+    }
+    std::unique_ptr<ServingProcess> gateway() {
+        return std::make_unique<ServingProcess>(
+            std::vector<std::string>{"gateway", "--config", config(), "--port", "0"});
+    }
+    // The decode nodes the gateway would route to now (deltactl cluster).
+    std::vector<std::string> decode_nodes() const {
+        const CliResult r = run_binary(
+            deltactl_binary(), {"cluster", "--server", "127.0.0.1:" + std::to_string(gateway_rpc_),
+                                "--admin-key", kAdminKey, "--json"});
+        std::vector<std::string> names;
+        if (r.exit_code != 0) return names;
+        const json j = json::parse(r.out, nullptr, false);
+        if (!j.is_object() || !j["decode"].is_array()) return names;
+        for (const json& n : j["decode"]) names.push_back(n["name"].get<std::string>());
+        return names;
+    }
+    // Waits until the gateway's decode nodes are `want`; the seconds it took, or -1.
+    double wait_nodes(const std::vector<std::string>& want, std::chrono::seconds limit) const {
+        const auto t0 = Clock::now();
+        while (Clock::now() - t0 < limit) {
+            if (decode_nodes() == want) return since(t0);
+            std::this_thread::sleep_for(50ms);
+        }
+        return -1;
+    }
+
+    static constexpr const char* kAdminKey = "etcd-admin-secret";
+
+  private:
+    EtcdMembers etcd_;
+    std::filesystem::path dir_;
+    uint16_t gateway_rpc_ = 0;
+};
+
+std::string greedy_answer(uint16_t port, int tokens) {
+    json body = chat_body("Tell me about the sea and the ships that sail on it.", tokens);
+    body["temperature"] = 0;
+    const HttpResponse r = post_chat(port, body);
+    if (r.status != 200) return "HTTP " + std::to_string(r.status) + ": " + r.body;
+    return json::parse(r.body)["choices"][0]["message"]["content"].get<std::string>();
+}
+
+TEST(ClusterEtcdTest, NodesJoinAndLeaveThroughEtcdWithoutTouchingTheConfig) {
+    if (etcd_binary().empty()) GTEST_SKIP() << "etcd is not installed: run deploy/setup.sh";
+    EtcdCluster cluster;
+    ASSERT_TRUE(cluster.etcd_ready());
+    auto p0 = cluster.node("prefill", "p0");
+    auto d0 = cluster.node("decode", "d0");
+    ASSERT_TRUE(p0->ready()) << p0->log();
+    ASSERT_TRUE(d0->ready()) << d0->log();
+    EXPECT_NE(d0->log().find("registered in etcd as /deltaserve/test/members/decode/d0"),
+              std::string::npos)
+        << d0->log();
+    auto gw = cluster.gateway();
+    ASSERT_NE(gw->port(), 0) << gw->log();
+    EXPECT_NE(gw->log().find("etcd lists 1 decode and 1 prefill nodes"), std::string::npos)
+        << gw->log();
+    const std::string first = greedy_answer(gw->port(), 16);
+    ASSERT_EQ(first.rfind("HTTP ", 0), std::string::npos) << first;
+
+    // A node started later is routed to within about a second (the gateway's watch, then
+    // its connection), with no restart and no config edit.
+    const auto started = Clock::now();
+    auto d1 = cluster.node("decode", "d1");
+    ASSERT_TRUE(d1->ready()) << d1->log();
+    const double joined = cluster.wait_nodes({"d0", "d1"}, 10s);
+    ASSERT_GE(joined, 0) << gw->log();
+    const double join_s = since(started);
+
+    // kill -9: dropped within the lease's TTL (2 s) and the time to see it.
+    d0->kill9();
+    const auto died = Clock::now();
+    const double dropped = cluster.wait_nodes({"d1"}, 10s);
+    ASSERT_GE(dropped, 0) << gw->log();
+    EXPECT_LT(since(died), 4.0);
+    const double drop_s = since(died);
+    // The next turn runs on the node that is left, with the same greedy answer.
+    EXPECT_EQ(greedy_answer(gw->port(), 16), first);
+
+    // SIGTERM while a turn runs: the node drains (no new turn goes to it: d2 takes them),
+    // its turn ends whole, then it leaves.
+    auto d2 = cluster.node("decode", "d2");
+    ASSERT_TRUE(d2->ready()) << d2->log();
+    ASSERT_GE(cluster.wait_nodes({"d1", "d2"}, 10s), 0) << gw->log();
+    // Both idle: least loaded picks the first listed, d1. A long answer holds it.
+    auto running = std::async(std::launch::async, [&] {
+        json body = chat_body("Write a long story about a lighthouse keeper.", 160);
+        body["temperature"] = 0;
+        return post_chat(gw->port(), body);
+    });
+    const auto t_run = Clock::now();
+    while (since(t_run) < 10 && d1->log().find("draining") == std::string::npos) {
+        // Until the turn is on d1 (its stats say it runs), then stop it.
+        const CliResult r =
+            run_binary(deltactl_binary(), {"cluster", "--config", cluster.config(), "--json"});
+        const json j = json::parse(r.out, nullptr, false);
+        bool on_d1 = false;
+        if (j.is_object() && j["decode"].is_array()) {
+            for (const json& n : j["decode"])
+                on_d1 |= n["name"] == "d1" && n.value("running", 0) > 0;
+        }
+        if (on_d1) break;
+        std::this_thread::sleep_for(20ms);
+    }
+    std::thread stopper([&] { EXPECT_EQ(d1->stop(), 0) << d1->log(); });
+    ASSERT_GE(cluster.wait_nodes({"d2"}, 5s), 0) << gw->log();
+    // Meanwhile new turns go to d2.
+    EXPECT_EQ(greedy_answer(gw->port(), 16), first);
+    const HttpResponse r = running.get();
+    stopper.join();
+    ASSERT_EQ(r.status, 200) << r.body << d1->log();
+    EXPECT_EQ(json::parse(r.body)["usage"]["completion_tokens"], 160) << r.body;
+    EXPECT_NE(d1->log().find("draining: 1 turns running"), std::string::npos) << d1->log();
+    EXPECT_NE(d1->log().find("left the cluster"), std::string::npos) << d1->log();
+    std::printf(
+        "a node joined and was routed to %.2f s after it started (%.2f s after it was "
+        "ready); after kill -9 it left the gateway's nodes in %.2f s (TTL 2 s)\n",
+        join_s, joined, drop_s);
+    EXPECT_EQ(gw->stop(), 0) << gw->log();
+}
+
+TEST(ClusterEtcdTest, ANameTakenByALiveMemberIsRefused) {
+    if (etcd_binary().empty()) GTEST_SKIP() << "etcd is not installed: run deploy/setup.sh";
+    EtcdCluster cluster;
+    ASSERT_TRUE(cluster.etcd_ready());
+    auto d0 = cluster.node("decode", "d0");
+    ASSERT_TRUE(d0->ready()) << d0->log();
+    const CliResult twin = run_deltaserve({"decode", "--config", cluster.config(), "--name", "d0",
+                                           "--rpc", "127.0.0.1:" + std::to_string(free_port()),
+                                           "--data", "127.0.0.1:" + std::to_string(free_port())},
+                                          "", std::chrono::seconds(60));
+    EXPECT_EQ(twin.exit_code, 1) << twin.describe();
+    EXPECT_NE(twin.err.find("is registered by a live member"), std::string::npos)
+        << twin.describe();
+    // A node the config does not list needs its address.
+    const CliResult nameless =
+        run_deltaserve({"decode", "--config", cluster.config(), "--name", "dx"});
+    EXPECT_EQ(nameless.exit_code, 2) << nameless.describe();
+    EXPECT_NE(nameless.err.find("needs --rpc"), std::string::npos) << nameless.describe();
+}
+
+}  // namespace
+}  // namespace deltaserve::testing
