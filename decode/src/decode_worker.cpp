@@ -478,10 +478,17 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
         return invalid_argument("a response format's prefix and suffix have at most 256 bytes");
     if (spec.json_schema.empty() && !(spec.json_prefix.empty() && spec.json_suffix.empty()))
         return invalid_argument("a response format's prefix and suffix need its schema");
+    if (spec.continued < 0 || spec.continued >= n || spec.continued_sent < 0)
+        return invalid_argument("a continued turn's answer must be shorter than its tokens");
+    if (spec.continued > 0 && spec.prompt_logprobs >= 0)
+        return invalid_argument("a continued turn does not score its prompt");
+    if (spec.max_tokens >= 0 && spec.continued >= spec.max_tokens)
+        return invalid_argument("a continued turn's answer is already max_tokens long");
     std::unique_ptr<model::TokenConstraint> constraint;
     if (!spec.json_schema.empty()) {
         DS_ASSIGN_OR_RETURN(
             constraint, constraints_.make(spec.json_schema, spec.json_prefix, spec.json_suffix));
+        DS_RETURN_IF_ERROR(replay_continued(*constraint, spec));
     }
     auto t = std::make_shared<Turn>(std::move(spec), std::move(sink), model_);
     t->constraint = std::move(constraint);

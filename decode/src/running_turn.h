@@ -29,7 +29,23 @@ struct Turn {
           model(m),
           sampler(spec.sampling),
           scan(spec.stop) {
-        for (int32_t t : spec.tokens) sampler.accept(t);
+        prime_sampler(sampler, spec);
+        // A continued turn's answer so far: counted, and through the stop scanner, whose
+        // text past what the client has (held back as a stop string's possible start, or
+        // sent with no piece yet) goes out with the first new piece.
+        const size_t first = spec.tokens.size() - static_cast<size_t>(spec.continued);
+        prev = first > 0 ? spec.tokens[first - 1] : -1;
+        for (size_t i = first; i < spec.tokens.size(); ++i) {
+            const int32_t t = spec.tokens[i];
+            const bool shown = std::find(spec.shown_tokens.begin(), spec.shown_tokens.end(), t) !=
+                               spec.shown_tokens.end();
+            scan.add(m.tokenizer->token_to_piece(t, prev, shown));
+            prev = t;
+        }
+        end.completion_tokens = spec.continued;
+        const std::string_view released = scan.release(false);
+        unsent = std::string(
+            released.substr(std::min(released.size(), static_cast<size_t>(spec.continued_sent))));
         prev = spec.tokens.back();
     }
 
@@ -76,12 +92,19 @@ struct Turn {
         if (tok.is_eog(token)) return stop_with("stop");
         ++end.completion_tokens;
         sampler.accept_generated(token);
+        sink->on_token(token);
         const bool shown = std::find(spec.shown_tokens.begin(), spec.shown_tokens.end(), token) !=
                            spec.shown_tokens.end();
         const bool stopped = scan.add(tok.token_to_piece(token, prev, shown));
         prev = token;
-        const std::string_view piece = scan.release(stopped);
-        if (!piece.empty() && !sink->on_piece(piece)) return stop_with("cancelled");
+        std::string_view piece = scan.release(stopped);
+        if (!unsent.empty()) {  // a continued turn's text the client has not had yet
+            unsent += piece;
+            piece = unsent;
+        }
+        const bool wanted = piece.empty() || sink->on_piece(piece);
+        unsent.clear();
+        if (!wanted) return stop_with("cancelled");
         if (stopped || (constraint != nullptr && constraint->must_end())) {
             return stop_with("stop");
         }
@@ -91,7 +114,7 @@ struct Turn {
     }
     Result<TurnEnd> finish(const std::string& reason) {
         if (reason != "cancelled") {
-            const std::string_view rest = scan.release(true);
+            const std::string rest = unsent + std::string(scan.release(true));
             if (!rest.empty()) sink->on_piece(rest);
         }
         end.finish_reason = reason;
@@ -144,6 +167,7 @@ struct Turn {
     // text.
     std::unique_ptr<model::TokenConstraint> constraint;
     StopScanner scan;
+    std::string unsent;  // a continued turn's text released here that the client lacks
     int32_t prev = -1;
     int32_t next_token = -1;
     bool done = false;

@@ -9,6 +9,7 @@
 
 #include "deltaserve/common/status.h"
 #include "deltaserve/model/sampler.h"
+#include "deltaserve/model/token_constraint.h"
 #include "deltaserve/model/token_logprobs.h"
 
 namespace deltaserve::decode {
@@ -41,7 +42,23 @@ struct TurnSpec {
     // prompt order before any generated token's; -1 = none. The whole prompt is then computed
     // on the decode node (no cached prefix, session KV or prefill node: none keeps logits).
     int32_t prompt_logprobs = -1;
+    // A turn continued here after the node running it was lost (the gateway moves it): the
+    // last `continued` tokens of `tokens` are its answer so far, and the first
+    // `continued_sent` bytes of their text reached the client already. Sampling (the random
+    // stream, the penalties), the response format and the stop strings go on from there, as
+    // if the turn had run here from its start; TurnEnd's text and completion_tokens count
+    // the continued tokens too, and max_tokens is the whole answer's.
+    int32_t continued = 0;
+    int32_t continued_sent = 0;
 };
+
+// A turn's sampler from its spec: every prompt token seen, and a continued turn's answer so
+// far as generated tokens whose draws were taken (the same random state as on the node that
+// sampled them).
+void prime_sampler(model::Sampler& sampler, const TurnSpec& spec);
+// A continued turn's answer so far through its response format's constraint; kInvalidArgument
+// when the format does not take it.
+Status replay_continued(model::TokenConstraint& constraint, const TurnSpec& spec);
 
 struct TurnEnd {
     std::string finish_reason;  // "stop", "length" or "cancelled"
@@ -67,6 +84,10 @@ class TurnSink {
     // the end-of-turn token's (which has no text) when the turn ends on one; first,
     // with TurnSpec::prompt_logprobs, the prompt's tokens' after the first, in order.
     virtual void on_logprobs(const model::TokenLogprobs& lp) { (void)lp; }
+    // Each generated token's id (not the end-of-turn token's), in order: after its
+    // log-probabilities, before the piece that holds its text. What a gateway needs to
+    // continue the turn elsewhere (TurnSpec::continued).
+    virtual void on_token(int32_t token) { (void)token; }
     // The prompt's KV is in, and in the prefix cache where the worker keeps one: turns that
     // share the prompt (the choices of one request) can start now and adopt its blocks.
     // Once, before the turn's first piece; never for a turn that failed before it.
