@@ -94,6 +94,7 @@ RunOptions run_options(const api::ClusterConfig& c) {
     o.kv_profile = c.kv_profile;
     o.log_level = c.log_level;
     o.device = c.device;
+    o.attention = c.attention;
     return o;
 }
 
@@ -334,6 +335,7 @@ int gateway_main(int argc, char** argv) {
     api::ClusterEngineOptions eo;
     eo.max_sessions = c.max_sessions;
     eo.session_ttl_seconds = c.session_ttl;
+    eo.max_turn_moves = c.turn_moves;
     eo.max_stored_sessions = c.max_stored_sessions;
     eo.max_stored_sessions_per_tenant = c.max_stored_sessions_per_tenant;
     eo.max_stored_bytes = static_cast<int64_t>(c.max_stored_bytes);

@@ -37,6 +37,8 @@ struct TurnSpec {
   jsonSuffix @10 :Text;
   logprobs @11 :Int32 = -1;  # top logprobs per generated token (0..20); -1 = none
   promptLogprobs @12 :Int32 = -1;  # the prompt's too (decode::TurnSpec::prompt_logprobs)
+  continued @13 :Int32;  # a moved turn: its answer so far ends tokens (TurnSpec::continued)
+  continuedSent @14 :Int32;  # bytes of that answer's text the client has
 }
 
 struct TurnPlan {
@@ -61,7 +63,9 @@ struct TurnEnd {
 
 interface TokenSink {
   # Where a turn's text goes, hosted by the gateway. Calls arrive in order; end comes last.
-  piece @0 (text :Text) -> ();
+  piece @0 (text :Text, tokens :List(Int32)) -> ();
+  # tokens: the generated tokens taken since the last piece (TurnSink::on_token), this one's
+  # among them.
   end @1 (end :TurnEnd) -> ();
   logprobs @2 (token :TokenLogprobs) -> ();
   # A generated token's log-probabilities (TurnSpec.logprobs), before its piece.

@@ -68,13 +68,21 @@ class QueueSink : public decode::TurnSink {
         items_.emplace_back(PromptDone{});
         cv_.notify_one();
     }
+    void on_token(int32_t token) override {
+        std::lock_guard<std::mutex> lock(mu_);
+        items_.emplace_back(Token{token});
+        cv_.notify_one();
+    }
     void on_end(Result<decode::TurnEnd> end) override {
         std::lock_guard<std::mutex> lock(mu_);
         end_.emplace(std::move(end));
         cv_.notify_one();
     }
     struct PromptDone {};
-    using Item = std::variant<std::string, model::TokenLogprobs, PromptDone>;
+    struct Token {
+        int32_t id;
+    };
+    using Item = std::variant<std::string, model::TokenLogprobs, PromptDone, Token>;
     enum class Next { kItem, kEnded, kNothingYet };
     // Waits up to `wait` for the next piece or log-probabilities (into item). kEnded once the
     // turn ended and every item was taken.
@@ -360,6 +368,7 @@ EngineStats ClusterChatEngine::stats() const {
     s.sessions_recovered = recovered_;
     s.sessions_recovery_ms = recovery_ms_;
     s.prefill_retries = prefill_retries_.load();
+    s.turn_moves = turn_moves_.load();
     for (auto* p : nodes_->prefill()) {
         auto ps = p->stats();
         if (!ps.ok()) continue;
@@ -944,7 +953,6 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
         spec.json_prefix = std::move(forced.prefix);
         spec.json_suffix = std::move(forced.suffix);
     }
-    auto sink = std::make_shared<QueueSink>();
     // A session's home that takes no new turn (it drains, or left the cluster) is not used:
     // another node recomputes the history.
     if (node != nullptr && !nodes_->routable(node)) node = nullptr;
@@ -953,45 +961,16 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
         release(nullptr, nullptr);
         return unavailable("no decode node is reachable");
     }
-    auto planned = node->start_turn(spec, sink);
-    if (!planned.ok() && (planned.status().code() == StatusCode::kUnavailable ||
-                          planned.status().code() == StatusCode::kResourceExhausted)) {
-        // The session's node is lost (its KV with it), or its KV memory is full: another
-        // node recomputes the history.
-        if (DecodeNode* other = least_loaded_decode(node)) {
-            node = other;
-            planned = node->start_turn(spec, sink);
-        }
-    }
-    if (!planned.ok()) {
-        release(node, nullptr);
-        return planned.status();
-    }
-    const decode::TurnPlan plan = *planned;
-    bool cancelled = false;
-    if (plan.remote_prefill) {
-        // This thread waits on the prefill node; the watch asks the caller meanwhile, and a
-        // turn no longer wanted ends on the decode node and leaves the prefill node's queue
-        // (or stops after its chunk there).
-        const uint64_t id = spec.turn_id;
-        watch_->add(id, &callbacks.wanted, [this, node, id] {
-            node->cancel(id, Status());
-            for (auto* p : nodes_->prefill()) p->cancel(id);
-        });
-        Status st = prefill_turn(spec, *node, plan.pull_tokens);
-        cancelled = watch_->remove(id);
-        if (!st.ok() && !cancelled) node->cancel(id, st);
-    }
     TurnResult result;
     ToolAnswer answer(
         with_tools ? model_.chat_template.tool_call_format() : model::ToolCallFormat::kNone,
         request.parallel_tool_calls, callbacks);
     bool first = true;
+    bool cancelled = false;
     const auto cancel = [&] {
         cancelled = true;
         node->cancel(spec.turn_id, Status());
     };
-    QueueSink::Item item;
     TokenTexts texts(*model_.tokenizer, spec.tokens.back());
     TokenTexts prompt_texts(*model_.tokenizer, spec.tokens.front());
     // The prompt's log-probabilities come first: one for each token after the first.
@@ -1000,54 +979,130 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
         prompt_left = spec.tokens.size() - 1;
         result.prompt_logprobs.push_back(TokenTexts::unscored(*model_.tokenizer, spec.tokens[0]));
     }
-    Status bad_node;  // log-probabilities the decode node should not have sent
+    // A decode node lost mid-answer (kUnavailable): the turn goes on on another from its
+    // prompt and the tokens its client has (TurnSpec::continued), at most max_turn_moves
+    // times. generated: the answer's tokens the nodes reported; sent: their text's bytes.
+    const size_t prompt_size = spec.tokens.size();
+    std::vector<int32_t> generated;
+    int32_t sent = 0;
+    int32_t moves = 0;
+    const int32_t budget = spec.max_tokens >= 0 ? spec.max_tokens : int32_t{1} << 20;  // contexts
+    Status bad_node;  // what the decode node should not have sent
+    Result<decode::TurnEnd> ended = unavailable("the turn did not start");
     for (;;) {
-        const auto next = sink->next(std::chrono::milliseconds(TurnCallbacks::kWantedPollMs), item);
-        if (next == QueueSink::Next::kEnded) break;
-        if (next == QueueSink::Next::kNothingYet) {
-            if (!cancelled && callbacks.wanted && !callbacks.wanted()) cancel();
-            continue;
+        auto sink = std::make_shared<QueueSink>();
+        auto planned = node->start_turn(spec, sink);
+        if (!planned.ok() && (planned.status().code() == StatusCode::kUnavailable ||
+                              planned.status().code() == StatusCode::kResourceExhausted)) {
+            // The session's node is lost (its KV with it), or its KV memory is full: another
+            // node recomputes the history.
+            if (DecodeNode* other = least_loaded_decode(node)) {
+                node = other;
+                planned = node->start_turn(spec, sink);
+            }
         }
-        if (std::holds_alternative<QueueSink::PromptDone>(item)) {
-            if (!cancelled && callbacks.on_prompt_done) callbacks.on_prompt_done();
-            continue;
+        if (!planned.ok()) {
+            release(node, nullptr);
+            return planned.status();
         }
-        if (const auto* lp = std::get_if<model::TokenLogprobs>(&item)) {
-            if (cancelled) continue;
-            const bool of_prompt = prompt_left > 0;
-            const size_t at = spec.tokens.size() - prompt_left;  // the prompt token it scores
-            Status st =
-                of_prompt ? check_prompt_logprobs(*lp, spec.tokens[at], spec.prompt_logprobs,
-                                                  model_.config.n_vocab)
-                : spec.logprobs < 0 ? unavailable("the decode node sent logprobs no one asked for")
-                                    : model::check_token_logprobs(*lp, model_.config.n_vocab);
-            if (!st.ok()) {
-                bad_node = st;
-                cancel();
+        const decode::TurnPlan plan = *planned;
+        if (plan.remote_prefill) {
+            // This thread waits on the prefill node; the watch asks the caller meanwhile, and
+            // a turn no longer wanted ends on the decode node and leaves the prefill node's
+            // queue (or stops after its chunk there).
+            const uint64_t id = spec.turn_id;
+            watch_->add(id, &callbacks.wanted, [this, node, id] {
+                node->cancel(id, Status());
+                for (auto* p : nodes_->prefill()) p->cancel(id);
+            });
+            Status st = prefill_turn(spec, *node, plan.pull_tokens);
+            cancelled = watch_->remove(id) || cancelled;
+            if (!st.ok() && !cancelled) node->cancel(id, st);
+        }
+        // This node's generated tokens' log-probabilities, counted from the answer's start: a
+        // moved turn's again for the tokens the lost node had held back are not passed twice.
+        size_t scored = generated.size();
+        QueueSink::Item item;
+        for (;;) {
+            const auto next =
+                sink->next(std::chrono::milliseconds(TurnCallbacks::kWantedPollMs), item);
+            if (next == QueueSink::Next::kEnded) break;
+            if (next == QueueSink::Next::kNothingYet) {
+                if (!cancelled && callbacks.wanted && !callbacks.wanted()) cancel();
                 continue;
             }
-            if (of_prompt) {
-                --prompt_left;
-                result.prompt_logprobs.push_back(prompt_texts.entry(*lp));
+            if (std::holds_alternative<QueueSink::PromptDone>(item)) {
+                if (!cancelled && callbacks.on_prompt_done) callbacks.on_prompt_done();
                 continue;
             }
-            LogprobEntry entry = texts.entry(*lp);
-            if (callbacks.on_logprobs) callbacks.on_logprobs(entry);
-            result.logprobs.push_back(std::move(entry));
-            continue;
+            if (const auto* token = std::get_if<QueueSink::Token>(&item)) {
+                if (token->id < 0 || token->id >= model_.config.n_vocab ||
+                    static_cast<int32_t>(generated.size()) >= budget) {
+                    bad_node = unavailable("the decode node reported tokens it cannot have made");
+                    cancel();
+                    continue;
+                }
+                generated.push_back(token->id);
+                continue;
+            }
+            if (const auto* lp = std::get_if<model::TokenLogprobs>(&item)) {
+                if (cancelled) continue;
+                const bool of_prompt = prompt_left > 0;
+                const size_t at = prompt_size - prompt_left;  // the prompt token it scores
+                Status st = of_prompt
+                                ? check_prompt_logprobs(*lp, spec.tokens[at], spec.prompt_logprobs,
+                                                        model_.config.n_vocab)
+                            : spec.logprobs < 0
+                                ? unavailable("the decode node sent logprobs no one asked for")
+                                : model::check_token_logprobs(*lp, model_.config.n_vocab);
+                if (!st.ok()) {
+                    bad_node = st;
+                    cancel();
+                    continue;
+                }
+                if (of_prompt) {
+                    --prompt_left;
+                    result.prompt_logprobs.push_back(prompt_texts.entry(*lp));
+                    continue;
+                }
+                LogprobEntry entry = texts.entry(*lp);
+                if (scored++ < result.logprobs.size()) continue;
+                if (callbacks.on_logprobs) callbacks.on_logprobs(entry);
+                result.logprobs.push_back(std::move(entry));
+                continue;
+            }
+            const std::string& piece = std::get<std::string>(item);
+            if (first) {
+                result.ttft_seconds =
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                first = false;
+            }
+            sent += static_cast<int32_t>(piece.size());
+            if (!cancelled && !answer.feed(piece)) cancel();
         }
-        const std::string& piece = std::get<std::string>(item);
-        if (first) {
-            result.ttft_seconds =
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            first = false;
-        }
-        if (!cancelled && !answer.feed(piece)) cancel();
+        ended = sink->end();
+        if (bad_node.ok() && ended.ok() && prompt_left > 0 && !cancelled)
+            bad_node = unavailable("the decode node left prompt tokens unscored");
+        if (!bad_node.ok()) ended = bad_node.with_context("decode node " + node->name());
+        const bool lost = !ended.ok() && ended.status().code() == StatusCode::kUnavailable &&
+                          bad_node.ok() && !cancelled && prompt_left == 0 &&
+                          static_cast<int32_t>(generated.size()) < budget;
+        DecodeNode* next =
+            lost && moves < options_.max_turn_moves ? least_loaded_decode(node) : nullptr;
+        if (next == nullptr) break;
+        ++moves;
+        turn_moves_.fetch_add(1);
+        spdlog::warn(
+            "gateway: decode node {} was lost {} tokens into a turn ({}); it goes on on {}",
+            node->name(), generated.size(), ended.status().message(), next->name());
+        spec.tokens.resize(prompt_size);
+        spec.tokens.insert(spec.tokens.end(), generated.begin(), generated.end());
+        spec.continued = static_cast<int32_t>(generated.size());
+        spec.continued_sent = sent;
+        spec.prompt_logprobs = -1;
+        spec.turn_id = random_u64();  // a new KV stream
+        node = next;
     }
-    Result<decode::TurnEnd> ended = sink->end();
-    if (bad_node.ok() && ended.ok() && prompt_left > 0 && !cancelled)
-        bad_node = unavailable("the decode node left prompt tokens unscored");
-    if (!bad_node.ok()) ended = bad_node.with_context("decode node " + node->name());
     if (!ended.ok()) {
         release(node, nullptr);
         return ended.status();
@@ -1063,10 +1118,12 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
     result.finish_reason = cancelled ? "cancelled" : end.finish_reason;
     if (!result.tool_calls.empty() && result.finish_reason == "stop")
         result.finish_reason = "tool_calls";
-    result.usage.prompt_tokens = end.prompt_tokens;
-    result.usage.cached_tokens = end.cached_tokens;
+    // A moved turn's prompt there held the answer so far: the client's prompt is the first.
+    result.usage.prompt_tokens = std::max(0, end.prompt_tokens - spec.continued);
+    result.usage.cached_tokens = std::min(end.cached_tokens, result.usage.prompt_tokens);
     result.usage.kv_source = end.kv_source;
     result.usage.completion_tokens = end.completion_tokens;
+    result.turn_moves = moves;
     release(node, &result);
     return result;
 }

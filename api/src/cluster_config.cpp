@@ -124,6 +124,7 @@ const std::map<std::string, Setter>& setters() {
         };
         integer("member_ttl", &ClusterConfig::member_ttl, 2, 3600);
         integer("drain_seconds", &ClusterConfig::drain_seconds, 0, 3600);
+        integer("turn_moves", &ClusterConfig::turn_moves, 0, 16);
         m["kv_host_memory"] = [](ClusterConfig& c, const std::string& v) {
             auto bytes = parse_byte_size(v);
             if (!bytes) return bytes.status().with_context("kv_host_memory");
@@ -131,6 +132,12 @@ const std::map<std::string, Setter>& setters() {
             return Status();
         };
         text("device", &ClusterConfig::device);
+        m["attention"] = [](ClusterConfig& c, const std::string& v) {
+            if (v != "native" && v != "ggml")
+                return invalid_argument("attention: '" + v + "' is not native or ggml");
+            c.attention = v;
+            return Status();
+        };
         m["kv_device_memory"] = [](ClusterConfig& c, const std::string& v) {
             auto bytes = parse_byte_size(v);
             if (!bytes) return bytes.status().with_context("kv_device_memory");

@@ -157,6 +157,9 @@ std::string Metrics::render(const EngineStats& e) const {
     metric("deltaserve_prefill_retries_total", "counter",
            "Prefills tried again on another prefill node after one was lost.",
            static_cast<double>(e.prefill_retries));
+    metric("deltaserve_turn_moves_total", "counter",
+           "Turns that went on on another decode node after theirs was lost mid-answer.",
+           static_cast<double>(e.turn_moves));
     const decode::TierStats& t = e.tiers;
     metric("deltaserve_device_tier_bytes", "gauge",
            "Bytes of stored KV blocks in the device tier (--kv-device-memory).",

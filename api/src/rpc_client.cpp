@@ -35,7 +35,9 @@ class SinkImpl final : public rpc::TokenSink::Server {
   public:
     explicit SinkImpl(std::shared_ptr<Bridge> b) : b_(std::move(b)) {}
     kj::Promise<void> piece(PieceContext context) override {
-        if (!b_->ended) b_->sink->on_piece(context.getParams().getText().cStr());
+        if (b_->ended) return kj::READY_NOW;
+        for (int32_t t : context.getParams().getTokens()) b_->sink->on_token(t);
+        b_->sink->on_piece(context.getParams().getText().cStr());
         return kj::READY_NOW;
     }
     kj::Promise<void> logprobs(LogprobsContext context) override {

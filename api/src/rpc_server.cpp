@@ -39,11 +39,19 @@ class RemoteSink final : public decode::TurnSink {
     ~RemoteSink() noexcept override = default;
     const std::shared_ptr<State>& state() const { return state_; }
 
+    // The tokens ride with the next piece: the gateway knows a token once its text is on the
+    // way, which is what it needs to continue the turn elsewhere.
+    void on_token(int32_t token) override { tokens_.push_back(token); }
     bool on_piece(std::string_view piece) override {
+        std::vector<int32_t> tokens = std::move(tokens_);
+        tokens_.clear();
         return on_rpc_thread([&] {
             KJ_IF_MAYBE (s, state_->sink) {
                 auto req = s->pieceRequest();
                 req.setText(kj::StringPtr(std::string(piece).c_str()));
+                auto ids = req.initTokens(static_cast<unsigned>(tokens.size()));
+                for (size_t i = 0; i < tokens.size(); ++i)
+                    ids.set(static_cast<unsigned>(i), tokens[i]);
                 req.send().detach([](kj::Exception&&) {});  // a lost gateway cancels via wait()
             }
         });
@@ -103,6 +111,7 @@ class RemoteSink final : public decode::TurnSink {
     kj::Own<const kj::Executor> executor_;
     std::thread::id rpc_thread_;
     std::shared_ptr<State> state_;
+    std::vector<int32_t> tokens_;  // since the last piece (the worker's calls never overlap)
 };
 
 class TurnImpl final : public rpc::Turn::Server {

@@ -28,6 +28,7 @@ struct TurnResult {
     std::vector<LogprobEntry> prompt_logprobs;
     Usage usage;
     double ttft_seconds = 0;  // request start to the first piece (or the end)
+    int32_t turn_moves = 0;   // decode nodes it moved to after one was lost mid-answer
     // A session's turn: whether its record (the conversation with this answer) is on disk,
     // synced, before the answer (false: the record store failed; the session goes on in
     // memory and may not survive a restart). True without a record store or a session.
@@ -48,6 +49,7 @@ struct EngineStats {
     int64_t prefill_tokens = 0;      // prompt tokens the prefill workers computed to the end
     double keep_ratio = 1.0;         // kv_bytes over the same tokens in fp16 full KV
     int64_t prefill_retries = 0;     // prefills tried again on another node after one was lost
+    int64_t turn_moves = 0;          // turns moved to another decode node mid-answer
     decode::TierStats tiers;         // the decode nodes' tiered stores, summed
     // Sessions the gateway read back from its records at start, and the time it took.
     int64_t sessions_recovered = 0;

@@ -51,6 +51,9 @@ struct ClusterEngineOptions {
     // checkpoint(): where the records store's copy goes, ROOT/checkpoints/<name>/STORE/kv;
     // STORE "" when the records live in a decode worker's store (serve), copied with it.
     std::string checkpoint_root, records_store;
+    // A turn whose decode node is lost mid-answer goes on on another node, at most this many
+    // times (0 = it ends with the node's error).
+    int32_t max_turn_moves = 2;
 };
 
 class ClusterChatEngine : public ChatEngine {
@@ -154,6 +157,7 @@ class ClusterChatEngine : public ChatEngine {
     const std::shared_ptr<NodeSet> nodes_;
     const ClusterEngineOptions options_;
     std::atomic<int64_t> prefill_retries_{0};
+    std::atomic<int64_t> turn_moves_{0};
     std::thread repin_;  // the stored pins taken again at start (joined in the destructor)
     // The turns waiting on a prefill node (prefill_watch.h).
     std::unique_ptr<PrefillWatch> watch_;

@@ -65,6 +65,9 @@ struct ClusterConfig {
     // 0 = off, the default; refused on the CPU).
     std::string device;
     uint64_t kv_device_memory = 0;
+    // The attention's arithmetic (serve's --attention): "native", or "ggml" (llama.cpp's
+    // rounding: the same logits whatever the batch, prefill or decode step).
+    std::string attention = "native";
     // Access (api/access.h): the gateway's API keys and admin keys, comma-separated
     // (DELTASERVE_API_KEY, DELTASERVE_ADMIN_KEY); "" = none (then loopback only, unless
     // insecure). cluster_token: the secret nodes and gateways prove to each other on RPC and
@@ -91,6 +94,9 @@ struct ClusterConfig {
     // A stopped (SIGTERM) node registered in etcd drains: it is marked draining, takes no new
     // turn and leaves once its running turns end, or after this many seconds.
     int32_t drain_seconds = 25;
+    // A turn whose decode node is lost mid-answer goes on on another, at most this many times
+    // (0 = it ends with the node's error).
+    int32_t turn_moves = 2;
     std::vector<NodeEntry> prefill;
     std::vector<NodeEntry> decode;
 

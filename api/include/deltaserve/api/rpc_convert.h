@@ -54,6 +54,8 @@ inline void to_capnp(const decode::TurnSpec& s, TurnSpec::Builder b) {
     b.setJsonSuffix(s.json_suffix);
     b.setLogprobs(s.logprobs);
     b.setPromptLogprobs(s.prompt_logprobs);
+    b.setContinued(s.continued);
+    b.setContinuedSent(s.continued_sent);
 }
 inline decode::TurnSpec from_capnp(TurnSpec::Reader r) {
     decode::TurnSpec s;
@@ -79,6 +81,8 @@ inline decode::TurnSpec from_capnp(TurnSpec::Reader r) {
     s.json_suffix = r.getJsonSuffix();
     s.logprobs = r.getLogprobs();
     s.prompt_logprobs = r.getPromptLogprobs();
+    s.continued = r.getContinued();
+    s.continued_sent = r.getContinuedSent();
     return s;
 }
 
