@@ -24,7 +24,7 @@ namespace deltaserve::cli {
 namespace {
 
 struct RoleFlags {
-    std::string config, name, model, rpc, data;
+    std::string config, name, model, rpc, data, ready_file;
     int32_t threads = -1, port = -1;
 };
 
@@ -38,6 +38,9 @@ std::optional<int> load(const char* command, const char* summary, int argc, char
               "this node's name (in the config's node list, or any new name with etcd)");
         p.add("rpc", &f.rpc, "host:port of its RPC service (overrides the config's entry)");
         p.add("data", &f.data, "decode: host:port where it takes KV (overrides the config's)");
+        p.add("ready-file", &f.ready_file,
+              "a file written once the node serves (and is registered in etcd), removed when it "
+              "drains or stops: a readiness probe's");
     }
     p.add("model", &f.model, "overrides the config's model");
     p.add("threads", &f.threads, "overrides the config's threads");
@@ -241,7 +244,9 @@ int node_main(bool decode_role, int argc, char** argv) {
                  decode_role ? "decode" : "prefill", me.name.c_str(), me.rpc.c_str(),
                  decode_role ? ", KV on " : "", decode_role ? roles.data_address.c_str() : "");
     std::fflush(stderr);
+    ReadyFile ready(f.ready_file, membership->get());
     std::fprintf(stderr, "deltaserve: %s, stopping\n", wait_for_stop(stop_signals));
+    ready.withdraw();
     if (*membership) {
         const auto busy = [&]() -> int64_t {
             if (decode) {

@@ -37,6 +37,32 @@ Result<std::unique_ptr<ClusterMembership>> join_cluster(const api::ClusterConfig
     return m;
 }
 
+ReadyFile::ReadyFile(std::string path, const ClusterMembership* membership)
+    : path_(std::move(path)) {
+    if (path_.empty()) return;
+    thread_ = std::thread([this, membership] {
+        while (!stop_.load() && membership != nullptr && !membership->registration->registered()) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        if (stop_.load()) return;
+        if (std::FILE* f = std::fopen(path_.c_str(), "w")) {
+            std::fputs("ready\n", f);
+            std::fclose(f);
+        } else {
+            std::fprintf(stderr, "deltaserve: cannot write the ready file %s\n", path_.c_str());
+        }
+    });
+}
+
+void ReadyFile::withdraw() {
+    if (path_.empty()) return;
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+    std::remove(path_.c_str());
+}
+
+ReadyFile::~ReadyFile() { withdraw(); }
+
 void drain_and_leave(ClusterMembership& membership, const std::function<int64_t()>& busy,
                      std::chrono::seconds limit) {
     api::Registration& r = *membership.registration;

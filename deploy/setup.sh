@@ -150,14 +150,17 @@ fi
 
 # Python tools from PyPI in .venv-tools: JAX (CPU wheel) and gguf for `deltactl calibrate
 # --objective ntp` (the model's differentiable twin), and the openai client the gateway's
-# tests speak with, jinja2 (the chat templates' oracle) and jsonschema (structured output's).
-# The engine never loads them.
+# tests speak with, jinja2 (the chat templates' oracle), jsonschema (structured output's) and
+# kubernetes-validate (deploy/k8s/validate.sh: the manifests against Kubernetes' schemas,
+# offline). The engine never loads them.
+# DELTASERVE_SKIP_TOOLS=1 (an image's build, deploy/Containerfile): none of them.
 TOOLS_VENV=.venv-tools
-if ! "$TOOLS_VENV/bin/python" -c "import jax, gguf, openai, jinja2, jsonschema" >/dev/null 2>&1; then
-  log "installing jax[cpu], gguf, openai, jinja2 and jsonschema into $TOOLS_VENV (PyPI)"
+if [ "${DELTASERVE_SKIP_TOOLS:-0}" != 1 ] &&
+   ! "$TOOLS_VENV/bin/python" -c "import jax, gguf, openai, jinja2, jsonschema, kubernetes_validate" >/dev/null 2>&1; then
+  log "installing jax[cpu], gguf, openai, jinja2, jsonschema and kubernetes-validate into $TOOLS_VENV (PyPI)"
   /usr/bin/python3 -m venv "$TOOLS_VENV"
   "$TOOLS_VENV/bin/pip" install --quiet --disable-pip-version-check 'jax[cpu]==0.10.2' 'gguf==0.19.0' \
-    'openai==3.54.0' 'jinja2==3.1.4' 'jsonschema==4.23.0'
+    'openai==3.54.0' 'jinja2==3.1.4' 'jsonschema==4.23.0' 'kubernetes-validate==1.37.0'
 fi
 
 log "building in $BUILD_DIR"

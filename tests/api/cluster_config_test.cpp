@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "deltaserve/api/cluster_config.h"
+#include "test_paths.h"
 
 namespace deltaserve::api {
 namespace {
@@ -79,6 +80,18 @@ TEST_F(ClusterConfigFile, EtcdReplacesTheNodeListsAndTheEnvironmentNamesItsEndpo
     auto none = load("model: m.gguf\n");
     ASSERT_FALSE(none.ok());
     EXPECT_NE(none.error().message().find("no decode node"), std::string::npos);
+}
+
+// The configs deploy/ ships (the local cluster's, and Kubernetes' ConfigMap) read as written.
+TEST(ShippedClusterConfigs, ParseAsDeltaserveReadsThem) {
+    auto local = load_cluster_config(testing::source_dir() + "/deploy/cluster.yaml");
+    ASSERT_TRUE(local.ok()) << local.error().message();
+    EXPECT_EQ(local->decode.size(), 1u);
+    auto k8s = load_cluster_config(testing::source_dir() + "/deploy/k8s/cluster.yaml");
+    ASSERT_TRUE(k8s.ok()) << k8s.error().message();
+    EXPECT_EQ(k8s->etcd.size(), 3u);
+    EXPECT_EQ(k8s->gateway_host, "0.0.0.0");
+    EXPECT_TRUE(k8s->decode.empty());
 }
 
 TEST_F(ClusterConfigFile, RefusesAnUnknownTransportKeyByName) {

@@ -45,7 +45,8 @@ class EtcdCluster {
     std::string config() const { return (dir_ / "cluster.yaml").string(); }
 
     // A node of `role` named `name` on free ports, registering itself.
-    std::unique_ptr<ServingProcess> node(const std::string& role, const std::string& name) {
+    std::unique_ptr<ServingProcess> node(const std::string& role, const std::string& name,
+                                         const std::vector<std::string>& more = {}) {
         std::vector<std::string> args = {role,
                                          "--config",
                                          config(),
@@ -55,8 +56,10 @@ class EtcdCluster {
                                          "127.0.0.1:" + std::to_string(free_port())};
         if (role == "decode")
             args.insert(args.end(), {"--data", "127.0.0.1:" + std::to_string(free_port())});
+        args.insert(args.end(), more.begin(), more.end());
         return std::make_unique<ServingProcess>(args, "serving RPC on");
     }
+    std::string path(const std::string& name) const { return (dir_ / name).string(); }
     std::unique_ptr<ServingProcess> gateway() {
         return std::make_unique<ServingProcess>(
             std::vector<std::string>{"gateway", "--config", config(), "--port", "0"});
@@ -120,11 +123,13 @@ TEST(ClusterEtcdTest, NodesJoinAndLeaveThroughEtcdWithoutTouchingTheConfig) {
     // A node started later is routed to within about a second (the gateway's watch, then
     // its connection), with no restart and no config edit.
     const auto started = Clock::now();
-    auto d1 = cluster.node("decode", "d1");
+    const std::string ready = cluster.path("d1.ready");  // a readiness probe's file
+    auto d1 = cluster.node("decode", "d1", {"--ready-file", ready});
     ASSERT_TRUE(d1->ready()) << d1->log();
     const double joined = cluster.wait_nodes({"d0", "d1"}, 10s);
     ASSERT_GE(joined, 0) << gw->log();
     const double join_s = since(started);
+    EXPECT_TRUE(std::filesystem::exists(ready));
 
     // kill -9: dropped within the lease's TTL (2 s) and the time to see it.
     d0->kill9();
@@ -171,6 +176,7 @@ TEST(ClusterEtcdTest, NodesJoinAndLeaveThroughEtcdWithoutTouchingTheConfig) {
     EXPECT_EQ(json::parse(r.body)["usage"]["completion_tokens"], 160) << r.body;
     EXPECT_NE(d1->log().find("draining: 1 turns running"), std::string::npos) << d1->log();
     EXPECT_NE(d1->log().find("left the cluster"), std::string::npos) << d1->log();
+    EXPECT_FALSE(std::filesystem::exists(ready));  // gone once it drained
     std::printf(
         "a node joined and was routed to %.2f s after it started (%.2f s after it was "
         "ready); after kill -9 it left the gateway's nodes in %.2f s (TTL 2 s)\n",
