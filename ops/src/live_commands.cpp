@@ -4,7 +4,9 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <optional>
 
+#include "cluster_members.h"
 #include "command_support.h"
 #include "commands.h"
 #include "deltaserve/common/logging.h"
@@ -190,7 +192,21 @@ int print_live_tiers(const std::vector<api::NodeStats>& nodes, const Common& c) 
     return 0;
 }
 
-int print_cluster(const api::ClusterView& view, const Common& c);
+int print_cluster(const api::ClusterView& view, const Common& c,
+                  const std::vector<MemberRow>* members);
+
+// The members etcd lists, when --config names etcd; nullopt otherwise (or printed why not).
+std::optional<std::vector<MemberRow>> etcd_members(const Common& c) {
+    if (c.config.empty()) return std::nullopt;
+    auto cfg = api::load_cluster_config(c.config);
+    if (!cfg.ok() || cfg->etcd.empty()) return std::nullopt;
+    auto rows = read_members(*cfg);
+    if (!rows.ok()) {
+        std::fprintf(stderr, "deltactl: etcd: %s\n", rows.error().message().c_str());
+        return std::nullopt;
+    }
+    return std::move(*rows);
+}
 
 int cluster_main(int argc, char** argv) {
     Common c;
@@ -212,11 +228,52 @@ int cluster_main(int argc, char** argv) {
     return watch_loop(c, "deltactl cluster", [&] {
         auto v = live->cluster();
         if (!v.ok()) return store_error(v.status());
-        return print_cluster(*v, c);
+        const auto members = etcd_members(c);
+        return print_cluster(*v, c, members ? &*members : nullptr);
     });
 }
 
-int print_cluster(const api::ClusterView& view, const Common& c) {
+json members_json(const std::vector<MemberRow>& rows) {
+    json out = json::array();
+    for (const MemberRow& m : rows) {
+        json j = {{"key", m.key}, {"lease", m.lease}, {"ttl_left", m.ttl_left}};
+        if (!m.error.empty()) {
+            j["error"] = m.error;
+        } else {
+            j["role"] = api::member_role_name(m.record.role);
+            j["name"] = m.record.name;
+            j["rpc"] = m.record.rpc;
+            j["data"] = m.record.data;
+            j["model"] = m.record.model;
+            j["version"] = m.record.version;
+            j["capacity"] = m.record.capacity;
+            j["draining"] = m.record.draining;
+            j["started_ms"] = m.record.started_ms;
+        }
+        out.push_back(std::move(j));
+    }
+    return out;
+}
+
+void print_members(const std::vector<MemberRow>& rows) {
+    Table t({"MEMBER", "ROLE", "RPC", "DATA", "VERSION", "STATE", "LEASE", "TTL LEFT"});
+    for (const MemberRow& m : rows) {
+        const std::string ttl = m.ttl_left < 0 ? "expired" : std::to_string(m.ttl_left) + " s";
+        if (!m.error.empty()) {
+            t.add({m.key, kUnknown, kUnknown, kUnknown, kUnknown, "not a record",
+                   std::to_string(m.lease), ttl});
+            continue;
+        }
+        const api::MemberRecord& r = m.record;
+        t.add({r.name, api::member_role_name(r.role), r.rpc, r.data.empty() ? kUnknown : r.data,
+               r.version, r.draining ? "draining" : "serving", std::to_string(m.lease), ttl});
+    }
+    std::printf("\nMembers (etcd):\n");
+    t.print();
+}
+
+int print_cluster(const api::ClusterView& view, const Common& c,
+                  const std::vector<MemberRow>* members) {
     const api::ClusterView* v = &view;
     if (c.as_json) {
         json decode = json::array(), prefill = json::array();
@@ -260,7 +317,8 @@ int print_cluster(const api::ClusterView& view, const Common& c) {
                                          {"version", v->version},
                                          {"model", v->model_id}}},
                                        {"decode", std::move(decode)},
-                                       {"prefill", std::move(prefill)}}))
+                                       {"prefill", std::move(prefill)},
+                                       {"members", members ? members_json(*members) : json()}}))
                         .c_str());
         return 0;
     }
@@ -294,6 +352,7 @@ int print_cluster(const api::ClusterView& view, const Common& c) {
     }
     std::printf("Model: %s\n\n", v->model_id.c_str());
     t.print();
+    if (members) print_members(*members);
     return 0;
 }
 

@@ -130,6 +130,25 @@ TEST(ClusterEtcdTest, NodesJoinAndLeaveThroughEtcdWithoutTouchingTheConfig) {
     ASSERT_GE(joined, 0) << gw->log();
     const double join_s = since(started);
     EXPECT_TRUE(std::filesystem::exists(ready));
+    // deltactl cluster: the members etcd lists, their leases' time left and drain state,
+    // beside the nodes' load.
+    const CliResult view =
+        run_binary(deltactl_binary(), {"cluster", "--config", cluster.config(), "--json"});
+    ASSERT_EQ(view.exit_code, 0) << view.describe();
+    const json members = json::parse(view.out)["members"];
+    ASSERT_EQ(members.size(), 3u) << view.out;  // d0, d1, p0
+    for (const json& m : members) {
+        EXPECT_GE(m["ttl_left"].get<int>(), 0) << m;
+        EXPECT_LE(m["ttl_left"].get<int>(), 2) << m;
+        EXPECT_EQ(m["draining"], false) << m;
+        EXPECT_NE(m["lease"], 0) << m;
+    }
+    EXPECT_EQ(members[0]["name"], "d0");
+    EXPECT_EQ(members[2]["role"], "prefill");
+    const CliResult table =
+        run_binary(deltactl_binary(), {"cluster", "--config", cluster.config()});
+    EXPECT_NE(table.out.find("Members (etcd):"), std::string::npos) << table.describe();
+    EXPECT_NE(table.out.find("serving"), std::string::npos) << table.out;
 
     // kill -9: dropped within the lease's TTL (2 s) and the time to see it.
     d0->kill9();
