@@ -758,6 +758,11 @@ PrefillNode* ClusterChatEngine::least_loaded_prefill(
 
 Status ClusterChatEngine::prefill_turn(const decode::TurnSpec& spec, DecodeNode& node,
                                        int32_t pull_tokens) {
+    // A continued turn's answer so far is the decode node's to replay, step by step: the
+    // prefill node computes the prompt before it.
+    decode::TurnSpec prompt = spec;
+    prompt.tokens.resize(spec.tokens.size() - static_cast<size_t>(spec.continued));
+    prompt.continued = prompt.continued_sent = 0;
     std::vector<PrefillNode*> tried;
     Status last = unavailable("no prefill node is reachable");
     while (PrefillNode* p = least_loaded_prefill(tried)) {
@@ -767,7 +772,7 @@ Status ClusterChatEngine::prefill_turn(const decode::TurnSpec& spec, DecodeNode&
                          last.message());
         }
         tried.push_back(p);
-        auto r = p->prefill({spec, node.data_address(), pull_tokens});
+        auto r = p->prefill({prompt, node.data_address(), pull_tokens});
         if (r.ok()) return {};
         last = r.status();
         if (last.code() != StatusCode::kUnavailable) break;

@@ -488,9 +488,14 @@ Result<TurnPlan> DecodeWorkerImpl::start_turn(TurnSpec spec, std::shared_ptr<Tur
     if (!spec.json_schema.empty()) {
         DS_ASSIGN_OR_RETURN(
             constraint, constraints_.make(spec.json_schema, spec.json_prefix, spec.json_suffix));
-        DS_RETURN_IF_ERROR(replay_continued(*constraint, spec));
     }
+    // A continued turn's answer so far comes off the prompt: the turn replays it (Turn::forced).
+    const std::vector<int32_t> answer(spec.tokens.end() - spec.continued, spec.tokens.end());
+    spec.tokens.resize(spec.tokens.size() - answer.size());
+    const size_t sent_before = static_cast<size_t>(spec.continued_sent);
     auto t = std::make_shared<Turn>(std::move(spec), std::move(sink), model_);
+    t->forced.assign(answer.begin(), answer.end());
+    t->sent_before = sent_before;
     t->constraint = std::move(constraint);
     auto promoted = promote(t->spec);
     // A turn with no KV of its own here (stateless, or a session this worker holds nothing
@@ -1049,7 +1054,9 @@ void DecodeWorkerImpl::step(const std::vector<std::shared_ptr<Turn>>& batch,
         } else {
             t.cached.push_back(t.next_token);
             const model::RowCandidates* c = on_device ? &step_candidates_[i] : nullptr;
-            if (c != nullptr && !c->ids.empty()) {
+            if (t.take_forced()) {
+                // a continued turn's answer so far, replayed
+            } else if (c != nullptr && !c->ids.empty()) {
                 t.take(t.sampler.sample_candidates(c->ids, c->logits));
             } else {
                 t.take_from(row);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -29,24 +30,25 @@ struct Turn {
           model(m),
           sampler(spec.sampling),
           scan(spec.stop) {
-        prime_sampler(sampler, spec);
-        // A continued turn's answer so far: counted, and through the stop scanner, whose
-        // text past what the client has (held back as a stop string's possible start, or
-        // sent with no piece yet) goes out with the first new piece.
-        const size_t first = spec.tokens.size() - static_cast<size_t>(spec.continued);
-        prev = first > 0 ? spec.tokens[first - 1] : -1;
-        for (size_t i = first; i < spec.tokens.size(); ++i) {
-            const int32_t t = spec.tokens[i];
-            const bool shown = std::find(spec.shown_tokens.begin(), spec.shown_tokens.end(), t) !=
-                               spec.shown_tokens.end();
-            scan.add(m.tokenizer->token_to_piece(t, prev, shown));
-            prev = t;
-        }
-        end.completion_tokens = spec.continued;
-        const std::string_view released = scan.release(false);
-        unsent = std::string(
-            released.substr(std::min(released.size(), static_cast<size_t>(spec.continued_sent))));
+        for (int32_t t : spec.tokens) sampler.accept(t);
         prev = spec.tokens.back();
+    }
+
+    // A continued turn (TurnSpec::continued): start_turn takes its answer so far off the
+    // prompt into `forced`, and the turn takes those tokens as its first generated ones, one
+    // decode step each, as the node that generated them did, so their KV and the logits after
+    // them are the same: their draws skipped, their text not sent again (`unsent` bytes of it
+    // the client has), no token or log-probabilities reported for them.
+    std::deque<int32_t> forced;
+    size_t sent_before = 0;
+    // Takes the next forced token, if any.
+    bool take_forced() {
+        if (forced.empty()) return false;
+        sampler.skip_sample();
+        const int32_t token = forced.front();
+        forced.pop_front();
+        take(token, nullptr, true);
+        return true;
     }
 
     // The first token: sampled from the prefill's logits here, or the one the prefill node
@@ -57,6 +59,7 @@ struct Turn {
     }
     void admit_remote() {
         if (spec.max_tokens == 0) return stop_with("length");
+        if (take_forced()) return;  // the prefill node's draw was the forced token's
         sampler.skip_sample();
         take(first_token, first_logprobs ? &*first_logprobs : nullptr);
     }
@@ -67,6 +70,7 @@ struct Turn {
     }
     // The next token from a row, with its log-probabilities when the spec asks for them.
     void take_from(std::span<const float> logits) {
+        if (take_forced()) return;
         const int32_t token = pick(logits);
         if (spec.logprobs < 0 || token < 0) return take(token);
         const model::TokenLogprobs lp = model::token_logprobs(logits, token, spec.logprobs);
@@ -77,7 +81,7 @@ struct Turn {
     bool wants_whole_row() const { return constraint != nullptr || spec.logprobs >= 0; }
     // A generated token: streams its text, then either ends the turn (done) or leaves the
     // token in next_token for the next forward pass.
-    void take(int32_t token, const model::TokenLogprobs* lp = nullptr) {
+    void take(int32_t token, const model::TokenLogprobs* lp = nullptr, bool was_forced = false) {
         const model::Tokenizer& tok = *model.tokenizer;
         if (constraint != nullptr && !constraint->accept(token)) {
             // No token continues the grammar (the vocabulary lacks the bytes), or a prefill
@@ -92,19 +96,16 @@ struct Turn {
         if (tok.is_eog(token)) return stop_with("stop");
         ++end.completion_tokens;
         sampler.accept_generated(token);
-        sink->on_token(token);
+        if (!was_forced) sink->on_token(token);
         const bool shown = std::find(spec.shown_tokens.begin(), spec.shown_tokens.end(), token) !=
                            spec.shown_tokens.end();
         const bool stopped = scan.add(tok.token_to_piece(token, prev, shown));
         prev = token;
         std::string_view piece = scan.release(stopped);
-        if (!unsent.empty()) {  // a continued turn's text the client has not had yet
-            unsent += piece;
-            piece = unsent;
-        }
-        const bool wanted = piece.empty() || sink->on_piece(piece);
-        unsent.clear();
-        if (!wanted) return stop_with("cancelled");
+        const size_t had = std::min(sent_before, piece.size());  // a continued turn's, sent
+        piece.remove_prefix(had);
+        sent_before -= had;
+        if (!piece.empty() && !sink->on_piece(piece)) return stop_with("cancelled");
         if (stopped || (constraint != nullptr && constraint->must_end())) {
             return stop_with("stop");
         }
@@ -114,7 +115,8 @@ struct Turn {
     }
     Result<TurnEnd> finish(const std::string& reason) {
         if (reason != "cancelled") {
-            const std::string rest = unsent + std::string(scan.release(true));
+            std::string_view rest = scan.release(true);
+            rest.remove_prefix(std::min(sent_before, rest.size()));
             if (!rest.empty()) sink->on_piece(rest);
         }
         end.finish_reason = reason;
@@ -167,7 +169,6 @@ struct Turn {
     // text.
     std::unique_ptr<model::TokenConstraint> constraint;
     StopScanner scan;
-    std::string unsent;  // a continued turn's text released here that the client lacks
     int32_t prev = -1;
     int32_t next_token = -1;
     bool done = false;

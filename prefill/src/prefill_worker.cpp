@@ -182,13 +182,12 @@ Result<PrefillResult> PrefillWorkerImpl::run(const PrefillRequest& request) {
         return invalid_argument("cannot pull " + std::to_string(request.pull_tokens) + " of " +
                                 std::to_string(n) + " prompt tokens");
     }
-    if (turn.continued < 0 || turn.continued >= n || turn.continued_sent < 0)
-        return invalid_argument("a continued turn's answer must be shorter than its tokens");
+    if (turn.continued != 0 || turn.continued_sent != 0)
+        return invalid_argument("a prefill node computes a continued turn's prompt only");
     std::unique_ptr<model::TokenConstraint> constraint;
     if (!turn.json_schema.empty()) {
         DS_ASSIGN_OR_RETURN(
             constraint, constraints_.make(turn.json_schema, turn.json_prefix, turn.json_suffix));
-        DS_RETURN_IF_ERROR(decode::replay_continued(*constraint, turn));
     }
     DS_ASSIGN_OR_RETURN(auto conn, connection_to(request.decode_address));
     const uint64_t sent_before = conn->stats().bytes_sent;
@@ -212,7 +211,7 @@ Result<PrefillResult> PrefillWorkerImpl::run(const PrefillRequest& request) {
     Status st = logits.status();
     if (st.ok()) {
         model::Sampler sampler(turn.sampling);
-        decode::prime_sampler(sampler, turn);
+        for (int32_t t : turn.tokens) sampler.accept(t);
         result.first_token = constraint == nullptr ? sampler.sample(*logits)
                                                    : sampler.sample(*logits, constraint->allowed());
         if (result.first_token < 0) {

@@ -1,8 +1,8 @@
-// A turn continued on another decode worker from its prompt and its answer so far
-// (TurnSpec::continued), as the gateway moves a turn whose node was lost: on the default model
-// with llama.cpp's rounding (the same logits from a prefill as from a decode step), the
-// continuation's tokens and text are the uninterrupted turn's, greedy and sampled, with a stop
-// string; bad continuations are refused.
+// A turn continued from its prompt and its answer so far (TurnSpec::continued), as the
+// gateway moves a turn whose node was lost, on a worker with no prefix cache (it computes the
+// prompt again, as another node does): the continuation's tokens and text are the
+// uninterrupted turn's, greedy and sampled (penalties too), with a stop string, and with
+// eight continued at once; bad continuations are refused.
 #include <gtest/gtest.h>
 
 #include "kv_memory_fixture.h"
@@ -48,9 +48,10 @@ class ContinuedTurnTest : public testing::KvMemoryTest {
         d.context.n_ctx = 2048;
         d.context.n_batch = 512;
         d.context.n_threads = 1;
-        d.context.attention = model::AttentionNumerics::kGgml;
         d.threads = 1;
         d.prefill_chunk = 128;
+        // No prefix cache: a continuation computes its prompt again, as another node does.
+        d.prefix_cache_bytes = 0;
         d.kv_memory = block() * 256;
         d.local_prefill_max = 100000;
         d.model_id = "m";
@@ -135,8 +136,11 @@ TEST_F(ContinuedTurnTest, AStopStringAcrossTheMoveEndsItWhereItWould) {
     const std::string& text = whole->end.text;
     const size_t at = text.find(' ', text.size() / 2);
     ASSERT_NE(at, std::string::npos);
+    // Long enough to come first there, so the stop cuts the answer in its second half.
+    size_t len = 4;
+    while (text.find(text.substr(at, len)) < at && at + len < text.size()) ++len;
     decode::TurnSpec t = spec(5, 0);
-    t.stop = {text.substr(at, 4)};
+    t.stop = {text.substr(at, len)};
     expect_same_answer(t);
     auto stopped = run(t);
     ASSERT_TRUE(stopped.ok());

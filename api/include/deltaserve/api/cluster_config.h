@@ -66,7 +66,7 @@ struct ClusterConfig {
     std::string device;
     uint64_t kv_device_memory = 0;
     // The attention's arithmetic (serve's --attention): "native", or "ggml" (llama.cpp's
-    // rounding: the same logits whatever the batch, prefill or decode step).
+    // dot-product order, as its logits round).
     std::string attention = "native";
     // Access (api/access.h): the gateway's API keys and admin keys, comma-separated
     // (DELTASERVE_API_KEY, DELTASERVE_ADMIN_KEY); "" = none (then loopback only, unless

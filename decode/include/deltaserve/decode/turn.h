@@ -9,7 +9,6 @@
 
 #include "deltaserve/common/status.h"
 #include "deltaserve/model/sampler.h"
-#include "deltaserve/model/token_constraint.h"
 #include "deltaserve/model/token_logprobs.h"
 
 namespace deltaserve::decode {
@@ -44,21 +43,15 @@ struct TurnSpec {
     int32_t prompt_logprobs = -1;
     // A turn continued here after the node running it was lost (the gateway moves it): the
     // last `continued` tokens of `tokens` are its answer so far, and the first
-    // `continued_sent` bytes of their text reached the client already. Sampling (the random
-    // stream, the penalties), the response format and the stop strings go on from there, as
-    // if the turn had run here from its start; TurnEnd's text and completion_tokens count
-    // the continued tokens too, and max_tokens is the whole answer's.
+    // `continued_sent` bytes of their text reached the client already. The worker prefills
+    // the prompt before them and replays them as decode steps, as the lost node computed
+    // them, so the answer goes on as it would have there: sampling (the random stream, the
+    // penalties), the response format and the stop strings included. TurnEnd's text and
+    // completion_tokens count them too, and max_tokens is the whole answer's. A prefill node
+    // gets the prompt alone (continued 0).
     int32_t continued = 0;
     int32_t continued_sent = 0;
 };
-
-// A turn's sampler from its spec: every prompt token seen, and a continued turn's answer so
-// far as generated tokens whose draws were taken (the same random state as on the node that
-// sampled them).
-void prime_sampler(model::Sampler& sampler, const TurnSpec& spec);
-// A continued turn's answer so far through its response format's constraint; kInvalidArgument
-// when the format does not take it.
-Status replay_continued(model::TokenConstraint& constraint, const TurnSpec& spec);
 
 struct TurnEnd {
     std::string finish_reason;  // "stop", "length" or "cancelled"
