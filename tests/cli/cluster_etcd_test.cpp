@@ -25,7 +25,7 @@ double since(Clock::time_point t) {
 
 class EtcdCluster {
   public:
-    explicit EtcdCluster(const std::string& more_yaml = "") : etcd_(1) {
+    explicit EtcdCluster(const std::string& more_yaml = "", int members = 1) : etcd_(members) {
         dir_ = std::filesystem::temp_directory_path() /
                ("deltaserve-etcd-cluster-" + std::to_string(getpid()));
         std::filesystem::create_directories(dir_);
@@ -36,11 +36,17 @@ class EtcdCluster {
              << "cluster_token: etcd-test-secret\nadmin_key: " << kAdminKey << "\n"
              << "gateway: {rpc: \"127.0.0.1:" << gateway_rpc_ << "\"}\n"
              << "transport: {tls: tcp}\n"
-             << "etcd: [\"" << etcd_.endpoint(0) << "\"]\n"
+             << "etcd: [\"" << join(etcd_.endpoints()) << "\"]\n"
              << "etcd_prefix: /deltaserve/test/\nmember_ttl: 2\ndrain_seconds: 20\n"
              << more_yaml;
     }
     ~EtcdCluster() { std::filesystem::remove_all(dir_); }
+    static std::string join(const std::vector<std::string>& v) {
+        std::string out;
+        for (const std::string& e : v) out += (out.empty() ? "" : "\", \"") + e;
+        return out;
+    }
+    EtcdMembers& etcd() { return etcd_; }
     bool etcd_ready() const { return etcd_.ready(); }
     std::string config() const { return (dir_ / "cluster.yaml").string(); }
 
@@ -358,6 +364,77 @@ TEST(ClusterEtcdTest, EightStreamsOnAKilledNodeAllComplete) {
         since(died), same);
     EXPECT_EQ(same, 8);
     EXPECT_EQ(metric_of(gw->port(), "deltaserve_turn_moves_total"), 8);
+}
+
+// etcd's own trouble: a member killed, then the leader; then etcd without a quorum for twice
+// the members' TTL. The cluster serves throughout with the members it knows, and its
+// membership is whole again once etcd is.
+TEST(ClusterEtcdTest, ServingGoesOnThroughEtcdLosingAMemberItsLeaderAndItsQuorum) {
+    if (etcd_binary().empty()) GTEST_SKIP() << "etcd is not installed: run deploy/setup.sh";
+    EtcdCluster cluster("", 3);
+    ASSERT_TRUE(cluster.etcd_ready());
+    EtcdMembers& etcd = cluster.etcd();
+    auto p0 = cluster.node("prefill", "p0");
+    auto d0 = cluster.node("decode", "d0");
+    ASSERT_TRUE(p0->ready() && d0->ready()) << p0->log() << d0->log();
+    auto gw = cluster.gateway();
+    ASSERT_NE(gw->port(), 0) << gw->log();
+    const std::string answer = greedy_answer(gw->port(), 12);
+    ASSERT_EQ(answer.rfind("HTTP ", 0), std::string::npos) << answer;
+
+    // A follower dies, and comes back; then the leader dies.
+    const int leader = etcd.leader();
+    ASSERT_GE(leader, 0);
+    const int follower = (leader + 1) % 3;
+    etcd.kill(follower);
+    EXPECT_EQ(greedy_answer(gw->port(), 12), answer);
+    auto d1 = cluster.node("decode", "d1");  // joins through the two left
+    ASSERT_TRUE(d1->ready()) << d1->log();
+    EXPECT_GE(cluster.wait_nodes({"d0", "d1"}, 15s), 0) << gw->log();
+    ASSERT_TRUE(etcd.restart(follower)) << etcd.log(follower);
+    etcd.kill(leader);
+    EXPECT_EQ(greedy_answer(gw->port(), 12), answer);
+    // Past the TTL with a new leader: nobody was dropped, and a node still joins.
+    std::this_thread::sleep_for(3s);
+    EXPECT_EQ(cluster.decode_nodes(), (std::vector<std::string>{"d0", "d1"})) << gw->log();
+    const auto t_d2 = Clock::now();
+    auto d2 = cluster.node("decode", "d2");
+    ASSERT_TRUE(d2->ready()) << d2->log();
+    EXPECT_GE(cluster.wait_nodes({"d0", "d1", "d2"}, 15s), 0) << gw->log();
+    const double d2_joined = since(t_d2);
+
+    // No quorum (one member of three) for twice the TTL: the gateway keeps the members it
+    // knows and answers; back to a quorum, every node is still a member.
+    const int second = etcd.leader();
+    ASSERT_GE(second, 0);
+    etcd.kill(second);
+    const auto t_down = Clock::now();
+    int answered = 0;
+    while (since(t_down) < 4.0) {
+        answered += greedy_answer(gw->port(), 12) == answer;
+        std::this_thread::sleep_for(200ms);
+    }
+    EXPECT_GT(answered, 0);
+    EXPECT_EQ(cluster.decode_nodes(), (std::vector<std::string>{"d0", "d1", "d2"}));
+    ASSERT_TRUE(etcd.restart(second)) << etcd.log(second);
+    ASSERT_TRUE(etcd.restart(leader)) << etcd.log(leader);
+    const auto t_back = Clock::now();
+    bool whole = false;
+    while (!whole && since(t_back) < 20) {
+        const CliResult r =
+            run_binary(deltactl_binary(), {"cluster", "--config", cluster.config(), "--json"});
+        const json j = json::parse(r.out, nullptr, false);
+        whole = j.is_object() && j["members"].is_array() && j["members"].size() == 4;
+        if (!whole) std::this_thread::sleep_for(200ms);
+    }
+    EXPECT_TRUE(whole);
+    EXPECT_EQ(greedy_answer(gw->port(), 12), answer);
+    std::printf(
+        "etcd lost a follower, then its leader (a node started after joined in %.2f s), then "
+        "its quorum for 4 s: %d answers came meanwhile, the members were all listed %.2f s "
+        "after the quorum was back\n",
+        d2_joined, answered, since(t_back));
+    EXPECT_EQ(gw->stop(), 0) << gw->log();
 }
 
 TEST(ClusterEtcdTest, ANameTakenByALiveMemberIsRefused) {
