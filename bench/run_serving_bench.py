@@ -16,6 +16,8 @@ Workloads:
   system    a shared ~1k-token system prompt, then each user's own question
   long4k    a ~4k-token prompt, a short answer
   long8k    a ~8k-token prompt, a short answer
+  completions  POST /v1/completions as vLLM's benchmark_serving.py sends it by default: a
+            raw ~500-token prompt (no template), a 128-token answer, streamed
 
 Each run warms up until every client has finished one request (and at least --warmup
 seconds), then counts for --seconds: tokens by the time they arrive (output tokens: content
@@ -100,16 +102,18 @@ class Recorder:
 
 
 def stream(port, body, rec, client):
-    """Sends one streamed request; records each token as it arrives; returns the answer's text."""
+    """Sends one streamed request (a chat, or a text completion when the body has a prompt);
+    records each token as it arrives; returns the answer's text."""
     t0 = time.time()
     text, first, last, prompt_tokens = "", None, None, None
+    path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
     try:
-        for _, chunk in stream_chat(port, body):
+        for _, chunk in stream_chat(port, body, path=path):
             now = time.time()
             if chunk.get("usage"):
                 prompt_tokens = chunk["usage"].get("prompt_tokens")
             for c in chunk.get("choices", []):
-                piece = c.get("delta", {}).get("content")
+                piece = c.get("delta", {}).get("content") if "prompt" not in body else c.get("text")
                 if piece:
                     text += piece
                     with rec.mu:
@@ -163,6 +167,9 @@ def client_loop(kind, port, client, until, rec, texts, max_tokens, sessions):
             body = {"messages": [{"role": "system", "content": texts["system"]},
                                  {"role": "user", "content": f"Question {rng.randrange(1000)}: "
                                   + QUESTIONS[rng.randrange(len(QUESTIONS))]}], "max_tokens": max_tokens}
+        elif kind == "completions":
+            start = rng.randrange(0, len(faq) - 2000)
+            body = {"prompt": faq[start:start + 2000], "max_tokens": max_tokens}
         else:  # long4k / long8k
             chars = texts[kind]
             start = rng.randrange(0, len(faq) - chars)
@@ -245,8 +252,10 @@ def main():
 
     faq = faq_text()
     texts = {"faq": faq, "system": faq[:4200], "long4k": 15000, "long8k": 31000}
-    answer = {"chat": 64, "session": 64, "short": 256, "system": 64, "long4k": 32, "long8k": 32}
-    ctx = {"chat": 4096, "session": 4096, "short": 1024, "system": 2048, "long4k": 5120, "long8k": 9216}
+    answer = {"chat": 64, "session": 64, "short": 256, "system": 64, "long4k": 32, "long8k": 32,
+              "completions": 128}
+    ctx = {"chat": 4096, "session": 4096, "short": 1024, "system": 2048, "long4k": 5120, "long8k": 9216,
+           "completions": 1024}
     server = a.llama_server
     if a.skip != "llama-server" and server is None:
         bin_dir = subprocess.run([os.path.join(os.path.dirname(__file__), "build_llama_server.sh")],

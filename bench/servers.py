@@ -75,14 +75,14 @@ def start_cluster(build, model, threads, ctx, config_extra=None, tls="tcp"):
     return int(line.split("http://", 1)[1].split(":")[1].split()[0]), stop
 
 
-def stream_chat(port, body, timeout=600):
-    """Posts a streaming chat completion; yields (seconds since the request, chunk) for each
-    SSE chunk. Raises RuntimeError on an HTTP error. timeout: seconds without a byte (600,
-    as the openai client's default)."""
+def stream_chat(port, body, timeout=600, path="/v1/chat/completions"):
+    """Posts a streaming chat completion (or, with path /v1/completions, a text completion);
+    yields (seconds since the request, chunk) for each SSE chunk. Raises RuntimeError on an
+    HTTP error. timeout: seconds without a byte (600, as the openai client's default)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     t0 = time.perf_counter()
     try:
-        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
         resp = conn.getresponse()
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]}")
