@@ -37,8 +37,8 @@ struct Turn {
     // A continued turn (TurnSpec::continued): start_turn takes its answer so far off the
     // prompt into `forced`, and the turn takes those tokens as its first generated ones, one
     // decode step each, as the node that generated them did, so their KV and the logits after
-    // them are the same: their draws skipped, their text not sent again (`unsent` bytes of it
-    // the client has), no token or log-probabilities reported for them.
+    // them are the same: their draws skipped, their text not sent again (the client has its
+    // first `sent_before` bytes), no token or log-probabilities reported for them.
     std::deque<int32_t> forced;
     size_t sent_before = 0;
     // Takes the next forced token, if any.
