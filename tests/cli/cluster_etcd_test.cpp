@@ -437,6 +437,59 @@ TEST(ClusterEtcdTest, ServingGoesOnThroughEtcdLosingAMemberItsLeaderAndItsQuorum
     EXPECT_EQ(gw->stop(), 0) << gw->log();
 }
 
+// Sixteen clients chat while a decode node is added and another is drained and leaves: no
+// request fails.
+TEST(ClusterEtcdTest, SixteenClientsChatThroughANodeAddedAndOneDrained) {
+    if (etcd_binary().empty()) GTEST_SKIP() << "etcd is not installed: run deploy/setup.sh";
+    EtcdCluster cluster;
+    ASSERT_TRUE(cluster.etcd_ready());
+    auto p0 = cluster.node("prefill", "p0");
+    auto d0 = cluster.node("decode", "d0");
+    auto d1 = cluster.node("decode", "d1");
+    ASSERT_TRUE(p0->ready() && d0->ready() && d1->ready()) << d0->log() << d1->log();
+    auto gw = cluster.gateway();
+    ASSERT_NE(gw->port(), 0) << gw->log();
+    ASSERT_GE(cluster.wait_nodes({"d0", "d1"}, 10s), 0) << gw->log();
+    std::atomic<bool> stop{false};
+    std::atomic<int> done{0}, failed{0};
+    std::mutex mu;
+    std::string first_failure;
+    std::vector<std::thread> clients;
+    for (int i = 0; i < 16; ++i) {
+        clients.emplace_back([&, i] {
+            while (!stop.load()) {
+                json body = chat_body("Say something about the number " + std::to_string(i), 8);
+                const HttpResponse r = post_chat(gw->port(), body);
+                if (r.status == 200) {
+                    ++done;
+                } else {
+                    ++failed;
+                    std::lock_guard<std::mutex> lock(mu);
+                    if (first_failure.empty())
+                        first_failure = std::to_string(r.status) + " " + r.body;
+                }
+            }
+        });
+    }
+    std::this_thread::sleep_for(2s);
+    auto d2 = cluster.node("decode", "d2");
+    ASSERT_TRUE(d2->ready()) << d2->log();
+    EXPECT_GE(cluster.wait_nodes({"d0", "d1", "d2"}, 10s), 0) << gw->log();
+    std::this_thread::sleep_for(2s);
+    const int before_drain = done.load();
+    EXPECT_EQ(d0->stop(), 0) << d0->log();  // SIGTERM: drains, then leaves
+    EXPECT_GE(cluster.wait_nodes({"d1", "d2"}, 10s), 0) << gw->log();
+    std::this_thread::sleep_for(2s);
+    stop = true;
+    for (auto& t : clients) t.join();
+    std::printf("16 clients: %d requests answered, %d failed, while d2 joined and d0 drained\n",
+                done.load(), failed.load());
+    EXPECT_EQ(failed.load(), 0) << first_failure;
+    EXPECT_GT(done.load(), before_drain);
+    EXPECT_NE(d0->log().find("left the cluster"), std::string::npos) << d0->log();
+    EXPECT_EQ(gw->stop(), 0) << gw->log();
+}
+
 TEST(ClusterEtcdTest, ANameTakenByALiveMemberIsRefused) {
     if (etcd_binary().empty()) GTEST_SKIP() << "etcd is not installed: run deploy/setup.sh";
     EtcdCluster cluster;
