@@ -1,6 +1,9 @@
 // deltaserve gateway|prefill|decode --config cluster.yaml: one role per process (DESIGN.md
 // "Processes"). Control plane: Cap'n Proto RPC (api/rpc_server.h, rpc_client.h); data plane:
 // UCX (KV streams from prefill to decode nodes).
+#include <unistd.h>
+
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 
@@ -33,6 +36,7 @@ std::optional<int> load(const char* command, const char* summary, int argc, char
                         RoleFlags& f, api::ClusterConfig& c, bool named) {
     ArgParser p(command, summary);
     p.add("config", &f.config, "the cluster config (YAML; deploy/cluster.yaml is an example)");
+    if (!named) p.add("name", &f.name, "with etcd: this gateway's member name");
     if (named) {
         p.add("name", &f.name,
               "this node's name (in the config's node list, or any new name with etcd)");
@@ -83,6 +87,19 @@ std::optional<api::NodeEntry> node_entry(const api::ClusterConfig& c, const Role
         return std::nullopt;
     }
     return me;
+}
+
+// A gateway's member name when none is given: gateway-<host name>-<HTTP port>, in the
+// names' alphabet.
+std::string gateway_name(uint16_t port) {
+    char host[256] = {};
+    if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+    std::string name = "gateway-";
+    for (const char* h = host; *h != '\0' && name.size() < 48; ++h) {
+        const char ch = *h;
+        name += std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '-' ? ch : '_';
+    }
+    return name + "-" + std::to_string(port);
 }
 
 RunOptions run_options(const api::ClusterConfig& c) {
@@ -381,7 +398,23 @@ int gateway_main(int argc, char** argv) {
     const std::string nodes_text = members ? " (nodes from etcd)"
                                            : " (" + std::to_string(decode.size()) + " decode, " +
                                                  std::to_string(prefill.size()) + " prefill nodes)";
-    return serve_gateway(engine, go, c.gateway_rpc, nodes_text, stop_signals);
+    // With etcd the gateway is a member too (deltactl cluster lists it), under the name
+    // --name gives or "gateway-<host>-<port>".
+    std::unique_ptr<ClusterMembership> me;
+    const auto join = [&](uint16_t port) -> Status {
+        if (!members) return Status();
+        api::MemberRecord record;
+        record.role = api::MemberRole::kGateway;
+        record.name = !f.name.empty() ? f.name : gateway_name(port);
+        record.rpc = c.gateway_rpc;
+        record.http = c.gateway_host + ":" + std::to_string(port);
+        record.model = id;
+        record.kv = c.kv_policy;
+        DS_ASSIGN_OR_RETURN(me, join_cluster(c, record));
+        return Status();
+    };
+    return serve_gateway(engine, go, c.gateway_rpc, nodes_text, stop_signals, join,
+                         [&] { me.reset(); });
 }
 
 }  // namespace deltaserve::cli

@@ -11,7 +11,8 @@ namespace deltaserve::cli {
 
 int serve_gateway(api::ChatEngine& engine, const api::GatewayOptions& options,
                   const std::string& rpc_address, const std::string& serving,
-                  const sigset_t& stop_signals) {
+                  const sigset_t& stop_signals, const std::function<Status(uint16_t)>& on_serving,
+                  const std::function<void()>& on_stop) {
     if (options.access.api_keys.empty()) {
         std::fprintf(stderr,
                      options.access.insecure
@@ -49,10 +50,18 @@ int serve_gateway(api::ChatEngine& engine, const api::GatewayOptions& options,
         std::fprintf(stderr, "deltaserve: chat RPC on port %u\n",
                      static_cast<unsigned>(rpc->port()));
     }
+    if (on_serving) {
+        if (Status st = on_serving((*gateway)->port()); !st.ok()) {
+            print_error(st);
+            (*gateway)->stop();
+            return 1;
+        }
+    }
     std::fprintf(stderr, "deltaserve: serving %s on http://%s:%u%s\n", engine.model_id().c_str(),
                  options.host.c_str(), static_cast<unsigned>((*gateway)->port()), serving.c_str());
     std::fflush(stderr);
     std::fprintf(stderr, "deltaserve: %s, stopping\n", wait_for_stop(stop_signals));
+    if (on_stop) on_stop();
     (*gateway)->stop();
     return 0;
 }

@@ -92,8 +92,8 @@ Result<MemberRecord> parse_member_record(std::string_view value) {
     }
     DS_ASSIGN_OR_RETURN(r.name, text(j, "name", true));
     if (!name_ok(r.name)) return bad("name", "is not 1-64 of A-Z a-z 0-9 . _ -");
-    DS_ASSIGN_OR_RETURN(r.rpc, text(j, "rpc", true));
-    DS_RETURN_IF_ERROR(check_address("rpc", r.rpc, true));
+    DS_ASSIGN_OR_RETURN(r.rpc, text(j, "rpc", r.role != MemberRole::kGateway));
+    DS_RETURN_IF_ERROR(check_address("rpc", r.rpc, r.role != MemberRole::kGateway));
     DS_ASSIGN_OR_RETURN(r.data, text(j, "data", false));
     DS_RETURN_IF_ERROR(check_address("data", r.data, r.role == MemberRole::kDecode));
     DS_ASSIGN_OR_RETURN(r.http, text(j, "http", false));

@@ -66,9 +66,10 @@ Status Registration::register_once() {
         Result<MemberRecord> other = parse_member_record(kv.value);
         if (kv.lease != lease_.load() && other.ok()) {
             std::lock_guard<std::mutex> lock(mu_);
-            if (other->rpc != record_.rpc) {
+            if (other->rpc != record_.rpc || other->http != record_.http) {
+                const std::string at = other->rpc.empty() ? other->http : other->rpc;
                 return Status(StatusCode::kAlreadyExists,
-                              "etcd: " + key_ + " is registered by a live member at " + other->rpc +
+                              "etcd: " + key_ + " is registered by a live member at " + at +
                                   " (lease " + std::to_string(kv.lease) +
                                   "); names are one member's");
             }

@@ -244,6 +244,7 @@ json members_json(const std::vector<MemberRow>& rows) {
             j["name"] = m.record.name;
             j["rpc"] = m.record.rpc;
             j["data"] = m.record.data;
+            j["http"] = m.record.http;
             j["model"] = m.record.model;
             j["version"] = m.record.version;
             j["capacity"] = m.record.capacity;
@@ -265,8 +266,9 @@ void print_members(const std::vector<MemberRow>& rows) {
             continue;
         }
         const api::MemberRecord& r = m.record;
-        t.add({r.name, api::member_role_name(r.role), r.rpc, r.data.empty() ? kUnknown : r.data,
-               r.version, r.draining ? "draining" : "serving", std::to_string(m.lease), ttl});
+        t.add({r.name, api::member_role_name(r.role), r.rpc.empty() ? r.http : r.rpc,
+               r.data.empty() ? kUnknown : r.data, r.version, r.draining ? "draining" : "serving",
+               std::to_string(m.lease), ttl});
     }
     std::printf("\nMembers (etcd):\n");
     t.print();

@@ -87,6 +87,8 @@ TEST(MembershipTest, RecordsRoundTripAndWhatIsNotARecordIsRefusedByField) {
     g.rpc = "10.0.0.1:9000";
     g.http = "10.0.0.1:8000";
     EXPECT_EQ(parse_member_record(encode_member_record(g)).value(), g);
+    g.rpc.clear();  // a gateway without a chat RPC service
+    EXPECT_EQ(parse_member_record(encode_member_record(g)).value(), g);
     EXPECT_EQ(member_key(kPrefix, MemberRole::kPrefill, "p0"),
               "/deltaserve/test/members/prefill/p0");
 

@@ -142,7 +142,7 @@ TEST(ClusterEtcdTest, NodesJoinAndLeaveThroughEtcdWithoutTouchingTheConfig) {
         run_binary(deltactl_binary(), {"cluster", "--config", cluster.config(), "--json"});
     ASSERT_EQ(view.exit_code, 0) << view.describe();
     const json members = json::parse(view.out)["members"];
-    ASSERT_EQ(members.size(), 3u) << view.out;  // d0, d1, p0
+    ASSERT_EQ(members.size(), 4u) << view.out;  // d0, d1, the gateway, p0
     for (const json& m : members) {
         EXPECT_GE(m["ttl_left"].get<int>(), 0) << m;
         EXPECT_LE(m["ttl_left"].get<int>(), 2) << m;
@@ -150,7 +150,9 @@ TEST(ClusterEtcdTest, NodesJoinAndLeaveThroughEtcdWithoutTouchingTheConfig) {
         EXPECT_NE(m["lease"], 0) << m;
     }
     EXPECT_EQ(members[0]["name"], "d0");
-    EXPECT_EQ(members[2]["role"], "prefill");
+    EXPECT_EQ(members[2]["role"], "gateway");
+    EXPECT_EQ(members[2]["http"], "127.0.0.1:" + std::to_string(gw->port()));
+    EXPECT_EQ(members[3]["role"], "prefill");
     const CliResult table =
         run_binary(deltactl_binary(), {"cluster", "--config", cluster.config()});
     EXPECT_NE(table.out.find("Members (etcd):"), std::string::npos) << table.describe();
@@ -424,7 +426,7 @@ TEST(ClusterEtcdTest, ServingGoesOnThroughEtcdLosingAMemberItsLeaderAndItsQuorum
         const CliResult r =
             run_binary(deltactl_binary(), {"cluster", "--config", cluster.config(), "--json"});
         const json j = json::parse(r.out, nullptr, false);
-        whole = j.is_object() && j["members"].is_array() && j["members"].size() == 4;
+        whole = j.is_object() && j["members"].is_array() && j["members"].size() == 5;
         if (!whole) std::this_thread::sleep_for(200ms);
     }
     EXPECT_TRUE(whole);

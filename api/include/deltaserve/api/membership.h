@@ -31,7 +31,7 @@ const char* member_role_name(MemberRole role);
 struct MemberRecord {
     MemberRole role = MemberRole::kDecode;
     std::string name;        // 1-64 of A-Z a-z 0-9 . _ -
-    std::string rpc;         // host:port of its Cap'n Proto service
+    std::string rpc;         // host:port of its Cap'n Proto service ("": a gateway without)
     std::string data;        // decode: where prefill nodes ship KV; "" otherwise
     std::string http;        // gateway: host:port of its HTTP API; "" otherwise
     std::string model;       // what it serves (the model's identity); nodes of another are not used
