@@ -991,7 +991,8 @@ Result<TurnResult> ClusterChatEngine::run_turn(const ChatRequest& request,
     std::vector<int32_t> generated;
     int32_t sent = 0;
     int32_t moves = 0;
-    const int32_t budget = spec.max_tokens >= 0 ? spec.max_tokens : int32_t{1} << 20;  // contexts
+    // The most tokens an answer can have: max_tokens, or the largest context (ctx_size).
+    const int32_t budget = spec.max_tokens >= 0 ? spec.max_tokens : int32_t{1} << 20;
     Status bad_node;  // what the decode node should not have sent
     Result<decode::TurnEnd> ended = unavailable("the turn did not start");
     for (;;) {

@@ -1054,10 +1054,8 @@ void DecodeWorkerImpl::step(const std::vector<std::shared_ptr<Turn>>& batch,
         } else {
             t.cached.push_back(t.next_token);
             const model::RowCandidates* c = on_device ? &step_candidates_[i] : nullptr;
-            if (t.take_forced()) {
-                // a continued turn's answer so far, replayed
-            } else if (c != nullptr && !c->ids.empty()) {
-                t.take(t.sampler.sample_candidates(c->ids, c->logits));
+            if (c != nullptr && !c->ids.empty()) {
+                if (!t.take_forced()) t.take(t.sampler.sample_candidates(c->ids, c->logits));
             } else {
                 t.take_from(row);
             }

@@ -22,9 +22,6 @@ using api::EtcdOptions;
 using api::EtcdWatchUpdate;
 using namespace std::chrono_literals;
 
-#define REQUIRE_ETCD() \
-    if (etcd_binary().empty()) GTEST_SKIP() << "etcd is not installed: run deploy/setup.sh"
-
 std::unique_ptr<EtcdClient> client_of(const std::vector<std::string>& endpoints,
                                       std::chrono::milliseconds timeout = 2000ms) {
     EtcdOptions o;

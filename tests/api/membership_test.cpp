@@ -17,9 +17,6 @@ using namespace api;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-#define REQUIRE_ETCD() \
-    if (etcd_binary().empty()) GTEST_SKIP() << "etcd is not installed: run deploy/setup.sh"
-
 constexpr char kPrefix[] = "/deltaserve/test/";
 
 MemberRecord decode_record(const std::string& name, uint16_t port) {

@@ -109,7 +109,7 @@ std::string greedy_answer(uint16_t port, int tokens) {
 }
 
 TEST(ClusterEtcdTest, NodesJoinAndLeaveThroughEtcdWithoutTouchingTheConfig) {
-    if (etcd_binary().empty()) GTEST_SKIP() << "etcd is not installed: run deploy/setup.sh";
+    REQUIRE_ETCD();
     EtcdCluster cluster;
     ASSERT_TRUE(cluster.etcd_ready());
     auto p0 = cluster.node("prefill", "p0");
@@ -277,7 +277,7 @@ double metric_of(uint16_t port, const std::string& name) {
 // kill -9 of the decode node a stream runs on: the gateway goes on on another node from the
 // prompt and the tokens sent, and the client's stream is the one an uninterrupted run gives.
 TEST(ClusterEtcdTest, StreamsOnADecodeNodeKilledMidAnswerGoOnElsewhereUnchanged) {
-    if (etcd_binary().empty()) GTEST_SKIP() << "etcd is not installed: run deploy/setup.sh";
+    REQUIRE_ETCD();
     EtcdCluster cluster;
     ASSERT_TRUE(cluster.etcd_ready());
     auto p0 = cluster.node("prefill", "p0");
@@ -326,7 +326,7 @@ TEST(ClusterEtcdTest, StreamsOnADecodeNodeKilledMidAnswerGoOnElsewhereUnchanged)
 // Eight streams on one node when it dies: every one completes whole on the node that is left,
 // each as an uninterrupted run.
 TEST(ClusterEtcdTest, EightStreamsOnAKilledNodeAllComplete) {
-    if (etcd_binary().empty()) GTEST_SKIP() << "etcd is not installed: run deploy/setup.sh";
+    REQUIRE_ETCD();
     EtcdCluster cluster;
     ASSERT_TRUE(cluster.etcd_ready());
     auto p0 = cluster.node("prefill", "p0");
@@ -372,7 +372,7 @@ TEST(ClusterEtcdTest, EightStreamsOnAKilledNodeAllComplete) {
 // the members' TTL. The cluster serves throughout with the members it knows, and its
 // membership is whole again once etcd is.
 TEST(ClusterEtcdTest, ServingGoesOnThroughEtcdLosingAMemberItsLeaderAndItsQuorum) {
-    if (etcd_binary().empty()) GTEST_SKIP() << "etcd is not installed: run deploy/setup.sh";
+    REQUIRE_ETCD();
     EtcdCluster cluster("", 3);
     ASSERT_TRUE(cluster.etcd_ready());
     EtcdMembers& etcd = cluster.etcd();
@@ -442,7 +442,7 @@ TEST(ClusterEtcdTest, ServingGoesOnThroughEtcdLosingAMemberItsLeaderAndItsQuorum
 // Sixteen clients chat while a decode node is added and another is drained and leaves: no
 // request fails.
 TEST(ClusterEtcdTest, SixteenClientsChatThroughANodeAddedAndOneDrained) {
-    if (etcd_binary().empty()) GTEST_SKIP() << "etcd is not installed: run deploy/setup.sh";
+    REQUIRE_ETCD();
     EtcdCluster cluster;
     ASSERT_TRUE(cluster.etcd_ready());
     auto p0 = cluster.node("prefill", "p0");
@@ -493,7 +493,7 @@ TEST(ClusterEtcdTest, SixteenClientsChatThroughANodeAddedAndOneDrained) {
 }
 
 TEST(ClusterEtcdTest, ANameTakenByALiveMemberIsRefused) {
-    if (etcd_binary().empty()) GTEST_SKIP() << "etcd is not installed: run deploy/setup.sh";
+    REQUIRE_ETCD();
     EtcdCluster cluster;
     ASSERT_TRUE(cluster.etcd_ready());
     auto d0 = cluster.node("decode", "d0");

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -26,6 +27,11 @@ inline std::string etcd_binary() {
     }
     return "";
 }
+
+// The first line of a test that needs etcd.
+#define REQUIRE_ETCD()                                \
+    if (::deltaserve::testing::etcd_binary().empty()) \
+    GTEST_SKIP() << "etcd is not installed: run deploy/setup.sh"
 
 class EtcdMembers {
   public:
